@@ -1,0 +1,198 @@
+//! `noops-node`: the node agent of the local Kubernetes.
+//!
+//! It plays kubelet for one node: registers the Node and keeps its Lease fresh, runs the pods
+//! bound to it as local processes in per-pod network namespaces, provisions local-path
+//! PersistentVolumes, answers cluster DNS, and serves container logs to the API server.
+
+mod atomic_dir;
+mod dns;
+mod downward;
+mod env;
+mod images;
+mod kubelet_api;
+mod network;
+mod node;
+mod pods;
+mod probes;
+mod provisioner;
+mod sandbox;
+mod volumes;
+mod watch_cache;
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use kube::runtime::events::{Recorder, Reporter};
+use tracing::info;
+
+use crate::images::ImageMap;
+use crate::network::{Ipv4Net, PodNetwork};
+use crate::node::NodeInfo;
+
+/// Plays kubelet for one node of the local Kubernetes.
+#[derive(Debug, Parser)]
+#[command(name = "noops-node", version)]
+struct Args {
+    /// Kubeconfig with the node's client certificate (CN=system:node:<name>).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: PathBuf,
+    #[arg(long, default_value = "noops-node")]
+    node_name: String,
+    /// The node's address: the gateway of the pod bridge.
+    #[arg(long, default_value = "10.244.0.1")]
+    node_ip: Ipv4Addr,
+    #[arg(long, default_value = "10.244.0.0/16")]
+    pod_cidr: Ipv4Net,
+    #[arg(long, default_value = "noops0")]
+    bridge: String,
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
+    /// Folder for pod state (pod folders, address allocations).
+    #[arg(long)]
+    state_dir: PathBuf,
+    /// Folder where the local-path provisioner creates volumes.
+    #[arg(long)]
+    volumes_dir: PathBuf,
+    /// The image map (image pattern → local program).
+    #[arg(long)]
+    images: PathBuf,
+    /// The Kubernetes version the node reports.
+    #[arg(long, default_value = "v1.34.4")]
+    kubernetes_version: String,
+    /// The `kubernetes` Service (ClusterIP:port) that in-cluster clients use.
+    #[arg(long, default_value = "10.96.0.1:443")]
+    api_service: SocketAddr,
+    /// Port of the kubelet API (container logs), on the node IP.
+    #[arg(long, default_value_t = 10250)]
+    kubelet_port: u16,
+    #[arg(long)]
+    tls_cert: PathBuf,
+    #[arg(long)]
+    tls_key: PathBuf,
+    /// CA of the client certificates allowed to call the kubelet API.
+    #[arg(long)]
+    client_ca: PathBuf,
+    /// First back-off before restarting a crashed container (doubles up to 5 minutes).
+    #[arg(long, default_value = "10", value_name = "SECONDS")]
+    crash_backoff_seconds: u64,
+    /// Logs as JSON lines instead of text.
+    #[arg(long)]
+    log_json: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_logging(args.log_json);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+
+    let kubeconfig = kube::config::Kubeconfig::read_from(&args.kubeconfig)
+        .with_context(|| format!("reading {}", args.kubeconfig.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    let client = kube::Client::try_from(config)?;
+
+    // Image paths may name folders of this checkout through ${NOOPS_ROOT}, ${NOOPS_BIN}, ...
+    let vars: BTreeMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("NOOPS_")).collect();
+    let images = ImageMap::load(&args.images, &vars)?;
+    let network = PodNetwork::new(args.bridge.clone(), args.pod_cidr, &args.state_dir);
+    network.check_bridge()?;
+    anyhow::ensure!(
+        args.pod_cidr.contains(args.node_ip),
+        "--node-ip {} is outside --pod-cidr {}",
+        args.node_ip,
+        args.pod_cidr
+    );
+
+    let (cpu, memory_bytes) = NodeInfo::detect_capacity();
+    let node = NodeInfo {
+        name: args.node_name.clone(),
+        ip: args.node_ip,
+        pod_cidr: args.pod_cidr.to_string(),
+        kubelet_port: args.kubelet_port,
+        kubernetes_version: args.kubernetes_version.clone(),
+        cpu,
+        memory_bytes,
+        max_pods: 110,
+    };
+    node::register(&client, &node).await.context("registering the node")?;
+
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let api_service = match args.api_service {
+        SocketAddr::V4(a) => (*a.ip(), a.port()),
+        SocketAddr::V6(_) => anyhow::bail!("--api-service must be an IPv4 address"),
+    };
+    let pods_dir = args.state_dir.join("pods");
+    let agent = Arc::new(pods::Agent {
+        client: client.clone(),
+        node: node.clone(),
+        images,
+        network,
+        pods_dir: pods_dir.clone(),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "noops-node".into(),
+                instance: Some(args.node_name.clone()),
+            },
+        ),
+        cluster_domain: args.cluster_domain.clone(),
+        dns_server: args.node_ip,
+        api_service,
+        crash_backoff: Duration::from_secs(args.crash_backoff_seconds.max(1)),
+    });
+
+    let dns = dns::ClusterDns::new(client.clone(), args.cluster_domain.clone());
+    let dns_task = tokio::spawn(dns.serve(SocketAddr::from((args.node_ip, 53))));
+    let provisioner_task = tokio::spawn(provisioner::run(
+        client.clone(),
+        args.node_name.clone(),
+        args.volumes_dir.clone(),
+    ));
+    let kubelet_api = kubelet_api::KubeletApi {
+        pods_dir,
+        client: client.clone(),
+    };
+    let tls = kubelet_api::TlsFiles {
+        cert: args.tls_cert,
+        key: args.tls_key,
+        client_ca: args.client_ca,
+    };
+    let api_task = tokio::spawn(kubelet_api.serve(SocketAddr::from((args.node_ip, args.kubelet_port)), tls));
+    let heartbeat_task = tokio::spawn(node::heartbeat(client.clone(), node));
+    let pods_task = tokio::spawn(pods::run(agent, shutdown_rx));
+    info!(node = %args.node_name, ip = %args.node_ip, "node agent running");
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM: stopping pods"),
+        _ = tokio::signal::ctrl_c() => info!("interrupted: stopping pods"),
+        r = dns_task => anyhow::bail!("cluster DNS stopped: {r:?}"),
+        r = api_task => anyhow::bail!("kubelet API stopped: {r:?}"),
+    }
+    let _ = shutdown_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(12), pods_task).await;
+    heartbeat_task.abort();
+    provisioner_task.abort();
+    info!("node agent stopped");
+    Ok(())
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_ansi(std::io::stdout().is_terminal());
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}

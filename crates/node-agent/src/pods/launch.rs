@@ -1,0 +1,419 @@
+//! Turning a container of a pod spec into a process to start: program, arguments, environment,
+//! user, mounts. Pure functions over data the worker has already gathered, so they are tested
+//! without a cluster.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::{Component, Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use crate::env::expand;
+use crate::images::ResolvedProgram;
+use crate::sandbox::BindMount;
+
+/// A container that cannot be started as specified (CreateContainerConfigError).
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("{0}")]
+pub struct LaunchError(pub String);
+
+/// Facts about the pod's sandbox that every container of it shares.
+#[derive(Debug, Clone)]
+pub struct PodSandbox {
+    pub hostname: String,
+    pub pod_ip: Ipv4Addr,
+    pub host_network: bool,
+    /// Host folder of each volume.
+    pub volumes: BTreeMap<String, PathBuf>,
+    /// Generated `/etc/hosts` and `/etc/resolv.conf` of the pod.
+    pub hosts_file: PathBuf,
+    pub resolv_file: PathBuf,
+    /// The `kubernetes` Service address, for in-cluster clients.
+    pub api_service: (Ipv4Addr, u16),
+}
+
+/// The user and groups a container runs as.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Identity {
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub groups: Vec<u32>,
+}
+
+/// Works out the container's user: the container's securityContext, then the pod's, then the
+/// image's default. fsGroup and supplementalGroups become extra groups. `lookup_user` maps a
+/// user name to (uid, gid) on this machine.
+pub fn identity(
+    pod: &Pod,
+    container: &Container,
+    image_user: Option<&str>,
+    lookup_user: &dyn Fn(&str) -> Option<(u32, u32)>,
+) -> Result<Identity, LaunchError> {
+    let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    let sc = container.security_context.as_ref();
+    let image = match image_user {
+        None => None,
+        Some(u) => match u.parse::<u32>() {
+            Ok(uid) => Some((uid, None)),
+            Err(_) => {
+                let (uid, gid) = lookup_user(u)
+                    .ok_or_else(|| LaunchError(format!("image user {u:?} does not exist on this machine")))?;
+                Some((uid, Some(gid)))
+            }
+        },
+    };
+    let as_u32 = |v: i64, what: &str| u32::try_from(v).map_err(|_| LaunchError(format!("invalid {what} {v}")));
+    let uid = match sc.and_then(|s| s.run_as_user).or(pod_sc.and_then(|s| s.run_as_user)) {
+        Some(u) => Some(as_u32(u, "runAsUser")?),
+        None => image.map(|(u, _)| u),
+    };
+    let gid = match sc.and_then(|s| s.run_as_group).or(pod_sc.and_then(|s| s.run_as_group)) {
+        Some(g) => Some(as_u32(g, "runAsGroup")?),
+        None => image.and_then(|(_, g)| g).or(uid.map(|_| 0)),
+    };
+    let non_root = sc
+        .and_then(|s| s.run_as_non_root)
+        .or(pod_sc.and_then(|s| s.run_as_non_root));
+    if non_root == Some(true) && uid.unwrap_or(0) == 0 {
+        return Err(LaunchError(
+            "container has runAsNonRoot and its image will run as root: set runAsUser".into(),
+        ));
+    }
+    let mut groups = vec![];
+    if let Some(fs_group) = pod_sc.and_then(|s| s.fs_group) {
+        groups.push(as_u32(fs_group, "fsGroup")?);
+    }
+    for g in pod_sc.and_then(|s| s.supplemental_groups.clone()).unwrap_or_default() {
+        groups.push(as_u32(g, "supplementalGroups")?);
+    }
+    if let Some(g) = gid {
+        groups.retain(|x| *x != g);
+    }
+    Ok(Identity { uid, gid, groups })
+}
+
+/// The bind mounts of one container: its volumeMounts, plus the pod's hosts and resolv.conf.
+pub fn mounts(container: &Container, sandbox: &PodSandbox) -> Result<Vec<BindMount>, LaunchError> {
+    let mut out = vec![];
+    for m in container.volume_mounts.iter().flatten() {
+        let source = sandbox
+            .volumes
+            .get(&m.name)
+            .ok_or_else(|| LaunchError(format!("volumeMount {:?} refers to no volume of the pod", m.name)))?;
+        let mut source = source.clone();
+        let sub = m.sub_path.as_deref().unwrap_or("");
+        if !sub.is_empty() {
+            if !Path::new(sub).components().all(|c| matches!(c, Component::Normal(_))) {
+                return Err(LaunchError(format!(
+                    "subPath {sub:?} must be a relative path inside the volume"
+                )));
+            }
+            source = source.join(sub);
+        }
+        if !m.mount_path.starts_with('/') {
+            return Err(LaunchError(format!("mountPath {:?} must be absolute", m.mount_path)));
+        }
+        out.push(BindMount {
+            source,
+            target: PathBuf::from(&m.mount_path),
+            read_only: m.read_only.unwrap_or(false),
+        });
+    }
+    if !sandbox.host_network {
+        for (file, target) in [
+            (&sandbox.hosts_file, "/etc/hosts"),
+            (&sandbox.resolv_file, "/etc/resolv.conf"),
+        ] {
+            if !out.iter().any(|m| m.target == Path::new(target)) {
+                out.push(BindMount {
+                    source: file.clone(),
+                    target: target.into(),
+                    read_only: false,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The full environment: image defaults, then the variables every container gets, then the
+/// container's own (which win).
+pub fn environment(
+    program: &ResolvedProgram,
+    sandbox: &PodSandbox,
+    identity: &Identity,
+    container_env: &[(String, String)],
+) -> Vec<(String, String)> {
+    let mut env: BTreeMap<String, String> = program.env.clone();
+    let (api_ip, api_port) = sandbox.api_service;
+    env.insert("HOSTNAME".into(), sandbox.hostname.clone());
+    env.insert("KUBERNETES_SERVICE_HOST".into(), api_ip.to_string());
+    env.insert("KUBERNETES_SERVICE_PORT".into(), api_port.to_string());
+    env.insert("KUBERNETES_SERVICE_PORT_HTTPS".into(), api_port.to_string());
+    env.insert("KUBERNETES_PORT".into(), format!("tcp://{api_ip}:{api_port}"));
+    env.insert(
+        format!("KUBERNETES_PORT_{api_port}_TCP"),
+        format!("tcp://{api_ip}:{api_port}"),
+    );
+    env.insert(format!("KUBERNETES_PORT_{api_port}_TCP_PROTO"), "tcp".into());
+    env.insert(format!("KUBERNETES_PORT_{api_port}_TCP_PORT"), api_port.to_string());
+    env.insert(format!("KUBERNETES_PORT_{api_port}_TCP_ADDR"), api_ip.to_string());
+    if !env.contains_key("HOME") {
+        let home = if identity.uid.unwrap_or(0) == 0 { "/root" } else { "/" };
+        env.insert("HOME".into(), home.into());
+    }
+    for (k, v) in container_env {
+        env.insert(k.clone(), v.clone());
+    }
+    env.into_iter().collect()
+}
+
+/// Expands `$(VAR)` in command and args with the container's environment, as the kubelet does.
+pub fn expand_args(args: &[String], env: &[(String, String)]) -> Vec<String> {
+    let lookup = |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    args.iter().map(|a| expand(a, &lookup)).collect()
+}
+
+/// The container's command and args after `$(VAR)` expansion (before image resolution).
+pub fn command_and_args(container: &Container, env: &[(String, String)]) -> (Vec<String>, Vec<String>) {
+    (
+        expand_args(&container.command.clone().unwrap_or_default(), env),
+        expand_args(&container.args.clone().unwrap_or_default(), env),
+    )
+}
+
+/// The pod's hostname: `spec.hostname` or the pod name, at most 63 characters.
+pub fn hostname(pod: &Pod) -> String {
+    let name = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.hostname.clone())
+        .or(pod.metadata.name.clone())
+        .unwrap_or_default();
+    name.chars()
+        .take(63)
+        .collect::<String>()
+        .trim_end_matches(['-', '.'])
+        .to_string()
+}
+
+/// The pod's `/etc/hosts`.
+pub fn hosts_file(pod: &Pod, pod_ip: Ipv4Addr, cluster_domain: &str) -> String {
+    let host = hostname(pod);
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let mut out = String::from("# Kubernetes-managed hosts file (noops node agent).\n127.0.0.1\tlocalhost\n");
+    out.push_str("::1\tlocalhost ip6-localhost ip6-loopback\n");
+    match pod.spec.as_ref().and_then(|s| s.subdomain.as_deref()) {
+        Some(sub) if !sub.is_empty() => out.push_str(&format!(
+            "{pod_ip}\t{host}.{sub}.{namespace}.svc.{cluster_domain}\t{host}\n"
+        )),
+        _ => out.push_str(&format!("{pod_ip}\t{host}\n")),
+    }
+    for alias in pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_aliases.clone())
+        .unwrap_or_default()
+    {
+        let names = alias.hostnames.unwrap_or_default().join("\t");
+        out.push_str(&format!("{}\t{names}\n", alias.ip));
+    }
+    out
+}
+
+/// The pod's `/etc/resolv.conf`: the node's DNS server, with the cluster search path.
+pub fn resolv_conf(pod: &Pod, nameserver: Ipv4Addr, cluster_domain: &str) -> String {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let policy = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.dns_policy.as_deref())
+        .unwrap_or("ClusterFirst");
+    let mut nameservers = vec![nameserver.to_string()];
+    let mut searches = vec![
+        format!("{namespace}.svc.{cluster_domain}"),
+        format!("svc.{cluster_domain}"),
+        cluster_domain.to_string(),
+    ];
+    let mut options = vec!["ndots:5".to_string()];
+    if policy == "None" {
+        nameservers.clear();
+        searches.clear();
+        options.clear();
+    }
+    if let Some(cfg) = pod.spec.as_ref().and_then(|s| s.dns_config.as_ref()) {
+        nameservers.extend(cfg.nameservers.clone().unwrap_or_default());
+        searches.extend(cfg.searches.clone().unwrap_or_default());
+        for o in cfg.options.clone().unwrap_or_default() {
+            options.push(match o.value {
+                Some(v) => format!("{}:{v}", o.name.unwrap_or_default()),
+                None => o.name.unwrap_or_default(),
+            });
+        }
+    }
+    let mut out = String::new();
+    for ns in nameservers {
+        out.push_str(&format!("nameserver {ns}\n"));
+    }
+    if !searches.is_empty() {
+        out.push_str(&format!("search {}\n", searches.join(" ")));
+    }
+    if !options.is_empty() {
+        out.push_str(&format!("options {}\n", options.join(" ")));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PodSecurityContext, PodSpec, SecurityContext, VolumeMount};
+
+    fn pod() -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some("etcd-0".into());
+        p.metadata.namespace = Some("db".into());
+        p.spec = Some(PodSpec {
+            subdomain: Some("etcd".into()),
+            ..Default::default()
+        });
+        p
+    }
+
+    fn sandbox() -> PodSandbox {
+        PodSandbox {
+            hostname: "etcd-0".into(),
+            pod_ip: Ipv4Addr::new(10, 244, 0, 3),
+            host_network: false,
+            volumes: BTreeMap::from([("data".into(), PathBuf::from("/vol/data"))]),
+            hosts_file: "/pod/hosts".into(),
+            resolv_file: "/pod/resolv.conf".into(),
+            api_service: (Ipv4Addr::new(10, 96, 0, 1), 443),
+        }
+    }
+
+    #[test]
+    fn hosts_and_resolv() {
+        let p = pod();
+        let hosts = hosts_file(&p, Ipv4Addr::new(10, 244, 0, 3), "cluster.local");
+        assert!(
+            hosts.contains("10.244.0.3\tetcd-0.etcd.db.svc.cluster.local\tetcd-0\n"),
+            "{hosts}"
+        );
+        let resolv = resolv_conf(&p, Ipv4Addr::new(10, 244, 0, 1), "cluster.local");
+        assert_eq!(
+            resolv,
+            "nameserver 10.244.0.1\nsearch db.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n"
+        );
+    }
+
+    #[test]
+    fn mounts_include_volumes_and_pod_files() {
+        let c = Container {
+            volume_mounts: Some(vec![VolumeMount {
+                name: "data".into(),
+                mount_path: "/var/lib/etcd".into(),
+                sub_path: Some("member".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        let m = mounts(&c, &sandbox()).unwrap();
+        assert_eq!(m[0].source, PathBuf::from("/vol/data/member"));
+        assert_eq!(m[0].target, PathBuf::from("/var/lib/etcd"));
+        assert!(m.iter().any(|m| m.target == Path::new("/etc/resolv.conf")));
+        let bad = Container {
+            volume_mounts: Some(vec![VolumeMount {
+                name: "data".into(),
+                mount_path: "/x".into(),
+                sub_path: Some("../../etc".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        assert!(mounts(&bad, &sandbox()).is_err());
+        let unknown = Container {
+            volume_mounts: Some(vec![VolumeMount {
+                name: "nope".into(),
+                mount_path: "/x".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        assert!(mounts(&unknown, &sandbox()).is_err());
+    }
+
+    #[test]
+    fn identity_precedence() {
+        let mut p = pod();
+        p.spec.as_mut().unwrap().security_context = Some(PodSecurityContext {
+            run_as_user: Some(1000),
+            fs_group: Some(2000),
+            ..Default::default()
+        });
+        let c = Container::default();
+        let none = |_: &str| None;
+        let id = identity(&p, &c, Some("999"), &none).unwrap();
+        assert_eq!(
+            id,
+            Identity {
+                uid: Some(1000),
+                gid: Some(0),
+                groups: vec![2000]
+            }
+        );
+        let c2 = Container {
+            security_context: Some(SecurityContext {
+                run_as_user: Some(7),
+                run_as_group: Some(8),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(identity(&p, &c2, None, &none).unwrap().uid, Some(7));
+        let postgres = |n: &str| (n == "postgres").then_some((105, 110));
+        let plain = pod();
+        assert_eq!(
+            identity(&plain, &c, Some("postgres"), &postgres).unwrap(),
+            Identity {
+                uid: Some(105),
+                gid: Some(110),
+                groups: vec![]
+            }
+        );
+        assert!(identity(&plain, &c, Some("nobody-here"), &none).is_err());
+        let strict = Container {
+            security_context: Some(SecurityContext {
+                run_as_non_root: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(identity(&plain, &strict, None, &none).is_err());
+    }
+
+    #[test]
+    fn env_order_and_expansion() {
+        let program = ResolvedProgram {
+            program: "/bin/x".into(),
+            args: vec![],
+            env: BTreeMap::from([("PATH".into(), "/img:/bin".into()), ("MODE".into(), "image".into())]),
+            user: None,
+            working_dir: None,
+        };
+        let env = environment(
+            &program,
+            &sandbox(),
+            &Identity::default(),
+            &[("MODE".into(), "pod".into())],
+        );
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("MODE"), Some("pod"));
+        assert_eq!(get("KUBERNETES_SERVICE_HOST"), Some("10.96.0.1"));
+        assert_eq!(get("HOSTNAME"), Some("etcd-0"));
+        assert_eq!(
+            expand_args(&["--name=$(HOSTNAME)".into()], &env),
+            vec!["--name=etcd-0".to_string()]
+        );
+    }
+}

@@ -1,0 +1,295 @@
+//! Startup, liveness and readiness probes (exec, httpGet, tcpSocket), with the kubelet's
+//! threshold rules. Network probes go only to the pod's own IP (or loopback for host-network
+//! pods): a probe can never send a packet off this machine.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, Probe};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Which probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProbeKind {
+    Startup,
+    Liveness,
+    Readiness,
+}
+
+impl ProbeKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ProbeKind::Startup => "Startup",
+            ProbeKind::Liveness => "Liveness",
+            ProbeKind::Readiness => "Readiness",
+        }
+    }
+}
+
+/// The timing of a probe, with Kubernetes defaults applied.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProbeTiming {
+    pub initial_delay: Duration,
+    pub period: Duration,
+    pub timeout: Duration,
+    pub success_threshold: u32,
+    pub failure_threshold: u32,
+}
+
+impl ProbeTiming {
+    pub fn of(probe: &Probe) -> Self {
+        let secs = |v: Option<i32>, default: i32| Duration::from_secs(v.unwrap_or(default).max(0) as u64);
+        Self {
+            initial_delay: secs(probe.initial_delay_seconds, 0),
+            period: secs(probe.period_seconds, 10).max(Duration::from_secs(1)),
+            timeout: secs(probe.timeout_seconds, 1).max(Duration::from_secs(1)),
+            success_threshold: probe.success_threshold.unwrap_or(1).max(1) as u32,
+            failure_threshold: probe.failure_threshold.unwrap_or(3).max(1) as u32,
+        }
+    }
+}
+
+/// Turns single probe results into a verdict, the way the kubelet counts them: the verdict
+/// flips only after `success_threshold` successes or `failure_threshold` failures in a row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeTracker {
+    timing: ProbeTiming,
+    successes: u32,
+    failures: u32,
+    /// `None` until the first verdict.
+    pub verdict: Option<bool>,
+}
+
+impl ProbeTracker {
+    pub fn new(timing: ProbeTiming) -> Self {
+        Self {
+            timing,
+            successes: 0,
+            failures: 0,
+            verdict: None,
+        }
+    }
+
+    /// Records one result; returns the verdict if it changed.
+    pub fn record(&mut self, success: bool) -> Option<bool> {
+        if success {
+            self.successes += 1;
+            self.failures = 0;
+        } else {
+            self.failures += 1;
+            self.successes = 0;
+        }
+        let new = if self.successes >= self.timing.success_threshold {
+            Some(true)
+        } else if self.failures >= self.timing.failure_threshold {
+            Some(false)
+        } else {
+            self.verdict
+        };
+        if new != self.verdict {
+            self.verdict = new;
+            new
+        } else {
+            None
+        }
+    }
+}
+
+/// Where and how to run a probe for one container instance.
+#[derive(Debug, Clone)]
+pub struct ProbeTarget {
+    pub pod_ip: Ipv4Addr,
+    pub host_network: bool,
+    pub pid: u32,
+    pub env: Vec<(String, String)>,
+}
+
+/// Runs one probe once. `Ok(())` is success; `Err` carries the failure message.
+pub async fn run_once(probe: &Probe, container: &Container, target: &ProbeTarget) -> Result<(), String> {
+    let timeout = ProbeTiming::of(probe).timeout;
+    if let Some(exec) = &probe.exec {
+        let command = exec.command.clone().unwrap_or_default();
+        return match crate::sandbox::exec_in(target.pid, &command, &target.env, timeout).await {
+            Ok(Some(0)) => Ok(()),
+            Ok(Some(code)) => Err(format!("command {command:?} exited with {code}")),
+            Ok(None) => Err(format!("command {command:?} timed out after {timeout:?}")),
+            Err(e) => Err(format!("command {command:?} could not run: {e}")),
+        };
+    }
+    if let Some(http) = &probe.http_get {
+        let port = resolve_port(&http.port, container)?;
+        let addr = probe_address(http.host.as_deref(), target, port)?;
+        if http.scheme.as_deref().unwrap_or("HTTP").eq_ignore_ascii_case("HTTPS") {
+            return Err("HTTPS probes are not supported on the local Kubernetes".into());
+        }
+        let path = http.path.clone().unwrap_or_else(|| "/".into());
+        let headers: Vec<(String, String)> = http
+            .http_headers
+            .iter()
+            .flatten()
+            .map(|h| (h.name.clone(), h.value.clone()))
+            .collect();
+        return tokio::time::timeout(timeout, http_get(addr, &path, &headers))
+            .await
+            .map_err(|_| format!("GET {path} on {addr} timed out after {timeout:?}"))?;
+    }
+    if let Some(tcp) = &probe.tcp_socket {
+        let port = resolve_port(&tcp.port, container)?;
+        let addr = probe_address(tcp.host.as_deref(), target, port)?;
+        return match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("dial {addr}: {e}")),
+            Err(_) => Err(format!("dial {addr} timed out after {timeout:?}")),
+        };
+    }
+    if probe.grpc.is_some() {
+        return Err("gRPC probes are not supported on the local Kubernetes".into());
+    }
+    Err("probe has no handler".into())
+}
+
+/// The address a network probe connects to. Only the pod itself is allowed.
+fn probe_address(host: Option<&str>, target: &ProbeTarget, port: u16) -> Result<SocketAddr, String> {
+    let default = if target.host_network {
+        Ipv4Addr::LOCALHOST
+    } else {
+        target.pod_ip
+    };
+    let ip = match host {
+        None | Some("") => default,
+        Some(h) => {
+            let ip: Ipv4Addr = h
+                .parse()
+                .map_err(|_| format!("probe host {h:?} must be an IP address"))?;
+            if ip != target.pod_ip && !ip.is_loopback() {
+                return Err(format!("probe host {h} is not this pod; probes stay on this machine"));
+            }
+            ip
+        }
+    };
+    Ok(SocketAddr::new(IpAddr::V4(ip), port))
+}
+
+/// A probe port: a number, or the name of one of the container's ports.
+pub fn resolve_port(port: &IntOrString, container: &Container) -> Result<u16, String> {
+    match port {
+        IntOrString::Int(n) => u16::try_from(*n).map_err(|_| format!("invalid port {n}")),
+        IntOrString::String(name) => container
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref() == Some(name))
+            .and_then(|p| u16::try_from(p.container_port).ok())
+            .ok_or_else(|| format!("container has no port named {name:?}")),
+    }
+}
+
+/// A minimal HTTP/1.1 GET: success is a status from 200 to 399.
+async fn http_get(addr: SocketAddr, path: &str, headers: &[(String, String)]) -> Result<(), String> {
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("GET {path} on {addr}: {e}"))?;
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: kube-probe/noops\r\n");
+    for (k, v) in headers {
+        request.push_str(&format!("{k}: {v}\r\n"));
+    }
+    request.push_str("Accept: */*\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("GET {path}: {e}"))?;
+    let mut head = [0u8; 64];
+    let mut read = 0;
+    while read < 12 {
+        let n = stream
+            .read(&mut head[read..])
+            .await
+            .map_err(|e| format!("GET {path}: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        read += n;
+    }
+    let status = parse_status(&head[..read]).ok_or_else(|| format!("GET {path}: malformed HTTP response"))?;
+    if (200..400).contains(&status) {
+        Ok(())
+    } else {
+        Err(format!("HTTP probe failed with statuscode: {status}"))
+    }
+}
+
+fn parse_status(head: &[u8]) -> Option<u16> {
+    let text = std::str::from_utf8(head).ok()?;
+    let mut parts = text.split_whitespace();
+    parts.next().filter(|v| v.starts_with("HTTP/"))?;
+    parts.next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ContainerPort;
+
+    fn timing(success: u32, failure: u32) -> ProbeTiming {
+        ProbeTiming {
+            initial_delay: Duration::ZERO,
+            period: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            success_threshold: success,
+            failure_threshold: failure,
+        }
+    }
+
+    #[test]
+    fn verdict_needs_consecutive_results() {
+        let mut t = ProbeTracker::new(timing(2, 3));
+        assert_eq!(t.record(true), None);
+        assert_eq!(t.record(true), Some(true));
+        assert_eq!(t.record(false), None);
+        assert_eq!(t.record(false), None);
+        assert_eq!(t.record(true), None, "a success resets the failure run");
+        assert_eq!(t.record(false), None);
+        assert_eq!(t.record(false), None);
+        assert_eq!(t.record(false), Some(false));
+        assert_eq!(t.verdict, Some(false));
+    }
+
+    #[test]
+    fn defaults_follow_kubernetes() {
+        let t = ProbeTiming::of(&Probe::default());
+        assert_eq!(t.period, Duration::from_secs(10));
+        assert_eq!(t.timeout, Duration::from_secs(1));
+        assert_eq!((t.success_threshold, t.failure_threshold), (1, 3));
+    }
+
+    #[test]
+    fn named_ports_and_hosts() {
+        let c = Container {
+            ports: Some(vec![ContainerPort {
+                name: Some("http".into()),
+                container_port: 8080,
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        assert_eq!(resolve_port(&IntOrString::String("http".into()), &c), Ok(8080));
+        assert!(resolve_port(&IntOrString::String("nope".into()), &c).is_err());
+        let target = ProbeTarget {
+            pod_ip: Ipv4Addr::new(10, 1, 0, 4),
+            host_network: false,
+            pid: 1,
+            env: vec![],
+        };
+        assert_eq!(probe_address(None, &target, 80).unwrap().to_string(), "10.1.0.4:80");
+        assert!(probe_address(Some("192.0.2.2"), &target, 80).is_err());
+        assert!(probe_address(Some("example.com"), &target, 80).is_err());
+    }
+
+    #[test]
+    fn status_line() {
+        assert_eq!(parse_status(b"HTTP/1.1 204 No Content\r\n"), Some(204));
+        assert_eq!(parse_status(b"garbage"), None);
+    }
+}

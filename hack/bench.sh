@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Benchmarks, printed as a Markdown table and appended to .noops/bench/results.md with the date and
+# commit. Figures are for comparing runs on the same machine; it is noisy, so each is a median.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+runs=${BENCH_RUNS:-3}
+median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+
+# Warm cluster-up: binaries built, cluster down, how long until node Ready + default SA.
+up_times=()
+for _ in $(seq 1 "$runs"); do
+  "$root/hack/cluster-down.sh" >/dev/null
+  up_times+=("$("$root/hack/cluster-up.sh" | sed -E 's/.* is up in ([0-9.]+)s.*/\1/')")
+done
+up_median=$(printf '%s\n' "${up_times[@]}" | median)
+
+# Pod start: from `kubectl apply` of a one-pod Deployment to Ready.
+start_times=()
+kubectl create namespace bench --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+for i in $(seq 1 "$runs"); do
+  t0=$(date +%s.%N)
+  kubectl create deployment -n bench "echo-$i" --image=hashicorp/http-echo -- http-echo -text=bench >/dev/null
+  kubectl wait -n bench --for=condition=Available "deployment/echo-$i" --timeout=60s >/dev/null
+  start_times+=("$(awk -v s="$t0" -v e="$(date +%s.%N)" 'BEGIN { printf "%.2f", e - s }')")
+done
+kubectl delete namespace bench --wait=false >/dev/null
+start_median=$(printf '%s\n' "${start_times[@]}" | median)
+
+agent_rss=$(awk '/VmHWM/ { print $2 }' "/proc/$(cat "$run/noops-node.pid")/status")
+
+table=$(cat <<TABLE
+| benchmark | median of $runs | runs |
+|---|---|---|
+| local Kubernetes warm \`cluster-up\` (s) | $up_median | ${up_times[*]} |
+| Deployment of 1 pod, apply → Available (s) | $start_median | ${start_times[*]} |
+| node agent peak RSS (MiB) | $((agent_rss / 1024)) | |
+TABLE
+)
+echo "$table"
+mkdir -p "$state/bench"
+{
+  echo
+  echo "## $(date -u +%Y-%m-%dT%H:%MZ) $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown) ($(nproc) cores)"
+  echo
+  echo "$table"
+} >> "$state/bench/results.md"

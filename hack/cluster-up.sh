@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# Starts the local Kubernetes: network (bridge, routes, safety rules), PKI, etcd, kube-apiserver,
+# controller-manager, scheduler, kube-proxy and the noops node agent. Returns when the node is
+# Ready and the default ServiceAccount exists. Idempotent: running components are left alone.
+# Expects the binaries to be built (`make setup` does that).
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+start_time=$(date +%s.%N)
+[ "$(id -u)" = 0 ] || die "the local Kubernetes needs root (network namespaces, bridge, mounts)"
+for b in etcd-3.6/etcd kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl; do
+  [ -x "$bin/$b" ] || die "$bin/$b is missing: run \`make setup\`"
+done
+[ -x "$node_agent_bin" ] || die "$node_agent_bin is missing: run \`make setup\`"
+mkdir -p "$pki" "$run" "$logs" "$cluster/node" "$cluster/volumes" "$cluster/kubeconfigs"
+
+# --- network -------------------------------------------------------------------------------
+# Everything that makes pod and service addresses local exists before any process starts.
+setup_network() {
+  local out resolver
+  out=$(outward_interface || true)
+  for resolver in $(awk '$1 == "nameserver" { print $2 }' /etc/resolv.conf); do
+    case $resolver in 10.244.*|10.96.*) die "the host resolver $resolver lies inside the pod or service CIDR";; esac
+  done
+  if [ ! -f "$run/sysctl.saved" ]; then
+    [ -e /proc/sys/net/bridge ] || modprobe br_netfilter 2>/dev/null || true
+    {
+      echo "net.ipv4.ip_forward=$(sysctl -n net.ipv4.ip_forward)"
+      [ -e /proc/sys/net/bridge ] && echo "net.bridge.bridge-nf-call-iptables=$(sysctl -n net.bridge.bridge-nf-call-iptables)"
+      echo "net.ipv4.conf.all.route_localnet=$(sysctl -n net.ipv4.conf.all.route_localnet)"
+    } > "$run/sysctl.saved"
+  fi
+  if ! ip link show "$bridge" >/dev/null 2>&1; then
+    ip link add "$bridge" type bridge
+  fi
+  ip addr replace "$node_ip/${pod_cidr#*/}" dev "$bridge"
+  ip link set "$bridge" up
+  ip route replace "$service_cidr" dev "$bridge" src "$node_ip"
+  # No packet for a pod or service address may leave by the outward interface; pods are never
+  # forwarded anywhere but the bridge; our ports are not reachable from outside.
+  local leave_rule="" expose_rule=""
+  if [ -n "$out" ]; then
+    leave_rule="oifname \"$out\" ip daddr { $pod_cidr, $service_cidr } reject"
+    expose_rule="iifname \"$out\" tcp dport { $apiserver_port, $kubelet_port, 30000-32767 } drop"
+  fi
+  nft delete table inet noops_safety 2>/dev/null || true
+  nft -f - <<EOF
+table inet noops_safety {
+  chain output {
+    type filter hook output priority 0; policy accept;
+    $leave_rule
+  }
+  chain forward {
+    type filter hook forward priority -10; policy accept;
+    iifname "$bridge" oifname != "$bridge" drop
+    oifname "$bridge" iifname != "$bridge" drop
+  }
+  chain input {
+    type filter hook input priority 0; policy accept;
+    $expose_rule
+  }
+}
+EOF
+  sysctl -qw net.ipv4.ip_forward=1
+  [ -e /proc/sys/net/bridge ] && sysctl -qw net.bridge.bridge-nf-call-iptables=1
+  true
+}
+
+# --- PKI -------------------------------------------------------------------------------------
+# Two CAs: one signs serving certificates (apiserver, node agent), the other client certificates.
+gen_key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+gen_ca() {
+  [ -f "$pki/$1.crt" ] && return
+  gen_key "$pki/$1.key"
+  openssl req -x509 -new -key "$pki/$1.key" -out "$pki/$1.crt" -days 3650 -subj "/CN=$2" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
+}
+# gen_cert <name> <ca> <subject> <extendedKeyUsage> [subjectAltName]
+gen_cert() {
+  [ -f "$pki/$1.crt" ] && return
+  gen_key "$pki/$1.key"
+  openssl req -new -key "$pki/$1.key" -out "$pki/$1.csr" -subj "$3" 2>/dev/null
+  {
+    echo "basicConstraints=critical,CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=$4"
+    [ -n "${5:-}" ] && echo "subjectAltName=$5"
+  } > "$pki/$1.ext"
+  openssl x509 -req -in "$pki/$1.csr" -CA "$pki/$2.crt" -CAkey "$pki/$2.key" -CAcreateserial \
+    -out "$pki/$1.crt" -days 3650 -extfile "$pki/$1.ext" 2>/dev/null
+  rm -f "$pki/$1.csr" "$pki/$1.ext"
+}
+# kubeconfig <file> <client cert name> <server>
+write_kubeconfig() {
+  cat > "$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: noops
+  cluster:
+    server: $3
+    certificate-authority-data: $(base64 -w0 < "$pki/serving-ca.crt")
+users:
+- name: $2
+  user:
+    client-certificate-data: $(base64 -w0 < "$pki/$2.crt")
+    client-key-data: $(base64 -w0 < "$pki/$2.key")
+contexts:
+- name: noops
+  context: { cluster: noops, user: $2 }
+current-context: noops
+EOF
+  chmod 600 "$1"
+}
+setup_pki() {
+  gen_ca serving-ca "noops serving CA"
+  gen_ca client-ca "noops client CA"
+  local api_sans="IP:127.0.0.1,IP:$node_ip,IP:$api_service_ip,DNS:localhost,DNS:kubernetes"
+  api_sans+=",DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.$cluster_domain"
+  gen_cert apiserver serving-ca "/CN=kube-apiserver" serverAuth "$api_sans"
+  gen_cert node-serving serving-ca "/CN=system:node:$node_name" serverAuth "IP:$node_ip,DNS:$node_name"
+  gen_cert admin client-ca "/O=system:masters/CN=admin" clientAuth
+  gen_cert apiserver-kubelet-client client-ca "/CN=kube-apiserver-kubelet-client" clientAuth
+  gen_cert controller-manager client-ca "/CN=system:kube-controller-manager" clientAuth
+  gen_cert scheduler client-ca "/CN=system:kube-scheduler" clientAuth
+  gen_cert kube-proxy client-ca "/CN=system:kube-proxy" clientAuth
+  gen_cert node client-ca "/O=system:nodes/CN=system:node:$node_name" clientAuth
+  [ -f "$pki/service-account.key" ] || gen_key "$pki/service-account.key"
+  [ -f "$pki/service-account.pub" ] || openssl pkey -in "$pki/service-account.key" -pubout -out "$pki/service-account.pub" 2>/dev/null
+  local server="https://127.0.0.1:$apiserver_port"
+  write_kubeconfig "$kubeconfig" admin "$server"
+  for c in controller-manager scheduler kube-proxy node; do
+    write_kubeconfig "$cluster/kubeconfigs/$c" "$c" "$server"
+  done
+}
+
+# --- processes -------------------------------------------------------------------------------
+# launch <name> <command...>: starts a component in its own session, logging to logs/<name>.log.
+launch() {
+  local name=$1; shift
+  if alive "$name"; then return; fi
+  [ -f "$logs/$name.log" ] && mv "$logs/$name.log" "$logs/$name.previous.log"
+  setsid "$@" >"$logs/$name.log" 2>&1 < /dev/null &
+  echo $! > "$run/$name.pid"
+}
+# wait_for <what> <seconds> <command...>
+wait_for() {
+  local what=$1 limit=$2; shift 2
+  local deadline=$((SECONDS + limit))
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -lt $deadline ] || die "$what did not come up within ${limit}s (logs: $logs)"
+    sleep 0.1
+  done
+}
+api_get() { curl -sf --cacert "$pki/serving-ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" "https://127.0.0.1:$apiserver_port$1"; }
+
+setup_network
+setup_pki
+
+launch etcd "$bin/etcd-3.6/etcd" --name control-plane --data-dir "$cluster/etcd" \
+  --listen-client-urls "http://127.0.0.1:$etcd_client_port" --advertise-client-urls "http://127.0.0.1:$etcd_client_port" \
+  --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+  --initial-cluster "control-plane=http://127.0.0.1:$etcd_peer_port" --unsafe-no-fsync --log-level warn
+wait_for etcd 30 curl -sf "http://127.0.0.1:$etcd_client_port/health"
+
+launch kube-apiserver "$bin/kube-apiserver" --etcd-servers "http://127.0.0.1:$etcd_client_port" \
+  --bind-address 0.0.0.0 --secure-port "$apiserver_port" --advertise-address "$node_ip" \
+  --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+  --client-ca-file "$pki/client-ca.crt" \
+  --service-cluster-ip-range "$service_cidr" --allow-privileged=true \
+  --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+  --service-account-issuer "https://kubernetes.default.svc.$cluster_domain" \
+  --service-account-key-file "$pki/service-account.pub" --service-account-signing-key-file "$pki/service-account.key" \
+  --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+  --kubelet-certificate-authority "$pki/serving-ca.crt" --kubelet-preferred-address-types InternalIP \
+  --audit-policy-file "$root/cluster/audit-policy.yaml" --audit-log-path "$logs/audit.log" \
+  --audit-log-maxsize 100 --audit-log-maxbackup 1 \
+  --profiling=false --v 1
+wait_for kube-apiserver 60 api_get /readyz
+
+launch kube-controller-manager "$bin/kube-controller-manager" --kubeconfig "$cluster/kubeconfigs/controller-manager" \
+  --authentication-kubeconfig "$cluster/kubeconfigs/controller-manager" --authorization-kubeconfig "$cluster/kubeconfigs/controller-manager" \
+  --leader-elect=false --use-service-account-credentials \
+  --service-account-private-key-file "$pki/service-account.key" --root-ca-file "$pki/serving-ca.crt" \
+  --service-cluster-ip-range "$service_cidr" --bind-address 127.0.0.1 --profiling=false --v 1
+launch kube-scheduler "$bin/kube-scheduler" --kubeconfig "$cluster/kubeconfigs/scheduler" \
+  --authentication-kubeconfig "$cluster/kubeconfigs/scheduler" --authorization-kubeconfig "$cluster/kubeconfigs/scheduler" \
+  --leader-elect=false --bind-address 127.0.0.1 --profiling=false --v 1
+kubectl apply --server-side --force-conflicts -f "$root/cluster/addons.yaml" >/dev/null
+launch kube-proxy "$bin/kube-proxy" --kubeconfig "$cluster/kubeconfigs/kube-proxy" \
+  --hostname-override "$node_name" --proxy-mode iptables --cluster-cidr "$pod_cidr" \
+  --nodeport-addresses "127.0.0.0/8,$node_ip/32" --conntrack-max-per-core 0 \
+  --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 --v 1
+launch noops-node env NOOPS_ROOT="$root" NOOPS_BIN="$bin" NOOPS_TARGET="$target_dir" RUST_LOG="${RUST_LOG:-info}" \
+  "$node_agent_bin" --kubeconfig "$cluster/kubeconfigs/node" --node-name "$node_name" \
+  --node-ip "$node_ip" --pod-cidr "$pod_cidr" --bridge "$bridge" --cluster-domain "$cluster_domain" \
+  --state-dir "$cluster/node" --volumes-dir "$cluster/volumes" --images "$root/cluster/images.yaml" \
+  --kubernetes-version "$k8s_version" --api-service "$api_service_ip:443" \
+  --kubelet-port "$kubelet_port" --tls-cert "$pki/node-serving.crt" --tls-key "$pki/node-serving.key" \
+  --client-ca "$pki/client-ca.crt"
+
+node_ready() { kubectl get node "$node_name" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True; }
+wait_for "node $node_name" 60 node_ready
+wait_for "the default ServiceAccount" 60 kubectl get serviceaccount default -n default
+wait_for kube-proxy 30 curl -sf http://127.0.0.1:10256/healthz
+
+elapsed=$(awk -v s="$start_time" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
+printf 'local Kubernetes %s is up in %ss: export KUBECONFIG=%s (logs: %s)\n' "$k8s_version" "$elapsed" "$kubeconfig" "$logs"

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs and builds everything the local Kubernetes, the operators and the tests need.
+# Idempotent and cached: packages are installed only when missing, upstream binaries are built
+# only when their module files change, and cargo builds incrementally.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+# --- Debian packages ---------------------------------------------------------------------------
+# command → package that provides it.
+declare -A wanted=(
+  [ip]=iproute2 [iptables]=iptables [nft]=nftables [conntrack]=conntrack [openssl]=openssl
+  [curl]=curl [nsenter]=util-linux [protoc]=protobuf-compiler [setsid]=util-linux
+)
+missing=()
+for cmd in "${!wanted[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("${wanted[$cmd]}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  [ "$(id -u)" = 0 ] || die "missing packages (${missing[*]}) and not root to install them"
+  log "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${missing[@]}" | sort -u) >/dev/null
+fi
+
+# --- Go (only for building upstream binaries) ---------------------------------------------------
+# Kubernetes 1.34 needs Go 1.24 or newer. Without a recent enough Go on the machine, Debian's Go
+# fetches a newer toolchain from the Go module proxy.
+go_ok() { command -v go >/dev/null && [ "$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')" -ge 24 ]; }
+if ! go_ok; then
+  if ! command -v go >/dev/null; then
+    log "installing Debian's Go to bootstrap a newer toolchain"
+    apt-get install -y -qq --no-install-recommends golang-go >/dev/null
+  fi
+  export GOTOOLCHAIN=go1.26.11
+  log "using Go toolchain $GOTOOLCHAIN from the module proxy"
+fi
+"$root/hack/build-upstream.sh"
+
+# --- Rust ----------------------------------------------------------------------------------------
+command -v cargo >/dev/null || die "cargo is missing: install Rust (https://rustup.rs)"
+log "building the Rust workspace"
+(cd "$root" && cargo build --workspace --bins --quiet)
+log "setup done"

@@ -1,0 +1,205 @@
+//! Helpers for end-to-end tests against the running local Kubernetes (`make cluster-up`).
+//!
+//! Each test works in its own namespace, which is deleted when the test's [`TestNamespace`] is
+//! dropped (also when the test fails). Manifests are applied with the real `kubectl`, objects are
+//! read back with kube-rs, and waits poll with a deadline so a failure says what was awaited.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::PostParams;
+use kube::{Api, Client};
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repository root")
+}
+
+/// The admin kubeconfig of the local Kubernetes.
+pub fn kubeconfig() -> PathBuf {
+    root().join(".noops/kubeconfig")
+}
+
+/// A built upstream binary, e.g. `kubectl` or `etcd-3.5/etcdctl`.
+pub fn upstream_bin(name: &str) -> PathBuf {
+    root().join(".noops/bin").join(name)
+}
+
+/// A kube client for the local Kubernetes.
+pub async fn client() -> Client {
+    let config =
+        kube::config::Kubeconfig::read_from(kubeconfig()).expect("no .noops/kubeconfig: run `make cluster-up` first");
+    let config = kube::Config::from_custom_kubeconfig(config, &Default::default())
+        .await
+        .expect("kubeconfig");
+    Client::try_from(config).expect("client")
+}
+
+/// Runs kubectl with the admin kubeconfig; `stdin` is piped in if given.
+pub fn kubectl(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut cmd = Command::new(upstream_bin("kubectl"));
+    cmd.arg("--kubeconfig").arg(kubeconfig()).args(args);
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("kubectl");
+    if let Some(input) = stdin {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    }
+    child.wait_with_output().expect("kubectl output")
+}
+
+/// Runs kubectl and panics with its stderr if it fails; returns stdout.
+pub fn kubectl_ok(args: &[&str], stdin: Option<&str>) -> String {
+    let out = kubectl(args, stdin);
+    assert!(
+        out.status.success(),
+        "kubectl {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A namespace for one test, deleted on drop.
+pub struct TestNamespace {
+    pub name: String,
+    pub client: Client,
+}
+
+impl TestNamespace {
+    /// Creates `e2e-<prefix>-<suffix>`.
+    pub async fn new(prefix: &str) -> Self {
+        let client = client().await;
+        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let unique = nanos ^ (std::process::id() << 12) ^ COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("e2e-{prefix}-{unique:08x}");
+        let ns: Namespace = serde_json::from_value(serde_json::json!({ "metadata": { "name": name } })).unwrap();
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("create namespace");
+        // The ServiceAccount controller adds `default` shortly after; pods need it.
+        let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), &name);
+        wait_until(
+            &format!("default ServiceAccount in {name}"),
+            Duration::from_secs(30),
+            || async { sa.get_opt("default").await.ok().flatten().is_some() },
+        )
+        .await;
+        Self { name, client }
+    }
+
+    /// Applies a multi-document YAML manifest in this namespace.
+    pub fn apply(&self, yaml: &str) {
+        kubectl_ok(&["apply", "-n", &self.name, "-f", "-"], Some(yaml));
+    }
+
+    /// Pods of this namespace.
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// Typed API for a namespaced kind in this namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// Waits until pod `name` has condition Ready=True.
+    pub async fn wait_pod_ready(&self, name: &str, timeout: Duration) -> Pod {
+        let pods = self.pods();
+        wait_for(&format!("pod {}/{name} Ready", self.name), timeout, || async {
+            pods.get_opt(name).await.ok().flatten().filter(pod_ready)
+        })
+        .await
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let _ = kubectl(&["delete", "namespace", &self.name, "--wait=false"], None);
+    }
+}
+
+/// Whether the pod has Ready=True.
+pub fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Polls `check` every 250 ms until it returns `Some`, or panics after `timeout` naming `what`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Like [`wait_for`] for a yes/no condition.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    wait_for(what, timeout, || {
+        let fut = check();
+        async move { fut.await.then_some(()) }
+    })
+    .await
+}
+
+/// A plain HTTP GET to an address on this machine (loopback, or an address of our own
+/// namespaces); returns the body, or `None` on any failure.
+pub async fn http_get(addr: &str, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let connect = tokio::net::TcpStream::connect(addr);
+    let mut stream = tokio::time::timeout(Duration::from_secs(2), connect).await.ok()?.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    tokio::time::timeout(Duration::from_secs(2), stream.read_to_string(&mut response))
+        .await
+        .ok()?
+        .ok()?;
+    if !response.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    response.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
+}
+
+/// The Kubernetes version the control plane is built from (`tools/k8s/go.mod`).
+pub fn built_kubernetes_version() -> String {
+    let gomod = std::fs::read_to_string(root().join("tools/k8s/go.mod")).unwrap();
+    gomod
+        .lines()
+        .find_map(|l| l.strip_prefix("require k8s.io/kubernetes "))
+        .map(|v| v.trim().to_string())
+        .expect("k8s.io/kubernetes in tools/k8s/go.mod")
+}
