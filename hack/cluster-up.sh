@@ -145,6 +145,7 @@ launch() {
 }
 # wait_for <what> <seconds> <command...>
 wait_for() {
+  [ -n "${NOOPS_TRACE:-}" ] && log "waiting for $1"
   local what=$1 limit=$2; shift 2
   local deadline=$((SECONDS + limit))
   until "$@" >/dev/null 2>&1; do
@@ -182,7 +183,8 @@ launch kube-controller-manager "$bin/kube-controller-manager" --kubeconfig "$clu
   --authentication-kubeconfig "$cluster/kubeconfigs/controller-manager" --authorization-kubeconfig "$cluster/kubeconfigs/controller-manager" \
   --leader-elect=false --use-service-account-credentials \
   --service-account-private-key-file "$pki/service-account.key" --root-ca-file "$pki/serving-ca.crt" \
-  --service-cluster-ip-range "$service_cidr" --bind-address 127.0.0.1 --profiling=false --v 1
+  --service-cluster-ip-range "$service_cidr" --bind-address 127.0.0.1 --profiling=false --v 1 \
+  --kube-api-qps 200 --kube-api-burst 400
 launch kube-scheduler "$bin/kube-scheduler" --kubeconfig "$cluster/kubeconfigs/scheduler" \
   --authentication-kubeconfig "$cluster/kubeconfigs/scheduler" --authorization-kubeconfig "$cluster/kubeconfigs/scheduler" \
   --leader-elect=false --bind-address 127.0.0.1 --profiling=false --v 1
