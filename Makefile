@@ -4,7 +4,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 export KUBECONFIG := $(CURDIR)/.noops/kubeconfig
 
-.PHONY: help setup cluster-up cluster-down demo test unit e2e lint bench
+.PHONY: help setup cluster-up cluster-down demo test unit e2e lint bench crds run
 
 help: ## Show the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-z0-9-]+:.*## / { printf "  make %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -29,9 +29,18 @@ unit: ## Unit tests (no cluster)
 	cargo test --workspace --quiet --lib --bins
 
 e2e: cluster-up ## End-to-end tests against the local Kubernetes
-	cargo test -p noops-e2e --quiet -- --test-threads=2
+	@# An in-cluster operator left by `make demo` would reconcile the tests' objects too.
+	@.noops/bin/kubectl delete deployment -n noops-system noops-operator --ignore-not-found --wait=false >/dev/null
+	cargo test -p noops-e2e -p noops-sample-operator --quiet --test '*' -- --test-threads=4
 
 test: setup lint unit e2e ## Everything: setup, lint, unit tests, cluster, end-to-end tests
+
+crds: ## Regenerate deploy/crds from the Rust types (CI fails if they drift)
+	cargo run --quiet -p noops -- crds > deploy/crds/noops.dev.yaml
+
+run: cluster-up ## Run the operator out of cluster against the local Kubernetes (Ctrl-C stops it)
+	.noops/bin/kubectl apply --server-side -f deploy/crds/
+	cargo run -p noops -- run --leader-elect=false
 
 bench: setup ## Benchmarks, printed as a table (history in .noops/bench/results.md)
 	@hack/bench.sh

@@ -203,3 +203,106 @@ pub fn built_kubernetes_version() -> String {
         .map(|v| v.trim().to_string())
         .expect("k8s.io/kubernetes in tools/k8s/go.mod")
 }
+
+/// A `noops run` process outside the cluster (admin kubeconfig), killed when dropped.
+pub struct Operator {
+    child: std::process::Child,
+    /// Address of its /metrics, /healthz and /readyz.
+    pub http: String,
+    pub log: PathBuf,
+}
+
+impl Operator {
+    /// Starts the operator watching only `namespace`, with its leader Lease there too.
+    /// `extra` is appended to `noops run`.
+    pub fn start(namespace: &str, extra: &[&str]) -> Self {
+        let binary = root().join("target/debug/noops");
+        assert!(binary.exists(), "{} is missing: run `make setup`", binary.display());
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let http = format!("127.0.0.1:{port}");
+        let log = std::env::temp_dir().join(format!("noops-operator-{namespace}-{port}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(binary)
+            .args([
+                "run",
+                "--namespaces",
+                namespace,
+                "--leader-election-namespace",
+                namespace,
+                "--http-addr",
+                &http,
+            ])
+            .args(extra)
+            .env("KUBECONFIG", kubeconfig())
+            .env("RUST_LOG", "info,kube_runtime=warn")
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("start noops");
+        Self { child, http, log }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills the process at once (SIGKILL): no lease release, no cleanup.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The current value of a metric line starting with `prefix`, if present.
+    pub async fn metric(&self, prefix: &str) -> Option<f64> {
+        let text = http_get(&self.http, "/metrics").await?;
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+
+    /// The operator's log so far (for failure messages).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Installs (or updates) the noops CRDs from `deploy/crds`.
+pub fn install_crds() {
+    let crds = root().join("deploy/crds");
+    kubectl_ok(
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            crds.to_str().unwrap(),
+        ],
+        None,
+    );
+    kubectl_ok(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/maintpages.noops.dev",
+            "--timeout=30s",
+        ],
+        None,
+    );
+}

@@ -1,0 +1,11 @@
+//! Condition types and reasons shared by every noops resource.
+//!
+//! Every resource reports the same three condition types, with `observedGeneration`, so that
+//! `kubectl wait --for=condition=Ready` works the same way everywhere.
+
+/// The resource does what its spec asks and is serving.
+pub const READY: &str = "Ready";
+/// The operator is moving the resource towards its spec (rolling out, switching, scaling).
+pub const PROGRESSING: &str = "Progressing";
+/// Something needs attention: the spec cannot be carried out as it is, or a part is failing.
+pub const DEGRADED: &str = "Degraded";

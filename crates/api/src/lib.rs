@@ -1,0 +1,23 @@
+//! The noops custom resources, group `noops.dev`, version `v1alpha1`.
+//!
+//! Each resource is a Rust type with `#[derive(CustomResource)]`; its CRD (schema, CEL rules,
+//! printer columns) is generated from the type by `noops crds` and committed under `deploy/crds`.
+//! Validation lives in the schema wherever the API server can enforce it, so a bad spec is
+//! rejected at `kubectl apply` with a message that says what to fix.
+#![forbid(unsafe_code)]
+
+pub mod condition;
+pub mod maintpage;
+
+pub use maintpage::{MaintPage, MaintPageSpec, MaintPageStatus};
+
+/// The API group of every noops resource.
+pub const GROUP: &str = "noops.dev";
+/// The API version of every noops resource.
+pub const VERSION: &str = "v1alpha1";
+
+/// Every CRD of the group, in a stable order.
+pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
+    use kube::CustomResourceExt;
+    vec![MaintPage::crd()]
+}

@@ -1,0 +1,64 @@
+//! Server-side apply under one field manager, and owner references.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// The field manager of everything the operator writes.
+pub const FIELD_MANAGER: &str = "noops";
+
+/// Applies `object` (server-side apply, forced: the operator owns the fields it sets, so hand
+/// edits of them are taken back).
+pub async fn apply<K>(api: &Api<K>, name: &str, object: &K) -> kube::Result<K>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(object))
+        .await
+}
+
+/// Applies the status subresource from a partial object (`apiVersion`, `kind`, `status`).
+pub async fn apply_status<K>(api: &Api<K>, name: &str, status: &serde_json::Value) -> kube::Result<K>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(status))
+        .await
+}
+
+/// The controller owner reference pointing at `owner` (children are garbage-collected with it).
+pub fn controller_reference<K: Resource<DynamicType = ()>>(owner: &K) -> Option<OwnerReference> {
+    owner.controller_owner_ref(&())
+}
+
+/// Whether `child` is controlled by the object with `owner_uid`.
+pub fn controlled_by(child: &ObjectMeta, owner_uid: &str) -> bool {
+    child
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.controller == Some(true) && r.uid == owner_uid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_is_by_uid_and_controller_flag() {
+        let mut meta = ObjectMeta::default();
+        assert!(!controlled_by(&meta, "u1"));
+        meta.owner_references = Some(vec![OwnerReference {
+            api_version: "noops.dev/v1alpha1".into(),
+            kind: "MaintPage".into(),
+            name: "shop".into(),
+            uid: "u1".into(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }]);
+        assert!(controlled_by(&meta, "u1"));
+        assert!(!controlled_by(&meta, "u2"));
+    }
+}

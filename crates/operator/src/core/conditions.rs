@@ -1,0 +1,93 @@
+//! Status conditions with the Kubernetes conventions: one entry per type, `observedGeneration`,
+//! and a `lastTransitionTime` that moves only when the status flips.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// A condition as a controller decides it, before times are filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    pub type_: &'static str,
+    pub status: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Decided {
+    pub fn new(type_: &'static str, status: bool, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            type_,
+            status,
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// Merges decided conditions into the previous list: a condition whose status did not change
+/// keeps its `lastTransitionTime`; types not decided now are kept as they were.
+pub fn merge(
+    previous: &[Condition],
+    decided: &[Decided],
+    generation: Option<i64>,
+    now: jiff::Timestamp,
+) -> Vec<Condition> {
+    let mut out: Vec<Condition> = previous.to_vec();
+    for d in decided {
+        let status = if d.status { "True" } else { "False" }.to_string();
+        let transition = previous
+            .iter()
+            .find(|c| c.type_ == d.type_ && c.status == status)
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or(Time(now));
+        let condition = Condition {
+            type_: d.type_.to_string(),
+            status,
+            reason: d.reason.to_string(),
+            message: d.message.clone(),
+            observed_generation: generation,
+            last_transition_time: transition,
+        };
+        match out.iter_mut().find(|c| c.type_ == d.type_) {
+            Some(slot) => *slot = condition,
+            None => out.push(condition),
+        }
+    }
+    out
+}
+
+/// Whether the condition of `type_` is True.
+pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+    conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transition_time_moves_only_on_flips() {
+        let t0 = jiff::Timestamp::from_second(1000).unwrap();
+        let t1 = jiff::Timestamp::from_second(2000).unwrap();
+        let first = merge(
+            &[],
+            &[Decided::new("Ready", false, "Starting", "pods starting")],
+            Some(1),
+            t0,
+        );
+        assert_eq!(first[0].last_transition_time.0, t0);
+        let same = merge(&first, &[Decided::new("Ready", false, "Waiting", "still")], Some(2), t1);
+        assert_eq!(same[0].last_transition_time.0, t0, "status unchanged: time kept");
+        assert_eq!(same[0].reason, "Waiting");
+        assert_eq!(same[0].observed_generation, Some(2));
+        let flipped = merge(&same, &[Decided::new("Ready", true, "Published", "ok")], Some(2), t1);
+        assert_eq!(flipped[0].last_transition_time.0, t1);
+        assert!(is_true(&flipped, "Ready"));
+        let other = merge(
+            &flipped,
+            &[Decided::new("Degraded", false, "AsExpected", "")],
+            Some(2),
+            t1,
+        );
+        assert_eq!(other.len(), 2);
+    }
+}

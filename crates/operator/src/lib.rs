@@ -1,0 +1,38 @@
+//! The noops operator: controllers for the noops custom resources, and what they share.
+//!
+//! `noops run` (see `main.rs`) runs the controllers with leader election, metrics and health
+//! endpoints; `noops crds` prints the CRDs. The library is here so that tests and tools reuse
+//! the same code.
+#![forbid(unsafe_code)]
+
+pub mod core;
+pub mod leader;
+pub mod maintpage;
+pub mod server;
+
+/// Every CRD as one multi-document YAML text, as committed under `deploy/crds`.
+pub fn crds_yaml() -> Result<String, String> {
+    let mut out = String::new();
+    for crd in noops_api::crds() {
+        let yaml = serde_saphyr::to_string(&crd).map_err(|e| e.to_string())?;
+        out.push_str("---\n");
+        out.push_str(&yaml);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The committed CRDs must be what the types generate: edit the types, then `make crds`.
+    #[test]
+    fn committed_crds_match_the_types() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds/noops.dev.yaml");
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        let generated = super::crds_yaml().unwrap();
+        assert!(
+            committed == generated,
+            "{} is out of date: run `make crds` and commit the result",
+            path.display()
+        );
+    }
+}

@@ -1,0 +1,173 @@
+//! When to move the Service between the app and the maintenance page. Pure.
+//!
+//! The Service moves to a side only once that side's pods are all Ready, so clients never see
+//! a gap. The maintenance pods run while the page is published or about to be, and for a short
+//! drain after the Service has moved back to the app, so that connections kube-proxy still sends
+//! them while it catches up are answered. Everything the plan depends on comes from the
+//! resource's status and the observed Deployments, never from memory: a restarted operator
+//! makes the same decision.
+
+use std::time::Duration;
+
+use noops_api::maintpage::{MaintPageSpec, Side};
+
+/// How long the maintenance pods keep running after the Service has moved back to the app.
+pub const DRAIN: Duration = Duration::from_secs(5);
+
+/// What the controller knows when it plans.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observed {
+    /// The side the Service sends traffic to (status, else the live selector).
+    pub published: Option<Side>,
+    /// When the Service last switched.
+    pub switched_at: Option<jiff::Timestamp>,
+    pub app_ready: bool,
+    pub maintenance_ready: bool,
+}
+
+/// The decision of one reconcile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The side the Service selects after this reconcile.
+    pub publish: Side,
+    /// Whether this reconcile moves the Service.
+    pub switched: bool,
+    /// When the Service last moved (now, if `switched`).
+    pub switched_at: Option<jiff::Timestamp>,
+    /// The side the Service is waiting to move to, until its pods are Ready.
+    pub waiting_for: Option<Side>,
+    /// Replicas of the maintenance Deployment.
+    pub maintenance_replicas: i32,
+    /// Come back after this long even if nothing changes (end of the drain).
+    pub requeue_after: Option<Duration>,
+}
+
+/// Plans the next step.
+pub fn plan(spec: &MaintPageSpec, observed: &Observed, now: jiff::Timestamp) -> Plan {
+    let desired = spec.desired_side();
+    // A new resource publishes what it asks for straight away: nothing is being served yet.
+    let current = observed.published.unwrap_or(desired);
+    let target_ready = match desired {
+        Side::App => observed.app_ready,
+        Side::Maintenance => observed.maintenance_ready,
+    };
+    let (publish, switched, waiting_for) = if current == desired {
+        (current, false, None)
+    } else if target_ready {
+        (desired, true, None)
+    } else {
+        (current, false, Some(desired))
+    };
+    let switched_at = if switched { Some(now) } else { observed.switched_at };
+    let (maintenance_replicas, requeue_after) = if publish == Side::Maintenance || desired == Side::Maintenance {
+        (spec.maintenance.replicas, None)
+    } else {
+        let since = switched_at.map(|t| now.duration_since(t).unsigned_abs());
+        match since {
+            Some(elapsed) if elapsed < DRAIN => (spec.maintenance.replicas, Some(DRAIN - elapsed)),
+            _ => (0, None),
+        }
+    };
+    Plan {
+        publish,
+        switched,
+        switched_at,
+        waiting_for,
+        maintenance_replicas,
+        requeue_after,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use noops_api::maintpage::{AppSpec, MaintenanceSpec, ServiceSpec};
+
+    fn spec(enabled: bool) -> MaintPageSpec {
+        MaintPageSpec {
+            app: AppSpec {
+                name: "shop".into(),
+                image: "app".into(),
+                args: None,
+                port: 8080,
+                replicas: 2,
+            },
+            maintenance: MaintenanceSpec {
+                image: "m".into(),
+                args: None,
+                port: 8080,
+                replicas: 1,
+                enabled,
+            },
+            service: ServiceSpec::default(),
+        }
+    }
+
+    fn at(s: i64) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(s).unwrap()
+    }
+
+    fn observed(published: Option<Side>, app_ready: bool, maintenance_ready: bool) -> Observed {
+        Observed {
+            published,
+            switched_at: None,
+            app_ready,
+            maintenance_ready,
+        }
+    }
+
+    #[test]
+    fn a_new_resource_publishes_the_app_without_maintenance_pods() {
+        let p = plan(&spec(false), &observed(None, false, false), at(0));
+        assert_eq!((p.publish, p.switched, p.maintenance_replicas), (Side::App, false, 0));
+    }
+
+    #[test]
+    fn toggling_on_waits_for_the_maintenance_pods() {
+        let waiting = plan(&spec(true), &observed(Some(Side::App), true, false), at(0));
+        assert_eq!(
+            waiting.publish,
+            Side::App,
+            "keep serving the app until the page is Ready"
+        );
+        assert_eq!(waiting.waiting_for, Some(Side::Maintenance));
+        assert_eq!(waiting.maintenance_replicas, 1, "start the maintenance pods");
+        let ready = plan(&spec(true), &observed(Some(Side::App), true, true), at(10));
+        assert_eq!(
+            (ready.publish, ready.switched, ready.switched_at),
+            (Side::Maintenance, true, Some(at(10)))
+        );
+    }
+
+    #[test]
+    fn toggling_off_waits_for_the_app_then_drains_the_page() {
+        let waiting = plan(&spec(false), &observed(Some(Side::Maintenance), false, true), at(0));
+        assert_eq!(
+            (waiting.publish, waiting.waiting_for),
+            (Side::Maintenance, Some(Side::App))
+        );
+        assert_eq!(waiting.maintenance_replicas, 1);
+        let switched = plan(&spec(false), &observed(Some(Side::Maintenance), true, true), at(100));
+        assert_eq!((switched.publish, switched.switched), (Side::App, true));
+        assert_eq!(switched.maintenance_replicas, 1, "still draining");
+        assert_eq!(switched.requeue_after, Some(DRAIN));
+        let later = Observed {
+            switched_at: Some(at(100)),
+            ..observed(Some(Side::App), true, true)
+        };
+        let draining = plan(&spec(false), &later, at(102));
+        assert_eq!(
+            (draining.maintenance_replicas, draining.requeue_after),
+            (1, Some(Duration::from_secs(3)))
+        );
+        let drained = plan(&spec(false), &later, at(106));
+        assert_eq!((drained.maintenance_replicas, drained.requeue_after), (0, None));
+    }
+
+    #[test]
+    fn a_restarted_operator_finishes_a_switch_from_status_alone() {
+        // Status says maintenance is published, spec says maintenance: stable, nothing to do.
+        let p = plan(&spec(true), &observed(Some(Side::Maintenance), true, true), at(50));
+        assert_eq!((p.publish, p.switched, p.waiting_for), (Side::Maintenance, false, None));
+    }
+}
