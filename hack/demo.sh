@@ -1,21 +1,63 @@
 #!/usr/bin/env bash
-# The demo: a workload on the local Kubernetes, reached through its Service from this machine.
+# The demo: the noops operator running in the local Kubernetes switches a shop between its app
+# and its maintenance page, while a client polls the shop's Service and counts failed requests.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
-log "nodes:"
-kubectl get nodes -o wide
+log "installing the noops CRDs, RBAC and operator (deploy/)"
+kubectl apply --server-side --force-conflicts -f "$root/deploy/crds/" >/dev/null
+kubectl apply -f "$root/deploy/00-namespace.yaml" -f "$root/deploy/10-rbac.yaml" -f "$root/deploy/20-operator.yaml" >/dev/null
+kubectl rollout status -n noops-system deployment/noops-operator --timeout=120s
+kubectl get pods -n noops-system -o wide
+
 kubectl create namespace demo --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-kubectl apply -n demo -f "$root/examples/local/echo.yaml"
-kubectl rollout status -n demo deployment/echo --timeout=120s
-kubectl get pods -n demo -o wide
-cluster_ip=$(kubectl get service -n demo echo -o jsonpath='{.spec.clusterIP}')
-log "asking the Service (ClusterIP $cluster_ip) six times; kube-proxy spreads the requests:"
-for _ in 1 2 3 4 5 6; do
-  until curl -sf --max-time 2 "http://$cluster_ip/"; do sleep 0.3; done
-done
-log "and through the NodePort on 127.0.0.1:30080:"
-until curl -sf --max-time 2 http://127.0.0.1:30080/; do sleep 0.3; done
-log "logs of one pod (kubectl logs, served by the node agent):"
-kubectl logs -n demo deployment/echo
+log "applying examples/maintpage/shop.yaml"
+kubectl apply -n demo -f "$root/examples/maintpage/shop.yaml"
+# A re-run starts from the app side.
+kubectl patch -n demo maintpage/shop --type merge -p '{"spec":{"maintenance":{"enabled":false}}}' >/dev/null
+kubectl wait -n demo --for=condition=Ready maintpage/shop --timeout=120s >/dev/null
+kubectl wait -n demo --for=jsonpath='{.status.published}'=app maintpage/shop --timeout=120s >/dev/null
+kubectl get -n demo maintpage shop
+service_ip=$(kubectl get service -n demo shop -o jsonpath='{.spec.clusterIP}')
+# kube-proxy programs a new Service a moment after it exists.
+until curl -sf --max-time 1 "http://$service_ip/" >/dev/null; do sleep 0.2; done
+
+# The client: one request every 100 ms; prints the page whenever it changes.
+client_log=$(mktemp)
+(
+  last="" ok=0 failed=0
+  while [ ! -f "$client_log.stop" ]; do
+    if page=$(curl -sf --max-time 1 "http://$service_ip/"); then
+      ok=$((ok + 1))
+      [ "$page" = "$last" ] || { printf '%s client: %s\n' "$(date +%H:%M:%S)" "$page"; last=$page; }
+    else
+      failed=$((failed + 1))
+      printf '%s client: request FAILED\n' "$(date +%H:%M:%S)"
+    fi
+    sleep 0.1
+  done
+  echo "$ok $failed" > "$client_log"
+) &
+client=$!
+sleep 2
+
+log "maintenance on"
+kubectl patch -n demo maintpage/shop --type merge -p '{"spec":{"maintenance":{"enabled":true}}}' >/dev/null
+kubectl wait -n demo --for=jsonpath='{.status.published}'=maintenance maintpage/shop --timeout=120s >/dev/null
+sleep 3
+log "maintenance off"
+kubectl patch -n demo maintpage/shop --type merge -p '{"spec":{"maintenance":{"enabled":false}}}' >/dev/null
+kubectl wait -n demo --for=jsonpath='{.status.published}'=app maintpage/shop --timeout=120s >/dev/null
+sleep 3
+touch "$client_log.stop"
+wait "$client"
+read -r ok failed < "$client_log"
+rm -f "$client_log" "$client_log.stop"
+
+kubectl get -n demo maintpage shop
+log "what the operator said (Events):"
+kubectl get events -n demo --field-selector involvedObject.kind=MaintPage --sort-by=.lastTimestamp \
+  -o custom-columns=REASON:.reason,MESSAGE:.message
+log "client: $ok requests answered, $failed failed"
 log "demo done; the cluster stays up (KUBECONFIG=$kubeconfig). \`make cluster-down\` stops it."
+[ "$failed" -eq 0 ]
