@@ -29,14 +29,14 @@ unit: ## Unit tests (no cluster)
 	cargo test --workspace --quiet --lib --bins
 
 e2e: cluster-up ## End-to-end tests against the local Kubernetes
-	@# An in-cluster operator left by `make demo` would reconcile the tests' objects too.
-	@.noops/bin/kubectl delete deployment -n noops-system noops-operator --ignore-not-found --wait=false >/dev/null
+	@source hack/lib.sh && stop_demo_operator
 	cargo test -p noops-e2e -p noops-sample-operator --quiet --test '*' -- --test-threads=4
 
 test: setup lint unit e2e ## Everything: setup, lint, unit tests, cluster, end-to-end tests
 
 crds: ## Regenerate deploy/crds from the Rust types (CI fails if they drift)
 	cargo run --quiet -p noops -- crds > deploy/crds/noops.dev.yaml
+	cp deploy/crds/noops.dev.yaml charts/noops/crds/noops.dev.yaml
 
 run: cluster-up ## Run the operator out of cluster against the local Kubernetes (Ctrl-C stops it)
 	.noops/bin/kubectl apply --server-side -f deploy/crds/

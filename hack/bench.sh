@@ -38,6 +38,15 @@ table=$(cat <<TABLE
 TABLE
 )
 echo "$table"
+
+# The MaintPage operator (release build), with 100 and 1000 objects.
+log "building the operator in release mode for the MaintPage benchmark"
+stop_demo_operator
+(cd "$root" && cargo build --quiet --release -p noops && cargo build --quiet -p noops-e2e --bins)
+operator_table=$("$target_dir/debug/maintpage-bench" "$target_dir/release/noops" ${BENCH_MAINTPAGES:-100 1000})
+echo
+echo "$operator_table"
+table+=$'\n\n'"$operator_table"
 mkdir -p "$state/bench"
 {
   echo

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the upstream binaries (Kubernetes control plane, kubectl, kube-proxy, etcd 3.5 and 3.6)
+# Builds the upstream binaries (Kubernetes control plane, kubectl, kube-proxy, etcd 3.5 and 3.6,
+# helm)
 # from the wrapper Go modules under tools/, once. Results are cached outside the clone, keyed by
 # a hash of each wrapper's module files and the build recipe, so a fresh clone (CI) reuses them and a
 # change of version rebuilds. `.noops/bin` gets symlinks to the cached binaries.
@@ -53,6 +54,10 @@ if [ "$what" = all ] || [ "$what" = etcd ]; then
     build "$mod" "-s -w" etcd=go.etcd.io/etcd/server/v3 \
       etcdctl=go.etcd.io/etcd/etcdctl/v3 etcdutl=go.etcd.io/etcd/etcdutl/v3
   done
+fi
+if [ "$what" = all ] || [ "$what" = helm ]; then
+  # Only for checking that the chart renders what deploy/ holds.
+  build helm "-s -w" helm=helm.sh/helm/v3/cmd/helm
 fi
 if [ "$what" = all ] || [ "$what" = k8s ]; then
   k=k8s.io/kubernetes/cmd

@@ -43,3 +43,7 @@ alive() {
 outward_interface() { ip -4 route show default | awk '{ for (i = 1; i < NF; i++) if ($i == "dev") { print $(i + 1); exit } }'; }
 
 kubectl() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
+
+# An operator left running in the cluster by `make demo` would reconcile test and benchmark
+# objects too; tests and benchmarks run their own.
+stop_demo_operator() { kubectl delete deployment -n noops-system noops-operator --ignore-not-found --wait=false >/dev/null 2>&1 || true; }

@@ -1,7 +1,8 @@
 //! Leader election on a coordination.k8s.io Lease, so that of several replicas exactly one
 //! reconciles and another takes over within the lease duration when the leader dies.
 //!
-//! The rules are client-go's: the holder renews the lease every `retry_period`; anyone may take
+//! The rules are client-go's: the holder renews the lease three times per lease duration (an
+//! update with the version it last wrote, no read), candidates look every `retry_period`; anyone may take
 //! a lease whose `renewTime + leaseDurationSeconds` has passed; every write carries the
 //! resourceVersion it read, so of two candidates racing for the same lease one gets a conflict
 //! and stays a follower. A leader that cannot renew for the lease duration steps down. On a
@@ -91,6 +92,9 @@ pub struct Elector {
     name: String,
     identity: String,
     timing: Timing,
+    /// The lease as we last wrote it: while leading, renewals go straight to an update with
+    /// its resourceVersion, without reading first (a conflict means someone else wrote it).
+    last_written: tokio::sync::Mutex<Option<Lease>>,
 }
 
 impl Elector {
@@ -100,6 +104,7 @@ impl Elector {
             name: name.into(),
             identity,
             timing,
+            last_written: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -110,7 +115,11 @@ impl Elector {
 
     /// One attempt to acquire or renew.
     pub async fn try_once(&self) -> kube::Result<Verdict> {
-        let current = self.api.get_opt(&self.name).await?;
+        let mut last_written = self.last_written.lock().await;
+        let current = match last_written.take() {
+            Some(ours) => Some(ours),
+            None => self.api.get_opt(&self.name).await?,
+        };
         let next = match next_lease(current.as_ref(), &self.identity, self.timing, jiff::Timestamp::now()) {
             Ok(lease) => lease,
             Err(verdict) => return Ok(verdict),
@@ -125,7 +134,10 @@ impl Elector {
             Some(_) => self.api.replace(&self.name, &PostParams::default(), &next).await,
         };
         match result {
-            Ok(_) => Ok(Verdict::Leading),
+            Ok(written) => {
+                *last_written = Some(written);
+                Ok(Verdict::Leading)
+            }
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(Verdict::Following {
                 holder: "another candidate (lost a race)".into(),
             }),
@@ -167,8 +179,14 @@ impl Elector {
                     }
                 }
             }
+            // The leader renews three times per lease duration; candidates retry more often.
+            let pause = if last_renewal.is_some() {
+                self.timing.lease_duration / 3
+            } else {
+                self.timing.retry_period
+            };
             tokio::select! {
-                _ = tokio::time::sleep(self.timing.retry_period) => {}
+                _ = tokio::time::sleep(pause) => {}
                 _ = stop.changed() => {
                     if last_renewal.is_some() {
                         self.release().await;

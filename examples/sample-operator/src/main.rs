@@ -21,7 +21,9 @@ async fn reconcile(sample: Arc<Sample>, client: Arc<Client>) -> Result<Action, E
     // 1. Make the world match the spec: apply the ConfigMap.
     let config_map = desired_config_map(&sample);
     let name = config_map.metadata.name.clone().unwrap_or_default();
-    Api::<ConfigMap>::namespaced((*client).clone(), &namespace).patch(&name, &params, &Patch::Apply(&config_map)).await?;
+    Api::<ConfigMap>::namespaced((*client).clone(), &namespace)
+        .patch(&name, &params, &Patch::Apply(&config_map))
+        .await?;
     // 2. Report it, but only if the report changed.
     let status = desired_status(&sample, jiff::Timestamp::now());
     if sample.status.as_ref() != Some(&status) {

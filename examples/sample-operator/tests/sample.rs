@@ -25,7 +25,11 @@ fn kubectl(args: &[&str], stdin: Option<&str>) -> String {
         child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
     }
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -48,7 +52,15 @@ impl Drop for Killed {
 fn a_sample_gets_its_config_map_and_a_ready_status() {
     let crd = Command::new(env!("CARGO_BIN_EXE_sample")).arg("crd").output().unwrap();
     kubectl(&["apply", "-f", "-"], Some(&String::from_utf8_lossy(&crd.stdout)));
-    kubectl(&["wait", "--for=condition=Established", "crd/samples.examples.noops.dev", "--timeout=30s"], None);
+    kubectl(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/samples.examples.noops.dev",
+            "--timeout=30s",
+        ],
+        None,
+    );
     let ns = format!("sample-{}", std::process::id());
     kubectl(&["create", "namespace", &ns], None);
     let _operator = Killed(
@@ -61,13 +73,50 @@ fn a_sample_gets_its_config_map_and_a_ready_status() {
     );
     let sample = "apiVersion: examples.noops.dev/v1\nkind: Sample\nmetadata: { name: hello }\nspec: { message: hi }\n";
     kubectl(&["apply", "-n", &ns, "-f", "-"], Some(sample));
-    kubectl(&["wait", "-n", &ns, "--for=condition=Ready", "sample/hello", "--timeout=60s"], None);
-    let message = || kubectl(&["get", "-n", &ns, "configmap", "hello-message", "-o", "jsonpath={.data.message}"], None);
+    kubectl(
+        &[
+            "wait",
+            "-n",
+            &ns,
+            "--for=condition=Ready",
+            "sample/hello",
+            "--timeout=60s",
+        ],
+        None,
+    );
+    let message = || {
+        kubectl(
+            &[
+                "get",
+                "-n",
+                &ns,
+                "configmap",
+                "hello-message",
+                "-o",
+                "jsonpath={.data.message}",
+            ],
+            None,
+        )
+    };
     assert_eq!(message(), "hi");
     let table = kubectl(&["get", "-n", &ns, "samples"], None);
-    assert!(table.starts_with("NAME") && table.contains("hello-message") && table.contains("True"), "{table}");
+    assert!(
+        table.starts_with("NAME") && table.contains("hello-message") && table.contains("True"),
+        "{table}"
+    );
 
-    kubectl(&["patch", "-n", &ns, "sample/hello", "--type=merge", "-p", r#"{"spec":{"message":"bye"}}"#], None);
+    kubectl(
+        &[
+            "patch",
+            "-n",
+            &ns,
+            "sample/hello",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"message":"bye"}}"#,
+        ],
+        None,
+    );
     eventually("the ConfigMap to follow the edit", || message() == "bye");
 
     // An empty message is refused by the schema.
@@ -89,7 +138,9 @@ fn a_sample_gets_its_config_map_and_a_ready_status() {
 
     kubectl(&["delete", "-n", &ns, "sample/hello"], None);
     eventually("the ConfigMap to be garbage-collected", || {
-        kubectl(&["get", "-n", &ns, "configmaps", "-o", "name"], None).lines().all(|l| !l.contains("hello-message"))
+        kubectl(&["get", "-n", &ns, "configmaps", "-o", "name"], None)
+            .lines()
+            .all(|l| !l.contains("hello-message"))
     });
     kubectl(&["delete", "namespace", &ns, "--wait=false"], None);
 }

@@ -62,3 +62,104 @@ mod tests {
         assert!(!controlled_by(&meta, "u2"));
     }
 }
+
+/// The annotation holding a hash of what the operator last applied to an object.
+pub const DESIRED_HASH_ANNOTATION: &str = "noops.dev/desired-hash";
+
+/// A stable short hash of an object's JSON.
+pub fn hash_of(value: &serde_json::Value) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    value.to_string().hash(&mut hasher);
+    format!("{:016x}", hasher.finish())
+}
+
+/// Whether every field set in `wanted` has the same value in `live` (arrays element by
+/// element). Fields only `live` has (defaults, status, other managers' fields) do not matter.
+pub fn is_subset(wanted: &serde_json::Value, live: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (wanted, live) {
+        (Value::Null, _) => true,
+        (Value::Object(w), Value::Object(l)) => w.iter().all(|(k, v)| l.get(k).is_some_and(|lv| is_subset(v, lv))),
+        (Value::Array(w), Value::Array(l)) => w.len() == l.len() && w.iter().zip(l).all(|(a, b)| is_subset(a, b)),
+        (w, l) => w == l,
+    }
+}
+
+/// Stamps `desired` with the hash of its content, and says whether `live` already matches it:
+/// same hash (nothing was dropped from the desired state since) and every desired field in
+/// place (no hand edit). Then the apply can be skipped.
+pub fn stamp_and_compare<K>(desired: &mut K, live: Option<&K>) -> bool
+where
+    K: Resource + Serialize,
+{
+    let hash = serde_json::to_value(&*desired).map(|v| hash_of(&v)).unwrap_or_default();
+    desired
+        .meta_mut()
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(DESIRED_HASH_ANNOTATION.into(), hash.clone());
+    let Some(live) = live else { return false };
+    let live_hash = live
+        .meta()
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(DESIRED_HASH_ANNOTATION));
+    if live_hash != Some(&hash) {
+        return false;
+    }
+    match (serde_json::to_value(&*desired), serde_json::to_value(live)) {
+        (Ok(w), Ok(l)) => is_subset(&w, &l),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod subset_tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use serde_json::json;
+
+    #[test]
+    fn subset_ignores_extra_fields_but_not_changes() {
+        let wanted = json!({ "spec": { "replicas": 2, "ports": [{ "port": 80 }] } });
+        let live =
+            json!({ "spec": { "replicas": 2, "ports": [{ "port": 80, "protocol": "TCP" }], "x": 1 }, "status": {} });
+        assert!(is_subset(&wanted, &live));
+        assert!(!is_subset(&json!({ "spec": { "replicas": 3 } }), &live));
+        assert!(
+            !is_subset(&json!({ "spec": { "ports": [] } }), &live),
+            "array length matters"
+        );
+    }
+
+    #[test]
+    fn applies_are_skipped_only_for_an_unchanged_stamped_object() {
+        let cm = |v: &str| ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("c".into()),
+                ..Default::default()
+            },
+            data: Some([("k".to_string(), v.to_string())].into()),
+            ..Default::default()
+        };
+        let mut desired = cm("1");
+        assert!(!stamp_and_compare(&mut desired, None), "nothing live yet");
+        let live = desired.clone();
+        let mut again = cm("1");
+        assert!(
+            stamp_and_compare(&mut again, Some(&live)),
+            "same desired state, untouched"
+        );
+        let mut edited_live = live.clone();
+        edited_live.data = Some([("k".to_string(), "hand".to_string())].into());
+        assert!(
+            !stamp_and_compare(&mut cm("1"), Some(&edited_live)),
+            "a hand edit is applied over"
+        );
+        assert!(
+            !stamp_and_compare(&mut cm("2"), Some(&live)),
+            "a new desired state is applied"
+        );
+    }
+}

@@ -3,6 +3,7 @@
 
 pub mod apply;
 pub mod backoff;
+pub mod cache;
 pub mod conditions;
 pub mod error;
 pub mod events;

@@ -20,12 +20,14 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use noops_api::MaintPage;
 use tracing::{debug, warn};
 
 use crate::core::backoff::Backoff;
+use crate::core::cache::cache;
 use crate::core::events::Events;
 use crate::core::metrics::Metrics;
 use crate::core::{Error, Result};
@@ -33,12 +35,19 @@ use crate::core::{Error, Result};
 /// The controller's name in metrics, logs and Events.
 pub const CONTROLLER: &str = "maintpage";
 
+/// At most this many MaintPages are reconciled at once.
+const MAX_CONCURRENT_RECONCILES: u16 = 16;
+
 /// What every reconcile of this controller shares.
 pub struct Context {
     pub client: Client,
     pub events: Events,
     pub metrics: Arc<Metrics>,
     pub backoff: Backoff,
+    /// The Deployments and Services the operator manages, kept by watches: reconciles read
+    /// children from here, not from the API server.
+    pub deployments: Store<Deployment>,
+    pub services: Store<Service>,
 }
 
 fn key(obj: &DeserializeGuard<MaintPage>) -> String {
@@ -129,8 +138,13 @@ pub async fn run(
         client,
         metrics,
         backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(300)),
+        deployments: cache(deployments.clone(), ours.clone()).await,
+        services: cache(services.clone(), ours.clone()).await,
     });
     Controller::new(maintpages, watcher::Config::default().any_semantic())
+        // Reconciles mostly wait on the API server; a bound keeps a burst of thousands of
+        // objects from queueing all at once there and in memory.
+        .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
         .owns(deployments, ours.clone())
         .owns(services, ours)
         .graceful_shutdown_on(shutdown)

@@ -6,6 +6,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::ObjectMeta;
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use noops_api::maintpage::{MaintPage, Side};
 use serde_json::json;
@@ -14,7 +15,7 @@ use tracing::{debug, info, warn};
 use super::desired::{self, published_side, rolled_out};
 use super::switch::{self, Observed};
 use super::{Context, status};
-use crate::core::apply::{apply, apply_status, controlled_by, controller_reference};
+use crate::core::apply::{apply, apply_status, controlled_by, controller_reference, stamp_and_compare};
 use crate::core::{Error, Result};
 
 /// The live children of a MaintPage (any of them may not exist yet).
@@ -24,11 +25,37 @@ struct Live {
     service: Option<Service>,
 }
 
-async fn read(mp: &MaintPage, deployments: &Api<Deployment>, services: &Api<Service>) -> Result<Live> {
+/// Reads the children from the watch caches. The caches hold only objects labelled as ours, so
+/// a child missing there is looked up directly: an object of that name that is not ours must
+/// be found, not overwritten.
+async fn read(
+    mp: &MaintPage,
+    namespace: &str,
+    ctx: &Context,
+    deployments: &Api<Deployment>,
+    services: &Api<Service>,
+) -> Result<Live> {
+    let cached_deployment = |name: &str| {
+        ctx.deployments
+            .get(&ObjectRef::new(name).within(namespace))
+            .map(|d| (*d).clone())
+    };
+    let app = match cached_deployment(&mp.spec.app.name) {
+        Some(d) => Some(d),
+        None => deployments.get_opt(&mp.spec.app.name).await?,
+    };
+    let maintenance = match cached_deployment(&mp.spec.maintenance_name()) {
+        Some(d) => Some(d),
+        None => deployments.get_opt(&mp.spec.maintenance_name()).await?,
+    };
+    let service = match ctx.services.get(&ObjectRef::new(&mp.spec.app.name).within(namespace)) {
+        Some(s) => Some((*s).clone()),
+        None => services.get_opt(&mp.spec.app.name).await?,
+    };
     Ok(Live {
-        app: deployments.get_opt(&mp.spec.app.name).await?,
-        maintenance: deployments.get_opt(&mp.spec.maintenance_name()).await?,
-        service: services.get_opt(&mp.spec.app.name).await?,
+        app,
+        maintenance,
+        service,
     })
 }
 
@@ -63,7 +90,7 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
     let reference = mp.object_ref(&());
     let now = jiff::Timestamp::now();
 
-    let live = read(&mp, &deployments, &services).await?;
+    let live = read(&mp, &namespace, ctx, &deployments, &services).await?;
     if let Err(error) = validate(&mp, &live) {
         warn!(maintpage = %format!("{namespace}/{name}"), reason = error.reason(), %error, "cannot carry out the spec");
         let blocked = status::blocked(&mp, error.reason(), &error.to_string(), now);
@@ -154,12 +181,16 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
         .unwrap_or_else(Action::await_change))
 }
 
-/// Applies `desired` if the live object is still at the version read (`None` if it changed).
+/// Applies `desired` if the live object is still at the version read (`None` if it changed);
+/// skips the request when the live object already is as desired.
 async fn apply_unchanged<K>(api: &Api<K>, desired: &K, read: Option<&K>) -> Result<Option<K>>
 where
     K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let mut desired = desired.clone();
+    if stamp_and_compare(&mut desired, read) {
+        return Ok(read.cloned());
+    }
     desired.meta_mut().resource_version = read.and_then(|r| r.meta().resource_version.clone());
     let name = desired.meta().name.clone().unwrap_or_default();
     match apply(api, &name, &desired).await {
