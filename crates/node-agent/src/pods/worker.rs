@@ -208,7 +208,9 @@ impl PodWorker {
             next_instance: 1,
             start_time,
             conditions: BTreeMap::new(),
-            last_status: None,
+            // A pod that finished before this agent started keeps the status it has (with its
+            // containers' exit codes): there is nothing new to say about it.
+            last_status: finished.then_some(serde_json::Value::Null),
             finished,
             manager_gone: false,
         }

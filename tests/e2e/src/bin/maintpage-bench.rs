@@ -39,10 +39,9 @@ fn manifest(i: usize) -> MaintPage {
 /// A kubeconfig for the operator with a token of its own ServiceAccount, bound to the
 /// operator's ClusterRole: requests it makes show up under its own user in the audit log.
 async fn operator_kubeconfig(client: &kube::Client) -> std::path::PathBuf {
-    kubectl_ok(
-        &["apply", "-f", root().join("deploy/10-rbac.yaml").to_str().unwrap()],
-        None,
-    );
+    for file in ["deploy/00-namespace.yaml", "deploy/10-rbac.yaml"] {
+        kubectl_ok(&["apply", "-f", root().join(file).to_str().unwrap()], None);
+    }
     let rbac = format!(
         r#"
 apiVersion: v1
