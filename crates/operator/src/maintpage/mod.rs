@@ -27,7 +27,7 @@ use noops_api::MaintPage;
 use tracing::{debug, warn};
 
 use crate::core::backoff::Backoff;
-use crate::core::cache::cache;
+use crate::core::cache::shared_cache;
 use crate::core::events::Events;
 use crate::core::metrics::Metrics;
 use crate::core::{Error, Result};
@@ -133,20 +133,27 @@ pub async fn run(
         ),
     };
     let ours = watcher::Config::default().labels(&format!("{}={}", desired::MANAGED_BY_LABEL, desired::MANAGED_BY));
+    let (deployment_store, deployment_changes) = shared_cache(deployments, ours.clone()).await;
+    let (service_store, service_changes) = shared_cache(services, ours).await;
+    let (Some(deployment_changes), Some(service_changes)) = (deployment_changes, service_changes) else {
+        warn!("shared caches without subscribers: the controller cannot watch its children");
+        return;
+    };
     let ctx = Arc::new(Context {
         events: Events::new(client.clone(), "noops-maintpage"),
         client,
         metrics,
         backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(300)),
-        deployments: cache(deployments.clone(), ours.clone()).await,
-        services: cache(services.clone(), ours.clone()).await,
+        deployments: deployment_store,
+        services: service_store,
     });
     Controller::new(maintpages, watcher::Config::default().any_semantic())
         // Reconciles mostly wait on the API server; a bound keeps a burst of thousands of
         // objects from queueing all at once there and in memory.
         .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
-        .owns(deployments, ours.clone())
-        .owns(services, ours)
+        // A child change wakes its MaintPage only after the cache holds it.
+        .owns_shared_stream(deployment_changes)
+        .owns_shared_stream(service_changes)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
