@@ -60,6 +60,16 @@ async fn set_enabled(ns: &TestNamespace, name: &str, enabled: bool) {
         .unwrap();
 }
 
+async fn maintenance_replicas(deployments: &Api<Deployment>) -> Option<i32> {
+    deployments
+        .get("shop-maintenance")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .replicas
+}
+
 async fn cluster_ip(ns: &TestNamespace, name: &str) -> String {
     ns.api::<Service>()
         .get(name)
@@ -130,14 +140,7 @@ async fn toggling_switches_the_service_with_no_failed_request() {
     // Past the drain, the maintenance pods are gone.
     let deployments: Api<Deployment> = ns.api();
     wait_until("maintenance scaled to zero", MINUTE, || async {
-        deployments
-            .get("shop-maintenance")
-            .await
-            .unwrap()
-            .spec
-            .unwrap()
-            .replicas
-            == Some(0)
+        maintenance_replicas(&deployments).await == Some(0)
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -425,14 +428,7 @@ async fn an_operator_killed_mid_switch_finishes_it_after_a_restart() {
     let api: Api<MaintPage> = ns.api();
     let deployments: Api<Deployment> = ns.api();
     wait_until("the maintenance pods to be started", MINUTE, || async {
-        deployments
-            .get("shop-maintenance")
-            .await
-            .unwrap()
-            .spec
-            .unwrap()
-            .replicas
-            == Some(1)
+        maintenance_replicas(&deployments).await == Some(1)
     })
     .await;
     operator.kill();
