@@ -49,21 +49,36 @@ pub struct ProcessSpec {
     pub log_file: PathBuf,
 }
 
-/// Prepares mount points on the host: a bind mount needs an existing target of the same kind.
-/// Targets are created as empty folders or files and left in place (they are harmless and are
-/// shared by every pod that mounts the same path).
+/// Prepares mount points: a bind mount needs an existing source and an existing target of the
+/// same kind. A missing source (a `subPath` not created yet) becomes an empty folder, as the
+/// kubelet does. A target inside another mount is created inside that mount's source, since
+/// that is where it will be looked up; other targets are created on the host as empty folders
+/// or files and left in place (they are harmless and shared by every pod using the same path).
 pub fn prepare_mount_points(mounts: &[BindMount]) -> io::Result<()> {
     for m in mounts {
-        if m.target.exists() {
+        if !m.source.exists() {
+            std::fs::create_dir_all(&m.source)?;
+        }
+    }
+    for m in mounts {
+        let parent = mounts
+            .iter()
+            .filter(|p| p.target != m.target && m.target.starts_with(&p.target))
+            .max_by_key(|p| p.target.components().count());
+        let target = match parent.and_then(|p| m.target.strip_prefix(&p.target).ok().map(|rest| p.source.join(rest))) {
+            Some(inside) => inside,
+            None => m.target.clone(),
+        };
+        if target.exists() {
             continue;
         }
         if m.source.is_dir() {
-            std::fs::create_dir_all(&m.target)?;
+            std::fs::create_dir_all(&target)?;
         } else {
-            if let Some(parent) = m.target.parent() {
-                std::fs::create_dir_all(parent)?;
+            if let Some(dir) = target.parent() {
+                std::fs::create_dir_all(dir)?;
             }
-            File::create(&m.target)?;
+            File::create(&target)?;
         }
     }
     Ok(())
@@ -251,4 +266,39 @@ fn process_ids(pid: u32) -> io::Result<(u32, u32)> {
             .ok_or_else(|| io::Error::other(format!("no {name} in /proc/{pid}/status")))
     };
     Ok((field("Uid:")?, field("Gid:")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nested_targets_and_sub_paths_are_made_inside_their_volumes() {
+        let base = std::env::temp_dir().join(format!("noops-mounts-{}", std::process::id()));
+        let data = base.join("vol-data");
+        let config = base.join("vol-config");
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::create_dir_all(&config).unwrap();
+        let target = base.join("root/data");
+        let mounts = vec![
+            BindMount {
+                source: data.clone(),
+                target: target.clone(),
+                read_only: false,
+            },
+            BindMount {
+                source: config.join("sub"),
+                target: target.join("config"),
+                read_only: true,
+            },
+        ];
+        prepare_mount_points(&mounts).unwrap();
+        assert!(config.join("sub").is_dir(), "missing subPath created");
+        assert!(
+            data.join("config").is_dir(),
+            "nested mount point made inside the parent volume"
+        );
+        assert!(target.is_dir(), "top-level mount point made on the host");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 }

@@ -591,3 +591,66 @@ spec:
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn a_container_ends_with_its_main_process_and_leaves_nothing_behind() {
+    let ns = TestNamespace::new("orphans").await;
+    let echo = root().join("target/debug/http-echo");
+    // The main process starts a server in the background and fails: the server must not
+    // outlive it, or the next instance could not listen on the same port.
+    ns.apply(&format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{ name: parent }}
+spec:
+  containers:
+    - name: app
+      image: busybox
+      command: ["sh", "-c", "{} -listen=:9000 -text=x & sleep 2; exit 1"]
+"#,
+        echo.display()
+    ));
+    let pods = ns.pods();
+    wait_for("a restart that is running", 2 * MINUTE, || async {
+        pods.get_opt("parent").await.ok().flatten().filter(|p| {
+            container_status(p)
+                .is_some_and(|s| s.restart_count >= 1 && s.state.as_ref().is_some_and(|st| st.running.is_some()))
+        })
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let logs = pods.logs("parent", &LogParams::default()).await.unwrap();
+    assert!(logs.contains("http-echo: serving"), "the new server started: {logs}");
+    assert!(!logs.contains("listen on"), "the old server was gone: {logs}");
+}
+
+#[tokio::test]
+async fn changing_a_pod_image_restarts_the_container_whatever_the_restart_policy() {
+    let ns = TestNamespace::new("image-change").await;
+    ns.apply(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: { name: app }
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 2
+  containers: [{ name: app, image: busybox, command: ["sh", "-c", "exec sleep 3600"] }]
+"#,
+    );
+    ns.wait_pod_ready("app", MINUTE).await;
+    kubectl_ok(&["set", "image", "-n", &ns.name, "pod/app", "app=debian:12"], None);
+    let pods = ns.pods();
+    let pod = wait_for("the container restarted with the new image", MINUTE, || async {
+        pods.get_opt("app").await.ok().flatten().filter(|p| {
+            container_status(p).is_some_and(|s| {
+                s.restart_count == 1
+                    && s.image == "debian:12"
+                    && s.state.as_ref().is_some_and(|st| st.running.is_some())
+            })
+        })
+    })
+    .await;
+    assert_eq!(pod.status.unwrap().phase.as_deref(), Some("Running"));
+}

@@ -95,20 +95,46 @@ struct Slot {
 }
 
 impl Slot {
-    fn new(spec: Container, previous: Option<&k8s_openapi::api::core::v1::ContainerStatus>, backoff: Duration) -> Self {
+    fn new(
+        spec: Container,
+        init: bool,
+        previous: Option<&k8s_openapi::api::core::v1::ContainerStatus>,
+        backoff: Duration,
+    ) -> Self {
+        // A container that had finished before this agent started stays finished: an init
+        // container that succeeded is not run again, and the restart policy decides about the
+        // others as if they had just exited.
+        let state = previous.and_then(|s| s.state.as_ref());
+        let finished = state.and_then(|s| s.terminated.as_ref()).map(|t| TerminatedView {
+            exit_code: t.exit_code,
+            signal: t.signal,
+            reason: t.reason.clone().unwrap_or_else(|| "Error".into()),
+            message: t.message.clone(),
+            started_at: t
+                .started_at
+                .as_ref()
+                .map(|t| t.0)
+                .unwrap_or(jiff::Timestamp::UNIX_EPOCH),
+            finished_at: t
+                .finished_at
+                .as_ref()
+                .map(|t| t.0)
+                .unwrap_or(jiff::Timestamp::UNIX_EPOCH),
+            container_id: t.container_id.clone().unwrap_or_default(),
+        });
+        let completed = init && finished.as_ref().is_some_and(|t| t.exit_code == 0);
         Self {
             spec,
             restart_count: previous.map(|s| s.restart_count).unwrap_or(0),
-            ran_before: previous
-                .and_then(|s| s.state.as_ref())
+            ran_before: state
                 .map(|s| s.running.is_some() || s.terminated.is_some())
                 .unwrap_or(false),
             running: None,
-            last_terminated: None,
-            waiting: Some(("ContainerCreating".into(), None)),
+            waiting: (!completed).then(|| ("ContainerCreating".into(), None)),
+            last_terminated: finished,
             next_start: None,
             backoff,
-            completed: false,
+            completed,
             started: false,
             ready: false,
         }
@@ -169,6 +195,7 @@ impl PodWorker {
             .map(|c| {
                 Slot::new(
                     c.clone(),
+                    true,
                     previous(&status.init_container_statuses, &c.name).as_ref(),
                     agent.crash_backoff,
                 )
@@ -180,11 +207,27 @@ impl PodWorker {
             .map(|c| {
                 Slot::new(
                     c.clone(),
+                    false,
                     previous(&status.container_statuses, &c.name).as_ref(),
                     agent.crash_backoff,
                 )
             })
             .collect();
+        let mut init: Vec<Slot> = init;
+        let mut main: Vec<Slot> = main;
+        // Containers restored as finished come back when the restart policy says so.
+        let policy = spec.restart_policy.clone().unwrap_or_else(|| "Always".into());
+        for slot in init.iter_mut().chain(main.iter_mut()) {
+            let failed = slot.last_terminated.as_ref().is_some_and(|t| t.exit_code != 0);
+            let restart = match policy.as_str() {
+                "Never" => false,
+                "OnFailure" => failed,
+                _ => !slot.completed,
+            };
+            if slot.last_terminated.is_some() && restart {
+                slot.next_start = Some(Instant::now());
+            }
+        }
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let finished = matches!(status.phase.as_deref(), Some("Succeeded") | Some("Failed"));
         let start_time = status.start_time.map(|t| t.0).unwrap_or_else(jiff::Timestamp::now);
@@ -336,12 +379,14 @@ impl PodWorker {
                     self.main[idx].name()
                 );
                 self.event(EventType::Normal, "Killing", &reason).await;
-                self.stop_slot(false, idx, SHORT_GRACE, "definition changed").await;
+                // A changed definition restarts the container whatever the restart policy,
+                // at once and without counting as a crash.
+                let grace = self.grace_period();
+                self.stop_only(false, idx, grace, "definition changed").await;
                 let slot = &mut self.main[idx];
                 slot.backoff = self.agent.crash_backoff;
-                if slot.next_start.is_some() || slot.last_terminated.is_none() {
-                    slot.next_start = Some(Instant::now());
-                }
+                slot.waiting = None;
+                slot.next_start = Some(Instant::now());
             }
         }
     }
@@ -643,6 +688,10 @@ impl PodWorker {
                     at: jiff::Timestamp::now(),
                 },
             };
+            // A container ends with its main process, as when PID 1 of a container exits: what
+            // it left running in its process group is killed, so nothing holds the port or the
+            // network namespace of the next instance.
+            let _ = sandbox::signal_group(pid, Signal::SIGKILL);
             let _ = exit_tx.send(Some(exit));
             let _ = events.send(WorkerEvent::Exited {
                 container: name,
@@ -829,14 +878,21 @@ impl PodWorker {
     /// Stops one container (TERM to its process group, KILL after `grace`); the restart policy
     /// then applies as after any exit.
     async fn stop_slot(&mut self, init: bool, idx: usize, grace: Duration, reason: &str) {
+        if let Some(exit) = self.stop_only(init, idx, grace, reason).await {
+            self.after_exit(init, idx, exit).await;
+        }
+    }
+
+    /// Stops one container and records its end, without deciding what comes next.
+    async fn stop_only(&mut self, init: bool, idx: usize, grace: Duration, reason: &str) -> Option<ExitInfo> {
         let slot = self.slot(init, idx);
-        let Some(running) = slot.running.as_mut() else { return };
+        let running = slot.running.as_mut()?;
         running.stop_reason = Some(reason.to_string());
         let pid = running.pid;
         let mut exited = running.exited.clone();
         let exit = stop_process(pid, &mut exited, grace).await;
         self.record_exit(init, idx, exit);
-        self.after_exit(init, idx, exit).await;
+        Some(exit)
     }
 
     /// Stops every running container at once, giving them `grace` together. A pod update that
@@ -918,10 +974,20 @@ impl PodWorker {
             ..Default::default()
         };
         let name = self.pod.metadata.name.clone().unwrap_or_default();
-        match api.delete(&name, &params).await {
-            Ok(_) => info!(pod = %self.pod_name(), "pod deleted"),
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-            Err(e) => warn!(pod = %self.pod_name(), error = %e, "failed to delete pod object"),
+        // Nothing else will finish the deletion (no further event comes for a pod that is not
+        // changing), so transient failures are retried here.
+        let mut delay = Duration::from_secs(1);
+        for attempt in 1..=12 {
+            match api.delete(&name, &params).await {
+                Ok(_) => {
+                    info!(pod = %self.pod_name(), "pod deleted");
+                    return;
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return,
+                Err(e) => warn!(pod = %self.pod_name(), error = %e, attempt, "failed to delete pod object; retrying"),
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(30));
         }
     }
 
@@ -1229,8 +1295,12 @@ pub fn kill_recorded_processes(pod_dir: &Path) {
         let (Some(pid), Some(start)) = (parts.next().and_then(|p| p.parse::<u32>().ok()), parts.next()) else {
             continue;
         };
-        if process_start_time(pid).map(|s| s.to_string()).as_deref() == Some(start) {
-            info!(pid, "stopping a container process left by an earlier agent");
+        // The group may outlive its leader. While any member lives, its number cannot be given
+        // to a new process, so signalling the group is safe unless the number now belongs to a
+        // different process (another start time).
+        let leader_start = process_start_time(pid).map(|s| s.to_string());
+        if leader_start.is_none() || leader_start.as_deref() == Some(start) {
+            info!(pid, "stopping container processes left by an earlier agent");
             let _ = sandbox::signal_group(pid, Signal::SIGKILL);
         }
         let _ = std::fs::remove_file(entry.path());
