@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
     shortname = "mp",
     namespaced,
     status = "MaintPageStatus",
+    validation = Rule::new("self.metadata.name.size() <= 63").message("a MaintPage name is at most 63 characters: it labels the objects it owns"),
     printcolumn = r#"{"name":"App","type":"string","jsonPath":".spec.app.name"}"#,
     printcolumn = r#"{"name":"Maintenance","type":"boolean","jsonPath":".spec.maintenance.enabled"}"#,
     printcolumn = r#"{"name":"Published","type":"string","jsonPath":".status.published"}"#,

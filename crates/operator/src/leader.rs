@@ -145,21 +145,28 @@ impl Elector {
         }
     }
 
-    /// Campaigns until cancelled, publishing whether we lead. Once leading, failing to renew for
-    /// a whole lease duration publishes `false` and returns: the caller must stop reconciling.
-    pub async fn run(self, leading: watch::Sender<bool>, mut stop: watch::Receiver<bool>) {
+    /// Campaigns until `release` flips, publishing whether we lead. A leader that has not
+    /// renewed within two thirds of the lease duration (counted from when its last successful
+    /// renewal was sent) publishes `false` and returns, well before another replica may take the
+    /// lease: the caller must stop reconciling. On `release` a leader gives the lease up; the
+    /// caller flips it only after its controllers have stopped.
+    pub async fn run(self, leading: watch::Sender<bool>, mut release: watch::Receiver<bool>) {
+        let renew_deadline = self.timing.lease_duration * 2 / 3;
+        let request_timeout = self.timing.lease_duration / 3;
         let mut last_renewal: Option<tokio::time::Instant> = None;
         let mut reported_holder = String::new();
         loop {
-            match self.try_once().await {
-                Ok(Verdict::Leading) => {
+            let sent = tokio::time::Instant::now();
+            let attempt = tokio::time::timeout(request_timeout, self.try_once()).await;
+            match attempt {
+                Ok(Ok(Verdict::Leading)) => {
                     if last_renewal.is_none() {
                         info!(lease = %self.name, identity = %self.identity, "became the leader");
                         let _ = leading.send(true);
                     }
-                    last_renewal = Some(tokio::time::Instant::now());
+                    last_renewal = Some(sent);
                 }
-                Ok(Verdict::Following { holder }) => {
+                Ok(Ok(Verdict::Following { holder })) => {
                     if last_renewal.is_some() {
                         warn!(lease = %self.name, %holder, "lost the lease to another replica; stepping down");
                         let _ = leading.send(false);
@@ -170,14 +177,13 @@ impl Elector {
                         reported_holder = holder;
                     }
                 }
-                Err(e) => {
-                    warn!(lease = %self.name, error = %e, "leader election request failed");
-                    if last_renewal.is_some_and(|t| t.elapsed() >= self.timing.lease_duration) {
-                        warn!(lease = %self.name, "could not renew the lease in time; stepping down");
-                        let _ = leading.send(false);
-                        return;
-                    }
-                }
+                Ok(Err(e)) => warn!(lease = %self.name, error = %e, "leader election request failed"),
+                Err(_) => warn!(lease = %self.name, timeout = ?request_timeout, "leader election request timed out"),
+            }
+            if last_renewal.is_some_and(|t| t.elapsed() >= renew_deadline) {
+                warn!(lease = %self.name, "could not renew the lease in time; stepping down");
+                let _ = leading.send(false);
+                return;
             }
             // The leader renews three times per lease duration; candidates retry more often.
             let pause = if last_renewal.is_some() {
@@ -185,14 +191,15 @@ impl Elector {
             } else {
                 self.timing.retry_period
             };
-            tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
-                _ = stop.changed() => {
-                    if last_renewal.is_some() {
-                        self.release().await;
-                    }
-                    return;
+            let released = tokio::select! {
+                _ = tokio::time::sleep(pause) => false,
+                changed = release.changed() => changed.is_err() || *release.borrow(),
+            };
+            if released {
+                if last_renewal.is_some() {
+                    self.release().await;
                 }
+                return;
             }
         }
     }

@@ -144,6 +144,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     });
 
     let (leading_tx, mut leading) = watch::channel(!args.leader_elect);
+    // Flipped once the controllers have stopped: only then may the leader give the lease up.
+    let (release_tx, release_rx) = watch::channel(false);
+    let mut elector_task = None;
     if args.leader_elect {
         let namespace = args
             .leader_election_namespace
@@ -156,7 +159,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         };
         let elector = Elector::new(client.clone(), &namespace, &args.lease_name, identity(), timing);
         info!(lease = %format!("{namespace}/{}", args.lease_name), identity = %elector.identity(), "campaigning for leadership");
-        tokio::spawn(elector.run(leading_tx, stop_rx.clone()));
+        elector_task = Some(tokio::spawn(elector.run(leading_tx, release_rx)));
     }
     health.ready.store(true, Ordering::Relaxed);
 
@@ -213,8 +216,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     if lost.await.unwrap_or(false) {
         anyhow::bail!("lost leadership; exiting so that a fresh start campaigns again");
     }
-    // Give the elector a moment to release the lease.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let _ = release_tx.send(true);
+    if let Some(task) = elector_task {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), task).await;
+    }
     info!("noops operator stopped");
     Ok(())
 }

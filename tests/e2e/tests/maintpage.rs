@@ -343,6 +343,16 @@ async fn invalid_specs_are_rejected_with_a_message_that_says_what_to_fix() {
         );
     }
 
+    // A MaintPage name labels what it owns, so it must fit in a label value.
+    let long = invalid_manifest(
+        &"a".repeat(64),
+        "app: { name: shop, image: x }",
+        "maintenance: { image: x }",
+    );
+    let out = kubectl(&["apply", "-n", &ns.name, "-f", "-"], Some(&long));
+    assert!(!out.status.success(), "a 64-character name must be refused");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at most 63 characters"));
+
     // Renaming the app of an existing MaintPage is refused (it would orphan the old app).
     ns.apply(&manifest("shop", false));
     let renamed = manifest("shop", false).replacen("name: shop\n    image", "name: boutique\n    image", 1);

@@ -86,29 +86,37 @@ pub fn is_subset(wanted: &serde_json::Value, live: &serde_json::Value) -> bool {
     }
 }
 
-/// Stamps `desired` with the hash of its content, and says whether `live` already matches it:
-/// same hash (nothing was dropped from the desired state since) and every desired field in
-/// place (no hand edit). Then the apply can be skipped.
-pub fn stamp_and_compare<K>(desired: &mut K, live: Option<&K>) -> bool
-where
-    K: Resource + Serialize,
-{
+/// Stamps `desired` with the hash of its content (the `noops.dev/desired-hash` annotation).
+pub fn stamp<K: Resource + Serialize>(desired: &mut K) {
     let hash = serde_json::to_value(&*desired).map(|v| hash_of(&v)).unwrap_or_default();
     desired
         .meta_mut()
         .annotations
         .get_or_insert_with(Default::default)
-        .insert(DESIRED_HASH_ANNOTATION.into(), hash.clone());
+        .insert(DESIRED_HASH_ANNOTATION.into(), hash);
+}
+
+/// Whether `live` was last applied from the same desired state as the stamped `desired`.
+pub fn same_stamp<K: Resource>(desired: &K, live: &K) -> bool {
+    let hash = |o: &K| {
+        o.meta()
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DESIRED_HASH_ANNOTATION))
+            .cloned()
+    };
+    hash(desired).is_some() && hash(desired) == hash(live)
+}
+
+/// Whether `live` already is as the stamped `desired` asks: same stamp (nothing was dropped
+/// from the desired state since) and every desired field in place (no hand edit). Then the
+/// apply can be skipped.
+pub fn up_to_date<K: Resource + Serialize>(desired: &K, live: Option<&K>) -> bool {
     let Some(live) = live else { return false };
-    let live_hash = live
-        .meta()
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(DESIRED_HASH_ANNOTATION));
-    if live_hash != Some(&hash) {
+    if !same_stamp(desired, live) {
         return false;
     }
-    match (serde_json::to_value(&*desired), serde_json::to_value(live)) {
+    match (serde_json::to_value(desired), serde_json::to_value(live)) {
         (Ok(w), Ok(l)) => is_subset(&w, &l),
         _ => false,
     }
@@ -143,23 +151,26 @@ mod subset_tests {
             data: Some([("k".to_string(), v.to_string())].into()),
             ..Default::default()
         };
-        let mut desired = cm("1");
-        assert!(!stamp_and_compare(&mut desired, None), "nothing live yet");
+        let stamped = |v: &str| {
+            let mut c = cm(v);
+            stamp(&mut c);
+            c
+        };
+        let desired = stamped("1");
+        assert!(!up_to_date(&desired, None), "nothing live yet");
         let live = desired.clone();
-        let mut again = cm("1");
-        assert!(
-            stamp_and_compare(&mut again, Some(&live)),
-            "same desired state, untouched"
-        );
+        assert!(up_to_date(&stamped("1"), Some(&live)), "same desired state, untouched");
         let mut edited_live = live.clone();
         edited_live.data = Some([("k".to_string(), "hand".to_string())].into());
         assert!(
-            !stamp_and_compare(&mut cm("1"), Some(&edited_live)),
+            !up_to_date(&stamped("1"), Some(&edited_live)),
             "a hand edit is applied over"
         );
+        assert!(same_stamp(&stamped("1"), &edited_live), "and recognised as one");
         assert!(
-            !stamp_and_compare(&mut cm("2"), Some(&live)),
+            !up_to_date(&stamped("2"), Some(&live)),
             "a new desired state is applied"
         );
+        assert!(!same_stamp(&stamped("2"), &live), "and is no hand edit");
     }
 }

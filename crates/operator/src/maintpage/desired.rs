@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use noops_api::maintpage::{MaintPage, ServiceType, Side};
 
 use super::switch::Plan;
+use crate::core::apply::{same_stamp, stamp};
 
 /// Label keys (the recommended `app.kubernetes.io` set).
 pub const NAME_LABEL: &str = "app.kubernetes.io/name";
@@ -224,30 +225,32 @@ fn image_of(d: &Deployment) -> Option<&str> {
         .as_deref()
 }
 
-/// Hand-made changes to fields the operator owns, as (Event reason, words), found by comparing
-/// what is live with what is desired. The apply that follows reverts them.
+/// Hand-made changes to fields the operator owns, as (Event reason, words). Only a child whose
+/// live copy was applied from the same desired state counts: if what the operator wants has
+/// changed (a spec edit, a switch), a difference is that change, not a hand edit. `desired`
+/// must be stamped. The apply that follows reverts them.
 pub fn drift(
     desired: &Children,
     app: Option<&Deployment>,
     maintenance: Option<&Deployment>,
     service: Option<&Service>,
-    switching: bool,
 ) -> Vec<(&'static str, String)> {
     let mut notes = vec![];
     for (live, want, what) in [
         (app, &desired.app, "app"),
         (maintenance, &desired.maintenance, "maintenance"),
     ] {
-        let (Some(live), Some(wanted)) = (live, image_of(want)) else {
+        let Some(live) = live.filter(|l| same_stamp(want, *l)) else {
             continue;
         };
+        let Some(wanted) = image_of(want) else { continue };
         if let Some(found) = image_of(live).filter(|found| *found != wanted) {
             let name = live.metadata.name.as_deref().unwrap_or_default();
             let note = format!("image of the {what} Deployment {name} was changed to {found}; set back to {wanted}");
             notes.push(("ImageReverted", note));
         }
     }
-    if let (Some(live), false) = (service, switching) {
+    if let Some(live) = service.filter(|l| same_stamp(&desired.service, *l)) {
         let wanted = desired.service.spec.as_ref().and_then(|s| s.selector.clone());
         let found = live.spec.as_ref().and_then(|s| s.selector.clone());
         if found != wanted {
@@ -257,6 +260,13 @@ pub fn drift(
         }
     }
     notes
+}
+
+/// Stamps every child with the hash of its desired state.
+pub fn stamp_all(children: &mut Children) {
+    stamp(&mut children.app);
+    stamp(&mut children.maintenance);
+    stamp(&mut children.service);
 }
 
 #[cfg(test)]
@@ -349,26 +359,33 @@ mod tests {
     }
 
     #[test]
-    fn hand_edits_are_described() {
-        let desired = build(&mp(), &plan(Side::App, 0), &owner());
+    fn hand_edits_are_described_but_spec_changes_are_not() {
+        let mut desired = build(&mp(), &plan(Side::App, 0), &owner());
+        stamp_all(&mut desired);
         let mut edited = desired.app.clone();
         edited.spec.as_mut().unwrap().template.spec.as_mut().unwrap().containers[0].image = Some("evil:2".into());
         let mut service = desired.service.clone();
         service.spec.as_mut().unwrap().selector = Some(selector(&mp(), Side::Maintenance));
-        let notes = drift(
-            &desired,
-            Some(&edited),
-            Some(&desired.maintenance),
-            Some(&service),
-            false,
-        );
+        let notes = drift(&desired, Some(&edited), Some(&desired.maintenance), Some(&service));
         assert_eq!(notes.len(), 2, "{notes:?}");
         assert_eq!(notes[0].0, "ImageReverted");
         assert!(notes[0].1.contains("changed to evil:2; set back to app:1"));
         assert_eq!(notes[1].0, "SelectorReverted");
+
+        // The user changes the image in the spec, and a switch moves the selector: both make
+        // the live children differ from the new desired ones, and neither is a hand edit.
+        let mut changed = mp();
+        changed.spec.app.image = "app:2".into();
+        let mut next = build(&changed, &plan(Side::Maintenance, 1), &owner());
+        stamp_all(&mut next);
         assert!(
-            drift(&desired, Some(&desired.app), None, Some(&service), true).is_empty(),
-            "a switch is not drift"
+            drift(
+                &next,
+                Some(&desired.app),
+                Some(&desired.maintenance),
+                Some(&desired.service)
+            )
+            .is_empty()
         );
     }
 }

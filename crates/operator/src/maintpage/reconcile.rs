@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 use super::desired::{self, published_side, rolled_out};
 use super::switch::{self, Observed};
 use super::{Context, status};
-use crate::core::apply::{apply, apply_status, controlled_by, controller_reference, stamp_and_compare};
+use crate::core::apply::{apply, apply_status, controlled_by, controller_reference, up_to_date};
 use crate::core::{Error, Result};
 
 /// The live children of a MaintPage (any of them may not exist yet).
@@ -111,13 +111,13 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
     let plan = switch::plan(&mp.spec, &observed, now);
     let owner =
         controller_reference(mp.as_ref()).ok_or_else(|| Error::InvalidSpec("the MaintPage has no uid yet".into()))?;
-    let children = desired::build(&mp, &plan, &owner);
+    let mut children = desired::build(&mp, &plan, &owner);
+    desired::stamp_all(&mut children);
     let drift = desired::drift(
         &children,
         live.app.as_ref(),
         live.maintenance.as_ref(),
         live.service.as_ref(),
-        plan.switched || observed.published.is_none(),
     );
 
     // The maintenance pods start before the Service may point at them; the Service moves only
@@ -181,16 +181,16 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
         .unwrap_or_else(Action::await_change))
 }
 
-/// Applies `desired` if the live object is still at the version read (`None` if it changed);
-/// skips the request when the live object already is as desired.
+/// Applies the stamped `desired` if the live object is still at the version read (`None` if it
+/// changed); skips the request when the live object already is as desired.
 async fn apply_unchanged<K>(api: &Api<K>, desired: &K, read: Option<&K>) -> Result<Option<K>>
 where
     K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let mut desired = desired.clone();
-    if stamp_and_compare(&mut desired, read) {
+    if up_to_date(desired, read) {
         return Ok(read.cloned());
     }
+    let mut desired = desired.clone();
     desired.meta_mut().resource_version = read.and_then(|r| r.meta().resource_version.clone());
     let name = desired.meta().name.clone().unwrap_or_default();
     match apply(api, &name, &desired).await {
