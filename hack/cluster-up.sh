@@ -115,12 +115,15 @@ EOF
 setup_pki() {
   gen_ca serving-ca "noops serving CA"
   gen_ca client-ca "noops client CA"
+  # A CA of its own for the one client the node agent's kubelet API serves: the API server.
+  # Certificates of the client CA (admin, components, the node) cannot read container logs.
+  gen_ca kubelet-client-ca "noops kubelet client CA"
   local api_sans="IP:127.0.0.1,IP:$node_ip,IP:$api_service_ip,DNS:localhost,DNS:kubernetes"
   api_sans+=",DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.$cluster_domain"
   gen_cert apiserver serving-ca "/CN=kube-apiserver" serverAuth "$api_sans"
   gen_cert node-serving serving-ca "/CN=system:node:$node_name" serverAuth "IP:$node_ip,DNS:$node_name"
   gen_cert admin client-ca "/O=system:masters/CN=admin" clientAuth
-  gen_cert apiserver-kubelet-client client-ca "/CN=kube-apiserver-kubelet-client" clientAuth
+  gen_cert apiserver-to-kubelet kubelet-client-ca "/CN=kube-apiserver-kubelet-client" clientAuth
   gen_cert controller-manager client-ca "/CN=system:kube-controller-manager" clientAuth
   gen_cert scheduler client-ca "/CN=system:kube-scheduler" clientAuth
   gen_cert kube-proxy client-ca "/CN=system:kube-proxy" clientAuth
@@ -172,7 +175,7 @@ launch kube-apiserver "$bin/kube-apiserver" --etcd-servers "http://127.0.0.1:$et
   --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
   --service-account-issuer "https://kubernetes.default.svc.$cluster_domain" \
   --service-account-key-file "$pki/service-account.pub" --service-account-signing-key-file "$pki/service-account.key" \
-  --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+  --kubelet-client-certificate "$pki/apiserver-to-kubelet.crt" --kubelet-client-key "$pki/apiserver-to-kubelet.key" \
   --kubelet-certificate-authority "$pki/serving-ca.crt" --kubelet-preferred-address-types InternalIP \
   --audit-policy-file "$root/cluster/audit-policy.yaml" --audit-log-path "$logs/audit.log" \
   --audit-log-maxsize 100 --audit-log-maxbackup 1 \
@@ -199,7 +202,7 @@ launch noops-node env NOOPS_ROOT="$root" NOOPS_BIN="$bin" NOOPS_TARGET="$target_
   --state-dir "$cluster/node" --volumes-dir "$cluster/volumes" --images "$root/cluster/images.yaml" \
   --kubernetes-version "$k8s_version" --api-service "$api_service_ip:443" \
   --kubelet-port "$kubelet_port" --tls-cert "$pki/node-serving.crt" --tls-key "$pki/node-serving.key" \
-  --client-ca "$pki/client-ca.crt"
+  --client-ca "$pki/kubelet-client-ca.crt"
 
 node_ready() { kubectl get node "$node_name" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True; }
 wait_for "node $node_name" 60 node_ready

@@ -1,8 +1,8 @@
 //! The slice of the kubelet API that `kubectl logs` needs, served to the API server only.
 //!
 //! HTTPS on the node IP with a certificate from the cluster's serving CA; every client must
-//! present a certificate from the cluster's client CA (the API server's kubelet-client
-//! certificate, or the admin's). Container logs are files that the container's stdout and stderr
+//! present a certificate from the CA given with `--client-ca`, which `make cluster-up` uses only
+//! for the API server's kubelet-client certificate. Container logs are files that the container's stdout and stderr
 //! are appended to, one per container start.
 
 use std::path::{Path, PathBuf};

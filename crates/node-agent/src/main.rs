@@ -74,7 +74,7 @@ struct Args {
     tls_cert: PathBuf,
     #[arg(long)]
     tls_key: PathBuf,
-    /// CA of the client certificates allowed to call the kubelet API.
+    /// CA of the client certificates allowed to call the kubelet API (only the API server's).
     #[arg(long)]
     client_ca: PathBuf,
     /// First back-off before restarting a crashed container (doubles up to 5 minutes).

@@ -519,6 +519,36 @@ spec:
 }
 
 #[tokio::test]
+async fn only_the_api_server_can_read_logs_from_the_node_agent() {
+    let ns = TestNamespace::new("logs").await;
+    ns.apply("apiVersion: v1\nkind: Pod\nmetadata: { name: talker }\nspec:\n  containers: [{ name: app, image: busybox, command: [sh, -c, 'echo hello; exec sleep 3600'] }]\n");
+    ns.wait_pod_ready("talker", MINUTE).await;
+    let pods = ns.pods();
+    wait_until("kubectl logs through the API server", MINUTE, || async {
+        pods.logs("talker", &LogParams::default())
+            .await
+            .is_ok_and(|l| l == "hello\n")
+    })
+    .await;
+    // The admin's certificate is valid for the API server, not for the node agent.
+    let pki = root().join(".noops/cluster/pki");
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "5", "--cacert"])
+        .arg(pki.join("serving-ca.crt"))
+        .arg("--cert")
+        .arg(pki.join("admin.crt"))
+        .arg("--key")
+        .arg(pki.join("admin.key"))
+        .arg(format!("https://10.244.0.1:10250/containerLogs/{}/talker/app", ns.name))
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "the node agent served logs to the admin certificate"
+    );
+}
+
+#[tokio::test]
 async fn pods_resolve_services_by_name_and_reach_them() {
     let ns = TestNamespace::new("dns").await;
     ns.apply(ECHO);

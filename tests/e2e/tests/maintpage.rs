@@ -60,6 +60,14 @@ async fn set_enabled(ns: &TestNamespace, name: &str, enabled: bool) {
         .unwrap();
 }
 
+/// Waits until the Service at `addr` answers with `page`.
+async fn wait_for_page(addr: &str, page: &str, what: &str) {
+    wait_until(what, MINUTE, || async {
+        http_get(addr, "/").await.is_some_and(|b| b.trim() == page)
+    })
+    .await;
+}
+
 async fn maintenance_replicas(deployments: &Api<Deployment>) -> Option<i32> {
     deployments
         .get("shop-maintenance")
@@ -114,29 +122,18 @@ async fn toggling_switches_the_service_with_no_failed_request() {
     ns.apply(&manifest("shop", false));
     wait_ready(&ns, "shop").await;
     let addr = format!("{}:80", cluster_ip(&ns, "shop").await);
-    wait_until("the app answering through the Service", MINUTE, || async {
-        http_get(&addr, "/").await.is_some_and(|b| b.trim() == "app page")
-    })
-    .await;
+    wait_for_page(&addr, "app page", "the app answering through the Service").await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let poller = poll(addr.clone(), stop.clone());
     set_enabled(&ns, "shop", true).await;
     let mp = wait_ready(&ns, "shop").await;
     assert_eq!(mp.status.unwrap().published, Some(Side::Maintenance));
-    wait_until("the maintenance page answering", MINUTE, || async {
-        http_get(&addr, "/")
-            .await
-            .is_some_and(|b| b.trim() == "maintenance page")
-    })
-    .await;
+    wait_for_page(&addr, "maintenance page", "the maintenance page answering").await;
     set_enabled(&ns, "shop", false).await;
     let mp = wait_ready(&ns, "shop").await;
     assert_eq!(mp.status.unwrap().published, Some(Side::App));
-    wait_until("the app answering again", MINUTE, || async {
-        http_get(&addr, "/").await.is_some_and(|b| b.trim() == "app page")
-    })
-    .await;
+    wait_for_page(&addr, "app page", "the app answering again").await;
     // Past the drain, the maintenance pods are gone.
     let deployments: Api<Deployment> = ns.api();
     wait_until("maintenance scaled to zero", MINUTE, || async {
@@ -534,6 +531,16 @@ async fn kubectl_wait_printer_columns_and_metrics_work() {
     assert_eq!(&row[..5], &["shop", "shop", "false", "app", "True"]);
     let after = operator.metric(reconciles).await.unwrap();
     assert!(after > before, "reconcile counter moved: {before} → {after}");
+    // Once stable, the status is not rewritten: the object stays at its version.
+    let api: Api<MaintPage> = ns.api();
+    let version = |mp: MaintPage| mp.metadata.resource_version;
+    let settled = version(api.get("shop").await.unwrap());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        version(api.get("shop").await.unwrap()),
+        settled,
+        "no status write without a change"
+    );
     let short = kubectl_ok(&["get", "-n", &ns.name, "mp", "shop", "-o", "name"], None);
     assert_eq!(short.trim(), "maintpage.noops.dev/shop");
 }
