@@ -4,7 +4,12 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 export KUBECONFIG := $(CURDIR)/.noops/kubeconfig
 
-.PHONY: help setup cluster-up cluster-down demo test unit e2e lint bench crds run
+.PHONY: help setup cluster-up cluster-down demo test unit e2e chaos lint bench crds run
+
+# Nodes of the local Kubernetes: `make cluster-up` starts NODES (default 1, at most 16); the
+# end-to-end tests need three.
+NODES ?= 1
+E2E_NODES ?= 3
 
 help: ## Show the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-z0-9-]+:.*## / { printf "  make %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -12,8 +17,8 @@ help: ## Show the targets
 setup: ## Install packages, build upstream binaries (cached) and the Rust workspace
 	@hack/setup.sh
 
-cluster-up: setup ## Start the local Kubernetes (prints how long it took)
-	@hack/cluster-up.sh
+cluster-up: setup ## Start the local Kubernetes with NODES nodes (default 1; NODES=3 make cluster-up)
+	@NODES=$(NODES) hack/cluster-up.sh
 
 cluster-down: ## Stop the local Kubernetes and remove its state (logs stay in .noops/logs)
 	@hack/cluster-down.sh
@@ -28,9 +33,17 @@ lint: ## cargo fmt --check and clippy with warnings as errors
 unit: ## Unit tests (no cluster)
 	cargo test --workspace --quiet --lib --bins
 
-e2e: cluster-up ## End-to-end tests against the local Kubernetes
+e2e: setup ## End-to-end tests on the local Kubernetes (3 nodes); node-fault tests run last, alone
+	@NODES=$(E2E_NODES) hack/cluster-up.sh
 	@source hack/lib.sh && stop_demo_operator
 	cargo test -p noops-e2e -p noops-sample-operator --quiet --test '*' -- --test-threads=4
+	cargo test -p noops-e2e --quiet --test node_faults -- --ignored --test-threads=1
+
+chaos: setup ## Long fault runs: hundreds of node kills (NOOPS_CHAOS_NODE_KILLS, default 200)
+	@NODES=$(E2E_NODES) hack/cluster-up.sh
+	@source hack/lib.sh && stop_demo_operator
+	NOOPS_CHAOS_NODE_KILLS=$${NOOPS_CHAOS_NODE_KILLS:-200} cargo test -p noops-e2e --quiet --test node_faults \
+	  -- --ignored --test-threads=1 --nocapture repeated_node_kills
 
 test: setup lint unit e2e ## Everything: setup, lint, unit tests, cluster, end-to-end tests
 

@@ -19,8 +19,10 @@ stop() {
   rm -f "$run/$name.pid"
 }
 
-# The node agent stops its pods on TERM; whatever is left of them is killed below.
-stop noops-node 15
+# Node agents stop their pods on TERM (all at once); whatever is left of them is killed below.
+for k in $(existing_nodes); do stop "$(node_name "$k")" 15 & done
+wait
+for k in $(existing_nodes); do kill_node "$k"; done
 stop kube-proxy
 stop kube-scheduler
 stop kube-controller-manager
@@ -31,11 +33,6 @@ stop etcd
 for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^noops-/ { print $1 }'); do
   for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
 done
-if [ -d "$cluster/node/pods" ]; then
-  for pidfile in "$cluster"/node/pods/*/pids/*; do
-    [ -f "$pidfile" ] && kill -KILL -- "-$(cat "$pidfile")" 2>/dev/null || true
-  done
-fi
 for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^noops-/ { print $1 }'); do ip netns del "$ns" 2>/dev/null || true; done
 for link in $(ip -o link show 2>/dev/null | awk -F': ' '{ print $2 }' | cut -d@ -f1 | grep '^nv' || true); do
   ip link del "$link" 2>/dev/null || true
@@ -52,6 +49,12 @@ done
 ip route del "$service_cidr" 2>/dev/null || true
 ip link del "$bridge" 2>/dev/null || true
 nft delete table inet noops_safety 2>/dev/null || true
+nft delete table inet noops_partition 2>/dev/null || true
+cg=$(cgroup2_root)
+if [ -n "$cg" ] && [ -d "$cg/noops" ]; then
+  for d in "$cg"/noops/*/; do [ -d "$d" ] && rmdir "$d" 2>/dev/null; done
+  rmdir "$cg/noops" 2>/dev/null || true
+fi
 if [ -f "$run/sysctl.saved" ]; then
   while IFS= read -r line; do sysctl -qw "$line" 2>/dev/null || true; done < "$run/sysctl.saved"
 fi

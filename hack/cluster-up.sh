@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Starts the local Kubernetes: network (bridge, routes, safety rules), PKI, etcd, kube-apiserver,
-# controller-manager, scheduler, kube-proxy and the noops node agent. Returns when the node is
-# Ready and the default ServiceAccount exists. Idempotent: running components are left alone.
+# controller-manager, scheduler, kube-proxy and NODES node agents (default 1, at most 16). Returns
+# when every node is Ready and the default ServiceAccount exists. Idempotent: running components
+# are left alone, and a cluster with fewer nodes gets the missing ones.
 # Expects the binaries to be built (`make setup` does that).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 start_time=$(date +%s.%N)
+nodes=${NODES:-1}
+[[ $nodes =~ ^[0-9]+$ ]] && [ "$nodes" -ge 1 ] && [ "$nodes" -le "$max_nodes" ] || die "NODES=$nodes: choose 1 to $max_nodes"
 [ "$(id -u)" = 0 ] || die "the local Kubernetes needs root (network namespaces, bridge, mounts)"
 for b in etcd-3.6/etcd kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl; do
   [ -x "$bin/$b" ] || die "$bin/$b is missing: run \`make setup\`"
 done
 [ -x "$node_agent_bin" ] || die "$node_agent_bin is missing: run \`make setup\`"
-mkdir -p "$pki" "$run" "$logs" "$cluster/node" "$cluster/volumes" "$cluster/kubeconfigs"
+mkdir -p "$pki" "$run" "$logs" "$cluster/nodes" "$cluster/kubeconfigs"
 
 # --- network -------------------------------------------------------------------------------
 # Everything that makes pod and service addresses local exists before any process starts.
@@ -33,9 +36,9 @@ setup_network() {
   if ! ip link show "$bridge" >/dev/null 2>&1; then
     ip link add "$bridge" type bridge
   fi
-  ip addr replace "$node_ip/${pod_cidr#*/}" dev "$bridge"
+  ip addr replace "$control_plane_ip/${pod_cidr#*/}" dev "$bridge"
   ip link set "$bridge" up
-  ip route replace "$service_cidr" dev "$bridge" src "$node_ip"
+  ip route replace "$service_cidr" dev "$bridge" src "$control_plane_ip"
   # No packet for a pod or service address may leave by the outward interface; pods are never
   # forwarded anywhere but the bridge; our ports are not reachable from outside.
   local leave_rule="" expose_rule=""
@@ -115,47 +118,45 @@ EOF
 setup_pki() {
   gen_ca serving-ca "noops serving CA"
   gen_ca client-ca "noops client CA"
-  # A CA of its own for the one client the node agent's kubelet API serves: the API server.
-  # Certificates of the client CA (admin, components, the node) cannot read container logs.
+  # A CA of its own for the one client the node agents' kubelet API serves: the API server.
+  # Certificates of the client CA (admin, components, the nodes) cannot read container logs.
   gen_ca kubelet-client-ca "noops kubelet client CA"
-  local api_sans="IP:127.0.0.1,IP:$node_ip,IP:$api_service_ip,DNS:localhost,DNS:kubernetes"
+  # Each node agent reaches the API server at its own node address (so a partition can cut it
+  # off): every possible node address is in the certificate.
+  local api_sans="IP:127.0.0.1,IP:$control_plane_ip,IP:$api_service_ip,DNS:localhost,DNS:kubernetes" k
   api_sans+=",DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.$cluster_domain"
+  for k in $(seq 1 "$max_nodes"); do api_sans+=",IP:$(node_ip "$k")"; done
+  # A certificate from before nodes had addresses of their own is replaced (the API server
+  # reloads it).
+  if [ -f "$pki/apiserver.crt" ] && ! openssl x509 -in "$pki/apiserver.crt" -noout -ext subjectAltName 2>/dev/null | grep -q "$(node_ip "$max_nodes")\b"; then
+    rm -f "$pki/apiserver.crt"
+  fi
   gen_cert apiserver serving-ca "/CN=kube-apiserver" serverAuth "$api_sans"
-  gen_cert node-serving serving-ca "/CN=system:node:$node_name" serverAuth "IP:$node_ip,DNS:$node_name"
   gen_cert admin client-ca "/O=system:masters/CN=admin" clientAuth
   gen_cert apiserver-to-kubelet kubelet-client-ca "/CN=kube-apiserver-kubelet-client" clientAuth
   gen_cert controller-manager client-ca "/CN=system:kube-controller-manager" clientAuth
   gen_cert scheduler client-ca "/CN=system:kube-scheduler" clientAuth
   gen_cert kube-proxy client-ca "/CN=system:kube-proxy" clientAuth
-  gen_cert node client-ca "/O=system:nodes/CN=system:node:$node_name" clientAuth
   [ -f "$pki/service-account.key" ] || gen_key "$pki/service-account.key"
   [ -f "$pki/service-account.pub" ] || openssl pkey -in "$pki/service-account.key" -pubout -out "$pki/service-account.pub" 2>/dev/null
   local server="https://127.0.0.1:$apiserver_port"
   write_kubeconfig "$kubeconfig" admin "$server"
-  for c in controller-manager scheduler kube-proxy node; do
+  for c in controller-manager scheduler kube-proxy; do
     write_kubeconfig "$cluster/kubeconfigs/$c" "$c" "$server"
   done
 }
+# setup_node_pki <k>: the node's serving certificate (kubelet API), its client certificate, and
+# a kubeconfig that reaches the API server at the node's own address.
+setup_node_pki() {
+  local k=$1 name ip
+  name=$(node_name "$k"); ip=$(node_ip "$k")
+  mkdir -p "$(node_dir "$k")"
+  gen_cert "$name-serving" serving-ca "/CN=system:node:$name" serverAuth "IP:$ip,DNS:$name"
+  gen_cert "$name" client-ca "/O=system:nodes/CN=system:node:$name" clientAuth
+  [ -f "$(node_dir "$k")/kubeconfig" ] || write_kubeconfig "$(node_dir "$k")/kubeconfig" "$name" "https://$ip:$apiserver_port"
+}
 
 # --- processes -------------------------------------------------------------------------------
-# launch <name> <command...>: starts a component in its own session, logging to logs/<name>.log.
-launch() {
-  local name=$1; shift
-  if alive "$name"; then return; fi
-  [ -f "$logs/$name.log" ] && mv "$logs/$name.log" "$logs/$name.previous.log"
-  setsid "$@" >"$logs/$name.log" 2>&1 < /dev/null &
-  echo $! > "$run/$name.pid"
-}
-# wait_for <what> <seconds> <command...>
-wait_for() {
-  [ -n "${NOOPS_TRACE:-}" ] && log "waiting for $1"
-  local what=$1 limit=$2; shift 2
-  local deadline=$((SECONDS + limit))
-  until "$@" >/dev/null 2>&1; do
-    [ $SECONDS -lt $deadline ] || die "$what did not come up within ${limit}s (logs: $logs)"
-    sleep 0.1
-  done
-}
 api_get() { curl -sf --cacert "$pki/serving-ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" "https://127.0.0.1:$apiserver_port$1"; }
 
 setup_network
@@ -168,7 +169,7 @@ launch etcd "$bin/etcd-3.6/etcd" --name control-plane --data-dir "$cluster/etcd"
 wait_for etcd 30 curl -sf "http://127.0.0.1:$etcd_client_port/health"
 
 launch kube-apiserver "$bin/kube-apiserver" --etcd-servers "http://127.0.0.1:$etcd_client_port" \
-  --bind-address 0.0.0.0 --secure-port "$apiserver_port" --advertise-address "$node_ip" \
+  --bind-address 0.0.0.0 --secure-port "$apiserver_port" --advertise-address "$control_plane_ip" \
   --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
   --client-ca-file "$pki/client-ca.crt" \
   --service-cluster-ip-range "$service_cidr" --allow-privileged=true \
@@ -179,6 +180,8 @@ launch kube-apiserver "$bin/kube-apiserver" --etcd-servers "http://127.0.0.1:$et
   --kubelet-certificate-authority "$pki/serving-ca.crt" --kubelet-preferred-address-types InternalIP \
   --audit-policy-file "$root/cluster/audit-policy.yaml" --audit-log-path "$logs/audit.log" \
   --audit-log-maxsize 100 --audit-log-maxbackup 1 \
+  --default-not-ready-toleration-seconds "$eviction_toleration_seconds" \
+  --default-unreachable-toleration-seconds "$eviction_toleration_seconds" \
   --profiling=false --v 1
 wait_for kube-apiserver 60 api_get /readyz
 
@@ -187,27 +190,24 @@ launch kube-controller-manager "$bin/kube-controller-manager" --kubeconfig "$clu
   --leader-elect=false --use-service-account-credentials \
   --service-account-private-key-file "$pki/service-account.key" --root-ca-file "$pki/serving-ca.crt" \
   --service-cluster-ip-range "$service_cidr" --bind-address 127.0.0.1 --profiling=false --v 1 \
-  --kube-api-qps 200 --kube-api-burst 400
+  --kube-api-qps 200 --kube-api-burst 400 \
+  --node-monitor-period 1s --node-monitor-grace-period "${node_monitor_grace_seconds}s"
 launch kube-scheduler "$bin/kube-scheduler" --kubeconfig "$cluster/kubeconfigs/scheduler" \
   --authentication-kubeconfig "$cluster/kubeconfigs/scheduler" --authorization-kubeconfig "$cluster/kubeconfigs/scheduler" \
   --leader-elect=false --bind-address 127.0.0.1 --profiling=false --v 1
 kubectl apply --server-side --force-conflicts -f "$root/cluster/addons.yaml" >/dev/null
 launch kube-proxy "$bin/kube-proxy" --kubeconfig "$cluster/kubeconfigs/kube-proxy" \
-  --hostname-override "$node_name" --proxy-mode iptables --cluster-cidr "$pod_cidr" \
-  --nodeport-addresses "127.0.0.0/8,$node_ip/32" --conntrack-max-per-core 0 \
+  --hostname-override "$(node_name 1)" --proxy-mode iptables --cluster-cidr "$pod_cidr" \
+  --nodeport-addresses "127.0.0.0/8,$control_plane_ip/32" --conntrack-max-per-core 0 \
   --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 --v 1
-launch noops-node env NOOPS_ROOT="$root" NOOPS_BIN="$bin" NOOPS_TARGET="$target_dir" RUST_LOG="${RUST_LOG:-info}" \
-  "$node_agent_bin" --kubeconfig "$cluster/kubeconfigs/node" --node-name "$node_name" \
-  --node-ip "$node_ip" --pod-cidr "$pod_cidr" --bridge "$bridge" --cluster-domain "$cluster_domain" \
-  --state-dir "$cluster/node" --volumes-dir "$cluster/volumes" --images "$root/cluster/images.yaml" \
-  --kubernetes-version "$k8s_version" --api-service "$api_service_ip:443" \
-  --kubelet-port "$kubelet_port" --tls-cert "$pki/node-serving.crt" --tls-key "$pki/node-serving.key" \
-  --client-ca "$pki/kubelet-client-ca.crt"
-
-node_ready() { kubectl get node "$node_name" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True; }
-wait_for "node $node_name" 60 node_ready
+for k in $(seq 1 "$nodes"); do
+  setup_node_pki "$k"
+  start_node "$k"
+done
+for k in $(seq 1 "$nodes"); do wait_for "node $(node_name "$k")" 60 node_ready "$k"; done
 wait_for "the default ServiceAccount" 60 kubectl get serviceaccount default -n default
 wait_for kube-proxy 30 curl -sf http://127.0.0.1:10256/healthz
 
 elapsed=$(awk -v s="$start_time" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
-printf 'local Kubernetes %s is up in %ss: export KUBECONFIG=%s (logs: %s)\n' "$k8s_version" "$elapsed" "$kubeconfig" "$logs"
+running=$(kubectl get nodes --no-headers 2>/dev/null | wc -l)
+printf 'local Kubernetes %s is up in %ss with %s node(s): export KUBECONFIG=%s (logs: %s)\n' "$k8s_version" "$elapsed" "$running" "$kubeconfig" "$logs"

@@ -1,4 +1,4 @@
-# Shared settings of the local Kubernetes scripts. Sourced, not run.
+# Shared settings and helpers of the local Kubernetes scripts. Sourced, not run.
 # shellcheck shell=bash
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -10,15 +10,17 @@ run="$cluster/run"
 logs="$state/logs"
 kubeconfig="$state/kubeconfig"
 
-# Networks. The pod CIDR is the bridge's; the service CIDR is routed onto the same bridge, so a
-# packet for either never has a route off this machine. Neither may contain the host's resolver.
-node_name=noops-node
+# Networks. Everything sits on one bridge: the control plane holds 10.244.0.1, node k (1..16)
+# holds 10.244.k.1 and gives its pods addresses from 10.244.k.0/24. The service CIDR is routed
+# onto the same bridge, so a packet for either never has a route off this machine. Neither may
+# contain the host's resolver.
 bridge=noops0
 pod_cidr=10.244.0.0/16
-node_ip=10.244.0.1
+control_plane_ip=10.244.0.1
 service_cidr=10.96.0.0/16
 api_service_ip=10.96.0.1
 cluster_domain=cluster.local
+max_nodes=16
 k8s_version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }' "$root/tools/k8s/go.mod")
 
 # Ports on this machine (etcd of the control plane on loopback, away from etcd's usual ports).
@@ -27,22 +29,129 @@ etcd_peer_port=12380
 apiserver_port=6443
 kubelet_port=10250
 
+# How fast Kubernetes reacts to a node that stops answering (the upstream defaults are for real
+# machines: 40 s lease, 50 s grace, 300 s tolerations). A node agent renews its Lease every
+# lease/4 seconds; the node lifecycle controller marks a node NotReady after the grace period;
+# pods are evicted from a NotReady or unreachable node after the toleration.
+node_lease_seconds=8
+node_monitor_grace_seconds=10
+eviction_toleration_seconds=10
+
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 node_agent_bin="$target_dir/debug/noops-node"
 
 log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
+# --- nodes -------------------------------------------------------------------------------------
+# node_index <name or number>: the number k of node `noops-node-k`.
+node_index() {
+  local k=${1#noops-node-}
+  [[ $k =~ ^[0-9]+$ ]] && [ "$k" -ge 1 ] && [ "$k" -le "$max_nodes" ] || die "no such node: $1 (nodes are noops-node-1 .. noops-node-$max_nodes, or 1 .. $max_nodes)"
+  echo "$((10#$k))"
+}
+node_name() { echo "noops-node-$1"; }
+node_ip() { echo "10.244.$1.1"; }
+node_pod_cidr() { echo "10.244.$1.0/24"; }
+node_dir() { echo "$cluster/nodes/$(node_name "$1")"; }
+# The nodes this cluster has (made by cluster-up, running or not), by number.
+existing_nodes() {
+  local d
+  for d in "$cluster"/nodes/noops-node-*; do [ -d "$d" ] && echo "${d##*-}"; done | sort -n
+}
+
+# A cgroup (v2) per node holds its agent and every process of its pods, so that the machine can
+# die at once. Empty when this machine has no cgroup v2 hierarchy (then pids are used instead).
+cgroup2_root() { findmnt -rn -t cgroup2 -o TARGET 2>/dev/null | head -1; }
+node_cgroup() {
+  local r
+  r=$(cgroup2_root)
+  [ -n "$r" ] && echo "$r/noops/$(node_name "$1")"
+  true
+}
+
+# --- processes ---------------------------------------------------------------------------------
 # alive <name>: whether the component started under that name is still running.
 alive() {
   local pidfile="$run/$1.pid"
   [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null
 }
 
+# launch <name> <command...>: starts a component in its own session, logging to logs/<name>.log.
+launch() {
+  local name=$1; shift
+  if alive "$name"; then return; fi
+  [ -f "$logs/$name.log" ] && mv "$logs/$name.log" "$logs/$name.previous.log"
+  setsid "$@" >"$logs/$name.log" 2>&1 < /dev/null &
+  echo $! > "$run/$name.pid"
+}
+
+# wait_for <what> <seconds> <command...>
+wait_for() {
+  [ -n "${NOOPS_TRACE:-}" ] && log "waiting for $1"
+  local what=$1 limit=$2; shift 2
+  local deadline=$((SECONDS + limit))
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -lt $deadline ] || die "$what did not come up within ${limit}s (logs: $logs)"
+    sleep 0.1
+  done
+}
+
 # The interface of the default route (the way off this machine), if there is one.
 outward_interface() { ip -4 route show default | awk '{ for (i = 1; i < NF; i++) if ($i == "dev") { print $(i + 1); exit } }'; }
 
 kubectl() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
+
+# start_node <k>: starts the node agent of node k (its certificates and kubeconfig exist). Its
+# address goes on the bridge first; the agent runs in the node's cgroup.
+start_node() {
+  local k=$1 name ip dir cg
+  name=$(node_name "$k"); ip=$(node_ip "$k"); dir=$(node_dir "$k")
+  alive "$name" && return
+  mkdir -p "$dir/state" "$dir/volumes"
+  ip addr replace "$ip/32" dev "$bridge"
+  local agent=(env NOOPS_ROOT="$root" NOOPS_BIN="$bin" NOOPS_TARGET="$target_dir" RUST_LOG="${RUST_LOG:-info}"
+    "$node_agent_bin" --kubeconfig "$dir/kubeconfig" --node-name "$name"
+    --node-ip "$ip" --pod-cidr "$(node_pod_cidr "$k")" --cluster-cidr "$pod_cidr" --bridge "$bridge"
+    --cluster-domain "$cluster_domain" --state-dir "$dir/state" --volumes-dir "$dir/volumes"
+    --images "$root/cluster/images.yaml" --kubernetes-version "$k8s_version" --api-service "$api_service_ip:443"
+    --kubelet-port "$kubelet_port" --tls-cert "$pki/$name-serving.crt" --tls-key "$pki/$name-serving.key"
+    --client-ca "$pki/kubelet-client-ca.crt" --node-lease-seconds "$node_lease_seconds")
+  cg=$(node_cgroup "$k")
+  if [ -n "$cg" ] && mkdir -p "$cg" 2>/dev/null; then
+    # The shell moves itself into the cgroup, then becomes the agent.
+    launch "$name" sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg" "${agent[@]}"
+  else
+    launch "$name" "${agent[@]}"
+  fi
+}
+
+node_ready() { kubectl get node "$(node_name "$1")" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True; }
+
+# kill_node <k>: the machine dies: its agent and every process of its pods end at once (no
+# SIGTERM, no grace), and its pods' network namespaces disappear. Volumes stay on disk.
+kill_node() {
+  local k=$1 name cg pid ns
+  name=$(node_name "$k"); cg=$(node_cgroup "$k")
+  if [ -n "$cg" ] && [ -d "$cg" ]; then
+    echo 1 > "$cg/cgroup.kill"
+    for _ in $(seq 1 50); do [ -s "$cg/cgroup.procs" ] || break; sleep 0.1; done
+  fi
+  # Without a cgroup (and as a safety net): the agent's session, the container process groups
+  # the agent recorded, and anything left in the node's pod network namespaces.
+  [ -f "$run/$name.pid" ] && kill -KILL -- "-$(cat "$run/$name.pid")" 2>/dev/null
+  local pidfile
+  for pidfile in "$(node_dir "$k")"/state/pods/*/pids/*; do
+    [ -f "$pidfile" ] && kill -KILL -- "-$(awk '{ print $1 }' "$pidfile")" 2>/dev/null
+  done
+  for ns in $(ip netns list 2>/dev/null | awk -v p="$name-" 'index($1, p) == 1 { print $1 }'); do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
+    ip link del "nv${ns##*-}" 2>/dev/null
+    ip netns del "$ns" 2>/dev/null
+  done
+  rm -f "$run/$name.pid"
+  true
+}
 
 # An operator left running in the cluster by `make demo` would reconcile test and benchmark
 # objects too; tests and benchmarks run their own.

@@ -41,13 +41,17 @@ struct Args {
     /// Kubeconfig with the node's client certificate (CN=system:node:<name>).
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: PathBuf,
-    #[arg(long, default_value = "noops-node")]
+    #[arg(long, default_value = "noops-node-1")]
     node_name: String,
-    /// The node's address: the gateway of the pod bridge.
-    #[arg(long, default_value = "10.244.0.1")]
+    /// The node's address on the bridge: its pods' gateway, DNS server and kubelet API.
+    #[arg(long, default_value = "10.244.1.1")]
     node_ip: Ipv4Addr,
-    #[arg(long, default_value = "10.244.0.0/16")]
+    /// This node's pod addresses (inside the cluster network).
+    #[arg(long, default_value = "10.244.1.0/24")]
     pod_cidr: Ipv4Net,
+    /// The cluster's pod network, shared by every node on the bridge.
+    #[arg(long, default_value = "10.244.0.0/16")]
+    cluster_cidr: Ipv4Net,
     #[arg(long, default_value = "noops0")]
     bridge: String,
     #[arg(long, default_value = "cluster.local")]
@@ -77,6 +81,10 @@ struct Args {
     /// CA of the client certificates allowed to call the kubelet API (only the API server's).
     #[arg(long)]
     client_ca: PathBuf,
+    /// How long the node Lease lasts; it is renewed every quarter of that (the kubelet's 40 s by
+    /// default; the local Kubernetes uses less so that a dead node is noticed in seconds).
+    #[arg(long, default_value = "40", value_name = "SECONDS")]
+    node_lease_seconds: u32,
     /// First back-off before restarting a crashed container (doubles up to 5 minutes).
     #[arg(long, default_value = "10", value_name = "SECONDS")]
     crash_backoff_seconds: u64,
@@ -99,13 +107,26 @@ async fn main() -> anyhow::Result<()> {
     // Image paths may name folders of this checkout through ${NOOPS_ROOT}, ${NOOPS_BIN}, ...
     let vars: BTreeMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("NOOPS_")).collect();
     let images = ImageMap::load(&args.images, &vars)?;
-    let network = PodNetwork::new(args.bridge.clone(), args.pod_cidr, &args.state_dir);
+    let network = PodNetwork::new(
+        args.bridge.clone(),
+        args.node_name.clone(),
+        args.pod_cidr,
+        args.cluster_cidr,
+        args.node_ip,
+        &args.state_dir,
+    );
     network.check_bridge()?;
     anyhow::ensure!(
         args.pod_cidr.contains(args.node_ip),
         "--node-ip {} is outside --pod-cidr {}",
         args.node_ip,
         args.pod_cidr
+    );
+    anyhow::ensure!(
+        args.cluster_cidr.contains(args.pod_cidr.network()) && args.cluster_cidr.prefix <= args.pod_cidr.prefix,
+        "--pod-cidr {} is outside --cluster-cidr {}",
+        args.pod_cidr,
+        args.cluster_cidr
     );
 
     let (cpu, memory_bytes) = NodeInfo::detect_capacity();
@@ -118,6 +139,7 @@ async fn main() -> anyhow::Result<()> {
         cpu,
         memory_bytes,
         max_pods: 110,
+        lease_seconds: args.node_lease_seconds.max(4),
     };
     node::register(&client, &node).await.context("registering the node")?;
 

@@ -1,9 +1,12 @@
-//! Pod networking: one network namespace per pod, joined to the node's bridge by a veth pair.
+//! Pod networking: one network namespace per pod, joined to the cluster's bridge by a veth pair.
 //!
-//! The bridge itself, its routes and the safety rules that keep every packet on this machine are
-//! set up by `hack/cluster-up.sh` before the agent starts; the agent refuses to run without them.
-//! Addresses come from a tiny file-based allocator, keyed by pod UID, so a pod keeps its IP when
-//! the agent restarts.
+//! Every node of the local Kubernetes shares one bridge: the node's pods get addresses from the
+//! node's own pod CIDR (a /24), with the whole cluster network (the /16) on their link so that
+//! pods of other nodes are reached directly, and the node's address as their gateway (to
+//! Services and to this machine). The bridge, its routes and the safety rules that keep every
+//! packet on this machine are set up by `hack/cluster-up.sh` before the agent starts; the agent
+//! refuses to run without them. Addresses come from a tiny file-based allocator, keyed by pod
+//! UID, so a pod keeps its IP when the agent restarts.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -59,15 +62,12 @@ impl Ipv4Net {
     pub fn network(&self) -> Ipv4Addr {
         Ipv4Addr::from(u32::from(self.addr) & self.mask())
     }
-    /// The gateway: the first host address, held by the bridge.
-    pub fn gateway(&self) -> Ipv4Addr {
-        Ipv4Addr::from(u32::from(self.network()) + 1)
-    }
     /// Whether `ip` lies inside this network.
     pub fn contains(&self, ip: Ipv4Addr) -> bool {
         u32::from(ip) & self.mask() == u32::from(self.network())
     }
-    /// Host addresses that pods may get: all but network, gateway and broadcast.
+    /// Host addresses that pods may get: all but the network address, the first host address
+    /// (the node's own) and broadcast.
     pub fn pod_addresses(&self) -> impl Iterator<Item = Ipv4Addr> {
         let first = u32::from(self.network()) + 2;
         let last = u32::from(self.network()) | !self.mask();
@@ -78,20 +78,32 @@ impl Ipv4Net {
 /// The names that one pod's network uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodNetNames {
-    /// Network namespace name (under /run/netns).
+    /// Network namespace name (under /run/netns): `<node>-<short uid>`, so each node (and the
+    /// scripts that stop a node) can tell its own namespaces from those of the other nodes.
     pub netns: String,
-    /// Host side of the veth pair.
+    /// Host side of the veth pair: `nv<short uid>`.
     pub host_veth: String,
 }
 
 impl PodNetNames {
-    /// Derives short, stable names from the pod UID (interface names are limited to 15 bytes).
-    pub fn for_uid(uid: &str) -> Self {
+    /// Derives short, stable names from the node name and the pod UID (interface names are
+    /// limited to 15 bytes, so the veth carries only the UID).
+    pub fn for_uid(node: &str, uid: &str) -> Self {
         let short: String = uid.chars().filter(|c| c.is_ascii_hexdigit()).take(10).collect();
+        Self::from_short(node, &short)
+    }
+
+    fn from_short(node: &str, short: &str) -> Self {
         Self {
-            netns: format!("noops-{short}"),
+            netns: format!("{node}-{short}"),
             host_veth: format!("nv{short}"),
         }
+    }
+
+    /// The names behind an existing namespace of `node`, if `netns` is one of its.
+    pub fn of_namespace(node: &str, netns: &str) -> Option<Self> {
+        let short = netns.strip_prefix(node)?.strip_prefix('-')?;
+        (!short.is_empty() && short.chars().all(|c| c.is_ascii_hexdigit())).then(|| Self::from_short(node, short))
     }
     /// The namespace file to enter with setns(2).
     pub fn netns_path(&self) -> PathBuf {
@@ -99,21 +111,43 @@ impl PodNetNames {
     }
 }
 
-/// Sets up and tears down pod networks on one bridge.
+/// Sets up and tears down the pod networks of one node on the shared bridge.
 #[derive(Debug, Clone)]
 pub struct PodNetwork {
     pub bridge: String,
+    /// This node's pod addresses.
     pub cidr: Ipv4Net,
+    /// The whole cluster network, on every pod's link.
+    pub cluster: Ipv4Net,
+    /// The node's address on the bridge: the pods' gateway.
+    pub gateway: Ipv4Addr,
+    /// The node name, which prefixes the node's network namespaces.
+    pub node: String,
     ipam_dir: PathBuf,
 }
 
 impl PodNetwork {
-    pub fn new(bridge: String, cidr: Ipv4Net, state_dir: &Path) -> Self {
+    pub fn new(
+        bridge: String,
+        node: String,
+        cidr: Ipv4Net,
+        cluster: Ipv4Net,
+        gateway: Ipv4Addr,
+        state_dir: &Path,
+    ) -> Self {
         Self {
             bridge,
             cidr,
+            cluster,
+            gateway,
+            node,
             ipam_dir: state_dir.join("ipam"),
         }
+    }
+
+    /// The names of one pod's network on this node.
+    pub fn names(&self, uid: &str) -> PodNetNames {
+        PodNetNames::for_uid(&self.node, uid)
     }
 
     /// Checks that the bridge exists (it carries the routes that keep traffic local).
@@ -135,7 +169,7 @@ impl PodNetwork {
         if let Some(ip) = self.held_by(uid)? {
             return Ok(ip);
         }
-        for ip in self.cidr.pod_addresses() {
+        for ip in self.cidr.pod_addresses().filter(|ip| *ip != self.gateway) {
             let path = self.ipam_dir.join(ip.to_string());
             match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
                 Ok(mut f) => {
@@ -201,8 +235,8 @@ impl PodNetwork {
         }
         let ns = &names.netns;
         let veth = &names.host_veth;
-        let prefix = self.cidr.prefix;
-        let gateway = self.cidr.gateway();
+        let prefix = self.cluster.prefix;
+        let gateway = self.gateway;
         let host_side = format!(
             "netns add {ns}\n\
              link add {veth} type veth peer name eth0 netns {ns}\n\
@@ -239,13 +273,13 @@ impl PodNetwork {
         Ok(())
     }
 
-    /// The names of all pod namespaces that exist now (for cleaning up after a crash).
-    pub fn existing_namespaces() -> Vec<String> {
+    /// The pod namespaces of this node that exist now (for cleaning up after a crash).
+    pub fn existing_namespaces(&self) -> Vec<PodNetNames> {
         std::fs::read_dir("/run/netns")
             .map(|d| {
                 d.flatten()
                     .filter_map(|e| e.file_name().to_str().map(str::to_string))
-                    .filter(|n| n.starts_with("noops-"))
+                    .filter_map(|n| PodNetNames::of_namespace(&self.node, &n))
                     .collect()
             })
             .unwrap_or_default()
@@ -306,7 +340,6 @@ mod tests {
     #[test]
     fn cidr_arithmetic() {
         let net: Ipv4Net = "10.244.0.0/16".parse().unwrap();
-        assert_eq!(net.gateway(), Ipv4Addr::new(10, 244, 0, 1));
         assert!(net.contains(Ipv4Addr::new(10, 244, 200, 3)));
         assert!(!net.contains(Ipv4Addr::new(10, 245, 0, 3)));
         let mut pods = net.pod_addresses();
@@ -317,16 +350,36 @@ mod tests {
     }
 
     #[test]
-    fn names_fit_in_an_interface_name() {
-        let n = PodNetNames::for_uid("6f1c2a3b-94de-4a5f-8e1a-0b2c3d4e5f60");
-        assert_eq!(n.netns, "noops-6f1c2a3b94");
+    fn names_fit_in_an_interface_name_and_say_their_node() {
+        let n = PodNetNames::for_uid("noops-node-2", "6f1c2a3b-94de-4a5f-8e1a-0b2c3d4e5f60");
+        assert_eq!(n.netns, "noops-node-2-6f1c2a3b94");
+        assert_eq!(n.host_veth, "nv6f1c2a3b94");
         assert!(n.host_veth.len() <= 15);
+        assert_eq!(PodNetNames::of_namespace("noops-node-2", &n.netns), Some(n.clone()));
+        assert_eq!(
+            PodNetNames::of_namespace("noops-node-1", &n.netns),
+            None,
+            "another node's"
+        );
+        assert_eq!(
+            PodNetNames::of_namespace("noops-node-1", "noops-node-12-6f1c2a3b94"),
+            None
+        );
     }
 
     #[test]
     fn allocation_is_stable_per_uid_and_released() {
         let dir = std::env::temp_dir().join(format!("noops-ipam-test-{}", std::process::id()));
-        let net = PodNetwork::new("br".into(), "10.9.0.0/29".parse().unwrap(), &dir);
+        let gateway = Ipv4Addr::new(10, 9, 0, 1);
+        let cluster = "10.9.0.0/16".parse().unwrap();
+        let net = PodNetwork::new(
+            "br".into(),
+            "n1".into(),
+            "10.9.0.0/29".parse().unwrap(),
+            cluster,
+            gateway,
+            &dir,
+        );
         let a = net.allocate("uid-a").unwrap();
         let b = net.allocate("uid-b").unwrap();
         assert_ne!(a, b);

@@ -14,9 +14,6 @@ use tracing::{info, warn};
 /// The field manager of everything the agent writes.
 pub const FIELD_MANAGER: &str = "noops-node";
 
-/// How often the Lease is renewed, and how long it lasts (the kubelet's defaults).
-const LEASE_RENEW: Duration = Duration::from_secs(10);
-const LEASE_DURATION_SECONDS: i32 = 40;
 /// How often the Node status is re-sent even when nothing changed.
 const STATUS_REFRESH: Duration = Duration::from_secs(60);
 
@@ -32,6 +29,8 @@ pub struct NodeInfo {
     pub cpu: u32,
     pub memory_bytes: u64,
     pub max_pods: u32,
+    /// How long the node Lease lasts; it is renewed every quarter of that, as the kubelet does.
+    pub lease_seconds: u32,
 }
 
 impl NodeInfo {
@@ -160,44 +159,51 @@ async fn apply_status(
     Ok(())
 }
 
-/// Renews the node Lease every 10 s and re-sends the status every minute, until cancelled.
+/// Renews the node Lease every quarter of its duration and re-sends the status every minute,
+/// until cancelled.
 pub async fn heartbeat(client: Client, info: NodeInfo) {
     let nodes: Api<Node> = Api::all(client.clone());
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
     let since = jiff::Timestamp::now();
     let mut last_status = tokio::time::Instant::now();
     let mut node_uid: Option<String> = None;
+    let renew_every = Duration::from_millis(u64::from(info.lease_seconds) * 250);
+    // A request that hangs (a partitioned network drops its packets) is given up after one
+    // renewal period, so that the next one goes out on a fresh connection, as the kubelet does.
+    let limit = renew_every.max(Duration::from_secs(2));
     loop {
         if node_uid.is_none() {
-            node_uid = nodes
-                .get_opt(&info.name)
+            node_uid = tokio::time::timeout(limit, nodes.get_opt(&info.name))
                 .await
                 .ok()
+                .and_then(Result::ok)
                 .flatten()
                 .and_then(|n| n.metadata.uid);
         }
-        let lease = lease_patch(&info.name, node_uid.as_deref(), jiff::Timestamp::now());
-        if let Err(e) = leases
-            .patch(
-                &info.name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(lease),
-            )
-            .await
-        {
-            warn!(error = %e, "failed to renew the node lease");
+        let lease = lease_patch(
+            &info.name,
+            node_uid.as_deref(),
+            info.lease_seconds,
+            jiff::Timestamp::now(),
+        );
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        match tokio::time::timeout(limit, leases.patch(&info.name, &params, &Patch::Apply(lease))).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => warn!(error = %e, "failed to renew the node lease"),
+            Err(_) => warn!(timeout = ?limit, "renewing the node lease timed out"),
         }
         if last_status.elapsed() >= STATUS_REFRESH {
-            match apply_status(&nodes, &info, jiff::Timestamp::now(), since).await {
-                Ok(()) => last_status = tokio::time::Instant::now(),
-                Err(e) => warn!(error = %e, "failed to update the node status"),
+            match tokio::time::timeout(limit, apply_status(&nodes, &info, jiff::Timestamp::now(), since)).await {
+                Ok(Ok(())) => last_status = tokio::time::Instant::now(),
+                Ok(Err(e)) => warn!(error = %e, "failed to update the node status"),
+                Err(_) => warn!(timeout = ?limit, "updating the node status timed out"),
             }
         }
-        tokio::time::sleep(LEASE_RENEW).await;
+        tokio::time::sleep(renew_every).await;
     }
 }
 
-fn lease_patch(node: &str, node_uid: Option<&str>, now: jiff::Timestamp) -> serde_json::Value {
+fn lease_patch(node: &str, node_uid: Option<&str>, lease_seconds: u32, now: jiff::Timestamp) -> serde_json::Value {
     let mut metadata = json!({ "name": node, "namespace": "kube-node-lease" });
     if let Some(uid) = node_uid {
         metadata["ownerReferences"] = json!([{ "apiVersion": "v1", "kind": "Node", "name": node, "uid": uid }]);
@@ -208,7 +214,7 @@ fn lease_patch(node: &str, node_uid: Option<&str>, now: jiff::Timestamp) -> serd
         "metadata": metadata,
         "spec": {
             "holderIdentity": node,
-            "leaseDurationSeconds": LEASE_DURATION_SECONDS,
+            "leaseDurationSeconds": lease_seconds,
             "renewTime": now.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string(),
         },
     })
@@ -228,6 +234,7 @@ mod tests {
             cpu: 2,
             memory_bytes: 4 * 1024 * 1024 * 1024,
             max_pods: 110,
+            lease_seconds: 40,
         }
     }
 
@@ -258,7 +265,7 @@ mod tests {
 
     #[test]
     fn lease_renew_time_has_microseconds() {
-        let l = lease_patch("n1", Some("u"), jiff::Timestamp::UNIX_EPOCH);
+        let l = lease_patch("n1", Some("u"), 40, jiff::Timestamp::UNIX_EPOCH);
         assert_eq!(l["spec"]["renewTime"], "1970-01-01T00:00:00.000000Z");
         assert_eq!(l["metadata"]["ownerReferences"][0]["uid"], "u");
     }

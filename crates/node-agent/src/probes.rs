@@ -100,6 +100,9 @@ impl ProbeTracker {
 /// Where and how to run a probe for one container instance.
 #[derive(Debug, Clone)]
 pub struct ProbeTarget {
+    /// The node's address: network probes leave from it, as a kubelet's leave its node, so they
+    /// still reach the pod while the node is cut off from the rest of the cluster.
+    pub source: Ipv4Addr,
     pub pod_ip: Ipv4Addr,
     pub host_network: bool,
     pub pid: u32,
@@ -131,14 +134,14 @@ pub async fn run_once(probe: &Probe, container: &Container, target: &ProbeTarget
             .flatten()
             .map(|h| (h.name.clone(), h.value.clone()))
             .collect();
-        return tokio::time::timeout(timeout, http_get(addr, &path, &headers))
+        return tokio::time::timeout(timeout, http_get(target, addr, &path, &headers))
             .await
             .map_err(|_| format!("GET {path} on {addr} timed out after {timeout:?}"))?;
     }
     if let Some(tcp) = &probe.tcp_socket {
         let port = resolve_port(&tcp.port, container)?;
         let addr = probe_address(tcp.host.as_deref(), target, port)?;
-        return match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+        return match tokio::time::timeout(timeout, connect(target, addr)).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(format!("dial {addr}: {e}")),
             Err(_) => Err(format!("dial {addr} timed out after {timeout:?}")),
@@ -186,9 +189,24 @@ pub fn resolve_port(port: &IntOrString, container: &Container) -> Result<u16, St
     }
 }
 
+/// Connects to the probed address from the node's address (from loopback for host-network pods).
+async fn connect(target: &ProbeTarget, addr: SocketAddr) -> std::io::Result<TcpStream> {
+    if target.host_network || addr.ip().is_loopback() {
+        return TcpStream::connect(addr).await;
+    }
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(IpAddr::V4(target.source), 0))?;
+    socket.connect(addr).await
+}
+
 /// A minimal HTTP/1.1 GET: success is a status from 200 to 399.
-async fn http_get(addr: SocketAddr, path: &str, headers: &[(String, String)]) -> Result<(), String> {
-    let mut stream = TcpStream::connect(addr)
+async fn http_get(
+    target: &ProbeTarget,
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(String, String)],
+) -> Result<(), String> {
+    let mut stream = connect(target, addr)
         .await
         .map_err(|e| format!("GET {path} on {addr}: {e}"))?;
     let mut request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: kube-probe/noops\r\n");
@@ -277,6 +295,7 @@ mod tests {
         assert_eq!(resolve_port(&IntOrString::String("http".into()), &c), Ok(8080));
         assert!(resolve_port(&IntOrString::String("nope".into()), &c).is_err());
         let target = ProbeTarget {
+            source: Ipv4Addr::new(10, 1, 0, 1),
             pod_ip: Ipv4Addr::new(10, 1, 0, 4),
             host_network: false,
             pid: 1,

@@ -110,11 +110,31 @@ pub fn plan(
             .as_ref()
             .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
             == Some("Delete");
-        if ours && released && delete && volume.metadata.deletion_timestamp.is_none() {
+        // Only the node that holds a volume's folder may reclaim it.
+        if ours && released && delete && pinned_to(volume) == Some(node) && volume.metadata.deletion_timestamp.is_none()
+        {
             steps.push(Step::Reclaim { volume: volume.clone() });
         }
     }
     steps
+}
+
+/// The node a volume of ours is pinned to (its `kubernetes.io/hostname` affinity).
+fn pinned_to(volume: &PersistentVolume) -> Option<&str> {
+    let terms = &volume
+        .spec
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required
+        .as_ref()?
+        .node_selector_terms;
+    terms
+        .iter()
+        .flat_map(|t| t.match_expressions.iter().flatten())
+        .find(|e| e.key == "kubernetes.io/hostname" && e.operator == "In")
+        .and_then(|e| e.values.as_ref()?.first())
+        .map(String::as_str)
 }
 
 /// The PersistentVolume for a claim, at `path`.
@@ -269,9 +289,14 @@ mod tests {
             phase: Some("Released".into()),
             ..Default::default()
         });
+        let pv = Arc::new(pv);
         assert!(matches!(
-            plan("n1", &[], &[Arc::new(pv)], &classes).as_slice(),
+            plan("n1", &[], std::slice::from_ref(&pv), &classes).as_slice(),
             [Step::Reclaim { .. }]
         ));
+        assert!(
+            plan("n2", &[], &[pv], &classes).is_empty(),
+            "another node's volume is left to that node"
+        );
     }
 }

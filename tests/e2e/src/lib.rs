@@ -306,3 +306,69 @@ pub fn install_crds() {
         None,
     );
 }
+
+/// The Nodes of the cluster, by name.
+pub async fn nodes(client: &Client) -> Vec<k8s_openapi::api::core::v1::Node> {
+    let mut nodes = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .expect("list nodes")
+        .items;
+    nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    nodes
+}
+
+/// The status of a Node's Ready condition (`True`, `False` or `Unknown`).
+pub fn node_ready_status(node: &k8s_openapi::api::core::v1::Node) -> Option<String> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.status.clone())
+}
+
+/// The node a pod is bound to.
+pub fn pod_node(pod: &Pod) -> String {
+    pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default()
+}
+
+/// The pod IP, if it has one.
+pub fn pod_ip(pod: &Pod) -> Option<String> {
+    pod.status.as_ref()?.pod_ip.clone()
+}
+
+/// Runs `hack/node.sh` with `args` (a node fault), panicking with its output if it fails.
+pub fn node_fault(args: &[&str]) -> String {
+    let out = Command::new(root().join("hack/node.sh"))
+        .args(args)
+        .output()
+        .expect("hack/node.sh");
+    assert!(
+        out.status.success(),
+        "hack/node.sh {} failed: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits until the cluster has at least `count` Ready nodes and returns their names.
+pub async fn ready_nodes(client: &Client, count: usize) -> Vec<String> {
+    wait_for(
+        &format!("{count} Ready nodes (NODES={count} make cluster-up)"),
+        Duration::from_secs(60),
+        || async {
+            let ready: Vec<String> = nodes(client)
+                .await
+                .iter()
+                .filter(|n| node_ready_status(n).as_deref() == Some("True"))
+                .filter_map(|n| n.metadata.name.clone())
+                .collect();
+            (ready.len() >= count).then_some(ready)
+        },
+    )
+    .await
+}

@@ -24,17 +24,25 @@ async fn node_is_ready_and_reports_the_real_version() {
         .await
         .unwrap()
         .items;
-    assert_eq!(nodes.len(), 1, "one node");
-    let ready = nodes[0]
-        .status
-        .as_ref()
-        .unwrap()
-        .conditions
-        .as_ref()
-        .unwrap()
-        .iter()
-        .find(|c| c.type_ == "Ready");
-    assert_eq!(ready.map(|c| c.status.as_str()), Some("True"));
+    assert!(!nodes.is_empty(), "at least one node");
+    for node in &nodes {
+        assert_eq!(
+            node_ready_status(node).as_deref(),
+            Some("True"),
+            "{:?}",
+            node.metadata.name
+        );
+        assert_eq!(
+            node.status
+                .as_ref()
+                .unwrap()
+                .node_info
+                .as_ref()
+                .unwrap()
+                .kubelet_version,
+            built_kubernetes_version()
+        );
+    }
     let version = client.apiserver_version().await.unwrap();
     assert_eq!(version.git_version, built_kubernetes_version());
     let out = kubectl_ok(&["version", "-o", "json"], None);
@@ -106,8 +114,8 @@ fn etcdctl(endpoint: &str, args: &[&str]) -> Result<String, String> {
     }
 }
 
-fn pod_ip(pod: &Pod) -> String {
-    pod.status.as_ref().unwrap().pod_ip.clone().unwrap()
+fn ip_of(pod: &Pod) -> String {
+    pod_ip(pod).unwrap()
 }
 
 #[tokio::test]
@@ -118,15 +126,15 @@ async fn etcd_statefulset_forms_a_cluster_by_dns_and_keeps_data_across_pod_delet
     for i in 0..3 {
         pods.push(ns.wait_pod_ready(&format!("etcd-{i}"), 3 * MINUTE).await);
     }
-    let members = etcdctl(&pod_ip(&pods[0]), &["member", "list"]).unwrap();
+    let members = etcdctl(&ip_of(&pods[0]), &["member", "list"]).unwrap();
     assert_eq!(members.lines().count(), 3, "{members}");
     assert!(
         members.contains(&format!("http://etcd-2.etcd.{}.svc.cluster.local:2380", ns.name)),
         "{members}"
     );
 
-    etcdctl(&pod_ip(&pods[1]), &["put", "greeting", "hello"]).unwrap();
-    let got = etcdctl(&pod_ip(&pods[2]), &["get", "greeting", "--print-value-only"]).unwrap();
+    etcdctl(&ip_of(&pods[1]), &["put", "greeting", "hello"]).unwrap();
+    let got = etcdctl(&ip_of(&pods[2]), &["get", "greeting", "--print-value-only"]).unwrap();
     assert_eq!(got.trim(), "hello");
 
     // Delete etcd-1: the StatefulSet brings it back on the same claim, and it rejoins as the
@@ -151,10 +159,10 @@ async fn etcd_statefulset_forms_a_cluster_by_dns_and_keeps_data_across_pod_delet
     assert_eq!(claim.claim_name, "data-etcd-1");
     let pvc: PersistentVolumeClaim = ns.api::<PersistentVolumeClaim>().get("data-etcd-1").await.unwrap();
     assert_eq!(pvc.status.unwrap().phase.as_deref(), Some("Bound"));
-    let members_after = etcdctl(&pod_ip(&reborn), &["member", "list"]).unwrap();
+    let members_after = etcdctl(&ip_of(&reborn), &["member", "list"]).unwrap();
     assert_eq!(members_after, members, "same members, same IDs");
     let local = etcdctl(
-        &pod_ip(&reborn),
+        &ip_of(&reborn),
         &["get", "greeting", "--print-value-only", "--consistency=s"],
     )
     .unwrap();
@@ -522,7 +530,8 @@ spec:
 async fn only_the_api_server_can_read_logs_from_the_node_agent() {
     let ns = TestNamespace::new("logs").await;
     ns.apply("apiVersion: v1\nkind: Pod\nmetadata: { name: talker }\nspec:\n  containers: [{ name: app, image: busybox, command: [sh, -c, 'echo hello; exec sleep 3600'] }]\n");
-    ns.wait_pod_ready("talker", MINUTE).await;
+    let talker = ns.wait_pod_ready("talker", MINUTE).await;
+    let node_ip = talker.status.as_ref().unwrap().host_ip.clone().unwrap();
     let pods = ns.pods();
     wait_until("kubectl logs through the API server", MINUTE, || async {
         pods.logs("talker", &LogParams::default())
@@ -539,7 +548,7 @@ async fn only_the_api_server_can_read_logs_from_the_node_agent() {
         .arg(pki.join("admin.crt"))
         .arg("--key")
         .arg(pki.join("admin.key"))
-        .arg(format!("https://10.244.0.1:10250/containerLogs/{}/talker/app", ns.name))
+        .arg(format!("https://{node_ip}:10250/containerLogs/{}/talker/app", ns.name))
         .output()
         .unwrap();
     assert!(

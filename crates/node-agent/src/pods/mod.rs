@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::images::ImageMap;
-use crate::network::{PodNetNames, PodNetwork};
+use crate::network::PodNetwork;
 use crate::node::NodeInfo;
 
 pub use worker::kill_recorded_processes;
@@ -139,7 +139,7 @@ fn dispatch(agent: &Arc<Agent>, workers: &mut HashMap<String, WorkerHandle>, pod
 /// Removes what pods that no longer exist left behind (after an agent crash): processes,
 /// network namespaces, addresses and folders.
 async fn clean_orphans(agent: &Agent, present: &HashSet<String>) {
-    let known_namespaces: HashSet<String> = present.iter().map(|uid| PodNetNames::for_uid(uid).netns).collect();
+    let known_namespaces: HashSet<String> = present.iter().map(|uid| agent.network.names(uid).netns).collect();
     if let Ok(dirs) = std::fs::read_dir(&agent.pods_dir) {
         for dir in dirs.flatten() {
             let uid = dir.file_name().to_string_lossy().to_string();
@@ -148,17 +148,14 @@ async fn clean_orphans(agent: &Agent, present: &HashSet<String>) {
             }
             info!(pod_uid = %uid, "cleaning up after a pod that no longer exists");
             kill_recorded_processes(&dir.path());
-            let _ = agent.network.destroy(&PodNetNames::for_uid(&uid)).await;
+            let _ = agent.network.destroy(&agent.network.names(&uid)).await;
             let _ = agent.network.release(&uid);
             let _ = std::fs::remove_dir_all(dir.path());
         }
     }
-    for ns in PodNetwork::existing_namespaces() {
-        if !known_namespaces.contains(&ns) {
-            let names = PodNetNames {
-                host_veth: format!("nv{}", ns.trim_start_matches("noops-")),
-                netns: ns,
-            };
+    // Only this node's namespaces: the other nodes' pods share the bridge and /run/netns.
+    for names in agent.network.existing_namespaces() {
+        if !known_namespaces.contains(&names.netns) {
             let _ = agent.network.destroy(&names).await;
         }
     }

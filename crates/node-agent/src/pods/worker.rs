@@ -233,7 +233,7 @@ impl PodWorker {
         let start_time = status.start_time.map(|t| t.0).unwrap_or_else(jiff::Timestamp::now);
         Self {
             dir: agent.pod_dir(&uid),
-            names: PodNetNames::for_uid(&uid),
+            names: agent.network.names(&uid),
             agent,
             pod,
             updates,
@@ -700,6 +700,7 @@ impl PodWorker {
             });
         });
         let target = ProbeTarget {
+            source: self.agent.node.ip,
             pod_ip: sandbox.pod_ip,
             host_network: sandbox.host_network,
             pid,
