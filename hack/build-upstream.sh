@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Builds the upstream binaries (Kubernetes control plane, kubectl, kube-proxy, etcd 3.5 and 3.6,
-# helm)
-# from the wrapper Go modules under tools/, once. Results are cached outside the clone, keyed by
+# versitygw, helm) from the wrapper Go modules under tools/, once. Results are cached outside the clone, keyed by
 # a hash of each wrapper's module files and the build recipe, so a fresh clone (CI) reuses them and a
 # change of version rebuilds. `.noops/bin` gets symlinks to the cached binaries.
 set -euo pipefail
@@ -54,6 +53,11 @@ if [ "$what" = all ] || [ "$what" = etcd ]; then
     build "$mod" "-s -w" etcd=go.etcd.io/etcd/server/v3 \
       etcdctl=go.etcd.io/etcd/etcdctl/v3 etcdutl=go.etcd.io/etcd/etcdutl/v3
   done
+fi
+if [ "$what" = all ] || [ "$what" = versitygw ]; then
+  # The S3-compatible object store of examples/object-store (backups go there).
+  vgw_version=$(awk '$1 == "require" && $2 == "github.com/versity/versitygw" { print $3 }' "$root/tools/versitygw/go.mod")
+  build versitygw "-s -w -X main.Version=$vgw_version -X main.Build=noops" versitygw=github.com/versity/versitygw/cmd/versitygw
 fi
 if [ "$what" = all ] || [ "$what" = helm ]; then
   # Only for checking that the chart renders what deploy/ holds.

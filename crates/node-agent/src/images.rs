@@ -91,6 +91,48 @@ pub struct ResolvedProgram {
     pub working_dir: Option<String>,
 }
 
+/// The image map file, read again whenever it changes, so that an image reported as
+/// `ImageNotMapped` starts once its pattern is added (the container is retried), without a
+/// restart of the agent. A file that no longer parses leaves the last good map in use.
+#[derive(Debug)]
+pub struct ImageMapFileWatch {
+    path: PathBuf,
+    vars: BTreeMap<String, String>,
+    loaded: std::sync::Mutex<(Option<std::time::SystemTime>, std::sync::Arc<ImageMap>)>,
+}
+
+impl ImageMapFileWatch {
+    /// Loads the map from `path` (it must parse now).
+    pub fn load(path: &Path, vars: BTreeMap<String, String>) -> Result<Self, ImageError> {
+        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        let map = ImageMap::load(path, &vars)?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            vars,
+            loaded: std::sync::Mutex::new((modified, std::sync::Arc::new(map))),
+        })
+    }
+
+    /// The map as the file says now.
+    pub fn current(&self) -> std::sync::Arc<ImageMap> {
+        let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        let modified = std::fs::metadata(&self.path).and_then(|m| m.modified()).ok();
+        if modified.is_some() && modified != loaded.0 {
+            match ImageMap::load(&self.path, &self.vars) {
+                Ok(map) => {
+                    tracing::info!(path = %self.path.display(), "image map changed; reloaded it");
+                    *loaded = (modified, std::sync::Arc::new(map));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "image map changed but cannot be read; keeping the previous one");
+                    loaded.0 = modified;
+                }
+            }
+        }
+        loaded.1.clone()
+    }
+}
+
 /// The PATH of a container whose image sets none of its own.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -259,6 +301,41 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
         }
     }
     p[pi..].iter().all(|&c| c == b'*')
+}
+
+#[cfg(test)]
+mod watch_tests {
+    use super::*;
+
+    #[test]
+    fn an_edited_map_is_used_and_a_broken_edit_keeps_the_last_good_one() {
+        let dir = std::env::temp_dir().join(format!("noops-images-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("images.yaml");
+        std::fs::write(&file, "images:\n  - match: [\"a:*\"]\n    cmd: [sh]\n").unwrap();
+        let watch = ImageMapFileWatch::load(&file, BTreeMap::new()).unwrap();
+        assert!(watch.current().lookup("a:1").is_ok());
+        assert!(watch.current().lookup("b:1").is_err());
+        std::fs::write(&file, "images:\n  - match: [\"b:*\"]\n    cmd: [sh]\n").unwrap();
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        assert!(watch.current().lookup("b:1").is_ok(), "the edit is seen");
+        std::fs::write(&file, "images: [not: valid").unwrap();
+        let later = later + std::time::Duration::from_secs(5);
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        assert!(watch.current().lookup("b:1").is_ok(), "the last good map stays");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
 
 #[cfg(test)]

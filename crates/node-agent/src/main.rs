@@ -30,7 +30,7 @@ use clap::Parser;
 use kube::runtime::events::{Recorder, Reporter};
 use tracing::info;
 
-use crate::images::ImageMap;
+use crate::images::ImageMapFileWatch;
 use crate::network::{Ipv4Net, PodNetwork};
 use crate::node::NodeInfo;
 
@@ -106,7 +106,7 @@ async fn main() -> anyhow::Result<()> {
 
     // Image paths may name folders of this checkout through ${NOOPS_ROOT}, ${NOOPS_BIN}, ...
     let vars: BTreeMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("NOOPS_")).collect();
-    let images = ImageMap::load(&args.images, &vars)?;
+    let images = ImageMapFileWatch::load(&args.images, vars)?;
     let network = PodNetwork::new(
         args.bridge.clone(),
         args.node_name.clone(),

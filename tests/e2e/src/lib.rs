@@ -34,6 +34,8 @@ pub fn upstream_bin(name: &str) -> PathBuf {
 
 /// A kube client for the local Kubernetes.
 pub async fn client() -> Client {
+    // Two TLS backends are linked (kube's ring, object_store's aws-lc-rs): choose one.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let config =
         kube::config::Kubeconfig::read_from(kubeconfig()).expect("no .noops/kubeconfig: run `make cluster-up` first");
     let config = kube::Config::from_custom_kubeconfig(config, &Default::default())

@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::images::ImageMap;
+use crate::images::ImageMapFileWatch;
 use crate::network::PodNetwork;
 use crate::node::NodeInfo;
 
@@ -34,7 +34,8 @@ pub use worker::kill_recorded_processes;
 pub struct Agent {
     pub client: Client,
     pub node: NodeInfo,
-    pub images: ImageMap,
+    /// The image map, reloaded when its file changes.
+    pub images: ImageMapFileWatch,
     pub network: PodNetwork,
     /// `<state>/pods/<uid>` holds each pod's generated files, emptyDirs and logs.
     pub pods_dir: PathBuf,

@@ -616,6 +616,7 @@ impl PodWorker {
         let program = self
             .agent
             .images
+            .current()
             .resolve(&image, &command, &args, &is_executable)
             .map_err(|e| match e {
                 crate::images::ImageError::NotMapped { .. } => ("ImageNotMapped".to_string(), e.to_string()),

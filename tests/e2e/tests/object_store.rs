@@ -1,0 +1,152 @@
+//! The S3-compatible object store of `examples/object-store`, started from its manifest as a user
+//! would, used from this machine (through its Service's ClusterIP, with the `object_store` crate
+//! the operators use) and from pods (through its Service's DNS name, with curl).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Secret, Service};
+use noops_e2e::*;
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutPayload};
+use sha2::{Digest, Sha256};
+
+const MINUTE: Duration = Duration::from_secs(60);
+const SIZE: usize = 100 * 1024 * 1024;
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `SIZE` pseudo-random bytes (xorshift), different for each `seed`.
+fn random_bytes(seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(SIZE);
+    while out.len() < SIZE {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(SIZE);
+    out
+}
+
+/// A pod that runs `script` with the store's credentials in its environment and curl's S3
+/// signing options in `$S3`; returns its log once it has succeeded.
+async fn run_client(ns: &TestNamespace, name: &str, script: &str) -> String {
+    let script = format!(
+        "set -e\nS3=\"-sSf --aws-sigv4 aws:amz:$AWS_REGION:s3 --user $AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY -H x-amz-content-sha256:UNSIGNED-PAYLOAD\"\nE=http://versitygw:7070\n{script}"
+    );
+    let pod = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name },
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "client",
+                "image": "busybox",
+                "command": ["sh", "-c", script],
+                "envFrom": [{ "secretRef": { "name": "object-store-credentials" } }],
+                "volumeMounts": [{ "name": "scratch", "mountPath": "/scratch" }],
+            }],
+            "volumes": [{ "name": "scratch", "emptyDir": {} }],
+        },
+    });
+    ns.apply(&pod.to_string());
+    let pods = ns.pods();
+    let phase = wait_for(&format!("{name} to finish"), 3 * MINUTE, || async {
+        let phase = pods.get_opt(name).await.ok()??.status?.phase?;
+        matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
+    })
+    .await;
+    let logs = pods.logs(name, &Default::default()).await.unwrap_or_default();
+    assert_eq!(phase, "Succeeded", "{name} failed: {logs}");
+    logs
+}
+
+/// The value after `label ` in a log.
+fn logged(logs: &str, label: &str) -> String {
+    logs.lines()
+        .find_map(|l| l.strip_prefix(label)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {label:?} in {logs}"))
+        .trim()
+        .to_string()
+}
+
+#[tokio::test]
+async fn the_object_store_keeps_100_mb_objects_for_this_machine_and_for_pods() {
+    let ns = TestNamespace::new("s3").await;
+    let manifest = std::fs::read_to_string(root().join("examples/object-store/versitygw.yaml")).unwrap();
+    ns.apply(&manifest);
+    kubectl_ok(
+        &[
+            "wait",
+            "-n",
+            &ns.name,
+            "--for=condition=Available",
+            "deployment/versitygw",
+            "--timeout=120s",
+        ],
+        None,
+    );
+
+    // A pod creates a bucket, writes 100 MB and reads it back.
+    let logs = run_client(
+        &ns,
+        "writer",
+        "curl $S3 -X PUT $E/backups\n\
+         head -c 104857600 /dev/urandom > /scratch/object\n\
+         echo \"wrote $(sha256sum /scratch/object | cut -d' ' -f1)\"\n\
+         curl $S3 -T /scratch/object $E/backups/from-pod\n\
+         curl $S3 -o /scratch/back $E/backups/from-pod\n\
+         echo \"read $(sha256sum /scratch/back | cut -d' ' -f1)\"",
+    )
+    .await;
+    let pod_sum = logged(&logs, "wrote");
+    assert_eq!(logged(&logs, "read"), pod_sum, "the pod read back what it wrote");
+
+    // This machine, at the Service's ClusterIP, with the keys from the Secret.
+    let secret = ns.api::<Secret>().get("object-store-credentials").await.unwrap();
+    let key = |k: &str| String::from_utf8(secret.data.as_ref().unwrap()[k].0.clone()).unwrap();
+    let service = ns.api::<Service>().get("versitygw").await.unwrap();
+    let endpoint = format!("http://{}:7070", service.spec.unwrap().cluster_ip.unwrap());
+    let store = AmazonS3Builder::new()
+        .with_endpoint(&endpoint)
+        .with_allow_http(true)
+        .with_region(key("AWS_REGION"))
+        .with_bucket_name("backups")
+        .with_access_key_id(key("AWS_ACCESS_KEY_ID"))
+        .with_secret_access_key(key("AWS_SECRET_ACCESS_KEY"))
+        .build()
+        .unwrap();
+    let from_pod = store.get(&Path::from("from-pod")).await.unwrap().bytes().await.unwrap();
+    assert_eq!(from_pod.len(), SIZE);
+    assert_eq!(sha256_hex(&from_pod), pod_sum, "this machine reads what the pod wrote");
+    let data = random_bytes(7);
+    let host_sum = sha256_hex(&data);
+    store
+        .put(&Path::from("from-host"), PutPayload::from(data))
+        .await
+        .unwrap();
+    let back = store
+        .get(&Path::from("from-host"))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(sha256_hex(&back), host_sum, "this machine reads back what it wrote");
+
+    // And a pod reads what this machine wrote.
+    let logs = run_client(
+        &ns,
+        "reader",
+        "curl $S3 -o /scratch/object $E/backups/from-host\n\
+         echo \"read $(sha256sum /scratch/object | cut -d' ' -f1)\"",
+    )
+    .await;
+    assert_eq!(logged(&logs, "read"), host_sum, "a pod reads what this machine wrote");
+}
