@@ -316,23 +316,15 @@ mod watch_tests {
         let watch = ImageMapFileWatch::load(&file, BTreeMap::new()).unwrap();
         assert!(watch.current().lookup("a:1").is_ok());
         assert!(watch.current().lookup("b:1").is_err());
-        std::fs::write(&file, "images:\n  - match: [\"b:*\"]\n    cmd: [sh]\n").unwrap();
-        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
-        std::fs::File::options()
-            .write(true)
-            .open(&file)
-            .unwrap()
-            .set_modified(later)
-            .unwrap();
+        // Each edit gets a later modification time, as a real edit a moment later would.
+        let edit = |text: &str, secs: u64| {
+            std::fs::write(&file, text).unwrap();
+            let at = std::time::SystemTime::now() + std::time::Duration::from_secs(secs);
+            std::fs::File::options().write(true).open(&file).unwrap().set_modified(at).unwrap();
+        };
+        edit("images:\n  - match: [\"b:*\"]\n    cmd: [sh]\n", 5);
         assert!(watch.current().lookup("b:1").is_ok(), "the edit is seen");
-        std::fs::write(&file, "images: [not: valid").unwrap();
-        let later = later + std::time::Duration::from_secs(5);
-        std::fs::File::options()
-            .write(true)
-            .open(&file)
-            .unwrap()
-            .set_modified(later)
-            .unwrap();
+        edit("images: [not: valid", 10);
         assert!(watch.current().lookup("b:1").is_ok(), "the last good map stays");
         std::fs::remove_dir_all(&dir).unwrap();
     }

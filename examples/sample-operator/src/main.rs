@@ -50,6 +50,9 @@ async fn main() -> anyhow::Result<()> {
         }
         Some("run") => {
             tracing_subscriber::fmt().with_env_filter("info").init();
+            // kube speaks TLS with rustls; when a build links two of its crypto backends (this
+            // workspace also has aws-lc-rs, for object_store), one must be chosen.
+            let _ = rustls::crypto::ring::default_provider().install_default();
             let client = Client::try_default().await?;
             let samples: Api<Sample> = Api::all(client.clone());
             let config_maps: Api<ConfigMap> = Api::all(client.clone());

@@ -693,3 +693,81 @@ spec:
     .await;
     assert_eq!(pod.status.unwrap().phase.as_deref(), Some("Running"));
 }
+
+/// Writes outside any volume: a file in `/var/lib/etcd` counting its starts, a file in
+/// `/usr/bin`; crashes on its first start, stays up on the next.
+const LAYER_WRITER: &str = r#"
+mkdir -p /var/lib/etcd
+n=$(cat /var/lib/etcd/starts 2>/dev/null || echo 0)
+n=$((n + 1))
+echo $n > /var/lib/etcd/starts
+echo $POD_NAME >> /var/lib/etcd/owners
+touch /usr/bin/noops-e2e-was-here
+echo "starts=$n owners=$(sort -u /var/lib/etcd/owners | tr '\n' ' ')"
+if [ $n -ge 2 ]; then exec sleep 3600; fi
+sleep 1
+exit 1
+"#;
+
+#[tokio::test]
+async fn each_container_writes_into_a_layer_of_its_own_kept_across_restarts() {
+    let ns = TestNamespace::new("layers").await;
+    let etcd_dir = std::path::Path::new("/var/lib/etcd");
+    let host_had_etcd_dir = etcd_dir.exists();
+    let node = ready_nodes(&ns.client, 1).await.remove(0);
+    for name in ["writer-a", "writer-b"] {
+        let pod = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": { "name": name },
+            "spec": {
+                "nodeSelector": { "kubernetes.io/hostname": node },
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{
+                    "name": "app",
+                    "image": "busybox",
+                    "command": ["sh", "-c", LAYER_WRITER],
+                    "env": [{ "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } }],
+                }],
+            },
+        });
+        ns.apply(&pod.to_string());
+    }
+    let pods = ns.pods();
+    for name in ["writer-a", "writer-b"] {
+        // The restarted container finds what its first run wrote, and only that.
+        let pod = wait_for(&format!("{name} restarted with its layer"), 2 * MINUTE, || async {
+            let logs = pods.logs(name, &LogParams::default()).await.ok()?;
+            let pod = pods.get(name).await.ok()?;
+            (logs.trim() == format!("starts=2 owners={name}")).then_some(pod)
+        })
+        .await;
+        assert_eq!(container_status(&pod).unwrap().restart_count, 1);
+    }
+    // Nothing reached this machine's files.
+    assert!(
+        !std::path::Path::new("/usr/bin/noops-e2e-was-here").exists(),
+        "a container wrote into this machine's /usr/bin"
+    );
+    if host_had_etcd_dir {
+        assert!(!etcd_dir.join("starts").exists() && !etcd_dir.join("owners").exists());
+    } else {
+        assert!(!etcd_dir.exists(), "a container created /var/lib/etcd on this machine");
+    }
+    // The layer lives with the pod, and goes with it.
+    let uid = pods.get("writer-a").await.unwrap().metadata.uid.unwrap();
+    let pod_dir = root()
+        .join(".noops/cluster/nodes")
+        .join(&node)
+        .join("state/pods")
+        .join(&uid);
+    assert!(
+        pod_dir.join("containers/app/upper/var/lib/etcd/starts").is_file(),
+        "the layer is in the pod's folder"
+    );
+    pods.delete("writer-a", &DeleteParams::default()).await.unwrap();
+    wait_until("writer-a and its layer to be gone", MINUTE, || async {
+        pods.get_opt("writer-a").await.ok().flatten().is_none() && !pod_dir.exists()
+    })
+    .await;
+}

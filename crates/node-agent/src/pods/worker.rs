@@ -637,12 +637,6 @@ impl PodWorker {
             .clone()
             .or(program.working_dir.clone())
             .map(PathBuf::from);
-        if let Some(dir) = &working_dir
-            && !mounts.iter().any(|m| dir.starts_with(&m.target))
-            && !dir.exists()
-        {
-            std::fs::create_dir_all(dir).map_err(|e| config_error(&e))?;
-        }
         let slot = self.slot(init, idx);
         if slot.ran_before {
             slot.restart_count += 1;
@@ -660,6 +654,7 @@ impl PodWorker {
             netns: (!sandbox.host_network).then(|| self.names.netns_path()),
             hostname: (!sandbox.host_network).then(|| sandbox.hostname.clone()),
             mounts,
+            layer_dir: self.dir.join("containers").join(&spec.name),
             log_file,
         };
         let mut child = sandbox::spawn(&process).map_err(|e| {
