@@ -320,7 +320,12 @@ mod watch_tests {
         let edit = |text: &str, secs: u64| {
             std::fs::write(&file, text).unwrap();
             let at = std::time::SystemTime::now() + std::time::Duration::from_secs(secs);
-            std::fs::File::options().write(true).open(&file).unwrap().set_modified(at).unwrap();
+            std::fs::File::options()
+                .write(true)
+                .open(&file)
+                .unwrap()
+                .set_modified(at)
+                .unwrap();
         };
         edit("images:\n  - match: [\"b:*\"]\n    cmd: [sh]\n", 5);
         assert!(watch.current().lookup("b:1").is_ok(), "the edit is seen");

@@ -14,8 +14,8 @@ mod network;
 mod node;
 mod pods;
 mod probes;
+mod process;
 mod provisioner;
-mod sandbox;
 mod volumes;
 mod watch_cache;
 

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{Container, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
 
 /// Which probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -109,12 +110,74 @@ pub struct ProbeTarget {
     pub env: Vec<(String, String)>,
 }
 
+/// What a container's probes tell its worker.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProbeReport {
+    /// One run of a probe failed (an Event says why; the verdict may not have changed yet).
+    Failed { kind: ProbeKind, message: String },
+    /// A probe's verdict changed (or was reached for the first time).
+    Verdict { kind: ProbeKind, healthy: bool },
+}
+
+/// Runs a container instance's probes: the startup probe until it passes, then liveness and
+/// readiness side by side (a container without a readiness probe is ready at once). Everything
+/// they find goes to `report`, until the task is aborted.
+pub fn spawn_probes<R>(container: Container, target: ProbeTarget, report: R) -> JoinHandle<()>
+where
+    R: Fn(ProbeReport) + Clone + Send + Sync + 'static,
+{
+    tokio::spawn(async move {
+        let run = |kind: ProbeKind, probe: Probe, stop_on_success: bool| {
+            let (container, target, report) = (container.clone(), target.clone(), report.clone());
+            async move {
+                let timing = ProbeTiming::of(&probe);
+                let mut tracker = ProbeTracker::new(timing);
+                tokio::time::sleep(timing.initial_delay).await;
+                loop {
+                    let result = run_once(&probe, &container, &target).await;
+                    if let Err(message) = &result {
+                        report(ProbeReport::Failed {
+                            kind,
+                            message: message.clone(),
+                        });
+                    }
+                    if let Some(healthy) = tracker.record(result.is_ok()) {
+                        report(ProbeReport::Verdict { kind, healthy });
+                        if stop_on_success && healthy {
+                            return;
+                        }
+                    }
+                    tokio::time::sleep(timing.period).await;
+                }
+            }
+        };
+        if let Some(p) = container.startup_probe.clone() {
+            run(ProbeKind::Startup, p, true).await;
+        }
+        let readiness = async {
+            match container.readiness_probe.clone() {
+                Some(p) => run(ProbeKind::Readiness, p, false).await,
+                None => report(ProbeReport::Verdict {
+                    kind: ProbeKind::Readiness,
+                    healthy: true,
+                }),
+            }
+        };
+        let liveness = async {
+            if let Some(p) = container.liveness_probe.clone() {
+                run(ProbeKind::Liveness, p, false).await;
+            }
+        };
+        tokio::join!(readiness, liveness);
+    })
+}
+
 /// Runs one probe once. `Ok(())` is success; `Err` carries the failure message.
 pub async fn run_once(probe: &Probe, container: &Container, target: &ProbeTarget) -> Result<(), String> {
     let timeout = ProbeTiming::of(probe).timeout;
     if let Some(exec) = &probe.exec {
         let command = exec.command.clone().unwrap_or_default();
-        return match crate::sandbox::exec_in(target.pid, &command, &target.env, timeout).await {
+        return match crate::process::exec_in(target.pid, &command, &target.env, timeout).await {
             Ok(Some(0)) => Ok(()),
             Ok(Some(code)) => Err(format!("command {command:?} exited with {code}")),
             Ok(None) => Err(format!("command {command:?} timed out after {timeout:?}")),

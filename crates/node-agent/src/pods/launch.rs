@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 
 use crate::env::expand;
 use crate::images::ResolvedProgram;
-use crate::sandbox::BindMount;
+use crate::process::BindMount;
 
 /// A container that cannot be started as specified (CreateContainerConfigError).
 #[derive(Debug, thiserror::Error, PartialEq)]

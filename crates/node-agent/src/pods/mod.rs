@@ -3,7 +3,12 @@
 //! A watch on pods with `spec.nodeName=<node>` feeds one worker task per pod UID. The worker owns
 //! everything about its pod: sandbox (network namespace, volumes), container processes, probes,
 //! restarts, status and deletion. The manager only routes updates and notices pods that vanished.
+//!
+//! Pure parts, tested without a cluster: `decide` (what to start, what follows an exit),
+//! `backoff`, `launch` (a container's process, environment and mounts) and `status`.
 
+mod backoff;
+mod decide;
 mod launch;
 mod status;
 mod worker;
@@ -27,8 +32,6 @@ use tracing::{info, warn};
 use crate::images::ImageMapFileWatch;
 use crate::network::PodNetwork;
 use crate::node::NodeInfo;
-
-pub use worker::kill_recorded_processes;
 
 /// Shared by every pod worker.
 pub struct Agent {
@@ -148,7 +151,7 @@ async fn clean_orphans(agent: &Agent, present: &HashSet<String>) {
                 continue;
             }
             info!(pod_uid = %uid, "cleaning up after a pod that no longer exists");
-            kill_recorded_processes(&dir.path());
+            crate::process::kill_recorded_processes(&dir.path());
             let _ = agent.network.destroy(&agent.network.names(&uid)).await;
             let _ = agent.network.release(&uid);
             let _ = std::fs::remove_dir_all(dir.path());

@@ -1,7 +1,47 @@
 //! Pod status: phase, conditions and container statuses, built from what the worker knows.
 //! Pure functions; the worker applies the result with server-side apply only when it changed.
 
+use std::collections::BTreeMap;
+
 use serde_json::{Value, json};
+
+use super::decide::RestartPolicy;
+
+/// The pod phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodPhase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl PodPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Running => "Running",
+            Self::Succeeded => "Succeeded",
+            Self::Failed => "Failed",
+        }
+    }
+
+    /// The phase a pod status names, if it names one.
+    pub fn parse(phase: Option<&str>) -> Option<Self> {
+        match phase? {
+            "Pending" => Some(Self::Pending),
+            "Running" => Some(Self::Running),
+            "Succeeded" => Some(Self::Succeeded),
+            "Failed" => Some(Self::Failed),
+            _ => None,
+        }
+    }
+
+    /// Succeeded or Failed: nothing runs any more.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed)
+    }
+}
 
 /// What one container is doing now, as far as the pod phase is concerned.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,19 +59,19 @@ pub enum ContainerPhase {
 
 /// The pod phase by the kubelet's rules.
 pub fn pod_phase(
-    restart_policy: &str,
+    restart_policy: RestartPolicy,
     init: &[ContainerPhase],
     init_done: bool,
     main: &[ContainerPhase],
-) -> &'static str {
+) -> PodPhase {
     let init_failed = init
         .iter()
         .any(|c| matches!(c, ContainerPhase::Terminated { exit_code } if *exit_code != 0));
-    if init_failed && restart_policy == "Never" {
-        return "Failed";
+    if init_failed && restart_policy == RestartPolicy::Never {
+        return PodPhase::Failed;
     }
     if !init_done {
-        return "Pending";
+        return PodPhase::Pending;
     }
     let never_started = main.iter().filter(|c| **c == ContainerPhase::NeverStarted).count();
     let running = main.iter().filter(|c| **c == ContainerPhase::Running).count();
@@ -45,18 +85,82 @@ pub fn pod_phase(
         .filter(|c| matches!(c, ContainerPhase::Terminated { exit_code } if *exit_code != 0))
         .count();
     if never_started > 0 {
-        return "Pending";
+        return PodPhase::Pending;
     }
     if running > 0 || restarting > 0 {
-        return "Running";
+        return PodPhase::Running;
     }
     if failed > 0 {
-        return "Failed";
+        return PodPhase::Failed;
     }
     if succeeded == main.len() && !main.is_empty() {
-        return "Succeeded";
+        return PodPhase::Succeeded;
     }
-    "Pending"
+    PodPhase::Pending
+}
+
+/// What the pod conditions are made of.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ConditionFacts {
+    /// The pod's network and volumes exist and it is not finished.
+    pub sandbox_ready: bool,
+    /// Every init container has succeeded.
+    pub initialized: bool,
+    /// The pod has finished (Succeeded or Failed).
+    pub terminal: bool,
+    /// Main containers that are not running and Ready.
+    pub not_ready: Vec<String>,
+    /// Every readiness gate of the spec is True.
+    pub gates_ok: bool,
+}
+
+/// The four pod conditions the kubelet reports, with their reasons; `since` comes from
+/// [`Transitions`].
+pub fn pod_conditions(facts: &ConditionFacts, transitions: &mut Transitions, now: jiff::Timestamp) -> Vec<Condition> {
+    let containers_ready = !facts.terminal && facts.not_ready.is_empty();
+    let mut conditions = vec![
+        transitions.condition("PodReadyToStartContainers", facts.sandbox_ready, now),
+        transitions.condition("Initialized", facts.initialized, now),
+        transitions.condition("ContainersReady", containers_ready, now),
+        transitions.condition("Ready", containers_ready && facts.gates_ok, now),
+    ];
+    for c in conditions.iter_mut().filter(|c| !c.status) {
+        match c.type_ {
+            "ContainersReady" | "Ready" if facts.terminal => c.reason = Some("PodCompleted".into()),
+            "ContainersReady" | "Ready" => {
+                c.reason = Some("ContainersNotReady".into());
+                c.message = Some(format!(
+                    "containers with unready status: [{}]",
+                    facts.not_ready.join(" ")
+                ));
+            }
+            "Initialized" => c.reason = Some("ContainersNotInitialized".into()),
+            _ => {}
+        }
+    }
+    conditions
+}
+
+/// When each condition last changed its status (kept by the worker for its pod).
+#[derive(Debug, Clone, Default)]
+pub struct Transitions {
+    since: BTreeMap<&'static str, (bool, jiff::Timestamp)>,
+}
+
+impl Transitions {
+    fn condition(&mut self, type_: &'static str, status: bool, now: jiff::Timestamp) -> Condition {
+        let entry = self.since.entry(type_).or_insert((status, now));
+        if entry.0 != status {
+            *entry = (status, now);
+        }
+        Condition {
+            type_,
+            status,
+            reason: None,
+            message: None,
+            since: entry.1,
+        }
+    }
 }
 
 /// One pod condition with the time its status last changed.
@@ -105,7 +209,7 @@ pub struct ContainerView {
 /// Everything in a pod's status that the agent owns.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PodView {
-    pub phase: &'static str,
+    pub phase: PodPhase,
     pub host_ip: String,
     pub pod_ip: Option<String>,
     pub start_time: jiff::Timestamp,
@@ -185,7 +289,7 @@ pub fn status_patch(view: &PodView) -> Value {
         })
         .collect();
     let mut status = json!({
-        "phase": view.phase,
+        "phase": view.phase.as_str(),
         "hostIP": view.host_ip,
         "hostIPs": [{ "ip": view.host_ip }],
         "startTime": ts(&view.start_time),
@@ -209,39 +313,84 @@ mod tests {
 
     #[test]
     fn phases() {
-        assert_eq!(pod_phase("Always", &[], false, &[NeverStarted]), "Pending");
-        assert_eq!(pod_phase("Always", &[], true, &[NeverStarted, Running]), "Pending");
-        assert_eq!(pod_phase("Always", &[], true, &[Running, Restarting]), "Running");
-        assert_eq!(
-            pod_phase("Never", &[], true, &[Terminated { exit_code: 0 }]),
-            "Succeeded"
-        );
+        use PodPhase::{Failed, Pending, Succeeded};
+        use RestartPolicy::{Always, Never, OnFailure};
+        assert_eq!(pod_phase(Always, &[], false, &[NeverStarted]), Pending);
+        assert_eq!(pod_phase(Always, &[], true, &[NeverStarted, Running]), Pending);
+        assert_eq!(pod_phase(Always, &[], true, &[Running, Restarting]), PodPhase::Running);
+        assert_eq!(pod_phase(Never, &[], true, &[Terminated { exit_code: 0 }]), Succeeded);
         assert_eq!(
             pod_phase(
-                "Never",
+                Never,
                 &[],
                 true,
                 &[Terminated { exit_code: 0 }, Terminated { exit_code: 2 }]
             ),
-            "Failed"
+            Failed
         );
-        assert_eq!(pod_phase("OnFailure", &[], true, &[Restarting]), "Running");
+        assert_eq!(pod_phase(OnFailure, &[], true, &[Restarting]), PodPhase::Running);
         assert_eq!(
-            pod_phase("Never", &[Terminated { exit_code: 1 }], false, &[NeverStarted]),
-            "Failed"
+            pod_phase(Never, &[Terminated { exit_code: 1 }], false, &[NeverStarted]),
+            Failed
         );
-        assert_eq!(pod_phase("Always", &[Restarting], false, &[NeverStarted]), "Pending");
+        assert_eq!(pod_phase(Always, &[Restarting], false, &[NeverStarted]), Pending);
         assert_eq!(
-            pod_phase("Never", &[], true, &[Running, Terminated { exit_code: 0 }]),
-            "Running"
+            pod_phase(Never, &[], true, &[Running, Terminated { exit_code: 0 }]),
+            PodPhase::Running
         );
+    }
+
+    #[test]
+    fn conditions_say_why_a_pod_is_not_ready_and_keep_their_transition_times() {
+        let t0 = jiff::Timestamp::from_second(100).unwrap();
+        let t1 = jiff::Timestamp::from_second(200).unwrap();
+        let mut transitions = Transitions::default();
+        let starting = ConditionFacts {
+            sandbox_ready: true,
+            initialized: true,
+            not_ready: vec!["web".into()],
+            gates_ok: true,
+            ..Default::default()
+        };
+        let c = pod_conditions(&starting, &mut transitions, t0);
+        let ready = c.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert!(!ready.status);
+        assert_eq!(ready.reason.as_deref(), Some("ContainersNotReady"));
+        assert_eq!(ready.message.as_deref(), Some("containers with unready status: [web]"));
+        let running = ConditionFacts {
+            not_ready: vec![],
+            ..starting.clone()
+        };
+        let c = pod_conditions(&running, &mut transitions, t1);
+        let ready = c.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert!(ready.status && ready.reason.is_none());
+        assert_eq!(ready.since, t1, "Ready flipped");
+        let initialized = c.iter().find(|c| c.type_ == "Initialized").unwrap();
+        assert_eq!(initialized.since, t0, "Initialized did not");
+        let gated = ConditionFacts {
+            gates_ok: false,
+            ..running.clone()
+        };
+        let c = pod_conditions(&gated, &mut transitions, t1);
+        assert!(c.iter().any(|c| c.type_ == "ContainersReady" && c.status));
+        assert!(
+            c.iter().any(|c| c.type_ == "Ready" && !c.status),
+            "a readiness gate holds Ready"
+        );
+        let done = ConditionFacts {
+            terminal: true,
+            ..running
+        };
+        let c = pod_conditions(&done, &mut transitions, t1);
+        let ready = c.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(ready.reason.as_deref(), Some("PodCompleted"));
     }
 
     #[test]
     fn patch_shape() {
         let t = jiff::Timestamp::UNIX_EPOCH;
         let view = PodView {
-            phase: "Running",
+            phase: PodPhase::Running,
             host_ip: "10.244.0.1".into(),
             pod_ip: Some("10.244.0.9".into()),
             start_time: t,

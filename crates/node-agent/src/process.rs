@@ -422,6 +422,50 @@ pub fn signal_group(pid: u32, signal: nix::sys::signal::Signal) -> nix::Result<(
     }
 }
 
+/// Records a container's process (group) in `<pod dir>/pids/<container>`, so that an agent
+/// started later can stop what it left running.
+pub fn record_pid(pod_dir: &Path, container: &str, pid: u32) {
+    let dir = pod_dir.join("pids");
+    let _ = std::fs::create_dir_all(&dir);
+    if let Some(start) = process_start_time(pid) {
+        let _ = std::fs::write(dir.join(container), format!("{pid} {start}"));
+    }
+}
+
+/// The start time of a process in clock ticks since boot (from /proc), which tells a recorded
+/// pid apart from a later process that reused the number.
+fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain spaces: count fields after it.
+    let after = stat.rsplit_once(')')?.1;
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Kills the process groups recorded in a pod folder whose processes still run.
+pub fn kill_recorded_processes(pod_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(pod_dir.join("pids")) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Ok(text) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        let mut parts = text.split_whitespace();
+        let (Some(pid), Some(start)) = (parts.next().and_then(|p| p.parse::<u32>().ok()), parts.next()) else {
+            continue;
+        };
+        // The group may outlive its leader. While any member lives, its number cannot be given
+        // to a new process, so signalling the group is safe unless the number now belongs to a
+        // different process (another start time).
+        let leader_start = process_start_time(pid).map(|s| s.to_string());
+        if leader_start.is_none() || leader_start.as_deref() == Some(start) {
+            tracing::info!(pid, "stopping container processes left by an earlier agent");
+            let _ = signal_group(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        let _ = std::fs::remove_file(entry.path());
+    }
+}
+
 /// Runs a command inside a running container's namespaces (for exec probes), with a timeout.
 /// Returns the exit code, or `None` if it timed out.
 pub async fn exec_in(
