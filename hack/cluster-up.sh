@@ -36,6 +36,10 @@ setup_network() {
   if ! ip link show "$bridge" >/dev/null 2>&1; then
     ip link add "$bridge" type bridge
   fi
+  # A bridge without an address of its own takes the lowest one of its ports, and changes it
+  # when that pod goes: pods would then send to a gateway address nobody answers for (seen as
+  # DNS queries left unanswered right after another pod was deleted).
+  ip link set "$bridge" address "$bridge_mac"
   ip addr replace "$control_plane_ip/${pod_cidr#*/}" dev "$bridge"
   ip link set "$bridge" up
   ip route replace "$service_cidr" dev "$bridge" src "$control_plane_ip"

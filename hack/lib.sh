@@ -15,6 +15,7 @@ kubeconfig="$state/kubeconfig"
 # onto the same bridge, so a packet for either never has a route off this machine. Neither may
 # contain the host's resolver.
 bridge=noops0
+bridge_mac=02:6e:6f:6f:70:73
 pod_cidr=10.244.0.0/16
 control_plane_ip=10.244.0.1
 service_cidr=10.96.0.0/16
@@ -116,7 +117,8 @@ start_node() {
     --cluster-domain "$cluster_domain" --state-dir "$dir/state" --volumes-dir "$dir/volumes"
     --images "$root/cluster/images.yaml" --kubernetes-version "$k8s_version" --api-service "$api_service_ip:443"
     --kubelet-port "$kubelet_port" --tls-cert "$pki/$name-serving.crt" --tls-key "$pki/$name-serving.key"
-    --client-ca "$pki/kubelet-client-ca.crt" --node-lease-seconds "$node_lease_seconds")
+    --client-ca "$pki/kubelet-client-ca.crt" --node-lease-seconds "$node_lease_seconds"
+    --private-path "$cluster" --private-path "$kubeconfig")
   cg=$(node_cgroup "$k")
   if [ -n "$cg" ] && mkdir -p "$cg" 2>/dev/null; then
     # The shell moves itself into the cgroup, then becomes the agent.

@@ -16,6 +16,7 @@ mod pods;
 mod probes;
 mod process;
 mod provisioner;
+mod rootfs;
 mod volumes;
 mod watch_cache;
 
@@ -88,6 +89,10 @@ struct Args {
     /// First back-off before restarting a crashed container (doubles up to 5 minutes).
     #[arg(long, default_value = "10", value_name = "SECONDS")]
     crash_backoff_seconds: u64,
+    /// A path of this machine that containers must not read (the cluster's state, keys and
+    /// kubeconfigs); repeatable. Containers see an empty folder (or file) there.
+    #[arg(long = "private-path", value_name = "PATH")]
+    private_paths: Vec<PathBuf>,
     /// Logs as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
@@ -129,6 +134,15 @@ async fn main() -> anyhow::Result<()> {
         args.cluster_cidr
     );
 
+    process::self_check(&args.state_dir).await.with_context(|| {
+        format!(
+            "containers cannot get a root file system of their own here: it needs overlayfs with {} \
+             on a file system that can hold its upper layer (not overlayfs), and open_tree, \
+             move_mount and mount_setattr (Linux 5.12 or later)",
+            args.state_dir.display()
+        )
+    })?;
+
     let (cpu, memory_bytes) = NodeInfo::detect_capacity();
     let node = NodeInfo {
         name: args.node_name.clone(),
@@ -166,6 +180,7 @@ async fn main() -> anyhow::Result<()> {
         dns_server: args.node_ip,
         api_service,
         crash_backoff: Duration::from_secs(args.crash_backoff_seconds.max(1)),
+        private_paths: args.private_paths.clone(),
     });
 
     let dns = dns::ClusterDns::new(client.clone(), args.cluster_domain.clone());

@@ -771,3 +771,48 @@ async fn each_container_writes_into_a_layer_of_its_own_kept_across_restarts() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn containers_cannot_read_the_cluster_keys_or_reach_this_machine() {
+    let ns = TestNamespace::new("confined").await;
+    let kubeconfig = root().join(".noops/kubeconfig");
+    let pki = root().join(".noops/cluster/pki");
+    assert!(kubeconfig.is_file() && pki.is_dir(), "the keys exist on this machine");
+    let pod = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": "curious" },
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "app",
+                "image": "busybox",
+                "command": ["sh", "-c", "\
+                    echo kubeconfig=$(cat $KUBECONFIG_FILE 2>/dev/null | wc -c); \
+                    echo pki=$(ls $PKI 2>/dev/null | wc -l); \
+                    echo host-root=$(ls /proc/1/root/ 2>/dev/null | wc -l); \
+                    if mount -t tmpfs none /mnt 2>/dev/null; then echo mount=yes; else echo mount=no; fi; \
+                    if mknod /tmp/disk b 254 0 2>/dev/null; then echo mknod=yes; else echo mknod=no; fi"],
+                "env": [
+                    { "name": "KUBECONFIG_FILE", "value": kubeconfig },
+                    { "name": "PKI", "value": pki },
+                ],
+            }],
+        },
+    });
+    ns.apply(&pod.to_string());
+    let pods = ns.pods();
+    wait_until("curious to finish", MINUTE, || async {
+        pods.get_opt("curious")
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|p| p.status.and_then(|s| s.phase).as_deref() == Some("Succeeded"))
+    })
+    .await;
+    let logs = pods.logs("curious", &LogParams::default()).await.unwrap();
+    assert_eq!(
+        logs, "kubeconfig=0\npki=0\nhost-root=0\nmount=no\nmknod=no\n",
+        "the cluster's keys are hidden, and neither other processes' roots, mounts nor devices are in reach"
+    );
+}

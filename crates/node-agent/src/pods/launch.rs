@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 
 use crate::env::expand;
 use crate::images::ResolvedProgram;
-use crate::process::BindMount;
+use crate::rootfs::BindMount;
 
 /// A container that cannot be started as specified (CreateContainerConfigError).
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -90,6 +90,113 @@ pub fn identity(
         groups.retain(|x| *x != g);
     }
     Ok(Identity { uid, gid, groups })
+}
+
+/// Linux capabilities by number (`capability.h`), without the `CAP_` prefix.
+const CAPABILITY_NAMES: [&str; 41] = [
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "DAC_READ_SEARCH",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "SETPCAP",
+    "LINUX_IMMUTABLE",
+    "NET_BIND_SERVICE",
+    "NET_BROADCAST",
+    "NET_ADMIN",
+    "NET_RAW",
+    "IPC_LOCK",
+    "IPC_OWNER",
+    "SYS_MODULE",
+    "SYS_RAWIO",
+    "SYS_CHROOT",
+    "SYS_PTRACE",
+    "SYS_PACCT",
+    "SYS_ADMIN",
+    "SYS_BOOT",
+    "SYS_NICE",
+    "SYS_RESOURCE",
+    "SYS_TIME",
+    "SYS_TTY_CONFIG",
+    "MKNOD",
+    "LEASE",
+    "AUDIT_WRITE",
+    "AUDIT_CONTROL",
+    "SETFCAP",
+    "MAC_OVERRIDE",
+    "MAC_ADMIN",
+    "SYSLOG",
+    "WAKE_ALARM",
+    "BLOCK_SUSPEND",
+    "AUDIT_READ",
+    "PERFMON",
+    "BPF",
+    "CHECKPOINT_RESTORE",
+];
+
+/// What a container runtime grants by default (containerd's and Docker's set), except MKNOD:
+/// without a device cgroup, a device node made in a container would reach this machine's disks.
+const DEFAULT_CAPABILITIES: [&str; 13] = [
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FSETID",
+    "FOWNER",
+    "NET_RAW",
+    "SETGID",
+    "SETUID",
+    "SETFCAP",
+    "SETPCAP",
+    "NET_BIND_SERVICE",
+    "SYS_CHROOT",
+    "KILL",
+    "AUDIT_WRITE",
+];
+
+fn capability_number(name: &str) -> Result<u32, LaunchError> {
+    let bare = name.strip_prefix("CAP_").unwrap_or(name).to_ascii_uppercase();
+    CAPABILITY_NAMES
+        .iter()
+        .position(|n| *n == bare)
+        .map(|i| i as u32)
+        .ok_or_else(|| LaunchError(format!("unknown capability {name:?} in securityContext.capabilities")))
+}
+
+/// The capabilities a container may have: the default set, plus `securityContext.capabilities.
+/// add`, minus `drop` (`ALL` drops every one); `None` (all of them) for a privileged container.
+pub fn capabilities(container: &Container) -> Result<Option<Vec<u32>>, LaunchError> {
+    let sc = container.security_context.as_ref();
+    if sc.and_then(|s| s.privileged) == Some(true) {
+        return Ok(None);
+    }
+    let requested = sc.and_then(|s| s.capabilities.as_ref());
+    let add: Vec<String> = requested.and_then(|c| c.add.clone()).unwrap_or_default();
+    let drop: Vec<String> = requested.and_then(|c| c.drop.clone()).unwrap_or_default();
+    let mut kept: Vec<u32> = vec![];
+    if !drop.iter().any(|d| d.eq_ignore_ascii_case("ALL")) {
+        for name in DEFAULT_CAPABILITIES {
+            kept.push(capability_number(name)?);
+        }
+    }
+    for name in &drop {
+        if !name.eq_ignore_ascii_case("ALL") {
+            let number = capability_number(name)?;
+            kept.retain(|c| *c != number);
+        }
+    }
+    for name in &add {
+        if name.eq_ignore_ascii_case("ALL") {
+            return Ok(None);
+        }
+        let number = capability_number(name)?;
+        if !kept.contains(&number) {
+            kept.push(number);
+        }
+    }
+    kept.sort_unstable();
+    Ok(Some(kept))
 }
 
 /// The bind mounts of one container: its volumeMounts, plus the pod's hosts and resolv.conf.
@@ -390,6 +497,43 @@ mod tests {
             ..Default::default()
         };
         assert!(identity(&plain, &strict, None, &none).is_err());
+    }
+
+    #[test]
+    fn capabilities_start_from_the_runtime_default_without_mknod() {
+        use k8s_openapi::api::core::v1::Capabilities;
+        let number = |n: &str| capability_number(n).unwrap();
+        let default = capabilities(&Container::default()).unwrap().unwrap();
+        assert_eq!(default.len(), DEFAULT_CAPABILITIES.len());
+        assert!(default.contains(&number("NET_BIND_SERVICE")));
+        for absent in ["SYS_ADMIN", "MKNOD", "SYS_PTRACE", "SYS_MODULE", "NET_ADMIN"] {
+            assert!(!default.contains(&number(absent)), "{absent}");
+        }
+        let with = |add: &[&str], drop: &[&str]| Container {
+            security_context: Some(SecurityContext {
+                capabilities: Some(Capabilities {
+                    add: Some(add.iter().map(|s| s.to_string()).collect()),
+                    drop: Some(drop.iter().map(|s| s.to_string()).collect()),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let changed = capabilities(&with(&["NET_ADMIN"], &["CAP_KILL"])).unwrap().unwrap();
+        assert!(changed.contains(&number("NET_ADMIN")) && !changed.contains(&number("KILL")));
+        assert_eq!(
+            capabilities(&with(&["NET_BIND_SERVICE"], &["ALL"])).unwrap().unwrap(),
+            vec![number("NET_BIND_SERVICE")]
+        );
+        assert!(capabilities(&with(&["NOT_A_CAP"], &[])).is_err());
+        let privileged = Container {
+            security_context: Some(SecurityContext {
+                privileged: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(capabilities(&privileged).unwrap(), None);
     }
 
     #[test]

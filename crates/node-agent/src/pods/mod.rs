@@ -48,6 +48,8 @@ pub struct Agent {
     pub api_service: (Ipv4Addr, u16),
     /// First delay before restarting a crashed container; doubles up to five minutes.
     pub crash_backoff: Duration,
+    /// Paths of this machine that containers must not read.
+    pub private_paths: Vec<PathBuf>,
 }
 
 impl Agent {

@@ -232,11 +232,23 @@ impl PodWorker {
             self.event(EventType::Normal, "Killing", &note).await;
             let grace = self.grace_period();
             self.stop_only(false, idx, grace, "definition changed").await;
+            // A new definition is a new container: it starts from a fresh layer.
+            let layer = self.layer_dir(&self.main[idx].spec.name);
+            if let Err(e) = std::fs::remove_dir_all(&layer)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                warn!(pod = %self.pod_name(), error = %e, "failed to remove the old container layer");
+            }
             let slot = &mut self.main[idx];
             slot.backoff.reset();
             slot.waiting = None;
             slot.next_start = Some(Instant::now());
         }
+    }
+
+    /// The folder of a container's own layer of its root file system.
+    fn layer_dir(&self, container: &str) -> PathBuf {
+        self.dir.join("containers").join(container)
     }
 
     /// Starts the containers the decision says are due now.
@@ -310,6 +322,7 @@ impl PodWorker {
             launch::identity(&self.pod, spec, program.user.as_deref(), &lookup_user).map_err(|e| config_error(&e))?;
         let env = launch::environment(&program, sandbox, &identity, &own_env);
         let mounts = launch::mounts(spec, sandbox).map_err(|e| config_error(&e))?;
+        let capabilities = launch::capabilities(spec).map_err(|e| config_error(&e))?;
         let working_dir = spec
             .working_dir
             .clone()
@@ -331,7 +344,9 @@ impl PodWorker {
             netns: (!sandbox.host_network).then(|| self.names.netns_path()),
             hostname: (!sandbox.host_network).then(|| sandbox.hostname.clone()),
             mounts,
-            layer_dir: self.dir.join("containers").join(&spec.name),
+            layer_dir: self.layer_dir(&spec.name),
+            hidden: self.agent.private_paths.clone(),
+            capabilities,
             log_file: log_path(&self.dir, &spec.name, restart),
         };
         let child = process::spawn(&process).map_err(|e| {

@@ -110,11 +110,15 @@ impl PodWorker {
                     return;
                 }
                 Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return,
-                Err(e) => warn!(pod = %self.pod_name(), error = %e, attempt, "failed to delete pod object; retrying"),
+                Err(e) if attempt < DELETE_ATTEMPTS => {
+                    warn!(pod = %self.pod_name(), error = %e, attempt, "failed to delete pod object; retrying")
+                }
+                Err(e) => {
+                    warn!(pod = %self.pod_name(), error = %e, "failed to delete pod object; giving up until the agent restarts");
+                    return;
+                }
             }
             tokio::time::sleep(backoff.next_delay()).await;
         }
     }
-
-    // ---- status ---------------------------------------------------------------------------
 }
