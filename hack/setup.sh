@@ -9,7 +9,7 @@ source "$(dirname "$0")/lib.sh"
 # command → package that provides it.
 declare -A wanted=(
   [ip]=iproute2 [iptables]=iptables [nft]=nftables [conntrack]=conntrack [openssl]=openssl
-  [curl]=curl [nsenter]=util-linux [protoc]=protobuf-compiler [setsid]=util-linux
+  [curl]=curl [sysctl]=procps [nsenter]=util-linux [protoc]=protobuf-compiler [setsid]=util-linux
 )
 missing=()
 for cmd in "${!wanted[@]}"; do

@@ -237,8 +237,12 @@ impl PodNetwork {
         let veth = &names.host_veth;
         let prefix = self.cluster.prefix;
         let gateway = self.gateway;
+        // Addresses are reused as soon as a pod is gone; this machine may still hold the old
+        // pod's hardware address for it, and would send the new pod's packets nowhere until
+        // that entry expires (half a minute or more): it is dropped first.
         let host_side = format!(
-            "netns add {ns}\n\
+            "neigh flush to {ip} dev {bridge}\n\
+             netns add {ns}\n\
              link add {veth} type veth peer name eth0 netns {ns}\n\
              link set {veth} master {bridge}\n\
              link set {veth} type bridge_slave hairpin on\n\
@@ -251,8 +255,14 @@ impl PodNetwork {
              link set eth0 up\n\
              route add default via {gateway} dev eth0\n"
         );
+        // The same goes for other pods that knew the old owner of the address: with
+        // arp_notify, the pod announces its address (gratuitous ARP) as its eth0 comes up.
+        let arp_notify = ["netns", "exec", ns, "sysctl", "-qw", "net.ipv4.conf.eth0.arp_notify=1"];
         let result = match run_ip_batch(&[], &host_side).await {
-            Ok(()) => run_ip_batch(&["-n", ns], &pod_side).await,
+            Ok(()) => match run_ip(&arp_notify).await {
+                Ok(()) => run_ip_batch(&["-n", ns], &pod_side).await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         if result.is_err() {
