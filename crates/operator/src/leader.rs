@@ -1,5 +1,13 @@
 //! Leader election on a coordination.k8s.io Lease, so that of several replicas exactly one
 //! reconciles and another takes over within the lease duration when the leader dies.
+//! [`run_while_leading`] is the one entry point: it runs the controllers while this replica
+//! leads and stops them before the lease is given up.
+//!
+//! Why not the `kube-lease-manager` crate (0.13, which builds against our kube): while the API
+//! server cannot be reached, its leader keeps reporting that it leads, even after its lease has
+//! expired and another replica has taken it, so two replicas would reconcile at once. Here a
+//! leader that cannot renew steps down before its lease can expire; the end-to-end test
+//! `a_leader_cut_off_from_the_api_server_steps_down_before_its_lease_expires` shows it.
 //!
 //! The rules are client-go's: the holder renews the lease three times per lease duration (an
 //! update with the version it last wrote, no read), candidates look every `retry_period`; anyone may take
@@ -16,6 +24,8 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use tokio::sync::watch;
 use tracing::{info, warn};
+
+use crate::core::controller::Shutdown;
 
 /// Timing of the election.
 #[derive(Debug, Clone, Copy)]
@@ -222,6 +232,73 @@ impl Elector {
     }
 }
 
+/// How a leadership ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Asked to stop (SIGTERM): the controllers stopped, then the lease was given up.
+    Stopped,
+    /// The lease was lost (or could not be renewed in time): the controllers stopped.
+    LostLease,
+    /// Asked to stop before ever leading.
+    NeverLed,
+}
+
+/// Campaigns with `elector` (or leads at once without one), runs `work` while leading, and
+/// returns once it has ended. `work` gets a [`Shutdown`] that fires on `stop` or when the lease
+/// is lost, and must return soon after it fires; only then is the lease given up, so no other
+/// replica starts before these controllers have stopped. `on_leading` hears when leadership
+/// starts and ends (for the leader metric).
+pub async fn run_while_leading<W, Fut>(
+    elector: Option<Elector>,
+    mut stop: watch::Receiver<bool>,
+    on_leading: impl Fn(bool),
+    work: W,
+) -> Outcome
+where
+    W: FnOnce(Shutdown) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (leading_tx, mut leading) = watch::channel(elector.is_none());
+    // Flipped once the work has ended: only then may the leader give the lease up.
+    let (release_tx, release_rx) = watch::channel(false);
+    // Without an election this replica leads for good: the sender stays here, unchanged. With
+    // one, the campaign owns it; its end without a word is taken as a lost lease.
+    let (campaign, _always_leading) = match elector {
+        Some(e) => (Some(tokio::spawn(e.run(leading_tx, release_rx))), None),
+        None => (None, Some(leading_tx)),
+    };
+    tokio::select! {
+        led = leading.wait_for(|l| *l) => if led.is_err() {
+            // The campaign ended without ever leading (it cannot, short of a bug).
+            return Outcome::NeverLed;
+        },
+        _ = stop.wait_for(|s| *s) => return Outcome::NeverLed,
+    }
+    on_leading(true);
+    let (halt_tx, halt_rx) = watch::channel(false);
+    let watcher = tokio::spawn(async move {
+        let lost = tokio::select! {
+            _ = leading.wait_for(|l| !*l) => true,
+            _ = stop.wait_for(|s| *s) => false,
+        };
+        let _ = halt_tx.send(true);
+        lost
+    });
+    work(Shutdown::new(halt_rx)).await;
+    on_leading(false);
+    // If the work ended by itself, nothing fired the watcher: end it as a stop.
+    watcher.abort();
+    let lost = watcher.await.unwrap_or(false);
+    if lost {
+        return Outcome::LostLease;
+    }
+    let _ = release_tx.send(true);
+    if let Some(task) = campaign {
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
+    Outcome::Stopped
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,6 +356,24 @@ mod tests {
         assert_eq!(spec.renew_time.unwrap().0, at(105));
         assert_eq!(spec.acquire_time.unwrap().0, at(100));
         assert_eq!(spec.lease_transitions, Some(3));
+    }
+
+    #[tokio::test]
+    async fn without_an_election_the_work_runs_until_stopped() {
+        let (stop_tx, stop) = watch::channel(false);
+        let led = std::sync::Arc::new(std::sync::Mutex::new(vec![]));
+        let record = led.clone();
+        let run = tokio::spawn(run_while_leading(
+            None,
+            stop,
+            move |l| record.lock().unwrap().push(l),
+            |shutdown| async move { shutdown.fired().await },
+        ));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!run.is_finished(), "the work runs while leading");
+        let _ = stop_tx.send(true);
+        assert_eq!(run.await.unwrap(), Outcome::Stopped);
+        assert_eq!(*led.lock().unwrap(), vec![true, false]);
     }
 
     #[test]

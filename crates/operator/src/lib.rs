@@ -7,8 +7,25 @@
 
 pub mod core;
 pub mod leader;
-pub mod maintpage;
 pub mod server;
+
+/// Declares the controller modules and [`CONTROLLERS`], the list `noops run` runs from: each
+/// module exports its [`core::controller::Registration`] as `CONTROLLER`.
+macro_rules! controllers {
+    ($($module:ident),+ $(,)?) => {
+        $(pub mod $module;)+
+        /// Every controller of the operator, in the order they start.
+        pub const CONTROLLERS: &[&core::controller::Registration] = &[$(&$module::CONTROLLER),+];
+    };
+}
+
+// Adding a controller is adding its module here.
+controllers!(maintpage);
+
+/// The controller registered under `name`.
+pub fn controller(name: &str) -> Option<&'static core::controller::Registration> {
+    CONTROLLERS.iter().copied().find(|c| c.name == name)
+}
 
 /// Every CRD as one multi-document YAML text, as committed under `deploy/crds`.
 pub fn crds_yaml() -> Result<String, String> {
@@ -34,5 +51,15 @@ mod tests {
             "{} is out of date: run `make crds` and commit the result",
             path.display()
         );
+    }
+
+    #[test]
+    fn every_controller_has_a_distinct_name() {
+        let mut names: Vec<&str> = super::CONTROLLERS.iter().map(|c| c.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), super::CONTROLLERS.len());
+        assert!(super::controller("maintpage").is_some());
+        assert!(super::controller("nope").is_none());
     }
 }

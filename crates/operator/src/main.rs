@@ -10,9 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use anyhow::Context as _;
+use clap::builder::{PossibleValue, PossibleValuesParser};
 use clap::{Parser, Subcommand, ValueEnum};
+use noops::core::controller::Runtime;
 use noops::core::metrics::Metrics;
-use noops::leader::{Elector, Timing};
+use noops::leader::{Elector, Outcome, Timing};
 use noops::server::{Health, serve};
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -32,9 +34,13 @@ enum Command {
     Crds,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum ControllerName {
-    Maintpage,
+/// The controllers `--controllers` accepts: every registered one.
+fn controller_names() -> PossibleValuesParser {
+    PossibleValuesParser::new(
+        noops::CONTROLLERS
+            .iter()
+            .map(|c| PossibleValue::new(c.name).help(c.about)),
+    )
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -46,8 +52,8 @@ enum LogFormat {
 #[derive(Debug, clap::Args)]
 struct RunArgs {
     /// Controllers to run (comma separated); all by default.
-    #[arg(long, value_delimiter = ',', env = "NOOPS_CONTROLLERS")]
-    controllers: Vec<ControllerName>,
+    #[arg(long, value_delimiter = ',', env = "NOOPS_CONTROLLERS", value_parser = controller_names())]
+    controllers: Vec<String>,
     /// Namespaces to watch (comma separated); all namespaces by default.
     #[arg(long, value_delimiter = ',', env = "NOOPS_NAMESPACES")]
     namespaces: Vec<String>,
@@ -111,12 +117,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .apiserver_version()
         .await
         .context("cannot reach the API server")?;
-    let controllers = if args.controllers.is_empty() {
-        vec![ControllerName::Maintpage]
-    } else {
-        args.controllers.clone()
-    };
-    info!(server = %version.git_version, ?controllers, namespaces = ?args.namespaces, "noops operator starting");
+    let controllers: Vec<_> = noops::CONTROLLERS
+        .iter()
+        .copied()
+        .filter(|c| args.controllers.is_empty() || args.controllers.iter().any(|n| n == c.name))
+        .collect();
+    let names: Vec<&str> = controllers.iter().map(|c| c.name).collect();
+    info!(server = %version.git_version, controllers = ?names, namespaces = ?args.namespaces, "noops operator starting");
 
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health {
@@ -125,8 +132,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     });
     let server = tokio::spawn(serve(args.http_addr, health.clone()));
 
-    // `stop` flips on SIGTERM or Ctrl-C; `halt` flips when controllers must end (stop, or the
-    // lease is lost).
+    // `stop` flips on SIGTERM or Ctrl-C.
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -143,11 +149,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let _ = stop_tx.send(true);
     });
 
-    let (leading_tx, mut leading) = watch::channel(!args.leader_elect);
-    // Flipped once the controllers have stopped: only then may the leader give the lease up.
-    let (release_tx, release_rx) = watch::channel(false);
-    let mut elector_task = None;
-    if args.leader_elect {
+    let elector = args.leader_elect.then(|| {
         let namespace = args
             .leader_election_namespace
             .clone()
@@ -159,66 +161,39 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         };
         let elector = Elector::new(client.clone(), &namespace, &args.lease_name, identity(), timing);
         info!(lease = %format!("{namespace}/{}", args.lease_name), identity = %elector.identity(), "campaigning for leadership");
-        elector_task = Some(tokio::spawn(elector.run(leading_tx, release_rx)));
-    }
+        elector
+    });
     health.ready.store(true, Ordering::Relaxed);
 
-    let mut stop = stop_rx.clone();
-    loop {
-        if *leading.borrow_and_update() {
-            break;
-        }
-        tokio::select! {
-            changed = leading.changed() => if changed.is_err() { anyhow::bail!("leader election ended") },
-            _ = stop.changed() => return Ok(()),
-        }
-    }
-    metrics.set_leader(true);
-
-    let (halt_tx, halt_rx) = watch::channel(false);
-    let lost = {
-        let mut leading = leading.clone();
-        let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
-            let lost = tokio::select! {
-                _ = leading.wait_for(|l| !*l) => true,
-                _ = stop.changed() => false,
-            };
-            let _ = halt_tx.send(true);
-            lost
-        })
-    };
     let namespaces: Vec<Option<String>> = if args.namespaces.is_empty() {
         vec![None]
     } else {
         args.namespaces.iter().cloned().map(Some).collect()
     };
-    let mut tasks = vec![];
-    for controller in &controllers {
-        for namespace in &namespaces {
-            let mut halt = halt_rx.clone();
-            let shutdown = async move {
-                let _ = halt.wait_for(|h| *h).await;
-            };
-            tasks.push(match controller {
-                ControllerName::Maintpage => tokio::spawn(noops::maintpage::run(
-                    client.clone(),
-                    namespace.clone(),
-                    metrics.clone(),
-                    shutdown,
-                )),
-            });
-        }
-    }
-    futures::future::join_all(tasks).await;
-    metrics.set_leader(false);
+    let leader_metric = metrics.clone();
+    let outcome = noops::leader::run_while_leading(
+        elector,
+        stop_rx,
+        move |leading| leader_metric.set_leader(leading),
+        |shutdown| async move {
+            let mut tasks = vec![];
+            for controller in &controllers {
+                for namespace in &namespaces {
+                    tasks.push(tokio::spawn((controller.run)(Runtime {
+                        client: client.clone(),
+                        namespace: namespace.clone(),
+                        metrics: metrics.clone(),
+                        shutdown: shutdown.clone(),
+                    })));
+                }
+            }
+            futures::future::join_all(tasks).await;
+        },
+    )
+    .await;
     server.abort();
-    if lost.await.unwrap_or(false) {
+    if outcome == Outcome::LostLease {
         anyhow::bail!("lost leadership; exiting so that a fresh start campaigns again");
-    }
-    let _ = release_tx.send(true);
-    if let Some(task) = elector_task {
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), task).await;
     }
     info!("noops operator stopped");
     Ok(())

@@ -218,6 +218,11 @@ impl Operator {
     /// Starts the operator watching only `namespace`, with its leader Lease there too.
     /// `extra` is appended to `noops run`.
     pub fn start(namespace: &str, extra: &[&str]) -> Self {
+        Self::start_with_kubeconfig(namespace, extra, &kubeconfig())
+    }
+
+    /// Like [`Operator::start`], reaching the API server through `kubeconfig`.
+    pub fn start_with_kubeconfig(namespace: &str, extra: &[&str], kubeconfig: &Path) -> Self {
         let binary = root().join("target/debug/noops");
         assert!(binary.exists(), "{} is missing: run `make setup`", binary.display());
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -239,7 +244,7 @@ impl Operator {
                 &http,
             ])
             .args(extra)
-            .env("KUBECONFIG", kubeconfig())
+            .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,kube_runtime=warn")
             .stdout(out.try_clone().unwrap())
             .stderr(out)

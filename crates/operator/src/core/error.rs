@@ -1,5 +1,35 @@
 //! The errors a reconcile can end with, each classified into a reason that shows up the same way
-//! in conditions, Events and metric labels.
+//! in conditions, Events and metric labels, and, when it happened in one of the stages of a
+//! reconcile, the stage it happened in.
+
+use std::fmt;
+
+/// The stages of a reconcile, in order (the module doc of each controller states its pipeline).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Reading the resource's children and the state of what it runs.
+    Observe,
+    /// Checking that the spec can be carried out against what was observed.
+    Validate,
+    /// Applying the desired children.
+    Apply,
+    /// Writing the resource's status.
+    Status,
+    /// Removing what the resource no longer asks for, or what it leaves behind.
+    Cleanup,
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Step::Observe => "reading the cluster",
+            Step::Validate => "checking the spec",
+            Step::Apply => "applying the desired objects",
+            Step::Status => "writing the status",
+            Step::Cleanup => "cleaning up",
+        })
+    }
+}
 
 /// Why a reconcile failed.
 #[derive(Debug, thiserror::Error)]
@@ -19,11 +49,19 @@ pub enum Error {
     },
     /// The object could not be read as its kind (it breaks the current schema).
     #[error("object cannot be read as {kind}: {message}")]
-    Malformed { kind: &'static str, message: String },
+    Malformed { kind: String, message: String },
+    /// An error in one stage of a reconcile.
+    #[error("while {step}: {source}")]
+    During {
+        step: Step,
+        #[source]
+        source: Box<Error>,
+    },
 }
 
 impl Error {
-    /// A CamelCase reason for conditions, Events and the `reason` label of error metrics.
+    /// A CamelCase reason for conditions, Events and the `reason` label of error metrics (the
+    /// stage does not change it: it stays a short, bounded label).
     pub fn reason(&self) -> &'static str {
         match self {
             Error::Kube(kube::Error::Api(e)) if e.code == 409 => "Conflict",
@@ -33,12 +71,43 @@ impl Error {
             Error::InvalidSpec(_) => "InvalidSpec",
             Error::NameConflict { .. } => "NameConflict",
             Error::Malformed { .. } => "Malformed",
+            Error::During { source, .. } => source.reason(),
         }
     }
 
     /// Whether retrying can help without a change to the spec or the cluster.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::Kube(_))
+        match self {
+            Error::Kube(_) => true,
+            Error::During { source, .. } => source.is_transient(),
+            _ => false,
+        }
+    }
+
+    /// The stage of the reconcile it happened in, if known.
+    pub fn step(&self) -> Option<Step> {
+        match self {
+            Error::During { step, .. } => Some(*step),
+            _ => None,
+        }
+    }
+}
+
+/// Says which stage of a reconcile a failure happened in.
+pub trait DuringStep<T> {
+    /// Tags the error with `step` (an error already tagged keeps its first stage).
+    fn during(self, step: Step) -> Result<T>;
+}
+
+impl<T, E: Into<Error>> DuringStep<T> for std::result::Result<T, E> {
+    fn during(self, step: Step) -> Result<T> {
+        self.map_err(|e| match e.into() {
+            tagged @ Error::During { .. } => tagged,
+            source => Error::During {
+                step,
+                source: Box::new(source),
+            },
+        })
     }
 }
 
@@ -60,5 +129,22 @@ mod tests {
         assert!(conflict.to_string().contains("Deployment \"shop\" already exists"));
         assert!(!conflict.is_transient());
         assert_eq!(Error::InvalidSpec("x".into()).reason(), "InvalidSpec");
+    }
+
+    #[test]
+    fn an_error_says_its_step_and_keeps_its_reason() {
+        let failed: Result<()> = Err(Error::InvalidSpec("replicas must be odd".into()));
+        let tagged = failed.during(Step::Validate).unwrap_err();
+        assert_eq!(tagged.step(), Some(Step::Validate));
+        assert_eq!(tagged.reason(), "InvalidSpec", "the reason stays a short label");
+        assert_eq!(tagged.to_string(), "while checking the spec: replicas must be odd");
+        let retagged = Err::<(), _>(tagged).during(Step::Status).unwrap_err();
+        assert_eq!(retagged.step(), Some(Step::Validate), "the first stage stays");
+        let api = kube::Error::Api(Box::new(kube::core::Status {
+            code: 409,
+            ..Default::default()
+        }));
+        let tagged = Err::<(), _>(api).during(Step::Apply).unwrap_err();
+        assert_eq!((tagged.reason(), tagged.is_transient()), ("Conflict", true));
     }
 }

@@ -1,12 +1,20 @@
-//! What every controller shares: conditions, Events, server-side apply, per-object back-off,
-//! error classification and metrics.
+//! What every controller shares: registration and the reconcile wrapper (`controller`),
+//! conditions, Events, server-side apply and the desired-state stamp, labels, rollout checks,
+//! pruning of children no longer wanted, per-object back-off, error classification and metrics.
 
 pub mod apply;
 pub mod backoff;
 pub mod cache;
 pub mod conditions;
+pub mod controller;
 pub mod error;
 pub mod events;
+#[cfg(test)]
+pub mod fixtures;
+pub mod labels;
 pub mod metrics;
+pub mod prune;
+pub mod rollout;
+pub mod stamp;
 
-pub use error::{Error, Result};
+pub use error::{DuringStep, Error, Result, Step};

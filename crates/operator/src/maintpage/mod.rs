@@ -1,125 +1,86 @@
 //! The MaintPage controller.
 //!
 //! Watches MaintPages and the Deployments and Services they own (so hand edits are seen and
-//! reverted at once), and reconciles each MaintPage in stages: read the live children →
-//! validate that they are ours → plan the switch and build the desired children (pure) → apply
-//! them with server-side apply → write the status if it changed. All progress of a switch is in
-//! the status, so a restarted operator carries on where the last one stopped.
+//! reverted at once), and reconciles each MaintPage in one pass (`reconcile.rs`), a file per
+//! stage:
+//! 1. `observe.rs`: the live children (from watch caches) and the facts the plan needs;
+//! 2. `validate.rs`: refuse to take over objects that are not ours;
+//! 3. `switch.rs`: plan the switch (pure; all its progress is in the status, so a restarted
+//!    operator carries on where the last one stopped);
+//! 4. `desired.rs`: build the desired children (pure, stamped);
+//! 5. `apply.rs`: apply them with server-side apply, and tell hand edits from spec changes;
+//! 6. `status.rs`: the status (pure), written only if it changed.
 
-pub mod desired;
+mod apply;
+mod desired;
+#[cfg(test)]
+mod fixtures;
+mod observe;
 mod reconcile;
-pub mod status;
-pub mod switch;
+mod status;
+mod switch;
+mod validate;
 
-use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use k8s_openapi::api::core::v1::Service;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
-use kube::{Api, Client, Resource};
+use kube::{Api, Client};
 use noops_api::MaintPage;
 use tracing::{debug, warn};
 
-use crate::core::backoff::Backoff;
 use crate::core::cache::shared_cache;
-use crate::core::events::Events;
-use crate::core::metrics::Metrics;
-use crate::core::{Error, Result};
+use crate::core::controller::{ControllerCore, Registration, Runtime};
+use crate::core::{Error, Result, labels};
 
-/// The controller's name in metrics, logs and Events.
-pub const CONTROLLER: &str = "maintpage";
+/// The controller's registration (`noops run --controllers maintpage`).
+pub const CONTROLLER: Registration = Registration {
+    name: "maintpage",
+    about: "MaintPage: an app behind a Service that switches to a maintenance page and back",
+    run: start,
+};
 
 /// At most this many MaintPages are reconciled at once.
 const MAX_CONCURRENT_RECONCILES: u16 = 16;
 
 /// What every reconcile of this controller shares.
 pub struct Context {
+    pub core: ControllerCore,
     pub client: Client,
-    pub events: Events,
-    pub metrics: Arc<Metrics>,
-    pub backoff: Backoff,
     /// The Deployments and Services the operator manages, kept by watches: reconciles read
     /// children from here, not from the API server.
     pub deployments: Store<Deployment>,
     pub services: Store<Service>,
 }
 
-fn key(obj: &DeserializeGuard<MaintPage>) -> String {
-    let meta = match &obj.0 {
-        Ok(mp) => &mp.metadata,
-        Err(invalid) => &invalid.metadata,
-    };
-    format!(
-        "{}/{}",
-        meta.namespace.as_deref().unwrap_or(""),
-        meta.name.as_deref().unwrap_or("")
-    )
-}
-
-/// Wraps the reconcile with metrics, back-off bookkeeping, and the handling of objects that do
-/// not deserialize (they get a Warning Event; the watch goes on for everyone else).
 async fn reconcile(obj: Arc<DeserializeGuard<MaintPage>>, ctx: Arc<Context>) -> Result<Action> {
-    let started = Instant::now();
-    let mp = match &obj.0 {
-        Ok(mp) => Arc::new(mp.clone()),
-        Err(invalid) => {
-            let error = Error::Malformed {
-                kind: "MaintPage",
-                message: invalid.error.clone(),
-            };
-            warn!(object = %key(&obj), %error, "skipping a MaintPage that cannot be read");
-            let reference = ObjectReference {
-                api_version: Some(MaintPage::api_version(&()).into()),
-                kind: Some("MaintPage".into()),
-                name: invalid.metadata.name.clone(),
-                namespace: invalid.metadata.namespace.clone(),
-                uid: invalid.metadata.uid.clone(),
-                ..Default::default()
-            };
-            ctx.events.warning(&reference, error.reason(), error.to_string()).await;
-            ctx.metrics.failed(CONTROLLER, error.reason(), started.elapsed());
-            return Ok(Action::await_change());
-        }
-    };
-    let result = reconcile::reconcile(mp, &ctx).await;
-    match &result {
-        Ok(_) => {
-            ctx.metrics.succeeded(CONTROLLER, started.elapsed());
-            ctx.backoff.succeeded(&key(&obj));
-        }
-        Err(e) => ctx.metrics.failed(CONTROLLER, e.reason(), started.elapsed()),
-    }
-    result
+    ctx.core
+        .reconcile(&obj, |mp| reconcile::reconcile(mp, &ctx))
+        .await
 }
 
-/// Requeues a failed object after a back-off that grows with its consecutive failures.
 fn error_policy(obj: Arc<DeserializeGuard<MaintPage>>, error: &Error, ctx: Arc<Context>) -> Action {
-    let delay = ctx.backoff.failed(&key(&obj));
-    warn!(object = %key(&obj), reason = error.reason(), %error, retry_in = ?delay, "reconcile failed");
-    if error.is_transient()
-        && let Ok(mp) = &obj.0
-    {
-        let reference = mp.object_ref(&());
-        let events = ctx.events.clone();
-        let (reason, note) = (error.reason(), format!("{error}; retrying in {}s", delay.as_secs()));
-        tokio::spawn(async move { events.warning(&reference, reason, note).await });
-    }
-    Action::requeue(delay)
+    ctx.core.error_policy(&obj, error)
 }
 
-/// Runs the controller for `namespace` (all namespaces if `None`) until `shutdown` completes.
-pub async fn run(
-    client: Client,
-    namespace: Option<String>,
-    metrics: Arc<Metrics>,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) {
+fn start(runtime: Runtime) -> BoxFuture<'static, ()> {
+    Box::pin(run(runtime))
+}
+
+/// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
+pub async fn run(runtime: Runtime) {
+    let Runtime {
+        client,
+        namespace,
+        metrics,
+        shutdown,
+    } = runtime;
     let (maintpages, deployments, services) = match &namespace {
         Some(ns) => (
             Api::<DeserializeGuard<MaintPage>>::namespaced(client.clone(), ns),
@@ -132,7 +93,7 @@ pub async fn run(
             Api::all(client.clone()),
         ),
     };
-    let ours = watcher::Config::default().labels(&format!("{}={}", desired::MANAGED_BY_LABEL, desired::MANAGED_BY));
+    let ours = watcher::Config::default().labels(&labels::managed_by_noops());
     let (deployment_store, deployment_changes) = shared_cache(deployments, ours.clone()).await;
     let (service_store, service_changes) = shared_cache(services, ours).await;
     let (Some(deployment_changes), Some(service_changes)) = (deployment_changes, service_changes) else {
@@ -140,10 +101,8 @@ pub async fn run(
         return;
     };
     let ctx = Arc::new(Context {
-        events: Events::new(client.clone(), "noops-maintpage"),
+        core: ControllerCore::new(CONTROLLER.name, client.clone(), metrics),
         client,
-        metrics,
-        backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(300)),
         deployments: deployment_store,
         services: service_store,
     });
@@ -154,7 +113,7 @@ pub async fn run(
         // A child change wakes its MaintPage only after the cache holds it.
         .owns_shared_stream(deployment_changes)
         .owns_shared_stream(service_changes)
-        .graceful_shutdown_on(shutdown)
+        .graceful_shutdown_on(shutdown.fired())
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             match result {

@@ -5,28 +5,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use noops_api::condition::{DEGRADED, PROGRESSING, READY};
 use noops_api::maintpage::{MaintPage, MaintPageStatus, Side};
 
-use super::desired::{ready_replicas, rolled_out};
 use super::switch::Plan;
 use crate::core::conditions::{Decided, merge};
+use crate::core::rollout::{deployment_ready_replicas as ready_replicas, deployment_rolled_out as rolled_out, deployment_stalled as stalled};
 
 fn side_name(side: Side) -> &'static str {
     match side {
         Side::App => "the app",
         Side::Maintenance => "the maintenance page",
     }
-}
-
-/// A Deployment whose rollout has stalled, with the reason Kubernetes gives.
-fn stalled(deployment: Option<&Deployment>) -> Option<String> {
-    let conditions = deployment?.status.as_ref()?.conditions.as_ref()?;
-    conditions
-        .iter()
-        .find(|c| c.type_ == "Progressing" && c.status == "False")
-        .map(|c| {
-            c.message
-                .clone()
-                .unwrap_or_else(|| c.reason.clone().unwrap_or_default())
-        })
 }
 
 /// Builds the status after a reconcile that carried out `plan`; `app` and `maintenance` are the
@@ -178,68 +165,26 @@ pub fn blocked(mp: &MaintPage, reason: &'static str, message: &str, now: jiff::T
 mod tests {
     use super::*;
     use crate::core::conditions::is_true;
-    use crate::maintpage::switch::Plan;
-    use k8s_openapi::api::apps::v1::{DeploymentSpec, DeploymentStatus};
-    use noops_api::maintpage::{AppSpec, MaintPageSpec, MaintenanceSpec, ServiceSpec};
+    use crate::core::fixtures::deployment;
+    use crate::maintpage::fixtures::{self, plan};
 
     fn mp(enabled: bool) -> MaintPage {
-        let mut mp = MaintPage::new(
-            "shop",
-            MaintPageSpec {
-                app: AppSpec {
-                    name: "shop".into(),
-                    image: "a".into(),
-                    args: None,
-                    port: 80,
-                    replicas: 1,
-                },
-                maintenance: MaintenanceSpec {
-                    image: "m".into(),
-                    args: None,
-                    port: 80,
-                    replicas: 1,
-                    enabled,
-                },
-                service: ServiceSpec::default(),
-            },
-        );
-        mp.metadata.generation = Some(4);
-        mp
+        fixtures::maintpage().enabled(enabled).app_replicas(1).generation(4).build()
     }
 
-    fn ready_deployment() -> Deployment {
-        Deployment {
-            spec: Some(DeploymentSpec {
-                replicas: Some(1),
-                ..Default::default()
-            }),
-            status: Some(DeploymentStatus {
-                updated_replicas: Some(1),
-                ready_replicas: Some(1),
-                available_replicas: Some(1),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
-
-    fn plan(publish: Side, waiting_for: Option<Side>) -> Plan {
+    fn waiting_for(publish: Side, side: Side) -> Plan {
         Plan {
-            publish,
-            switched: false,
-            switched_at: None,
-            waiting_for,
-            maintenance_replicas: 1,
-            requeue_after: None,
+            waiting_for: Some(side),
+            ..plan(publish, 1)
         }
     }
 
     #[test]
     fn published_and_ready() {
-        let d = ready_deployment();
+        let d = deployment("shop").ready(1).build();
         let s = build(
             &mp(false),
-            &plan(Side::App, None),
+            &plan(Side::App, 1),
             Some(&d),
             None,
             jiff::Timestamp::UNIX_EPOCH,
@@ -253,10 +198,10 @@ mod tests {
 
     #[test]
     fn switching_is_not_ready_and_says_what_it_waits_for() {
-        let d = ready_deployment();
+        let d = deployment("shop").ready(1).build();
         let s = build(
             &mp(true),
-            &plan(Side::App, Some(Side::Maintenance)),
+            &waiting_for(Side::App, Side::Maintenance),
             Some(&d),
             None,
             jiff::Timestamp::UNIX_EPOCH,
@@ -269,6 +214,15 @@ mod tests {
             ready.message
         );
         assert!(is_true(&s.conditions, PROGRESSING));
+    }
+
+    #[test]
+    fn a_stalled_rollout_is_degraded() {
+        let app = deployment("shop").stalled("ReplicaSet has timed out progressing").build();
+        let s = build(&mp(false), &plan(Side::App, 0), Some(&app), None, jiff::Timestamp::UNIX_EPOCH);
+        let degraded = s.conditions.iter().find(|c| c.type_ == DEGRADED).unwrap();
+        assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", "RolloutStalled"));
+        assert!(degraded.message.contains("timed out"), "{}", degraded.message);
     }
 
     #[test]

@@ -14,15 +14,17 @@ use noops_api::maintpage::{MaintPageSpec, Side};
 /// How long the maintenance pods keep running after the Service has moved back to the app.
 pub const DRAIN: Duration = Duration::from_secs(5);
 
-/// What the controller knows when it plans.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Observed {
+/// What the controller knows when it plans (from `observe.rs`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Facts {
     /// The side the Service sends traffic to (status, else the live selector).
     pub published: Option<Side>,
     /// When the Service last switched.
     pub switched_at: Option<jiff::Timestamp>,
     pub app_ready: bool,
     pub maintenance_ready: bool,
+    /// An earlier reconcile of this same spec already held the switch back (and said so).
+    pub already_waiting: bool,
 }
 
 /// The decision of one reconcile.
@@ -36,6 +38,8 @@ pub struct Plan {
     pub switched_at: Option<jiff::Timestamp>,
     /// The side the Service is waiting to move to, until its pods are Ready.
     pub waiting_for: Option<Side>,
+    /// Whether this reconcile is the first to hold the switch back (it says so in an Event).
+    pub started_waiting: bool,
     /// Replicas of the maintenance Deployment.
     pub maintenance_replicas: i32,
     /// Come back after this long even if nothing changes (end of the drain).
@@ -43,7 +47,7 @@ pub struct Plan {
 }
 
 /// Plans the next step.
-pub fn plan(spec: &MaintPageSpec, observed: &Observed, now: jiff::Timestamp) -> Plan {
+pub fn plan(spec: &MaintPageSpec, observed: &Facts, now: jiff::Timestamp) -> Plan {
     let desired = spec.desired_side();
     // A new resource publishes what it asks for straight away: nothing is being served yet.
     let current = observed.published.unwrap_or(desired);
@@ -73,6 +77,7 @@ pub fn plan(spec: &MaintPageSpec, observed: &Observed, now: jiff::Timestamp) -> 
         switched,
         switched_at,
         waiting_for,
+        started_waiting: waiting_for.is_some() && !observed.already_waiting,
         maintenance_replicas,
         requeue_after,
     }
@@ -81,38 +86,22 @@ pub fn plan(spec: &MaintPageSpec, observed: &Observed, now: jiff::Timestamp) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use noops_api::maintpage::{AppSpec, MaintenanceSpec, ServiceSpec};
+    use crate::maintpage::fixtures;
 
     fn spec(enabled: bool) -> MaintPageSpec {
-        MaintPageSpec {
-            app: AppSpec {
-                name: "shop".into(),
-                image: "app".into(),
-                args: None,
-                port: 8080,
-                replicas: 2,
-            },
-            maintenance: MaintenanceSpec {
-                image: "m".into(),
-                args: None,
-                port: 8080,
-                replicas: 1,
-                enabled,
-            },
-            service: ServiceSpec::default(),
-        }
+        fixtures::maintpage().enabled(enabled).build().spec
     }
 
     fn at(s: i64) -> jiff::Timestamp {
         jiff::Timestamp::from_second(s).unwrap()
     }
 
-    fn observed(published: Option<Side>, app_ready: bool, maintenance_ready: bool) -> Observed {
-        Observed {
+    fn observed(published: Option<Side>, app_ready: bool, maintenance_ready: bool) -> Facts {
+        Facts {
             published,
-            switched_at: None,
             app_ready,
             maintenance_ready,
+            ..Default::default()
         }
     }
 
@@ -132,6 +121,12 @@ mod tests {
         );
         assert_eq!(waiting.waiting_for, Some(Side::Maintenance));
         assert_eq!(waiting.maintenance_replicas, 1, "start the maintenance pods");
+        assert!(waiting.started_waiting, "the first reconcile that waits says so");
+        let still = Facts {
+            already_waiting: true,
+            ..observed(Some(Side::App), true, false)
+        };
+        assert!(!plan(&spec(true), &still, at(1)).started_waiting, "and only the first");
         let ready = plan(&spec(true), &observed(Some(Side::App), true, true), at(10));
         assert_eq!(
             (ready.publish, ready.switched, ready.switched_at),
@@ -151,7 +146,7 @@ mod tests {
         assert_eq!((switched.publish, switched.switched), (Side::App, true));
         assert_eq!(switched.maintenance_replicas, 1, "still draining");
         assert_eq!(switched.requeue_after, Some(DRAIN));
-        let later = Observed {
+        let later = Facts {
             switched_at: Some(at(100)),
             ..observed(Some(Side::App), true, true)
         };

@@ -1,0 +1,191 @@
+//! What every controller of the operator is and shares.
+//!
+//! - [`Registration`]: a controller's name and how to run it. Each controller module exports
+//!   one as `CONTROLLER`, and `lib.rs` lists the modules once (`controllers!`): that list is
+//!   what `noops run --controllers` accepts and runs.
+//! - [`Runtime`]: what `noops run` gives a controller (client, namespace, metrics, shutdown).
+//! - [`ControllerCore`]: the wrapper around each reconcile: a tracing span naming the controller
+//!   and the object (so log lines need not repeat them), metrics, a growing back-off per object,
+//!   a Warning Event for failures, and objects that cannot be read (one malformed object gets
+//!   an Event; the watch goes on for everyone else).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::Action;
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tracing::{Instrument, warn};
+
+use super::backoff::Backoff;
+use super::events::Events;
+use super::metrics::Metrics;
+use super::{Error, Result};
+
+/// One controller of the operator.
+pub struct Registration {
+    /// Its name in `--controllers`, metric labels, log spans and Events (`noops-<name>`).
+    pub name: &'static str,
+    /// What it manages, for `noops run --help`.
+    pub about: &'static str,
+    /// Runs it until its shutdown fires.
+    pub run: fn(Runtime) -> BoxFuture<'static, ()>,
+}
+
+/// What a running controller gets.
+#[derive(Clone)]
+pub struct Runtime {
+    pub client: Client,
+    /// The namespace to watch; all namespaces if `None`.
+    pub namespace: Option<String>,
+    pub metrics: Arc<Metrics>,
+    pub shutdown: Shutdown,
+}
+
+/// Fires when the controllers must stop (SIGTERM, or this replica lost its leader lease).
+#[derive(Clone)]
+pub struct Shutdown(watch::Receiver<bool>);
+
+impl Shutdown {
+    /// A shutdown that fires once `halt` is true.
+    pub fn new(halt: watch::Receiver<bool>) -> Self {
+        Self(halt)
+    }
+
+    /// Completes when the shutdown fires (or its sender is gone).
+    pub async fn fired(mut self) {
+        let _ = self.0.wait_for(|halt| *halt).await;
+    }
+}
+
+/// The `namespace/name` of an object, read or not.
+fn key<K>(obj: &DeserializeGuard<K>) -> String
+where
+    K: Resource,
+{
+    let meta = match &obj.0 {
+        Ok(o) => o.meta(),
+        Err(invalid) => &invalid.metadata,
+    };
+    format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or(""),
+        meta.name.as_deref().unwrap_or("")
+    )
+}
+
+/// What every reconcile of one controller shares.
+pub struct ControllerCore {
+    pub name: &'static str,
+    pub events: Events,
+    pub metrics: Arc<Metrics>,
+    backoff: Backoff,
+}
+
+impl ControllerCore {
+    pub fn new(name: &'static str, client: Client, metrics: Arc<Metrics>) -> Self {
+        Self {
+            name,
+            events: Events::new(client, &format!("noops-{name}")),
+            metrics,
+            backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(300)),
+        }
+    }
+
+    /// Runs one reconcile of `obj` with `reconcile`, inside a span naming the controller and the
+    /// object, counting it in the metrics and resetting the object's back-off on success. An
+    /// object that cannot be read as `K` gets a Warning Event and waits for its next change.
+    pub async fn reconcile<K, F, Fut>(&self, obj: &DeserializeGuard<K>, reconcile: F) -> Result<Action>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned,
+        F: FnOnce(Arc<K>) -> Fut,
+        Fut: Future<Output = Result<Action>>,
+    {
+        let started = Instant::now();
+        let key = key(obj);
+        let span = tracing::info_span!("reconcile", controller = self.name, object = %key);
+        let object = match &obj.0 {
+            Ok(o) => Arc::new(o.clone()),
+            Err(invalid) => {
+                let kind = K::kind(&()).to_string();
+                let error = Error::Malformed {
+                    kind: kind.clone(),
+                    message: invalid.error.clone(),
+                };
+                let _entered = span.enter();
+                warn!(%error, "skipping an object that cannot be read");
+                let reference = ObjectReference {
+                    api_version: Some(K::api_version(&()).into()),
+                    kind: Some(kind),
+                    name: invalid.metadata.name.clone(),
+                    namespace: invalid.metadata.namespace.clone(),
+                    uid: invalid.metadata.uid.clone(),
+                    ..Default::default()
+                };
+                self.events.warning(&reference, error.reason(), error.to_string()).await;
+                self.metrics.failed(self.name, error.reason(), started.elapsed());
+                return Ok(Action::await_change());
+            }
+        };
+        let result = reconcile(object).instrument(span).await;
+        match &result {
+            Ok(_) => {
+                self.metrics.succeeded(self.name, started.elapsed());
+                self.backoff.succeeded(&key);
+            }
+            Err(e) => self.metrics.failed(self.name, e.reason(), started.elapsed()),
+        }
+        result
+    }
+
+    /// Requeues a failed object after a back-off that grows with its consecutive failures, and
+    /// says so in a Warning Event when retrying may help (errors that need a spec change say
+    /// why in the status instead).
+    pub fn error_policy<K>(&self, obj: &DeserializeGuard<K>, error: &Error) -> Action
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let key = key(obj);
+        let delay = self.backoff.failed(&key);
+        let step = error.step().map(|s| s.to_string());
+        warn!(controller = self.name, object = %key, reason = error.reason(), step, %error, retry_in = ?delay, "reconcile failed");
+        if error.is_transient()
+            && let Ok(o) = &obj.0
+        {
+            let reference = o.object_ref(&());
+            let events = self.events.clone();
+            let (reason, note) = (error.reason(), format!("{error}; retrying in {}s", delay.as_secs()));
+            tokio::spawn(async move { events.warning(&reference, reason, note).await });
+        }
+        Action::requeue(delay)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn shutdown_fires_when_halted_or_abandoned() {
+        let (halt, rx) = watch::channel(false);
+        let shutdown = Shutdown::new(rx);
+        let waiting = tokio::spawn(shutdown.clone().fired());
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        let _ = halt.send(true);
+        tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .unwrap()
+            .unwrap();
+        let (halt, rx) = watch::channel(false);
+        drop(halt);
+        tokio::time::timeout(Duration::from_secs(1), Shutdown::new(rx).fired())
+            .await
+            .unwrap();
+    }
+}

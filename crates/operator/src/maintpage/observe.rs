@@ -1,0 +1,151 @@
+//! What a MaintPage reconcile sees: its children as they are, and the facts the switch plan
+//! needs (which side is published, whether each side has rolled out, whether the switch is
+//! already being held back).
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use kube::Api;
+use kube::runtime::reflector::ObjectRef;
+use noops_api::maintpage::{MaintPage, Side};
+
+use super::Context;
+use super::switch::Facts;
+use crate::core::Result;
+use crate::core::labels;
+use crate::core::rollout::deployment_rolled_out;
+
+/// The live children of a MaintPage (any of them may not exist yet).
+#[derive(Debug, Clone, Default)]
+pub struct Live {
+    pub app: Option<Deployment>,
+    pub maintenance: Option<Deployment>,
+    pub service: Option<Service>,
+}
+
+/// Everything one reconcile knows about the cluster.
+#[derive(Debug, Clone)]
+pub struct Observation {
+    pub live: Live,
+    pub facts: Facts,
+}
+
+/// Reads the children from the watch caches and derives the facts. The caches hold only objects
+/// labelled as ours, so a child missing there is looked up directly: an object of that name
+/// that is not ours must be found, not overwritten.
+pub async fn observe(mp: &MaintPage, namespace: &str, ctx: &Context) -> Result<Observation> {
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
+    let cached_deployment = |name: &str| {
+        ctx.deployments
+            .get(&ObjectRef::new(name).within(namespace))
+            .map(|d| (*d).clone())
+    };
+    let app = match cached_deployment(&mp.spec.app.name) {
+        Some(d) => Some(d),
+        None => deployments.get_opt(&mp.spec.app.name).await?,
+    };
+    let maintenance = match cached_deployment(&mp.spec.maintenance_name()) {
+        Some(d) => Some(d),
+        None => deployments.get_opt(&mp.spec.maintenance_name()).await?,
+    };
+    let service = match ctx.services.get(&ObjectRef::new(&mp.spec.app.name).within(namespace)) {
+        Some(s) => Some((*s).clone()),
+        None => services.get_opt(&mp.spec.app.name).await?,
+    };
+    let live = Live {
+        app,
+        maintenance,
+        service,
+    };
+    Ok(Observation {
+        facts: facts(mp, &live),
+        live,
+    })
+}
+
+/// The facts the switch plan needs, from the status and the live children. Pure.
+pub fn facts(mp: &MaintPage, live: &Live) -> Facts {
+    let previous = mp.status.clone().unwrap_or_default();
+    let published = previous.published.or_else(|| published_side(live.service.as_ref()));
+    // The last status was written for this very spec and still publishes the other side: that
+    // reconcile held the switch back already.
+    let same_spec = previous.observed_generation.is_some() && previous.observed_generation == mp.metadata.generation;
+    Facts {
+        published,
+        switched_at: previous.switched_at.as_ref().map(|t| t.0),
+        app_ready: deployment_rolled_out(live.app.as_ref(), mp.spec.app.replicas),
+        maintenance_ready: deployment_rolled_out(live.maintenance.as_ref(), mp.spec.maintenance.replicas),
+        already_waiting: same_spec && previous.published.is_some_and(|p| p != mp.spec.desired_side()),
+    }
+}
+
+/// The side a live Service selects, if it selects one of ours.
+pub fn published_side(service: Option<&Service>) -> Option<Side> {
+    let selector = service?.spec.as_ref()?.selector.as_ref()?;
+    match selector.get(labels::COMPONENT).map(String::as_str) {
+        Some("app") => Some(Side::App),
+        Some("maintenance") => Some(Side::Maintenance),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::fixtures::deployment;
+    use crate::maintpage::{desired, fixtures, switch};
+    use noops_api::MaintPageStatus;
+
+    #[test]
+    fn the_published_side_comes_from_the_status_else_from_the_live_selector() {
+        let mp = fixtures::maintpage().build();
+        let plan = switch::plan(&mp.spec, &Facts::default(), jiff::Timestamp::UNIX_EPOCH);
+        let children = desired::build(&mp, &plan, &fixtures::owner());
+        let live = Live {
+            service: Some(children.service.clone()),
+            ..Default::default()
+        };
+        assert_eq!(facts(&mp, &live).published, Some(Side::App), "from the Service");
+        let recorded = fixtures::maintpage()
+            .status(MaintPageStatus {
+                published: Some(Side::Maintenance),
+                ..Default::default()
+            })
+            .build();
+        assert_eq!(facts(&recorded, &live).published, Some(Side::Maintenance), "status first");
+        assert_eq!(facts(&mp, &Live::default()).published, None, "nothing published yet");
+    }
+
+    #[test]
+    fn each_side_is_ready_once_rolled_out() {
+        let mp = fixtures::maintpage().build();
+        let live = Live {
+            app: Some(deployment("shop").replicas(2).ready(2).build()),
+            maintenance: Some(deployment("shop-maintenance").replicas(1).build()),
+            service: None,
+        };
+        let f = facts(&mp, &live);
+        assert!(f.app_ready && !f.maintenance_ready);
+    }
+
+    #[test]
+    fn a_wait_is_known_from_the_status_of_the_same_generation() {
+        let waiting = |generation, published| {
+            fixtures::maintpage()
+                .enabled(true)
+                .generation(2)
+                .status(MaintPageStatus {
+                    observed_generation: Some(generation),
+                    published: Some(published),
+                    ..Default::default()
+                })
+                .build()
+        };
+        assert!(facts(&waiting(2, Side::App), &Live::default()).already_waiting);
+        assert!(
+            !facts(&waiting(1, Side::App), &Live::default()).already_waiting,
+            "a new spec: the wait (if any) starts now"
+        );
+        assert!(!facts(&waiting(2, Side::Maintenance), &Live::default()).already_waiting);
+    }
+}
