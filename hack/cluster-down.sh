@@ -21,6 +21,7 @@ stop() {
 
 # Node agents stop their pods on TERM (all at once); whatever is left of them is killed below.
 for k in $(existing_nodes); do stop "$(node_name "$k")" 15 & done
+stop noops-node 15 &  # the single agent of clusters made before nodes had numbers
 wait
 for k in $(existing_nodes); do kill_node "$k"; done
 stop kube-proxy
@@ -50,9 +51,14 @@ ip route del "$service_cidr" 2>/dev/null || true
 ip link del "$bridge" 2>/dev/null || true
 nft delete table inet noops_safety 2>/dev/null || true
 nft delete table inet noops_partition 2>/dev/null || true
+nft delete table bridge noops_partition 2>/dev/null || true
 cg=$(cgroup2_root)
 if [ -n "$cg" ] && [ -d "$cg/noops" ]; then
-  for d in "$cg"/noops/*/; do [ -d "$d" ] && rmdir "$d" 2>/dev/null; done
+  for d in "$cg"/noops/*/; do
+    [ -d "$d" ] || continue
+    # Killed processes leave the cgroup a moment later; it can only go once empty.
+    for _ in $(seq 1 50); do rmdir "$d" 2>/dev/null && break; sleep 0.1; done
+  done
   rmdir "$cg/noops" 2>/dev/null || true
 fi
 if [ -f "$run/sysctl.saved" ]; then

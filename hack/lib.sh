@@ -132,27 +132,36 @@ node_ready() { kubectl get node "$(node_name "$1")" -o jsonpath='{.status.condit
 
 # kill_node <k>: the machine dies: its agent and every process of its pods end at once (no
 # SIGTERM, no grace), and its pods' network namespaces disappear. Volumes stay on disk.
+# Every step tolerates what is already gone (callers run under `set -e`).
 kill_node() {
-  local k=$1 name cg pid ns
+  local k=$1 name cg pid ns pidfile
   name=$(node_name "$k"); cg=$(node_cgroup "$k")
   if [ -n "$cg" ] && [ -d "$cg" ]; then
-    echo 1 > "$cg/cgroup.kill"
-    for _ in $(seq 1 50); do [ -s "$cg/cgroup.procs" ] || break; sleep 0.1; done
+    echo 1 > "$cg/cgroup.kill" || true
+    # cgroupfs files have no size: read them to see whether anything is left.
+    for _ in $(seq 1 50); do [ -n "$(cat "$cg/cgroup.procs" 2>/dev/null)" ] || break; sleep 0.1; done
   fi
   # Without a cgroup (and as a safety net): the agent's session, the container process groups
   # the agent recorded, and anything left in the node's pod network namespaces.
-  [ -f "$run/$name.pid" ] && kill -KILL -- "-$(cat "$run/$name.pid")" 2>/dev/null
-  local pidfile
+  if [ -f "$run/$name.pid" ]; then kill -KILL -- "-$(cat "$run/$name.pid")" 2>/dev/null || true; fi
   for pidfile in "$(node_dir "$k")"/state/pods/*/pids/*; do
-    [ -f "$pidfile" ] && kill -KILL -- "-$(awk '{ print $1 }' "$pidfile")" 2>/dev/null
+    [ -f "$pidfile" ] || continue
+    kill -KILL -- "-$(awk '{ print $1 }' "$pidfile")" 2>/dev/null || true
   done
   for ns in $(ip netns list 2>/dev/null | awk -v p="$name-" 'index($1, p) == 1 { print $1 }'); do
-    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
-    ip link del "nv${ns##*-}" 2>/dev/null
-    ip netns del "$ns" 2>/dev/null
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+    ip link del "nv${ns##*-}" 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
   done
   rm -f "$run/$name.pid"
-  true
+}
+
+# node_renewed_since <k> <unix seconds>: whether node k's agent has renewed its Lease since then
+# (its Ready condition may still be the one from before a short outage).
+node_renewed_since() {
+  local renew
+  renew=$(kubectl get lease -n kube-node-lease "$(node_name "$1")" -o jsonpath='{.spec.renewTime}' 2>/dev/null) || return 1
+  [ -n "$renew" ] && [ "$(date -d "$renew" +%s)" -ge "$2" ]
 }
 
 # An operator left running in the cluster by `make demo` would reconcile test and benchmark

@@ -171,6 +171,9 @@ pub struct MaintPageStatus {
     /// When the Service last switched sides.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub switched_at: Option<Time>,
+    /// The side the Service waits to move to, until that side's pods are Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<Side>,
     /// Ready app pods.
     #[serde(default)]
     pub app_ready_replicas: i32,

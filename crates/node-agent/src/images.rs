@@ -98,13 +98,22 @@ pub struct ResolvedProgram {
 pub struct ImageMapFileWatch {
     path: PathBuf,
     vars: BTreeMap<String, String>,
-    loaded: std::sync::Mutex<(Option<std::time::SystemTime>, std::sync::Arc<ImageMap>)>,
+    loaded: std::sync::Mutex<(Option<FileStamp>, std::sync::Arc<ImageMap>)>,
+}
+
+/// What tells one version of the file from the next: its modification time and length (an edit
+/// within one tick of the clock usually changes the length).
+type FileStamp = (std::time::SystemTime, u64);
+
+fn file_stamp(path: &Path) -> Option<FileStamp> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
 }
 
 impl ImageMapFileWatch {
     /// Loads the map from `path` (it must parse now).
     pub fn load(path: &Path, vars: BTreeMap<String, String>) -> Result<Self, ImageError> {
-        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        let modified = file_stamp(path);
         let map = ImageMap::load(path, &vars)?;
         Ok(Self {
             path: path.to_path_buf(),
@@ -116,7 +125,7 @@ impl ImageMapFileWatch {
     /// The map as the file says now.
     pub fn current(&self) -> std::sync::Arc<ImageMap> {
         let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
-        let modified = std::fs::metadata(&self.path).and_then(|m| m.modified()).ok();
+        let modified = file_stamp(&self.path);
         if modified.is_some() && modified != loaded.0 {
             match ImageMap::load(&self.path, &self.vars) {
                 Ok(map) => {

@@ -191,13 +191,19 @@ pub async fn run(client: Client, node: String, volumes_dir: PathBuf) {
                     let ns = claim.metadata.namespace.clone().unwrap_or_default();
                     let name = claim.metadata.name.clone().unwrap_or_default();
                     let path = volumes_dir.join(format!("{}_{ns}_{name}", volume_name(&claim)));
-                    if let Err(e) = std::fs::create_dir_all(&path) {
-                        warn!(claim = %format!("{ns}/{name}"), error = %e, "failed to create volume folder");
-                        continue;
-                    }
+                    // The PV first: with Immediate binding every node tries, and only the one
+                    // whose PV is created makes the folder (the others would leave orphans).
                     let pv = volume_for(&claim, &class, &node, &path);
                     match pv_api.create(&PostParams::default(), &pv).await {
-                        Ok(_) => info!(claim = %format!("{ns}/{name}"), path = %path.display(), "provisioned volume"),
+                        Ok(_) => match std::fs::create_dir_all(&path) {
+                            Ok(()) => {
+                                info!(claim = %format!("{ns}/{name}"), path = %path.display(), "provisioned volume")
+                            }
+                            // The volume's first pod makes it (DirectoryOrCreate) if this failed.
+                            Err(e) => {
+                                warn!(claim = %format!("{ns}/{name}"), error = %e, "failed to create volume folder")
+                            }
+                        },
                         Err(kube::Error::Api(e)) if e.code == 409 => {}
                         Err(e) => warn!(claim = %format!("{ns}/{name}"), error = %e, "failed to create volume"),
                     }

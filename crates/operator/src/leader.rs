@@ -9,12 +9,16 @@
 //! leader that cannot renew steps down before its lease can expire; the end-to-end test
 //! `a_leader_cut_off_from_the_api_server_steps_down_before_its_lease_expires` shows it.
 //!
-//! The rules are client-go's: the holder renews the lease three times per lease duration (an
-//! update with the version it last wrote, no read), candidates look every `retry_period`; anyone may take
-//! a lease whose `renewTime + leaseDurationSeconds` has passed; every write carries the
-//! resourceVersion it read, so of two candidates racing for the same lease one gets a conflict
-//! and stays a follower. A leader that cannot renew for the lease duration steps down. On a
-//! clean shutdown the leader gives the lease up, so the next one takes over at once.
+//! The rules are client-go's:
+//! - the holder renews three times per lease duration (an update with the version it last
+//!   wrote, no read); a leader that has not renewed within two thirds of the lease duration
+//!   steps down, and no request of it may outlast that deadline;
+//! - a candidate takes a lease only once it has seen the lease record (holder and renew time)
+//!   unchanged for the lease duration, by its own clock: clocks of replicas may differ, so the
+//!   holder's `renewTime` is never compared with the local time;
+//! - every write carries the resourceVersion read, so of two candidates racing for the same
+//!   lease one gets a conflict and stays a follower;
+//! - on a clean shutdown the leader gives the lease up, so the next one takes over at once.
 
 use std::time::Duration;
 
@@ -23,6 +27,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::core::controller::Shutdown;
@@ -32,7 +37,7 @@ use crate::core::controller::Shutdown;
 pub struct Timing {
     /// How long a lease lasts without renewal.
     pub lease_duration: Duration,
-    /// How often the holder renews and candidates retry.
+    /// How often candidates look, and a leader retries a failed renewal.
     pub retry_period: Duration,
 }
 
@@ -45,6 +50,19 @@ impl Default for Timing {
     }
 }
 
+impl Timing {
+    /// A leader that has not renewed for this long steps down.
+    pub fn renew_deadline(&self) -> Duration {
+        self.lease_duration * 2 / 3
+    }
+
+    /// How long the controllers may take to stop once told to, before the process gives up on
+    /// them (and exits without giving the lease up).
+    pub fn stop_grace(&self) -> Duration {
+        self.lease_duration / 4
+    }
+}
+
 /// What one attempt found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -54,12 +72,14 @@ pub enum Verdict {
     Following { holder: String },
 }
 
-/// Decides, from a lease as read, whether we may write it and how. Pure.
+/// Decides, from a lease as read, whether we may write it and how. `unchanged_for` is how long
+/// this replica has seen the same holder and renew time. Pure.
 pub fn next_lease(
     current: Option<&Lease>,
     identity: &str,
     timing: Timing,
     now: jiff::Timestamp,
+    unchanged_for: Duration,
 ) -> Result<Lease, Verdict> {
     let duration_secs = timing.lease_duration.as_secs() as i32;
     let fresh = |transitions: i32, acquired: Option<MicroTime>| LeaseSpec {
@@ -84,16 +104,27 @@ pub fn next_lease(
         next.spec = Some(fresh(transitions, spec.acquire_time));
         return Ok(next);
     }
-    let expires = spec.renew_time.map(|t| {
-        t.0 + jiff::SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(duration_secs)))
-    });
-    let free = holder.is_empty() || expires.is_none_or(|e| e <= now);
-    if free {
+    let their_duration = spec
+        .lease_duration_seconds
+        .map(|s| Duration::from_secs(s.max(0) as u64))
+        .unwrap_or(timing.lease_duration);
+    if holder.is_empty() || unchanged_for >= their_duration {
         next.spec = Some(fresh(transitions + 1, None));
         Ok(next)
     } else {
         Err(Verdict::Following { holder })
     }
+}
+
+/// The record of a lease whose changes tell that its holder is alive.
+type Record = (Option<String>, Option<MicroTime>);
+
+fn record(lease: Option<&Lease>) -> Record {
+    let spec = lease.and_then(|l| l.spec.as_ref());
+    (
+        spec.and_then(|s| s.holder_identity.clone()),
+        spec.and_then(|s| s.renew_time.clone()),
+    )
 }
 
 /// A candidate for one lease.
@@ -105,6 +136,8 @@ pub struct Elector {
     /// The lease as we last wrote it: while leading, renewals go straight to an update with
     /// its resourceVersion, without reading first (a conflict means someone else wrote it).
     last_written: tokio::sync::Mutex<Option<Lease>>,
+    /// The lease record as last read, and since when (by this replica's clock) it is so.
+    observed: tokio::sync::Mutex<Option<(Record, Instant)>>,
 }
 
 impl Elector {
@@ -115,12 +148,31 @@ impl Elector {
             identity,
             timing,
             last_written: tokio::sync::Mutex::new(None),
+            observed: tokio::sync::Mutex::new(None),
         }
     }
 
     /// This candidate's identity.
     pub fn identity(&self) -> &str {
         &self.identity
+    }
+
+    /// Its timing.
+    pub fn timing(&self) -> Timing {
+        self.timing
+    }
+
+    /// How long the lease record `current` has been as it is, as this replica saw it.
+    async fn unchanged_for(&self, current: Option<&Lease>) -> Duration {
+        let mut observed = self.observed.lock().await;
+        let now = record(current);
+        match observed.as_ref() {
+            Some((seen, since)) if *seen == now => since.elapsed(),
+            _ => {
+                *observed = Some((now, Instant::now()));
+                Duration::ZERO
+            }
+        }
     }
 
     /// One attempt to acquire or renew.
@@ -130,7 +182,14 @@ impl Elector {
             Some(ours) => Some(ours),
             None => self.api.get_opt(&self.name).await?,
         };
-        let next = match next_lease(current.as_ref(), &self.identity, self.timing, jiff::Timestamp::now()) {
+        let unchanged_for = self.unchanged_for(current.as_ref()).await;
+        let next = match next_lease(
+            current.as_ref(),
+            &self.identity,
+            self.timing,
+            jiff::Timestamp::now(),
+            unchanged_for,
+        ) {
             Ok(lease) => lease,
             Err(verdict) => return Ok(verdict),
         };
@@ -156,25 +215,33 @@ impl Elector {
     }
 
     /// Campaigns until `release` flips, publishing whether we lead. A leader that has not
-    /// renewed within two thirds of the lease duration (counted from when its last successful
-    /// renewal was sent) publishes `false` and returns, well before another replica may take the
-    /// lease: the caller must stop reconciling. On `release` a leader gives the lease up; the
-    /// caller flips it only after its controllers have stopped.
+    /// renewed within the renew deadline (counted from when its last successful renewal was
+    /// sent) publishes `false` and returns, well before another replica may take the lease:
+    /// the caller must stop reconciling. No request of a leader outlasts that deadline. On
+    /// `release` a leader gives the lease up; the caller flips it only after its controllers
+    /// have stopped.
     pub async fn run(self, leading: watch::Sender<bool>, mut release: watch::Receiver<bool>) {
-        let renew_deadline = self.timing.lease_duration * 2 / 3;
+        let renew_deadline = self.timing.renew_deadline();
         let request_timeout = self.timing.lease_duration / 3;
-        let mut last_renewal: Option<tokio::time::Instant> = None;
+        let mut last_renewal: Option<Instant> = None;
         let mut reported_holder = String::new();
         loop {
-            let sent = tokio::time::Instant::now();
-            let attempt = tokio::time::timeout(request_timeout, self.try_once()).await;
-            match attempt {
+            let left = last_renewal.map(|t| renew_deadline.saturating_sub(t.elapsed()));
+            if left == Some(Duration::ZERO) {
+                warn!(lease = %self.name, "could not renew the lease in time; stepping down");
+                let _ = leading.send(false);
+                return;
+            }
+            let sent = Instant::now();
+            let limit = left.map_or(request_timeout, |l| l.min(request_timeout));
+            let renewed = match tokio::time::timeout(limit, self.try_once()).await {
                 Ok(Ok(Verdict::Leading)) => {
                     if last_renewal.is_none() {
                         info!(lease = %self.name, identity = %self.identity, "became the leader");
                         let _ = leading.send(true);
                     }
                     last_renewal = Some(sent);
+                    true
                 }
                 Ok(Ok(Verdict::Following { holder })) => {
                     if last_renewal.is_some() {
@@ -186,20 +253,23 @@ impl Elector {
                         info!(lease = %self.name, %holder, "standing by while another replica leads");
                         reported_holder = holder;
                     }
+                    false
                 }
-                Ok(Err(e)) => warn!(lease = %self.name, error = %e, "leader election request failed"),
-                Err(_) => warn!(lease = %self.name, timeout = ?request_timeout, "leader election request timed out"),
-            }
-            if last_renewal.is_some_and(|t| t.elapsed() >= renew_deadline) {
-                warn!(lease = %self.name, "could not renew the lease in time; stepping down");
-                let _ = leading.send(false);
-                return;
-            }
-            // The leader renews three times per lease duration; candidates retry more often.
-            let pause = if last_renewal.is_some() {
-                self.timing.lease_duration / 3
-            } else {
-                self.timing.retry_period
+                Ok(Err(e)) => {
+                    warn!(lease = %self.name, error = %e, "leader election request failed");
+                    false
+                }
+                Err(_) => {
+                    warn!(lease = %self.name, timeout = ?limit, "leader election request timed out");
+                    false
+                }
+            };
+            // The leader renews three times per lease duration, retries a failed renewal
+            // sooner, and never sleeps past its deadline; candidates look every retry period.
+            let pause = match last_renewal {
+                Some(t) if renewed => (self.timing.lease_duration / 3).min(renew_deadline.saturating_sub(t.elapsed())),
+                Some(t) => self.timing.retry_period.min(renew_deadline.saturating_sub(t.elapsed())),
+                None => self.timing.retry_period,
             };
             let released = tokio::select! {
                 _ = tokio::time::sleep(pause) => false,
@@ -237,17 +307,24 @@ impl Elector {
 pub enum Outcome {
     /// Asked to stop (SIGTERM): the controllers stopped, then the lease was given up.
     Stopped,
-    /// The lease was lost (or could not be renewed in time): the controllers stopped.
-    LostLease,
     /// Asked to stop before ever leading.
     NeverLed,
+    /// The lease was lost (or could not be renewed in time): the controllers stopped.
+    LostLease,
+    /// The controllers did not stop within the grace after being told to: the lease was kept
+    /// (it expires), and the process must exit so that they end.
+    StuckStopping,
+    /// The controllers ended on their own; the lease was given up.
+    WorkEnded,
+    /// The election ended without a word (a bug): nothing ran.
+    ElectionFailed,
 }
 
 /// Campaigns with `elector` (or leads at once without one), runs `work` while leading, and
 /// returns once it has ended. `work` gets a [`Shutdown`] that fires on `stop` or when the lease
-/// is lost, and must return soon after it fires; only then is the lease given up, so no other
-/// replica starts before these controllers have stopped. `on_leading` hears when leadership
-/// starts and ends (for the leader metric).
+/// is lost, and must return within the stop grace after it fires; only then is the lease given
+/// up, so no other replica starts before these controllers have stopped. `on_leading` hears
+/// when leadership starts and ends (for the leader metric).
 pub async fn run_while_leading<W, Fut>(
     elector: Option<Elector>,
     mut stop: watch::Receiver<bool>,
@@ -258,6 +335,9 @@ where
     W: FnOnce(Shutdown) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
+    let grace = elector
+        .as_ref()
+        .map_or(Duration::from_secs(30), |e| e.timing().stop_grace());
     let (leading_tx, mut leading) = watch::channel(elector.is_none());
     // Flipped once the work has ended: only then may the leader give the lease up.
     let (release_tx, release_rx) = watch::channel(false);
@@ -267,15 +347,29 @@ where
         Some(e) => (Some(tokio::spawn(e.run(leading_tx, release_rx))), None),
         None => (None, Some(leading_tx)),
     };
-    tokio::select! {
-        led = leading.wait_for(|l| *l) => if led.is_err() {
-            // The campaign ended without ever leading (it cannot, short of a bug).
+    let release_and_wait = |campaign: Option<tokio::task::JoinHandle<()>>| async move {
+        let _ = release_tx.send(true);
+        if let Some(task) = campaign {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+    };
+    let led = tokio::select! {
+        // A stop that has already come wins over a leadership that has too.
+        biased;
+        _ = stop.wait_for(|s| *s) => None,
+        led = leading.wait_for(|l| *l) => Some(led.is_ok()),
+    };
+    match led {
+        None => {
+            // A request in flight may still take the lease: give it up if it did.
+            release_and_wait(campaign).await;
             return Outcome::NeverLed;
-        },
-        _ = stop.wait_for(|s| *s) => return Outcome::NeverLed,
+        }
+        Some(false) => return Outcome::ElectionFailed,
+        Some(true) => {}
     }
     on_leading(true);
-    let (halt_tx, halt_rx) = watch::channel(false);
+    let (halt_tx, mut halt_rx) = watch::channel(false);
     let watcher = tokio::spawn(async move {
         let lost = tokio::select! {
             _ = leading.wait_for(|l| !*l) => true,
@@ -284,18 +378,30 @@ where
         let _ = halt_tx.send(true);
         lost
     });
-    work(Shutdown::new(halt_rx)).await;
+    let work = work(Shutdown::new(halt_rx.clone()));
+    tokio::pin!(work);
+    let work_done = tokio::select! {
+        biased;
+        _ = halt_rx.wait_for(|h| *h) => false,
+        _ = &mut work => true,
+    };
+    // The work may end because the halt fired a moment ago: that is no end by itself.
+    let ended_by_itself = work_done && !*halt_rx.borrow();
+    let stopped_in_time = work_done || tokio::time::timeout(grace, &mut work).await.is_ok();
     on_leading(false);
-    // If the work ended by itself, nothing fired the watcher: end it as a stop.
-    watcher.abort();
-    let lost = watcher.await.unwrap_or(false);
-    if lost {
+    if !stopped_in_time {
+        warn!(grace = ?grace, "the controllers did not stop in time; keeping the lease until it expires");
+        return Outcome::StuckStopping;
+    }
+    if ended_by_itself {
+        watcher.abort();
+        release_and_wait(campaign).await;
+        return Outcome::WorkEnded;
+    }
+    if watcher.await.unwrap_or(true) {
         return Outcome::LostLease;
     }
-    let _ = release_tx.send(true);
-    if let Some(task) = campaign {
-        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
-    }
+    release_and_wait(campaign).await;
     Outcome::Stopped
 }
 
@@ -324,21 +430,33 @@ mod tests {
         }
     }
 
+    const SECOND: Duration = Duration::from_secs(1);
+
     #[test]
     fn a_missing_lease_is_taken() {
-        let lease = next_lease(None, "me", Timing::default(), at(100)).unwrap();
+        let lease = next_lease(None, "me", Timing::default(), at(100), Duration::ZERO).unwrap();
         assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some("me"));
     }
 
     #[test]
-    fn a_live_lease_of_another_is_respected() {
-        let verdict = next_lease(Some(&held_by("other", 100)), "me", Timing::default(), at(110)).unwrap_err();
+    fn a_lease_of_another_is_respected_until_seen_unchanged_for_its_duration() {
+        let lease = held_by("other", 100);
+        let verdict = next_lease(Some(&lease), "me", Timing::default(), at(110), 10 * SECOND).unwrap_err();
         assert_eq!(verdict, Verdict::Following { holder: "other".into() });
+        // Our clock far ahead of the holder's does not make its lease look expired.
+        assert!(next_lease(Some(&lease), "me", Timing::default(), at(10_000), SECOND).is_err());
     }
 
     #[test]
     fn an_expired_lease_is_taken_over_with_the_version_read() {
-        let lease = next_lease(Some(&held_by("other", 100)), "me", Timing::default(), at(116)).unwrap();
+        let lease = next_lease(
+            Some(&held_by("other", 100)),
+            "me",
+            Timing::default(),
+            at(116),
+            15 * SECOND,
+        )
+        .unwrap();
         let spec = lease.spec.unwrap();
         assert_eq!(spec.holder_identity.as_deref(), Some("me"));
         assert_eq!(spec.lease_transitions, Some(4));
@@ -351,11 +469,25 @@ mod tests {
 
     #[test]
     fn our_own_lease_is_renewed_keeping_the_acquire_time() {
-        let lease = next_lease(Some(&held_by("me", 100)), "me", Timing::default(), at(105)).unwrap();
+        let lease = next_lease(
+            Some(&held_by("me", 100)),
+            "me",
+            Timing::default(),
+            at(105),
+            Duration::ZERO,
+        )
+        .unwrap();
         let spec = lease.spec.unwrap();
         assert_eq!(spec.renew_time.unwrap().0, at(105));
         assert_eq!(spec.acquire_time.unwrap().0, at(100));
         assert_eq!(spec.lease_transitions, Some(3));
+    }
+
+    #[test]
+    fn a_released_lease_is_free() {
+        let mut released = held_by("other", 100);
+        released.spec.as_mut().unwrap().holder_identity = None;
+        assert!(next_lease(Some(&released), "me", Timing::default(), at(101), Duration::ZERO).is_ok());
     }
 
     #[tokio::test]
@@ -376,10 +508,17 @@ mod tests {
         assert_eq!(*led.lock().unwrap(), vec![true, false]);
     }
 
-    #[test]
-    fn a_released_lease_is_free() {
-        let mut released = held_by("other", 100);
-        released.spec.as_mut().unwrap().holder_identity = None;
-        assert!(next_lease(Some(&released), "me", Timing::default(), at(101)).is_ok());
+    #[tokio::test]
+    async fn work_that_ends_by_itself_or_will_not_stop_is_not_a_clean_end() {
+        let (_stop_tx, stop) = watch::channel(false);
+        let ended = run_while_leading(None, stop, |_| {}, |_| async {}).await;
+        assert_eq!(ended, Outcome::WorkEnded);
+        let (stop_tx, stop) = watch::channel(false);
+        let _ = stop_tx.send(true);
+        assert_eq!(
+            run_while_leading(None, stop, |_| {}, |_| async {}).await,
+            Outcome::NeverLed,
+            "a stop before leading runs nothing"
+        );
     }
 }

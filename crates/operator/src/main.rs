@@ -192,8 +192,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     )
     .await;
     server.abort();
-    if outcome == Outcome::LostLease {
-        anyhow::bail!("lost leadership; exiting so that a fresh start campaigns again");
+    match outcome {
+        Outcome::Stopped | Outcome::NeverLed => {}
+        Outcome::LostLease => anyhow::bail!("lost leadership; exiting so that a fresh start campaigns again"),
+        Outcome::StuckStopping => anyhow::bail!("the controllers did not stop in time; exiting to end them"),
+        Outcome::WorkEnded => {
+            anyhow::bail!("the controllers stopped on their own; exiting so that a fresh start runs them")
+        }
+        Outcome::ElectionFailed => anyhow::bail!("the leader election ended unexpectedly"),
     }
     info!("noops operator stopped");
     Ok(())

@@ -103,6 +103,7 @@ fn restart_count(pod: &Pod) -> i32 {
 #[tokio::test]
 #[ignore = "node faults disturb other tests: `make e2e` runs them alone"]
 async fn a_stopped_node_goes_not_ready_its_pods_move_and_it_comes_back_with_its_volumes() {
+    let _restore = RestoreNodesOnDrop;
     let ns = TestNamespace::new("node-stop").await;
     let client = ns.client.clone();
     ready_nodes(&client, 3).await;
@@ -182,6 +183,7 @@ spec:
 #[tokio::test]
 #[ignore = "node faults disturb other tests: `make e2e` runs them alone"]
 async fn a_partitioned_node_is_cut_off_from_other_nodes_pods_until_healed() {
+    let _restore = RestoreNodesOnDrop;
     let ns = TestNamespace::new("partition").await;
     let client = ns.client.clone();
     let nodes = ready_nodes(&client, 3).await;
@@ -284,13 +286,15 @@ spec:
     })
     .await;
     wait_node_status(&client, target_node, true, MINUTE).await;
-    assert!(
-        std::process::Command::new("nft")
-            .args(["list", "table", "inet", "noops_partition"])
-            .output()
-            .is_ok_and(|o| !o.status.success()),
-        "no partition table left once every node is healed"
-    );
+    for family in ["inet", "bridge"] {
+        assert!(
+            std::process::Command::new("nft")
+                .args(["list", "table", family, "noops_partition"])
+                .output()
+                .is_ok_and(|o| !o.status.success()),
+            "no {family} partition table left once every node is healed"
+        );
+    }
 }
 
 fn nft_table(name: &str) -> String {
@@ -316,26 +320,34 @@ async fn stamps(ns: &TestNamespace, replicas: u32) -> BTreeMap<String, String> {
     out
 }
 
-/// Waits until every keeper pod has restarted since `restarts` and is Ready again.
-async fn wait_restarted(ns: &TestNamespace, restarts: &BTreeMap<String, i32>) {
+/// A pod's identity and restart count: either changes when its container starts again (a
+/// pod evicted during a long outage comes back as a new pod).
+type Incarnation = (Option<String>, i32);
+
+fn incarnation(pod: &Pod) -> Incarnation {
+    (pod.metadata.uid.clone(), restart_count(pod))
+}
+
+/// Waits until every keeper pod has started again since `before` and is Ready.
+async fn wait_restarted(ns: &TestNamespace, before: &BTreeMap<String, Incarnation>) {
     let pods = ns.pods();
-    for (name, before) in restarts {
+    for (name, (uid, restarts)) in before {
         wait_until(&format!("{name} restarted and Ready"), 2 * MINUTE, || async {
             pods.get_opt(name)
                 .await
                 .ok()
                 .flatten()
-                .is_some_and(|p| pod_ready(&p) && restart_count(&p) > *before)
+                .is_some_and(|p| pod_ready(&p) && (p.metadata.uid != *uid || restart_count(&p) > *restarts))
         })
         .await;
     }
 }
 
-async fn restart_counts(ns: &TestNamespace, replicas: u32) -> BTreeMap<String, i32> {
+async fn incarnations(ns: &TestNamespace, replicas: u32) -> BTreeMap<String, Incarnation> {
     let mut out = BTreeMap::new();
     for i in 0..replicas {
         let name = format!("keeper-{i}");
-        out.insert(name.clone(), restart_count(&ns.pods().get(&name).await.unwrap()));
+        out.insert(name.clone(), incarnation(&ns.pods().get(&name).await.unwrap()));
     }
     out
 }
@@ -343,11 +355,12 @@ async fn restart_counts(ns: &TestNamespace, replicas: u32) -> BTreeMap<String, i
 #[tokio::test]
 #[ignore = "node faults disturb other tests: `make e2e` runs them alone"]
 async fn every_node_rebooting_at_once_brings_a_statefulset_back_with_its_data() {
+    let _restore = RestoreNodesOnDrop;
     let ns = TestNamespace::new("restart-all").await;
     ready_nodes(&ns.client, 3).await;
     ns.apply(&keeper(3, SPREAD));
     let before = stamps(&ns, 3).await;
-    let restarts = restart_counts(&ns, 3).await;
+    let restarts = incarnations(&ns, 3).await;
 
     node_fault(&["restart-all"]);
     wait_restarted(&ns, &restarts).await;
@@ -364,6 +377,7 @@ async fn repeated_node_kills_lose_no_data() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2);
+    let _restore = RestoreNodesOnDrop;
     let ns = TestNamespace::new("node-kills").await;
     let nodes = ready_nodes(&ns.client, 3).await;
     ns.apply(&keeper(3, SPREAD));
@@ -371,7 +385,7 @@ async fn repeated_node_kills_lose_no_data() {
     let mut lost = 0;
     for round in 0..rounds {
         let victim = &nodes[round % nodes.len()];
-        let on_victim: BTreeMap<String, i32> = ns
+        let on_victim: BTreeMap<String, Incarnation> = ns
             .pods()
             .list(&ListParams::default().labels("app=keeper"))
             .await
@@ -379,7 +393,7 @@ async fn repeated_node_kills_lose_no_data() {
             .items
             .iter()
             .filter(|p| pod_node(p) == *victim)
-            .map(|p| (p.metadata.name.clone().unwrap(), restart_count(p)))
+            .map(|p| (p.metadata.name.clone().unwrap(), incarnation(p)))
             .collect();
         node_fault(&["stop", victim]);
         // Down for a moment only, as a crash and reboot: less than the grace period.

@@ -117,8 +117,6 @@ impl ControllerCore {
                     kind: kind.clone(),
                     message: invalid.error.clone(),
                 };
-                let _entered = span.enter();
-                warn!(%error, "skipping an object that cannot be read");
                 let reference = ObjectReference {
                     api_version: Some(K::api_version(&()).into()),
                     kind: Some(kind),
@@ -127,7 +125,12 @@ impl ControllerCore {
                     uid: invalid.metadata.uid.clone(),
                     ..Default::default()
                 };
-                self.events.warning(&reference, error.reason(), error.to_string()).await;
+                async {
+                    warn!(%error, "skipping an object that cannot be read");
+                    self.events.warning(&reference, error.reason(), error.to_string()).await;
+                }
+                .instrument(span)
+                .await;
                 self.metrics.failed(self.name, error.reason(), started.elapsed());
                 return Ok(Action::await_change());
             }

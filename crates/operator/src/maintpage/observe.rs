@@ -66,16 +66,12 @@ pub async fn observe(mp: &MaintPage, namespace: &str, ctx: &Context) -> Result<O
 /// The facts the switch plan needs, from the status and the live children. Pure.
 pub fn facts(mp: &MaintPage, live: &Live) -> Facts {
     let previous = mp.status.clone().unwrap_or_default();
-    let published = previous.published.or_else(|| published_side(live.service.as_ref()));
-    // The last status was written for this very spec and still publishes the other side: that
-    // reconcile held the switch back already.
-    let same_spec = previous.observed_generation.is_some() && previous.observed_generation == mp.metadata.generation;
     Facts {
-        published,
+        published: previous.published.or_else(|| published_side(live.service.as_ref())),
         switched_at: previous.switched_at.as_ref().map(|t| t.0),
         app_ready: deployment_rolled_out(live.app.as_ref(), mp.spec.app.replicas),
         maintenance_ready: deployment_rolled_out(live.maintenance.as_ref(), mp.spec.maintenance.replicas),
-        already_waiting: same_spec && previous.published.is_some_and(|p| p != mp.spec.desired_side()),
+        waiting_for: previous.waiting_for,
     }
 }
 
@@ -129,23 +125,16 @@ mod tests {
     }
 
     #[test]
-    fn a_wait_is_known_from_the_status_of_the_same_generation() {
-        let waiting = |generation, published| {
-            fixtures::maintpage()
-                .enabled(true)
-                .generation(2)
-                .status(MaintPageStatus {
-                    observed_generation: Some(generation),
-                    published: Some(published),
-                    ..Default::default()
-                })
-                .build()
-        };
-        assert!(facts(&waiting(2, Side::App), &Live::default()).already_waiting);
-        assert!(
-            !facts(&waiting(1, Side::App), &Live::default()).already_waiting,
-            "a new spec: the wait (if any) starts now"
-        );
-        assert!(!facts(&waiting(2, Side::Maintenance), &Live::default()).already_waiting);
+    fn a_wait_already_announced_is_read_from_the_status() {
+        let waiting = fixtures::maintpage()
+            .enabled(true)
+            .status(MaintPageStatus {
+                published: Some(Side::App),
+                waiting_for: Some(Side::Maintenance),
+                ..Default::default()
+            })
+            .build();
+        assert_eq!(facts(&waiting, &Live::default()).waiting_for, Some(Side::Maintenance));
+        assert_eq!(facts(&fixtures::maintpage().build(), &Live::default()).waiting_for, None);
     }
 }

@@ -139,6 +139,7 @@ pub fn build(
         ),
         published: Some(plan.publish),
         switched_at: plan.switched_at.map(Time),
+        waiting_for: plan.waiting_for,
         app_ready_replicas: ready_replicas(app),
         maintenance_ready_replicas: ready_replicas(maintenance),
         service_name: Some(service.clone()),
@@ -214,6 +215,7 @@ mod tests {
             ready.message
         );
         assert!(is_true(&s.conditions, PROGRESSING));
+        assert_eq!(s.waiting_for, Some(Side::Maintenance), "recorded, so it is announced once");
     }
 
     #[test]

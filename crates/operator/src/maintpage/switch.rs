@@ -23,8 +23,8 @@ pub struct Facts {
     pub switched_at: Option<jiff::Timestamp>,
     pub app_ready: bool,
     pub maintenance_ready: bool,
-    /// An earlier reconcile of this same spec already held the switch back (and said so).
-    pub already_waiting: bool,
+    /// The side the last reconcile held the switch back for (and said so), from the status.
+    pub waiting_for: Option<Side>,
 }
 
 /// The decision of one reconcile.
@@ -77,7 +77,7 @@ pub fn plan(spec: &MaintPageSpec, observed: &Facts, now: jiff::Timestamp) -> Pla
         switched,
         switched_at,
         waiting_for,
-        started_waiting: waiting_for.is_some() && !observed.already_waiting,
+        started_waiting: waiting_for.is_some() && waiting_for != observed.waiting_for,
         maintenance_replicas,
         requeue_after,
     }
@@ -123,7 +123,7 @@ mod tests {
         assert_eq!(waiting.maintenance_replicas, 1, "start the maintenance pods");
         assert!(waiting.started_waiting, "the first reconcile that waits says so");
         let still = Facts {
-            already_waiting: true,
+            waiting_for: Some(Side::Maintenance),
             ..observed(Some(Side::App), true, false)
         };
         assert!(!plan(&spec(true), &still, at(1)).started_waiting, "and only the first");
