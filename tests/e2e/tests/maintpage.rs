@@ -601,3 +601,98 @@ impl Drop for DeleteOnDrop {
         }
     }
 }
+
+#[tokio::test]
+async fn a_new_maintpage_whose_page_cannot_start_serves_the_app_and_says_why() {
+    install_crds();
+    let ns = TestNamespace::new("mp-first").await;
+    let _operator = Operator::start(&ns.name, &["--leader-elect=false"]);
+    // Created in maintenance, with a maintenance image this cluster cannot run.
+    ns.apply(
+        r#"
+apiVersion: noops.dev/v1alpha1
+kind: MaintPage
+metadata: { name: shop }
+spec:
+  app:
+    name: shop
+    image: hashicorp/http-echo:1.0
+    args: ["-text=app page", "-listen=:8080"]
+    replicas: 2
+  maintenance:
+    image: example.com/no-such-page:1.0
+    args: ["-text=maintenance page", "-listen=:8080"]
+    enabled: true
+"#,
+    );
+    let services: Api<Service> = ns.api();
+    wait_until("the Service", MINUTE, || async {
+        services.get_opt("shop").await.ok().flatten().is_some()
+    })
+    .await;
+    let addr = format!("{}:80", cluster_ip(&ns, "shop").await);
+    wait_for_page(&addr, "app page", "the app answering through the Service").await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = poll(addr.clone(), stop.clone());
+
+    // The status says why the page is not published, and what is wrong with it.
+    let api: Api<MaintPage> = ns.api();
+    let mp = wait_for("Degraded naming why the page cannot start", MINUTE, || async {
+        let mp = api.get_opt("shop").await.ok()??;
+        let status = mp.status.clone()?;
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Degraded" && c.status == "True" && c.reason == "ImageNotMapped")
+            .then_some(mp)
+    })
+    .await;
+    let status = mp.status.unwrap();
+    assert_eq!(status.published, Some(Side::App), "the Ready side is published");
+    let ready = status.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "Switching"));
+    assert!(
+        ready.message.contains("until the maintenance page is Ready"),
+        "{}",
+        ready.message
+    );
+    let degraded = status.conditions.iter().find(|c| c.type_ == "Degraded").unwrap();
+    assert!(
+        degraded.message.contains("example.com/no-such-page:1.0"),
+        "{}",
+        degraded.message
+    );
+    for reason in ["Published", "WaitingForMaintenance", "ImageNotMapped"] {
+        wait_until(&format!("a {reason} Event"), MINUTE, || has_event(&ns, reason)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // Fixing the image publishes the page, still without a failed request.
+    api.patch(
+        "shop",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "spec": { "maintenance": { "image": "hashicorp/http-echo:1.0" } } })),
+    )
+    .await
+    .unwrap();
+    let mp = wait_for("the page published and nothing degraded", 2 * MINUTE, || async {
+        let mp = api.get_opt("shop").await.ok()??;
+        let status = mp.status.clone()?;
+        let healthy = status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Degraded" && c.status == "False");
+        (status.published == Some(Side::Maintenance) && healthy).then_some(mp)
+    })
+    .await;
+    assert_eq!(mp.status.unwrap().waiting_for, None);
+    wait_for_page(&addr, "maintenance page", "the maintenance page answering").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let seen = poller.await.unwrap();
+    let failures = seen.iter().filter(|s| *s == "FAIL").count();
+    assert_eq!(failures, 0, "failed requests: {seen:?}");
+    let mut phases: Vec<&str> = seen.iter().map(String::as_str).collect();
+    phases.dedup();
+    assert_eq!(phases, vec!["app page", "maintenance page"], "answers in order");
+}

@@ -183,7 +183,6 @@ mod tests {
     use super::*;
     use crate::core::stamp::DESIRED_HASH_ANNOTATION;
     use crate::maintpage::fixtures::{self, plan};
-    use crate::maintpage::observe::published_side;
 
     #[test]
     fn children_are_named_labelled_owned_selected_and_stamped() {
@@ -194,7 +193,8 @@ mod tests {
         let container = &c.app.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0];
         assert_eq!(container.image.as_deref(), Some("app:1"));
         assert_eq!(container.ports.as_ref().unwrap()[0].container_port, 5678);
-        assert_eq!(published_side(Some(&c.service)), Some(Side::Maintenance));
+        let selector = c.service.spec.as_ref().unwrap().selector.clone().unwrap();
+        assert_eq!(selector[labels::COMPONENT], "maintenance");
         assert_eq!(c.service.metadata.owner_references.as_ref().unwrap()[0].uid, "uid-1");
         assert_eq!(c.service.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].port, 80);
         let labels = c.app.metadata.labels.as_ref().unwrap();

@@ -81,6 +81,8 @@ pub fn owner() -> OwnerReference {
 pub fn plan(publish: Side, maintenance_replicas: i32) -> Plan {
     Plan {
         publish,
+        published: Some(publish),
+        first_publish: false,
         switched: false,
         switched_at: None,
         waiting_for: None,

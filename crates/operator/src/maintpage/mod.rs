@@ -3,7 +3,8 @@
 //! Watches MaintPages and the Deployments and Services they own (so hand edits are seen and
 //! reverted at once), and reconciles each MaintPage in one pass (`reconcile.rs`), a file per
 //! stage:
-//! 1. `observe.rs`: the live children (from watch caches) and the facts the plan needs;
+//! 1. `observe.rs`: the live children (from watch caches), the facts the plan needs, and
+//!    (`stuck.rs`) whether the pods of a side cannot start;
 //! 2. `validate.rs`: refuse to take over objects that are not ours;
 //! 3. `switch.rs`: plan the switch (pure; all its progress is in the status, so a restarted
 //!    operator carries on where the last one stopped);
@@ -18,6 +19,7 @@ mod fixtures;
 mod observe;
 mod reconcile;
 mod status;
+mod stuck;
 mod switch;
 mod validate;
 
@@ -26,10 +28,10 @@ use std::sync::Arc;
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use noops_api::MaintPage;
@@ -57,6 +59,8 @@ pub struct Context {
     /// children from here, not from the API server.
     pub deployments: Store<Deployment>,
     pub services: Store<Service>,
+    /// The pods of both sides (to tell pods that cannot start, before the Deployment does).
+    pub pods: Store<Pod>,
 }
 
 async fn reconcile(obj: Arc<DeserializeGuard<MaintPage>>, ctx: Arc<Context>) -> Result<Action> {
@@ -81,13 +85,15 @@ pub async fn run(runtime: Runtime) {
         metrics,
         shutdown,
     } = runtime;
-    let (maintpages, deployments, services) = match &namespace {
+    let (maintpages, deployments, services, pods) = match &namespace {
         Some(ns) => (
             Api::<DeserializeGuard<MaintPage>>::namespaced(client.clone(), ns),
             Api::<Deployment>::namespaced(client.clone(), ns),
             Api::<Service>::namespaced(client.clone(), ns),
+            Api::<Pod>::namespaced(client.clone(), ns),
         ),
         None => (
+            Api::all(client.clone()),
             Api::all(client.clone()),
             Api::all(client.clone()),
             Api::all(client.clone()),
@@ -95,8 +101,11 @@ pub async fn run(runtime: Runtime) {
     };
     let ours = watcher::Config::default().labels(&labels::managed_by_noops());
     let (deployment_store, deployment_changes) = shared_cache(deployments, ours.clone()).await;
-    let (service_store, service_changes) = shared_cache(services, ours).await;
-    let (Some(deployment_changes), Some(service_changes)) = (deployment_changes, service_changes) else {
+    let (service_store, service_changes) = shared_cache(services, ours.clone()).await;
+    let (pod_store, pod_changes) = shared_cache(pods, ours).await;
+    let (Some(deployment_changes), Some(service_changes), Some(pod_changes)) =
+        (deployment_changes, service_changes, pod_changes)
+    else {
         warn!("shared caches without subscribers: the controller cannot watch its children");
         return;
     };
@@ -105,6 +114,7 @@ pub async fn run(runtime: Runtime) {
         client,
         deployments: deployment_store,
         services: service_store,
+        pods: pod_store,
     });
     Controller::new(maintpages, watcher::Config::default().any_semantic())
         // Reconciles mostly wait on the API server; a bound keeps a burst of thousands of
@@ -113,6 +123,22 @@ pub async fn run(runtime: Runtime) {
         // A child change wakes its MaintPage only after the cache holds it.
         .owns_shared_stream(deployment_changes)
         .owns_shared_stream(service_changes)
+        // A pod of either side that starts, fails or recovers wakes its MaintPage (pods belong
+        // to ReplicaSets, so the owner label says which MaintPage).
+        .watches_shared_stream(pod_changes, |pod: Arc<Pod>| {
+            let namespace = pod.metadata.namespace.clone();
+            pod.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(desired::OWNER_LABEL))
+                .map(|name| {
+                    let object = ObjectRef::new(name);
+                    match &namespace {
+                        Some(ns) => object.within(ns),
+                        None => object,
+                    }
+                })
+        })
         .graceful_shutdown_on(shutdown.fired())
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {

@@ -1,17 +1,18 @@
-//! What a MaintPage reconcile sees: its children as they are, and the facts the switch plan
-//! needs (which side is published, whether each side has rolled out, whether the switch is
-//! already being held back).
+//! What a MaintPage reconcile sees: its children as they are, the facts the switch plan needs
+//! (which side is published, whether each side has rolled out, which side the switch waits
+//! for), and whether the pods of a side cannot start.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::Api;
 use kube::runtime::reflector::ObjectRef;
 use noops_api::maintpage::{MaintPage, Side};
 
 use super::Context;
+use super::desired::{OWNER_LABEL, selector};
+use super::stuck::{Stuck, stuck};
 use super::switch::Facts;
 use crate::core::Result;
-use crate::core::labels;
 use crate::core::rollout::deployment_rolled_out;
 
 /// The live children of a MaintPage (any of them may not exist yet).
@@ -27,6 +28,10 @@ pub struct Live {
 pub struct Observation {
     pub live: Live,
     pub facts: Facts,
+    /// Why the app's pods cannot start, if they cannot.
+    pub app_stuck: Option<Stuck>,
+    /// Why the maintenance page's pods cannot start, if they cannot.
+    pub maintenance_stuck: Option<Stuck>,
 }
 
 /// Reads the children from the watch caches and derives the facts. The caches hold only objects
@@ -57,9 +62,27 @@ pub async fn observe(mp: &MaintPage, namespace: &str, ctx: &Context) -> Result<O
         maintenance,
         service,
     };
+    let side_stuck = |side: Side| {
+        let wanted = selector(mp, side);
+        let mp_name = mp.metadata.name.as_deref();
+        let pods: Vec<std::sync::Arc<Pod>> = ctx
+            .pods
+            .state()
+            .into_iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+            .filter(|p| {
+                let labels = p.metadata.labels.as_ref();
+                labels.and_then(|l| l.get(OWNER_LABEL)).map(String::as_str) == mp_name
+                    && wanted.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+            })
+            .collect();
+        stuck(pods.iter().map(|p| p.as_ref()))
+    };
     Ok(Observation {
         facts: facts(mp, &live),
         live,
+        app_stuck: side_stuck(Side::App),
+        maintenance_stuck: side_stuck(Side::Maintenance),
     })
 }
 
@@ -67,21 +90,13 @@ pub async fn observe(mp: &MaintPage, namespace: &str, ctx: &Context) -> Result<O
 pub fn facts(mp: &MaintPage, live: &Live) -> Facts {
     let previous = mp.status.clone().unwrap_or_default();
     Facts {
-        published: previous.published.or_else(|| published_side(live.service.as_ref())),
+        // From the status only: the live selector may point at a side that is not Ready yet
+        // (a new MaintPage's), which does not make it published.
+        published: previous.published,
         switched_at: previous.switched_at.as_ref().map(|t| t.0),
         app_ready: deployment_rolled_out(live.app.as_ref(), mp.spec.app.replicas),
         maintenance_ready: deployment_rolled_out(live.maintenance.as_ref(), mp.spec.maintenance.replicas),
         waiting_for: previous.waiting_for,
-    }
-}
-
-/// The side a live Service selects, if it selects one of ours.
-pub fn published_side(service: Option<&Service>) -> Option<Side> {
-    let selector = service?.spec.as_ref()?.selector.as_ref()?;
-    match selector.get(labels::COMPONENT).map(String::as_str) {
-        Some("app") => Some(Side::App),
-        Some("maintenance") => Some(Side::Maintenance),
-        _ => None,
     }
 }
 
@@ -93,7 +108,7 @@ mod tests {
     use noops_api::MaintPageStatus;
 
     #[test]
-    fn the_published_side_comes_from_the_status_else_from_the_live_selector() {
+    fn the_published_side_comes_from_the_status_not_from_the_live_selector() {
         let mp = fixtures::maintpage().build();
         let plan = switch::plan(&mp.spec, &Facts::default(), jiff::Timestamp::UNIX_EPOCH);
         let children = desired::build(&mp, &plan, &fixtures::owner());
@@ -101,15 +116,18 @@ mod tests {
             service: Some(children.service.clone()),
             ..Default::default()
         };
-        assert_eq!(facts(&mp, &live).published, Some(Side::App), "from the Service");
+        assert_eq!(
+            facts(&mp, &live).published,
+            None,
+            "a Service selecting a side that was never Ready publishes nothing"
+        );
         let recorded = fixtures::maintpage()
             .status(MaintPageStatus {
                 published: Some(Side::Maintenance),
                 ..Default::default()
             })
             .build();
-        assert_eq!(facts(&recorded, &live).published, Some(Side::Maintenance), "status first");
-        assert_eq!(facts(&mp, &Live::default()).published, None, "nothing published yet");
+        assert_eq!(facts(&recorded, &live).published, Some(Side::Maintenance));
     }
 
     #[test]

@@ -76,7 +76,27 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
         events.normal(&reference, reason, note).await;
     }
 
-    let status = status::build(&mp, &plan, Some(&applied.app), Some(&applied.maintenance), now);
+    if plan.first_publish {
+        let to = match plan.publish {
+            Side::App => "the app",
+            Side::Maintenance => "the maintenance page",
+        };
+        info!(published = ?plan.publish, "published a side for the first time");
+        let note = format!("Service {} sends traffic to {to}", mp.spec.app.name);
+        events.normal(&reference, "Published", note).await;
+    }
+
+    let seen = status::Seen {
+        app: Some(&applied.app),
+        maintenance: Some(&applied.maintenance),
+        app_stuck: observation.app_stuck.as_ref(),
+        maintenance_stuck: observation.maintenance_stuck.as_ref(),
+    };
+    let status = status::build(&mp, &plan, &seen, now);
+    if let Some(degraded) = status::newly_degraded(mp.status.as_ref(), &status) {
+        warn!(reason = %degraded.reason, message = %degraded.message, "degraded");
+        events.warning(&reference, &degraded.reason, degraded.message.clone()).await;
+    }
     if mp.status.as_ref() != Some(&status) {
         apply_status(&maintpages, &name, &status_body(&status))
             .await

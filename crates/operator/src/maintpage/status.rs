@@ -1,10 +1,11 @@
 //! The MaintPage status: which side is published, ready pods, and the three conditions. Pure.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use noops_api::condition::{DEGRADED, PROGRESSING, READY};
 use noops_api::maintpage::{MaintPage, MaintPageStatus, Side};
 
+use super::stuck::Stuck;
 use super::switch::Plan;
 use crate::core::conditions::{Decided, merge};
 use crate::core::rollout::{deployment_ready_replicas as ready_replicas, deployment_rolled_out as rolled_out, deployment_stalled as stalled};
@@ -16,15 +17,19 @@ fn side_name(side: Side) -> &'static str {
     }
 }
 
-/// Builds the status after a reconcile that carried out `plan`; `app` and `maintenance` are the
-/// Deployments as the apply returned them.
-pub fn build(
-    mp: &MaintPage,
-    plan: &Plan,
-    app: Option<&Deployment>,
-    maintenance: Option<&Deployment>,
-    now: jiff::Timestamp,
-) -> MaintPageStatus {
+/// What the status says about the children: the Deployments as the apply returned them, and
+/// whether the pods of a side cannot start.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Seen<'a> {
+    pub app: Option<&'a Deployment>,
+    pub maintenance: Option<&'a Deployment>,
+    pub app_stuck: Option<&'a Stuck>,
+    pub maintenance_stuck: Option<&'a Stuck>,
+}
+
+/// Builds the status after a reconcile that carried out `plan`.
+pub fn build(mp: &MaintPage, plan: &Plan, seen: &Seen, now: jiff::Timestamp) -> MaintPageStatus {
+    let (app, maintenance) = (seen.app, seen.maintenance);
     let spec = &mp.spec;
     let desired = spec.desired_side();
     let service = &spec.app.name;
@@ -115,17 +120,31 @@ pub fn build(
         )
     };
 
-    let degraded = match stalled(app)
-        .map(|m| ("app", m))
-        .or_else(|| stalled(maintenance).map(|m| ("maintenance", m)))
+    // Pods that cannot start say so at once; a stalled rollout only after its deadline.
+    let degraded = if let Some((which, stuck)) = seen
+        .app_stuck
+        .map(|s| ("app", s))
+        .or(seen.maintenance_stuck.map(|s| ("maintenance", s)))
     {
-        Some((which, message)) => Decided::new(
+        Decided::new(
             DEGRADED,
             true,
-            "RolloutStalled",
-            format!("{which} Deployment: {message}"),
-        ),
-        None => Decided::new(DEGRADED, false, "AsExpected", "no problems found"),
+            stuck_reason(&stuck.reason),
+            format!("{which} pods cannot start ({}): {}", stuck.reason, stuck.message),
+        )
+    } else {
+        match stalled(app)
+            .map(|m| ("app", m))
+            .or_else(|| stalled(maintenance).map(|m| ("maintenance", m)))
+        {
+            Some((which, message)) => Decided::new(
+                DEGRADED,
+                true,
+                "RolloutStalled",
+                format!("{which} Deployment: {message}"),
+            ),
+            None => Decided::new(DEGRADED, false, "AsExpected", "no problems found"),
+        }
     };
 
     let previous = mp.status.clone().unwrap_or_default();
@@ -137,13 +156,38 @@ pub fn build(
             mp.metadata.generation,
             now,
         ),
-        published: Some(plan.publish),
+        published: plan.published,
         switched_at: plan.switched_at.map(Time),
         waiting_for: plan.waiting_for,
         app_ready_replicas: ready_replicas(app),
         maintenance_ready_replicas: ready_replicas(maintenance),
         service_name: Some(service.clone()),
     }
+}
+
+/// The condition reasons of pods that cannot start (a `&'static str`, as conditions want).
+fn stuck_reason(reason: &str) -> &'static str {
+    const KNOWN: [&str; 9] = [
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ImageNotMapped",
+        "CrashLoopBackOff",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+        "Unschedulable",
+    ];
+    KNOWN.into_iter().find(|k| *k == reason).unwrap_or("PodsCannotStart")
+}
+
+/// The Degraded condition of `new` if it just became True, or True for another reason than in
+/// `previous` (so that it is announced once, in an Event).
+pub fn newly_degraded<'a>(previous: Option<&MaintPageStatus>, new: &'a MaintPageStatus) -> Option<&'a Condition> {
+    let degraded = |s: &'a MaintPageStatus| s.conditions.iter().find(|c| c.type_ == DEGRADED && c.status == "True");
+    let now = degraded(new)?;
+    let before = previous.and_then(|p| p.conditions.iter().find(|c| c.type_ == DEGRADED && c.status == "True"));
+    (before.map(|c| c.reason.as_str()) != Some(now.reason.as_str())).then_some(now)
 }
 
 /// The status when the spec cannot be carried out (a name conflict): Degraded with the error's
@@ -183,13 +227,11 @@ mod tests {
     #[test]
     fn published_and_ready() {
         let d = deployment("shop").ready(1).build();
-        let s = build(
-            &mp(false),
-            &plan(Side::App, 1),
-            Some(&d),
-            None,
-            jiff::Timestamp::UNIX_EPOCH,
-        );
+        let seen = Seen {
+            app: Some(&d),
+            ..Default::default()
+        };
+        let s = build(&mp(false), &plan(Side::App, 1), &seen, jiff::Timestamp::UNIX_EPOCH);
         assert!(is_true(&s.conditions, READY));
         assert!(!is_true(&s.conditions, PROGRESSING));
         assert_eq!(s.published, Some(Side::App));
@@ -200,11 +242,14 @@ mod tests {
     #[test]
     fn switching_is_not_ready_and_says_what_it_waits_for() {
         let d = deployment("shop").ready(1).build();
+        let seen = Seen {
+            app: Some(&d),
+            ..Default::default()
+        };
         let s = build(
             &mp(true),
             &waiting_for(Side::App, Side::Maintenance),
-            Some(&d),
-            None,
+            &seen,
             jiff::Timestamp::UNIX_EPOCH,
         );
         let ready = s.conditions.iter().find(|c| c.type_ == READY).unwrap();
@@ -221,10 +266,45 @@ mod tests {
     #[test]
     fn a_stalled_rollout_is_degraded() {
         let app = deployment("shop").stalled("ReplicaSet has timed out progressing").build();
-        let s = build(&mp(false), &plan(Side::App, 0), Some(&app), None, jiff::Timestamp::UNIX_EPOCH);
+        let seen = Seen {
+            app: Some(&app),
+            ..Default::default()
+        };
+        let s = build(&mp(false), &plan(Side::App, 0), &seen, jiff::Timestamp::UNIX_EPOCH);
         let degraded = s.conditions.iter().find(|c| c.type_ == DEGRADED).unwrap();
         assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", "RolloutStalled"));
         assert!(degraded.message.contains("timed out"), "{}", degraded.message);
+    }
+
+    #[test]
+    fn pods_that_cannot_start_are_degraded_at_once_and_announced_once() {
+        let app = deployment("shop").ready(1).build();
+        let stuck = Stuck {
+            reason: "ImageNotMapped".into(),
+            message: "pod shop-maintenance-1, container maintenance: not mapped".into(),
+        };
+        let seen = Seen {
+            app: Some(&app),
+            maintenance_stuck: Some(&stuck),
+            ..Default::default()
+        };
+        let plan = waiting_for(Side::App, Side::Maintenance);
+        let s = build(&mp(true), &plan, &seen, jiff::Timestamp::UNIX_EPOCH);
+        let degraded = s.conditions.iter().find(|c| c.type_ == DEGRADED).unwrap();
+        assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", "ImageNotMapped"));
+        assert!(degraded.message.contains("maintenance pods cannot start"), "{}", degraded.message);
+        assert!(newly_degraded(None, &s).is_some(), "announced");
+        assert!(newly_degraded(Some(&s), &s).is_none(), "once");
+        let recovered = build(
+            &mp(true),
+            &plan,
+            &Seen {
+                app: Some(&app),
+                ..Default::default()
+            },
+            jiff::Timestamp::UNIX_EPOCH,
+        );
+        assert!(!is_true(&recovered.conditions, DEGRADED), "cleared when the pods recover");
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! When to move the Service between the app and the maintenance page. Pure.
 //!
 //! The Service moves to a side only once that side's pods are all Ready, so clients never see
-//! a gap. The maintenance pods run while the page is published or about to be, and for a short
+//! a gap. That holds from the first reconcile on: a new MaintPage publishes the side its spec
+//! asks for once that side is Ready, and until then the other side if that one is Ready;
+//! nothing counts as published before a side is Ready. The maintenance pods run while the page is published or about to be, and for a short
 //! drain after the Service has moved back to the app, so that connections kube-proxy still sends
 //! them while it catches up are answered. Everything the plan depends on comes from the
 //! resource's status and the observed Deployments, never from memory: a restarted operator
@@ -32,7 +34,12 @@ pub struct Facts {
 pub struct Plan {
     /// The side the Service selects after this reconcile.
     pub publish: Side,
-    /// Whether this reconcile moves the Service.
+    /// The side recorded as published: `publish`, once a Ready side has been published; `None`
+    /// while a new MaintPage has no Ready side yet.
+    pub published: Option<Side>,
+    /// Whether this reconcile publishes a side for the first time.
+    pub first_publish: bool,
+    /// Whether this reconcile moves the Service from one published side to the other.
     pub switched: bool,
     /// When the Service last moved (now, if `switched`).
     pub switched_at: Option<jiff::Timestamp>,
@@ -49,18 +56,25 @@ pub struct Plan {
 /// Plans the next step.
 pub fn plan(spec: &MaintPageSpec, observed: &Facts, now: jiff::Timestamp) -> Plan {
     let desired = spec.desired_side();
-    // A new resource publishes what it asks for straight away: nothing is being served yet.
-    let current = observed.published.unwrap_or(desired);
-    let target_ready = match desired {
+    let ready = |side| match side {
         Side::App => observed.app_ready,
         Side::Maintenance => observed.maintenance_ready,
     };
-    let (publish, switched, waiting_for) = if current == desired {
-        (current, false, None)
-    } else if target_ready {
-        (desired, true, None)
-    } else {
-        (current, false, Some(desired))
+    let other = match desired {
+        Side::App => Side::Maintenance,
+        Side::Maintenance => Side::App,
+    };
+    // (the side selected, the side published, whether it moved, the side waited for)
+    let (publish, published, switched, waiting_for) = match observed.published {
+        // The first publish: only ever a Ready side, the one asked for first.
+        None if ready(desired) => (desired, Some(desired), false, None),
+        None if ready(other) => (other, Some(other), false, Some(desired)),
+        // Nothing is Ready yet: the Service selects the side asked for, which answers as soon
+        // as its first pod is Ready; it counts as published only then.
+        None => (desired, None, false, Some(desired)),
+        Some(current) if current == desired => (current, Some(current), false, None),
+        Some(_) if ready(desired) => (desired, Some(desired), true, None),
+        Some(current) => (current, Some(current), false, Some(desired)),
     };
     let switched_at = if switched { Some(now) } else { observed.switched_at };
     let (maintenance_replicas, requeue_after) = if publish == Side::Maintenance || desired == Side::Maintenance {
@@ -74,6 +88,8 @@ pub fn plan(spec: &MaintPageSpec, observed: &Facts, now: jiff::Timestamp) -> Pla
     };
     Plan {
         publish,
+        published,
+        first_publish: observed.published.is_none() && published.is_some(),
         switched,
         switched_at,
         waiting_for,
@@ -106,9 +122,34 @@ mod tests {
     }
 
     #[test]
-    fn a_new_resource_publishes_the_app_without_maintenance_pods() {
-        let p = plan(&spec(false), &observed(None, false, false), at(0));
-        assert_eq!((p.publish, p.switched, p.maintenance_replicas), (Side::App, false, 0));
+    fn a_new_resource_publishes_the_app_once_ready_without_maintenance_pods() {
+        let starting = plan(&spec(false), &observed(None, false, false), at(0));
+        assert_eq!((starting.publish, starting.published), (Side::App, None), "not yet published");
+        assert_eq!(starting.maintenance_replicas, 0);
+        assert_eq!(starting.waiting_for, Some(Side::App));
+        let ready = plan(&spec(false), &observed(None, true, false), at(1));
+        assert_eq!((ready.publish, ready.published), (Side::App, Some(Side::App)));
+        assert!(ready.first_publish && !ready.switched);
+        assert_eq!((ready.switched_at, ready.maintenance_replicas), (None, 0), "no drain");
+    }
+
+    #[test]
+    fn a_new_resource_in_maintenance_publishes_the_app_until_the_page_is_ready() {
+        let waiting = plan(&spec(true), &observed(None, true, false), at(0));
+        assert_eq!((waiting.publish, waiting.published), (Side::App, Some(Side::App)));
+        assert_eq!(waiting.waiting_for, Some(Side::Maintenance));
+        assert!(waiting.first_publish && waiting.started_waiting);
+        assert_eq!(waiting.maintenance_replicas, 1, "the page keeps starting");
+        // Once published, the usual rule holds: the page is switched to when Ready.
+        let later = plan(&spec(true), &observed(Some(Side::App), true, true), at(5));
+        assert_eq!((later.publish, later.switched), (Side::Maintenance, true));
+        // Both Ready at once: the side asked for.
+        let both = plan(&spec(true), &observed(None, true, true), at(0));
+        assert_eq!((both.publish, both.published), (Side::Maintenance, Some(Side::Maintenance)));
+        // Neither: the Service selects the page, nothing is published.
+        let neither = plan(&spec(true), &observed(None, false, false), at(0));
+        assert_eq!((neither.publish, neither.published), (Side::Maintenance, None));
+        assert!(!neither.first_publish);
     }
 
     #[test]

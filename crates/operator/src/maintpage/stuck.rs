@@ -1,0 +1,137 @@
+//! Whether a side's pods cannot start, and why. A Deployment says so only when its progress
+//! deadline passes (minutes); the pods say it at once: an image that cannot be pulled (or, on
+//! the local Kubernetes, is not mapped), a crash loop, a missing Secret, no node to run on.
+//! Pure.
+
+use k8s_openapi::api::core::v1::Pod;
+
+/// Why the pods of a side cannot start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stuck {
+    /// The reason the pod reports (`ImagePullBackOff`, `CrashLoopBackOff`, `Unschedulable`, ...).
+    pub reason: String,
+    /// Which pod and container, and what the pod says.
+    pub message: String,
+}
+
+/// Waiting reasons of a container that will not start without a change to the spec or the
+/// cluster. `ContainerCreating` and `PodInitializing` are not among them: they pass.
+const STUCK_WAITING: [&str; 8] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ImageNotMapped",
+    "CrashLoopBackOff",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+/// The first problem found among `pods` (by pod name), if any. Pods being deleted are left out.
+pub fn stuck<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Option<Stuck> {
+    let mut pods: Vec<&Pod> = pods
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    pods.into_iter().find_map(pod_stuck)
+}
+
+fn pod_stuck(pod: &Pod) -> Option<Stuck> {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let status = pod.status.as_ref()?;
+    let containers = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten());
+    for container in containers {
+        let Some(waiting) = container.state.as_ref().and_then(|s| s.waiting.as_ref()) else {
+            continue;
+        };
+        let reason = waiting.reason.as_deref().unwrap_or_default();
+        if STUCK_WAITING.contains(&reason) {
+            let said = waiting.message.as_deref().unwrap_or(reason);
+            return Some(Stuck {
+                reason: reason.to_string(),
+                message: format!("pod {name}, container {}: {said}", container.name),
+            });
+        }
+    }
+    status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+        .map(|c| Stuck {
+            reason: "Unschedulable".into(),
+            message: format!("pod {name}: {}", c.message.as_deref().unwrap_or("no node can run it")),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{ContainerState, ContainerStateWaiting, ContainerStatus, PodCondition, PodStatus};
+
+    fn pod(name: &str, waiting: Option<(&str, &str)>) -> Pod {
+        let mut pod = Pod::default();
+        pod.metadata.name = Some(name.into());
+        pod.status = Some(PodStatus {
+            container_statuses: Some(vec![ContainerStatus {
+                name: "maintenance".into(),
+                state: Some(ContainerState {
+                    waiting: waiting.map(|(reason, message)| ContainerStateWaiting {
+                        reason: Some(reason.into()),
+                        message: Some(message.into()),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        pod
+    }
+
+    #[test]
+    fn images_that_cannot_run_and_crash_loops_are_stuck_creating_is_not() {
+        for reason in ["ImagePullBackOff", "ErrImagePull", "ImageNotMapped", "CrashLoopBackOff", "CreateContainerConfigError"] {
+            let found = stuck([&pod("page-1", Some((reason, "it says why")))]).unwrap();
+            assert_eq!(found.reason, reason);
+            assert_eq!(found.message, "pod page-1, container maintenance: it says why");
+        }
+        assert_eq!(stuck([&pod("page-1", Some(("ContainerCreating", "")))]), None);
+        assert_eq!(stuck([&pod("page-1", None)]), None, "running");
+        assert_eq!(stuck([]), None);
+    }
+
+    #[test]
+    fn the_first_stuck_pod_by_name_is_reported_and_deleted_pods_are_not() {
+        let a = pod("page-a", Some(("ImageNotMapped", "not mapped")));
+        let b = pod("page-b", Some(("CrashLoopBackOff", "back-off")));
+        assert_eq!(stuck([&b, &a]).unwrap().reason, "ImageNotMapped");
+        let mut leaving = a.clone();
+        leaving.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::UNIX_EPOCH,
+        ));
+        assert_eq!(stuck([&leaving, &b]).unwrap().reason, "CrashLoopBackOff");
+    }
+
+    #[test]
+    fn a_pod_no_node_can_run_is_stuck() {
+        let mut p = pod("page-1", None);
+        p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            message: Some("0/3 nodes are available".into()),
+            ..Default::default()
+        }]);
+        let found = stuck([&p]).unwrap();
+        assert_eq!(
+            (found.reason.as_str(), found.message.as_str()),
+            ("Unschedulable", "pod page-1: 0/3 nodes are available")
+        );
+    }
+}
