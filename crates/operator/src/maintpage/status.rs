@@ -129,7 +129,7 @@ pub fn build(mp: &MaintPage, plan: &Plan, seen: &Seen, now: jiff::Timestamp) -> 
         Decided::new(
             DEGRADED,
             true,
-            stuck_reason(&stuck.reason),
+            stuck.reason,
             format!("{which} pods cannot start ({}): {}", stuck.reason, stuck.message),
         )
     } else {
@@ -163,22 +163,6 @@ pub fn build(mp: &MaintPage, plan: &Plan, seen: &Seen, now: jiff::Timestamp) -> 
         maintenance_ready_replicas: ready_replicas(maintenance),
         service_name: Some(service.clone()),
     }
-}
-
-/// The condition reasons of pods that cannot start (a `&'static str`, as conditions want).
-fn stuck_reason(reason: &str) -> &'static str {
-    const KNOWN: [&str; 9] = [
-        "ErrImagePull",
-        "ImagePullBackOff",
-        "InvalidImageName",
-        "ImageNotMapped",
-        "CrashLoopBackOff",
-        "CreateContainerConfigError",
-        "CreateContainerError",
-        "RunContainerError",
-        "Unschedulable",
-    ];
-    KNOWN.into_iter().find(|k| *k == reason).unwrap_or("PodsCannotStart")
 }
 
 /// The Degraded condition of `new` if it just became True, or True for another reason than in
@@ -280,7 +264,7 @@ mod tests {
     fn pods_that_cannot_start_are_degraded_at_once_and_announced_once() {
         let app = deployment("shop").ready(1).build();
         let stuck = Stuck {
-            reason: "ImageNotMapped".into(),
+            reason: "ImageNotMapped",
             message: "pod shop-maintenance-1, container maintenance: not mapped".into(),
         };
         let seen = Seen {

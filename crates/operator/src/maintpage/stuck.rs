@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stuck {
     /// The reason the pod reports (`ImagePullBackOff`, `CrashLoopBackOff`, `Unschedulable`, ...).
-    pub reason: String,
+    pub reason: &'static str,
     /// Which pod and container, and what the pod says.
     pub message: String,
 }
@@ -49,12 +49,12 @@ fn pod_stuck(pod: &Pod) -> Option<Stuck> {
         let Some(waiting) = container.state.as_ref().and_then(|s| s.waiting.as_ref()) else {
             continue;
         };
-        let reason = waiting.reason.as_deref().unwrap_or_default();
-        if STUCK_WAITING.contains(&reason) {
-            let said = waiting.message.as_deref().unwrap_or(reason);
+        let said = waiting.reason.as_deref().unwrap_or_default();
+        if let Some(reason) = STUCK_WAITING.into_iter().find(|r| *r == said) {
+            let message = waiting.message.as_deref().unwrap_or(reason);
             return Some(Stuck {
-                reason: reason.to_string(),
-                message: format!("pod {name}, container {}: {said}", container.name),
+                reason,
+                message: format!("pod {name}, container {}: {message}", container.name),
             });
         }
     }
@@ -64,7 +64,7 @@ fn pod_stuck(pod: &Pod) -> Option<Stuck> {
         .flatten()
         .find(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
         .map(|c| Stuck {
-            reason: "Unschedulable".into(),
+            reason: "Unschedulable",
             message: format!("pod {name}: {}", c.message.as_deref().unwrap_or("no node can run it")),
         })
 }
@@ -130,7 +130,7 @@ mod tests {
         }]);
         let found = stuck([&p]).unwrap();
         assert_eq!(
-            (found.reason.as_str(), found.message.as_str()),
+            (found.reason, found.message.as_str()),
             ("Unschedulable", "pod page-1: 0/3 nodes are available")
         );
     }
