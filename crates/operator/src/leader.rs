@@ -309,7 +309,7 @@ pub enum Outcome {
     Stopped,
     /// Asked to stop before ever leading.
     NeverLed,
-    /// The lease was lost (or could not be renewed in time): the controllers stopped.
+    /// The lease was lost (or could not be renewed in time): the work was cancelled.
     LostLease,
     /// The controllers did not stop within the grace after being told to: the lease was kept
     /// (it expires), and the process must exit so that they end.
@@ -321,9 +321,11 @@ pub enum Outcome {
 }
 
 /// Campaigns with `elector` (or leads at once without one), runs `work` while leading, and
-/// returns once it has ended. `work` gets a [`Shutdown`] that fires on `stop` or when the lease
-/// is lost, and must return within the stop grace after it fires; only then is the lease given
-/// up, so no other replica starts before these controllers have stopped. `on_leading` hears
+/// returns once it has ended. `work` gets a [`Shutdown`] that fires on `stop`, and must return
+/// within the stop grace after it fires; only then is the lease given up, so no other replica
+/// starts before these controllers have stopped. When the lease is lost, `work` is dropped at
+/// once: it must own what it runs (a `JoinSet`, not detached tasks), so that dropping it
+/// cancels every reconcile in flight. `on_leading` hears
 /// when leadership starts and ends (for the leader metric).
 pub async fn run_while_leading<W, Fut>(
     elector: Option<Elector>,
@@ -378,8 +380,8 @@ where
         let _ = halt_tx.send(true);
         lost
     });
-    let work = work(Shutdown::new(halt_rx.clone()));
-    tokio::pin!(work);
+    // Boxed, not pinned in place, so that it can be dropped early.
+    let mut work = Box::pin(work(Shutdown::new(halt_rx.clone())));
     let work_done = tokio::select! {
         biased;
         _ = halt_rx.wait_for(|h| *h) => false,
@@ -387,19 +389,26 @@ where
     };
     // The work may end because the halt fired a moment ago: that is no end by itself.
     let ended_by_itself = work_done && !*halt_rx.borrow();
+    if ended_by_itself {
+        on_leading(false);
+        watcher.abort();
+        release_and_wait(campaign).await;
+        return Outcome::WorkEnded;
+    }
+    // The watcher has fired the halt, so it has ended or is about to.
+    let lost = watcher.await.unwrap_or(true);
+    if lost {
+        // Another replica may take the lease soon after its deadline: the work in flight is
+        // cancelled now rather than awaited (a reconcile is safe to cut anywhere, as a crash).
+        drop(work);
+        on_leading(false);
+        return Outcome::LostLease;
+    }
     let stopped_in_time = work_done || tokio::time::timeout(grace, &mut work).await.is_ok();
     on_leading(false);
     if !stopped_in_time {
         warn!(grace = ?grace, "the controllers did not stop in time; keeping the lease until it expires");
         return Outcome::StuckStopping;
-    }
-    if ended_by_itself {
-        watcher.abort();
-        release_and_wait(campaign).await;
-        return Outcome::WorkEnded;
-    }
-    if watcher.await.unwrap_or(true) {
-        return Outcome::LostLease;
     }
     release_and_wait(campaign).await;
     Outcome::Stopped

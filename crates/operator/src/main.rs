@@ -17,7 +17,7 @@ use noops::core::metrics::Metrics;
 use noops::leader::{Elector, Outcome, Timing};
 use noops::server::{Health, serve};
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 #[derive(Debug, Parser)]
 #[command(name = "noops", version, about = "Kubernetes operators for stateful services")]
@@ -176,31 +176,34 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         stop_rx,
         move |leading| leader_metric.set_leader(leading),
         |shutdown| async move {
-            let mut tasks = vec![];
+            // A JoinSet aborts its tasks when dropped, as happens when the lease is lost.
+            let mut tasks = tokio::task::JoinSet::new();
             for controller in &controllers {
                 for namespace in &namespaces {
-                    tasks.push(tokio::spawn((controller.run)(Runtime {
+                    tasks.spawn((controller.run)(Runtime {
                         client: client.clone(),
                         namespace: namespace.clone(),
                         metrics: metrics.clone(),
                         shutdown: shutdown.clone(),
-                    })));
+                    }));
                 }
             }
-            futures::future::join_all(tasks).await;
+            while tasks.join_next().await.is_some() {}
         },
     )
     .await;
     server.abort();
-    match outcome {
-        Outcome::Stopped | Outcome::NeverLed => {}
-        Outcome::LostLease => anyhow::bail!("lost leadership; exiting so that a fresh start campaigns again"),
-        Outcome::StuckStopping => anyhow::bail!("the controllers did not stop in time; exiting to end them"),
-        Outcome::WorkEnded => {
-            anyhow::bail!("the controllers stopped on their own; exiting so that a fresh start runs them")
+    let why = match outcome {
+        Outcome::Stopped | Outcome::NeverLed => {
+            info!("noops operator stopped");
+            return Ok(());
         }
-        Outcome::ElectionFailed => anyhow::bail!("the leader election ended unexpectedly"),
-    }
-    info!("noops operator stopped");
-    Ok(())
+        Outcome::LostLease => "lost leadership; exiting so that a fresh start campaigns again",
+        Outcome::StuckStopping => "the controllers did not stop in time; exiting to end them",
+        Outcome::WorkEnded => "the controllers stopped on their own; exiting so that a fresh start runs them",
+        Outcome::ElectionFailed => "the leader election ended unexpectedly",
+    };
+    // Exit at once: no backtrace to capture, no runtime to wind down while a lease runs out.
+    error!("{why}");
+    std::process::exit(1)
 }
