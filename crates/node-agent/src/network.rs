@@ -126,6 +126,9 @@ pub struct PodNetwork {
     ipam_dir: PathBuf,
 }
 
+/// The file (in the IPAM folder) that holds the address handed out last.
+const LAST_ALLOCATED: &str = "last-allocated";
+
 impl PodNetwork {
     pub fn new(
         bridge: String,
@@ -169,12 +172,27 @@ impl PodNetwork {
         if let Some(ip) = self.held_by(uid)? {
             return Ok(ip);
         }
-        for ip in self.cidr.pod_addresses().filter(|ip| *ip != self.gateway) {
+        // Addresses are handed out in turn, after the last one given, not lowest first: other
+        // pods keep the hardware address of a gone pod's address in their neighbour tables for
+        // a while, and would send a new holder's replies to the old one (seen as connections
+        // that hang for seconds). In turn, an address comes back only after the rest of the
+        // range has been used.
+        let last_path = self.ipam_dir.join(LAST_ALLOCATED);
+        let last: Option<Ipv4Addr> = std::fs::read_to_string(&last_path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        let candidates: Vec<Ipv4Addr> = self.cidr.pod_addresses().filter(|ip| *ip != self.gateway).collect();
+        let start = last
+            .and_then(|last| candidates.iter().position(|ip| *ip == last))
+            .map_or(0, |i| i + 1);
+        for ip in candidates[start..].iter().chain(&candidates[..start]).copied() {
             let path = self.ipam_dir.join(ip.to_string());
             match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
                 Ok(mut f) => {
                     use std::io::Write;
                     f.write_all(uid.as_bytes()).map_err(ipam_err(&path))?;
+                    // Only a hint for the next allocation: losing it costs nothing but order.
+                    let _ = std::fs::write(&last_path, ip.to_string());
                     return Ok(ip);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
@@ -396,8 +414,12 @@ mod tests {
         assert_eq!(net.allocate("uid-a").unwrap(), a);
         net.release("uid-a").unwrap();
         assert_eq!(net.held_by("uid-a").unwrap(), None);
+        // A released address is not handed out again while others are free.
+        let c = net.allocate("uid-c").unwrap();
+        assert_ne!(c, a, "a freed address comes back only after the rest of the range");
+        assert_eq!(net.holders().unwrap().len(), 2, "the hint file is not an address");
         // A /29 has 8 addresses: network, gateway, broadcast and 5 for pods.
-        for i in 0..4 {
+        for i in 0..3 {
             net.allocate(&format!("more-{i}")).unwrap();
         }
         assert!(matches!(net.allocate("one-too-many"), Err(NetworkError::Exhausted(_))));
