@@ -35,13 +35,40 @@ impl Events {
         self.publish(about, EventType::Warning, reason, note.into()).await;
     }
 
+    /// An Event about `about` that concerns `related` too (an etcd member's Pod, say). The
+    /// recorder folds Events with the same reason, object and related object into one series
+    /// that keeps the first note: naming the related object keeps "Promoted main-2" from being
+    /// counted as a repeat of "Promoted main-1".
+    pub async fn related(
+        &self,
+        about: &ObjectReference,
+        related: Option<ObjectReference>,
+        warning: bool,
+        reason: &str,
+        note: impl Into<String>,
+    ) {
+        let type_ = if warning { EventType::Warning } else { EventType::Normal };
+        self.publish_event(about, type_, reason, note.into(), related).await;
+    }
+
     async fn publish(&self, about: &ObjectReference, type_: EventType, reason: &str, note: String) {
+        self.publish_event(about, type_, reason, note, None).await;
+    }
+
+    async fn publish_event(
+        &self,
+        about: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: String,
+        related: Option<ObjectReference>,
+    ) {
         let event = Event {
             type_,
             reason: reason.into(),
             note: Some(note),
             action: reason.into(),
-            secondary: None,
+            secondary: related,
         };
         // An event that cannot be written must not fail the reconcile that reports it.
         if let Err(e) = self.recorder.publish(&event, about).await {
