@@ -15,6 +15,8 @@ missing=()
 for cmd in "${!wanted[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${wanted[$cmd]}")
 done
+# The protobuf well-known types, which etcd's API files import (etcd-client compiles them).
+[ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" = 0 ] || die "missing packages (${missing[*]}) and not root to install them"
   log "installing Debian packages: ${missing[*]}"

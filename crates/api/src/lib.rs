@@ -7,8 +7,10 @@
 #![forbid(unsafe_code)]
 
 pub mod condition;
+pub mod etcd;
 pub mod maintpage;
 
+pub use etcd::{EtcdCluster, EtcdClusterSpec, EtcdClusterStatus};
 pub use maintpage::{MaintPage, MaintPageSpec, MaintPageStatus};
 
 /// The API group of every noops resource.
@@ -19,5 +21,5 @@ pub const VERSION: &str = "v1alpha1";
 /// Every CRD of the group, in a stable order.
 pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
     use kube::CustomResourceExt;
-    vec![MaintPage::crd()]
+    vec![EtcdCluster::crd(), MaintPage::crd()]
 }

@@ -14,6 +14,8 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::PostParams;
 use kube::{Api, Client};
 
+pub mod etcd;
+
 /// The repository root.
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -308,6 +310,7 @@ pub fn install_crds() {
             "wait",
             "--for=condition=Established",
             "crd/maintpages.noops.dev",
+            "crd/etcdclusters.noops.dev",
             "--timeout=30s",
         ],
         None,

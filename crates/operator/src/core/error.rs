@@ -50,6 +50,9 @@ pub enum Error {
     /// The object could not be read as its kind (it breaks the current schema).
     #[error("object cannot be read as {kind}: {message}")]
     Malformed { kind: String, message: String },
+    /// etcd refused or failed a request (a member unreachable, a membership change refused).
+    #[error("etcd: {0}")]
+    Etcd(String),
     /// An error in one stage of a reconcile.
     #[error("while {step}: {source}")]
     During {
@@ -71,6 +74,7 @@ impl Error {
             Error::InvalidSpec(_) => "InvalidSpec",
             Error::NameConflict { .. } => "NameConflict",
             Error::Malformed { .. } => "Malformed",
+            Error::Etcd(_) => "EtcdError",
             Error::During { source, .. } => source.reason(),
         }
     }
@@ -78,7 +82,7 @@ impl Error {
     /// Whether retrying can help without a change to the spec or the cluster.
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Kube(_) => true,
+            Error::Kube(_) | Error::Etcd(_) => true,
             Error::During { source, .. } => source.is_transient(),
             _ => false,
         }

@@ -1,0 +1,287 @@
+//! EtcdCluster: an etcd cluster that the operator creates, scales, repairs and keeps safe.
+//!
+//! ```yaml
+//! apiVersion: noops.dev/v1alpha1
+//! kind: EtcdCluster
+//! metadata: { name: main }
+//! spec:
+//!   replicas: 3
+//!   version: 3.5.21
+//! ```
+//!
+//! Each member is a Pod with a PersistentVolumeClaim of its own, reached by its stable name
+//! `<member>.<cluster>.<namespace>.svc`. Members join as learners and are promoted once caught
+//! up, one change at a time and only while the cluster is healthy; a dead member is removed
+//! before its successor is added. TLS is on by default, with certificates from the operator's
+//! own CA in Secrets. All progress of a membership change is in the status.
+
+use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The desired state of an etcd cluster.
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "noops.dev",
+    version = "v1alpha1",
+    kind = "EtcdCluster",
+    plural = "etcdclusters",
+    shortname = "etcd",
+    namespaced,
+    status = "EtcdClusterStatus",
+    validation = Rule::new("self.metadata.name.size() <= 40").message("an EtcdCluster name is at most 40 characters: member names and Services add to it"),
+    validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("an EtcdCluster name must be a DNS label: lower-case letters, digits and '-', starting with a letter"),
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.ready"}"#,
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.currentVersion"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Leader","type":"string","jsonPath":".status.leader"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = Rule::new("int(self.version.split('.')[1]) >= int(oldSelf.version.split('.')[1])").message("version: downgrades are refused; etcd cannot go back to an older minor version"))]
+#[x_kube(validation = Rule::new("int(self.version.split('.')[1]) <= int(oldSelf.version.split('.')[1]) + 1").message("version: upgrade one minor version at a time (3.5 to 3.6), as etcd requires"))]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdClusterSpec {
+    /// How many voting members: 1, 3, 5 or 7. A cluster of n members keeps working with
+    /// n/2 of them lost (rounded down).
+    #[serde(default = "default_replicas")]
+    #[x_kube(validation = Rule::new("self in [1, 3, 5, 7]").message("replicas must be 1, 3, 5 or 7: an odd number of members, since an even number tolerates no more lost members than the odd number below it"))]
+    pub replicas: i32,
+    /// The etcd version, such as `3.5.21` or `3.6.4`. Upgrades go one minor version at a time,
+    /// one member at a time; downgrades are refused.
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^3\\\\.[56]\\\\.[0-9]+$')").message("version must be an etcd version this operator runs: 3.5.x or 3.6.x"))]
+    pub version: String,
+    /// Where members keep their data. Immutable.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("storage is immutable: create a new cluster (from a backup) to change it"))]
+    pub storage: StorageSpec,
+    /// TLS between members and for clients. Immutable.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("tls is immutable: create a new cluster (from a backup) to change it"))]
+    pub tls: TlsSpec,
+    /// Stop changing the cluster (no membership change, no repair) until set back to false.
+    #[serde(default)]
+    pub paused: bool,
+    /// What every member pod gets.
+    #[serde(default)]
+    pub pod: PodSpec,
+}
+
+/// Where members keep their data.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageSpec {
+    /// The size of each member's volume, such as `1Gi`.
+    #[serde(default = "default_storage_size")]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]+(\\\\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$')").message("storage.size must be a quantity such as 1Gi or 500Mi"))]
+    pub size: String,
+    /// The StorageClass of the volumes; the cluster's default if unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub storage_class_name: Option<String>,
+    /// Keep data in the pod only (emptyDir): a member whose pod goes loses its data and is
+    /// replaced. For tests and caches, not for data you keep.
+    #[serde(default)]
+    pub ephemeral: bool,
+}
+
+impl Default for StorageSpec {
+    fn default() -> Self {
+        Self {
+            size: default_storage_size(),
+            storage_class_name: None,
+            ephemeral: false,
+        }
+    }
+}
+
+/// TLS between members and for clients.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsSpec {
+    /// Serve peers and clients over TLS with certificates from the operator's CA (on by
+    /// default). The client certificate is in Secret `<cluster>-client`.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+}
+
+impl Default for TlsSpec {
+    fn default() -> Self {
+        Self { enabled: true }
+    }
+}
+
+/// What every member pod gets.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    /// CPU and memory of the etcd container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Scheduling constraints, added to the operator's own spreading of members over nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Taints the member pods tolerate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Extra etcd flags, such as `--quota-backend-bytes=4294967296`. Flags the operator sets
+    /// (names, URLs, data dir, certificates, cluster state) are refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(max = 1024)))]
+    #[x_kube(validation = Rule::new("self.all(a, a.startsWith('--'))").message("pod.extraArgs must be etcd flags such as --quota-backend-bytes=4294967296"))]
+    pub extra_args: Vec<String>,
+}
+
+/// The observed state of an etcd cluster.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdClusterStatus {
+    /// The generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Ready, Available, Progressing and Degraded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Creating, Running, Scaling, Repairing, Degraded, QuorumLost or Paused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Healthy voting members out of those asked for, as `3/3`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<String>,
+    /// Healthy voting members.
+    #[serde(default)]
+    pub ready_members: i32,
+    /// Every member etcd knows, as last seen.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<MemberStatus>,
+    /// The member that leads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+    /// The version the members run (the lowest, during an upgrade).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<String>,
+    /// The etcd cluster ID (hex), set once it is bootstrapped: from then on the operator never
+    /// bootstraps again, whatever it finds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<String>,
+    /// Where clients connect.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<String>,
+    /// The Secret with the client certificate, key and CA (`tls.crt`, `tls.key`, `ca.crt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_secret: Option<String>,
+    /// The membership change in progress: a restarted operator finishes it from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<Operation>,
+    /// The index the next new member's name gets (`<cluster>-<index>`); names are never
+    /// reused, so a member's old volume is never taken for a new member's.
+    #[serde(default)]
+    pub next_member_index: i64,
+}
+
+/// One member, as last seen.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberStatus {
+    /// The member's name, also its pod's.
+    pub name: String,
+    /// The etcd member ID (hex).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The etcd version it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// It answered, and is part of a cluster with a leader.
+    #[serde(default)]
+    pub healthy: bool,
+    /// A learner: it receives the log but does not vote yet.
+    #[serde(default)]
+    pub learner: bool,
+    /// It leads.
+    #[serde(default)]
+    pub leader: bool,
+    /// The node its pod runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Since when it has not been healthy (a member unhealthy for too long is replaced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy_since: Option<Time>,
+}
+
+/// A membership change in progress.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Operation {
+    pub kind: OperationKind,
+    /// The member it is about.
+    pub member: String,
+    /// The member's etcd ID (hex), once etcd has given it one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_id: Option<String>,
+    /// Why (scale up, a dead member's replacement, ...).
+    pub reason: String,
+    /// When it started.
+    pub started_at: Time,
+}
+
+/// The kinds of membership change.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OperationKind {
+    /// The first member is starting a new cluster.
+    Bootstrap,
+    /// A member is being added: as a learner first, promoted once caught up.
+    AddMember,
+    /// A member is being removed from etcd, then its pod and volume.
+    RemoveMember,
+}
+
+fn default_replicas() -> i32 {
+    3
+}
+
+fn default_storage_size() -> String {
+    "1Gi".into()
+}
+
+fn default_true() -> bool {
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    #[test]
+    fn a_short_manifest_gets_the_defaults() {
+        let cluster: EtcdCluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "noops.dev/v1alpha1",
+            "kind": "EtcdCluster",
+            "metadata": { "name": "main" },
+            "spec": { "version": "3.5.21" },
+        }))
+        .unwrap();
+        assert_eq!(cluster.spec.replicas, 3);
+        assert_eq!(cluster.spec.storage.size, "1Gi");
+        assert!(!cluster.spec.storage.ephemeral);
+        assert!(cluster.spec.tls.enabled);
+        assert!(!cluster.spec.paused);
+    }
+
+    #[test]
+    fn the_crd_carries_validation_and_printer_columns() {
+        let crd = serde_json::to_string(&EtcdCluster::crd()).unwrap();
+        for needle in [
+            "replicas must be 1, 3, 5 or 7",
+            "downgrades are refused",
+            "one minor version at a time",
+            "storage is immutable",
+            "\"name\":\"Leader\"",
+            "\"shortNames\":[\"etcd\"]",
+        ] {
+            assert!(crd.contains(needle), "CRD lacks {needle}");
+        }
+    }
+}

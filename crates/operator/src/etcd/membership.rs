@@ -1,0 +1,669 @@
+//! The next membership step: pure, one change at a time, following etcd's own rules.
+//!
+//! - A new cluster starts from one member; every other member joins as a **learner** (added to
+//!   etcd before its pod exists, started with `initial-cluster-state=existing`), and is
+//!   **promoted** once it has caught up. A voting member is never added directly.
+//! - A member that is gone for good (its volume lost, its node lost, unhealthy past the grace
+//!   period) is **removed first**, then the scaling rule adds its successor under a new name:
+//!   its old volume is never reused under a stale identity.
+//! - A member whose pod merely vanished while its volume is there comes back on that volume,
+//!   as itself: a transient pod loss never shrinks the cluster.
+//! - Scaling up or down happens only while every voting member is healthy; on scale down, the
+//!   member goes from etcd (leadership moved away first if it leads) before its pod and volume.
+//! - Every change is written to the status before it is made ([`Operation`]), and carried on
+//!   from the status after a restart: each sub-step checks what is already done.
+//! - Nothing is removed if the remaining voters could not form a quorum; a cluster that has
+//!   lost its quorum is reported, never "repaired" by bootstrapping over live volumes.
+
+use std::time::Duration;
+
+use noops_api::etcd::{Operation, OperationKind};
+
+/// How long a member may be unhealthy (its process crashing, its node gone) before it is
+/// replaced.
+pub const UNHEALTHY_GRACE: Duration = Duration::from_secs(30);
+/// How long a learner may take to start and catch up before it is given up.
+pub const LEARNER_DEADLINE: Duration = Duration::from_secs(300);
+/// How long voting members may be without a leader before the quorum counts as lost (a leader
+/// election takes a second or two).
+pub const QUORUM_GRACE: Duration = Duration::from_secs(10);
+
+/// A member's pod, as observed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodState {
+    Missing,
+    /// Created, not Ready yet (scheduling, starting, restarting).
+    Starting,
+    Ready,
+    /// Being deleted.
+    Terminating,
+    /// Being deleted, and well past the time its node should have stopped it: the node is gone
+    /// or does not answer.
+    Stuck,
+}
+
+/// What the planner knows about one member: from etcd's member list, its pod, its volume and
+/// its health.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemberFacts {
+    pub name: String,
+    /// Its etcd member ID, if etcd lists it.
+    pub id: Option<u64>,
+    pub learner: bool,
+    pub healthy: bool,
+    pub leader: bool,
+    pub pod: PodState,
+    /// Its volume exists (always true for ephemeral storage while the pod exists).
+    pub volume: bool,
+    /// How long it has been unhealthy, if it is.
+    pub unhealthy_for: Option<Duration>,
+}
+
+impl MemberFacts {
+    fn in_etcd(&self) -> bool {
+        self.id.is_some()
+    }
+
+    fn voter(&self) -> bool {
+        self.in_etcd() && !self.learner
+    }
+}
+
+/// Everything the planner knows about the cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterFacts {
+    /// Voting members asked for.
+    pub replicas: usize,
+    /// The cluster ID is recorded: the cluster exists, and is never bootstrapped again.
+    pub bootstrapped: bool,
+    /// etcd's member list could be read (through a member that answered).
+    pub reachable: bool,
+    /// The member list came from the leader, so it holds every committed change (another
+    /// member's list may lag behind).
+    pub listed_by_leader: bool,
+    /// Members known from etcd, from their pods or volumes, or from the operation in progress.
+    pub members: Vec<MemberFacts>,
+    /// The operation in progress, from the status.
+    pub operation: Option<Operation>,
+    /// How long the operation has been going on.
+    pub operation_age: Duration,
+    /// The name the next new member gets.
+    pub next_member: String,
+    /// Data is kept in the pod only: a member whose pod is gone has lost its data.
+    pub ephemeral: bool,
+    /// Now (an operation begun now starts at this time).
+    pub now: jiff::Timestamp,
+}
+
+/// What to do now. One step per reconcile; the reconcile comes back to take the next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Record `operation` in the status (before anything is changed for it).
+    Begin(Operation),
+    /// Create the first member's volume and pod, starting a new cluster.
+    StartFirstMember { member: String },
+    /// The first member answers: record the cluster ID and end the bootstrap.
+    FinishBootstrap { member: String },
+    /// Add `member` to etcd as a learner.
+    AddLearner { member: String },
+    /// Create the volume and pod of a member etcd knows (added as a learner, or whose pod
+    /// vanished while its volume is there).
+    StartMember { member: String },
+    /// Promote the learner `member` to a voting member.
+    Promote { member: String, id: u64 },
+    /// Give up adding `member` (a learner that did not catch up in time): remove it from etcd
+    /// if it is there, say why, and end the operation. Its pod and volume go as leftovers.
+    GiveUp { member: String, id: Option<u64>, reason: String },
+    /// Move leadership away from `from` to `to` (before `from` is removed).
+    MoveLeader { from: u64, to: u64 },
+    /// Remove `member` from etcd.
+    RemoveFromEtcd { member: String, id: u64 },
+    /// Delete the pod and volume of `member` (it is not, or no longer, in etcd).
+    DeleteMember { member: String, force: bool },
+    /// The operation is complete: clear it from the status.
+    Finish,
+    /// Nothing to change now; look again later.
+    Wait { reason: String },
+    /// The cluster cannot make progress without a human: quorum is lost.
+    QuorumLost { reason: String },
+}
+
+fn quorum(voters: usize) -> usize {
+    voters / 2 + 1
+}
+
+fn operation(facts: &ClusterFacts, kind: OperationKind, member: &str, reason: &str) -> Step {
+    Step::Begin(Operation {
+        kind,
+        member: member.to_string(),
+        member_id: None,
+        reason: reason.to_string(),
+        started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(facts.now),
+    })
+}
+
+/// Decides the next step.
+pub fn next_step(facts: &ClusterFacts) -> Step {
+    if let Some(op) = &facts.operation {
+        return continue_operation(facts, op);
+    }
+    if !facts.bootstrapped {
+        return operation(facts, OperationKind::Bootstrap, &facts.next_member, "a new cluster");
+    }
+    let voters: Vec<&MemberFacts> = facts.members.iter().filter(|m| m.voter()).collect();
+    let healthy_voters = voters.iter().filter(|m| m.healthy).count();
+    if !facts.reachable || healthy_voters < quorum(voters.len()) {
+        return no_quorum(facts, &voters, healthy_voters);
+    }
+    // A member whose pod vanished comes back on its volume, as itself.
+    if let Some(m) = facts
+        .members
+        .iter()
+        .find(|m| m.in_etcd() && m.pod == PodState::Missing && m.volume && !facts.ephemeral)
+    {
+        return Step::StartMember { member: m.name.clone() };
+    }
+    if !facts.listed_by_leader {
+        // Another member's list may miss a member that just joined: deciding from it could
+        // remove what is there.
+        return Step::Wait {
+            reason: "the leader has not answered; membership decisions wait for its member list".into(),
+        };
+    }
+    // A member gone for good is removed first (its successor is added by the scaling rule).
+    if let Some((m, why)) = facts.members.iter().filter(|m| m.in_etcd()).find_map(|m| lost(m, facts.ephemeral).map(|why| (m, why))) {
+        let voters_after = voters.len() - usize::from(m.voter());
+        let healthy_after = healthy_voters - usize::from(m.voter() && m.healthy);
+        if healthy_after < quorum(voters_after) {
+            return Step::Wait {
+                reason: format!("{} is lost ({why}) but removing it now would leave no quorum", m.name),
+            };
+        }
+        return operation(facts, OperationKind::RemoveMember, &m.name, why);
+    }
+    // Pods and volumes of members etcd does not know (a removal or an add that did not
+    // finish) go; pods already on their way out do not hold anything up.
+    if let Some(step) = facts.members.iter().filter(|m| !m.in_etcd()).find_map(clean_up) {
+        return step;
+    }
+    let all_healthy = facts.members.iter().filter(|m| m.in_etcd()).all(|m| m.healthy && !m.learner);
+    if voters.len() < facts.replicas {
+        if !all_healthy {
+            return Step::Wait {
+                reason: "scaling up waits until every member is healthy".into(),
+            };
+        }
+        return operation(facts, OperationKind::AddMember, &facts.next_member, "scale up");
+    }
+    if voters.len() > facts.replicas {
+        if !all_healthy {
+            return Step::Wait {
+                reason: "scaling down waits until every member is healthy".into(),
+            };
+        }
+        // The newest member that does not lead: there are at least two voters, one leads.
+        if let Some(m) = voters.iter().filter(|m| !m.leader).max_by(|a, b| index_order(&a.name, &b.name)) {
+            return operation(facts, OperationKind::RemoveMember, &m.name, "scale down");
+        }
+    }
+    Step::Wait {
+        reason: "the cluster is as asked".into(),
+    }
+}
+
+/// Without a quorum: briefly (an election) it waits; for longer it is reported, and nothing is
+/// changed until members come back.
+fn no_quorum(facts: &ClusterFacts, voters: &[&MemberFacts], healthy_voters: usize) -> Step {
+    let recently_healthy = voters
+        .iter()
+        .filter(|m| m.healthy || m.unhealthy_for.is_some_and(|d| d < QUORUM_GRACE))
+        .count();
+    if recently_healthy >= quorum(voters.len()) {
+        return Step::Wait {
+            reason: "no leader for a moment; waiting for an election".into(),
+        };
+    }
+    Step::QuorumLost {
+        reason: if facts.reachable {
+            format!(
+                "{healthy_voters} of {} voting members are healthy, fewer than the {} a quorum needs",
+                voters.len(),
+                quorum(voters.len())
+            )
+        } else {
+            "no member answers: the cluster has no quorum (or every member is down)".into()
+        },
+    }
+}
+
+/// What to do with the pod and volume of a member etcd does not know, if anything.
+fn clean_up(m: &MemberFacts) -> Option<Step> {
+    let delete = |force| Step::DeleteMember {
+        member: m.name.clone(),
+        force,
+    };
+    match m.pod {
+        // Out of etcd, it holds nothing: a careful human deletes a pod its node never stops.
+        PodState::Stuck => Some(delete(true)),
+        PodState::Ready | PodState::Starting => Some(delete(false)),
+        PodState::Missing | PodState::Terminating => m.volume.then(|| delete(false)),
+    }
+}
+
+/// Orders member names by their numeric suffix (`main-10` after `main-9`).
+fn index_order(a: &str, b: &str) -> std::cmp::Ordering {
+    let index = |n: &str| n.rsplit('-').next().and_then(|i| i.parse::<i64>().ok()).unwrap_or(-1);
+    index(a).cmp(&index(b))
+}
+
+/// Why a member that etcd knows is gone for good, if it is.
+fn lost(m: &MemberFacts, ephemeral: bool) -> Option<&'static str> {
+    if ephemeral && m.pod == PodState::Missing {
+        return Some("its pod is gone, and its data (ephemeral storage) with it");
+    }
+    if !ephemeral && !m.volume {
+        return Some("its volume is gone, and its data with it");
+    }
+    if m.unhealthy_for.is_some_and(|d| d >= UNHEALTHY_GRACE) && !m.learner {
+        return Some("it has been unhealthy past the grace period");
+    }
+    None
+}
+
+fn continue_operation(facts: &ClusterFacts, op: &Operation) -> Step {
+    let member = facts.members.iter().find(|m| m.name == op.member);
+    match op.kind {
+        OperationKind::Bootstrap => match member {
+            Some(m) if m.healthy => Step::FinishBootstrap { member: m.name.clone() },
+            Some(m) if m.pod != PodState::Missing => Step::Wait {
+                reason: format!("{} is starting the cluster", m.name),
+            },
+            _ => Step::StartFirstMember {
+                member: op.member.clone(),
+            },
+        },
+        OperationKind::AddMember => continue_add(facts, op, member),
+        OperationKind::RemoveMember => continue_remove(facts, member),
+    }
+}
+
+fn continue_add(facts: &ClusterFacts, op: &Operation, member: Option<&MemberFacts>) -> Step {
+    let Some(m) = member.filter(|m| m.in_etcd()) else {
+        if !facts.reachable {
+            return Step::Wait {
+                reason: format!("adding {} waits for the cluster to answer", op.member),
+            };
+        }
+        return Step::AddLearner {
+            member: op.member.clone(),
+        };
+    };
+    let id = m.id.unwrap_or_default();
+    if m.pod == PodState::Missing {
+        return Step::StartMember { member: m.name.clone() };
+    }
+    if !m.learner {
+        return if m.healthy {
+            Step::Finish
+        } else {
+            Step::Wait {
+                reason: format!("{} is a voting member; waiting for it to be healthy", m.name),
+            }
+        };
+    }
+    if facts.operation_age >= LEARNER_DEADLINE {
+        // A learner that cannot catch up is given up, never promoted.
+        return Step::GiveUp {
+            member: m.name.clone(),
+            id: Some(id),
+            reason: format!(
+                "learner {} did not start and catch up within {}s",
+                m.name,
+                LEARNER_DEADLINE.as_secs()
+            ),
+        };
+    }
+    if m.healthy {
+        Step::Promote {
+            member: m.name.clone(),
+            id,
+        }
+    } else {
+        Step::Wait {
+            reason: format!("learner {} is starting and catching up", m.name),
+        }
+    }
+}
+
+fn continue_remove(facts: &ClusterFacts, member: Option<&MemberFacts>) -> Step {
+    if let Some(m) = member.filter(|m| m.in_etcd()) {
+        if !facts.reachable {
+            return Step::Wait {
+                reason: format!("removing {} waits for the cluster to answer", m.name),
+            };
+        }
+        let id = m.id.unwrap_or_default();
+        if m.leader {
+            let successor = facts
+                .members
+                .iter()
+                .filter(|o| o.name != m.name && o.voter() && o.healthy)
+                .max_by(|a, b| index_order(&b.name, &a.name));
+            return match successor.and_then(|s| s.id) {
+                Some(to) => Step::MoveLeader { from: id, to },
+                None => Step::Wait {
+                    reason: format!("{} leads and no other member can take over yet", m.name),
+                },
+            };
+        }
+        return Step::RemoveFromEtcd {
+            member: m.name.clone(),
+            id,
+        };
+    }
+    // Out of etcd: its pod and volume go; one already on its way out is left to finish (or,
+    // stuck, to the clean-up of leftovers) while its successor joins.
+    match member.and_then(clean_up) {
+        Some(step) => step,
+        None => Step::Finish,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(name: &str, id: u64) -> MemberFacts {
+        MemberFacts {
+            name: name.into(),
+            id: Some(id),
+            learner: false,
+            healthy: true,
+            leader: false,
+            pod: PodState::Ready,
+            volume: true,
+            unhealthy_for: None,
+        }
+    }
+
+    fn cluster(replicas: usize, members: Vec<MemberFacts>) -> ClusterFacts {
+        ClusterFacts {
+            replicas,
+            bootstrapped: true,
+            reachable: true,
+            listed_by_leader: true,
+            members,
+            operation: None,
+            operation_age: Duration::ZERO,
+            next_member: "main-9".into(),
+            ephemeral: false,
+            now: jiff::Timestamp::UNIX_EPOCH,
+        }
+    }
+
+    fn three() -> Vec<MemberFacts> {
+        let mut members = vec![member("main-0", 10), member("main-1", 11), member("main-2", 12)];
+        members[0].leader = true;
+        members
+    }
+
+    fn begun(step: &Step) -> (OperationKind, String) {
+        match step {
+            Step::Begin(op) => (op.kind, op.member.clone()),
+            other => panic!("expected an operation to begin, got {other:?}"),
+        }
+    }
+
+    fn with_op(mut c: ClusterFacts, kind: OperationKind, member: &str) -> ClusterFacts {
+        c.operation = Some(Operation {
+            kind,
+            member: member.into(),
+            member_id: None,
+            reason: "test".into(),
+            started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
+        });
+        c
+    }
+
+    #[test]
+    fn a_new_cluster_starts_from_one_member() {
+        let mut c = cluster(3, vec![]);
+        c.bootstrapped = false;
+        c.reachable = false;
+        c.next_member = "main-0".into();
+        assert_eq!(begun(&next_step(&c)), (OperationKind::Bootstrap, "main-0".into()));
+        let c = with_op(c, OperationKind::Bootstrap, "main-0");
+        assert_eq!(next_step(&c), Step::StartFirstMember { member: "main-0".into() });
+        let mut started = c.clone();
+        started.members = vec![MemberFacts {
+            healthy: false,
+            pod: PodState::Starting,
+            id: None,
+            ..member("main-0", 0)
+        }];
+        assert!(matches!(next_step(&started), Step::Wait { .. }));
+        started.members[0].healthy = true;
+        assert_eq!(next_step(&started), Step::FinishBootstrap { member: "main-0".into() });
+    }
+
+    #[test]
+    fn a_bootstrapped_cluster_is_never_bootstrapped_again_even_with_nothing_answering() {
+        let mut c = cluster(3, vec![]);
+        c.reachable = false;
+        assert!(matches!(next_step(&c), Step::QuorumLost { .. }));
+    }
+
+    #[test]
+    fn members_join_as_learners_added_before_their_pods_and_promoted_when_healthy() {
+        let c = cluster(3, vec![member("main-0", 10)]);
+        assert_eq!(begun(&next_step(&c)), (OperationKind::AddMember, "main-9".into()));
+        let adding = with_op(c.clone(), OperationKind::AddMember, "main-9");
+        assert_eq!(next_step(&adding), Step::AddLearner { member: "main-9".into() }, "etcd first");
+        let mut added = adding.clone();
+        added.members.push(MemberFacts {
+            learner: true,
+            healthy: false,
+            pod: PodState::Missing,
+            volume: false,
+            ..member("main-9", 19)
+        });
+        assert_eq!(next_step(&added), Step::StartMember { member: "main-9".into() }, "then its pod");
+        added.members[1].pod = PodState::Starting;
+        assert!(matches!(next_step(&added), Step::Wait { .. }), "catching up");
+        added.members[1].healthy = true;
+        added.members[1].pod = PodState::Ready;
+        assert_eq!(
+            next_step(&added),
+            Step::Promote {
+                member: "main-9".into(),
+                id: 19
+            }
+        );
+        added.members[1].learner = false;
+        assert_eq!(next_step(&added), Step::Finish, "promoted: idempotent once a voter");
+    }
+
+    #[test]
+    fn a_learner_that_cannot_catch_up_is_removed_not_promoted() {
+        let mut c = with_op(cluster(3, vec![member("main-0", 10)]), OperationKind::AddMember, "main-9");
+        c.members.push(MemberFacts {
+            learner: true,
+            healthy: false,
+            ..member("main-9", 19)
+        });
+        c.operation_age = LEARNER_DEADLINE;
+        assert!(
+            matches!(next_step(&c), Step::GiveUp { id: Some(19), .. }),
+            "{:?}",
+            next_step(&c)
+        );
+    }
+
+    #[test]
+    fn scaling_waits_for_health_and_goes_one_member_at_a_time() {
+        let mut c = cluster(5, three());
+        assert_eq!(begun(&next_step(&c)).0, OperationKind::AddMember);
+        c.members[2].healthy = false;
+        c.members[2].unhealthy_for = Some(Duration::from_secs(1));
+        assert!(matches!(next_step(&c), Step::Wait { .. }), "not while a member is unhealthy");
+    }
+
+    #[test]
+    fn scale_down_removes_the_newest_non_leader_from_etcd_before_its_pod() {
+        let mut five = three();
+        five.push(member("main-3", 13));
+        five.push(member("main-10", 20));
+        let c = cluster(3, five);
+        assert_eq!(begun(&next_step(&c)), (OperationKind::RemoveMember, "main-10".into()));
+        let removing = with_op(c.clone(), OperationKind::RemoveMember, "main-10");
+        assert_eq!(
+            next_step(&removing),
+            Step::RemoveFromEtcd {
+                member: "main-10".into(),
+                id: 20
+            }
+        );
+        let mut gone = removing.clone();
+        gone.members.retain(|m| m.name != "main-10");
+        gone.members.push(MemberFacts {
+            id: None,
+            ..member("main-10", 0)
+        });
+        assert_eq!(
+            next_step(&gone),
+            Step::DeleteMember {
+                member: "main-10".into(),
+                force: false
+            },
+            "then its pod and volume"
+        );
+        gone.members.pop();
+        assert_eq!(next_step(&gone), Step::Finish);
+    }
+
+    #[test]
+    fn a_leader_being_removed_hands_leadership_over_first() {
+        let c = with_op(cluster(1, three()), OperationKind::RemoveMember, "main-0");
+        assert_eq!(next_step(&c), Step::MoveLeader { from: 10, to: 11 });
+    }
+
+    #[test]
+    fn a_pod_that_vanished_comes_back_on_its_volume_never_shrinking_the_cluster() {
+        let mut c = cluster(3, three());
+        c.members[1].pod = PodState::Missing;
+        c.members[1].healthy = false;
+        assert_eq!(next_step(&c), Step::StartMember { member: "main-1".into() });
+    }
+
+    #[test]
+    fn a_member_whose_volume_is_gone_is_removed_first_then_replaced() {
+        let mut c = cluster(3, three());
+        c.members[2].pod = PodState::Missing;
+        c.members[2].volume = false;
+        c.members[2].healthy = false;
+        assert_eq!(begun(&next_step(&c)), (OperationKind::RemoveMember, "main-2".into()));
+        // Once removed, the scaling rule adds a successor under a new name.
+        let mut removed = cluster(3, three());
+        removed.members.truncate(2);
+        assert_eq!(begun(&next_step(&removed)), (OperationKind::AddMember, "main-9".into()));
+    }
+
+    #[test]
+    fn a_member_unhealthy_past_the_grace_is_replaced_but_not_before() {
+        let mut c = cluster(3, three());
+        c.members[2].healthy = false;
+        c.members[2].unhealthy_for = Some(UNHEALTHY_GRACE / 2);
+        assert!(matches!(next_step(&c), Step::Wait { .. }), "a restart is not a loss");
+        c.members[2].unhealthy_for = Some(UNHEALTHY_GRACE);
+        assert_eq!(begun(&next_step(&c)), (OperationKind::RemoveMember, "main-2".into()));
+    }
+
+    #[test]
+    fn nothing_is_removed_when_the_rest_could_not_form_a_quorum() {
+        let mut c = cluster(3, three());
+        for m in &mut c.members[1..] {
+            m.healthy = false;
+            m.unhealthy_for = Some(UNHEALTHY_GRACE);
+        }
+        assert!(matches!(next_step(&c), Step::QuorumLost { .. }));
+    }
+
+    #[test]
+    fn leftovers_of_members_etcd_does_not_know_are_deleted() {
+        let mut c = cluster(3, three());
+        c.members.push(MemberFacts {
+            id: None,
+            healthy: false,
+            pod: PodState::Missing,
+            volume: true,
+            ..member("main-7", 0)
+        });
+        assert_eq!(
+            next_step(&c),
+            Step::DeleteMember {
+                member: "main-7".into(),
+                force: false
+            }
+        );
+    }
+
+    #[test]
+    fn ephemeral_members_whose_pods_go_have_lost_their_data() {
+        let mut c = cluster(3, three());
+        c.ephemeral = true;
+        c.members[1].pod = PodState::Missing;
+        c.members[1].volume = false;
+        c.members[1].healthy = false;
+        assert_eq!(begun(&next_step(&c)), (OperationKind::RemoveMember, "main-1".into()));
+    }
+
+    #[test]
+    fn a_moment_without_a_leader_is_an_election_not_a_lost_quorum() {
+        let mut c = cluster(3, three());
+        for m in &mut c.members {
+            m.healthy = false;
+            m.unhealthy_for = Some(Duration::from_secs(2));
+        }
+        assert!(matches!(next_step(&c), Step::Wait { .. }), "{:?}", next_step(&c));
+        c.reachable = false;
+        assert!(matches!(next_step(&c), Step::Wait { .. }), "nobody answers, for a moment");
+        for m in &mut c.members[1..] {
+            m.unhealthy_for = Some(QUORUM_GRACE);
+        }
+        assert!(matches!(next_step(&c), Step::QuorumLost { .. }));
+    }
+
+    #[test]
+    fn without_the_leaders_member_list_nothing_is_removed() {
+        let mut c = cluster(3, three());
+        c.members[2].volume = false;
+        c.members.push(MemberFacts {
+            id: None,
+            ..member("main-3", 0)
+        });
+        c.listed_by_leader = false;
+        assert!(matches!(next_step(&c), Step::Wait { .. }), "{:?}", next_step(&c));
+        c.listed_by_leader = true;
+        assert_eq!(begun(&next_step(&c)), (OperationKind::RemoveMember, "main-2".into()));
+    }
+
+    #[test]
+    fn a_removed_members_pod_stuck_on_a_dead_node_is_force_deleted_without_holding_up_its_successor() {
+        let mut c = with_op(cluster(3, three()), OperationKind::RemoveMember, "main-2");
+        c.members[2].id = None;
+        c.members[2].healthy = false;
+        c.members[2].pod = PodState::Terminating;
+        c.members[2].volume = false;
+        assert_eq!(next_step(&c), Step::Finish, "its pod is on its way out");
+        c.operation = None;
+        assert_eq!(begun(&next_step(&c)), (OperationKind::AddMember, "main-9".into()), "the successor");
+        c.members[2].pod = PodState::Stuck;
+        assert_eq!(
+            next_step(&c),
+            Step::DeleteMember {
+                member: "main-2".into(),
+                force: true
+            }
+        );
+    }
+}

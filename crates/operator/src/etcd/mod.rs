@@ -1,0 +1,130 @@
+//! The EtcdCluster controller.
+//!
+//! Watches EtcdClusters and the pods and volumes they own, and reconciles each cluster in one
+//! pass (`reconcile.rs`), a file per question:
+//! - `observe.rs`: the children (from watch caches), what each member says of itself
+//!   (`client.rs`, the only way the operator talks to etcd), and the facts the planner needs;
+//! - `validate.rs`: what the schema cannot check (owned flags, the version against what runs);
+//! - `membership.rs`: the next membership step, pure: bootstrap, learner join and promotion,
+//!   scale up and down, removal of a lost member before its successor is added;
+//! - `bootstrap.rs`, `tls.rs`, `pod.rs`, `volume.rs`, `services.rs`: the children, pure;
+//! - `status.rs`: the status, pure, written only if it changed.
+//!
+//! All progress of a membership change is in the status: a restarted operator carries it on.
+
+pub mod bootstrap;
+pub mod client;
+#[cfg(test)]
+mod fixtures;
+pub mod membership;
+pub mod names;
+pub mod observe;
+pub mod pod;
+mod reconcile;
+pub mod services;
+pub mod status;
+pub mod tls;
+pub mod validate;
+pub mod volume;
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use noops_api::EtcdCluster;
+use tracing::{debug, warn};
+
+use crate::core::cache::shared_cache;
+use crate::core::controller::{ControllerCore, Registration, Runtime};
+use crate::core::{Error, Result};
+
+/// The controller's registration (`noops run --controllers etcd`).
+pub const CONTROLLER: Registration = Registration {
+    name: "etcd",
+    about: "EtcdCluster: etcd clusters that keep their quorum and their data",
+    run: start,
+};
+
+/// At most this many clusters are reconciled at once.
+const MAX_CONCURRENT_RECONCILES: u16 = 8;
+
+/// What every reconcile of this controller shares.
+pub struct Context {
+    pub core: ControllerCore,
+    pub client: Client,
+    /// The children of every cluster, kept by watches.
+    pub caches: observe::Caches,
+}
+
+async fn reconcile(obj: Arc<DeserializeGuard<EtcdCluster>>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.core
+        .reconcile(&obj, |cluster| reconcile::reconcile(cluster, &ctx))
+        .await
+}
+
+fn error_policy(obj: Arc<DeserializeGuard<EtcdCluster>>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.core.error_policy(&obj, error)
+}
+
+fn start(runtime: Runtime) -> BoxFuture<'static, ()> {
+    Box::pin(run(runtime))
+}
+
+fn api<K>(client: &Client, namespace: &Option<String>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
+pub async fn run(runtime: Runtime) {
+    let Runtime {
+        client,
+        namespace,
+        metrics,
+        shutdown,
+    } = runtime;
+    let ours = watcher::Config::default().labels(names::CLUSTER_LABEL);
+    let (pods, pod_changes) = shared_cache(api::<Pod>(&client, &namespace), ours.clone()).await;
+    let (volumes, volume_changes) = shared_cache(api::<PersistentVolumeClaim>(&client, &namespace), ours.clone()).await;
+    let (secrets, _) = shared_cache(api::<Secret>(&client, &namespace), ours.clone()).await;
+    let (services, _) = shared_cache(api::<Service>(&client, &namespace), ours.clone()).await;
+    let (config_maps, _) = shared_cache(api::<ConfigMap>(&client, &namespace), ours).await;
+    let (Some(pod_changes), Some(volume_changes)) = (pod_changes, volume_changes) else {
+        warn!("shared caches without subscribers: the controller cannot watch its members");
+        return;
+    };
+    let ctx = Arc::new(Context {
+        core: ControllerCore::new(CONTROLLER.name, client.clone(), metrics),
+        caches: observe::Caches {
+            pods,
+            volumes,
+            secrets,
+            services,
+            config_maps,
+        },
+        client: client.clone(),
+    });
+    Controller::new(api::<DeserializeGuard<EtcdCluster>>(&client, &namespace), watcher::Config::default().any_semantic())
+        .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
+        // A member's pod or volume that changes wakes its cluster once the cache holds it.
+        .owns_shared_stream(pod_changes)
+        .owns_shared_stream(volume_changes)
+        .graceful_shutdown_on(shutdown.fired())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                debug!(error = %e, "controller event");
+            }
+        })
+        .await;
+}

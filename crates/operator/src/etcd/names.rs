@@ -1,0 +1,170 @@
+//! The names of everything an EtcdCluster owns, and the URLs members are reached at. One place,
+//! so that the builders, the client and the membership planner agree.
+
+use std::collections::BTreeMap;
+
+use noops_api::EtcdCluster;
+
+use crate::core::labels;
+
+/// The label naming the EtcdCluster an object belongs to.
+pub const CLUSTER_LABEL: &str = "noops.dev/etcdcluster";
+/// The label naming the member a pod or volume belongs to.
+pub const MEMBER_LABEL: &str = "noops.dev/etcd-member";
+
+/// Client, peer and metrics ports.
+pub const CLIENT_PORT: i32 = 2379;
+pub const PEER_PORT: i32 = 2380;
+pub const METRICS_PORT: i32 = 2381;
+
+/// Names derived from one EtcdCluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    pub cluster: String,
+    pub namespace: String,
+    pub tls: bool,
+}
+
+impl Names {
+    pub fn of(cluster: &EtcdCluster) -> Self {
+        Self {
+            cluster: cluster.metadata.name.clone().unwrap_or_default(),
+            namespace: cluster.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+            tls: cluster.spec.tls.enabled,
+        }
+    }
+
+    /// The name of the member with `index`: `<cluster>-<index>`. Indexes only grow, so a name
+    /// (and the volume named after it) is never given to a second member.
+    pub fn member(&self, index: i64) -> String {
+        format!("{}-{index}", self.cluster)
+    }
+
+    /// The index of a member name of this cluster.
+    pub fn member_index(&self, member: &str) -> Option<i64> {
+        member.strip_prefix(&self.cluster)?.strip_prefix('-')?.parse().ok()
+    }
+
+    /// The headless Service that gives members their stable DNS names.
+    pub fn peer_service(&self) -> String {
+        self.cluster.clone()
+    }
+
+    /// The Service clients use.
+    pub fn client_service(&self) -> String {
+        format!("{}-client", self.cluster)
+    }
+
+    /// A member's volume.
+    pub fn volume(&self, member: &str) -> String {
+        format!("{member}-data")
+    }
+
+    /// The ConfigMap members read their initial cluster state from.
+    pub fn state_config_map(&self) -> String {
+        format!("{}-state", self.cluster)
+    }
+
+    pub fn ca_secret(&self) -> String {
+        format!("{}-ca", self.cluster)
+    }
+
+    pub fn peer_secret(&self) -> String {
+        format!("{}-peer", self.cluster)
+    }
+
+    pub fn server_secret(&self) -> String {
+        format!("{}-server", self.cluster)
+    }
+
+    pub fn client_secret(&self) -> String {
+        format!("{}-client", self.cluster)
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.tls { "https" } else { "http" }
+    }
+
+    /// A member's stable DNS name.
+    pub fn member_host(&self, member: &str) -> String {
+        format!("{member}.{}.{}.svc", self.peer_service(), self.namespace)
+    }
+
+    /// The URL other members reach a member at.
+    pub fn peer_url(&self, member: &str) -> String {
+        format!("{}://{}:{PEER_PORT}", self.scheme(), self.member_host(member))
+    }
+
+    /// The URL a member advertises to clients.
+    pub fn member_client_url(&self, member: &str) -> String {
+        format!("{}://{}:{CLIENT_PORT}", self.scheme(), self.member_host(member))
+    }
+
+    /// The URL clients in the cluster use.
+    pub fn client_url(&self) -> String {
+        format!("{}://{}.{}.svc:{CLIENT_PORT}", self.scheme(), self.client_service(), self.namespace)
+    }
+
+    /// The URL the operator reaches a member at: its pod IP (the operator may run outside the
+    /// cluster, where cluster DNS does not answer); TLS checks the name [`Names::tls_name`].
+    pub fn pod_url(&self, ip: &str) -> String {
+        format!("{}://{ip}:{CLIENT_PORT}", self.scheme())
+    }
+
+    /// The name the server certificate is checked against when the operator connects by IP.
+    pub fn tls_name(&self) -> String {
+        format!("{}.{}.svc", self.client_service(), self.namespace)
+    }
+
+    /// The member a peer URL of this cluster belongs to.
+    pub fn member_of_peer_url(&self, url: &str) -> Option<String> {
+        let host = url.split("://").nth(1)?.split(':').next()?;
+        let member = host.strip_suffix(&format!(".{}.{}.svc", self.peer_service(), self.namespace))?;
+        self.member_index(member).map(|_| member.to_string())
+    }
+
+    /// The labels of every object of the cluster (the selector of its Services and caches).
+    pub fn cluster_labels(&self) -> BTreeMap<String, String> {
+        labels::child("etcd", CLUSTER_LABEL, &self.cluster, None)
+    }
+
+    /// The labels of one member's pod and volume.
+    pub fn member_labels(&self, member: &str) -> BTreeMap<String, String> {
+        let mut labels = labels::child("etcd", CLUSTER_LABEL, &self.cluster, Some("member"));
+        labels.insert(MEMBER_LABEL.into(), member.into());
+        labels
+    }
+
+    /// What the Services select: the cluster's members.
+    pub fn selector(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (CLUSTER_LABEL.to_string(), self.cluster.clone()),
+            (labels::COMPONENT.to_string(), "member".to_string()),
+        ])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> Names {
+        Names::of(&crate::etcd::fixtures::cluster().build())
+    }
+
+    #[test]
+    fn members_and_urls_are_named_from_the_cluster() {
+        let n = names();
+        assert_eq!(n.member(4), "main-4");
+        assert_eq!(n.member_index("main-4"), Some(4));
+        assert_eq!(n.member_index("other-4"), None);
+        assert_eq!(n.member_index("main-x"), None);
+        assert_eq!(n.peer_url("main-4"), "https://main-4.main.db.svc:2380");
+        assert_eq!(n.member_client_url("main-4"), "https://main-4.main.db.svc:2379");
+        assert_eq!(n.client_url(), "https://main-client.db.svc:2379");
+        assert_eq!(n.member_of_peer_url("https://main-4.main.db.svc:2380"), Some("main-4".into()));
+        assert_eq!(n.member_of_peer_url("https://x-4.other.db.svc:2380"), None);
+        let plain = Names { tls: false, ..names() };
+        assert_eq!(plain.peer_url("main-0"), "http://main-0.main.db.svc:2380");
+    }
+}

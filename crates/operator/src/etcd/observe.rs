@@ -1,0 +1,379 @@
+//! What an EtcdCluster reconcile sees: its children (from watch caches), what each member says
+//! of itself, and etcd's member list; and, from those, the facts the membership planner needs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use kube::runtime::reflector::Store;
+use noops_api::EtcdCluster;
+
+use super::client::{Credentials, EtcdAccess, ListedMember, MemberHealth};
+use super::membership::{ClusterFacts, MemberFacts, PodState};
+use super::names::{CLUSTER_LABEL, MEMBER_LABEL, Names};
+
+/// The children of an EtcdCluster, from the watch caches.
+#[derive(Debug, Clone, Default)]
+pub struct Children {
+    /// Member pods, by member name.
+    pub pods: BTreeMap<String, Arc<Pod>>,
+    /// Member volumes, by member name.
+    pub volumes: BTreeMap<String, Arc<PersistentVolumeClaim>>,
+    pub secrets: BTreeMap<String, Arc<Secret>>,
+    pub services: BTreeMap<String, Arc<Service>>,
+    pub config_maps: BTreeMap<String, Arc<ConfigMap>>,
+}
+
+/// The caches a reconcile reads children from.
+pub struct Caches {
+    pub pods: Store<Pod>,
+    pub volumes: Store<PersistentVolumeClaim>,
+    pub secrets: Store<Secret>,
+    pub services: Store<Service>,
+    pub config_maps: Store<ConfigMap>,
+}
+
+fn of_cluster<K: kube::Resource>(objects: Vec<Arc<K>>, names: &Names) -> impl Iterator<Item = Arc<K>> {
+    let (cluster, namespace) = (names.cluster.clone(), names.namespace.clone());
+    objects.into_iter().filter(move |o| {
+        o.meta().namespace.as_deref() == Some(namespace.as_str())
+            && o.meta().labels.as_ref().and_then(|l| l.get(CLUSTER_LABEL)) == Some(&cluster)
+    })
+}
+
+fn by_label<K: kube::Resource>(objects: impl Iterator<Item = Arc<K>>, label: &str) -> BTreeMap<String, Arc<K>> {
+    objects
+        .filter_map(|o| {
+            let key = o.meta().labels.as_ref()?.get(label)?.clone();
+            Some((key, o))
+        })
+        .collect()
+}
+
+fn by_name<K: kube::Resource>(objects: impl Iterator<Item = Arc<K>>) -> BTreeMap<String, Arc<K>> {
+    objects
+        .filter_map(|o| Some((o.meta().name.clone()?, o)))
+        .collect()
+}
+
+/// Reads the children of one cluster from the caches.
+pub fn children(caches: &Caches, names: &Names) -> Children {
+    Children {
+        pods: by_label(of_cluster(caches.pods.state(), names), MEMBER_LABEL),
+        volumes: by_label(of_cluster(caches.volumes.state(), names), MEMBER_LABEL),
+        secrets: by_name(of_cluster(caches.secrets.state(), names)),
+        services: by_name(of_cluster(caches.services.state(), names)),
+        config_maps: by_name(of_cluster(caches.config_maps.state(), names)),
+    }
+}
+
+/// The credentials the client certificate Secret holds, if it is there.
+pub fn credentials(children: &Children, names: &Names) -> Option<Credentials> {
+    let secret = children.secrets.get(&names.client_secret())?;
+    let get = |key: &str| {
+        secret
+            .data
+            .as_ref()?
+            .get(key)
+            .and_then(|v| String::from_utf8(v.0.clone()).ok())
+    };
+    Some(Credentials {
+        ca: get("ca.crt")?,
+        cert: get("tls.crt")?,
+        key: get("tls.key")?,
+        server_name: names.tls_name(),
+    })
+}
+
+/// What etcd says: each reachable member's own account, and the member list.
+#[derive(Debug, Clone, Default)]
+pub struct EtcdView {
+    /// Members that answered, by member name (as the pod names them).
+    pub health: BTreeMap<String, MemberHealth>,
+    /// The member list; `None` when no member answered.
+    pub listed: Option<Vec<ListedMember>>,
+    /// The list came from the leader (another member's may lag behind).
+    pub listed_by_leader: bool,
+}
+
+/// The URL the operator reaches a member's pod at, if it has an address and is not going.
+pub fn pod_endpoint(pod: &Pod, names: &Names) -> Option<String> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let ip = pod.status.as_ref()?.pod_ip.as_deref()?;
+    Some(names.pod_url(ip))
+}
+
+/// Endpoints of the voting members that answered: a learner answers for itself only, and
+/// refuses member list and membership calls.
+pub fn voter_endpoints(etcd: &EtcdView, children: &Children, names: &Names) -> Vec<String> {
+    etcd.health
+        .iter()
+        .filter(|(_, h)| !h.learner)
+        .filter_map(|(m, _)| pod_endpoint(children.pods.get(m)?, names))
+        .collect()
+}
+
+/// Asks every member pod how it is (at once), then the member list through the voting members
+/// that answered.
+pub async fn ask_etcd(access: &EtcdAccess, children: &Children, names: &Names) -> EtcdView {
+    let targets: Vec<(String, String)> = children
+        .pods
+        .iter()
+        .filter_map(|(member, pod)| Some((member.clone(), pod_endpoint(pod, names)?)))
+        .collect();
+    let answers = futures::future::join_all(targets.iter().map(|(_, endpoint)| access.health(endpoint))).await;
+    let mut view = EtcdView::default();
+    for ((member, _), answer) in targets.into_iter().zip(answers) {
+        if let Ok(h) = answer {
+            view.health.insert(member, h);
+        }
+    }
+    // The leader's list holds every committed change; another member's may lag behind.
+    let leader = view
+        .health
+        .iter()
+        .find(|(_, h)| h.id != 0 && h.id == h.leader)
+        .and_then(|(m, _)| pod_endpoint(children.pods.get(m)?, names));
+    if let Some(leader) = leader
+        && let Ok(list) = access.members(&[leader]).await
+    {
+        view.listed = Some(list);
+        view.listed_by_leader = true;
+        return view;
+    }
+    let voters = voter_endpoints(&view, children, names);
+    if !voters.is_empty() {
+        view.listed = access.members(&voters).await.ok();
+    }
+    view
+}
+
+/// The name of a listed member: its own once it has started, else the one its peer URL holds.
+pub fn listed_name(member: &ListedMember, names: &Names) -> Option<String> {
+    if !member.name.is_empty() {
+        return Some(member.name.clone());
+    }
+    member.peer_urls.iter().find_map(|u| names.member_of_peer_url(u))
+}
+
+/// How long past its deletion deadline (deletion time plus grace period) a pod counts as
+/// stuck: its node did not confirm that the process stopped.
+pub const STUCK_AFTER: Duration = Duration::from_secs(15);
+
+fn pod_state(pod: Option<&Arc<Pod>>, now: jiff::Timestamp) -> PodState {
+    let Some(pod) = pod else { return PodState::Missing };
+    if let Some(deadline) = &pod.metadata.deletion_timestamp {
+        let past = Duration::try_from(now.duration_since(deadline.0)).unwrap_or_default();
+        return if now > deadline.0 && past >= STUCK_AFTER {
+            PodState::Stuck
+        } else {
+            PodState::Terminating
+        };
+    }
+    let ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    if ready { PodState::Ready } else { PodState::Starting }
+}
+
+/// The facts the membership planner needs. Pure.
+pub fn facts(cluster: &EtcdCluster, names: &Names, children: &Children, etcd: &EtcdView, now: jiff::Timestamp) -> ClusterFacts {
+    let status = cluster.status.clone().unwrap_or_default();
+    let listed: BTreeMap<String, &ListedMember> = etcd
+        .listed
+        .iter()
+        .flatten()
+        .filter_map(|m| Some((listed_name(m, names)?, m)))
+        .collect();
+    let leader_id = etcd.health.values().map(|h| h.leader).find(|l| *l != 0);
+    let mut member_names: BTreeSet<String> = listed.keys().cloned().collect();
+    member_names.extend(children.pods.keys().cloned());
+    member_names.extend(children.volumes.keys().cloned());
+    if let Some(op) = &status.operation {
+        member_names.insert(op.member.clone());
+    }
+    // Members of the last status that etcd could not be asked about are still members.
+    if etcd.listed.is_none() {
+        member_names.extend(status.members.iter().map(|m| m.name.clone()));
+    }
+    let previous: BTreeMap<&str, &noops_api::etcd::MemberStatus> =
+        status.members.iter().map(|m| (m.name.as_str(), m)).collect();
+    let members = member_names
+        .into_iter()
+        .filter(|n| names.member_index(n).is_some())
+        .map(|name| {
+            let pod = children.pods.get(&name);
+            let listed_member = listed.get(&name);
+            let known = previous.get(name.as_str());
+            let id = listed_member.map(|m| m.id).or_else(|| {
+                // Unreachable etcd: keep the ID the last status recorded.
+                etcd.listed
+                    .is_none()
+                    .then(|| known.and_then(|k| k.id.as_deref()).and_then(|i| u64::from_str_radix(i, 16).ok()))
+                    .flatten()
+            });
+            let healthy = etcd.health.get(&name).is_some_and(MemberHealth::healthy);
+            let unhealthy_for = (!healthy).then(|| {
+                known
+                    .and_then(|k| k.unhealthy_since.as_ref())
+                    .map(|since| Duration::try_from(now.duration_since(since.0)).unwrap_or_default())
+                    .unwrap_or_default()
+            });
+            MemberFacts {
+                learner: listed_member.map(|m| m.learner).unwrap_or_else(|| known.is_some_and(|k| k.learner)),
+                leader: id.is_some() && id == leader_id,
+                pod: pod_state(pod, now),
+                volume: if cluster.spec.storage.ephemeral {
+                    pod.is_some()
+                } else {
+                    children
+                        .volumes
+                        .get(&name)
+                        .is_some_and(|v| v.metadata.deletion_timestamp.is_none())
+                },
+                healthy,
+                unhealthy_for,
+                id,
+                name,
+            }
+        })
+        .collect();
+    let operation_age = status
+        .operation
+        .as_ref()
+        .map(|op| Duration::try_from(now.duration_since(op.started_at.0)).unwrap_or_default())
+        .unwrap_or_default();
+    ClusterFacts {
+        replicas: usize::try_from(cluster.spec.replicas).unwrap_or(1),
+        bootstrapped: status.cluster_id.is_some(),
+        reachable: etcd.listed.is_some(),
+        listed_by_leader: etcd.listed_by_leader,
+        members,
+        operation: status.operation.clone(),
+        operation_age,
+        next_member: names.member(status.next_member_index),
+        ephemeral: cluster.spec.storage.ephemeral,
+        now,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etcd::fixtures;
+    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+    use noops_api::etcd::{EtcdClusterStatus, MemberStatus};
+
+    fn ready_pod(member: &str, ip: &str) -> Arc<Pod> {
+        let mut pod = Pod::default();
+        pod.metadata.name = Some(member.into());
+        pod.status = Some(PodStatus {
+            pod_ip: Some(ip.into()),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        Arc::new(pod)
+    }
+
+    fn health(id: u64, leader: u64) -> MemberHealth {
+        MemberHealth {
+            id,
+            cluster_id: 7,
+            leader,
+            version: "3.5.21".into(),
+            learner: false,
+            raft_index: 10,
+            db_size: 1,
+            errors: vec![],
+        }
+    }
+
+    #[test]
+    fn members_come_from_etcd_the_pods_and_the_volumes() {
+        let cluster = fixtures::cluster()
+            .status(EtcdClusterStatus {
+                cluster_id: Some("7".into()),
+                next_member_index: 3,
+                ..Default::default()
+            })
+            .build();
+        let names = Names::of(&cluster);
+        let mut children = Children::default();
+        children.pods.insert("main-0".into(), ready_pod("main-0", "10.244.1.2"));
+        children.pods.insert("main-1".into(), ready_pod("main-1", "10.244.2.2"));
+        let etcd = EtcdView {
+            health: BTreeMap::from([("main-0".to_string(), health(1, 1)), ("main-1".to_string(), health(2, 1))]),
+            listed: Some(vec![
+                ListedMember {
+                    id: 1,
+                    name: "main-0".into(),
+                    peer_urls: vec![names.peer_url("main-0")],
+                    learner: false,
+                },
+                ListedMember {
+                    id: 2,
+                    name: "main-1".into(),
+                    peer_urls: vec![names.peer_url("main-1")],
+                    learner: false,
+                },
+                ListedMember {
+                    id: 3,
+                    name: String::new(),
+                    peer_urls: vec![names.peer_url("main-2")],
+                    learner: true,
+                },
+            ]),
+            listed_by_leader: true,
+        };
+        let f = facts(&cluster, &names, &children, &etcd, jiff::Timestamp::UNIX_EPOCH);
+        assert!(f.bootstrapped && f.reachable);
+        assert_eq!(f.next_member, "main-3");
+        let names_seen: Vec<&str> = f.members.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names_seen, vec!["main-0", "main-1", "main-2"], "an unstarted learner named by its URL");
+        assert!(f.members[0].leader && f.members[0].healthy && !f.members[0].volume);
+        assert!(f.members[2].learner && f.members[2].pod == PodState::Missing);
+        assert_eq!(f.members[2].unhealthy_for, Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_pod_long_past_its_deletion_deadline_is_stuck() {
+        let deadline = jiff::Timestamp::from_second(1000).unwrap();
+        let mut pod = Pod::default();
+        pod.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(deadline));
+        let pod = Arc::new(pod);
+        let at = |s: i64| pod_state(Some(&pod), jiff::Timestamp::from_second(s).unwrap());
+        assert_eq!(at(990), PodState::Terminating, "within its grace period");
+        assert_eq!(at(1010), PodState::Terminating, "its node may be a little late");
+        assert_eq!(at(1000 + STUCK_AFTER.as_secs() as i64), PodState::Stuck);
+    }
+
+    #[test]
+    fn unhealthy_time_counts_from_the_status() {
+        let since = jiff::Timestamp::from_second(1000).unwrap();
+        let cluster = fixtures::cluster()
+            .status(EtcdClusterStatus {
+                members: vec![MemberStatus {
+                    name: "main-0".into(),
+                    id: Some("a".into()),
+                    unhealthy_since: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(since)),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })
+            .build();
+        let names = Names::of(&cluster);
+        let f = facts(&cluster, &names, &Children::default(), &EtcdView::default(), jiff::Timestamp::from_second(1040).unwrap());
+        assert!(!f.reachable);
+        assert_eq!(f.members[0].id, Some(10), "the last known ID, while etcd cannot be asked");
+        assert_eq!(f.members[0].unhealthy_for, Some(Duration::from_secs(40)));
+    }
+}

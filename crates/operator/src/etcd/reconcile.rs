@@ -1,0 +1,518 @@
+//! One EtcdCluster reconcile, one pass: observe (children, etcd) → validate → the fixed children
+//! (certificates, Services, the state ConfigMap) → plan the next membership step (pure) → take
+//! it → status. One membership step per pass; the pass comes back at once for the next one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
+use kube::api::{DeleteParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::{Api, Resource, ResourceExt};
+use noops_api::EtcdCluster;
+use noops_api::etcd::OperationKind;
+use serde_json::json;
+use tracing::{debug, info, warn};
+
+use super::client::{EtcdAccess, EtcdError};
+use super::membership::{self, Step};
+use super::names::Names;
+use super::observe::{self, Children, EtcdView};
+use super::status::{self, Outcome, Problems};
+use super::{Context, bootstrap, pod, services, tls, validate, volume};
+use crate::core::apply::{apply, apply_status, controller_reference};
+use crate::core::stamp::{stamp, up_to_date};
+use crate::core::{DuringStep, Error, Result, Step as Stage};
+
+/// How often a settled cluster is looked at (member health is not something Kubernetes
+/// watches).
+const LOOK_AGAIN: Duration = Duration::from_secs(10);
+/// How soon the next step of a change is taken.
+const NEXT_STEP: Duration = Duration::from_millis(500);
+/// How soon a step etcd was not ready for is tried again.
+const NOT_NOW_RETRY: Duration = Duration::from_secs(1);
+
+impl From<EtcdError> for Error {
+    fn from(e: EtcdError) -> Self {
+        Error::Etcd(e.to_string())
+    }
+}
+
+/// Reconciles one EtcdCluster (the caller's span names it).
+pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Action> {
+    let names = Names::of(&cluster);
+    let now = jiff::Timestamp::now();
+    let owner = controller_reference(cluster.as_ref())
+        .ok_or_else(|| Error::InvalidSpec("the EtcdCluster has no uid yet".into()))
+        .during(Stage::Validate)?;
+    let previous = cluster.status.clone().unwrap_or_default();
+
+    let children = observe::children(&ctx.caches, &names);
+    ensure_fixed_children(&cluster, &names, &children, &owner, ctx, now)
+        .await
+        .during(Stage::Apply)?;
+    let credentials = observe::credentials(&children, &names);
+    let etcd = if names.tls && credentials.is_none() {
+        EtcdView::default()
+    } else {
+        observe::ask_etcd(&EtcdAccess::new(credentials.clone()), &children, &names).await
+    };
+    let facts = observe::facts(&cluster, &names, &children, &etcd, now);
+
+    let mut outcome = Outcome {
+        operation: previous.operation.clone(),
+        next_member_index: previous.next_member_index,
+        cluster_id: previous.cluster_id.clone(),
+        problems: Problems {
+            invalid: validate::validate(&cluster, previous.current_version.as_deref()),
+            quorum_lost: None,
+        },
+    };
+    // What only changes the status is told once the status is written: a pass that read a
+    // stale copy writes nothing and tells nothing.
+    let mut later = Vec::new();
+    if let Some(refusal) = &outcome.problems.invalid
+        && !has_condition_reason(&previous.conditions, refusal.reason)
+    {
+        later.push(Announcement::warning(refusal.reason, refusal.message.clone()));
+    }
+
+    let step = if cluster.spec.paused {
+        Step::Wait {
+            reason: "paused".into(),
+        }
+    } else if outcome.problems.invalid.as_ref().is_some_and(|r| r.stops_changes) {
+        Step::Wait {
+            reason: "the spec is refused".into(),
+        }
+    } else {
+        membership::next_step(&facts)
+    };
+    let runner = Runner {
+        cluster: &cluster,
+        names: &names,
+        owner: &owner,
+        children: &children,
+        etcd: &etcd,
+        access: EtcdAccess::new(credentials),
+        ctx,
+    };
+    let after = runner.take(step, &mut outcome, &mut later).await.during(Stage::Apply)?;
+
+    let status = status::build(&cluster, &names, &facts, &children, &etcd, &outcome, now);
+    if cluster.status.as_ref() != Some(&status) {
+        // The status carries the operation in progress: it is written only over the version
+        // this pass read, so a pass that read a stale copy cannot undo a newer step.
+        let body = json!({
+            "apiVersion": "noops.dev/v1alpha1",
+            "kind": "EtcdCluster",
+            "metadata": { "resourceVersion": cluster.resource_version() },
+            "status": status,
+        });
+        let clusters: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &names.namespace);
+        match apply_status(&clusters, &cluster.name_any(), &body).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                debug!("the cluster changed since this pass read it; looking again");
+                return Ok(Action::requeue(NEXT_STEP));
+            }
+            Err(e) => return Err(Error::from(e)).during(Stage::Status),
+        }
+    }
+    for announcement in later {
+        announcement.tell(&cluster, ctx).await;
+    }
+    Ok(Action::requeue(after))
+}
+
+/// A decision worth a log line and an Event.
+struct Announcement {
+    warning: bool,
+    reason: &'static str,
+    note: String,
+    /// The member it concerns, if one.
+    member: Option<String>,
+}
+
+impl Announcement {
+    fn normal(reason: &'static str, note: String) -> Self {
+        Self {
+            warning: false,
+            reason,
+            note,
+            member: None,
+        }
+    }
+
+    fn warning(reason: &'static str, note: String) -> Self {
+        Self {
+            warning: true,
+            ..Self::normal(reason, note)
+        }
+    }
+
+    fn about(mut self, member: &str) -> Self {
+        self.member = Some(member.to_string());
+        self
+    }
+
+    async fn tell(self, cluster: &EtcdCluster, ctx: &Context) {
+        if self.warning {
+            warn!(reason = self.reason, "{}", self.note);
+        } else {
+            info!(reason = self.reason, "{}", self.note);
+        }
+        let related = self.member.as_deref().map(|m| member_reference(cluster, m));
+        ctx.core
+            .events
+            .related(&cluster.object_ref(&()), related, self.warning, self.reason, self.note)
+            .await;
+    }
+}
+
+/// A reference to a member's Pod (which may not exist yet, or any more), so that Events about
+/// different members are not folded into one series.
+fn member_reference(cluster: &EtcdCluster, member: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(member.into()),
+        namespace: cluster.metadata.namespace.clone(),
+        ..Default::default()
+    }
+}
+
+fn has_condition_reason(conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition], reason: &str) -> bool {
+    conditions.iter().any(|c| c.reason == reason && c.status == "True")
+}
+
+/// Makes sure the children every cluster has exist as they should: the CA (created once,
+/// never replaced), the leaf certificates (issued again when due), the two Services, and the
+/// state ConfigMap (created once; only the bootstrap steps change it).
+async fn ensure_fixed_children(
+    cluster: &EtcdCluster,
+    names: &Names,
+    children: &Children,
+    owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
+    ctx: &Context,
+    now: jiff::Timestamp,
+) -> Result<()> {
+    let ns = &names.namespace;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    if names.tls {
+        let ca = match children.secrets.get(&names.ca_secret()) {
+            Some(secret) => tls::ca_of(secret).map_err(|e| Error::InvalidSpec(e.to_string()))?,
+            None => {
+                let ca = tls::new_ca(names, now).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+                match secrets.create(&PostParams::default(), &tls::ca_secret(&ca, names, owner)).await {
+                    Ok(_) => info!("made the cluster's certificate authority"),
+                    // Another reconcile made it: use that one (read again next pass).
+                    Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
+                    Err(e) => return Err(e.into()),
+                }
+                ca
+            }
+        };
+        for leaf in [tls::Leaf::Peer, tls::Leaf::Server, tls::Leaf::Client] {
+            if tls::needs_issuing(children.secrets.get(&leaf.secret(names)).map(|s| s.as_ref()), now) {
+                let issued = tls::issue(&ca, names, leaf, now).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+                let secret = tls::leaf_secret(&issued, &ca, names, leaf, owner);
+                apply(&secrets, &leaf.secret(names), &secret).await?;
+                info!(secret = leaf.secret(names), not_after = %issued.not_after, "issued a certificate");
+            }
+        }
+    }
+    let service_api: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
+    for mut service in [services::peer_service(names, owner), services::client_service(names, owner)] {
+        stamp(&mut service);
+        let name = service.metadata.name.clone().unwrap_or_default();
+        if !up_to_date(&service, children.services.get(&name).map(|s| s.as_ref())) {
+            apply(&service_api, &name, &service).await?;
+        }
+    }
+    if !children.config_maps.contains_key(&names.state_config_map()) {
+        let bootstrapped = cluster.status.as_ref().is_some_and(|s| s.cluster_id.is_some());
+        let config_map = bootstrap::state_config_map(names, owner, !bootstrapped);
+        let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+        match api.create(&PostParams::default(), &config_map).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Takes membership steps.
+struct Runner<'a> {
+    cluster: &'a EtcdCluster,
+    names: &'a Names,
+    owner: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
+    children: &'a Children,
+    etcd: &'a EtcdView,
+    access: EtcdAccess,
+    ctx: &'a Context,
+}
+
+impl Runner<'_> {
+    /// Endpoints of the voting members that answered (a learner refuses membership calls).
+    fn answering(&self) -> Vec<String> {
+        observe::voter_endpoints(self.etcd, self.children, self.names)
+    }
+
+    fn member_of_id(&self, id: u64) -> Option<String> {
+        self.etcd
+            .listed
+            .iter()
+            .flatten()
+            .find(|m| m.id == id)
+            .and_then(|m| observe::listed_name(m, self.names))
+    }
+
+    /// An Event about `member`.
+    async fn event(&self, member: &str, warning: bool, reason: &str, note: String) {
+        let related = Some(member_reference(self.cluster, member));
+        self.ctx
+            .core
+            .events
+            .related(&self.cluster.object_ref(&()), related, warning, reason, note)
+            .await;
+    }
+
+    /// Makes a membership call; `None` when etcd answers "not now" (a learner not yet in sync,
+    /// a member that joined a moment ago), which is expected and tried again shortly.
+    async fn membership_call<T>(&self, call: impl Future<Output = Result<T, EtcdError>>) -> Result<Option<T>> {
+        match call.await {
+            Ok(value) => Ok(Some(value)),
+            Err(e) if e.not_now() => {
+                debug!(reason = %e, "etcd is not ready for the change; trying again shortly");
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The version new members run: the one the members run (a new member joins as their
+    /// equal; changing the version is an upgrade), or the spec's for a new cluster.
+    fn version(&self) -> String {
+        self.cluster
+            .status
+            .as_ref()
+            .and_then(|s| s.current_version.clone())
+            .unwrap_or_else(|| self.cluster.spec.version.clone())
+    }
+
+    async fn set_state(&self, bootstrapping: bool) -> Result<()> {
+        let api: Api<ConfigMap> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
+        let config_map = bootstrap::state_config_map(self.names, self.owner, bootstrapping);
+        apply(&api, &self.names.state_config_map(), &config_map).await?;
+        Ok(())
+    }
+
+    /// Creates the volume (if the cluster keeps data) and the pod of `member`; either may exist.
+    async fn start_member(&self, member: &str, initial_cluster: &[(String, String)]) -> Result<()> {
+        let ns = &self.names.namespace;
+        if let Some(pvc) = volume::member_volume(self.cluster, self.names, member, self.owner)
+            && !self.children.volumes.contains_key(member)
+        {
+            let api: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), ns);
+            match api.create(&PostParams::default(), &pvc).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if !self.children.pods.contains_key(member) {
+            let pod = pod::member_pod(self.cluster, self.names, member, &self.version(), initial_cluster, self.owner);
+            let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), ns);
+            match api.create(&PostParams::default(), &pod).await {
+                Ok(_) => info!(member, "started a member pod"),
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// The members etcd lists, with `member` among them, as (name, peer URL).
+    fn initial_cluster(&self, member: &str) -> Vec<(String, String)> {
+        let mut list: Vec<(String, String)> = self
+            .etcd
+            .listed
+            .iter()
+            .flatten()
+            .filter_map(|m| Some((observe::listed_name(m, self.names)?, m.peer_urls.first()?.clone())))
+            .collect();
+        if !list.iter().any(|(n, _)| n == member) {
+            list.push((member.to_string(), self.names.peer_url(member)));
+        }
+        list.sort();
+        list
+    }
+
+    /// Takes `step`, recording what it changes in `outcome`; returns when to come back.
+    /// Announcements that only hold once the status is written go to `later`.
+    async fn take(&self, step: Step, outcome: &mut Outcome, later: &mut Vec<Announcement>) -> Result<Duration> {
+        match step {
+            Step::Begin(op) => {
+                if op.member == self.names.member(outcome.next_member_index) {
+                    outcome.next_member_index += 1;
+                }
+                let (reason, note) = match op.kind {
+                    OperationKind::Bootstrap => ("Bootstrapping", format!("{} starts a new cluster", op.member)),
+                    OperationKind::AddMember => ("AddingMember", format!("adding {} ({})", op.member, op.reason)),
+                    OperationKind::RemoveMember => ("RemovingMember", format!("removing {} ({})", op.member, op.reason)),
+                };
+                later.push(Announcement::normal(reason, note).about(&op.member));
+                outcome.operation = Some(op);
+                Ok(NEXT_STEP)
+            }
+            Step::StartFirstMember { member } => {
+                self.set_state(true).await?;
+                let me = vec![(member.clone(), self.names.peer_url(&member))];
+                self.start_member(&member, &me).await?;
+                Ok(NEXT_STEP)
+            }
+            Step::FinishBootstrap { member } => {
+                let Some(health) = self.etcd.health.get(&member) else {
+                    return Ok(NEXT_STEP);
+                };
+                self.set_state(false).await?;
+                outcome.cluster_id = Some(format!("{:x}", health.cluster_id));
+                outcome.operation = None;
+                later.push(
+                    Announcement::normal("Bootstrapped", format!("{member} started cluster {:x}", health.cluster_id))
+                        .about(&member),
+                );
+                Ok(NEXT_STEP)
+            }
+            Step::AddLearner { member } => {
+                let (voters, url) = (self.answering(), self.names.peer_url(&member));
+                let Some(id) = self.membership_call(self.access.add_learner(&voters, &url)).await? else {
+                    return Ok(NOT_NOW_RETRY);
+                };
+                info!(member, id = %format!("{id:x}"), "added a learner to etcd");
+                if let Some(op) = outcome.operation.as_mut() {
+                    op.member_id = Some(format!("{id:x}"));
+                }
+                Ok(NEXT_STEP)
+            }
+            Step::StartMember { member } => {
+                let initial = self.initial_cluster(&member);
+                self.start_member(&member, &initial).await?;
+                Ok(NEXT_STEP)
+            }
+            Step::Promote { member, id } => {
+                if self.membership_call(self.access.promote(&self.answering(), id)).await?.is_none() {
+                    return Ok(NOT_NOW_RETRY);
+                }
+                info!(member, "promoted a learner to a voting member");
+                self.event(&member, false, "Promoted", format!("{member} caught up and votes")).await;
+                Ok(NEXT_STEP)
+            }
+            Step::GiveUp { member, id, reason } => {
+                if let Some(id) = id
+                    && self.membership_call(self.access.remove(&self.answering(), id)).await?.is_none()
+                {
+                    return Ok(NOT_NOW_RETRY);
+                }
+                later.push(
+                    Announcement::warning("LearnerGivenUp", format!("{reason}; removed it, a new member will be added"))
+                        .about(&member),
+                );
+                outcome.operation = None;
+                Ok(NEXT_STEP)
+            }
+            Step::MoveLeader { from, to } => {
+                let leader = self.member_of_id(from);
+                let endpoint = leader
+                    .as_ref()
+                    .and_then(|m| observe::pod_endpoint(self.children.pods.get(m)?, self.names));
+                let Some(endpoint) = endpoint else {
+                    return Ok(Duration::from_secs(1));
+                };
+                if self.membership_call(self.access.move_leader(&endpoint, to)).await?.is_none() {
+                    return Ok(NOT_NOW_RETRY);
+                }
+                let to_name = self.member_of_id(to).unwrap_or_else(|| format!("{to:x}"));
+                info!(from = ?leader, to = %to_name, "moved leadership before removing the leader");
+                self.event(&to_name, false, "LeaderMoved", format!("leadership moved to {to_name}")).await;
+                Ok(NEXT_STEP)
+            }
+            Step::RemoveFromEtcd { member, id } => {
+                if self.membership_call(self.access.remove(&self.answering(), id)).await?.is_none() {
+                    return Ok(NOT_NOW_RETRY);
+                }
+                info!(member, "removed a member from etcd");
+                self.event(&member, false, "MemberRemoved", format!("{member} is no longer a member")).await;
+                Ok(NEXT_STEP)
+            }
+            Step::DeleteMember { member, force } => {
+                let ns = &self.names.namespace;
+                let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), ns);
+                let params = if force {
+                    DeleteParams {
+                        grace_period_seconds: Some(0),
+                        ..Default::default()
+                    }
+                } else {
+                    DeleteParams::default()
+                };
+                for result in [
+                    pods.delete(&member, &params).await.map(|_| ()),
+                    Api::<PersistentVolumeClaim>::namespaced(self.ctx.client.clone(), ns)
+                        .delete(&self.names.volume(&member), &DeleteParams::default())
+                        .await
+                        .map(|_| ()),
+                ] {
+                    match result {
+                        Ok(()) => {}
+                        Err(kube::Error::Api(e)) if e.code == 404 => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                info!(member, force, "deleted the pod and volume of a former member");
+                if force {
+                    self.event(
+                        &member,
+                        false,
+                        "ForceDeletedPod",
+                        format!(
+                            "{member} is no longer an etcd member, and its node did not stop its pod {}s past the grace period: deleted it without waiting for the node",
+                            observe::STUCK_AFTER.as_secs()
+                        ),
+                    )
+                    .await;
+                }
+                Ok(NEXT_STEP)
+            }
+            Step::Finish => {
+                if let Some(op) = outcome.operation.take() {
+                    let (reason, note) = match op.kind {
+                        OperationKind::Bootstrap => ("Bootstrapped", format!("{} started the cluster", op.member)),
+                        OperationKind::AddMember => ("MemberAdded", format!("{} joined ({})", op.member, op.reason)),
+                        OperationKind::RemoveMember => ("MemberGone", format!("{} is gone ({})", op.member, op.reason)),
+                    };
+                    later.push(Announcement::normal(reason, note).about(&op.member));
+                }
+                Ok(NEXT_STEP)
+            }
+            Step::Wait { .. } => Ok(if outcome.operation.is_some() {
+                Duration::from_secs(1)
+            } else {
+                LOOK_AGAIN
+            }),
+            Step::QuorumLost { reason } => {
+                let before = self.cluster.status.as_ref().is_some_and(|s| has_condition_reason(&s.conditions, "QuorumLost"));
+                if !before {
+                    later.push(Announcement::warning(
+                        "QuorumLost",
+                        format!("{reason}; the operator changes nothing until members come back"),
+                    ));
+                }
+                outcome.problems.quorum_lost = Some(reason);
+                Ok(LOOK_AGAIN)
+            }
+        }
+    }
+}

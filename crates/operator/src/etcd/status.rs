@@ -1,0 +1,390 @@
+//! The EtcdCluster status: members, leader, version, endpoints, the operation in progress, and
+//! the conditions Ready, Available, Progressing and Degraded. Pure.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use noops_api::EtcdCluster;
+use noops_api::condition::{DEGRADED, PROGRESSING, READY};
+use noops_api::etcd::{EtcdClusterStatus, MemberStatus, Operation, OperationKind};
+
+use super::membership::ClusterFacts;
+use super::names::Names;
+use super::observe::{Children, EtcdView};
+use crate::core::conditions::{Decided, merge};
+
+/// The cluster serves clients: a quorum of voting members is healthy.
+pub const AVAILABLE: &str = "Available";
+
+/// What the reconcile found wrong that the status must say.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Problems {
+    /// The cluster has lost its quorum (or nothing answers), with why.
+    pub quorum_lost: Option<String>,
+    /// The spec asks for something that cannot be done (reason, message).
+    pub invalid: Option<super::validate::Refusal>,
+}
+
+fn version_key(v: &str) -> Vec<u64> {
+    v.split('.').map(|p| p.parse().unwrap_or(0)).collect()
+}
+
+/// What a reconcile leaves behind for the status: the operation in progress, the next member
+/// index, the cluster ID, and what is wrong.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcome {
+    pub operation: Option<Operation>,
+    pub next_member_index: i64,
+    pub cluster_id: Option<String>,
+    pub problems: Problems,
+}
+
+/// The status after a reconcile.
+pub fn build(
+    cluster: &EtcdCluster,
+    names: &Names,
+    facts: &ClusterFacts,
+    children: &Children,
+    etcd: &EtcdView,
+    outcome: &Outcome,
+    now: jiff::Timestamp,
+) -> EtcdClusterStatus {
+    let (operation, problems) = (outcome.operation.clone(), &outcome.problems);
+    let (next_member_index, cluster_id) = (outcome.next_member_index, outcome.cluster_id.clone());
+    let previous = cluster.status.clone().unwrap_or_default();
+    let members: Vec<MemberStatus> = facts
+        .members
+        .iter()
+        .filter(|m| m.id.is_some() || m.pod != super::membership::PodState::Missing)
+        .map(|m| {
+            let known = previous.members.iter().find(|p| p.name == m.name);
+            MemberStatus {
+                name: m.name.clone(),
+                id: m.id.map(|id| format!("{id:x}")),
+                version: etcd.health.get(&m.name).map(|h| h.version.clone()),
+                healthy: m.healthy,
+                learner: m.learner,
+                leader: m.leader,
+                node: children
+                    .pods
+                    .get(&m.name)
+                    .and_then(|p| p.spec.as_ref()?.node_name.clone()),
+                unhealthy_since: (!m.healthy).then(|| {
+                    known
+                        .and_then(|k| k.unhealthy_since.clone())
+                        .unwrap_or(Time(now))
+                }),
+            }
+        })
+        .collect();
+    let voters = members.iter().filter(|m| m.id.is_some() && !m.learner).count();
+    let healthy_voters = members
+        .iter()
+        .filter(|m| m.id.is_some() && !m.learner && m.healthy)
+        .count();
+    let replicas = usize::try_from(cluster.spec.replicas).unwrap_or(1);
+    let bootstrapped = cluster_id.is_some();
+    let quorum = voters / 2 + 1;
+    let available = bootstrapped && voters > 0 && healthy_voters >= quorum && problems.quorum_lost.is_none();
+    let settled = bootstrapped
+        && operation.is_none()
+        && healthy_voters == replicas
+        && voters == replicas
+        && members.iter().all(|m| m.healthy && !m.learner);
+    // Ready also means the client Service sends to every member: their pods pass readiness.
+    let pods_not_ready: Vec<&str> = facts
+        .members
+        .iter()
+        .filter(|m| m.id.is_some() && m.pod != super::membership::PodState::Ready)
+        .map(|m| m.name.as_str())
+        .collect();
+    let current_version = members
+        .iter()
+        .filter_map(|m| m.version.clone())
+        .min_by_key(|v| version_key(v))
+        .or(previous.current_version.clone());
+
+    let ready = if let Some(refusal) = problems.invalid.as_ref().filter(|_| settled) {
+        // Healthy, but not as asked.
+        Decided::new(READY, false, refusal.reason, refusal.message.clone())
+    } else if settled && !pods_not_ready.is_empty() {
+        Decided::new(
+            READY,
+            false,
+            "PodsNotReady",
+            format!("healthy in etcd, but the pods of {} are not Ready yet", pods_not_ready.join(", ")),
+        )
+    } else if settled {
+        Decided::new(
+            READY,
+            true,
+            "MembersHealthy",
+            format!("{healthy_voters} of {replicas} members healthy"),
+        )
+    } else if let Some(why) = &problems.quorum_lost {
+        Decided::new(READY, false, "QuorumLost", why.clone())
+    } else if !bootstrapped {
+        Decided::new(READY, false, "Bootstrapping", "the first member is starting the cluster")
+    } else if let Some(op) = &operation {
+        Decided::new(READY, false, "MembershipChanging", describe(op))
+    } else {
+        Decided::new(
+            READY,
+            false,
+            "MembersUnhealthy",
+            format!("{healthy_voters} of {replicas} members healthy"),
+        )
+    };
+    let availability = if available {
+        Decided::new(
+            AVAILABLE,
+            true,
+            "QuorumHealthy",
+            format!("{healthy_voters} of {voters} voting members healthy; a quorum is {quorum}"),
+        )
+    } else if !bootstrapped {
+        Decided::new(AVAILABLE, false, "Bootstrapping", "the cluster is not started yet")
+    } else {
+        Decided::new(
+            AVAILABLE,
+            false,
+            "QuorumLost",
+            problems
+                .quorum_lost
+                .clone()
+                .unwrap_or_else(|| format!("{healthy_voters} of {voters} voting members healthy; a quorum is {quorum}")),
+        )
+    };
+    let progressing = match &operation {
+        Some(op) => Decided::new(PROGRESSING, true, kind_reason(op.kind), describe(op)),
+        None => Decided::new(PROGRESSING, false, "Stable", "no membership change in progress"),
+    };
+    let unhealthy: Vec<&str> = members.iter().filter(|m| !m.healthy).map(|m| m.name.as_str()).collect();
+    let degraded = if let Some(why) = &problems.quorum_lost {
+        Decided::new(DEGRADED, true, "QuorumLost", why.clone())
+    } else if let Some(refusal) = &problems.invalid {
+        Decided::new(DEGRADED, true, refusal.reason, refusal.message.clone())
+    } else if bootstrapped && !unhealthy.is_empty() {
+        Decided::new(
+            DEGRADED,
+            true,
+            "MembersUnhealthy",
+            format!("unhealthy: {}", unhealthy.join(", ")),
+        )
+    } else {
+        Decided::new(DEGRADED, false, "AsExpected", "no problems found")
+    };
+    let phase = if cluster.spec.paused {
+        "Paused"
+    } else if problems.quorum_lost.is_some() {
+        "QuorumLost"
+    } else if !bootstrapped {
+        "Creating"
+    } else if let Some(op) = &operation {
+        if op.reason.starts_with("scale") { "Scaling" } else { "Repairing" }
+    } else if !unhealthy.is_empty() {
+        "Degraded"
+    } else {
+        "Running"
+    };
+    let mut endpoints = vec![names.client_url()];
+    endpoints.extend(
+        members
+            .iter()
+            .filter(|m| m.id.is_some() && !m.learner)
+            .map(|m| names.member_client_url(&m.name)),
+    );
+    EtcdClusterStatus {
+        observed_generation: cluster.metadata.generation,
+        conditions: merge(
+            &previous.conditions,
+            &[ready, availability, progressing, degraded],
+            cluster.metadata.generation,
+            now,
+        ),
+        phase: Some(phase.into()),
+        ready: Some(format!("{healthy_voters}/{replicas}")),
+        ready_members: i32::try_from(healthy_voters).unwrap_or(i32::MAX),
+        leader: members.iter().find(|m| m.leader).map(|m| m.name.clone()),
+        members,
+        current_version,
+        cluster_id,
+        endpoints,
+        client_secret: names.tls.then(|| names.client_secret()),
+        operation,
+        next_member_index,
+    }
+}
+
+fn kind_reason(kind: OperationKind) -> &'static str {
+    match kind {
+        OperationKind::Bootstrap => "Bootstrapping",
+        OperationKind::AddMember => "AddingMember",
+        OperationKind::RemoveMember => "RemovingMember",
+    }
+}
+
+/// An operation in words.
+pub fn describe(op: &Operation) -> String {
+    match op.kind {
+        OperationKind::Bootstrap => format!("{} is starting a new cluster", op.member),
+        OperationKind::AddMember => format!("adding {} as a learner, then a voting member ({})", op.member, op.reason),
+        OperationKind::RemoveMember => format!("removing {} ({})", op.member, op.reason),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::conditions::is_true;
+    use crate::etcd::client::MemberHealth;
+    use crate::etcd::fixtures;
+    use crate::etcd::membership::{MemberFacts, PodState};
+
+    fn member(name: &str, id: u64, healthy: bool) -> MemberFacts {
+        MemberFacts {
+            name: name.into(),
+            id: Some(id),
+            learner: false,
+            healthy,
+            leader: id == 1,
+            pod: PodState::Ready,
+            volume: true,
+            unhealthy_for: None,
+        }
+    }
+
+    fn facts(members: Vec<MemberFacts>) -> ClusterFacts {
+        ClusterFacts {
+            replicas: 3,
+            bootstrapped: true,
+            reachable: true,
+            listed_by_leader: true,
+            members,
+            operation: None,
+            operation_age: std::time::Duration::ZERO,
+            next_member: "main-3".into(),
+            ephemeral: false,
+            now: jiff::Timestamp::UNIX_EPOCH,
+        }
+    }
+
+    fn view(versions: &[(&str, &str)]) -> EtcdView {
+        EtcdView {
+            health: versions
+                .iter()
+                .map(|(m, v)| {
+                    (
+                        m.to_string(),
+                        MemberHealth {
+                            id: 0,
+                            cluster_id: 1,
+                            leader: 1,
+                            version: v.to_string(),
+                            learner: false,
+                            raft_index: 1,
+                            db_size: 1,
+                            errors: vec![],
+                        },
+                    )
+                })
+                .collect(),
+            listed: Some(vec![]),
+            listed_by_leader: true,
+        }
+    }
+
+    fn build_for(members: Vec<MemberFacts>, problems: &Problems) -> EtcdClusterStatus {
+        let cluster = fixtures::cluster().build();
+        let names = Names::of(&cluster);
+        let f = facts(members);
+        build(
+            &cluster,
+            &names,
+            &f,
+            &Children::default(),
+            &view(&[("main-0", "3.5.21"), ("main-1", "3.5.9"), ("main-2", "3.5.21")]),
+            &Outcome {
+                operation: None,
+                next_member_index: 3,
+                cluster_id: Some("1".into()),
+                problems: problems.clone(),
+            },
+            jiff::Timestamp::UNIX_EPOCH,
+        )
+    }
+
+    #[test]
+    fn a_healthy_cluster_is_ready_and_lists_members_leader_and_endpoints() {
+        let s = build_for(
+            vec![member("main-0", 1, true), member("main-1", 2, true), member("main-2", 3, true)],
+            &Problems::default(),
+        );
+        assert!(is_true(&s.conditions, READY) && is_true(&s.conditions, AVAILABLE));
+        assert!(!is_true(&s.conditions, DEGRADED));
+        assert_eq!(s.ready.as_deref(), Some("3/3"));
+        assert_eq!(s.leader.as_deref(), Some("main-0"));
+        assert_eq!(s.members[1].id.as_deref(), Some("2"));
+        assert_eq!(s.current_version.as_deref(), Some("3.5.9"), "the lowest version");
+        assert_eq!(s.endpoints[0], "https://main-client.db.svc:2379");
+        assert_eq!(s.endpoints.len(), 4);
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        assert_eq!(s.client_secret.as_deref(), Some("main-client"));
+    }
+
+    #[test]
+    fn healthy_members_whose_pods_are_not_ready_are_not_ready_yet() {
+        let mut starting = member("main-2", 3, true);
+        starting.pod = PodState::Starting;
+        let s = build_for(
+            vec![member("main-0", 1, true), member("main-1", 2, true), starting],
+            &Problems::default(),
+        );
+        let ready = s.conditions.iter().find(|c| c.type_ == READY).unwrap();
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "PodsNotReady"));
+        assert!(ready.message.contains("main-2"), "{}", ready.message);
+        assert!(is_true(&s.conditions, AVAILABLE));
+    }
+
+    #[test]
+    fn an_unhealthy_member_degrades_but_a_quorum_keeps_it_available() {
+        let s = build_for(
+            vec![member("main-0", 1, true), member("main-1", 2, true), member("main-2", 3, false)],
+            &Problems::default(),
+        );
+        assert!(!is_true(&s.conditions, READY));
+        assert!(is_true(&s.conditions, AVAILABLE));
+        assert!(is_true(&s.conditions, DEGRADED));
+        assert!(s.members[2].unhealthy_since.is_some());
+        let lost = build_for(
+            vec![member("main-0", 1, true), member("main-1", 2, false), member("main-2", 3, false)],
+            &Problems {
+                quorum_lost: Some("1 of 3 healthy".into()),
+                ..Default::default()
+            },
+        );
+        assert!(!is_true(&lost.conditions, AVAILABLE));
+        assert_eq!(lost.phase.as_deref(), Some("QuorumLost"));
+    }
+
+    #[test]
+    fn an_unchanged_status_is_equal_so_it_is_not_written_again() {
+        let members = vec![member("main-0", 1, true), member("main-1", 2, true), member("main-2", 3, true)];
+        let first = build_for(members.clone(), &Problems::default());
+        let cluster = fixtures::cluster().status(first.clone()).build();
+        let names = Names::of(&cluster);
+        let again = build(
+            &cluster,
+            &names,
+            &facts(members),
+            &Children::default(),
+            &view(&[("main-0", "3.5.21"), ("main-1", "3.5.9"), ("main-2", "3.5.21")]),
+            &Outcome {
+                operation: None,
+                next_member_index: 3,
+                cluster_id: Some("1".into()),
+                problems: Problems::default(),
+            },
+            jiff::Timestamp::from_second(100).unwrap(),
+        );
+        assert_eq!(again, first);
+    }
+}

@@ -1,0 +1,102 @@
+//! What the schema cannot check about an EtcdCluster: flags the operator owns, and the version
+//! against the one the members actually run. Pure.
+
+use noops_api::EtcdCluster;
+
+use super::pod::forbidden_extra_args;
+
+/// The minor version of `3.5.21`: 5.
+fn minor(version: &str) -> Option<u64> {
+    version.split('.').nth(1)?.parse().ok()
+}
+
+/// Why the spec cannot be carried out as it stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The condition reason.
+    pub reason: &'static str,
+    pub message: String,
+    /// No member may be started from this spec: membership changes wait until it is fixed
+    /// (what runs is left alone). Otherwise the operator carries on with what runs.
+    pub stops_changes: bool,
+}
+
+impl Refusal {
+    fn new(reason: &'static str, message: String, stops_changes: bool) -> Self {
+        Self {
+            reason,
+            message,
+            stops_changes,
+        }
+    }
+}
+
+/// Why the spec cannot be carried out as it stands, if it cannot. `running` is the version the
+/// members run (the lowest, from the status).
+pub fn validate(cluster: &EtcdCluster, running: Option<&str>) -> Option<Refusal> {
+    let forbidden = forbidden_extra_args(cluster);
+    if !forbidden.is_empty() {
+        return Some(Refusal::new(
+            "ForbiddenFlags",
+            format!(
+                "pod.extraArgs set flags the operator sets itself: {}; remove them (membership changes wait until then)",
+                forbidden.join(", ")
+            ),
+            true,
+        ));
+    }
+    let (Some(want), Some(have)) = (minor(&cluster.spec.version), running.and_then(minor)) else {
+        return None;
+    };
+    let running = running.unwrap_or_default();
+    if want < have {
+        return Some(Refusal::new(
+            "DowngradeRefused",
+            format!(
+                "version {} is older than the {running} the members run: etcd cannot go back a minor version",
+                cluster.spec.version
+            ),
+            false,
+        ));
+    }
+    if want > have + 1 {
+        return Some(Refusal::new(
+            "SkippedMinorVersion",
+            format!(
+                "version {} skips a minor version from the {running} the members run: upgrade one minor version at a time",
+                cluster.spec.version
+            ),
+            false,
+        ));
+    }
+    if want != have {
+        return Some(Refusal::new(
+            "UpgradeNotSupportedYet",
+            format!(
+                "changing the members from {running} to {} is not done by this operator yet: they keep {running}",
+                cluster.spec.version
+            ),
+            false,
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etcd::fixtures;
+
+    #[test]
+    fn owned_flags_downgrades_and_skipped_minors_are_refused_with_a_reason() {
+        let plain = fixtures::cluster().build();
+        assert_eq!(validate(&plain, None), None, "nothing runs yet");
+        assert_eq!(validate(&plain, Some("3.5.35")), None, "same minor, any patch");
+        let flags = fixtures::cluster().extra_args(&["--data-dir=/tmp"]).build();
+        assert_eq!(validate(&flags, None).unwrap().reason, "ForbiddenFlags");
+        assert_eq!(validate(&plain, Some("3.6.4")).unwrap().reason, "DowngradeRefused");
+        let mut far = fixtures::cluster().build();
+        far.spec.version = "3.7.0".into();
+        assert_eq!(validate(&far, Some("3.5.21")).unwrap().reason, "SkippedMinorVersion");
+    }
+}

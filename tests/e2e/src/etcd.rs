@@ -1,0 +1,345 @@
+//! Helpers for the EtcdCluster tests: manifests, waiting for Ready, a client with the cluster's
+//! own client certificate, and a writer whose history is checked for lost or stale data.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions, Txn, TxnOp};
+use k8s_openapi::api::core::v1::{Event, Secret};
+use kube::Api;
+use kube::api::ListParams;
+use noops_api::EtcdCluster;
+
+use crate::{TestNamespace, pod_ip, root, wait_for};
+
+/// The etcd version the local Kubernetes runs for `minor` ("3.5"), from its Go module.
+pub fn etcd_version(minor: &str) -> String {
+    let gomod = std::fs::read_to_string(root().join(format!("tools/etcd-{minor}/go.mod"))).unwrap();
+    gomod
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("go.etcd.io/etcd/server/v3 v"))
+        .map(|v| v.trim().to_string())
+        .expect("the etcd server version in its go.mod")
+}
+
+/// An EtcdCluster manifest; `extra` is YAML added under `spec` (indented by two spaces).
+pub fn cluster_manifest(name: &str, replicas: i32, version: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: noops.dev/v1alpha1\nkind: EtcdCluster\nmetadata: {{ name: {name} }}\nspec:\n  replicas: {replicas}\n  version: \"{version}\"\n{extra}"
+    )
+}
+
+/// Whether the cluster reports Ready for its current generation with `replicas` healthy members.
+pub fn cluster_ready(cluster: &EtcdCluster, replicas: i32) -> bool {
+    let Some(status) = &cluster.status else { return false };
+    status.observed_generation == cluster.metadata.generation
+        && status.ready_members == replicas
+        && status.operation.is_none()
+        && status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// Waits until EtcdCluster `name` is Ready with `replicas` members.
+pub async fn wait_cluster_ready(ns: &TestNamespace, name: &str, replicas: i32, timeout: Duration) -> EtcdCluster {
+    let api: Api<EtcdCluster> = ns.api();
+    wait_for(
+        &format!("EtcdCluster {name} Ready with {replicas} members"),
+        timeout,
+        || async {
+            api.get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .filter(|c| cluster_ready(c, replicas))
+        },
+    )
+    .await
+}
+
+/// The condition `type_` of the cluster, as (status, reason, message).
+pub fn condition(cluster: &EtcdCluster, type_: &str) -> Option<(String, String, String)> {
+    cluster
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// The cluster's Events, oldest first, as (reason, message).
+pub async fn cluster_events(ns: &TestNamespace, name: &str) -> Vec<(String, String)> {
+    let events: Api<Event> = ns.api();
+    let mut list = events
+        .list(&ListParams::default().fields(&format!("involvedObject.name={name},involvedObject.kind=EtcdCluster")))
+        .await
+        .unwrap()
+        .items;
+    list.sort_by_key(|e| {
+        e.event_time
+            .as_ref()
+            .map(|t| t.0)
+            .or(e.first_timestamp.as_ref().map(|t| t.0))
+            .unwrap_or(jiff::Timestamp::UNIX_EPOCH)
+    });
+    list.into_iter()
+        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        .collect()
+}
+
+/// The client URLs of the member pods `members` (by pod IP, reachable from this machine).
+pub async fn member_endpoints(ns: &TestNamespace, members: &[&str]) -> Vec<String> {
+    let mut endpoints = vec![];
+    for member in members {
+        let pod = ns.pods().get(member).await.unwrap();
+        endpoints.push(format!(
+            "https://{}:2379",
+            pod_ip(&pod).expect("a member pod has an IP")
+        ));
+    }
+    endpoints
+}
+
+/// A client of cluster `name` through `endpoints`, with the client certificate from its Secret.
+pub async fn etcd_client(ns: &TestNamespace, name: &str, endpoints: &[String]) -> Client {
+    let secrets: Api<Secret> = ns.api();
+    let secret = secrets.get(&format!("{name}-client")).await.unwrap();
+    let data = secret.data.unwrap();
+    let text = |key: &str| String::from_utf8(data[key].0.clone()).unwrap();
+    let tls = TlsOptions::new()
+        .ca_certificate(Certificate::from_pem(text("ca.crt")))
+        .identity(Identity::from_pem(text("tls.crt"), text("tls.key")))
+        .domain_name(format!("{name}-client.{}.svc", ns.name));
+    let options = ConnectOptions::new()
+        .with_tls(tls)
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(5));
+    Client::connect(endpoints, Some(options)).await.unwrap()
+}
+
+/// The register the writer writes, and the prefix of the key each write also leaves.
+const REGISTER: &str = "history/register";
+const WRITTEN: &str = "history/written/";
+
+/// One operation of the writer, as the client saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Wrote value n: acknowledged, or failed (it may or may not have taken effect).
+    Write { value: u64, acked: bool },
+    /// Read the register: the value seen, or a failure.
+    Read { value: Option<u64> },
+}
+
+/// What the writer did, in order.
+#[derive(Debug, Default, Clone)]
+pub struct History {
+    pub ops: Vec<Op>,
+}
+
+impl History {
+    pub fn acked_writes(&self) -> usize {
+        self.ops
+            .iter()
+            .filter(|o| matches!(o, Op::Write { acked: true, .. }))
+            .count()
+    }
+
+    pub fn failed(&self) -> usize {
+        self.ops
+            .iter()
+            .filter(|o| matches!(o, Op::Write { acked: false, .. } | Op::Read { value: None }))
+            .count()
+    }
+
+    pub fn reads(&self) -> usize {
+        self.ops
+            .iter()
+            .filter(|o| matches!(o, Op::Read { value: Some(_) }))
+            .count()
+    }
+
+    /// Checks every read against the writes before it. One sequential writer with increasing
+    /// values: etcd orders a failed write before every later one or drops it, so a read must
+    /// return the last acknowledged value or a later one that was attempted, and never go back.
+    pub fn check_reads(&self) -> Result<(), String> {
+        let (mut floor, mut attempted) = (0u64, 0u64);
+        for (i, op) in self.ops.iter().enumerate() {
+            match *op {
+                Op::Write { value, acked } => {
+                    attempted = value;
+                    if acked {
+                        floor = value;
+                    }
+                }
+                Op::Read { value: Some(v) } => {
+                    if v < floor {
+                        return Err(format!(
+                            "op {i}: read {v} after {floor} was acknowledged (a lost or stale write)"
+                        ));
+                    }
+                    if v > attempted {
+                        return Err(format!("op {i}: read {v}, never written (last attempted {attempted})"));
+                    }
+                    floor = v;
+                }
+                Op::Read { value: None } => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the data left in the cluster: every acknowledged write is there, and the register
+    /// holds the last value that took effect.
+    pub async fn check_data(&self, client: &mut Client) -> Result<(), String> {
+        let written = client
+            .get(WRITTEN, Some(etcd_client::GetOptions::new().with_prefix()))
+            .await
+            .map_err(|e| format!("reading the written keys: {e}"))?;
+        let present: std::collections::BTreeSet<u64> = written
+            .kvs()
+            .iter()
+            .filter_map(|kv| kv.key_str().ok()?.strip_prefix(WRITTEN)?.parse().ok())
+            .collect();
+        let lost: Vec<u64> = self
+            .ops
+            .iter()
+            .filter_map(|o| match o {
+                Op::Write { value, acked: true } if !present.contains(value) => Some(*value),
+                _ => None,
+            })
+            .collect();
+        if !lost.is_empty() {
+            return Err(format!("acknowledged writes lost: {lost:?}"));
+        }
+        let register = client
+            .get(REGISTER, None)
+            .await
+            .map_err(|e| format!("reading the register: {e}"))?;
+        let value: u64 = register
+            .kvs()
+            .first()
+            .and_then(|kv| kv.value_str().ok()?.parse().ok())
+            .unwrap_or(0);
+        let highest = present.iter().max().copied().unwrap_or(0);
+        if value != highest {
+            return Err(format!(
+                "the register holds {value}, the highest write that took effect is {highest}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A writer and reader running in the background until stopped.
+pub struct Writer {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<History>,
+}
+
+impl Writer {
+    /// Starts writing 1, 2, 3… to the register (each write also leaves its own key) and reading
+    /// it back after every write, one operation at a time.
+    pub fn start(mut client: Client) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut history = History::default();
+            let mut value = 0u64;
+            while !stopping.load(Ordering::Relaxed) {
+                value += 1;
+                let txn = Txn::new().and_then([
+                    TxnOp::put(REGISTER, value.to_string(), None),
+                    TxnOp::put(format!("{WRITTEN}{value:010}"), value.to_string(), None),
+                ]);
+                let acked = tokio::time::timeout(Duration::from_secs(6), client.txn(txn))
+                    .await
+                    .is_ok_and(|r| r.is_ok());
+                history.ops.push(Op::Write { value, acked });
+                let read = tokio::time::timeout(Duration::from_secs(6), client.get(REGISTER, None)).await;
+                let seen = read
+                    .ok()
+                    .and_then(|r| r.ok())
+                    .and_then(|r| r.kvs().first().and_then(|kv| kv.value_str().ok()?.parse().ok()));
+                history.ops.push(Op::Read { value: seen });
+                if !acked || seen.is_none() {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                } else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            history
+        });
+        Self { stop, task }
+    }
+
+    /// Stops the writer and returns what it did.
+    pub async fn stop(self) -> History {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
+/// Checks a writer's history and the data it left, with a summary on failure.
+pub async fn assert_no_write_lost(history: &History, client: &mut Client, min_acked: usize) {
+    let summary = format!(
+        "{} acknowledged writes, {} reads, {} failed operations",
+        history.acked_writes(),
+        history.reads(),
+        history.failed()
+    );
+    eprintln!("writer: {summary}");
+    assert!(
+        history.acked_writes() >= min_acked,
+        "too few writes went through: {summary}"
+    );
+    if let Err(e) = history.check_reads() {
+        panic!("the history is not linearizable: {e} ({summary})");
+    }
+    let started = Instant::now();
+    // The check reads through a healthy member; a moment after a change it may still be busy.
+    loop {
+        match history.check_data(client).await {
+            Ok(()) => return,
+            Err(e) if e.starts_with("reading") && started.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => panic!("{e} ({summary})"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(value: u64, acked: bool) -> Op {
+        Op::Write { value, acked }
+    }
+
+    fn r(value: u64) -> Op {
+        Op::Read { value: Some(value) }
+    }
+
+    #[test]
+    fn the_checker_catches_stale_and_invented_reads() {
+        let good = History {
+            ops: vec![w(1, true), r(1), w(2, false), r(1), w(3, false), r(3), w(4, true), r(4)],
+        };
+        assert_eq!(good.check_reads(), Ok(()));
+        let stale = History {
+            ops: vec![w(1, true), r(1), w(2, true), r(1)],
+        };
+        assert!(stale.check_reads().is_err());
+        let back = History {
+            ops: vec![w(1, true), w(2, false), r(2), r(1)],
+        };
+        assert!(back.check_reads().is_err(), "once seen, a write stays");
+        let invented = History {
+            ops: vec![w(1, true), r(5)],
+        };
+        assert!(invented.check_reads().is_err());
+    }
+}

@@ -1,0 +1,434 @@
+//! The EtcdCluster operator on the local Kubernetes, against real etcd: bootstrap with
+//! learners, scaling with a client writing throughout, a member whose process dies, a member
+//! whose volume is lost, deletion, and bad input. Needs `make cluster-up` (3 nodes for the
+//! spread check; `make e2e` starts them).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams};
+use noops_api::EtcdCluster;
+use noops_api::etcd::OperationKind;
+use noops_e2e::etcd::*;
+use noops_e2e::*;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+async fn patch_spec(ns: &TestNamespace, name: &str, spec: serde_json::Value) {
+    let api: Api<EtcdCluster> = ns.api();
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&serde_json::json!({ "spec": spec })),
+    )
+    .await
+    .unwrap();
+}
+
+fn member_names(cluster: &EtcdCluster) -> BTreeSet<String> {
+    cluster
+        .status
+        .as_ref()
+        .map(|s| s.members.iter().map(|m| m.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+fn reasons(events: &[(String, String)]) -> Vec<&str> {
+    events.iter().map(|(r, _)| r.as_str()).collect()
+}
+
+/// Runs `etcdctl args` in a pod of the cluster's own etcd image, with the client certificate
+/// mounted, through the client Service (cluster DNS), and returns its output.
+async fn etcdctl_in_pod(ns: &TestNamespace, cluster: &str, version: &str, pod: &str, args: &[&str]) -> String {
+    let endpoint = format!("https://{cluster}-client.{}.svc:2379", ns.name);
+    let mut command = vec![
+        "etcdctl".to_string(),
+        format!("--endpoints={endpoint}"),
+        "--cacert=/certs/ca.crt".into(),
+        "--cert=/certs/tls.crt".into(),
+        "--key=/certs/tls.key".into(),
+        "--dial-timeout=5s".into(),
+    ];
+    command.extend(args.iter().map(|a| a.to_string()));
+    let manifest = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": pod },
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "etcdctl",
+                "image": format!("quay.io/coreos/etcd:v{version}"),
+                "command": command,
+                "volumeMounts": [{ "name": "certs", "mountPath": "/certs" }],
+            }],
+            "volumes": [{ "name": "certs", "secret": { "secretName": format!("{cluster}-client") } }],
+        },
+    });
+    ns.apply(&manifest.to_string());
+    let pods = ns.pods();
+    let phase = wait_for(&format!("pod {pod} to finish"), MINUTE, || async {
+        pods.get(pod)
+            .await
+            .ok()
+            .and_then(|p| p.status?.phase)
+            .filter(|phase| phase == "Succeeded" || phase == "Failed")
+    })
+    .await;
+    let logs = kubectl_ok(&["logs", "-n", &ns.name, pod], None);
+    assert_eq!(phase, "Succeeded", "etcdctl {args:?} failed: {logs}");
+    logs
+}
+
+/// Kills (SIGKILL) the etcd process of `member`, wherever its node runs it.
+fn kill_member_process(ns: &TestNamespace, cluster: &str, member: &str) {
+    let pattern = format!("advertise-client-urls=https://{member}.{cluster}.{}.svc", ns.name);
+    let status = std::process::Command::new("pkill")
+        .args(["-KILL", "-f", &pattern])
+        .status()
+        .unwrap();
+    assert!(status.success(), "no etcd process of {member} to kill");
+}
+
+#[tokio::test]
+async fn a_cluster_bootstraps_scales_heals_and_goes_away_without_losing_a_write() {
+    install_crds();
+    let ns = TestNamespace::new("etcd-life").await;
+    let mut operator = Operator::start(&ns.name, &["--controllers", "etcd"]);
+    let version = etcd_version("3.5");
+
+    // A first apply of the short manifest: three members, one per node.
+    ns.apply(&cluster_manifest("main", 3, &version, ""));
+    let cluster = wait_cluster_ready(&ns, "main", 3, 3 * MINUTE).await;
+    kubectl_ok(
+        &[
+            "wait",
+            "-n",
+            &ns.name,
+            "--for=condition=Ready",
+            "etcdcluster/main",
+            "--timeout=10s",
+        ],
+        None,
+    );
+    let status = cluster.status.clone().unwrap();
+    assert_eq!(
+        member_names(&cluster),
+        BTreeSet::from(["main-0".to_string(), "main-1".into(), "main-2".into()])
+    );
+    assert!(status.members.iter().all(|m| m.healthy && !m.learner && m.id.is_some()));
+    let leader = status.leader.clone().expect("a leader in status");
+    assert!(member_names(&cluster).contains(&leader));
+    assert_eq!(status.current_version.as_deref(), Some(version.as_str()));
+    assert_eq!(status.client_secret.as_deref(), Some("main-client"));
+    assert!(status.cluster_id.is_some());
+    assert!(!status.endpoints.is_empty(), "client endpoints in status");
+    assert_eq!(status.ready.as_deref(), Some("3/3"));
+    assert_eq!(status.phase.as_deref(), Some("Running"));
+    let pods = ns.pods();
+    let member_pods = pods
+        .list(&ListParams::default().labels("noops.dev/etcdcluster=main,app.kubernetes.io/component=member"))
+        .await
+        .unwrap()
+        .items;
+    let nodes: BTreeSet<String> = member_pods.iter().map(pod_node).collect();
+    assert_eq!(nodes.len(), 3, "members spread over the three nodes: {nodes:?}");
+    // Bootstrap is one member, then learners promoted one at a time.
+    wait_until("Events of the bootstrap and both promotions", MINUTE, || async {
+        let events = cluster_events(&ns, "main").await;
+        let r = reasons(&events);
+        r.contains(&"Bootstrapped") && r.iter().filter(|r| **r == "Promoted").count() == 2
+    })
+    .await;
+    let printed = kubectl_ok(&["get", "-n", &ns.name, "etcdcluster", "main"], None);
+    assert!(
+        printed.contains("3/3") && printed.contains(&version) && printed.contains("Running"),
+        "{printed}"
+    );
+
+    // A client in the cluster, with the client Secret, through the client Service.
+    etcdctl_in_pod(&ns, "main", &version, "put", &["put", "greeting", "hello"]).await;
+    let got = etcdctl_in_pod(&ns, "main", &version, "get", &["get", "greeting", "--print-value-only"]).await;
+    assert_eq!(got.trim(), "hello");
+
+    // Scale 3 → 5 → 3 while a client writes and reads.
+    let endpoints = member_endpoints(&ns, &["main-0", "main-1", "main-2"]).await;
+    let writer = Writer::start(etcd_client(&ns, "main", &endpoints).await);
+    patch_spec(&ns, "main", serde_json::json!({ "replicas": 5 })).await;
+    // The operator dies mid-scale, twice, with a member addition recorded in status; the next
+    // one carries on from the status.
+    let api: Api<EtcdCluster> = ns.api();
+    for _ in 0..2 {
+        wait_until("a member addition in progress", 2 * MINUTE, || async {
+            api.get("main")
+                .await
+                .ok()
+                .and_then(|c| c.status?.operation)
+                .is_some_and(|op| op.kind == OperationKind::AddMember)
+        })
+        .await;
+        operator.kill();
+        operator = Operator::start(&ns.name, &["--controllers", "etcd"]);
+    }
+    let five = wait_cluster_ready(&ns, "main", 5, 4 * MINUTE).await;
+    assert_eq!(
+        member_names(&five),
+        (0..5).map(|i| format!("main-{i}")).collect::<BTreeSet<_>>(),
+        "no member was added twice or given up across the restarts"
+    );
+    patch_spec(&ns, "main", serde_json::json!({ "replicas": 3 })).await;
+    let three = wait_cluster_ready(&ns, "main", 3, 4 * MINUTE).await;
+    let history = writer.stop().await;
+    let mut checker = etcd_client(
+        &ns,
+        "main",
+        &member_endpoints(
+            &ns,
+            &member_names(&three).iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+        .await,
+    )
+    .await;
+    assert_no_write_lost(&history, &mut checker, 50).await;
+    let listed = checker.member_list().await.unwrap();
+    assert_eq!(listed.members().len(), 3, "etcd itself has three members again");
+    // Scale down removed members from etcd before their pods and volumes.
+    wait_until("the removed members' pods and volumes to go", MINUTE, || async {
+        let pods = ns
+            .pods()
+            .list(&ListParams::default().labels("noops.dev/etcdcluster=main,app.kubernetes.io/component=member"))
+            .await
+            .unwrap();
+        let volumes = ns
+            .api::<PersistentVolumeClaim>()
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        pods.items.len() == 3 && volumes.items.len() == 3
+    })
+    .await;
+
+    // A member's process dies: the container restarts it, the member stays itself.
+    let before = member_names(&three);
+    let victim = before
+        .iter()
+        .find(|m| Some(*m) != three.status.as_ref().unwrap().leader.as_ref())
+        .unwrap()
+        .clone();
+    kill_member_process(&ns, "main", &victim);
+    wait_until(&format!("{victim} to restart"), MINUTE, || async {
+        pods.get(&victim)
+            .await
+            .ok()
+            .and_then(|p| p.status?.container_statuses?.first().map(|c| c.restart_count))
+            .unwrap_or(0)
+            >= 1
+    })
+    .await;
+    let healed = wait_cluster_ready(&ns, "main", 3, 2 * MINUTE).await;
+    assert_eq!(member_names(&healed), before, "a restarted process is not replaced");
+
+    // A member loses its volume and pod: it is removed from etcd first, then a new member
+    // with a new name is added; the old identity is never reused.
+    let leader = healed.status.as_ref().unwrap().leader.clone().unwrap();
+    let lost = before.iter().find(|m| **m != leader && **m != victim).unwrap().clone();
+    kubectl_ok(
+        &["delete", "-n", &ns.name, "pvc", &format!("{lost}-data"), "--wait=false"],
+        None,
+    );
+    kubectl_ok(&["delete", "-n", &ns.name, "pod", &lost, "--wait=false"], None);
+    let replaced = wait_for("the lost member replaced", 4 * MINUTE, || async {
+        ns.api::<EtcdCluster>()
+            .get("main")
+            .await
+            .ok()
+            .filter(|c| cluster_ready(c, 3) && !member_names(c).contains(&lost))
+    })
+    .await;
+    let events = cluster_events(&ns, "main").await;
+    let removed_at = events
+        .iter()
+        .position(|(r, m)| r == "MemberRemoved" && m.contains(&lost))
+        .unwrap_or_else(|| panic!("no MemberRemoved for {lost}: {events:?}"));
+    let successor = member_names(&replaced)
+        .difference(&before)
+        .next()
+        .cloned()
+        .expect("a new member");
+    let added_at = events
+        .iter()
+        .position(|(r, m)| r == "AddingMember" && m.contains(&successor))
+        .unwrap_or_else(|| panic!("no AddingMember for {successor}: {events:?}"));
+    assert!(
+        removed_at < added_at,
+        "removed before its successor was added: {events:?}"
+    );
+    // main-0 to main-4 have been used: the successor's name is new.
+    let index: i64 = successor.strip_prefix("main-").and_then(|i| i.parse().ok()).unwrap();
+    assert!(index >= 5, "a member name is never reused: {successor}");
+    // The data written before is still there.
+    let got = etcdctl_in_pod(
+        &ns,
+        "main",
+        &version,
+        "get-after",
+        &["get", "greeting", "--print-value-only"],
+    )
+    .await;
+    assert_eq!(got.trim(), "hello");
+
+    // Deleting the cluster takes every child with it.
+    kubectl_ok(
+        &[
+            "delete",
+            "-n",
+            &ns.name,
+            "etcdcluster",
+            "main",
+            "--wait=true",
+            "--timeout=60s",
+        ],
+        None,
+    );
+    wait_until("every child of the cluster to go", 2 * MINUTE, || async {
+        let labelled = ListParams::default().labels("noops.dev/etcdcluster=main");
+        ns.pods().list(&labelled).await.unwrap().items.is_empty()
+            && ns
+                .api::<PersistentVolumeClaim>()
+                .list(&labelled)
+                .await
+                .unwrap()
+                .items
+                .is_empty()
+            && ns.api::<Service>().list(&labelled).await.unwrap().items.is_empty()
+            && ns.api::<Secret>().list(&labelled).await.unwrap().items.is_empty()
+            && ns.api::<ConfigMap>().list(&labelled).await.unwrap().items.is_empty()
+    })
+    .await;
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+}
+
+/// `kubectl apply` of `yaml` in `ns`: the error it printed, or None if it was accepted.
+fn apply_error(ns: &TestNamespace, yaml: &str) -> Option<String> {
+    let out = kubectl(&["apply", "-n", &ns.name, "-f", "-"], Some(yaml));
+    (!out.status.success()).then(|| String::from_utf8_lossy(&out.stderr).to_string())
+}
+
+#[tokio::test]
+async fn bad_specs_are_refused_with_a_reason() {
+    install_crds();
+    let ns = TestNamespace::new("etcd-bad").await;
+    let v35 = etcd_version("3.5");
+    let v36 = etcd_version("3.6");
+
+    // Refused on creation, each with a message that says what is wrong.
+    let refused_on_create = [
+        (cluster_manifest("c", 0, &v35, ""), "replicas must be 1, 3, 5 or 7"),
+        (cluster_manifest("c", -1, &v35, ""), "replicas must be 1, 3, 5 or 7"),
+        (cluster_manifest("c", 2, &v35, ""), "replicas must be 1, 3, 5 or 7"),
+        (cluster_manifest("c", 4, &v35, ""), "replicas must be 1, 3, 5 or 7"),
+        (cluster_manifest("c", 9, &v35, ""), "replicas must be 1, 3, 5 or 7"),
+        (cluster_manifest("c", 3, "3.4.0", ""), "version must be an etcd version"),
+        (
+            cluster_manifest("c", 3, "latest", ""),
+            "version must be an etcd version",
+        ),
+        (cluster_manifest("c", 3, "3.5", ""), "version must be an etcd version"),
+        (cluster_manifest("c", 3, "3.7.0", ""), "version must be an etcd version"),
+        (
+            cluster_manifest("c", 3, &format!("v{v35}"), ""),
+            "version must be an etcd version",
+        ),
+        (
+            cluster_manifest("c", 3, &v35, "  storage: { size: lots }\n"),
+            "storage.size must be a quantity",
+        ),
+        (
+            cluster_manifest("c", 3, &v35, "  pod: { extraArgs: [\"quota-backend-bytes=1\"] }\n"),
+            "pod.extraArgs must be etcd flags",
+        ),
+        (cluster_manifest(&"x".repeat(41), 3, &v35, ""), "at most 40 characters"),
+        (cluster_manifest("a.b", 3, &v35, ""), "must be a DNS label"),
+    ];
+    for (yaml, expected) in &refused_on_create {
+        let error = apply_error(&ns, yaml).unwrap_or_else(|| panic!("accepted:\n{yaml}"));
+        assert!(error.contains(expected), "refused, but not with {expected:?}: {error}");
+    }
+
+    // Refused as changes of an existing (paused, so nothing runs) cluster.
+    let paused = "  paused: true\n";
+    ns.apply(&cluster_manifest("c", 3, &v36, paused));
+    let refused_on_update = [
+        (cluster_manifest("c", 3, &v35, paused), "downgrades are refused"),
+        (
+            cluster_manifest("c", 3, &v36, &format!("{paused}  storage: {{ size: 2Gi }}\n")),
+            "storage is immutable",
+        ),
+        (
+            cluster_manifest("c", 3, &v36, &format!("{paused}  storage: {{ ephemeral: true }}\n")),
+            "storage is immutable",
+        ),
+        (
+            cluster_manifest("c", 3, &v36, &format!("{paused}  tls: {{ enabled: false }}\n")),
+            "tls is immutable",
+        ),
+        (cluster_manifest("c", 4, &v36, paused), "replicas must be 1, 3, 5 or 7"),
+    ];
+    for (yaml, expected) in &refused_on_update {
+        let error = apply_error(&ns, yaml).unwrap_or_else(|| panic!("accepted:\n{yaml}"));
+        assert!(error.contains(expected), "refused, but not with {expected:?}: {error}");
+    }
+    let api: Api<EtcdCluster> = ns.api();
+    let kept = api.get("c").await.unwrap();
+    assert_eq!(kept.spec.version, v36, "a refused edit changes nothing");
+    assert_eq!(kept.spec.storage.size, "1Gi");
+}
+
+#[tokio::test]
+async fn a_forbidden_flag_is_refused_in_status_and_harms_nothing_running() {
+    install_crds();
+    let ns = TestNamespace::new("etcd-flags").await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "etcd"]);
+    let version = etcd_version("3.6");
+    ns.apply(&cluster_manifest("solo", 1, &version, ""));
+    wait_cluster_ready(&ns, "solo", 1, 2 * MINUTE).await;
+    let pod = ns.pods().get("solo-0").await.unwrap();
+
+    // A flag the operator sets itself passes the schema (it is a flag) but is refused.
+    patch_spec(
+        &ns,
+        "solo",
+        serde_json::json!({ "pod": { "extraArgs": ["--data-dir=/tmp/elsewhere"] } }),
+    )
+    .await;
+    let api: Api<EtcdCluster> = ns.api();
+    let refused = wait_for("Ready=False ForbiddenFlags", MINUTE, || async {
+        api.get("solo").await.ok().filter(|c| {
+            c.status.as_ref().and_then(|s| s.observed_generation) == c.metadata.generation
+                && condition(c, "Ready").is_some_and(|(s, r, _)| s == "False" && r == "ForbiddenFlags")
+        })
+    })
+    .await;
+    let (_, _, message) = condition(&refused, "Ready").unwrap();
+    assert!(message.contains("--data-dir"), "{message}");
+    wait_until("a ForbiddenFlags Event", MINUTE, || async {
+        cluster_events(&ns, "solo")
+            .await
+            .iter()
+            .any(|(r, m)| r == "ForbiddenFlags" && m.contains("--data-dir"))
+    })
+    .await;
+    let still = ns.pods().get("solo-0").await.unwrap();
+    assert_eq!(
+        still.metadata.uid, pod.metadata.uid,
+        "the running member was not touched"
+    );
+    assert!(pod_ready(&still));
+
+    // Taking the flag out makes it Ready again.
+    patch_spec(&ns, "solo", serde_json::json!({ "pod": { "extraArgs": [] } })).await;
+    wait_cluster_ready(&ns, "solo", 1, MINUTE).await;
+}
