@@ -210,7 +210,7 @@ pub struct MemberStatus {
     pub unhealthy_since: Option<Time>,
 }
 
-/// A membership change in progress.
+/// A change in progress (membership or version).
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Operation {
@@ -222,11 +222,14 @@ pub struct Operation {
     pub member_id: Option<String>,
     /// Why (scale up, a dead member's replacement, ...).
     pub reason: String,
+    /// The version the member moves to (upgrades).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
     /// When it started.
     pub started_at: Time,
 }
 
-/// The kinds of membership change.
+/// The kinds of change, one member at a time.
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OperationKind {
     /// The first member is starting a new cluster.
@@ -235,6 +238,9 @@ pub enum OperationKind {
     AddMember,
     /// A member is being removed from etcd, then its pod and volume.
     RemoveMember,
+    /// A member is restarted on another version, on its own volume, as itself (leadership
+    /// moved away first if it leads).
+    Upgrade,
 }
 
 fn default_replicas() -> i32 {

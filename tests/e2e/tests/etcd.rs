@@ -432,3 +432,82 @@ async fn a_forbidden_flag_is_refused_in_status_and_harms_nothing_running() {
     patch_spec(&ns, "solo", serde_json::json!({ "pod": { "extraArgs": [] } })).await;
     wait_cluster_ready(&ns, "solo", 1, MINUTE).await;
 }
+
+#[tokio::test]
+async fn a_minor_upgrade_rolls_one_member_at_a_time_the_leader_last_without_losing_a_write() {
+    install_crds();
+    let ns = TestNamespace::new("etcd-upgrade").await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "etcd"]);
+    let (from, to) = (etcd_version("3.5"), etcd_version("3.6"));
+    ns.apply(&cluster_manifest("main", 3, &from, ""));
+    let before = wait_cluster_ready(&ns, "main", 3, 3 * MINUTE).await;
+    let status = before.status.clone().unwrap();
+    let first_leader = status.leader.clone().unwrap();
+    let ids: BTreeSet<Option<String>> = status.members.iter().map(|m| m.id.clone()).collect();
+    let volumes = ns.api::<PersistentVolumeClaim>();
+    let volume_uids = |list: Vec<PersistentVolumeClaim>| -> BTreeSet<String> {
+        list.into_iter().filter_map(|v| v.metadata.uid).collect()
+    };
+    let uids_before = volume_uids(volumes.list(&ListParams::default()).await.unwrap().items);
+    etcdctl_in_pod(&ns, "main", &from, "put", &["put", "before-upgrade", "kept"]).await;
+
+    let endpoints = member_endpoints(&ns, &["main-0", "main-1", "main-2"]).await;
+    let writer = Writer::start(etcd_client(&ns, "main", &endpoints).await);
+    patch_spec(&ns, "main", serde_json::json!({ "version": to })).await;
+    let api: Api<EtcdCluster> = ns.api();
+    let after = wait_for(&format!("every member on {to}"), 5 * MINUTE, || async {
+        api.get("main").await.ok().filter(|c| {
+            cluster_ready(c, 3)
+                && c.status.as_ref().is_some_and(|s| {
+                    s.current_version.as_deref() == Some(to.as_str())
+                        && s.members.iter().all(|m| m.version.as_deref() == Some(to.as_str()))
+                })
+        })
+    })
+    .await;
+    let history = writer.stop().await;
+    let names: Vec<String> = member_names(&after).into_iter().collect();
+    let mut checker = etcd_client(
+        &ns,
+        "main",
+        &member_endpoints(&ns, &names.iter().map(String::as_str).collect::<Vec<_>>()).await,
+    )
+    .await;
+    assert_no_write_lost(&history, &mut checker, 50).await;
+
+    // The same members, on the same volumes: an upgrade restarts members, it replaces none.
+    let status = after.status.clone().unwrap();
+    assert_eq!(
+        status.members.iter().map(|m| m.id.clone()).collect::<BTreeSet<_>>(),
+        ids
+    );
+    assert_eq!(
+        volume_uids(volumes.list(&ListParams::default()).await.unwrap().items),
+        uids_before
+    );
+    // One member at a time (each finished before the next began), the leader last.
+    let events = cluster_events(&ns, "main").await;
+    let upgrades: Vec<(&str, &str)> = events
+        .iter()
+        .filter(|(r, _)| r == "UpgradingMember" || r == "MemberUpgraded")
+        .map(|(r, m)| (r.as_str(), m.split(' ').nth(1).unwrap_or_default()))
+        .collect();
+    assert_eq!(upgrades.len(), 6, "{events:?}");
+    for pair in upgrades.chunks(2) {
+        assert_eq!(pair[0].0, "UpgradingMember", "{events:?}");
+        assert_eq!(pair[1], ("MemberUpgraded", pair[0].1), "{events:?}");
+    }
+    assert_ne!(upgrades[0].1, first_leader, "the leader goes last: {events:?}");
+    let got = etcdctl_in_pod(
+        &ns,
+        "main",
+        &to,
+        "get",
+        &["get", "before-upgrade", "--print-value-only"],
+    )
+    .await;
+    assert_eq!(got.trim(), "kept");
+    // Going back is refused by the API server.
+    let error = apply_error(&ns, &cluster_manifest("main", 3, &from, "")).expect("a downgrade is refused");
+    assert!(error.contains("downgrades are refused"), "{error}");
+}

@@ -8,11 +8,13 @@
 
 use std::time::Duration;
 
-use etcd_client::{Certificate, Client, ConnectOptions, Identity, MemberAddOptions, TlsOptions};
+use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, MemberAddOptions, TlsOptions};
 
 /// How long to wait for a connection, and for an answer.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// The key the read check counts (it need not exist: only the read's success matters).
+const READ_CHECK_KEY: &str = "noops/read-check";
 
 /// A failure talking to etcd.
 #[derive(Debug, thiserror::Error)]
@@ -213,6 +215,17 @@ impl EtcdAccess {
             Err(e) if e.to_string().contains("member not found") => Ok(()),
             Err(e) => Err(classify(e)),
         }
+    }
+
+    /// A linearizable read through the member at `endpoint` (it must reach the leader and
+    /// agree with it): the check between members of a rolling upgrade.
+    pub async fn read_through(&self, endpoint: &str) -> Result<(), EtcdError> {
+        let mut client = self.connect(&[endpoint.to_string()]).await?;
+        client
+            .get(READ_CHECK_KEY, Some(GetOptions::new().with_count_only()))
+            .await
+            .map_err(classify)?;
+        Ok(())
     }
 
     /// Asks the leader (at `leader_endpoint`) to hand leadership to `to`.

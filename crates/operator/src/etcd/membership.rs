@@ -57,6 +57,8 @@ pub struct MemberFacts {
     pub volume: bool,
     /// How long it has been unhealthy, if it is.
     pub unhealthy_for: Option<Duration>,
+    /// Its pod runs another version than the spec's (an upgrade is due).
+    pub outdated: bool,
 }
 
 impl MemberFacts {
@@ -91,6 +93,9 @@ pub struct ClusterFacts {
     pub next_member: String,
     /// Data is kept in the pod only: a member whose pod is gone has lost its data.
     pub ephemeral: bool,
+    /// The version members are to run, when changing to it is allowed (None while the spec's
+    /// version is refused).
+    pub upgrade_to: Option<String>,
     /// Now (an operation begun now starts at this time).
     pub now: jiff::Timestamp,
 }
@@ -120,6 +125,11 @@ pub enum Step {
     RemoveFromEtcd { member: String, id: u64 },
     /// Delete the pod and volume of `member` (it is not, or no longer, in etcd).
     DeleteMember { member: String, force: bool },
+    /// Delete the pod of `member`, not its volume, so that it starts again on another version.
+    RestartMember { member: String },
+    /// `member` runs the new version and is healthy: check a read through it, then end the
+    /// upgrade of this member.
+    CheckUpgraded { member: String },
     /// The operation is complete: clear it from the status.
     Finish,
     /// Nothing to change now; look again later.
@@ -138,6 +148,7 @@ fn operation(facts: &ClusterFacts, kind: OperationKind, member: &str, reason: &s
         member: member.to_string(),
         member_id: None,
         reason: reason.to_string(),
+        version: None,
         started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(facts.now),
     })
 }
@@ -187,6 +198,28 @@ pub fn next_step(facts: &ClusterFacts) -> Step {
         return step;
     }
     let all_healthy = facts.members.iter().filter(|m| m.in_etcd()).all(|m| m.healthy && !m.learner);
+    // A version change rolls one member at a time, the leader last, before any scaling (new
+    // members then join on the new version).
+    if let Some(version) = &facts.upgrade_to {
+        let outdated: Vec<&MemberFacts> = voters.iter().copied().filter(|m| m.outdated).collect();
+        let next = outdated
+            .iter()
+            .filter(|m| !m.leader)
+            .min_by(|a, b| index_order(&a.name, &b.name))
+            .or(outdated.first());
+        if let Some(m) = next {
+            if !all_healthy {
+                return Step::Wait {
+                    reason: "upgrading waits until every member is healthy".into(),
+                };
+            }
+            let mut step = operation(facts, OperationKind::Upgrade, &m.name, "upgrade");
+            if let Step::Begin(op) = &mut step {
+                op.version = Some(version.clone());
+            }
+            return step;
+        }
+    }
     if voters.len() < facts.replicas {
         if !all_healthy {
             return Step::Wait {
@@ -284,6 +317,48 @@ fn continue_operation(facts: &ClusterFacts, op: &Operation) -> Step {
         },
         OperationKind::AddMember => continue_add(facts, op, member),
         OperationKind::RemoveMember => continue_remove(facts, member),
+        OperationKind::Upgrade => continue_upgrade(facts, op, member),
+    }
+}
+
+fn continue_upgrade(facts: &ClusterFacts, op: &Operation, member: Option<&MemberFacts>) -> Step {
+    let Some(m) = member.filter(|m| m.in_etcd()) else {
+        // No longer a member (removed as lost meanwhile): nothing left to upgrade.
+        return Step::Finish;
+    };
+    let version = op.version.as_deref().unwrap_or("the new version");
+    match m.pod {
+        PodState::Missing => return Step::StartMember { member: m.name.clone() },
+        PodState::Terminating | PodState::Stuck => {
+            return Step::Wait {
+                reason: format!("{} is stopping, to start again on {version}", m.name),
+            };
+        }
+        PodState::Ready | PodState::Starting => {}
+    }
+    // Still on the old version (and the spec still asks for a change): restart it, after
+    // moving leadership away from it.
+    if m.outdated && facts.upgrade_to.is_some() {
+        if m.leader {
+            let successor = facts
+                .members
+                .iter()
+                .filter(|o| o.name != m.name && o.voter() && o.healthy && !o.outdated)
+                .min_by(|a, b| index_order(&a.name, &b.name))
+                .or_else(|| facts.members.iter().find(|o| o.name != m.name && o.voter() && o.healthy));
+            if let (Some(from), Some(to)) = (m.id, successor.and_then(|s| s.id)) {
+                return Step::MoveLeader { from, to };
+            }
+            // A single member has no one to hand over to: it restarts leading.
+        }
+        return Step::RestartMember { member: m.name.clone() };
+    }
+    if m.healthy && m.pod == PodState::Ready {
+        Step::CheckUpgraded { member: m.name.clone() }
+    } else {
+        Step::Wait {
+            reason: format!("{} is starting on {version}", m.name),
+        }
     }
 }
 
@@ -383,6 +458,7 @@ mod tests {
             pod: PodState::Ready,
             volume: true,
             unhealthy_for: None,
+            outdated: false,
         }
     }
 
@@ -397,6 +473,7 @@ mod tests {
             operation_age: Duration::ZERO,
             next_member: "main-9".into(),
             ephemeral: false,
+            upgrade_to: None,
             now: jiff::Timestamp::UNIX_EPOCH,
         }
     }
@@ -420,6 +497,7 @@ mod tests {
             member: member.into(),
             member_id: None,
             reason: "test".into(),
+            version: Some("3.6.16".into()),
             started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
         });
         c
@@ -665,5 +743,90 @@ mod tests {
                 force: true
             }
         );
+    }
+
+    fn upgrading(members: Vec<MemberFacts>) -> ClusterFacts {
+        let mut c = cluster(3, members);
+        c.upgrade_to = Some("3.6.16".into());
+        c
+    }
+
+    fn outdated(mut members: Vec<MemberFacts>) -> Vec<MemberFacts> {
+        for m in &mut members {
+            m.outdated = true;
+        }
+        members
+    }
+
+    #[test]
+    fn an_upgrade_takes_one_member_at_a_time_the_leader_last() {
+        // main-0 leads: the others go first, lowest index first.
+        let c = upgrading(outdated(three()));
+        let step = next_step(&c);
+        assert_eq!(begun(&step), (OperationKind::Upgrade, "main-1".into()));
+        let Step::Begin(op) = step else { unreachable!() };
+        assert_eq!(op.version.as_deref(), Some("3.6.16"));
+        let mut members = outdated(three());
+        members[1].outdated = false;
+        members[2].outdated = false;
+        assert_eq!(begun(&next_step(&upgrading(members))), (OperationKind::Upgrade, "main-0".into()));
+        // Nothing outdated: nothing to do.
+        assert!(matches!(next_step(&upgrading(three())), Step::Wait { .. }));
+    }
+
+    #[test]
+    fn an_upgrade_waits_for_every_member_to_be_healthy() {
+        let mut members = outdated(three());
+        members[2].healthy = false;
+        members[2].unhealthy_for = Some(Duration::from_secs(1));
+        assert!(matches!(next_step(&upgrading(members)), Step::Wait { .. }));
+    }
+
+    #[test]
+    fn an_upgraded_member_restarts_on_its_volume_and_is_checked_before_the_next() {
+        let c = with_op(upgrading(outdated(three())), OperationKind::Upgrade, "main-1");
+        assert_eq!(next_step(&c), Step::RestartMember { member: "main-1".into() });
+        let mut stopping = outdated(three());
+        stopping[1].pod = PodState::Terminating;
+        let c = with_op(upgrading(stopping), OperationKind::Upgrade, "main-1");
+        assert!(matches!(next_step(&c), Step::Wait { .. }));
+        let mut gone = outdated(three());
+        gone[1].pod = PodState::Missing;
+        gone[1].outdated = false;
+        let c = with_op(upgrading(gone), OperationKind::Upgrade, "main-1");
+        assert_eq!(next_step(&c), Step::StartMember { member: "main-1".into() });
+        let mut starting = outdated(three());
+        starting[1].outdated = false;
+        starting[1].pod = PodState::Starting;
+        starting[1].healthy = false;
+        let c = with_op(upgrading(starting), OperationKind::Upgrade, "main-1");
+        assert!(matches!(next_step(&c), Step::Wait { .. }));
+        let mut back = outdated(three());
+        back[1].outdated = false;
+        let c = with_op(upgrading(back), OperationKind::Upgrade, "main-1");
+        assert_eq!(next_step(&c), Step::CheckUpgraded { member: "main-1".into() });
+    }
+
+    #[test]
+    fn the_leader_hands_over_to_an_upgraded_member_before_its_own_restart() {
+        let mut members = three();
+        members[0].outdated = true;
+        let c = with_op(upgrading(members), OperationKind::Upgrade, "main-0");
+        assert_eq!(next_step(&c), Step::MoveLeader { from: 10, to: 11 });
+        // A single member restarts leading: there is no one to hand over to.
+        let mut solo = cluster(1, vec![member("main-0", 10)]);
+        solo.members[0].leader = true;
+        solo.members[0].outdated = true;
+        solo.upgrade_to = Some("3.6.16".into());
+        let c = with_op(solo, OperationKind::Upgrade, "main-0");
+        assert_eq!(next_step(&c), Step::RestartMember { member: "main-0".into() });
+    }
+
+    #[test]
+    fn an_upgrade_of_a_member_that_is_gone_ends() {
+        let mut members = three();
+        members[1].id = None;
+        let c = with_op(upgrading(members), OperationKind::Upgrade, "main-1");
+        assert_eq!(next_step(&c), Step::Finish);
     }
 }

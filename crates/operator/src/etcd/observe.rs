@@ -181,6 +181,11 @@ fn pod_state(pod: Option<&Arc<Pod>>, now: jiff::Timestamp) -> PodState {
     if ready { PodState::Ready } else { PodState::Starting }
 }
 
+/// The image a member pod runs.
+fn pod_image(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref()?.containers.first()?.image.as_deref()
+}
+
 /// The facts the membership planner needs. Pure.
 pub fn facts(cluster: &EtcdCluster, names: &Names, children: &Children, etcd: &EtcdView, now: jiff::Timestamp) -> ClusterFacts {
     let status = cluster.status.clone().unwrap_or_default();
@@ -203,6 +208,7 @@ pub fn facts(cluster: &EtcdCluster, names: &Names, children: &Children, etcd: &E
     }
     let previous: BTreeMap<&str, &noops_api::etcd::MemberStatus> =
         status.members.iter().map(|m| (m.name.as_str(), m)).collect();
+    let wanted_image = super::pod::image(&cluster.spec.version);
     let members = member_names
         .into_iter()
         .filter(|n| names.member_index(n).is_some())
@@ -238,6 +244,7 @@ pub fn facts(cluster: &EtcdCluster, names: &Names, children: &Children, etcd: &E
                 },
                 healthy,
                 unhealthy_for,
+                outdated: pod.is_some_and(|p| pod_image(p) != Some(wanted_image.as_str())),
                 id,
                 name,
             }
@@ -258,6 +265,7 @@ pub fn facts(cluster: &EtcdCluster, names: &Names, children: &Children, etcd: &E
         operation_age,
         next_member: names.member(status.next_member_index),
         ephemeral: cluster.spec.storage.ephemeral,
+        upgrade_to: Some(cluster.spec.version.clone()),
         now,
     }
 }

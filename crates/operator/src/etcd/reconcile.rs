@@ -10,7 +10,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use noops_api::EtcdCluster;
-use noops_api::etcd::OperationKind;
+use noops_api::etcd::{Operation, OperationKind};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
@@ -77,6 +77,11 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
         later.push(Announcement::warning(refusal.reason, refusal.message.clone()));
     }
 
+    let mut facts = facts;
+    if outcome.problems.invalid.is_some() {
+        // A refused spec changes no version.
+        facts.upgrade_to = None;
+    }
     let step = if cluster.spec.paused {
         Step::Wait {
             reason: "paused".into(),
@@ -292,9 +297,13 @@ impl Runner<'_> {
         }
     }
 
-    /// The version new members run: the one the members run (a new member joins as their
-    /// equal; changing the version is an upgrade), or the spec's for a new cluster.
-    fn version(&self) -> String {
+    /// The version `member` starts on: the spec's for the member being upgraded; otherwise
+    /// the one the members run (a new member joins as their equal; changing the version is an
+    /// upgrade), or the spec's for a new cluster.
+    fn version(&self, member: &str, operation: Option<&Operation>) -> String {
+        if operation.is_some_and(|op| op.kind == OperationKind::Upgrade && op.member == member) {
+            return self.cluster.spec.version.clone();
+        }
         self.cluster
             .status
             .as_ref()
@@ -310,7 +319,7 @@ impl Runner<'_> {
     }
 
     /// Creates the volume (if the cluster keeps data) and the pod of `member`; either may exist.
-    async fn start_member(&self, member: &str, initial_cluster: &[(String, String)]) -> Result<()> {
+    async fn start_member(&self, member: &str, version: &str, initial_cluster: &[(String, String)]) -> Result<()> {
         let ns = &self.names.namespace;
         if let Some(pvc) = volume::member_volume(self.cluster, self.names, member, self.owner)
             && !self.children.volumes.contains_key(member)
@@ -323,7 +332,7 @@ impl Runner<'_> {
             }
         }
         if !self.children.pods.contains_key(member) {
-            let pod = pod::member_pod(self.cluster, self.names, member, &self.version(), initial_cluster, self.owner);
+            let pod = pod::member_pod(self.cluster, self.names, member, version, initial_cluster, self.owner);
             let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), ns);
             match api.create(&PostParams::default(), &pod).await {
                 Ok(_) => info!(member, "started a member pod"),
@@ -362,6 +371,10 @@ impl Runner<'_> {
                     OperationKind::Bootstrap => ("Bootstrapping", format!("{} starts a new cluster", op.member)),
                     OperationKind::AddMember => ("AddingMember", format!("adding {} ({})", op.member, op.reason)),
                     OperationKind::RemoveMember => ("RemovingMember", format!("removing {} ({})", op.member, op.reason)),
+                    OperationKind::Upgrade => (
+                        "UpgradingMember",
+                        format!("restarting {} on {}", op.member, op.version.as_deref().unwrap_or("?")),
+                    ),
                 };
                 later.push(Announcement::normal(reason, note).about(&op.member));
                 outcome.operation = Some(op);
@@ -370,7 +383,8 @@ impl Runner<'_> {
             Step::StartFirstMember { member } => {
                 self.set_state(true).await?;
                 let me = vec![(member.clone(), self.names.peer_url(&member))];
-                self.start_member(&member, &me).await?;
+                let version = self.version(&member, outcome.operation.as_ref());
+                self.start_member(&member, &version, &me).await?;
                 Ok(NEXT_STEP)
             }
             Step::FinishBootstrap { member } => {
@@ -399,7 +413,8 @@ impl Runner<'_> {
             }
             Step::StartMember { member } => {
                 let initial = self.initial_cluster(&member);
-                self.start_member(&member, &initial).await?;
+                let version = self.version(&member, outcome.operation.as_ref());
+                self.start_member(&member, &version, &initial).await?;
                 Ok(NEXT_STEP)
             }
             Step::Promote { member, id } => {
@@ -486,12 +501,41 @@ impl Runner<'_> {
                 }
                 Ok(NEXT_STEP)
             }
+            Step::RestartMember { member } => {
+                let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
+                match pods.delete(&member, &DeleteParams::default()).await {
+                    Ok(_) => info!(member, "stopped a member to start it on another version"),
+                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(e) => return Err(e.into()),
+                }
+                Ok(NEXT_STEP)
+            }
+            Step::CheckUpgraded { member } => {
+                let endpoint = self
+                    .children
+                    .pods
+                    .get(&member)
+                    .and_then(|p| observe::pod_endpoint(p, self.names));
+                let Some(endpoint) = endpoint else {
+                    return Ok(Duration::from_secs(1));
+                };
+                // Health said it has a leader; a linearizable read says it serves clients.
+                if let Err(e) = self.access.read_through(&endpoint).await {
+                    debug!(member, error = %e, "the read check failed; trying again shortly");
+                    return Ok(Duration::from_secs(1));
+                }
+                Box::pin(self.take(Step::Finish, outcome, later)).await
+            }
             Step::Finish => {
                 if let Some(op) = outcome.operation.take() {
                     let (reason, note) = match op.kind {
                         OperationKind::Bootstrap => ("Bootstrapped", format!("{} started the cluster", op.member)),
                         OperationKind::AddMember => ("MemberAdded", format!("{} joined ({})", op.member, op.reason)),
                         OperationKind::RemoveMember => ("MemberGone", format!("{} is gone ({})", op.member, op.reason)),
+                        OperationKind::Upgrade => (
+                            "MemberUpgraded",
+                            format!("upgraded {} to {}", op.member, op.version.as_deref().unwrap_or("the new version")),
+                        ),
                     };
                     later.push(Announcement::normal(reason, note).about(&op.member));
                 }

@@ -155,7 +155,7 @@ pub fn build(
     };
     let progressing = match &operation {
         Some(op) => Decided::new(PROGRESSING, true, kind_reason(op.kind), describe(op)),
-        None => Decided::new(PROGRESSING, false, "Stable", "no membership change in progress"),
+        None => Decided::new(PROGRESSING, false, "Stable", "no change in progress"),
     };
     let unhealthy: Vec<&str> = members.iter().filter(|m| !m.healthy).map(|m| m.name.as_str()).collect();
     let degraded = if let Some(why) = &problems.quorum_lost {
@@ -179,7 +179,11 @@ pub fn build(
     } else if !bootstrapped {
         "Creating"
     } else if let Some(op) = &operation {
-        if op.reason.starts_with("scale") { "Scaling" } else { "Repairing" }
+        match op.kind {
+            OperationKind::Upgrade => "Upgrading",
+            _ if op.reason.starts_with("scale") => "Scaling",
+            _ => "Repairing",
+        }
     } else if !unhealthy.is_empty() {
         "Degraded"
     } else {
@@ -219,6 +223,7 @@ fn kind_reason(kind: OperationKind) -> &'static str {
         OperationKind::Bootstrap => "Bootstrapping",
         OperationKind::AddMember => "AddingMember",
         OperationKind::RemoveMember => "RemovingMember",
+        OperationKind::Upgrade => "UpgradingMember",
     }
 }
 
@@ -228,6 +233,11 @@ pub fn describe(op: &Operation) -> String {
         OperationKind::Bootstrap => format!("{} is starting a new cluster", op.member),
         OperationKind::AddMember => format!("adding {} as a learner, then a voting member ({})", op.member, op.reason),
         OperationKind::RemoveMember => format!("removing {} ({})", op.member, op.reason),
+        OperationKind::Upgrade => format!(
+            "upgrading {} to {}, one member at a time, the leader last",
+            op.member,
+            op.version.as_deref().unwrap_or("the new version")
+        ),
     }
 }
 
@@ -249,6 +259,7 @@ mod tests {
             pod: PodState::Ready,
             volume: true,
             unhealthy_for: None,
+            outdated: false,
         }
     }
 
@@ -263,6 +274,7 @@ mod tests {
             operation_age: std::time::Duration::ZERO,
             next_member: "main-3".into(),
             ephemeral: false,
+            upgrade_to: None,
             now: jiff::Timestamp::UNIX_EPOCH,
         }
     }

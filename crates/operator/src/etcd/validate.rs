@@ -69,16 +69,6 @@ pub fn validate(cluster: &EtcdCluster, running: Option<&str>) -> Option<Refusal>
             false,
         ));
     }
-    if want != have {
-        return Some(Refusal::new(
-            "UpgradeNotSupportedYet",
-            format!(
-                "changing the members from {running} to {} is not done by this operator yet: they keep {running}",
-                cluster.spec.version
-            ),
-            false,
-        ));
-    }
     None
 }
 
@@ -98,5 +88,8 @@ mod tests {
         let mut far = fixtures::cluster().build();
         far.spec.version = "3.7.0".into();
         assert_eq!(validate(&far, Some("3.5.21")).unwrap().reason, "SkippedMinorVersion");
+        let mut next = fixtures::cluster().build();
+        next.spec.version = "3.6.16".into();
+        assert_eq!(validate(&next, Some("3.5.21")), None, "one minor up is an upgrade");
     }
 }
