@@ -4,7 +4,9 @@
 //! process starts (an environment variable from a ConfigMap key, resolved at container start).
 //! It says `new` only while the first member bootstraps the cluster, and `existing` from then
 //! on. So a member whose data directory was wiped and whose process restarts never forms a
-//! one-member cluster of its own: with `existing` it cannot start, and is replaced.
+//! one-member cluster of its own. (With `existing` and an empty data directory etcd would
+//! still start and rejoin under its old ID, having forgotten its log: the planner therefore
+//! never starts a member that etcd lists on a volume that is not its own; it replaces it.)
 
 use std::collections::BTreeMap;
 

@@ -39,10 +39,12 @@ impl EtcdError {
 }
 
 /// What etcd says when a membership change is unsafe or impossible for the moment.
-const NOT_NOW: [&str; 5] = [
+const NOT_NOW: [&str; 6] = [
     "unhealthy cluster",
     "leader changed",
     "no leader",
+    // A move of leadership asked of a member that stopped leading a moment ago.
+    "not leader",
     "too many requests",
     "too many learner members",
 ];

@@ -27,6 +27,9 @@ pub const LEARNER_DEADLINE: Duration = Duration::from_secs(300);
 /// How long voting members may be without a leader before the quorum counts as lost (a leader
 /// election takes a second or two).
 pub const QUORUM_GRACE: Duration = Duration::from_secs(10);
+/// How long one member's upgrade (stop, start on the new version, become healthy) may take
+/// before it is abandoned and the member is treated like any unhealthy one.
+pub const UPGRADE_DEADLINE: Duration = Duration::from_secs(300);
 
 /// A member's pod, as observed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +122,9 @@ pub enum Step {
     /// Give up adding `member` (a learner that did not catch up in time): remove it from etcd
     /// if it is there, say why, and end the operation. Its pod and volume go as leftovers.
     GiveUp { member: String, id: Option<u64>, reason: String },
+    /// End the operation on `member` without finishing it, and say why: its data is gone, or
+    /// it did not come back in time; the rules for lost and unhealthy members take over.
+    Abandon { member: String, reason: String },
     /// Move leadership away from `from` to `to` (before `from` is removed).
     MoveLeader { from: u64, to: u64 },
     /// Remove `member` from etcd.
@@ -328,6 +334,13 @@ fn continue_upgrade(facts: &ClusterFacts, op: &Operation, member: Option<&Member
     };
     let version = op.version.as_deref().unwrap_or("the new version");
     match m.pod {
+        PodState::Missing if facts.ephemeral || !m.volume => {
+            // Starting it again would bring it back under its old identity with an empty log.
+            return Step::Abandon {
+                member: m.name.clone(),
+                reason: format!("{}'s data went with its pod or volume during its upgrade; it is replaced instead", m.name),
+            };
+        }
         PodState::Missing => return Step::StartMember { member: m.name.clone() },
         PodState::Terminating | PodState::Stuck => {
             return Step::Wait {
@@ -337,15 +350,21 @@ fn continue_upgrade(facts: &ClusterFacts, op: &Operation, member: Option<&Member
         PodState::Ready | PodState::Starting => {}
     }
     // Still on the old version (and the spec still asks for a change): restart it, after
-    // moving leadership away from it.
+    // moving leadership away from it; only while every other voter is healthy, since the
+    // restart takes it out for a moment.
     if m.outdated && facts.upgrade_to.is_some() {
+        let others: Vec<&MemberFacts> = facts.members.iter().filter(|o| o.name != m.name && o.voter()).collect();
+        if !facts.reachable || !facts.listed_by_leader || !others.iter().all(|o| o.healthy) {
+            return Step::Wait {
+                reason: format!("upgrading {} waits until every other member is healthy", m.name),
+            };
+        }
         if m.leader {
-            let successor = facts
-                .members
+            let successor = others
                 .iter()
-                .filter(|o| o.name != m.name && o.voter() && o.healthy && !o.outdated)
+                .filter(|o| !o.outdated)
                 .min_by(|a, b| index_order(&a.name, &b.name))
-                .or_else(|| facts.members.iter().find(|o| o.name != m.name && o.voter() && o.healthy));
+                .or_else(|| others.first());
             if let (Some(from), Some(to)) = (m.id, successor.and_then(|s| s.id)) {
                 return Step::MoveLeader { from, to };
             }
@@ -354,11 +373,20 @@ fn continue_upgrade(facts: &ClusterFacts, op: &Operation, member: Option<&Member
         return Step::RestartMember { member: m.name.clone() };
     }
     if m.healthy && m.pod == PodState::Ready {
-        Step::CheckUpgraded { member: m.name.clone() }
-    } else {
-        Step::Wait {
-            reason: format!("{} is starting on {version}", m.name),
-        }
+        return Step::CheckUpgraded { member: m.name.clone() };
+    }
+    if facts.operation_age >= UPGRADE_DEADLINE {
+        return Step::Abandon {
+            member: m.name.clone(),
+            reason: format!(
+                "{} did not become healthy on {version} within {}s; it is treated as an unhealthy member",
+                m.name,
+                UPGRADE_DEADLINE.as_secs()
+            ),
+        };
+    }
+    Step::Wait {
+        reason: format!("{} is starting on {version}", m.name),
     }
 }
 
@@ -820,6 +848,44 @@ mod tests {
         solo.upgrade_to = Some("3.6.16".into());
         let c = with_op(solo, OperationKind::Upgrade, "main-0");
         assert_eq!(next_step(&c), Step::RestartMember { member: "main-0".into() });
+    }
+
+    #[test]
+    fn an_upgrade_never_restarts_a_member_while_another_is_down() {
+        let mut members = outdated(three());
+        members[2].healthy = false;
+        members[2].unhealthy_for = Some(Duration::from_secs(1));
+        let c = with_op(upgrading(members), OperationKind::Upgrade, "main-1");
+        assert!(matches!(next_step(&c), Step::Wait { .. }), "{:?}", next_step(&c));
+        let mut c = with_op(upgrading(outdated(three())), OperationKind::Upgrade, "main-1");
+        c.listed_by_leader = false;
+        assert!(matches!(next_step(&c), Step::Wait { .. }));
+    }
+
+    #[test]
+    fn a_member_whose_data_went_during_its_upgrade_is_not_started_again() {
+        let mut members = outdated(three());
+        members[1].pod = PodState::Missing;
+        members[1].volume = false;
+        let c = with_op(upgrading(members), OperationKind::Upgrade, "main-1");
+        assert!(matches!(next_step(&c), Step::Abandon { .. }));
+        let mut members = outdated(three());
+        members[1].pod = PodState::Missing;
+        let mut c = with_op(upgrading(members), OperationKind::Upgrade, "main-1");
+        c.ephemeral = true;
+        assert!(matches!(next_step(&c), Step::Abandon { .. }));
+    }
+
+    #[test]
+    fn an_upgrade_that_does_not_come_back_in_time_is_abandoned() {
+        let mut members = outdated(three());
+        members[1].outdated = false;
+        members[1].healthy = false;
+        members[1].pod = PodState::Starting;
+        let mut c = with_op(upgrading(members), OperationKind::Upgrade, "main-1");
+        assert!(matches!(next_step(&c), Step::Wait { .. }));
+        c.operation_age = UPGRADE_DEADLINE;
+        assert!(matches!(next_step(&c), Step::Abandon { .. }));
     }
 
     #[test]

@@ -195,7 +195,13 @@ pub fn facts(cluster: &EtcdCluster, names: &Names, children: &Children, etcd: &E
         .flatten()
         .filter_map(|m| Some((listed_name(m, names)?, m)))
         .collect();
-    let leader_id = etcd.health.values().map(|h| h.leader).find(|l| *l != 0);
+    // The leader is the member that says it leads; another member's view may be behind.
+    let leader_id = etcd
+        .health
+        .values()
+        .find(|h| h.leader != 0 && h.id == h.leader)
+        .or_else(|| etcd.health.values().find(|h| h.leader != 0))
+        .map(|h| h.leader);
     let mut member_names: BTreeSet<String> = listed.keys().cloned().collect();
     member_names.extend(children.pods.keys().cloned());
     member_names.extend(children.volumes.keys().cloned());

@@ -101,6 +101,7 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
         etcd: &etcd,
         access: EtcdAccess::new(credentials),
         ctx,
+        upgrade_to: facts.upgrade_to.clone(),
     };
     let after = runner.take(step, &mut outcome, &mut later).await.during(Stage::Apply)?;
 
@@ -257,6 +258,8 @@ struct Runner<'a> {
     etcd: &'a EtcdView,
     access: EtcdAccess,
     ctx: &'a Context,
+    /// The version members are to run, when changing to it is allowed.
+    upgrade_to: Option<String>,
 }
 
 impl Runner<'_> {
@@ -297,18 +300,24 @@ impl Runner<'_> {
         }
     }
 
-    /// The version `member` starts on: the spec's for the member being upgraded; otherwise
-    /// the one the members run (a new member joins as their equal; changing the version is an
-    /// upgrade), or the spec's for a new cluster.
+    /// The version `member` starts on. A new member (a learner, or the first member) joins
+    /// on the version the members run, as their equal (the spec's for a new cluster); a member
+    /// that starts again (being upgraded, or whose pod vanished) starts on the version asked
+    /// for when a change to it is allowed, so that one already upgraded never goes back.
     fn version(&self, member: &str, operation: Option<&Operation>) -> String {
-        if operation.is_some_and(|op| op.kind == OperationKind::Upgrade && op.member == member) {
-            return self.cluster.spec.version.clone();
+        let joining = operation
+            .is_some_and(|op| op.member == member && matches!(op.kind, OperationKind::AddMember | OperationKind::Bootstrap));
+        let running = || {
+            self.cluster
+                .status
+                .as_ref()
+                .and_then(|s| s.current_version.clone())
+                .unwrap_or_else(|| self.cluster.spec.version.clone())
+        };
+        match &self.upgrade_to {
+            Some(version) if !joining => version.clone(),
+            _ => running(),
         }
-        self.cluster
-            .status
-            .as_ref()
-            .and_then(|s| s.current_version.clone())
-            .unwrap_or_else(|| self.cluster.spec.version.clone())
     }
 
     async fn set_state(&self, bootstrapping: bool) -> Result<()> {
@@ -435,6 +444,11 @@ impl Runner<'_> {
                     Announcement::warning("LearnerGivenUp", format!("{reason}; removed it, a new member will be added"))
                         .about(&member),
                 );
+                outcome.operation = None;
+                Ok(NEXT_STEP)
+            }
+            Step::Abandon { member, reason } => {
+                later.push(Announcement::warning("OperationAbandoned", reason).about(&member));
                 outcome.operation = None;
                 Ok(NEXT_STEP)
             }

@@ -89,6 +89,13 @@ pub fn build(
         && healthy_voters == replicas
         && voters == replicas
         && members.iter().all(|m| m.healthy && !m.learner);
+    // While a version change rolls, members on the old version are not as asked.
+    let outdated: Vec<&str> = facts
+        .members
+        .iter()
+        .filter(|m| facts.upgrade_to.is_some() && m.id.is_some() && m.outdated)
+        .map(|m| m.name.as_str())
+        .collect();
     // Ready also means the client Service sends to every member: their pods pass readiness.
     let pods_not_ready: Vec<&str> = facts
         .members
@@ -105,6 +112,17 @@ pub fn build(
     let ready = if let Some(refusal) = problems.invalid.as_ref().filter(|_| settled) {
         // Healthy, but not as asked.
         Decided::new(READY, false, refusal.reason, refusal.message.clone())
+    } else if settled && !outdated.is_empty() {
+        Decided::new(
+            READY,
+            false,
+            "Upgrading",
+            format!(
+                "{} still run an older version than {}",
+                outdated.join(", "),
+                facts.upgrade_to.as_deref().unwrap_or_default()
+            ),
+        )
     } else if settled && !pods_not_ready.is_empty() {
         Decided::new(
             READY,
@@ -178,6 +196,8 @@ pub fn build(
         "QuorumLost"
     } else if !bootstrapped {
         "Creating"
+    } else if operation.is_none() && !outdated.is_empty() && unhealthy.is_empty() {
+        "Upgrading"
     } else if let Some(op) = &operation {
         match op.kind {
             OperationKind::Upgrade => "Upgrading",
@@ -354,6 +374,33 @@ mod tests {
         assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "PodsNotReady"));
         assert!(ready.message.contains("main-2"), "{}", ready.message);
         assert!(is_true(&s.conditions, AVAILABLE));
+    }
+
+    #[test]
+    fn a_cluster_with_members_on_an_older_version_is_not_ready_while_it_upgrades() {
+        let mut old = member("main-2", 3, true);
+        old.outdated = true;
+        let cluster = fixtures::cluster().build();
+        let names = Names::of(&cluster);
+        let mut f = facts(vec![member("main-0", 1, true), member("main-1", 2, true), old]);
+        f.upgrade_to = Some("3.6.16".into());
+        let s = build(
+            &cluster,
+            &names,
+            &f,
+            &Children::default(),
+            &view(&[("main-0", "3.6.16"), ("main-1", "3.6.16"), ("main-2", "3.5.35")]),
+            &Outcome {
+                operation: None,
+                next_member_index: 3,
+                cluster_id: Some("1".into()),
+                problems: Problems::default(),
+            },
+            jiff::Timestamp::UNIX_EPOCH,
+        );
+        let ready = s.conditions.iter().find(|c| c.type_ == READY).unwrap();
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "Upgrading"));
+        assert_eq!(s.phase.as_deref(), Some("Upgrading"));
     }
 
     #[test]

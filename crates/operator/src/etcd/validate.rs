@@ -69,8 +69,52 @@ pub fn validate(cluster: &EtcdCluster, running: Option<&str>) -> Option<Refusal>
             false,
         ));
     }
+    if want == have + 1 {
+        if cluster.spec.storage.ephemeral {
+            return Some(Refusal::new(
+                "UpgradeNeedsPersistentStorage",
+                format!(
+                    "members with ephemeral storage lose their data when restarted on a new version: keep {running}, or create a cluster on {} from a backup",
+                    cluster.spec.version
+                ),
+                false,
+            ));
+        }
+        if let Some((_, least)) = LEAST_PATCH_BEFORE_NEXT_MINOR.iter().find(|(m, _)| *m == have)
+            && patch(running).is_some_and(|p| p < *least)
+        {
+            return Some(Refusal::new(
+                "UpgradeNeedsNewerPatch",
+                format!(
+                    "members on {running} cannot safely move to {}: upgrade them to 3.{have}.{least} or later first, as etcd's upgrade guide requires",
+                    cluster.spec.version
+                ),
+                false,
+            ));
+        }
+    }
+    if want == have && cluster.spec.storage.ephemeral && running != cluster.spec.version {
+        return Some(Refusal::new(
+            "UpgradeNeedsPersistentStorage",
+            format!(
+                "members with ephemeral storage lose their data when restarted on a new version: keep {running}, or create a cluster on {} from a backup",
+                cluster.spec.version
+            ),
+            false,
+        ));
+    }
     None
 }
+
+/// The patch version of `3.5.21`: 21.
+fn patch(version: &str) -> Option<u64> {
+    version.split('.').nth(2)?.parse().ok()
+}
+
+/// The least patch of a minor version from which etcd's upgrade guide allows the next minor
+/// (3.5 members must run 3.5.26 or later before any moves to 3.6: older ones can make the
+/// upgrade fail with "too many learner members").
+const LEAST_PATCH_BEFORE_NEXT_MINOR: [(u64, u64); 1] = [(5, 26)];
 
 #[cfg(test)]
 mod tests {
@@ -90,6 +134,17 @@ mod tests {
         assert_eq!(validate(&far, Some("3.5.21")).unwrap().reason, "SkippedMinorVersion");
         let mut next = fixtures::cluster().build();
         next.spec.version = "3.6.16".into();
-        assert_eq!(validate(&next, Some("3.5.21")), None, "one minor up is an upgrade");
+        assert_eq!(validate(&next, Some("3.5.35")), None, "one minor up is an upgrade");
+        assert_eq!(
+            validate(&next, Some("3.5.21")).unwrap().reason,
+            "UpgradeNeedsNewerPatch",
+            "3.5 before 3.5.26 must take the patch first"
+        );
+        let mut ephemeral = fixtures::cluster().ephemeral().build();
+        ephemeral.spec.version = "3.6.16".into();
+        assert_eq!(validate(&ephemeral, Some("3.5.35")).unwrap().reason, "UpgradeNeedsPersistentStorage");
+        let mut ephemeral_patch = fixtures::cluster().ephemeral().build();
+        ephemeral_patch.spec.version = "3.5.36".into();
+        assert_eq!(validate(&ephemeral_patch, Some("3.5.35")).unwrap().reason, "UpgradeNeedsPersistentStorage");
     }
 }
