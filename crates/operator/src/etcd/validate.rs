@@ -69,35 +69,24 @@ pub fn validate(cluster: &EtcdCluster, running: Option<&str>) -> Option<Refusal>
             false,
         ));
     }
-    if want == have + 1 {
-        if cluster.spec.storage.ephemeral {
-            return Some(Refusal::new(
-                "UpgradeNeedsPersistentStorage",
-                format!(
-                    "members with ephemeral storage lose their data when restarted on a new version: keep {running}, or create a cluster on {} from a backup",
-                    cluster.spec.version
-                ),
-                false,
-            ));
-        }
-        if let Some((_, least)) = LEAST_PATCH_BEFORE_NEXT_MINOR.iter().find(|(m, _)| *m == have)
-            && patch(running).is_some_and(|p| p < *least)
-        {
-            return Some(Refusal::new(
-                "UpgradeNeedsNewerPatch",
-                format!(
-                    "members on {running} cannot safely move to {}: upgrade them to 3.{have}.{least} or later first, as etcd's upgrade guide requires",
-                    cluster.spec.version
-                ),
-                false,
-            ));
-        }
-    }
-    if want == have && cluster.spec.storage.ephemeral && running != cluster.spec.version {
+    if cluster.spec.storage.ephemeral && running != cluster.spec.version {
         return Some(Refusal::new(
             "UpgradeNeedsPersistentStorage",
             format!(
                 "members with ephemeral storage lose their data when restarted on a new version: keep {running}, or create a cluster on {} from a backup",
+                cluster.spec.version
+            ),
+            false,
+        ));
+    }
+    if want == have + 1
+        && let Some((_, least)) = LEAST_PATCH_BEFORE_NEXT_MINOR.iter().find(|(m, _)| *m == have)
+        && patch(running).is_some_and(|p| p < *least)
+    {
+        return Some(Refusal::new(
+            "UpgradeNeedsNewerPatch",
+            format!(
+                "members on {running} cannot safely move to {}: upgrade them to 3.{have}.{least} or later first, as etcd's upgrade guide requires",
                 cluster.spec.version
             ),
             false,
