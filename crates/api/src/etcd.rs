@@ -67,6 +67,54 @@ pub struct EtcdClusterSpec {
     /// What every member pod gets.
     #[serde(default)]
     pub pod: PodSpec,
+    /// Where backups go, and when the scheduled ones are made. Without it, EtcdBackups of this
+    /// cluster fail (they have nowhere to go).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupSpec>,
+}
+
+/// Backups of a cluster.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupSpec {
+    /// When to make a backup, as a cron expression in UTC: five fields (minute hour day month
+    /// weekday, such as `0 */6 * * *`), or six with seconds first. Without it, backups are
+    /// made on demand only (apply an EtcdBackup).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    #[x_kube(validation = Rule::new("self.trim().split(' ').filter(f, f != '').size() in [5, 6]").message("backup.schedule must be a cron expression of five fields (minute hour day month weekday, such as \"0 */6 * * *\") or six (seconds first)"))]
+    pub schedule: Option<String>,
+    /// How many scheduled backups to keep: once a new one has succeeded, the oldest beyond
+    /// this many are deleted, snapshot and all. On-demand backups are never deleted by it.
+    #[serde(default = "default_max_backups")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 1000").message("backup.maxBackups must be between 1 and 1000"))]
+    pub max_backups: i32,
+    /// The S3-compatible object store snapshots go to.
+    pub s3: S3Destination,
+}
+
+/// A bucket in an S3-compatible object store.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct S3Destination {
+    /// The store's URL, such as `http://versitygw.object-store.svc:7070`. Path-style requests.
+    #[schemars(length(max = 512))]
+    #[x_kube(validation = Rule::new("self.startsWith('http://') || self.startsWith('https://')").message("backup.s3.endpoint must be an http:// or https:// URL"))]
+    pub endpoint: String,
+    /// The bucket (it must exist).
+    #[schemars(length(min = 3, max = 63))]
+    pub bucket: String,
+    /// The key prefix: snapshots are stored at `<prefix>/<namespace>/<cluster>/<backup>.db`.
+    #[serde(default = "default_prefix")]
+    #[schemars(length(max = 256))]
+    pub prefix: String,
+    /// The region the store signs requests for.
+    #[serde(default = "default_region")]
+    pub region: String,
+    /// A Secret in the cluster's namespace with keys `AWS_ACCESS_KEY_ID` and
+    /// `AWS_SECRET_ACCESS_KEY`.
+    #[schemars(length(min = 1, max = 253))]
+    pub credentials_secret: String,
 }
 
 /// Where members keep their data.
@@ -179,6 +227,15 @@ pub struct EtcdClusterStatus {
     /// reused, so a member's old volume is never taken for a new member's.
     #[serde(default)]
     pub next_member_index: i64,
+    /// The time of the last backup the schedule asked for (its EtcdBackup is named after it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scheduled_time: Option<Time>,
+    /// When the newest successful backup was completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_backup_time: Option<Time>,
+    /// Successful backups of this cluster that are kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_backups: Option<i32>,
 }
 
 /// One member, as last seen.
@@ -245,6 +302,18 @@ pub enum OperationKind {
 
 fn default_replicas() -> i32 {
     3
+}
+
+fn default_max_backups() -> i32 {
+    5
+}
+
+fn default_prefix() -> String {
+    "etcd".into()
+}
+
+fn default_region() -> String {
+    "us-east-1".into()
 }
 
 fn default_storage_size() -> String {

@@ -8,9 +8,11 @@
 
 pub mod condition;
 pub mod etcd;
+pub mod etcd_backup;
 pub mod maintpage;
 
 pub use etcd::{EtcdCluster, EtcdClusterSpec, EtcdClusterStatus};
+pub use etcd_backup::{EtcdBackup, EtcdBackupSpec, EtcdBackupStatus};
 pub use maintpage::{MaintPage, MaintPageSpec, MaintPageStatus};
 
 /// The API group of every noops resource.
@@ -21,5 +23,5 @@ pub const VERSION: &str = "v1alpha1";
 /// Every CRD of the group, in a stable order.
 pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
     use kube::CustomResourceExt;
-    vec![EtcdCluster::crd(), MaintPage::crd()]
+    vec![EtcdBackup::crd(), EtcdCluster::crd(), MaintPage::crd()]
 }

@@ -15,6 +15,7 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 
 pub mod etcd;
+pub mod s3;
 
 /// The repository root.
 pub fn root() -> PathBuf {
@@ -311,6 +312,7 @@ pub fn install_crds() {
             "--for=condition=Established",
             "crd/maintpages.noops.dev",
             "crd/etcdclusters.noops.dev",
+            "crd/etcdbackups.noops.dev",
             "--timeout=30s",
         ],
         None,

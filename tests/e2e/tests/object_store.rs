@@ -3,16 +3,12 @@
 //! the operators use) and from pods (through its Service's DNS name, with curl).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
-
-use k8s_openapi::api::core::v1::{Secret, Service};
+use noops_e2e::s3;
 use noops_e2e::*;
-use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
 use sha2::{Digest, Sha256};
 
-const MINUTE: Duration = Duration::from_secs(60);
 const SIZE: usize = 100 * 1024 * 1024;
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -33,40 +29,6 @@ fn random_bytes(seed: u64) -> Vec<u8> {
     out
 }
 
-/// A pod that runs `script` with the store's credentials in its environment and curl's S3
-/// signing options in `$S3`; returns its log once it has succeeded.
-async fn run_client(ns: &TestNamespace, name: &str, script: &str) -> String {
-    let script = format!(
-        "set -e\nS3=\"-sSf --aws-sigv4 aws:amz:$AWS_REGION:s3 --user $AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY -H x-amz-content-sha256:UNSIGNED-PAYLOAD\"\nE=http://versitygw:7070\n{script}"
-    );
-    let pod = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": { "name": name },
-        "spec": {
-            "restartPolicy": "Never",
-            "containers": [{
-                "name": "client",
-                "image": "busybox",
-                "command": ["sh", "-c", script],
-                "envFrom": [{ "secretRef": { "name": "object-store-credentials" } }],
-                "volumeMounts": [{ "name": "scratch", "mountPath": "/scratch" }],
-            }],
-            "volumes": [{ "name": "scratch", "emptyDir": {} }],
-        },
-    });
-    ns.apply(&pod.to_string());
-    let pods = ns.pods();
-    let phase = wait_for(&format!("{name} to finish"), 3 * MINUTE, || async {
-        let phase = pods.get_opt(name).await.ok()??.status?.phase?;
-        matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
-    })
-    .await;
-    let logs = pods.logs(name, &Default::default()).await.unwrap_or_default();
-    assert_eq!(phase, "Succeeded", "{name} failed: {logs}");
-    logs
-}
-
 /// The value after `label ` in a log.
 fn logged(logs: &str, label: &str) -> String {
     logs.lines()
@@ -79,22 +41,10 @@ fn logged(logs: &str, label: &str) -> String {
 #[tokio::test]
 async fn the_object_store_keeps_100_mb_objects_for_this_machine_and_for_pods() {
     let ns = TestNamespace::new("s3").await;
-    let manifest = std::fs::read_to_string(root().join("examples/object-store/versitygw.yaml")).unwrap();
-    ns.apply(&manifest);
-    kubectl_ok(
-        &[
-            "wait",
-            "-n",
-            &ns.name,
-            "--for=condition=Available",
-            "deployment/versitygw",
-            "--timeout=120s",
-        ],
-        None,
-    );
+    s3::deploy(&ns);
 
     // A pod creates a bucket, writes 100 MB and reads it back.
-    let logs = run_client(
+    let logs = s3::run_client(
         &ns,
         "writer",
         "curl $S3 -X PUT $E/backups\n\
@@ -109,19 +59,7 @@ async fn the_object_store_keeps_100_mb_objects_for_this_machine_and_for_pods() {
     assert_eq!(logged(&logs, "read"), pod_sum, "the pod read back what it wrote");
 
     // This machine, at the Service's ClusterIP, with the keys from the Secret.
-    let secret = ns.api::<Secret>().get("object-store-credentials").await.unwrap();
-    let key = |k: &str| String::from_utf8(secret.data.as_ref().unwrap()[k].0.clone()).unwrap();
-    let service = ns.api::<Service>().get("versitygw").await.unwrap();
-    let endpoint = format!("http://{}:7070", service.spec.unwrap().cluster_ip.unwrap());
-    let store = AmazonS3Builder::new()
-        .with_endpoint(&endpoint)
-        .with_allow_http(true)
-        .with_region(key("AWS_REGION"))
-        .with_bucket_name("backups")
-        .with_access_key_id(key("AWS_ACCESS_KEY_ID"))
-        .with_secret_access_key(key("AWS_SECRET_ACCESS_KEY"))
-        .build()
-        .unwrap();
+    let store = s3::bucket(&ns, "backups").await;
     let from_pod = store.get(&Path::from("from-pod")).await.unwrap().bytes().await.unwrap();
     assert_eq!(from_pod.len(), SIZE);
     assert_eq!(sha256_hex(&from_pod), pod_sum, "this machine reads what the pod wrote");
@@ -141,7 +79,7 @@ async fn the_object_store_keeps_100_mb_objects_for_this_machine_and_for_pods() {
     assert_eq!(sha256_hex(&back), host_sum, "this machine reads back what it wrote");
 
     // And a pod reads what this machine wrote.
-    let logs = run_client(
+    let logs = s3::run_client(
         &ns,
         "reader",
         "curl $S3 -o /scratch/object $E/backups/from-host\n\

@@ -17,7 +17,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
-use kube::{Client, Resource};
+use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tracing::{Instrument, warn};
@@ -60,6 +60,17 @@ impl Shutdown {
     /// Completes when the shutdown fires (or its sender is gone).
     pub async fn fired(mut self) {
         let _ = self.0.wait_for(|halt| *halt).await;
+    }
+}
+
+/// The API of `K` in `namespace`, or in every namespace for `None` (a controller's scope).
+pub fn scoped_api<K>(client: &Client, namespace: &Option<String>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
     }
 }
 

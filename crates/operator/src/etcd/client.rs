@@ -107,6 +107,17 @@ impl MemberHealth {
     }
 }
 
+/// A snapshot being streamed from a member.
+pub struct Snapshot {
+    /// The revision the member was at when the snapshot began (the snapshot holds at least it).
+    pub revision: i64,
+    pub cluster_id: u64,
+    /// The member's etcd version.
+    pub version: String,
+    /// The snapshot's bytes, in chunks.
+    pub stream: etcd_client::SnapshotStreaming,
+}
+
 /// Access to one cluster's members.
 #[derive(Debug, Clone)]
 pub struct EtcdAccess {
@@ -217,6 +228,21 @@ impl EtcdAccess {
             Err(e) if e.to_string().contains("member not found") => Ok(()),
             Err(e) => Err(classify(e)),
         }
+    }
+
+    /// Starts a snapshot of the member at `endpoint`: what it says of itself first (the
+    /// snapshot holds at least that revision), then the stream of the snapshot's bytes.
+    pub async fn snapshot(&self, endpoint: &str) -> Result<Snapshot, EtcdError> {
+        let mut client = self.connect(&[endpoint.to_string()]).await?;
+        let status = client.status().await?;
+        let header = status.header();
+        let stream = client.snapshot().await?;
+        Ok(Snapshot {
+            revision: header.map(|h| h.revision()).unwrap_or_default(),
+            cluster_id: header.map(|h| h.cluster_id()).unwrap_or_default(),
+            version: status.version().to_string(),
+            stream,
+        })
     }
 
     /// A linearizable read through the member at `endpoint` (it must reach the leader and

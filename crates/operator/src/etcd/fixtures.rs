@@ -22,6 +22,7 @@ pub fn cluster() -> ClusterFixture {
             tls: TlsSpec::default(),
             paused: false,
             pod: PodSpec::default(),
+            backup: None,
         },
     );
     cluster.metadata.namespace = Some("db".into());

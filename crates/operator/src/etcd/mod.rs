@@ -12,6 +12,7 @@
 //!
 //! All progress of a membership change is in the status: a restarted operator carries it on.
 
+pub mod backups;
 pub mod bootstrap;
 pub mod client;
 #[cfg(test)]
@@ -35,12 +36,12 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, 
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
-use kube::{Api, Client};
+use kube::Client;
 use noops_api::EtcdCluster;
 use tracing::{debug, warn};
 
 use crate::core::cache::shared_cache;
-use crate::core::controller::{ControllerCore, Registration, Runtime};
+use crate::core::controller::{ControllerCore, Registration, Runtime, scoped_api};
 use crate::core::{Error, Result};
 
 /// The controller's registration (`noops run --controllers etcd`).
@@ -75,16 +76,6 @@ fn start(runtime: Runtime) -> BoxFuture<'static, ()> {
     Box::pin(run(runtime))
 }
 
-fn api<K>(client: &Client, namespace: &Option<String>) -> Api<K>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
-{
-    match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    }
-}
-
 /// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
 pub async fn run(runtime: Runtime) {
     let Runtime {
@@ -94,11 +85,11 @@ pub async fn run(runtime: Runtime) {
         shutdown,
     } = runtime;
     let ours = watcher::Config::default().labels(names::CLUSTER_LABEL);
-    let (pods, pod_changes) = shared_cache(api::<Pod>(&client, &namespace), ours.clone()).await;
-    let (volumes, volume_changes) = shared_cache(api::<PersistentVolumeClaim>(&client, &namespace), ours.clone()).await;
-    let (secrets, _) = shared_cache(api::<Secret>(&client, &namespace), ours.clone()).await;
-    let (services, _) = shared_cache(api::<Service>(&client, &namespace), ours.clone()).await;
-    let (config_maps, _) = shared_cache(api::<ConfigMap>(&client, &namespace), ours).await;
+    let (pods, pod_changes) = shared_cache(scoped_api::<Pod>(&client, &namespace), ours.clone()).await;
+    let (volumes, volume_changes) = shared_cache(scoped_api::<PersistentVolumeClaim>(&client, &namespace), ours.clone()).await;
+    let (secrets, _) = shared_cache(scoped_api::<Secret>(&client, &namespace), ours.clone()).await;
+    let (services, _) = shared_cache(scoped_api::<Service>(&client, &namespace), ours.clone()).await;
+    let (config_maps, _) = shared_cache(scoped_api::<ConfigMap>(&client, &namespace), ours).await;
     let (Some(pod_changes), Some(volume_changes)) = (pod_changes, volume_changes) else {
         warn!("shared caches without subscribers: the controller cannot watch its members");
         return;
@@ -114,7 +105,7 @@ pub async fn run(runtime: Runtime) {
         },
         client: client.clone(),
     });
-    Controller::new(api::<DeserializeGuard<EtcdCluster>>(&client, &namespace), watcher::Config::default().any_semantic())
+    Controller::new(scoped_api::<DeserializeGuard<EtcdCluster>>(&client, &namespace), watcher::Config::default().any_semantic())
         .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
         // A member's pod or volume that changes wakes its cluster once the cache holds it.
         .owns_shared_stream(pod_changes)

@@ -70,7 +70,11 @@ pub fn children(caches: &Caches, names: &Names) -> Children {
 
 /// The credentials the client certificate Secret holds, if it is there.
 pub fn credentials(children: &Children, names: &Names) -> Option<Credentials> {
-    let secret = children.secrets.get(&names.client_secret())?;
+    credentials_from(children.secrets.get(&names.client_secret())?, names)
+}
+
+/// The client certificate of a cluster, from its client Secret.
+pub fn credentials_from(secret: &Secret, names: &Names) -> Option<Credentials> {
     let get = |key: &str| {
         secret
             .data

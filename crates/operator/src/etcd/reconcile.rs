@@ -19,7 +19,7 @@ use super::membership::{self, Step};
 use super::names::Names;
 use super::observe::{self, Children, EtcdView};
 use super::status::{self, Outcome, Problems};
-use super::{Context, bootstrap, pod, services, tls, validate, volume};
+use super::{Context, backups, bootstrap, pod, services, tls, validate, volume};
 use crate::core::apply::{apply, apply_status, controller_reference};
 use crate::core::stamp::{stamp, up_to_date};
 use crate::core::{DuringStep, Error, Result, Step as Stage};
@@ -67,6 +67,7 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
             invalid: validate::validate(&cluster, previous.current_version.as_deref()),
             quorum_lost: None,
         },
+        backups: backups::Book::of(&cluster),
     };
     // What only changes the status is told once the status is written: a pass that read a
     // stale copy writes nothing and tells nothing.
@@ -103,7 +104,14 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
         ctx,
         upgrade_to: facts.upgrade_to.clone(),
     };
-    let after = runner.take(step, &mut outcome, &mut later).await.during(Stage::Apply)?;
+    let mut after = runner.take(step, &mut outcome, &mut later).await.during(Stage::Apply)?;
+    if outcome.cluster_id.is_some()
+        && let Some(next_backup) = backups::keep(&cluster, &names, &ctx.client, &mut outcome.backups, now)
+            .await
+            .during(Stage::Apply)?
+    {
+        after = after.min(next_backup);
+    }
 
     let status = status::build(&cluster, &names, &facts, &children, &etcd, &outcome, now);
     if cluster.status.as_ref() != Some(&status) {

@@ -35,6 +35,7 @@ pub struct Outcome {
     pub next_member_index: i64,
     pub cluster_id: Option<String>,
     pub problems: Problems,
+    pub backups: super::backups::Book,
 }
 
 /// The status after a reconcile.
@@ -235,6 +236,9 @@ pub fn build(
         client_secret: names.tls.then(|| names.client_secret()),
         operation,
         next_member_index,
+        last_scheduled_time: outcome.backups.last_scheduled_time.clone(),
+        last_backup_time: outcome.backups.last_backup_time.clone(),
+        stored_backups: outcome.backups.stored_backups,
     }
 }
 
@@ -339,6 +343,7 @@ mod tests {
                 next_member_index: 3,
                 cluster_id: Some("1".into()),
                 problems: problems.clone(),
+                backups: Default::default(),
             },
             jiff::Timestamp::UNIX_EPOCH,
         )
@@ -395,6 +400,7 @@ mod tests {
                 next_member_index: 3,
                 cluster_id: Some("1".into()),
                 problems: Problems::default(),
+                backups: Default::default(),
             },
             jiff::Timestamp::UNIX_EPOCH,
         );
@@ -441,6 +447,7 @@ mod tests {
                 next_member_index: 3,
                 cluster_id: Some("1".into()),
                 problems: Problems::default(),
+                backups: Default::default(),
             },
             jiff::Timestamp::from_second(100).unwrap(),
         );

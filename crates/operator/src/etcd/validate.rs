@@ -45,6 +45,19 @@ pub fn validate(cluster: &EtcdCluster, running: Option<&str>) -> Option<Refusal>
             true,
         ));
     }
+    if let Some(Err(bad)) = cluster
+        .spec
+        .backup
+        .as_ref()
+        .and_then(|b| b.schedule.as_deref())
+        .map(crate::etcd_backup::schedule::parse)
+    {
+        return Some(Refusal::new(
+            "InvalidSchedule",
+            format!("{bad}; no scheduled backup is made until it is fixed"),
+            false,
+        ));
+    }
     let (Some(want), Some(have)) = (minor(&cluster.spec.version), running.and_then(minor)) else {
         return None;
     };
@@ -129,6 +142,19 @@ mod tests {
             "UpgradeNeedsNewerPatch",
             "3.5 before 3.5.26 must take the patch first"
         );
+        let mut bad_schedule = fixtures::cluster().build();
+        bad_schedule.spec.backup = Some(noops_api::etcd::BackupSpec {
+            schedule: Some("61 * * * *".into()),
+            max_backups: 3,
+            s3: noops_api::etcd::S3Destination {
+                endpoint: "http://store.db.svc:7070".into(),
+                bucket: "backups".into(),
+                prefix: "etcd".into(),
+                region: "us-east-1".into(),
+                credentials_secret: "keys".into(),
+            },
+        });
+        assert_eq!(validate(&bad_schedule, None).unwrap().reason, "InvalidSchedule");
         let mut ephemeral = fixtures::cluster().ephemeral().build();
         ephemeral.spec.version = "3.6.16".into();
         assert_eq!(validate(&ephemeral, Some("3.5.35")).unwrap().reason, "UpgradeNeedsPersistentStorage");

@@ -1,0 +1,74 @@
+//! EtcdBackup: one snapshot of an etcd cluster in an object store, made on demand (apply one)
+//! or by the cluster's backup schedule.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use kube::KubeSchema;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// One backup of an EtcdCluster.
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "noops.dev",
+    version = "v1alpha1",
+    kind = "EtcdBackup",
+    plural = "etcdbackups",
+    shortname = "etcdbackup",
+    namespaced,
+    status = "EtcdBackupStatus",
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Revision","type":"integer","jsonPath":".status.revision"}"#,
+    printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".status.size"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = Rule::new("self == oldSelf").message("an EtcdBackup cannot be changed: create another"))]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdBackupSpec {
+    /// The EtcdCluster (in the same namespace) to back up. Its `spec.backup.destination` says
+    /// where the snapshot goes.
+    #[schemars(length(min = 1, max = 63))]
+    pub cluster: String,
+}
+
+/// What happened to a backup.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdBackupStatus {
+    /// Running, Succeeded or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// `Succeeded`: True once the snapshot is stored; False with the reason while it is not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Where the snapshot is: `s3://<bucket>/<key>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+    /// The store it went to, as the cluster said when the backup began: deleting this
+    /// EtcdBackup deletes the snapshot there, even once the cluster is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<crate::etcd::S3Destination>,
+    /// The snapshot's key in the bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The snapshot's size in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<i64>,
+    /// The etcd revision the snapshot holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
+    /// The snapshot's SHA-256 (hex), checked again before a restore.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// The etcd version of the member it was taken from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_version: Option<String>,
+    /// The cluster's ID, so that a restore can tell where the data came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Time>,
+}

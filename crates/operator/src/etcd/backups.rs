@@ -1,0 +1,127 @@
+//! A cluster's backups, from its side: the scheduled EtcdBackup that is due is created, the
+//! scheduled ones beyond `maxBackups` are deleted (their snapshots go with them), and the
+//! status counts what is kept. The EtcdBackup controller takes the snapshots.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use noops_api::etcd_backup::{EtcdBackup, EtcdBackupSpec};
+use noops_api::EtcdCluster;
+use tracing::info;
+
+use super::names::{CLUSTER_LABEL, Names};
+use crate::core::Result;
+use crate::etcd_backup::schedule::{self, Kept, SCHEDULED_LABEL};
+
+/// The backup bookkeeping kept in the cluster's status.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Book {
+    pub last_scheduled_time: Option<Time>,
+    pub last_backup_time: Option<Time>,
+    pub stored_backups: Option<i32>,
+}
+
+impl Book {
+    /// As the last status left it.
+    pub fn of(cluster: &EtcdCluster) -> Self {
+        let status = cluster.status.clone().unwrap_or_default();
+        Self {
+            last_scheduled_time: status.last_scheduled_time,
+            last_backup_time: status.last_backup_time,
+            stored_backups: status.stored_backups,
+        }
+    }
+}
+
+fn succeeded(backup: &EtcdBackup) -> bool {
+    backup.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
+}
+
+/// Makes the backup that is due, applies retention and counts the backups kept; returns when
+/// the next scheduled backup is due, if there is a schedule. A schedule that cannot be read is
+/// reported by validation and makes nothing here.
+pub async fn keep(cluster: &EtcdCluster, names: &Names, client: &Client, book: &mut Book, now: jiff::Timestamp) -> Result<Option<Duration>> {
+    let api: Api<EtcdBackup> = Api::namespaced(client.clone(), &names.namespace);
+    let all = api.list(&ListParams::default()).await?.items;
+    let mine: Vec<&EtcdBackup> = all.iter().filter(|b| b.spec.cluster == names.cluster).collect();
+    let Some(spec) = cluster.spec.backup.as_ref() else {
+        count(book, &mine);
+        return Ok(None);
+    };
+
+    let mut look_again = None;
+    if let Some(cron) = spec.schedule.as_deref().and_then(|s| schedule::parse(s).ok()) {
+        // A schedule first seen now makes its first backup at its next time.
+        let last = book.last_scheduled_time.as_ref().map_or(now, |t| t.0);
+        let due = schedule::due(&cron, last, now).map_err(|e| crate::core::Error::InvalidSpec(e.to_string()))?;
+        if let Some(at) = due.now {
+            let name = schedule::backup_name(&names.cluster, at);
+            let backup = EtcdBackup {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(names.namespace.clone()),
+                    // Not owned by the cluster: backups outlive it (to restore from).
+                    labels: Some(
+                        [
+                            (CLUSTER_LABEL.to_string(), names.cluster.clone()),
+                            (SCHEDULED_LABEL.to_string(), "true".to_string()),
+                        ]
+                        .into(),
+                    ),
+                    ..Default::default()
+                },
+                spec: EtcdBackupSpec {
+                    cluster: names.cluster.clone(),
+                },
+                status: None,
+            };
+            match api.create(&PostParams::default(), &backup).await {
+                Ok(_) => info!(backup = %name, "made the scheduled backup"),
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        book.last_scheduled_time = Some(Time(due.now.unwrap_or(last)));
+        look_again = Some(Duration::try_from(due.next.duration_since(now)).unwrap_or_default());
+    }
+
+    let scheduled: Vec<Kept> = mine
+        .iter()
+        .filter(|b| b.labels().get(SCHEDULED_LABEL).map(String::as_str) == Some("true"))
+        .filter(|b| b.metadata.deletion_timestamp.is_none())
+        .map(|b| Kept {
+            name: b.name_any(),
+            created: b.creation_timestamp().map_or(now, |t| t.0),
+            succeeded: succeeded(b),
+        })
+        .collect();
+    let max = usize::try_from(spec.max_backups).unwrap_or(1).max(1);
+    let gone = schedule::to_delete(&scheduled, max);
+    for name in &gone {
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => info!(backup = %name, max_backups = max, "deleted a scheduled backup beyond maxBackups"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let kept: Vec<&EtcdBackup> = mine.into_iter().filter(|b| !gone.contains(&b.name_any())).collect();
+    count(book, &kept);
+    Ok(look_again)
+}
+
+/// Counts the successful backups and the time of the newest.
+fn count(book: &mut Book, backups: &[&EtcdBackup]) {
+    let done: Vec<&EtcdBackup> = backups
+        .iter()
+        .copied()
+        .filter(|b| succeeded(b) && b.metadata.deletion_timestamp.is_none())
+        .collect();
+    book.stored_backups = Some(i32::try_from(done.len()).unwrap_or(i32::MAX));
+    book.last_backup_time = done
+        .iter()
+        .filter_map(|b| b.status.as_ref()?.completed_at.clone())
+        .max_by_key(|t| t.0)
+        .or(book.last_backup_time.clone());
+}

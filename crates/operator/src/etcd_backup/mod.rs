@@ -1,0 +1,85 @@
+//! The EtcdBackup controller: one snapshot of an EtcdCluster per EtcdBackup, in the cluster's
+//! S3-compatible bucket, with its size, revision and SHA-256 in status.
+//!
+//! Pipeline of one reconcile (`reconcile.rs`): read the backup and its cluster → check there is
+//! somewhere to put it → stream a snapshot from a healthy follower into the bucket (`take.rs`,
+//! `store.rs`) → status and Event. The cluster controller makes scheduled EtcdBackups and
+//! applies retention (`schedule.rs`, `crate::etcd::backups`).
+
+mod reconcile;
+pub mod schedule;
+pub mod store;
+pub mod take;
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use kube::Client;
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use noops_api::EtcdBackup;
+use tracing::debug;
+
+use crate::core::controller::{ControllerCore, Registration, Runtime, scoped_api};
+use crate::core::{Error, Result};
+
+pub use reconcile::{BACKUP_DEADLINE, FINALIZER};
+
+/// The controller's registration (`noops run --controllers etcdbackup`).
+pub const CONTROLLER: Registration = Registration {
+    name: "etcdbackup",
+    about: "EtcdBackup: snapshots of EtcdClusters in an S3-compatible store",
+    run: start,
+};
+
+/// At most this many backups are taken at once.
+const MAX_CONCURRENT_RECONCILES: u16 = 2;
+
+/// What every reconcile of this controller shares.
+pub struct Context {
+    pub core: ControllerCore,
+    pub client: Client,
+}
+
+async fn reconcile_one(obj: Arc<DeserializeGuard<EtcdBackup>>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.core
+        .reconcile(&obj, |backup| reconcile::reconcile(backup, &ctx))
+        .await
+}
+
+fn error_policy(obj: Arc<DeserializeGuard<EtcdBackup>>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.core.error_policy(&obj, error)
+}
+
+fn start(runtime: Runtime) -> BoxFuture<'static, ()> {
+    Box::pin(run(runtime))
+}
+
+/// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
+pub async fn run(runtime: Runtime) {
+    let Runtime {
+        client,
+        namespace,
+        metrics,
+        shutdown,
+    } = runtime;
+    let ctx = Arc::new(Context {
+        core: ControllerCore::new(CONTROLLER.name, client.clone(), metrics),
+        client: client.clone(),
+    });
+    Controller::new(
+        scoped_api::<DeserializeGuard<EtcdBackup>>(&client, &namespace),
+        watcher::Config::default().any_semantic(),
+    )
+    .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
+    .graceful_shutdown_on(shutdown.fired())
+    .run(reconcile_one, error_policy, ctx)
+    .for_each(|result| async move {
+        if let Err(e) = result {
+            debug!(error = %e, "controller event");
+        }
+    })
+    .await;
+}

@@ -1,0 +1,251 @@
+//! One pass over an EtcdBackup: read its cluster → check it can be backed up → stream a
+//! snapshot from a healthy member into the cluster's bucket → status and an Event. A backup
+//! that is done (Succeeded or Failed) is never made again; one interrupted (an operator
+//! restart, a member or the store away for a moment) is tried again under the same key until
+//! [`BACKUP_DEADLINE`], then fails. Deleting an EtcdBackup deletes its snapshot (a
+//! finalizer), from the store recorded in its status, so it works once the cluster is gone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::ListParams;
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::{Api, Resource, ResourceExt};
+use noops_api::etcd_backup::{EtcdBackup, EtcdBackupStatus};
+use noops_api::EtcdCluster;
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::Context;
+use super::store::{self, location};
+use super::take::{self, TakeError};
+use crate::core::apply::apply_status;
+use crate::core::conditions::{Decided, merge};
+use crate::core::{Error, Result};
+use crate::etcd::client::{Credentials, EtcdAccess};
+use crate::etcd::names::{CLUSTER_LABEL, Names};
+use crate::etcd::observe;
+
+/// The finalizer that deletes the snapshot with the EtcdBackup.
+pub const FINALIZER: &str = "noops.dev/etcd-backup-snapshot";
+/// How long a backup is tried before it fails.
+pub const BACKUP_DEADLINE: Duration = Duration::from_secs(600);
+/// How soon an interrupted backup is tried again.
+const RETRY: Duration = Duration::from_secs(5);
+
+const SUCCEEDED: &str = "Succeeded";
+
+pub async fn reconcile(backup: Arc<EtcdBackup>, ctx: &Context) -> Result<Action> {
+    let namespace = backup.namespace().unwrap_or_default();
+    let api: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &namespace);
+    finalizer(&api, FINALIZER, backup, |event| async {
+        match event {
+            Finalizer::Apply(backup) => make(&backup, ctx).await,
+            Finalizer::Cleanup(backup) => clean_up(&backup, ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        kube::runtime::finalizer::Error::AddFinalizer(e) | kube::runtime::finalizer::Error::RemoveFinalizer(e) => {
+            Error::Kube(e)
+        }
+        other => Error::InvalidSpec(other.to_string()),
+    })
+}
+
+/// Where a backup stands after this pass.
+enum Verdict {
+    Succeeded(take::Taken),
+    /// Not this time; tried again unless past the deadline.
+    Retry { reason: &'static str, message: String },
+    /// Cannot be made as things stand.
+    Failed { reason: &'static str, message: String },
+}
+
+async fn make(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
+    let mut status = backup.status.clone().unwrap_or_default();
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return Ok(Action::await_change());
+    }
+    let namespace = backup.namespace().unwrap_or_default();
+    let now = jiff::Timestamp::now();
+    let started = status.started_at.as_ref().map_or(now, |t| t.0);
+    let clusters: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &namespace);
+    let verdict = match clusters.get_opt(&backup.spec.cluster).await? {
+        None => Verdict::Failed {
+            reason: "ClusterNotFound",
+            message: format!("EtcdCluster {:?} does not exist in this namespace", backup.spec.cluster),
+        },
+        Some(cluster) => match cluster.spec.backup.clone() {
+            None => Verdict::Failed {
+                reason: "NoDestination",
+                message: format!(
+                    "EtcdCluster {:?} has no spec.backup: it does not say where backups go",
+                    backup.spec.cluster
+                ),
+            },
+            Some(spec) => {
+                let key = store::key(&spec.s3, &namespace, &backup.spec.cluster, &backup.name_any());
+                if status.key.is_none() {
+                    // Where it goes is recorded before anything is uploaded, so that a
+                    // deletion finds it whatever happens next.
+                    status.phase = Some("Running".into());
+                    status.started_at = Some(Time(started));
+                    status.store = Some(spec.s3.clone());
+                    status.key = Some(key.clone());
+                    status.location = Some(location(&spec.s3, &key));
+                    write_status(backup, ctx, &status).await?;
+                    info!(cluster = %backup.spec.cluster, location = %location(&spec.s3, &key), "backing up");
+                }
+                attempt(&cluster, &spec.s3, &key, ctx).await?
+            }
+        },
+    };
+    let mut next = status.clone();
+    next.started_at = Some(Time(started));
+    let reference = backup.object_ref(&());
+    let events = &ctx.core.events;
+    match verdict {
+        Verdict::Succeeded(taken) => {
+            let where_ = next.location.clone().unwrap_or_default();
+            let note = format!(
+                "stored revision {} of cluster {:x} ({} bytes, etcd {}) at {where_}",
+                taken.revision, taken.cluster_id, taken.size, taken.version
+            );
+            next.phase = Some("Succeeded".into());
+            next.size = Some(taken.size);
+            next.revision = Some(taken.revision);
+            next.sha256 = Some(taken.sha256);
+            next.etcd_version = Some(taken.version);
+            next.cluster_id = Some(format!("{:x}", taken.cluster_id));
+            next.completed_at = Some(Time(now));
+            next.conditions = merge(&next.conditions, &[Decided::new(SUCCEEDED, true, "Stored", note.clone())], None, now);
+            write_status(backup, ctx, &next).await?;
+            info!("{note}");
+            events.normal(&reference, "BackupSucceeded", note).await;
+            Ok(Action::await_change())
+        }
+        Verdict::Retry { reason, message } if elapsed(started, now) < BACKUP_DEADLINE => {
+            next.phase = Some("Running".into());
+            next.conditions = merge(&next.conditions, &[Decided::new(SUCCEEDED, false, reason, message.clone())], None, now);
+            if status != next {
+                write_status(backup, ctx, &next).await?;
+                info!(reason, "the backup waits: {message}");
+            }
+            Ok(Action::requeue(RETRY))
+        }
+        Verdict::Retry { reason, message } | Verdict::Failed { reason, message } => {
+            next.phase = Some("Failed".into());
+            next.completed_at = Some(Time(now));
+            next.conditions = merge(&next.conditions, &[Decided::new(SUCCEEDED, false, reason, message.clone())], None, now);
+            write_status(backup, ctx, &next).await?;
+            warn!(reason, "the backup failed: {message}");
+            events.warning(&reference, reason, message).await;
+            Ok(Action::await_change())
+        }
+    }
+}
+
+fn elapsed(since: jiff::Timestamp, now: jiff::Timestamp) -> Duration {
+    Duration::try_from(now.duration_since(since)).unwrap_or_default()
+}
+
+/// One attempt at streaming a snapshot of `cluster` to `key`.
+async fn attempt(
+    cluster: &EtcdCluster,
+    destination: &noops_api::etcd::S3Destination,
+    key: &str,
+    ctx: &Context,
+) -> Result<Verdict> {
+    let names = Names::of(cluster);
+    let namespace = &names.namespace;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let members = pods
+        .list(&ListParams::default().labels(&format!("{CLUSTER_LABEL}={}", names.cluster)))
+        .await?;
+    let status = cluster.status.clone().unwrap_or_default();
+    // A healthy voting member, a follower first: a snapshot is work the leader is spared.
+    let mut healthy: Vec<_> = status
+        .members
+        .iter()
+        .filter(|m| m.healthy && !m.learner && m.id.is_some())
+        .collect();
+    healthy.sort_by_key(|m| m.leader);
+    let endpoint = healthy.iter().find_map(|m| {
+        let pod = members.items.iter().find(|p| p.metadata.name.as_deref() == Some(m.name.as_str()))?;
+        observe::pod_endpoint(pod, &names)
+    });
+    let Some(endpoint) = endpoint else {
+        return Ok(Verdict::Retry {
+            reason: "NoHealthyMember",
+            message: format!("no healthy member of {} to take a snapshot from", names.cluster),
+        });
+    };
+    let credentials = if names.tls {
+        let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+        let Some(secret) = secrets.get_opt(&names.client_secret()).await? else {
+            return Ok(Verdict::Retry {
+                reason: "NoClientCertificate",
+                message: format!("Secret {} is not there yet", names.client_secret()),
+            });
+        };
+        observe::credentials_from(&secret, &names)
+    } else {
+        None::<Credentials>
+    };
+    let bucket = match store::open(&ctx.client, namespace, destination).await {
+        Ok(bucket) => bucket,
+        Err(e) => {
+            return Ok(Verdict::Retry {
+                reason: "StoreUnavailable",
+                message: e.to_string(),
+            });
+        }
+    };
+    Ok(match take::take(&EtcdAccess::new(credentials), &endpoint, bucket, key).await {
+        Ok(taken) => Verdict::Succeeded(taken),
+        Err(e @ (TakeError::Etcd(_) | TakeError::Stream(_) | TakeError::Empty)) => Verdict::Retry {
+            reason: "SnapshotFailed",
+            message: e.to_string(),
+        },
+        Err(e @ TakeError::Store(_)) => Verdict::Retry {
+            reason: "UploadFailed",
+            message: e.to_string(),
+        },
+    })
+}
+
+async fn write_status(backup: &EtcdBackup, ctx: &Context, status: &EtcdBackupStatus) -> Result<()> {
+    let api: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
+    let body = json!({ "apiVersion": "noops.dev/v1alpha1", "kind": "EtcdBackup", "status": status });
+    apply_status(&api, &backup.name_any(), &body).await?;
+    Ok(())
+}
+
+/// Deletes the snapshot of a deleted EtcdBackup. One that cannot be deleted (its store or keys
+/// gone) is reported and left: the EtcdBackup still goes.
+async fn clean_up(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
+    let status = backup.status.clone().unwrap_or_default();
+    let (Some(destination), Some(key)) = (status.store, status.key) else {
+        return Ok(Action::await_change());
+    };
+    let namespace = backup.namespace().unwrap_or_default();
+    let deleted = match store::open(&ctx.client, &namespace, &destination).await {
+        Ok(bucket) => take::delete(bucket, &key).await.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    let where_ = location(&destination, &key);
+    match deleted {
+        Ok(()) => info!(location = %where_, "deleted the snapshot of a deleted backup"),
+        Err(e) => {
+            let note = format!("could not delete the snapshot at {where_}: {e}; it is left in the store");
+            warn!("{note}");
+            ctx.core.events.warning(&backup.object_ref(&()), "SnapshotKept", note).await;
+        }
+    }
+    Ok(Action::await_change())
+}

@@ -1,0 +1,238 @@
+//! EtcdBackups on the local Kubernetes, against real etcd and a real S3-compatible store
+//! (versitygw, started from its example manifest): an on-demand backup whose snapshot is
+//! checked with etcd's own tool, scheduled backups with retention, deletion of snapshots, and
+//! backups that cannot be made. Needs `make cluster-up`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use noops_api::{EtcdBackup, EtcdCluster};
+use noops_e2e::etcd::*;
+use noops_e2e::*;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use sha2::{Digest, Sha256};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn backup_manifest(name: &str, cluster: &str) -> String {
+    format!(
+        "apiVersion: noops.dev/v1alpha1\nkind: EtcdBackup\nmetadata: {{ name: {name} }}\nspec: {{ cluster: {cluster} }}\n"
+    )
+}
+
+fn backup_spec(ns: &TestNamespace, schedule: Option<&str>, max: i32) -> String {
+    let schedule = schedule.map(|s| format!("    schedule: \"{s}\"\n")).unwrap_or_default();
+    format!(
+        "  backup:\n{schedule}    maxBackups: {max}\n    s3:\n      endpoint: {}\n      bucket: backups\n      credentialsSecret: object-store-credentials\n",
+        s3::service_url(ns)
+    )
+}
+
+async fn wait_backup_done(ns: &TestNamespace, name: &str) -> EtcdBackup {
+    let api: Api<EtcdBackup> = ns.api();
+    wait_for(&format!("EtcdBackup {name} to finish"), 2 * MINUTE, || async {
+        api.get_opt(name).await.ok().flatten().filter(|b| {
+            matches!(
+                b.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )
+        })
+    })
+    .await
+}
+
+/// The keys under the cluster's prefix in the bucket.
+async fn stored_keys(store: &object_store::aws::AmazonS3, ns: &TestNamespace) -> BTreeSet<String> {
+    store
+        .list(Some(&Path::from(format!("etcd/{}/main", ns.name))))
+        .map_ok(|meta| meta.location.to_string())
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn backups_are_stored_checked_scheduled_kept_and_deleted() {
+    install_crds();
+    let ns = TestNamespace::new("etcd-backup").await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "etcd,etcdbackup"]);
+    s3::deploy(&ns);
+    s3::create_bucket(&ns, "backups").await;
+    let store = s3::bucket(&ns, "backups").await;
+
+    let version = etcd_version("3.5");
+    ns.apply(&cluster_manifest("main", 1, &version, &backup_spec(&ns, None, 2)));
+    wait_cluster_ready(&ns, "main", 1, 2 * MINUTE).await;
+    let mut client = etcd_client(&ns, "main", &member_endpoints(&ns, &["main-0"]).await).await;
+    let put = client.put("greeting", "hello", None).await.unwrap();
+    let written_at = put.header().unwrap().revision();
+
+    // On demand.
+    ns.apply(&backup_manifest("manual", "main"));
+    kubectl_ok(
+        &[
+            "wait",
+            "-n",
+            &ns.name,
+            "--for=condition=Succeeded",
+            "etcdbackup/manual",
+            "--timeout=120s",
+        ],
+        None,
+    );
+    let manual = wait_backup_done(&ns, "manual").await;
+    let status = manual.status.clone().unwrap();
+    let key = format!("etcd/{}/main/manual.db", ns.name);
+    assert_eq!(status.location.as_deref(), Some(format!("s3://backups/{key}").as_str()));
+    assert!(status.revision.unwrap() >= written_at, "{status:?}");
+    // The stored snapshot is the one described, and etcd's own tool reads it.
+    let bytes = store
+        .get(&Path::from(key.clone()))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(i64::try_from(bytes.len()).unwrap(), status.size.unwrap());
+    let sha: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(Some(sha), status.sha256);
+    let file = std::env::temp_dir().join(format!("{}-manual.db", ns.name));
+    std::fs::write(&file, &bytes).unwrap();
+    let checked = std::process::Command::new(upstream_bin("etcd-3.5/etcdutl"))
+        .args(["snapshot", "status", "-w", "json"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&file);
+    assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&checked.stdout).unwrap();
+    assert!(report["revision"].as_i64().unwrap() >= written_at, "{report}");
+    wait_until("a BackupSucceeded Event", MINUTE, || async {
+        let events: Api<k8s_openapi::api::core::v1::Event> = ns.api();
+        events
+            .list(&kube::api::ListParams::default().fields("involvedObject.name=manual"))
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("BackupSucceeded"))
+    })
+    .await;
+
+    // On a schedule (every 3 s), keeping 2: older scheduled backups go, snapshots and all;
+    // the on-demand one stays.
+    let clusters: Api<EtcdCluster> = ns.api();
+    let schedule = serde_json::json!({ "spec": { "backup": { "schedule": "*/3 * * * * *", "maxBackups": 2 } } });
+    clusters
+        .patch("main", &PatchParams::default(), &Patch::Merge(&schedule))
+        .await
+        .unwrap();
+    let backups: Api<EtcdBackup> = ns.api();
+    let mut seen = BTreeSet::new();
+    let deadline = std::time::Instant::now() + 2 * MINUTE;
+    while seen.len() < 5 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {seen:?} scheduled backups in 2 minutes"
+        );
+        for b in backups.list(&Default::default()).await.unwrap().items {
+            if b.metadata
+                .labels
+                .unwrap_or_default()
+                .contains_key("noops.dev/scheduled")
+            {
+                seen.insert(b.metadata.name.unwrap());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let unschedule = serde_json::json!({ "spec": { "backup": { "schedule": null } } });
+    clusters
+        .patch("main", &PatchParams::default(), &Patch::Merge(&unschedule))
+        .await
+        .unwrap();
+    let (kept, keys) = wait_for("retention to settle at two scheduled backups", 2 * MINUTE, || async {
+        let list = backups.list(&Default::default()).await.unwrap().items;
+        let done = list.iter().all(|b| {
+            matches!(
+                b.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )
+        });
+        let names: BTreeSet<String> = list.iter().filter_map(|b| b.metadata.name.clone()).collect();
+        let keys = stored_keys(&store, &ns).await;
+        let expected: BTreeSet<String> = names.iter().map(|n| format!("etcd/{}/main/{n}.db", ns.name)).collect();
+        (done && names.len() == 3 && keys == expected).then_some((names, keys))
+    })
+    .await;
+    assert!(kept.contains("manual"), "{kept:?}");
+    assert_eq!(keys.len(), 3);
+    let cluster = clusters.get("main").await.unwrap();
+    let status = cluster.status.unwrap();
+    assert_eq!(status.stored_backups, Some(3));
+    assert!(status.last_backup_time.is_some());
+
+    // Deleting a backup deletes its snapshot.
+    backups.delete("manual", &DeleteParams::default()).await.unwrap();
+    wait_until("the manual snapshot to be deleted", MINUTE, || async {
+        !stored_keys(&store, &ns).await.contains(&key) && backups.get_opt("manual").await.unwrap().is_none()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn backups_that_cannot_be_made_fail_with_a_reason() {
+    install_crds();
+    let ns = TestNamespace::new("etcd-backup-bad").await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "etcd,etcdbackup"]);
+    let version = etcd_version("3.6");
+
+    // No such cluster; a cluster that says nowhere to put backups.
+    ns.apply(&backup_manifest("orphan", "nowhere"));
+    ns.apply(&cluster_manifest("plain", 1, &version, "  paused: true\n"));
+    ns.apply(&backup_manifest("homeless", "plain"));
+    for (name, reason) in [("orphan", "ClusterNotFound"), ("homeless", "NoDestination")] {
+        let done = wait_backup_done(&ns, name).await;
+        let status = done.status.unwrap();
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
+        let condition = status.conditions.iter().find(|c| c.type_ == "Succeeded").unwrap();
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("False", reason)
+        );
+    }
+
+    // A schedule that is not cron is refused by the API server, or by the operator when it
+    // has the right number of fields but is still wrong.
+    let wrong = cluster_manifest(
+        "plain",
+        1,
+        &version,
+        &format!("  paused: true\n{}", backup_spec(&ns, Some("every hour"), 2)),
+    );
+    let out = kubectl(&["apply", "-n", &ns.name, "-f", "-"], Some(&wrong));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("backup.schedule must be a cron expression"));
+    let out_of_range = cluster_manifest("plain", 1, &version, &backup_spec(&ns, Some("61 * * * *"), 2));
+    ns.apply(&out_of_range);
+    let api: Api<EtcdCluster> = ns.api();
+    wait_until("Ready=False InvalidSchedule", 2 * MINUTE, || async {
+        api.get("plain")
+            .await
+            .ok()
+            .is_some_and(|c| condition(&c, "Degraded").is_some_and(|(s, r, _)| s == "True" && r == "InvalidSchedule"))
+    })
+    .await;
+    // Deleting a backup that never stored anything just deletes it.
+    let backups: Api<EtcdBackup> = ns.api();
+    backups.delete("orphan", &DeleteParams::default()).await.unwrap();
+    wait_until("the orphan backup to go", MINUTE, || async {
+        backups.get_opt("orphan").await.unwrap().is_none()
+    })
+    .await;
+}
