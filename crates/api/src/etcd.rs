@@ -41,6 +41,8 @@ use serde::{Deserialize, Serialize};
 )]
 #[x_kube(validation = Rule::new("int(self.version.split('.')[1]) >= int(oldSelf.version.split('.')[1])").message("version: downgrades are refused; etcd cannot go back to an older minor version"))]
 #[x_kube(validation = Rule::new("int(self.version.split('.')[1]) <= int(oldSelf.version.split('.')[1]) + 1").message("version: upgrade one minor version at a time (3.5 to 3.6), as etcd requires"))]
+#[x_kube(validation = Rule::new("has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)").message("bootstrap is immutable: it says how the cluster started"))]
+#[x_kube(validation = Rule::new("!has(self.bootstrap) || !has(self.bootstrap.fromBackup) || !self.storage.ephemeral").message("bootstrap.fromBackup needs persistent storage: the backup is restored into the first member's volume"))]
 #[serde(rename_all = "camelCase")]
 pub struct EtcdClusterSpec {
     /// How many voting members: 1, 3, 5 or 7. A cluster of n members keeps working with
@@ -71,6 +73,27 @@ pub struct EtcdClusterSpec {
     /// cluster fail (they have nowhere to go).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupSpec>,
+    /// How a new cluster starts: empty (the default), or from a backup. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<BootstrapSpec>,
+}
+
+/// How a new cluster starts.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapSpec {
+    /// Start from this backup: its snapshot, checked against its SHA-256, is restored into
+    /// the first member (a new cluster, with a cluster ID of its own); the others join it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_backup: Option<BackupReference>,
+}
+
+/// An EtcdBackup in the cluster's namespace.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupReference {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
 }
 
 /// Backups of a cluster.

@@ -4,6 +4,8 @@
 //!   named, with leader election on a Lease, `/metrics`, `/healthz` and `/readyz`, and a graceful
 //!   shutdown on SIGTERM.
 //! - `noops crds` prints every CRD as YAML.
+//! - `noops fetch-snapshot` fetches an etcd snapshot from a bucket, checked against its
+//!   SHA-256 (run by a restore pod).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,6 +34,33 @@ enum Command {
     Run(RunArgs),
     /// Print every CRD as YAML.
     Crds,
+    /// Fetch an etcd snapshot from an S3-compatible bucket into a file, checked against its
+    /// SHA-256 (the first step of a restore, run in the restore pod).
+    FetchSnapshot(FetchArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct FetchArgs {
+    /// The store's URL.
+    #[arg(long)]
+    endpoint: String,
+    #[arg(long)]
+    bucket: String,
+    /// The snapshot's key.
+    #[arg(long)]
+    key: String,
+    #[arg(long, default_value = "us-east-1")]
+    region: String,
+    /// The SHA-256 (hex) the snapshot must have.
+    #[arg(long)]
+    sha256: String,
+    /// The file to write.
+    #[arg(long)]
+    out: std::path::PathBuf,
+    #[arg(long, env = "AWS_ACCESS_KEY_ID", hide_env_values = true)]
+    access_key_id: String,
+    #[arg(long, env = "AWS_SECRET_ACCESS_KEY", hide_env_values = true)]
+    secret_access_key: String,
 }
 
 /// The controllers `--controllers` accepts: every registered one.
@@ -73,6 +102,10 @@ struct RunArgs {
     http_addr: SocketAddr,
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "NOOPS_LOG_FORMAT")]
     log_format: LogFormat,
+    /// The operator's own image, which helper containers run (a restore pod fetching an etcd
+    /// snapshot). Set it to the image the operator runs from.
+    #[arg(long, env = "NOOPS_IMAGE", default_value = concat!("ghcr.io/noops-dev/noops:", env!("CARGO_PKG_VERSION")))]
+    image: String,
 }
 
 fn init_logging(format: LogFormat) {
@@ -97,6 +130,25 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => run(args).await,
+        Command::FetchSnapshot(args) => {
+            let fetch = noops::etcd_backup::fetch::Fetch {
+                endpoint: args.endpoint,
+                bucket: args.bucket,
+                key: args.key,
+                region: args.region,
+                access_key_id: args.access_key_id,
+                secret_access_key: args.secret_access_key,
+                sha256: args.sha256,
+                out: args.out,
+            };
+            let size = noops::etcd_backup::fetch::fetch(&fetch).await?;
+            println!(
+                "fetched {size} bytes to {}, SHA-256 {}",
+                fetch.out.display(),
+                fetch.sha256
+            );
+            Ok(())
+        }
     }
 }
 
@@ -170,6 +222,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     } else {
         args.namespaces.iter().cloned().map(Some).collect()
     };
+    let image = args.image.clone();
     let leader_metric = metrics.clone();
     let outcome = noops::leader::run_while_leading(
         elector,
@@ -185,6 +238,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                         namespace: namespace.clone(),
                         metrics: metrics.clone(),
                         shutdown: shutdown.clone(),
+                        image: image.clone(),
                     }));
                 }
             }

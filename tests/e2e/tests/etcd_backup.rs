@@ -236,3 +236,122 @@ async fn backups_that_cannot_be_made_fail_with_a_reason() {
     })
     .await;
 }
+
+fn restore_manifest(name: &str, replicas: i32, version: &str, backup: &str) -> String {
+    cluster_manifest(
+        name,
+        replicas,
+        version,
+        &format!("  bootstrap:\n    fromBackup: {{ name: {backup} }}\n"),
+    )
+}
+
+async fn wait_ready_false(ns: &TestNamespace, name: &str, reason: &str) -> EtcdCluster {
+    let api: Api<EtcdCluster> = ns.api();
+    wait_for(&format!("{name}: Ready=False {reason}"), 2 * MINUTE, || async {
+        api.get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .filter(|c| condition(c, "Ready").is_some_and(|(s, r, _)| s == "False" && r == reason))
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_new_cluster_starts_from_a_backup_and_a_tampered_backup_is_refused() {
+    install_crds();
+    let ns = TestNamespace::new("etcd-restore").await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "etcd,etcdbackup"]);
+    s3::deploy(&ns);
+    s3::create_bucket(&ns, "backups").await;
+    let store = s3::bucket(&ns, "backups").await;
+    let version = etcd_version("3.5");
+
+    // A cluster with data, and a backup of it.
+    ns.apply(&cluster_manifest("source", 1, &version, &backup_spec(&ns, None, 2)));
+    let source = wait_cluster_ready(&ns, "source", 1, 2 * MINUTE).await;
+    let mut client = etcd_client(&ns, "source", &member_endpoints(&ns, &["source-0"]).await).await;
+    for i in 0..100 {
+        client
+            .put(format!("data/{i:03}"), format!("value {i}"), None)
+            .await
+            .unwrap();
+    }
+    ns.apply(&backup_manifest("snap", "source"));
+    let snap = wait_backup_done(&ns, "snap").await;
+    assert_eq!(snap.status.as_ref().unwrap().phase.as_deref(), Some("Succeeded"));
+
+    // A new three-member cluster from it: the data is there, under a cluster ID of its own.
+    ns.apply(&restore_manifest("copy", 3, &version, "snap"));
+    let copy = wait_cluster_ready(&ns, "copy", 3, 4 * MINUTE).await;
+    assert_ne!(
+        copy.status.as_ref().unwrap().cluster_id,
+        source.status.as_ref().unwrap().cluster_id
+    );
+    let names: Vec<String> = copy
+        .status
+        .as_ref()
+        .unwrap()
+        .members
+        .iter()
+        .map(|m| m.name.clone())
+        .collect();
+    let mut restored = etcd_client(
+        &ns,
+        "copy",
+        &member_endpoints(&ns, &names.iter().map(String::as_str).collect::<Vec<_>>()).await,
+    )
+    .await;
+    let data = restored
+        .get("data/", Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert_eq!(data.kvs().len(), 100);
+    assert_eq!(data.kvs()[42].value_str().unwrap(), "value 42");
+    wait_until("a Restored Event and the restore pod gone", MINUTE, || async {
+        cluster_events(&ns, "copy")
+            .await
+            .iter()
+            .any(|(r, m)| r == "Restored" && m.contains("snap"))
+            && ns.pods().get_opt("copy-0-restore").await.unwrap().is_none()
+    })
+    .await;
+    // How it started cannot be changed afterwards.
+    let edit = cluster_manifest("copy", 3, &version, "");
+    let out = kubectl(&["apply", "-n", &ns.name, "-f", "-"], Some(&edit));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("bootstrap is immutable"),
+        "{out:?}"
+    );
+
+    // A backup whose stored snapshot was altered is refused before anything starts.
+    ns.apply(&backup_manifest("altered", "source"));
+    let altered = wait_backup_done(&ns, "altered").await;
+    let key = altered.status.unwrap().key.unwrap();
+    let mut bytes = store
+        .get(&Path::from(key.clone()))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap()
+        .to_vec();
+    bytes[100] ^= 0xff;
+    store.put(&Path::from(key), bytes.into()).await.unwrap();
+    ns.apply(&restore_manifest("broken", 1, &version, "altered"));
+    let broken = wait_ready_false(&ns, "broken", "RestoreFailed").await;
+    let (_, _, message) = condition(&broken, "Ready").unwrap();
+    assert!(message.contains("fetch"), "{message}");
+    let logs = kubectl_ok(&["logs", "-n", &ns.name, "broken-0-restore", "-c", "fetch"], None);
+    assert!(logs.contains("SHA-256"), "{logs}");
+    assert!(
+        ns.pods().get_opt("broken-0").await.unwrap().is_none(),
+        "no member started on it"
+    );
+
+    // A backup that does not exist: said so, nothing started.
+    ns.apply(&restore_manifest("hopeful", 1, &version, "no-such-backup"));
+    wait_ready_false(&ns, "hopeful", "BackupNotFound").await;
+    assert!(ns.pods().get_opt("hopeful-0").await.unwrap().is_none());
+}

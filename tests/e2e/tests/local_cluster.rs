@@ -735,11 +735,13 @@ async fn each_container_writes_into_a_layer_of_its_own_kept_across_restarts() {
     }
     let pods = ns.pods();
     for name in ["writer-a", "writer-b"] {
-        // The restarted container finds what its first run wrote, and only that.
+        // The restarted container finds what its first run wrote, and only that. (Its log can
+        // come before the node reports the restart: both are waited for.)
         let pod = wait_for(&format!("{name} restarted with its layer"), 2 * MINUTE, || async {
             let logs = pods.logs(name, &LogParams::default()).await.ok()?;
             let pod = pods.get(name).await.ok()?;
-            (logs.trim() == format!("starts=2 owners={name}")).then_some(pod)
+            let restarted = container_status(&pod).is_some_and(|c| c.restart_count >= 1);
+            (logs.trim() == format!("starts=2 owners={name}") && restarted).then_some(pod)
         })
         .await;
         assert_eq!(container_status(&pod).unwrap().restart_count, 1);

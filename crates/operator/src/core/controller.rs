@@ -45,6 +45,8 @@ pub struct Runtime {
     pub namespace: Option<String>,
     pub metrics: Arc<Metrics>,
     pub shutdown: Shutdown,
+    /// The operator's own image: helper containers run it (a restore pod fetching a snapshot).
+    pub image: String,
 }
 
 /// Fires when the controllers must stop (SIGTERM, or this replica lost its leader lease).

@@ -23,6 +23,7 @@ pub fn cluster() -> ClusterFixture {
             paused: false,
             pod: PodSpec::default(),
             backup: None,
+            bootstrap: None,
         },
     );
     cluster.metadata.namespace = Some("db".into());

@@ -19,6 +19,8 @@ use std::time::Duration;
 
 use noops_api::etcd::{Operation, OperationKind};
 
+use super::restore::Restore;
+
 /// How long a member may be unhealthy (its process crashing, its node gone) before it is
 /// replaced.
 pub const UNHEALTHY_GRACE: Duration = Duration::from_secs(30);
@@ -99,6 +101,8 @@ pub struct ClusterFacts {
     /// The version members are to run, when changing to it is allowed (None while the spec's
     /// version is refused).
     pub upgrade_to: Option<String>,
+    /// For a new cluster from a backup: how the restore into the first member stands.
+    pub restore: Option<Restore>,
     /// Now (an operation begun now starts at this time).
     pub now: jiff::Timestamp,
 }
@@ -110,6 +114,10 @@ pub enum Step {
     Begin(Operation),
     /// Create the first member's volume and pod, starting a new cluster.
     StartFirstMember { member: String },
+    /// Restore the backup into the first member's volume (a restore pod), before it starts.
+    RestoreFirstMember { member: String },
+    /// The backup to start from cannot be restored as things stand: say why, change nothing.
+    RestoreBlocked { reason: &'static str, message: String },
     /// The first member answers: record the cluster ID and end the bootstrap.
     FinishBootstrap { member: String },
     /// Add `member` to etcd as a learner.
@@ -317,8 +325,24 @@ fn continue_operation(facts: &ClusterFacts, op: &Operation) -> Step {
             Some(m) if m.pod != PodState::Missing => Step::Wait {
                 reason: format!("{} is starting the cluster", m.name),
             },
-            _ => Step::StartFirstMember {
-                member: op.member.clone(),
+            _ => match &facts.restore {
+                None | Some(Restore::Succeeded) => Step::StartFirstMember {
+                    member: op.member.clone(),
+                },
+                Some(Restore::NotStarted) => Step::RestoreFirstMember {
+                    member: op.member.clone(),
+                },
+                Some(Restore::Running) => Step::Wait {
+                    reason: format!("restoring the backup into {}", op.member),
+                },
+                Some(Restore::Blocked { reason, message }) => Step::RestoreBlocked {
+                    reason,
+                    message: message.clone(),
+                },
+                Some(Restore::Failed { message }) => Step::RestoreBlocked {
+                    reason: "RestoreFailed",
+                    message: format!("{message}; the cluster is not started (delete it, and create it from a good backup)"),
+                },
             },
         },
         OperationKind::AddMember => continue_add(facts, op, member),
@@ -502,6 +526,7 @@ mod tests {
             next_member: "main-9".into(),
             ephemeral: false,
             upgrade_to: None,
+            restore: None,
             now: jiff::Timestamp::UNIX_EPOCH,
         }
     }
@@ -886,6 +911,30 @@ mod tests {
         assert!(matches!(next_step(&c), Step::Wait { .. }));
         c.operation_age = UPGRADE_DEADLINE;
         assert!(matches!(next_step(&c), Step::Abandon { .. }));
+    }
+
+    #[test]
+    fn a_cluster_from_a_backup_starts_only_on_restored_data() {
+        let mut c = cluster(3, vec![]);
+        c.bootstrapped = false;
+        c.restore = Some(Restore::NotStarted);
+        let c = with_op(c, OperationKind::Bootstrap, "main-0");
+        assert_eq!(next_step(&c), Step::RestoreFirstMember { member: "main-0".into() });
+        let mut running = c.clone();
+        running.restore = Some(Restore::Running);
+        assert!(matches!(next_step(&running), Step::Wait { .. }));
+        let mut done = c.clone();
+        done.restore = Some(Restore::Succeeded);
+        assert_eq!(next_step(&done), Step::StartFirstMember { member: "main-0".into() });
+        let mut failed = c.clone();
+        failed.restore = Some(Restore::Failed { message: "fetch exited with code 1".into() });
+        assert!(matches!(next_step(&failed), Step::RestoreBlocked { reason: "RestoreFailed", .. }));
+        let mut missing = c;
+        missing.restore = Some(Restore::Blocked {
+            reason: "BackupNotFound",
+            message: "no such backup".into(),
+        });
+        assert!(matches!(next_step(&missing), Step::RestoreBlocked { reason: "BackupNotFound", .. }));
     }
 
     #[test]

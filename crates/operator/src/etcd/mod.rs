@@ -21,6 +21,7 @@ pub mod membership;
 pub mod names;
 pub mod observe;
 pub mod pod;
+pub mod restore;
 mod reconcile;
 pub mod services;
 pub mod status;
@@ -60,6 +61,8 @@ pub struct Context {
     pub client: Client,
     /// The children of every cluster, kept by watches.
     pub caches: observe::Caches,
+    /// The operator's own image, for the container of a restore pod that fetches a snapshot.
+    pub image: String,
 }
 
 async fn reconcile(obj: Arc<DeserializeGuard<EtcdCluster>>, ctx: Arc<Context>) -> Result<Action> {
@@ -83,6 +86,7 @@ pub async fn run(runtime: Runtime) {
         namespace,
         metrics,
         shutdown,
+        image,
     } = runtime;
     let ours = watcher::Config::default().labels(names::CLUSTER_LABEL);
     let (pods, pod_changes) = shared_cache(scoped_api::<Pod>(&client, &namespace), ours.clone()).await;
@@ -104,6 +108,7 @@ pub async fn run(runtime: Runtime) {
             config_maps,
         },
         client: client.clone(),
+        image,
     });
     Controller::new(scoped_api::<DeserializeGuard<EtcdCluster>>(&client, &namespace), watcher::Config::default().any_semantic())
         .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))

@@ -23,6 +23,8 @@ pub struct Children {
     pub secrets: BTreeMap<String, Arc<Secret>>,
     pub services: BTreeMap<String, Arc<Service>>,
     pub config_maps: BTreeMap<String, Arc<ConfigMap>>,
+    /// Restore pods (of a cluster made from a backup), by pod name.
+    pub restore_pods: BTreeMap<String, Arc<Pod>>,
 }
 
 /// The caches a reconcile reads children from.
@@ -65,6 +67,9 @@ pub fn children(caches: &Caches, names: &Names) -> Children {
         secrets: by_name(of_cluster(caches.secrets.state(), names)),
         services: by_name(of_cluster(caches.services.state(), names)),
         config_maps: by_name(of_cluster(caches.config_maps.state(), names)),
+        restore_pods: by_name(of_cluster(caches.pods.state(), names).filter(|p| {
+            p.metadata.labels.as_ref().and_then(|l| l.get(crate::core::labels::COMPONENT)).map(String::as_str) == Some("restore")
+        })),
     }
 }
 
@@ -276,6 +281,8 @@ pub fn facts(cluster: &EtcdCluster, names: &Names, children: &Children, etcd: &E
         next_member: names.member(status.next_member_index),
         ephemeral: cluster.spec.storage.ephemeral,
         upgrade_to: Some(cluster.spec.version.clone()),
+        // Known only to the reconcile, which reads the backup.
+        restore: None,
         now,
     }
 }

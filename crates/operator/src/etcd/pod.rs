@@ -17,7 +17,7 @@ use super::bootstrap::STATE_KEY;
 use super::names::{CLIENT_PORT, METRICS_PORT, Names, PEER_PORT};
 
 /// Where a member keeps its data, inside its volume.
-const DATA_DIR: &str = "/var/lib/etcd/data";
+pub const DATA_DIR: &str = "/var/lib/etcd/data";
 const PEER_TLS_DIR: &str = "/etc/etcd/peer";
 const SERVER_TLS_DIR: &str = "/etc/etcd/server";
 
@@ -91,10 +91,7 @@ pub fn member_pod(
         format!("--advertise-client-urls={}", names.member_client_url(member)),
         format!("--initial-advertise-peer-urls={}", names.peer_url(member)),
         format!("--initial-cluster={initial}"),
-        format!(
-            "--initial-cluster-token={}",
-            cluster.metadata.uid.as_deref().unwrap_or(&names.cluster)
-        ),
+        format!("--initial-cluster-token={}", token(cluster, names)),
         format!("--listen-metrics-urls=http://0.0.0.0:{METRICS_PORT}"),
     ];
     let mut mounts = vec![VolumeMount {
@@ -214,6 +211,12 @@ pub fn member_pod(
         }),
         status: None,
     }
+}
+
+/// The initial cluster token: the EtcdCluster's UID, so that every cluster (a restored one
+/// too) gets a cluster ID of its own.
+pub fn token(cluster: &EtcdCluster, names: &Names) -> String {
+    cluster.metadata.uid.clone().unwrap_or_else(|| names.cluster.clone())
 }
 
 /// The user's affinity, with the members of this cluster preferring different nodes.

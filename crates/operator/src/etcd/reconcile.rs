@@ -10,6 +10,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use noops_api::EtcdCluster;
+use noops_api::etcd_backup::EtcdBackup;
 use noops_api::etcd::{Operation, OperationKind};
 use serde_json::json;
 use tracing::{debug, info, warn};
@@ -19,7 +20,7 @@ use super::membership::{self, Step};
 use super::names::Names;
 use super::observe::{self, Children, EtcdView};
 use super::status::{self, Outcome, Problems};
-use super::{Context, backups, bootstrap, pod, services, tls, validate, volume};
+use super::{Context, backups, bootstrap, pod, restore, services, tls, validate, volume};
 use crate::core::apply::{apply, apply_status, controller_reference};
 use crate::core::stamp::{stamp, up_to_date};
 use crate::core::{DuringStep, Error, Result, Step as Stage};
@@ -66,6 +67,7 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
         problems: Problems {
             invalid: validate::validate(&cluster, previous.current_version.as_deref()),
             quorum_lost: None,
+            restore_blocked: None,
         },
         backups: backups::Book::of(&cluster),
     };
@@ -83,6 +85,20 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
         // A refused spec changes no version.
         facts.upgrade_to = None;
     }
+    // A new cluster from a backup: the backup, and how its restore stands.
+    let restore_from = match cluster.spec.bootstrap.as_ref().and_then(|b| b.from_backup.as_ref()) {
+        Some(from) if previous.cluster_id.is_none() => {
+            let backups: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &names.namespace);
+            let backup = backups.get_opt(&from.name).await.during(Stage::Observe)?;
+            let member = previous.operation.as_ref().map_or(facts.next_member.clone(), |op| op.member.clone());
+            facts.restore = Some(match restore::usable(backup.as_ref(), &from.name) {
+                Err(blocked) => blocked,
+                Ok(()) => restore::state(children.restore_pods.get(&restore::pod_name(&member)).map(AsRef::as_ref)),
+            });
+            backup
+        }
+        _ => None,
+    };
     let step = if cluster.spec.paused {
         Step::Wait {
             reason: "paused".into(),
@@ -103,6 +119,7 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
         access: EtcdAccess::new(credentials),
         ctx,
         upgrade_to: facts.upgrade_to.clone(),
+        restore_from,
     };
     let mut after = runner.take(step, &mut outcome, &mut later).await.during(Stage::Apply)?;
     if outcome.cluster_id.is_some()
@@ -268,6 +285,8 @@ struct Runner<'a> {
     ctx: &'a Context,
     /// The version members are to run, when changing to it is allowed.
     upgrade_to: Option<String>,
+    /// The backup a new cluster starts from.
+    restore_from: Option<EtcdBackup>,
 }
 
 impl Runner<'_> {
@@ -336,18 +355,24 @@ impl Runner<'_> {
     }
 
     /// Creates the volume (if the cluster keeps data) and the pod of `member`; either may exist.
-    async fn start_member(&self, member: &str, version: &str, initial_cluster: &[(String, String)]) -> Result<()> {
-        let ns = &self.names.namespace;
+    /// Creates `member`'s volume if it has none (and is not ephemeral).
+    async fn create_volume(&self, member: &str) -> Result<()> {
         if let Some(pvc) = volume::member_volume(self.cluster, self.names, member, self.owner)
             && !self.children.volumes.contains_key(member)
         {
-            let api: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), ns);
+            let api: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
             match api.create(&PostParams::default(), &pvc).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
                 Err(e) => return Err(e.into()),
             }
         }
+        Ok(())
+    }
+
+    async fn start_member(&self, member: &str, version: &str, initial_cluster: &[(String, String)]) -> Result<()> {
+        let ns = &self.names.namespace;
+        self.create_volume(member).await?;
         if !self.children.pods.contains_key(member) {
             let pod = pod::member_pod(self.cluster, self.names, member, version, initial_cluster, self.owner);
             let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), ns);
@@ -404,10 +429,66 @@ impl Runner<'_> {
                 self.start_member(&member, &version, &me).await?;
                 Ok(NEXT_STEP)
             }
+            Step::RestoreFirstMember { member } => {
+                let Some(backup) = self.restore_from.as_ref() else {
+                    return Ok(NEXT_STEP);
+                };
+                let version = self.version(&member, outcome.operation.as_ref());
+                let Some(pod) =
+                    restore::restore_pod(self.cluster, self.names, &member, &version, backup, &self.ctx.image, self.owner)
+                else {
+                    return Ok(NEXT_STEP);
+                };
+                self.set_state(true).await?;
+                self.create_volume(&member).await?;
+                let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
+                match pods.create(&PostParams::default(), &pod).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 409 => {}
+                    Err(e) => return Err(e.into()),
+                }
+                later.push(
+                    Announcement::normal(
+                        "Restoring",
+                        format!("restoring EtcdBackup {} into {member}", backup.name_any()),
+                    )
+                    .about(&member),
+                );
+                Ok(NEXT_STEP)
+            }
+            Step::RestoreBlocked { reason, message } => {
+                let before = self.cluster.status.as_ref().is_some_and(|s| has_condition_reason(&s.conditions, reason));
+                if !before {
+                    later.push(Announcement::warning(reason, message.clone()));
+                }
+                outcome.problems.restore_blocked = Some((reason, message));
+                Ok(Duration::from_secs(5))
+            }
             Step::FinishBootstrap { member } => {
                 let Some(health) = self.etcd.health.get(&member) else {
                     return Ok(NEXT_STEP);
                 };
+                if let Some(backup) = &self.restore_from {
+                    // The restore pod has done its work: the member runs on what it restored.
+                    let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
+                    match pods.delete(&restore::pod_name(&member), &DeleteParams::default()).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(e)) if e.code == 404 => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                    let revision = backup.status.as_ref().and_then(|s| s.revision).unwrap_or_default();
+                    later.push(
+                        Announcement::normal(
+                            "Restored",
+                            format!(
+                                "{member} started cluster {:x} from EtcdBackup {} (revision {revision})",
+                                health.cluster_id,
+                                backup.name_any()
+                            ),
+                        )
+                        .about(&member),
+                    );
+                }
                 self.set_state(false).await?;
                 outcome.cluster_id = Some(format!("{:x}", health.cluster_id));
                 outcome.operation = None;

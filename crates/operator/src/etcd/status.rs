@@ -21,6 +21,8 @@ pub struct Problems {
     pub quorum_lost: Option<String>,
     /// The spec asks for something that cannot be done (reason, message).
     pub invalid: Option<super::validate::Refusal>,
+    /// The backup a new cluster starts from cannot be restored (reason, message).
+    pub restore_blocked: Option<(&'static str, String)>,
 }
 
 fn version_key(v: &str) -> Vec<u64> {
@@ -140,6 +142,8 @@ pub fn build(
         )
     } else if let Some(why) = &problems.quorum_lost {
         Decided::new(READY, false, "QuorumLost", why.clone())
+    } else if let Some((reason, message)) = &problems.restore_blocked {
+        Decided::new(READY, false, reason, message.clone())
     } else if !bootstrapped {
         Decided::new(READY, false, "Bootstrapping", "the first member is starting the cluster")
     } else if let Some(op) = &operation {
@@ -181,6 +185,8 @@ pub fn build(
         Decided::new(DEGRADED, true, "QuorumLost", why.clone())
     } else if let Some(refusal) = &problems.invalid {
         Decided::new(DEGRADED, true, refusal.reason, refusal.message.clone())
+    } else if let Some((reason, message)) = &problems.restore_blocked {
+        Decided::new(DEGRADED, true, reason, message.clone())
     } else if bootstrapped && !unhealthy.is_empty() {
         Decided::new(
             DEGRADED,
@@ -299,6 +305,7 @@ mod tests {
             next_member: "main-3".into(),
             ephemeral: false,
             upgrade_to: None,
+            restore: None,
             now: jiff::Timestamp::UNIX_EPOCH,
         }
     }

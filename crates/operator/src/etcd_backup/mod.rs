@@ -6,6 +6,7 @@
 //! `store.rs`) → status and Event. The cluster controller makes scheduled EtcdBackups and
 //! applies retention (`schedule.rs`, `crate::etcd::backups`).
 
+pub mod fetch;
 mod reconcile;
 pub mod schedule;
 pub mod store;
@@ -64,6 +65,7 @@ pub async fn run(runtime: Runtime) {
         namespace,
         metrics,
         shutdown,
+        ..
     } = runtime;
     let ctx = Arc::new(Context {
         core: ControllerCore::new(CONTROLLER.name, client.clone(), metrics),

@@ -84,6 +84,7 @@ pub async fn run(runtime: Runtime) {
         namespace,
         metrics,
         shutdown,
+        ..
     } = runtime;
     let (maintpages, deployments, services, pods) = match &namespace {
         Some(ns) => (

@@ -1,0 +1,84 @@
+//! Fetching a snapshot from its bucket into a file, checked against the SHA-256 its
+//! EtcdBackup recorded: what the first container of a restore pod runs (`noops
+//! fetch-snapshot`), before etcd's own `etcdutl snapshot restore` reads the file. The file
+//! appears under its name only once it is whole and checked.
+
+use std::path::PathBuf;
+
+use futures::StreamExt;
+use object_store::ObjectStoreExt;
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+/// Where the snapshot is, and where it goes.
+#[derive(Debug, Clone)]
+pub struct Fetch {
+    pub endpoint: String,
+    pub bucket: String,
+    pub key: String,
+    pub region: String,
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    /// The SHA-256 (hex) the snapshot must have.
+    pub sha256: String,
+    pub out: PathBuf,
+}
+
+/// Why a snapshot could not be fetched.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("the object store: {0}")]
+    Store(#[from] object_store::Error),
+    #[error("writing {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the snapshot's SHA-256 is {found}, not the {expected} its backup recorded: it is refused")]
+    HashMismatch { expected: String, found: String },
+}
+
+/// Fetches the snapshot; returns its size.
+pub async fn fetch(f: &Fetch) -> Result<u64, FetchError> {
+    let store = AmazonS3Builder::new()
+        .with_endpoint(&f.endpoint)
+        .with_allow_http(f.endpoint.starts_with("http://"))
+        .with_virtual_hosted_style_request(false)
+        .with_region(&f.region)
+        .with_bucket_name(&f.bucket)
+        .with_access_key_id(&f.access_key_id)
+        .with_secret_access_key(&f.secret_access_key)
+        .build()?;
+    let partial = f.out.with_extension("partial");
+    let write_err = |path: &PathBuf| {
+        let path = path.clone();
+        move |source| FetchError::Write { path, source }
+    };
+    if let Some(dir) = f.out.parent() {
+        tokio::fs::create_dir_all(dir).await.map_err(write_err(&f.out))?;
+    }
+    let mut file = tokio::fs::File::create(&partial).await.map_err(write_err(&partial))?;
+    let mut hash = Sha256::new();
+    let mut size = 0u64;
+    let mut stream = store.get(&Path::from(f.key.as_str())).await?.into_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        hash.update(&chunk);
+        size += chunk.len() as u64;
+        file.write_all(&chunk).await.map_err(write_err(&partial))?;
+    }
+    file.sync_all().await.map_err(write_err(&partial))?;
+    let found: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    if !found.eq_ignore_ascii_case(&f.sha256) {
+        let _ = tokio::fs::remove_file(&partial).await;
+        return Err(FetchError::HashMismatch {
+            expected: f.sha256.clone(),
+            found,
+        });
+    }
+    tokio::fs::rename(&partial, &f.out).await.map_err(write_err(&f.out))?;
+    Ok(size)
+}
