@@ -5,7 +5,8 @@
 //!   shutdown on SIGTERM.
 //! - `noops crds` prints every CRD as YAML.
 //! - `noops fetch-snapshot` fetches an etcd snapshot from a bucket, checked against its
-//!   SHA-256 (run by a restore pod).
+//!   SHA-256, and `noops install-restored` installs the restored data into a member's volume
+//!   (both run by a restore pod).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -37,6 +38,14 @@ enum Command {
     /// Fetch an etcd snapshot from an S3-compatible bucket into a file, checked against its
     /// SHA-256 (the first step of a restore, run in the restore pod).
     FetchSnapshot(FetchArgs),
+    /// Install a restored etcd data directory into a member's volume, all or nothing (the
+    /// last step of a restore; a volume that has one already is left alone).
+    InstallRestored {
+        #[arg(long)]
+        from: std::path::PathBuf,
+        #[arg(long)]
+        to: std::path::PathBuf,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -147,6 +156,14 @@ async fn main() -> anyhow::Result<()> {
                 fetch.out.display(),
                 fetch.sha256
             );
+            Ok(())
+        }
+        Command::InstallRestored { from, to } => {
+            use noops::etcd_backup::install::{Installed, install};
+            match install(&from, &to)? {
+                Installed::Installed => println!("installed {} as {}", from.display(), to.display()),
+                Installed::AlreadyThere => println!("{} is there already: left alone", to.display()),
+            }
             Ok(())
         }
     }

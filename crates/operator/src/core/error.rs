@@ -53,6 +53,10 @@ pub enum Error {
     /// etcd refused or failed a request (a member unreachable, a membership change refused).
     #[error("etcd: {0}")]
     Etcd(String),
+    /// A step must wait for something outside the object (a deletion held back, a store away
+    /// for a moment); it is tried again.
+    #[error("{0}")]
+    Blocked(String),
     /// An error in one stage of a reconcile.
     #[error("while {step}: {source}")]
     During {
@@ -75,6 +79,7 @@ impl Error {
             Error::NameConflict { .. } => "NameConflict",
             Error::Malformed { .. } => "Malformed",
             Error::Etcd(_) => "EtcdError",
+            Error::Blocked(_) => "Blocked",
             Error::During { source, .. } => source.reason(),
         }
     }
@@ -82,7 +87,7 @@ impl Error {
     /// Whether retrying can help without a change to the spec or the cluster.
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Kube(_) | Error::Etcd(_) => true,
+            Error::Kube(_) | Error::Etcd(_) | Error::Blocked(_) => true,
             Error::During { source, .. } => source.is_transient(),
             _ => false,
         }

@@ -16,5 +16,6 @@ pub mod metrics;
 pub mod prune;
 pub mod rollout;
 pub mod stamp;
+pub mod stuck;
 
 pub use error::{DuringStep, Error, Result, Step};

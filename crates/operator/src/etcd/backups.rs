@@ -15,6 +15,10 @@ use super::names::{CLUSTER_LABEL, Names};
 use crate::core::Result;
 use crate::etcd_backup::schedule::{self, Kept, SCHEDULED_LABEL};
 
+/// The UID of the EtcdCluster a scheduled backup was made for (a cluster deleted and made
+/// again under the same name is another cluster).
+pub const CLUSTER_UID_LABEL: &str = "noops.dev/etcdcluster-uid";
+
 /// The backup bookkeeping kept in the cluster's status.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Book {
@@ -40,16 +44,36 @@ fn succeeded(backup: &EtcdBackup) -> bool {
 }
 
 /// Makes the backup that is due, applies retention and counts the backups kept; returns when
-/// the next scheduled backup is due, if there is a schedule. A schedule that cannot be read is
+/// the next scheduled backup is due, if there is a schedule. Nothing for a cluster without
+/// `spec.backup`. A schedule that cannot be read is
 /// reported by validation and makes nothing here.
 pub async fn keep(cluster: &EtcdCluster, names: &Names, client: &Client, book: &mut Book, now: jiff::Timestamp) -> Result<Option<Duration>> {
-    let api: Api<EtcdBackup> = Api::namespaced(client.clone(), &names.namespace);
-    let all = api.list(&ListParams::default()).await?.items;
-    let mine: Vec<&EtcdBackup> = all.iter().filter(|b| b.spec.cluster == names.cluster).collect();
     let Some(spec) = cluster.spec.backup.as_ref() else {
-        count(book, &mine);
         return Ok(None);
     };
+    let api: Api<EtcdBackup> = Api::namespaced(client.clone(), &names.namespace);
+    let all = api.list(&ListParams::default()).await?.items;
+    // This cluster's, not those of an earlier cluster of the same name: by the etcd cluster
+    // they were taken from, or (scheduled ones not taken yet) by the EtcdCluster's UID.
+    let uid = cluster.metadata.uid.clone().unwrap_or_default();
+    let cluster_id = cluster.status.as_ref().and_then(|s| s.cluster_id.clone());
+    let mine: Vec<&EtcdBackup> = all
+        .iter()
+        .filter(|b| b.spec.cluster == names.cluster)
+        .filter(|b| {
+            let taken_from = b.status.as_ref().and_then(|s| s.cluster_id.clone());
+            let made_for = b.labels().get(CLUSTER_UID_LABEL).cloned();
+            match (taken_from, made_for) {
+                (Some(id), _) => Some(id) == cluster_id,
+                (None, Some(made_for)) => made_for == uid,
+                (None, None) => true,
+            }
+        })
+        .collect();
+    // Backups a new cluster is being restored from are never deleted under it.
+    let clusters: Api<EtcdCluster> = Api::namespaced(client.clone(), &names.namespace);
+    let restoring: Vec<EtcdCluster> = clusters.list(&ListParams::default()).await?.items;
+    let in_use = |name: &str| restoring.iter().any(|c| crate::etcd_backup::restores_from(c, name));
 
     let mut look_again = None;
     if let Some(cron) = spec.schedule.as_deref().and_then(|s| schedule::parse(s).ok()) {
@@ -66,6 +90,7 @@ pub async fn keep(cluster: &EtcdCluster, names: &Names, client: &Client, book: &
                     labels: Some(
                         [
                             (CLUSTER_LABEL.to_string(), names.cluster.clone()),
+                            (CLUSTER_UID_LABEL.to_string(), uid.clone()),
                             (SCHEDULED_LABEL.to_string(), "true".to_string()),
                         ]
                         .into(),
@@ -90,7 +115,7 @@ pub async fn keep(cluster: &EtcdCluster, names: &Names, client: &Client, book: &
     let scheduled: Vec<Kept> = mine
         .iter()
         .filter(|b| b.labels().get(SCHEDULED_LABEL).map(String::as_str) == Some("true"))
-        .filter(|b| b.metadata.deletion_timestamp.is_none())
+        .filter(|b| b.metadata.deletion_timestamp.is_none() && !in_use(&b.name_any()))
         .map(|b| Kept {
             name: b.name_any(),
             created: b.creation_timestamp().map_or(now, |t| t.0),

@@ -335,6 +335,10 @@ fn continue_operation(facts: &ClusterFacts, op: &Operation) -> Step {
                 Some(Restore::Running) => Step::Wait {
                     reason: format!("restoring the backup into {}", op.member),
                 },
+                Some(Restore::Stuck { message }) => Step::RestoreBlocked {
+                    reason: "RestorePodStuck",
+                    message: message.clone(),
+                },
                 Some(Restore::Blocked { reason, message }) => Step::RestoreBlocked {
                     reason,
                     message: message.clone(),

@@ -220,7 +220,7 @@ pub fn token(cluster: &EtcdCluster, names: &Names) -> String {
 }
 
 /// The user's affinity, with the members of this cluster preferring different nodes.
-fn spread(cluster: &EtcdCluster, names: &Names) -> Affinity {
+pub fn spread(cluster: &EtcdCluster, names: &Names) -> Affinity {
     let mut affinity = cluster.spec.pod.affinity.clone().unwrap_or_default();
     let anti = affinity.pod_anti_affinity.get_or_insert_with(PodAntiAffinity::default);
     anti.preferred_during_scheduling_ignored_during_execution

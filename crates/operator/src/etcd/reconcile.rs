@@ -81,8 +81,8 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
     }
 
     let mut facts = facts;
-    if outcome.problems.invalid.is_some() {
-        // A refused spec changes no version.
+    if outcome.problems.invalid.as_ref().is_some_and(|r| r.stops_upgrade) {
+        // A refused version (or spec) changes no version.
         facts.upgrade_to = None;
     }
     // A new cluster from a backup: the backup, and how its restore stands.
@@ -91,7 +91,7 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
             let backups: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &names.namespace);
             let backup = backups.get_opt(&from.name).await.during(Stage::Observe)?;
             let member = previous.operation.as_ref().map_or(facts.next_member.clone(), |op| op.member.clone());
-            facts.restore = Some(match restore::usable(backup.as_ref(), &from.name) {
+            facts.restore = Some(match restore::usable(backup.as_ref(), &from.name, &cluster.spec.version) {
                 Err(blocked) => blocked,
                 Ok(()) => restore::state(children.restore_pods.get(&restore::pod_name(&member)).map(AsRef::as_ref)),
             });
@@ -122,12 +122,17 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
         restore_from,
     };
     let mut after = runner.take(step, &mut outcome, &mut later).await.during(Stage::Apply)?;
-    if outcome.cluster_id.is_some()
-        && let Some(next_backup) = backups::keep(&cluster, &names, &ctx.client, &mut outcome.backups, now)
-            .await
-            .during(Stage::Apply)?
-    {
-        after = after.min(next_backup);
+    if outcome.cluster_id.is_some() {
+        // Backups are bookkeeping beside the cluster: a failure here is logged and tried again,
+        // and never holds up the cluster's own progress or status.
+        match backups::keep(&cluster, &names, &ctx.client, &mut outcome.backups, now).await {
+            Ok(Some(next_backup)) => after = after.min(next_backup),
+            Ok(None) => {}
+            Err(e) => {
+                warn!(error = %e, "could not keep the backup schedule this time");
+                after = after.min(Duration::from_secs(10));
+            }
+        }
     }
 
     let status = status::build(&cluster, &names, &facts, &children, &etcd, &outcome, now);

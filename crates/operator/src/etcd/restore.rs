@@ -1,24 +1,34 @@
 //! A new cluster from a backup (`spec.bootstrap.fromBackup`): before the first member starts,
-//! a restore pod on its volume fetches the snapshot, checks it against the SHA-256 its
-//! EtcdBackup recorded (`noops fetch-snapshot`, the operator's own image), and restores it
-//! with etcd's own `etcdutl snapshot restore` (the cluster's etcd image) into the member's
-//! data directory, as a one-member cluster with a new cluster ID (the token is this cluster's
-//! UID). The first member then starts on that data; the others join as learners as usual.
-//! Pure: the reconcile creates the pod and reads how it ended.
+//! a restore pod prepares its volume in three steps, each safe to run again:
+//! 1. `fetch` (the operator's image, `noops fetch-snapshot`) fetches the snapshot into a
+//!    scratch emptyDir and checks it against the SHA-256 its EtcdBackup recorded;
+//! 2. `restore` (the cluster's etcd image) runs etcd's own `etcdutl snapshot restore` into the
+//!    scratch dir, as a one-member cluster whose token is this cluster's UID (a cluster ID of
+//!    its own);
+//! 3. `install` (`noops install-restored`) copies the restored data into the member's volume
+//!    under a temporary name and renames it into place; data already there is left alone.
+//!
+//! So the member's volume holds either nothing or a whole restored data directory, the
+//! snapshot never takes room on it, and a restore pod run again (evicted, or an operator
+//! restarted between steps) does no harm. Pure: the reconcile creates the pod and reads how
+//! it ended.
 
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, PersistentVolumeClaimVolumeSource, Pod, PodSpec, SecretKeySelector, Volume,
-    VolumeMount,
+    Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, PersistentVolumeClaimVolumeSource, Pod, PodSpec,
+    SecretKeySelector, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use noops_api::EtcdCluster;
 use noops_api::etcd_backup::EtcdBackup;
 
 use super::names::Names;
-use super::pod::{DATA_DIR, image, token};
+use super::pod::{DATA_DIR, image, spread, token};
+use crate::core::stuck::stuck;
 
-/// Where the snapshot is put in the member's volume.
-const SNAPSHOT: &str = "/var/lib/etcd/restore/snapshot.db";
+/// The scratch space of a restore pod (an emptyDir): the snapshot and the restored data.
+const SCRATCH: &str = "/restore";
+const SNAPSHOT: &str = "/restore/snapshot.db";
+const RESTORED: &str = "/restore/data";
 
 /// How the restore stands, as the planner sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +38,9 @@ pub enum Restore {
     /// No restore pod yet.
     NotStarted,
     Running,
+    /// The restore pod cannot start (a missing Secret key, an image that cannot be pulled):
+    /// it carries on once that is fixed.
+    Stuck { message: String },
     Succeeded,
     /// The restore pod failed: the snapshot did not match, or etcdutl refused it.
     Failed { message: String },
@@ -38,8 +51,13 @@ pub fn pod_name(member: &str) -> String {
     format!("{member}-restore")
 }
 
-/// Whether `backup` can be restored, and if not, why.
-pub fn usable(backup: Option<&EtcdBackup>, name: &str) -> Result<(), Restore> {
+/// The minor version of `3.5.21`: 5.
+fn minor(version: &str) -> Option<u64> {
+    version.split('.').nth(1)?.parse().ok()
+}
+
+/// Whether `backup` can be restored into a cluster of `version`, and if not, why.
+pub fn usable(backup: Option<&EtcdBackup>, name: &str, version: &str) -> Result<(), Restore> {
     let Some(backup) = backup else {
         return Err(Restore::Blocked {
             reason: "BackupNotFound",
@@ -47,6 +65,17 @@ pub fn usable(backup: Option<&EtcdBackup>, name: &str) -> Result<(), Restore> {
         });
     };
     let status = backup.status.clone().unwrap_or_default();
+    if let (Some(taken), Some(want)) = (status.etcd_version.as_deref().and_then(minor), minor(version))
+        && taken > want
+    {
+        return Err(Restore::Blocked {
+            reason: "RestoreWouldDowngrade",
+            message: format!(
+                "EtcdBackup {name:?} was taken from etcd {}; a {version} cluster cannot read it (etcd does not go back a minor version)",
+                status.etcd_version.as_deref().unwrap_or_default()
+            ),
+        });
+    }
     match status.phase.as_deref() {
         Some("Succeeded") if status.store.is_some() && status.key.is_some() && status.sha256.is_some() => Ok(()),
         Some("Failed") => Err(Restore::Blocked {
@@ -88,7 +117,12 @@ pub fn state(pod: Option<&Pod>) -> Restore {
             };
             Restore::Failed { message }
         }
-        _ => Restore::Running,
+        _ => match stuck([pod]) {
+            Some(stuck) => Restore::Stuck {
+                message: format!("{}: {}", stuck.reason, stuck.message),
+            },
+            None => Restore::Running,
+        },
     }
 }
 
@@ -105,11 +139,16 @@ pub fn restore_pod(
 ) -> Option<Pod> {
     let status = backup.status.as_ref()?;
     let (store, key, sha256) = (status.store.as_ref()?, status.key.as_ref()?, status.sha256.as_ref()?);
-    let mount = vec![VolumeMount {
+    let data = VolumeMount {
         name: "data".into(),
         mount_path: "/var/lib/etcd".into(),
         ..Default::default()
-    }];
+    };
+    let scratch = VolumeMount {
+        name: "scratch".into(),
+        mount_path: SCRATCH.into(),
+        ..Default::default()
+    };
     let secret = |key: &str| EnvVar {
         name: key.into(),
         value_from: Some(EnvVarSource {
@@ -135,7 +174,7 @@ pub fn restore_pod(
             format!("--out={SNAPSHOT}"),
         ]),
         env: Some(vec![secret("AWS_ACCESS_KEY_ID"), secret("AWS_SECRET_ACCESS_KEY")]),
-        volume_mounts: Some(mount.clone()),
+        volume_mounts: Some(vec![scratch.clone()]),
         ..Default::default()
     };
     let peer_url = names.peer_url(member);
@@ -151,9 +190,20 @@ pub fn restore_pod(
             format!("--initial-cluster={member}={peer_url}"),
             format!("--initial-advertise-peer-urls={peer_url}"),
             format!("--initial-cluster-token={}", token(cluster, names)),
-            format!("--data-dir={DATA_DIR}"),
+            format!("--data-dir={RESTORED}"),
         ]),
-        volume_mounts: Some(mount),
+        volume_mounts: Some(vec![scratch.clone()]),
+        ..Default::default()
+    };
+    let install = Container {
+        name: "install".into(),
+        image: Some(noops_image.into()),
+        args: Some(vec![
+            "install-restored".into(),
+            format!("--from={RESTORED}"),
+            format!("--to={DATA_DIR}"),
+        ]),
+        volume_mounts: Some(vec![scratch, data]),
         ..Default::default()
     };
     let mut labels = names.cluster_labels();
@@ -167,18 +217,27 @@ pub fn restore_pod(
             ..Default::default()
         },
         spec: Some(PodSpec {
-            init_containers: Some(vec![fetch]),
-            containers: vec![restore],
-            volumes: Some(vec![Volume {
-                name: "data".into(),
-                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                    claim_name: names.volume(member),
-                    read_only: None,
-                }),
-                ..Default::default()
-            }]),
+            init_containers: Some(vec![fetch, restore]),
+            containers: vec![install],
+            volumes: Some(vec![
+                Volume {
+                    name: "data".into(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                        claim_name: names.volume(member),
+                        read_only: None,
+                    }),
+                    ..Default::default()
+                },
+                Volume {
+                    name: "scratch".into(),
+                    empty_dir: Some(EmptyDirVolumeSource::default()),
+                    ..Default::default()
+                },
+            ]),
             restart_policy: Some("Never".into()),
             enable_service_links: Some(false),
+            // Where the restore pod runs, the volume is made: only where the member may run.
+            affinity: Some(spread(cluster, names)),
             tolerations: (!cluster.spec.pod.tolerations.is_empty()).then(|| cluster.spec.pod.tolerations.clone()),
             ..Default::default()
         }),
@@ -213,14 +272,18 @@ mod tests {
 
     #[test]
     fn only_a_backup_that_succeeded_is_restored() {
-        assert_eq!(usable(Some(&backup("Succeeded")), "nightly"), Ok(()));
+        assert_eq!(usable(Some(&backup("Succeeded")), "nightly", "3.5.21"), Ok(()));
         let reason = |r: Result<(), Restore>| match r {
             Err(Restore::Blocked { reason, .. }) => reason,
             other => panic!("{other:?}"),
         };
-        assert_eq!(reason(usable(None, "nightly")), "BackupNotFound");
-        assert_eq!(reason(usable(Some(&backup("Running")), "nightly")), "BackupNotReady");
-        assert_eq!(reason(usable(Some(&backup("Failed")), "nightly")), "BackupFailed");
+        assert_eq!(reason(usable(None, "nightly", "3.5.21")), "BackupNotFound");
+        assert_eq!(reason(usable(Some(&backup("Running")), "nightly", "3.5.21")), "BackupNotReady");
+        assert_eq!(reason(usable(Some(&backup("Failed")), "nightly", "3.5.21")), "BackupFailed");
+        let mut newer = backup("Succeeded");
+        newer.status.as_mut().unwrap().etcd_version = Some("3.6.16".into());
+        assert_eq!(reason(usable(Some(&newer), "nightly", "3.5.21")), "RestoreWouldDowngrade");
+        assert_eq!(usable(Some(&newer), "nightly", "3.6.0"), Ok(()));
     }
 
     #[test]
@@ -231,21 +294,28 @@ mod tests {
         assert_eq!(pod.metadata.name.as_deref(), Some("main-0-restore"));
         let spec = pod.spec.unwrap();
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
-        let fetch = &spec.init_containers.unwrap()[0];
-        let fetch_args = fetch.args.clone().unwrap();
+        let init = spec.init_containers.unwrap();
+        let fetch_args = init[0].args.clone().unwrap();
         assert!(fetch_args.contains(&format!("--sha256={}", "ab".repeat(32))));
         assert!(fetch_args.contains(&"--key=etcd/db/old/nightly.db".to_string()));
-        let restore = &spec.containers[0];
+        assert!(
+            init[0].volume_mounts.as_ref().unwrap().iter().all(|m| m.name == "scratch"),
+            "the snapshot never lands on the member's volume"
+        );
+        let restore = &init[1];
         assert_eq!(restore.image.as_deref(), Some("quay.io/coreos/etcd:v3.5.21"));
         let args = restore.args.clone().unwrap();
         for expected in [
             "--name=main-0",
             "--initial-cluster=main-0=https://main-0.main.db.svc:2380",
             "--initial-cluster-token=uid-1",
-            "--data-dir=/var/lib/etcd/data",
+            "--data-dir=/restore/data",
         ] {
             assert!(args.contains(&expected.to_string()), "{expected} in {args:?}");
         }
+        let install = spec.containers[0].args.clone().unwrap();
+        assert_eq!(install, ["install-restored", "--from=/restore/data", "--to=/var/lib/etcd/data"]);
+        assert!(spec.affinity.is_some(), "the restore pod goes where the member may run");
         let volume = &spec.volumes.unwrap()[0];
         assert_eq!(volume.persistent_volume_claim.as_ref().unwrap().claim_name, "main-0-data");
     }

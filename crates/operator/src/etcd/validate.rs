@@ -19,6 +19,8 @@ pub struct Refusal {
     /// No member may be started from this spec: membership changes wait until it is fixed
     /// (what runs is left alone). Otherwise the operator carries on with what runs.
     pub stops_changes: bool,
+    /// The version asked for is refused: the members keep theirs.
+    pub stops_upgrade: bool,
 }
 
 impl Refusal {
@@ -27,6 +29,15 @@ impl Refusal {
             reason,
             message,
             stops_changes,
+            stops_upgrade: true,
+        }
+    }
+
+    /// A refusal of something beside the members (a backup schedule): they carry on as asked.
+    fn aside(reason: &'static str, message: String) -> Self {
+        Self {
+            stops_upgrade: false,
+            ..Self::new(reason, message, false)
         }
     }
 }
@@ -45,19 +56,11 @@ pub fn validate(cluster: &EtcdCluster, running: Option<&str>) -> Option<Refusal>
             true,
         ));
     }
-    if let Some(Err(bad)) = cluster
-        .spec
-        .backup
-        .as_ref()
-        .and_then(|b| b.schedule.as_deref())
-        .map(crate::etcd_backup::schedule::parse)
-    {
-        return Some(Refusal::new(
-            "InvalidSchedule",
-            format!("{bad}; no scheduled backup is made until it is fixed"),
-            false,
-        ));
-    }
+    version_refusal(cluster, running).or_else(|| schedule_refusal(cluster))
+}
+
+/// Why the version asked for cannot be run, against the one the members run.
+fn version_refusal(cluster: &EtcdCluster, running: Option<&str>) -> Option<Refusal> {
     let (Some(want), Some(have)) = (minor(&cluster.spec.version), running.and_then(minor)) else {
         return None;
     };
@@ -103,6 +106,23 @@ pub fn validate(cluster: &EtcdCluster, running: Option<&str>) -> Option<Refusal>
                 cluster.spec.version
             ),
             false,
+        ));
+    }
+    None
+}
+
+/// Why the backup schedule cannot be followed.
+fn schedule_refusal(cluster: &EtcdCluster) -> Option<Refusal> {
+    if let Some(Err(bad)) = cluster
+        .spec
+        .backup
+        .as_ref()
+        .and_then(|b| b.schedule.as_deref())
+        .map(crate::etcd_backup::schedule::parse)
+    {
+        return Some(Refusal::aside(
+            "InvalidSchedule",
+            format!("{bad}; no scheduled backup is made until it is fixed"),
         ));
     }
     None
@@ -154,7 +174,9 @@ mod tests {
                 credentials_secret: "keys".into(),
             },
         });
-        assert_eq!(validate(&bad_schedule, None).unwrap().reason, "InvalidSchedule");
+        let refused = validate(&bad_schedule, None).unwrap();
+        assert_eq!(refused.reason, "InvalidSchedule");
+        assert!(!refused.stops_upgrade && !refused.stops_changes, "a bad schedule holds up nothing else");
         let mut ephemeral = fixtures::cluster().ephemeral().build();
         ephemeral.spec.version = "3.6.16".into();
         assert_eq!(validate(&ephemeral, Some("3.5.35")).unwrap().reason, "UpgradeNeedsPersistentStorage");

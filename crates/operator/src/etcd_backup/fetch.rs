@@ -41,8 +41,26 @@ pub enum FetchError {
     HashMismatch { expected: String, found: String },
 }
 
-/// Fetches the snapshot; returns its size.
+/// How many times a fetch that failed on the way (the store away for a moment) is tried.
+const ATTEMPTS: u32 = 5;
+
+/// Fetches the snapshot; returns its size. A snapshot that does not match is refused at once;
+/// other failures are tried again a few times.
 pub async fn fetch(f: &Fetch) -> Result<u64, FetchError> {
+    let mut attempt = 1;
+    loop {
+        match fetch_once(f).await {
+            Err(e @ (FetchError::Store(_) | FetchError::Write { .. })) if attempt < ATTEMPTS => {
+                eprintln!("fetch attempt {attempt} of {ATTEMPTS} failed: {e}; trying again");
+                tokio::time::sleep(std::time::Duration::from_secs(2u64.pow(attempt))).await;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn fetch_once(f: &Fetch) -> Result<u64, FetchError> {
     let store = AmazonS3Builder::new()
         .with_endpoint(&f.endpoint)
         .with_allow_http(f.endpoint.starts_with("http://"))

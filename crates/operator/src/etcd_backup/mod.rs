@@ -7,6 +7,7 @@
 //! applies retention (`schedule.rs`, `crate::etcd::backups`).
 
 pub mod fetch;
+pub mod install;
 mod reconcile;
 pub mod schedule;
 pub mod store;
@@ -26,7 +27,7 @@ use tracing::debug;
 use crate::core::controller::{ControllerCore, Registration, Runtime, scoped_api};
 use crate::core::{Error, Result};
 
-pub use reconcile::{BACKUP_DEADLINE, FINALIZER};
+pub use reconcile::{BACKUP_DEADLINE, FINALIZER, restores_from};
 
 /// The controller's registration (`noops run --controllers etcdbackup`).
 pub const CONTROLLER: Registration = Registration {

@@ -66,12 +66,20 @@ enum Verdict {
     Failed { reason: &'static str, message: String },
 }
 
-async fn make(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
+async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
+    let namespace = cached.namespace().unwrap_or_default();
+    // The watch cache may not have seen the last status yet: a snapshot is taken only on the
+    // latest word, and every status write below is made over that version.
+    let api: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &namespace);
+    let Some(backup) = api.get_opt(&cached.name_any()).await? else {
+        return Ok(Action::await_change());
+    };
+    let backup = &backup;
+    let mut version = backup.resource_version();
     let mut status = backup.status.clone().unwrap_or_default();
     if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
         return Ok(Action::await_change());
     }
-    let namespace = backup.namespace().unwrap_or_default();
     let now = jiff::Timestamp::now();
     let started = status.started_at.as_ref().map_or(now, |t| t.0);
     let clusters: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -89,19 +97,27 @@ async fn make(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
                 ),
             },
             Some(spec) => {
-                let key = store::key(&spec.s3, &namespace, &backup.spec.cluster, &backup.name_any());
-                if status.key.is_none() {
-                    // Where it goes is recorded before anything is uploaded, so that a
-                    // deletion finds it whatever happens next.
-                    status.phase = Some("Running".into());
-                    status.started_at = Some(Time(started));
-                    status.store = Some(spec.s3.clone());
-                    status.key = Some(key.clone());
-                    status.location = Some(location(&spec.s3, &key));
-                    write_status(backup, ctx, &status).await?;
-                    info!(cluster = %backup.spec.cluster, location = %location(&spec.s3, &key), "backing up");
-                }
-                attempt(&cluster, &spec.s3, &key, ctx).await?
+                let (destination, key) = match (status.store.clone(), status.key.clone()) {
+                    // Once recorded, where it goes stays: a retry after the cluster's
+                    // destination was edited still goes where the status says.
+                    (Some(destination), Some(key)) => (destination, key),
+                    _ => {
+                        let key = store::key(&spec.s3, &namespace, &backup.spec.cluster, &backup.name_any());
+                        // Recorded before anything is uploaded, so that a deletion finds it
+                        // whatever happens next.
+                        status.phase = Some("Running".into());
+                        status.started_at = Some(Time(started));
+                        status.store = Some(spec.s3.clone());
+                        status.key = Some(key.clone());
+                        status.location = Some(location(&spec.s3, &key));
+                        if !write_status(backup, &mut version, ctx, &status).await? {
+                            return Ok(Action::requeue(Duration::from_secs(1)));
+                        }
+                        info!(cluster = %backup.spec.cluster, location = %location(&spec.s3, &key), "backing up");
+                        (spec.s3.clone(), key)
+                    }
+                };
+                attempt(&cluster, &destination, &key, ctx).await?
             }
         },
     };
@@ -124,7 +140,9 @@ async fn make(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
             next.cluster_id = Some(format!("{:x}", taken.cluster_id));
             next.completed_at = Some(Time(now));
             next.conditions = merge(&next.conditions, &[Decided::new(SUCCEEDED, true, "Stored", note.clone())], None, now);
-            write_status(backup, ctx, &next).await?;
+            if !write_status(backup, &mut version, ctx, &next).await? {
+                return Ok(Action::requeue(Duration::from_secs(1)));
+            }
             info!("{note}");
             events.normal(&reference, "BackupSucceeded", note).await;
             Ok(Action::await_change())
@@ -133,7 +151,9 @@ async fn make(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
             next.phase = Some("Running".into());
             next.conditions = merge(&next.conditions, &[Decided::new(SUCCEEDED, false, reason, message.clone())], None, now);
             if status != next {
-                write_status(backup, ctx, &next).await?;
+                if !write_status(backup, &mut version, ctx, &next).await? {
+                return Ok(Action::requeue(Duration::from_secs(1)));
+            }
                 info!(reason, "the backup waits: {message}");
             }
             Ok(Action::requeue(RETRY))
@@ -142,7 +162,9 @@ async fn make(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
             next.phase = Some("Failed".into());
             next.completed_at = Some(Time(now));
             next.conditions = merge(&next.conditions, &[Decided::new(SUCCEEDED, false, reason, message.clone())], None, now);
-            write_status(backup, ctx, &next).await?;
+            if !write_status(backup, &mut version, ctx, &next).await? {
+                return Ok(Action::requeue(Duration::from_secs(1)));
+            }
             warn!(reason, "the backup failed: {message}");
             events.warning(&reference, reason, message).await;
             Ok(Action::await_change())
@@ -219,33 +241,91 @@ async fn attempt(
     })
 }
 
-async fn write_status(backup: &EtcdBackup, ctx: &Context, status: &EtcdBackupStatus) -> Result<()> {
+/// Writes the status over `version` of `backup` (the one this pass read, or last wrote), and
+/// moves `version` on; false if the object changed since (the pass ends, and the next one
+/// reads it afresh).
+async fn write_status(
+    backup: &EtcdBackup,
+    version: &mut Option<String>,
+    ctx: &Context,
+    status: &EtcdBackupStatus,
+) -> Result<bool> {
     let api: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
-    let body = json!({ "apiVersion": "noops.dev/v1alpha1", "kind": "EtcdBackup", "status": status });
-    apply_status(&api, &backup.name_any(), &body).await?;
-    Ok(())
+    let body = json!({
+        "apiVersion": "noops.dev/v1alpha1",
+        "kind": "EtcdBackup",
+        "metadata": { "resourceVersion": version },
+        "status": status,
+    });
+    match apply_status(&api, &backup.name_any(), &body).await {
+        Ok(written) => {
+            *version = written.resource_version();
+            Ok(true)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
-/// Deletes the snapshot of a deleted EtcdBackup. One that cannot be deleted (its store or keys
-/// gone) is reported and left: the EtcdBackup still goes.
+/// How long the deletion of a snapshot is tried (the store away for a moment) before it is
+/// given up, and the EtcdBackup goes anyway.
+const CLEANUP_DEADLINE: Duration = Duration::from_secs(300);
+
+/// Deletes the snapshot of a deleted EtcdBackup. While a new cluster is being restored from it,
+/// it waits. One that cannot be deleted (its keys gone, or the store away past the deadline)
+/// is reported and left: the EtcdBackup still goes.
 async fn clean_up(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
     let status = backup.status.clone().unwrap_or_default();
     let (Some(destination), Some(key)) = (status.store, status.key) else {
         return Ok(Action::await_change());
     };
     let namespace = backup.namespace().unwrap_or_default();
-    let deleted = match store::open(&ctx.client, &namespace, &destination).await {
-        Ok(bucket) => take::delete(bucket, &key).await.map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
-    };
+    let name = backup.name_any();
+    let clusters: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &namespace);
+    let restoring = clusters.list(&ListParams::default()).await?.items.into_iter().find(|c| {
+        restores_from(c, &name)
+    });
+    if let Some(cluster) = restoring {
+        let note = format!(
+            "EtcdCluster {} is being restored from this backup: its snapshot is kept until that cluster has started",
+            cluster.name_any()
+        );
+        // An error keeps the finalizer (and the snapshot); the deletion is tried again.
+        return Err(Error::Blocked(note));
+    }
     let where_ = location(&destination, &key);
+    let deleted = match store::open(&ctx.client, &namespace, &destination).await {
+        Ok(bucket) => take::delete(bucket, &key).await.map_err(|e| (e.to_string(), true)),
+        // Without its keys it will never be deleted: no use waiting.
+        Err(e @ (store::StoreError::Credentials { .. } | store::StoreError::MissingKey { .. })) => Err((e.to_string(), false)),
+        Err(e) => Err((e.to_string(), true)),
+    };
+    let deleting_for = backup
+        .metadata
+        .deletion_timestamp
+        .as_ref()
+        .map_or(Duration::ZERO, |t| elapsed(t.0, jiff::Timestamp::now()));
     match deleted {
         Ok(()) => info!(location = %where_, "deleted the snapshot of a deleted backup"),
-        Err(e) => {
+        Err((e, true)) if deleting_for < CLEANUP_DEADLINE => {
+            return Err(Error::Blocked(format!("could not delete the snapshot at {where_} yet: {e}")));
+        }
+        Err((e, _)) => {
             let note = format!("could not delete the snapshot at {where_}: {e}; it is left in the store");
             warn!("{note}");
             ctx.core.events.warning(&backup.object_ref(&()), "SnapshotKept", note).await;
         }
     }
     Ok(Action::await_change())
+}
+
+/// Whether `cluster` is a new cluster still starting from backup `name`.
+pub fn restores_from(cluster: &EtcdCluster, name: &str) -> bool {
+    cluster.status.as_ref().and_then(|s| s.cluster_id.as_ref()).is_none()
+        && cluster
+            .spec
+            .bootstrap
+            .as_ref()
+            .and_then(|b| b.from_backup.as_ref())
+            .is_some_and(|b| b.name == name)
 }

@@ -1,9 +1,10 @@
 //! The object store snapshots go to: an S3-compatible bucket, with the keys from a Secret.
 //!
-//! An endpoint whose host is a Service of this cluster (`<service>.<namespace>.svc`, with or
-//! without `.cluster.local`) is reached at that Service's ClusterIP, read through the API: the
-//! same address cluster DNS gives, and one an operator running outside the cluster (`make run`,
-//! the tests) can reach too.
+//! An http endpoint whose host is a Service of this cluster (`<service>.<namespace>.svc`, with
+//! or without `.cluster.local`) is reached at that Service's ClusterIP, read through the API:
+//! the same address cluster DNS gives, and one an operator running outside the cluster (`make
+//! run`, the tests) can reach too. An https endpoint is used as written (its certificate names
+//! the host).
 
 use std::sync::Arc;
 
@@ -59,9 +60,10 @@ pub fn service_of(endpoint: &str) -> Option<(String, String)> {
     parts.next().is_none().then(|| (service.to_string(), namespace.to_string()))
 }
 
-/// `endpoint` with a Service host replaced by the Service's ClusterIP.
+/// `endpoint` with a Service host replaced by the Service's ClusterIP. Not for https: the
+/// store's certificate names the host, not the address.
 async fn resolve(client: &Client, endpoint: &str) -> Result<String, StoreError> {
-    let Some((service, namespace)) = service_of(endpoint) else {
+    let Some((service, namespace)) = service_of(endpoint).filter(|_| endpoint.starts_with("http://")) else {
         return Ok(endpoint.to_string());
     };
     let api: Api<Service> = Api::namespaced(client.clone(), &namespace);

@@ -39,6 +39,9 @@ const UPLOADS_IN_FLIGHT: usize = 4;
 
 /// Streams a snapshot of the member at `endpoint` to `key` in `store`.
 pub async fn take(access: &EtcdAccess, endpoint: &str, store: Arc<dyn ObjectStore>, key: &str) -> Result<Taken, TakeError> {
+    // A linearizable read first: the member has caught up with the leader (a member that
+    // lags would hand out an old snapshot).
+    access.read_through(endpoint).await?;
     let mut snapshot = access.snapshot(endpoint).await?;
     let upload = store.put_multipart(&Path::from(key)).await?;
     let mut writer = WriteMultipart::new(upload);

@@ -19,7 +19,6 @@ mod fixtures;
 mod observe;
 mod reconcile;
 mod status;
-mod stuck;
 mod switch;
 mod validate;
 

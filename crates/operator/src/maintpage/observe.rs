@@ -10,7 +10,7 @@ use noops_api::maintpage::{MaintPage, Side};
 
 use super::Context;
 use super::desired::{OWNER_LABEL, selector};
-use super::stuck::{Stuck, stuck};
+use crate::core::stuck::{Stuck, stuck};
 use super::switch::Facts;
 use crate::core::Result;
 use crate::core::rollout::deployment_rolled_out;

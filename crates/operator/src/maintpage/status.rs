@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use noops_api::condition::{DEGRADED, PROGRESSING, READY};
 use noops_api::maintpage::{MaintPage, MaintPageStatus, Side};
 
-use super::stuck::Stuck;
+use crate::core::stuck::Stuck;
 use super::switch::Plan;
 use crate::core::conditions::{Decided, merge};
 use crate::core::rollout::{deployment_ready_replicas as ready_replicas, deployment_rolled_out as rolled_out, deployment_stalled as stalled};

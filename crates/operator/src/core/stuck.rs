@@ -1,4 +1,4 @@
-//! Whether a side's pods cannot start, and why. A Deployment says so only when its progress
+//! Whether pods cannot start, and why. A Deployment says so only when its progress
 //! deadline passes (minutes); the pods say it at once: an image that cannot be pulled (or, on
 //! the local Kubernetes, is not mapped), a crash loop, a missing Secret, no node to run on.
 //! Pure.
@@ -96,7 +96,13 @@ mod tests {
 
     #[test]
     fn images_that_cannot_run_and_crash_loops_are_stuck_creating_is_not() {
-        for reason in ["ImagePullBackOff", "ErrImagePull", "ImageNotMapped", "CrashLoopBackOff", "CreateContainerConfigError"] {
+        for reason in [
+            "ImagePullBackOff",
+            "ErrImagePull",
+            "ImageNotMapped",
+            "CrashLoopBackOff",
+            "CreateContainerConfigError",
+        ] {
             let found = stuck([&pod("page-1", Some((reason, "it says why")))]).unwrap();
             assert_eq!(found.reason, reason);
             assert_eq!(found.message, "pod page-1, container maintenance: it says why");
