@@ -409,3 +409,93 @@ async fn repeated_node_kills_lose_no_data() {
     println!("chaos: injected {rounds} node kills; pods that lost their data: {lost}");
     assert_eq!(lost, 0, "data lost after node kills");
 }
+
+#[tokio::test]
+#[ignore = "node faults disturb other tests: `make e2e` runs them alone"]
+async fn an_etcd_member_whose_node_dies_is_removed_then_replaced_without_losing_a_write() {
+    use noops_api::EtcdCluster;
+    use noops_e2e::etcd::*;
+
+    let _restore = RestoreNodesOnDrop;
+    install_crds();
+    let ns = TestNamespace::new("etcd-node").await;
+    ready_nodes(&ns.client, 3).await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "etcd"]);
+    ns.apply(&cluster_manifest("main", 3, &etcd_version("3.5"), ""));
+    let cluster = wait_cluster_ready(&ns, "main", 3, 3 * MINUTE).await;
+    let status = cluster.status.unwrap();
+    // The leader's machine dies: the hardest case (an election, then the repair).
+    let leader = status.leader.clone().unwrap();
+    let victim_node = status
+        .members
+        .iter()
+        .find(|m| m.name == leader)
+        .unwrap()
+        .node
+        .clone()
+        .unwrap();
+    let endpoints = member_endpoints(&ns, &["main-0", "main-1", "main-2"]).await;
+    let writer = Writer::start(etcd_client(&ns, "main", &endpoints).await);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    node_fault(&["stop", &victim_node]);
+    // Removed from etcd once unhealthy past the grace period, its pod (stuck on the dead node)
+    // deleted, and a new member added on a live node.
+    let api: kube::Api<EtcdCluster> = ns.api();
+    let repaired = wait_for("the cluster repaired without the dead member", 4 * MINUTE, || async {
+        api.get("main").await.ok().filter(|c| {
+            cluster_ready(c, 3)
+                && c.status.as_ref().is_some_and(|s| {
+                    !s.members.iter().any(|m| m.name == leader)
+                        && s.members
+                            .iter()
+                            .all(|m| m.node.as_deref() != Some(victim_node.as_str()))
+                })
+        })
+    })
+    .await;
+    let history = writer.stop().await;
+    let names: Vec<String> = repaired
+        .status
+        .unwrap()
+        .members
+        .iter()
+        .map(|m| m.name.clone())
+        .collect();
+    let mut checker = etcd_client(
+        &ns,
+        "main",
+        &member_endpoints(&ns, &names.iter().map(String::as_str).collect::<Vec<_>>()).await,
+    )
+    .await;
+    assert_no_write_lost(&history, &mut checker, 20).await;
+    let events = cluster_events(&ns, "main").await;
+    let position = |reason: &str, member: &str| {
+        events
+            .iter()
+            .position(|(r, m)| r == reason && m.contains(member))
+            .unwrap_or_else(|| panic!("no {reason} for {member}: {events:?}"))
+    };
+    let successor = names
+        .iter()
+        .find(|n| !["main-0", "main-1", "main-2"].contains(&n.as_str()))
+        .unwrap();
+    assert!(
+        position("MemberRemoved", &leader) < position("AddingMember", successor),
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|(r, m)| r == "ForceDeletedPod" && m.contains(&leader)),
+        "the pod stuck on the dead node was force-deleted, and said so: {events:?}"
+    );
+
+    // The machine comes back: nothing of the old member rejoins.
+    node_fault(&["start", &victim_node]);
+    wait_node_status(&ns.client, &victim_node, true, MINUTE).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let after = wait_cluster_ready(&ns, "main", 3, MINUTE).await;
+    assert!(!after.status.unwrap().members.iter().any(|m| m.name == leader));
+    assert_eq!(checker.member_list().await.unwrap().members().len(), 3);
+}
