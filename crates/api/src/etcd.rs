@@ -259,6 +259,10 @@ pub struct EtcdClusterStatus {
     /// Successful backups of this cluster that are kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stored_backups: Option<i32>,
+    /// The EtcdBackup the cluster was started from (`bootstrap.fromBackup`, or the backup a
+    /// recovery from quorum loss was asked to use).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_from: Option<String>,
 }
 
 /// One member, as last seen.

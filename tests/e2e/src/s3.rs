@@ -64,14 +64,11 @@ pub async fn run_client(ns: &TestNamespace, name: &str, script: &str) -> String 
     logs
 }
 
-/// Creates `bucket` (from a pod).
+/// Creates `bucket` (from a pod). The store's Service may reach it a moment after the
+/// Deployment is Available (its endpoints have to reach every node): the pod tries for 30 s.
 pub async fn create_bucket(ns: &TestNamespace, bucket: &str) {
-    run_client(
-        ns,
-        &format!("make-bucket-{bucket}"),
-        &format!("curl $S3 -X PUT $E/{bucket}"),
-    )
-    .await;
+    let script = format!("for i in $(seq 30); do curl $S3 -X PUT $E/{bucket} && exit 0; sleep 1; done; exit 1");
+    run_client(ns, &format!("make-bucket-{bucket}"), &script).await;
 }
 
 /// `bucket` as seen from this machine, at the Service's ClusterIP, with the Secret's keys.

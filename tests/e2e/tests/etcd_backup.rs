@@ -355,3 +355,153 @@ async fn a_new_cluster_starts_from_a_backup_and_a_tampered_backup_is_refused() {
     wait_ready_false(&ns, "hopeful", "BackupNotFound").await;
     assert!(ns.pods().get_opt("hopeful-0").await.unwrap().is_none());
 }
+
+/// Asks for a recovery of cluster `main` from its latest backup.
+fn ask_recovery(ns: &TestNamespace) {
+    kubectl_ok(
+        &[
+            "annotate",
+            "-n",
+            &ns.name,
+            "etcdcluster/main",
+            "noops.dev/recover-from-backup=latest",
+        ],
+        None,
+    );
+}
+
+/// Waits until the operator reports `value` for `main`'s quorum-lost metric.
+async fn wait_quorum_metric(operator: &Operator, ns: &TestNamespace, value: f64) {
+    let series = format!("noops_etcd_quorum_lost{{namespace=\"{}\",cluster=\"main\"}}", ns.name);
+    wait_until(&format!("{series} = {value}"), MINUTE, || async {
+        operator.metric(&series).await == Some(value)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_cluster_that_lost_its_quorum_is_recovered_from_a_backup_only_when_asked() {
+    install_crds();
+    let ns = TestNamespace::new("etcd-recover").await;
+    let operator = Operator::start(&ns.name, &["--controllers", "etcd,etcdbackup"]);
+    s3::deploy(&ns);
+    s3::create_bucket(&ns, "backups").await;
+    let version = etcd_version("3.5");
+    ns.apply(&cluster_manifest("main", 3, &version, &backup_spec(&ns, None, 2)));
+    let before = wait_cluster_ready(&ns, "main", 3, 3 * MINUTE).await;
+    let status = before.status.clone().unwrap();
+    let mut client = etcd_client(
+        &ns,
+        "main",
+        &member_endpoints(&ns, &["main-0", "main-1", "main-2"]).await,
+    )
+    .await;
+    client.put("kept", "in the backup", None).await.unwrap();
+    ns.apply(&backup_manifest("good", "main"));
+    assert_eq!(
+        wait_backup_done(&ns, "good").await.status.unwrap().phase.as_deref(),
+        Some("Succeeded")
+    );
+    client.put("lost", "after the backup", None).await.unwrap();
+
+    // Two of three members lose their disks: no quorum, reported, and nothing is changed.
+    let leader = status.leader.clone().unwrap();
+    let lost: Vec<String> = ["main-0", "main-1", "main-2"]
+        .iter()
+        .filter(|m| **m != leader)
+        .map(|m| m.to_string())
+        .collect();
+    for member in &lost {
+        kubectl_ok(
+            &[
+                "delete",
+                "-n",
+                &ns.name,
+                "pvc",
+                &format!("{member}-data"),
+                "--wait=false",
+            ],
+            None,
+        );
+        kubectl_ok(&["delete", "-n", &ns.name, "pod", member, "--wait=false"], None);
+    }
+    let api: Api<EtcdCluster> = ns.api();
+    wait_until("QuorumLost reported", 2 * MINUTE, || async {
+        api.get("main").await.ok().is_some_and(|c| {
+            condition(&c, "Available").is_some_and(|(s, r, _)| s == "False" && r == "QuorumLost")
+                && c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("QuorumLost")
+        })
+    })
+    .await;
+    wait_quorum_metric(&operator, &ns, 1.0).await;
+    assert!(
+        ns.pods().get_opt(&leader).await.unwrap().is_some(),
+        "the surviving member is left alone"
+    );
+    assert!(cluster_events(&ns, "main").await.iter().any(|(r, _)| r == "QuorumLost"));
+
+    // Asked for: the cluster starts again from the backup, under a new cluster ID.
+    ask_recovery(&ns);
+    let recovered = wait_for("the cluster recovered from the backup", 4 * MINUTE, || async {
+        api.get("main").await.ok().filter(|c| {
+            cluster_ready(c, 3) && c.status.as_ref().and_then(|s| s.cluster_id.clone()) != status.cluster_id
+        })
+    })
+    .await;
+    let after = recovered.status.clone().unwrap();
+    assert_eq!(after.restored_from.as_deref(), Some("good"));
+    assert!(
+        after
+            .members
+            .iter()
+            .all(|m| !["main-0", "main-1", "main-2"].contains(&m.name.as_str())),
+        "new members, new names: {:?}",
+        after.members
+    );
+    assert!(
+        !recovered
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("noops.dev/recover-from-backup"),
+        "one request, one recovery"
+    );
+    let names: Vec<String> = after.members.iter().map(|m| m.name.clone()).collect();
+    let mut client = etcd_client(
+        &ns,
+        "main",
+        &member_endpoints(&ns, &names.iter().map(String::as_str).collect::<Vec<_>>()).await,
+    )
+    .await;
+    let kept = client.get("kept", None).await.unwrap();
+    assert_eq!(kept.kvs()[0].value_str().unwrap(), "in the backup");
+    assert!(
+        client.get("lost", None).await.unwrap().kvs().is_empty(),
+        "writes after the backup are gone, as said"
+    );
+    assert!(
+        cluster_events(&ns, "main")
+            .await
+            .iter()
+            .any(|(r, m)| r == "RecoveringFromBackup" && m.contains("good"))
+    );
+    wait_quorum_metric(&operator, &ns, 0.0).await;
+
+    // Asked for while the quorum is fine: nothing happens, and the request is dropped.
+    ask_recovery(&ns);
+    wait_until("RecoveryNotNeeded and the request dropped", MINUTE, || async {
+        let c = api.get("main").await.unwrap();
+        cluster_events(&ns, "main")
+            .await
+            .iter()
+            .any(|(r, _)| r == "RecoveryNotNeeded")
+            && !c
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key("noops.dev/recover-from-backup")
+    })
+    .await;
+    let same = wait_cluster_ready(&ns, "main", 3, MINUTE).await;
+    assert_eq!(same.status.unwrap().cluster_id, after.cluster_id);
+}

@@ -43,12 +43,12 @@ async fn the_object_store_keeps_100_mb_objects_for_this_machine_and_for_pods() {
     let ns = TestNamespace::new("s3").await;
     s3::deploy(&ns);
 
-    // A pod creates a bucket, writes 100 MB and reads it back.
+    // A pod creates a bucket, another writes 100 MB and reads it back.
+    s3::create_bucket(&ns, "backups").await;
     let logs = s3::run_client(
         &ns,
         "writer",
-        "curl $S3 -X PUT $E/backups\n\
-         head -c 104857600 /dev/urandom > /scratch/object\n\
+        "head -c 104857600 /dev/urandom > /scratch/object\n\
          echo \"wrote $(sha256sum /scratch/object | cut -d' ' -f1)\"\n\
          curl $S3 -T /scratch/object $E/backups/from-pod\n\
          curl $S3 -o /scratch/back $E/backups/from-pod\n\

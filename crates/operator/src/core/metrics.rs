@@ -1,6 +1,8 @@
 //! Prometheus metrics of every controller: reconciles by result, errors by reason, reconcile
 //! duration, and whether this replica leads.
 
+use std::collections::BTreeSet;
+use std::sync::Mutex;
 use std::sync::atomic::AtomicI64;
 use std::time::Duration;
 
@@ -28,6 +30,12 @@ struct ControllerLabels {
     controller: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct ClusterLabels {
+    namespace: String,
+    cluster: String,
+}
+
 type HistogramFamily = Family<ControllerLabels, Histogram, fn() -> Histogram>;
 
 /// The operator's metrics, registered once and shared by every controller.
@@ -37,6 +45,10 @@ pub struct Metrics {
     errors: Family<ErrorLabels, Counter>,
     duration: HistogramFamily,
     leader: Gauge<i64, AtomicI64>,
+    etcd_healthy_members: Family<ClusterLabels, Gauge>,
+    etcd_quorum_lost: Family<ClusterLabels, Gauge>,
+    /// The clusters that have series, so that those of deleted clusters can be dropped.
+    etcd_clusters: Mutex<BTreeSet<ClusterLabels>>,
 }
 
 impl Default for Metrics {
@@ -69,13 +81,56 @@ impl Metrics {
             duration.clone(),
         );
         registry.register("leader", "1 while this replica holds the leader lease", leader.clone());
+        let etcd_healthy_members = Family::<ClusterLabels, Gauge>::default();
+        let etcd_quorum_lost = Family::<ClusterLabels, Gauge>::default();
+        registry.register(
+            "etcd_healthy_members",
+            "Healthy voting members of an EtcdCluster",
+            etcd_healthy_members.clone(),
+        );
+        registry.register(
+            "etcd_quorum_lost",
+            "1 while an EtcdCluster has lost its quorum (reported after a grace period)",
+            etcd_quorum_lost.clone(),
+        );
         Self {
             registry,
             reconciles,
             errors,
             duration,
             leader,
+            etcd_healthy_members,
+            etcd_quorum_lost,
+            etcd_clusters: Mutex::new(BTreeSet::new()),
         }
+    }
+
+    /// Records the health of EtcdCluster `cluster` in `namespace`.
+    pub fn set_etcd_cluster(&self, namespace: &str, cluster: &str, healthy_members: i64, quorum_lost: bool) {
+        let labels = ClusterLabels {
+            namespace: namespace.into(),
+            cluster: cluster.into(),
+        };
+        self.etcd_healthy_members.get_or_create(&labels).set(healthy_members);
+        self.etcd_quorum_lost.get_or_create(&labels).set(i64::from(quorum_lost));
+        if let Ok(mut known) = self.etcd_clusters.lock() {
+            known.insert(labels);
+        }
+    }
+
+    /// Drops the series of EtcdClusters for which `exists(namespace, cluster)` is false.
+    pub fn retain_etcd_clusters(&self, exists: impl Fn(&str, &str) -> bool) {
+        let Ok(mut known) = self.etcd_clusters.lock() else {
+            return;
+        };
+        known.retain(|labels| {
+            let keep = exists(&labels.namespace, &labels.cluster);
+            if !keep {
+                self.etcd_healthy_members.remove(labels);
+                self.etcd_quorum_lost.remove(labels);
+            }
+            keep
+        });
     }
 
     /// Counts a successful reconcile of `controller` that took `took`.
@@ -144,5 +199,25 @@ mod tests {
         );
         assert!(text.contains("noops_leader 1"), "{text}");
         assert!(text.contains("noops_reconcile_duration_seconds_bucket"), "{text}");
+    }
+
+    #[test]
+    fn etcd_cluster_series_go_with_their_cluster() {
+        let m = Metrics::new();
+        m.set_etcd_cluster("db", "main", 1, true);
+        m.set_etcd_cluster("db", "gone", 3, false);
+        let text = m.render();
+        assert!(
+            text.contains(r#"noops_etcd_quorum_lost{namespace="db",cluster="main"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"noops_etcd_healthy_members{namespace="db",cluster="gone"} 3"#),
+            "{text}"
+        );
+        m.retain_etcd_clusters(|_, cluster| cluster == "main");
+        let text = m.render();
+        assert!(!text.contains(r#"cluster="gone""#), "{text}");
+        assert!(text.contains(r#"cluster="main""#), "{text}");
     }
 }

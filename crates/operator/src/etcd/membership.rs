@@ -118,6 +118,9 @@ pub enum Step {
     RestoreFirstMember { member: String },
     /// The backup to start from cannot be restored as things stand: say why, change nothing.
     RestoreBlocked { reason: &'static str, message: String },
+    /// The quorum is lost and a recovery from `backup` was asked for: the members (and their
+    /// volumes) go, and the cluster starts again from the backup under a new cluster ID.
+    RecoverFromBackup { backup: String },
     /// The first member answers: record the cluster ID and end the bootstrap.
     FinishBootstrap { member: String },
     /// Add `member` to etcd as a learner.
@@ -169,15 +172,24 @@ fn operation(facts: &ClusterFacts, kind: OperationKind, member: &str, reason: &s
 
 /// Decides the next step.
 pub fn next_step(facts: &ClusterFacts) -> Step {
+    let voters: Vec<&MemberFacts> = facts.members.iter().filter(|m| m.voter()).collect();
+    let healthy_voters = voters.iter().filter(|m| m.healthy).count();
+    let without_quorum = facts.bootstrapped && (!facts.reachable || healthy_voters < quorum(voters.len()));
     if let Some(op) = &facts.operation {
-        return continue_operation(facts, op);
+        let step = continue_operation(facts, op);
+        // Without a quorum, no membership call can succeed and no restart is safe: only a
+        // member's pod may be started again (it can only help); the rest waits, and a quorum
+        // lost for good is reported even in the middle of an operation.
+        return match step {
+            Step::StartMember { .. } => step,
+            _ if without_quorum && op.kind != OperationKind::Bootstrap => no_quorum(facts, &voters, healthy_voters),
+            _ => step,
+        };
     }
     if !facts.bootstrapped {
         return operation(facts, OperationKind::Bootstrap, &facts.next_member, "a new cluster");
     }
-    let voters: Vec<&MemberFacts> = facts.members.iter().filter(|m| m.voter()).collect();
-    let healthy_voters = voters.iter().filter(|m| m.healthy).count();
-    if !facts.reachable || healthy_voters < quorum(voters.len()) {
+    if without_quorum {
         return no_quorum(facts, &voters, healthy_voters);
     }
     // A member whose pod vanished comes back on its volume, as itself.
@@ -939,6 +951,23 @@ mod tests {
             message: "no such backup".into(),
         });
         assert!(matches!(next_step(&missing), Step::RestoreBlocked { reason: "BackupNotFound", .. }));
+    }
+
+    #[test]
+    fn a_quorum_lost_in_the_middle_of_an_operation_stops_it_and_is_reported() {
+        // main-1 was being removed when main-2 went too: only main-0 is left.
+        let mut members = three();
+        for m in &mut members[1..] {
+            m.healthy = false;
+            m.unhealthy_for = Some(QUORUM_GRACE);
+        }
+        members[1].volume = false;
+        let c = with_op(cluster(3, members.clone()), OperationKind::RemoveMember, "main-1");
+        assert!(matches!(next_step(&c), Step::QuorumLost { .. }), "{:?}", next_step(&c));
+        // A member that comes back is still started: it can only help.
+        members[2].pod = PodState::Missing;
+        let c = with_op(cluster(3, members), OperationKind::Upgrade, "main-2");
+        assert_eq!(next_step(&c), Step::StartMember { member: "main-2".into() });
     }
 
     #[test]

@@ -30,12 +30,14 @@ pub mod validate;
 pub mod volume;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::Client;
 use noops_api::EtcdCluster;
@@ -99,7 +101,7 @@ pub async fn run(runtime: Runtime) {
         return;
     };
     let ctx = Arc::new(Context {
-        core: ControllerCore::new(CONTROLLER.name, client.clone(), metrics),
+        core: ControllerCore::new(CONTROLLER.name, client.clone(), metrics.clone()),
         caches: observe::Caches {
             pods,
             volumes,
@@ -110,12 +112,25 @@ pub async fn run(runtime: Runtime) {
         client: client.clone(),
         image,
     });
-    Controller::new(scoped_api::<DeserializeGuard<EtcdCluster>>(&client, &namespace), watcher::Config::default().any_semantic())
+    let controller = Controller::new(scoped_api::<DeserializeGuard<EtcdCluster>>(&client, &namespace), watcher::Config::default().any_semantic())
         .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
         // A member's pod or volume that changes wakes its cluster once the cache holds it.
         .owns_shared_stream(pod_changes)
         .owns_shared_stream(volume_changes)
-        .graceful_shutdown_on(shutdown.fired())
+        .graceful_shutdown_on(shutdown.fired());
+    // The health series of a deleted cluster go with it.
+    let clusters = controller.store();
+    let janitor = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            metrics.retain_etcd_clusters(|ns, name| {
+                clusters
+                    .get(&ObjectRef::<DeserializeGuard<EtcdCluster>>::new(name).within(ns))
+                    .is_some()
+            });
+        }
+    });
+    controller
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(e) = result {
@@ -123,4 +138,5 @@ pub async fn run(runtime: Runtime) {
             }
         })
         .await;
+    janitor.abort();
 }

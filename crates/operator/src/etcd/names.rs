@@ -11,6 +11,10 @@ use crate::core::labels;
 pub const CLUSTER_LABEL: &str = "noops.dev/etcdcluster";
 /// The label naming the member a pod or volume belongs to.
 pub const MEMBER_LABEL: &str = "noops.dev/etcd-member";
+/// Set on an EtcdCluster that has lost its quorum, it asks the operator to start the cluster
+/// again from a backup: an EtcdBackup's name, or `latest` (the newest successful backup of
+/// this cluster). One request, one recovery: the operator removes the annotation.
+pub const RECOVER_ANNOTATION: &str = "noops.dev/recover-from-backup";
 
 /// Client, peer and metrics ports.
 pub const CLIENT_PORT: i32 = 2379;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use noops_api::EtcdCluster;
@@ -17,7 +17,7 @@ use tracing::{debug, info, warn};
 
 use super::client::{EtcdAccess, EtcdError};
 use super::membership::{self, Step};
-use super::names::Names;
+use super::names::{Names, RECOVER_ANNOTATION};
 use super::observe::{self, Children, EtcdView};
 use super::status::{self, Outcome, Problems};
 use super::{Context, backups, bootstrap, pod, restore, services, tls, validate, volume};
@@ -70,6 +70,13 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
             restore_blocked: None,
         },
         backups: backups::Book::of(&cluster),
+        restored_from: previous.restored_from.clone().or_else(|| {
+            previous
+                .cluster_id
+                .is_none()
+                .then(|| cluster.spec.bootstrap.as_ref()?.from_backup.as_ref().map(|b| b.name.clone()))
+                .flatten()
+        }),
     };
     // What only changes the status is told once the status is written: a pass that read a
     // stale copy writes nothing and tells nothing.
@@ -85,13 +92,14 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
         // A refused version (or spec) changes no version.
         facts.upgrade_to = None;
     }
-    // A new cluster from a backup: the backup, and how its restore stands.
-    let restore_from = match cluster.spec.bootstrap.as_ref().and_then(|b| b.from_backup.as_ref()) {
-        Some(from) if previous.cluster_id.is_none() => {
+    // A cluster (new, or recovering) started from a backup: the backup, and how its restore
+    // stands.
+    let restore_from = match outcome.restored_from.clone() {
+        Some(name) if previous.cluster_id.is_none() => {
             let backups: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &names.namespace);
-            let backup = backups.get_opt(&from.name).await.during(Stage::Observe)?;
+            let backup = backups.get_opt(&name).await.during(Stage::Observe)?;
             let member = previous.operation.as_ref().map_or(facts.next_member.clone(), |op| op.member.clone());
-            facts.restore = Some(match restore::usable(backup.as_ref(), &from.name, &cluster.spec.version) {
+            facts.restore = Some(match restore::usable(backup.as_ref(), &name, &cluster.spec.version) {
                 Err(blocked) => blocked,
                 Ok(()) => restore::state(children.restore_pods.get(&restore::pod_name(&member)).map(AsRef::as_ref)),
             });
@@ -109,6 +117,27 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
         }
     } else {
         membership::next_step(&facts)
+    };
+    // A recovery from a backup, asked for with an annotation, happens only over a lost quorum;
+    // the request is used once either way (the annotation is removed once the status says
+    // what was done).
+    let asked_recovery = cluster.annotations().get(RECOVER_ANNOTATION).cloned().filter(|_| !cluster.spec.paused);
+    let step = match (&asked_recovery, step) {
+        (Some(asked), Step::QuorumLost { reason }) => match recovery_backup(&cluster, &names, asked, ctx).await? {
+            Ok(backup) => Step::RecoverFromBackup { backup },
+            Err(why) => {
+                later.push(Announcement::warning("RecoveryRefused", why));
+                Step::QuorumLost { reason }
+            }
+        },
+        (Some(_), step) => {
+            later.push(Announcement::warning(
+                "RecoveryNotNeeded",
+                format!("{RECOVER_ANNOTATION} asks for a recovery from a backup, but the cluster has not lost its quorum: nothing is done, and the request is dropped"),
+            ));
+            step
+        }
+        (None, step) => step,
     };
     let runner = Runner {
         cluster: &cluster,
@@ -136,6 +165,12 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
     }
 
     let status = status::build(&cluster, &names, &facts, &children, &etcd, &outcome, now);
+    ctx.core.metrics.set_etcd_cluster(
+        &names.namespace,
+        &names.cluster,
+        i64::from(status.ready_members),
+        outcome.problems.quorum_lost.is_some(),
+    );
     if cluster.status.as_ref() != Some(&status) {
         // The status carries the operation in progress: it is written only over the version
         // this pass read, so a pass that read a stale copy cannot undo a newer step.
@@ -157,6 +192,13 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
     }
     for announcement in later {
         announcement.tell(&cluster, ctx).await;
+    }
+    if asked_recovery.is_some() {
+        let api: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &names.namespace);
+        let drop = json!({ "metadata": { "annotations": { RECOVER_ANNOTATION: null } } });
+        if let Err(e) = api.patch(&names.cluster, &PatchParams::default(), &Patch::Merge(&drop)).await {
+            warn!(error = %e, "could not remove the recovery request annotation");
+        }
     }
     Ok(Action::requeue(after))
 }
@@ -452,13 +494,10 @@ impl Runner<'_> {
                     Err(kube::Error::Api(e)) if e.code == 409 => {}
                     Err(e) => return Err(e.into()),
                 }
-                later.push(
-                    Announcement::normal(
-                        "Restoring",
-                        format!("restoring EtcdBackup {} into {member}", backup.name_any()),
-                    )
-                    .about(&member),
-                );
+                // Told now: the pod is made, whatever becomes of this pass's status.
+                let note = format!("restoring EtcdBackup {} into {member}", backup.name_any());
+                info!(member, "{note}");
+                self.event(&member, false, "Restoring", note).await;
                 Ok(NEXT_STEP)
             }
             Step::RestoreBlocked { reason, message } => {
@@ -468,6 +507,45 @@ impl Runner<'_> {
                 }
                 outcome.problems.restore_blocked = Some((reason, message));
                 Ok(Duration::from_secs(5))
+            }
+            Step::RecoverFromBackup { backup } => {
+                // No quorum: nothing can be written, and what the members hold is given up for
+                // the backup, as asked. Their pods go at once (none may serve stale data to
+                // clients), then their volumes.
+                let ns = &self.names.namespace;
+                let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), ns);
+                let volumes: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), ns);
+                let now = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..Default::default()
+                };
+                let pod_names = self.children.pods.values().chain(self.children.restore_pods.values()).map(|p| p.name_any());
+                for pod in pod_names.collect::<Vec<_>>() {
+                    ignore_missing(pods.delete(&pod, &now).await.map(|_| ()))?;
+                }
+                for volume in self.children.volumes.values().map(|v| v.name_any()).collect::<Vec<_>>() {
+                    ignore_missing(volumes.delete(&volume, &DeleteParams::default()).await.map(|_| ()))?;
+                }
+                let member = self.names.member(outcome.next_member_index);
+                outcome.next_member_index += 1;
+                outcome.cluster_id = None;
+                outcome.restored_from = Some(backup.clone());
+                outcome.problems.quorum_lost = None;
+                outcome.operation = Some(Operation {
+                    kind: OperationKind::Bootstrap,
+                    member: member.clone(),
+                    member_id: None,
+                    reason: format!("recovery from EtcdBackup {backup}"),
+                    version: None,
+                    started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+                });
+                later.push(Announcement::warning(
+                    "RecoveringFromBackup",
+                    format!(
+                        "the quorum is lost and {RECOVER_ANNOTATION} asks for it: the members and their volumes are deleted, and the cluster starts again from EtcdBackup {backup} under a new cluster ID, first member {member}; writes made after that backup are lost"
+                    ),
+                ));
+                Ok(NEXT_STEP)
             }
             Step::FinishBootstrap { member } => {
                 let Some(health) = self.etcd.health.get(&member) else {
@@ -667,4 +745,48 @@ impl Runner<'_> {
             }
         }
     }
+}
+
+/// A delete whose object is already gone is fine.
+fn ignore_missing(result: kube::Result<()>) -> Result<()> {
+    match result {
+        Ok(()) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The backup a recovery asks for (`latest`: the newest successful backup of this cluster, by
+/// its etcd cluster ID), if it can be restored; otherwise why not.
+async fn recovery_backup(cluster: &EtcdCluster, names: &Names, asked: &str, ctx: &Context) -> Result<std::result::Result<String, String>> {
+    let api: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let backup = if asked == "latest" {
+        let cluster_id = cluster.status.as_ref().and_then(|s| s.cluster_id.clone());
+        api.list(&kube::api::ListParams::default())
+            .await
+            .during(Stage::Observe)?
+            .items
+            .into_iter()
+            .filter(|b| b.spec.cluster == names.cluster)
+            .filter(|b| {
+                let status = b.status.clone().unwrap_or_default();
+                status.phase.as_deref() == Some("Succeeded") && status.cluster_id.is_some() && status.cluster_id == cluster_id
+            })
+            .max_by_key(|b| b.status.as_ref().and_then(|s| s.completed_at.as_ref()).map(|t| t.0))
+    } else {
+        api.get_opt(asked).await.during(Stage::Observe)?
+    };
+    let Some(backup) = backup else {
+        return Ok(Err(format!(
+            "{RECOVER_ANNOTATION}={asked}: there is no such successful backup of this cluster; nothing is done, and the request is dropped"
+        )));
+    };
+    let name = backup.name_any();
+    Ok(match restore::usable(Some(&backup), &name, &cluster.spec.version) {
+        Ok(()) => Ok(name),
+        Err(restore::Restore::Blocked { message, .. }) => Err(format!(
+            "{RECOVER_ANNOTATION}={asked}: {message}; nothing is done, and the request is dropped"
+        )),
+        Err(_) => Err(format!("{RECOVER_ANNOTATION}={asked}: EtcdBackup {name} cannot be restored; nothing is done")),
+    })
 }

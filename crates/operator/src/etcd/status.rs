@@ -38,6 +38,8 @@ pub struct Outcome {
     pub cluster_id: Option<String>,
     pub problems: Problems,
     pub backups: super::backups::Book,
+    /// The backup the cluster was (or is being) started from.
+    pub restored_from: Option<String>,
 }
 
 /// The status after a reconcile.
@@ -245,6 +247,7 @@ pub fn build(
         last_scheduled_time: outcome.backups.last_scheduled_time.clone(),
         last_backup_time: outcome.backups.last_backup_time.clone(),
         stored_backups: outcome.backups.stored_backups,
+        restored_from: outcome.restored_from.clone(),
     }
 }
 
@@ -351,6 +354,7 @@ mod tests {
                 cluster_id: Some("1".into()),
                 problems: problems.clone(),
                 backups: Default::default(),
+                restored_from: None,
             },
             jiff::Timestamp::UNIX_EPOCH,
         )
@@ -408,6 +412,7 @@ mod tests {
                 cluster_id: Some("1".into()),
                 problems: Problems::default(),
                 backups: Default::default(),
+                restored_from: None,
             },
             jiff::Timestamp::UNIX_EPOCH,
         );
@@ -455,6 +460,7 @@ mod tests {
                 cluster_id: Some("1".into()),
                 problems: Problems::default(),
                 backups: Default::default(),
+                restored_from: None,
             },
             jiff::Timestamp::from_second(100).unwrap(),
         );
