@@ -76,6 +76,36 @@ pub struct EtcdClusterSpec {
     /// How a new cluster starts: empty (the default), or from a backup. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<BootstrapSpec>,
+    /// When members are defragmented (on by default).
+    #[serde(default)]
+    pub defragmentation: DefragmentationSpec,
+}
+
+/// Defragmentation: a member whose database file has grown far past what it holds (after
+/// compactions and deletions) is defragmented, one member at a time, the leader last.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DefragmentationSpec {
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Defragment a member once this share of its database file is free space, in percent.
+    #[serde(default = "default_fragmented_percent")]
+    #[x_kube(validation = Rule::new("self >= 10 && self <= 90").message("defragmentation.fragmentedPercent must be between 10 and 90"))]
+    pub fragmented_percent: i32,
+    /// ... and once its database file is at least this large (a quantity such as 64Mi).
+    #[serde(default = "default_min_database_size")]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]+(Ki|Mi|Gi)?$')").message("defragmentation.minDatabaseSize must be a size such as 512Ki, 64Mi or 1Gi"))]
+    pub min_database_size: String,
+}
+
+impl Default for DefragmentationSpec {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            fragmented_percent: default_fragmented_percent(),
+            min_database_size: default_min_database_size(),
+        }
+    }
 }
 
 /// How a new cluster starts.
@@ -292,6 +322,14 @@ pub struct MemberStatus {
     /// Since when it has not been healthy (a member unhealthy for too long is replaced).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unhealthy_since: Option<Time>,
+    /// Its database file's size, and how much of it is in use (bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub db_size: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub db_size_in_use: Option<i64>,
+    /// When it was last defragmented.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defragmented_at: Option<Time>,
 }
 
 /// A change in progress (membership or version).
@@ -329,6 +367,14 @@ pub enum OperationKind {
 
 fn default_replicas() -> i32 {
     3
+}
+
+fn default_fragmented_percent() -> i32 {
+    50
+}
+
+fn default_min_database_size() -> String {
+    "64Mi".into()
 }
 
 fn default_max_backups() -> i32 {

@@ -511,3 +511,80 @@ async fn a_minor_upgrade_rolls_one_member_at_a_time_the_leader_last_without_losi
     let error = apply_error(&ns, &cluster_manifest("main", 3, &from, "")).expect("a downgrade is refused");
     assert!(error.contains("downgrades are refused"), "{error}");
 }
+
+#[tokio::test]
+async fn fragmented_members_are_defragmented_one_at_a_time_the_leader_last() {
+    use etcd_client::{CompactionOptions, DeleteOptions, Txn, TxnOp};
+
+    install_crds();
+    let ns = TestNamespace::new("etcd-defrag").await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "etcd"]);
+    // Off first, so that the database can be filled and emptied before anything is decided.
+    let off = "  defragmentation: { enabled: false, fragmentedPercent: 30, minDatabaseSize: 1Mi }\n";
+    ns.apply(&cluster_manifest("main", 3, &etcd_version("3.6"), off));
+    wait_cluster_ready(&ns, "main", 3, 3 * MINUTE).await;
+    let mut client = etcd_client(
+        &ns,
+        "main",
+        &member_endpoints(&ns, &["main-0", "main-1", "main-2"]).await,
+    )
+    .await;
+    let value = "x".repeat(1024);
+    for batch in 0..40 {
+        let puts: Vec<TxnOp> = (0..100)
+            .map(|i| TxnOp::put(format!("fill/{batch:03}/{i:03}"), value.clone(), None))
+            .collect();
+        client.txn(Txn::new().and_then(puts)).await.unwrap();
+    }
+    client.put("keep", "me", None).await.unwrap();
+    let deleted = client
+        .delete("fill/", Some(DeleteOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let revision = deleted.header().unwrap().revision();
+    client
+        .compact(revision, Some(CompactionOptions::new().with_physical()))
+        .await
+        .unwrap();
+    let api: Api<EtcdCluster> = ns.api();
+    let leader = api.get("main").await.unwrap().status.unwrap().leader.unwrap();
+
+    patch_spec(
+        &ns,
+        "main",
+        serde_json::json!({ "defragmentation": { "enabled": true } }),
+    )
+    .await;
+    let events = wait_for("every member defragmented", 3 * MINUTE, || async {
+        let events = cluster_events(&ns, "main").await;
+        let done: Vec<(String, String)> = events.into_iter().filter(|(r, _)| r == "Defragmented").collect();
+        (done.len() >= 3).then_some(done)
+    })
+    .await;
+    let order: Vec<&str> = events
+        .iter()
+        .map(|(_, m)| {
+            m.trim_start_matches("defragmented ")
+                .split(':')
+                .next()
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(order.len(), 3, "each member once: {events:?}");
+    assert_eq!(order.iter().collect::<BTreeSet<_>>().len(), 3, "{events:?}");
+    assert_eq!(order[2], leader, "the leader last: {events:?}");
+    let after = wait_cluster_ready(&ns, "main", 3, MINUTE).await;
+    for member in after.status.unwrap().members {
+        let (size, in_use) = (member.db_size.unwrap(), member.db_size_in_use.unwrap());
+        assert!(
+            (size - in_use) * 100 < 30 * size,
+            "{} is still fragmented: {size} / {in_use}",
+            member.name
+        );
+        assert!(member.defragmented_at.is_some());
+    }
+    assert_eq!(
+        client.get("keep", None).await.unwrap().kvs()[0].value_str().unwrap(),
+        "me"
+    );
+}

@@ -13,6 +13,8 @@ use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, Mem
 /// How long to wait for a connection, and for an answer.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a defragmentation may take.
+const DEFRAGMENT_TIMEOUT: Duration = Duration::from_secs(300);
 /// The key the read check counts (it need not exist: only the read's success matters).
 const READ_CHECK_KEY: &str = "noops/read-check";
 
@@ -96,6 +98,8 @@ pub struct MemberHealth {
     pub learner: bool,
     pub raft_index: u64,
     pub db_size: i64,
+    /// How much of its database file is in use.
+    pub db_size_in_use: i64,
     /// Alarms and other errors it reports.
     pub errors: Vec<String>,
 }
@@ -131,12 +135,17 @@ impl EtcdAccess {
     }
 
     async fn connect(&self, endpoints: &[String]) -> Result<Client, EtcdError> {
+        self.connect_with(endpoints, REQUEST_TIMEOUT).await
+    }
+
+    /// A client whose requests may each take up to `timeout`.
+    async fn connect_with(&self, endpoints: &[String], timeout: Duration) -> Result<Client, EtcdError> {
         if endpoints.is_empty() {
             return Err(EtcdError::NoEndpoint);
         }
         let mut options = ConnectOptions::new()
             .with_connect_timeout(CONNECT_TIMEOUT)
-            .with_timeout(REQUEST_TIMEOUT);
+            .with_timeout(timeout);
         if let Some(c) = &self.credentials {
             options = options.with_tls(
                 TlsOptions::new()
@@ -162,6 +171,7 @@ impl EtcdAccess {
                 learner: status.is_learner(),
                 raft_index: status.raft_index(),
                 db_size: status.db_size(),
+                db_size_in_use: status.raft_used_db_size(),
                 errors: status.errors().to_vec(),
             })
         };
@@ -253,6 +263,14 @@ impl EtcdAccess {
             .get(READ_CHECK_KEY, Some(GetOptions::new().with_count_only()))
             .await
             .map_err(classify)?;
+        Ok(())
+    }
+
+    /// Defragments the member at `endpoint` (it serves nothing meanwhile); a large database
+    /// takes a while, so this call waits longer than the others.
+    pub async fn defragment(&self, endpoint: &str) -> Result<(), EtcdError> {
+        let mut client = self.connect_with(&[endpoint.to_string()], DEFRAGMENT_TIMEOUT).await?;
+        client.defragment().await.map_err(classify)?;
         Ok(())
     }
 

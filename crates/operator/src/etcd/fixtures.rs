@@ -24,6 +24,7 @@ pub fn cluster() -> ClusterFixture {
             pod: PodSpec::default(),
             backup: None,
             bootstrap: None,
+            defragmentation: Default::default(),
         },
     );
     cluster.metadata.namespace = Some("db".into());

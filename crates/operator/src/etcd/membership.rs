@@ -64,6 +64,8 @@ pub struct MemberFacts {
     pub unhealthy_for: Option<Duration>,
     /// Its pod runs another version than the spec's (an upgrade is due).
     pub outdated: bool,
+    /// Its database is to be defragmented (see `defrag.rs`).
+    pub fragmented: bool,
 }
 
 impl MemberFacts {
@@ -136,6 +138,8 @@ pub enum Step {
     /// End the operation on `member` without finishing it, and say why: its data is gone, or
     /// it did not come back in time; the rules for lost and unhealthy members take over.
     Abandon { member: String, reason: String },
+    /// Defragment `member`'s database.
+    Defragment { member: String },
     /// Move leadership away from `from` to `to` (before `from` is removed).
     MoveLeader { from: u64, to: u64 },
     /// Remove `member` from etcd.
@@ -263,6 +267,19 @@ pub fn next_step(facts: &ClusterFacts) -> Step {
         // The newest member that does not lead: there are at least two voters, one leads.
         if let Some(m) = voters.iter().filter(|m| !m.leader).max_by(|a, b| index_order(&a.name, &b.name)) {
             return operation(facts, OperationKind::RemoveMember, &m.name, "scale down");
+        }
+    }
+    // Defragmentation: only while every member is healthy (the one being defragmented stops
+    // serving for a while), one at a time, the leader last.
+    if all_healthy {
+        let fragmented: Vec<&MemberFacts> = voters.iter().copied().filter(|m| m.fragmented).collect();
+        let next = fragmented
+            .iter()
+            .filter(|m| !m.leader)
+            .min_by(|a, b| index_order(&a.name, &b.name))
+            .or(fragmented.first());
+        if let Some(m) = next {
+            return Step::Defragment { member: m.name.clone() };
         }
     }
     Step::Wait {
@@ -527,6 +544,7 @@ mod tests {
             volume: true,
             unhealthy_for: None,
             outdated: false,
+            fragmented: false,
         }
     }
 
@@ -968,6 +986,21 @@ mod tests {
         members[2].pod = PodState::Missing;
         let c = with_op(cluster(3, members), OperationKind::Upgrade, "main-2");
         assert_eq!(next_step(&c), Step::StartMember { member: "main-2".into() });
+    }
+
+    #[test]
+    fn defragmentation_goes_one_member_at_a_time_the_leader_last_and_only_when_all_are_healthy() {
+        let mut members = three();
+        for m in &mut members {
+            m.fragmented = true;
+        }
+        assert_eq!(next_step(&cluster(3, members.clone())), Step::Defragment { member: "main-1".into() });
+        members[1].fragmented = false;
+        members[2].fragmented = false;
+        assert_eq!(next_step(&cluster(3, members.clone())), Step::Defragment { member: "main-0".into() });
+        members[2].healthy = false;
+        members[2].unhealthy_for = Some(Duration::from_secs(1));
+        assert!(matches!(next_step(&cluster(3, members)), Step::Wait { .. }));
     }
 
     #[test]

@@ -15,6 +15,7 @@
 pub mod backups;
 pub mod bootstrap;
 pub mod client;
+pub mod defrag;
 #[cfg(test)]
 mod fixtures;
 pub mod membership;

@@ -10,6 +10,7 @@ use kube::runtime::reflector::Store;
 use noops_api::EtcdCluster;
 
 use super::client::{Credentials, EtcdAccess, ListedMember, MemberHealth};
+use super::defrag;
 use super::membership::{ClusterFacts, MemberFacts, PodState};
 use super::names::{CLUSTER_LABEL, MEMBER_LABEL, Names};
 
@@ -224,6 +225,7 @@ pub fn facts(cluster: &EtcdCluster, names: &Names, children: &Children, etcd: &E
     let previous: BTreeMap<&str, &noops_api::etcd::MemberStatus> =
         status.members.iter().map(|m| (m.name.as_str(), m)).collect();
     let wanted_image = super::pod::image(&cluster.spec.version);
+    let defrag_policy = defrag::policy(&cluster.spec.defragmentation);
     let members = member_names
         .into_iter()
         .filter(|n| names.member_index(n).is_some())
@@ -260,6 +262,12 @@ pub fn facts(cluster: &EtcdCluster, names: &Names, children: &Children, etcd: &E
                 healthy,
                 unhealthy_for,
                 outdated: pod.is_some_and(|p| pod_image(p) != Some(wanted_image.as_str())),
+                fragmented: etcd.health.get(&name).is_some_and(|h| {
+                    let defragmented_lately = known
+                        .and_then(|k| k.defragmented_at.as_ref())
+                        .is_some_and(|t| Duration::try_from(now.duration_since(t.0)).unwrap_or_default() < defrag::AGAIN_AFTER);
+                    defrag_policy.is_some_and(|p| defrag::fragmented(p, h.db_size, h.db_size_in_use)) && !defragmented_lately
+                }),
                 id,
                 name,
             }
@@ -318,6 +326,7 @@ mod tests {
             learner: false,
             raft_index: 10,
             db_size: 1,
+            db_size_in_use: 1,
             errors: vec![],
         }
     }

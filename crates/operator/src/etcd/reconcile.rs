@@ -70,6 +70,7 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
             restore_blocked: None,
         },
         backups: backups::Book::of(&cluster),
+        defragmented: None,
         restored_from: previous.restored_from.clone().or_else(|| {
             previous
                 .cluster_id
@@ -622,6 +623,25 @@ impl Runner<'_> {
             Step::Abandon { member, reason } => {
                 later.push(Announcement::warning("OperationAbandoned", reason).about(&member));
                 outcome.operation = None;
+                Ok(NEXT_STEP)
+            }
+            Step::Defragment { member } => {
+                let Some(endpoint) = self.children.pods.get(&member).and_then(|p| observe::pod_endpoint(p, self.names)) else {
+                    return Ok(Duration::from_secs(1));
+                };
+                let before = self.etcd.health.get(&member).map(|h| (h.db_size, h.db_size_in_use));
+                if self.membership_call(self.access.defragment(&endpoint)).await?.is_none() {
+                    return Ok(NOT_NOW_RETRY);
+                }
+                let after = self.access.health(&endpoint).await.ok().map(|h| h.db_size);
+                outcome.defragmented = Some(member.clone());
+                let (size, in_use) = before.unwrap_or_default();
+                let note = format!(
+                    "defragmented {member}: its database file went from {size} to {} bytes ({in_use} in use)",
+                    after.map_or_else(|| "?".to_string(), |a| a.to_string())
+                );
+                info!(member, "{note}");
+                self.event(&member, false, "Defragmented", note).await;
                 Ok(NEXT_STEP)
             }
             Step::MoveLeader { from, to } => {

@@ -40,6 +40,8 @@ pub struct Outcome {
     pub backups: super::backups::Book,
     /// The backup the cluster was (or is being) started from.
     pub restored_from: Option<String>,
+    /// The member defragmented in this pass, if any.
+    pub defragmented: Option<String>,
 }
 
 /// The status after a reconcile.
@@ -77,6 +79,13 @@ pub fn build(
                         .and_then(|k| k.unhealthy_since.clone())
                         .unwrap_or(Time(now))
                 }),
+                db_size: etcd.health.get(&m.name).map(|h| h.db_size),
+                db_size_in_use: etcd.health.get(&m.name).map(|h| h.db_size_in_use),
+                defragmented_at: if outcome.defragmented.as_deref() == Some(m.name.as_str()) {
+                    Some(Time(now))
+                } else {
+                    known.and_then(|k| k.defragmented_at.clone())
+                },
             }
         })
         .collect();
@@ -293,6 +302,7 @@ mod tests {
             volume: true,
             unhealthy_for: None,
             outdated: false,
+            fragmented: false,
         }
     }
 
@@ -328,6 +338,7 @@ mod tests {
                             learner: false,
                             raft_index: 1,
                             db_size: 1,
+                            db_size_in_use: 1,
                             errors: vec![],
                         },
                     )
@@ -355,6 +366,7 @@ mod tests {
                 problems: problems.clone(),
                 backups: Default::default(),
                 restored_from: None,
+                defragmented: None,
             },
             jiff::Timestamp::UNIX_EPOCH,
         )
@@ -413,6 +425,7 @@ mod tests {
                 problems: Problems::default(),
                 backups: Default::default(),
                 restored_from: None,
+                defragmented: None,
             },
             jiff::Timestamp::UNIX_EPOCH,
         );
@@ -461,6 +474,7 @@ mod tests {
                 problems: Problems::default(),
                 backups: Default::default(),
                 restored_from: None,
+                defragmented: None,
             },
             jiff::Timestamp::from_second(100).unwrap(),
         );
