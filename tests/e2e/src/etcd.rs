@@ -103,6 +103,17 @@ pub async fn member_endpoints(ns: &TestNamespace, members: &[&str]) -> Vec<Strin
     endpoints
 }
 
+/// The client Service of cluster `name`, at its ClusterIP (routed into this machine's pod
+/// namespaces): an endpoint that outlives any member's pod.
+pub async fn service_endpoint(ns: &TestNamespace, name: &str) -> String {
+    let service = ns
+        .api::<k8s_openapi::api::core::v1::Service>()
+        .get(&format!("{name}-client"))
+        .await
+        .unwrap();
+    format!("https://{}:2379", service.spec.unwrap().cluster_ip.unwrap())
+}
+
 /// A client of cluster `name` through `endpoints`, with the client certificate from its Secret.
 pub async fn etcd_client(ns: &TestNamespace, name: &str, endpoints: &[String]) -> Client {
     let secrets: Api<Secret> = ns.api();
