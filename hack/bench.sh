@@ -53,6 +53,13 @@ operator_table=$("$target_dir/debug/maintpage-bench" "$target_dir/release/noops"
 echo
 echo "$operator_table"
 table+=$'\n\n'"$operator_table"
+
+# The EtcdCluster operator (release build): create, resize, replace a member, upgrade, against
+# the budgets CoreOS's etcd-operator set itself in its own end-to-end tests.
+etcd_table=$("$target_dir/debug/etcd-bench" "$target_dir/release/noops" "$runs")
+echo
+echo "$etcd_table"
+table+=$'\n\n'"$etcd_table"
 mkdir -p "$state/bench"
 {
   echo

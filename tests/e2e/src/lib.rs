@@ -226,7 +226,12 @@ impl Operator {
 
     /// Like [`Operator::start`], reaching the API server through `kubeconfig`.
     pub fn start_with_kubeconfig(namespace: &str, extra: &[&str], kubeconfig: &Path) -> Self {
-        let binary = root().join("target/debug/noops");
+        Self::start_binary(&root().join("target/debug/noops"), namespace, extra, kubeconfig)
+    }
+
+    /// Like [`Operator::start_with_kubeconfig`], running `binary` (a release build, say).
+    pub fn start_binary(binary: &Path, namespace: &str, extra: &[&str], kubeconfig: &Path) -> Self {
+        let binary = binary.to_path_buf();
         assert!(binary.exists(), "{} is missing: run `make setup`", binary.display());
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
