@@ -228,8 +228,29 @@ async fn backups_that_cannot_be_made_fail_with_a_reason() {
             .is_some_and(|c| condition(&c, "Degraded").is_some_and(|(s, r, _)| s == "True" && r == "InvalidSchedule"))
     })
     .await;
-    // Deleting a backup that never stored anything just deletes it.
+    // A destination whose credentials Secret is missing: the backup waits with the reason
+    // (and fails after its deadline), the cluster runs on.
+    let keyless = "  backup:\n    s3:\n      endpoint: http://nowhere.invalid:7070\n      bucket: backups\n      credentialsSecret: no-such-secret\n";
+    ns.apply(&cluster_manifest("keyless", 1, &version, keyless));
+    wait_cluster_ready(&ns, "keyless", 1, 2 * MINUTE).await;
+    ns.apply(&backup_manifest("keyless-1", "keyless"));
     let backups: Api<EtcdBackup> = ns.api();
+    wait_until("StoreUnavailable naming the missing Secret", MINUTE, || async {
+        backups.get("keyless-1").await.ok().is_some_and(|b| {
+            let status = b.status.unwrap_or_default();
+            status.phase.as_deref() == Some("Running")
+                && status.conditions.iter().any(|c| {
+                    c.type_ == "Succeeded"
+                        && c.status == "False"
+                        && c.reason == "StoreUnavailable"
+                        && c.message.contains("no-such-secret")
+                })
+        })
+    })
+    .await;
+    wait_cluster_ready(&ns, "keyless", 1, MINUTE).await;
+
+    // Deleting a backup that never stored anything just deletes it.
     backups.delete("orphan", &DeleteParams::default()).await.unwrap();
     wait_until("the orphan backup to go", MINUTE, || async {
         backups.get_opt("orphan").await.unwrap().is_none()
