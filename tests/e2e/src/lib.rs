@@ -311,17 +311,23 @@ pub fn install_crds() {
         ],
         None,
     );
-    kubectl_ok(
-        &[
-            "wait",
-            "--for=condition=Established",
-            "crd/maintpages.noops.dev",
-            "crd/etcdclusters.noops.dev",
-            "crd/etcdbackups.noops.dev",
-            "--timeout=30s",
-        ],
-        None,
-    );
+    // A CRD created a moment ago may have no conditions yet, which `kubectl wait` takes for an
+    // error rather than a reason to wait: it is asked again.
+    let wait = [
+        "wait",
+        "--for=condition=Established",
+        "crd/maintpages.noops.dev",
+        "crd/etcdclusters.noops.dev",
+        "crd/etcdbackups.noops.dev",
+        "--timeout=30s",
+    ];
+    for _ in 0..30 {
+        if kubectl(&wait, None).status.success() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+    kubectl_ok(&wait, None);
 }
 
 /// The Nodes of the cluster, by name.
