@@ -13,14 +13,15 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::core::DeserializeGuard;
-use kube::runtime::controller::Action;
+use kube::runtime::controller::{Action, Controller};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
-use tracing::{Instrument, warn};
+use tracing::{Instrument, debug, warn};
 
 use super::backoff::Backoff;
 use super::events::Events;
@@ -63,6 +64,44 @@ impl Shutdown {
     pub async fn fired(mut self) {
         let _ = self.0.wait_for(|halt| *halt).await;
     }
+}
+
+/// A controller's context: whatever else it holds, it has the core.
+pub trait HasCore {
+    fn core(&self) -> &ControllerCore;
+}
+
+/// Runs `controller` until it stops (its shutdown fired), each reconcile passed through the
+/// core (span, metrics, back-off, malformed objects), each failure through its error policy.
+/// `reconcile` is the controller's own pass over one object.
+pub async fn drive<K, C, R, Fut>(controller: Controller<DeserializeGuard<K>>, ctx: Arc<C>, reconcile: R)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    C: HasCore + Send + Sync + 'static,
+    R: Fn(Arc<K>, Arc<C>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action>> + Send + 'static,
+{
+    controller
+        .run(
+            move |obj, ctx: Arc<C>| {
+                let reconcile = reconcile.clone();
+                async move {
+                    let pass = ctx.clone();
+                    ctx.core().reconcile(&obj, |object| reconcile(object, pass)).await
+                }
+            },
+            |obj, error, ctx| ctx.core().error_policy(&obj, error),
+            ctx,
+        )
+        .for_each(|result| async move {
+            match result {
+                Ok((object, _)) => {
+                    debug!(object = %format!("{}/{}", object.namespace.unwrap_or_default(), object.name), "reconciled");
+                }
+                Err(e) => debug!(error = %e, "controller event"),
+            }
+        })
+        .await;
 }
 
 /// The API of `K` in `namespace`, or in every namespace for `None` (a controller's scope).

@@ -33,20 +33,18 @@ pub mod volume;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::core::DeserializeGuard;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Controller;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::Client;
 use noops_api::EtcdCluster;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use crate::core::cache::shared_cache;
-use crate::core::controller::{ControllerCore, Registration, Runtime, scoped_api};
-use crate::core::{Error, Result};
+use crate::core::controller::{ControllerCore, HasCore, Registration, Runtime, drive, scoped_api};
 
 /// The controller's registration (`noops run --controllers etcd`).
 pub const CONTROLLER: Registration = Registration {
@@ -68,14 +66,10 @@ pub struct Context {
     pub image: String,
 }
 
-async fn reconcile(obj: Arc<DeserializeGuard<EtcdCluster>>, ctx: Arc<Context>) -> Result<Action> {
-    ctx.core
-        .reconcile(&obj, |cluster| reconcile::reconcile(cluster, &ctx))
-        .await
-}
-
-fn error_policy(obj: Arc<DeserializeGuard<EtcdCluster>>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.core.error_policy(&obj, error)
+impl HasCore for Context {
+    fn core(&self) -> &ControllerCore {
+        &self.core
+    }
 }
 
 fn start(runtime: Runtime) -> BoxFuture<'static, ()> {
@@ -131,13 +125,9 @@ pub async fn run(runtime: Runtime) {
             });
         }
     });
-    controller
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                debug!(error = %e, "controller event");
-            }
-        })
-        .await;
+    drive(controller, ctx, |cluster, ctx: Arc<Context>| async move {
+        reconcile::reconcile(cluster, &ctx).await
+    })
+    .await;
     janitor.abort();
 }

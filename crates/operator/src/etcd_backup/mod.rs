@@ -15,17 +15,14 @@ pub mod take;
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use futures::future::BoxFuture;
 use kube::Client;
 use kube::core::DeserializeGuard;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Controller;
 use kube::runtime::watcher;
 use noops_api::EtcdBackup;
-use tracing::debug;
 
-use crate::core::controller::{ControllerCore, Registration, Runtime, scoped_api};
-use crate::core::{Error, Result};
+use crate::core::controller::{ControllerCore, HasCore, Registration, Runtime, drive, scoped_api};
 
 pub use reconcile::{BACKUP_DEADLINE, FINALIZER, restores_from};
 
@@ -45,14 +42,10 @@ pub struct Context {
     pub client: Client,
 }
 
-async fn reconcile_one(obj: Arc<DeserializeGuard<EtcdBackup>>, ctx: Arc<Context>) -> Result<Action> {
-    ctx.core
-        .reconcile(&obj, |backup| reconcile::reconcile(backup, &ctx))
-        .await
-}
-
-fn error_policy(obj: Arc<DeserializeGuard<EtcdBackup>>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.core.error_policy(&obj, error)
+impl HasCore for Context {
+    fn core(&self) -> &ControllerCore {
+        &self.core
+    }
 }
 
 fn start(runtime: Runtime) -> BoxFuture<'static, ()> {
@@ -72,17 +65,14 @@ pub async fn run(runtime: Runtime) {
         core: ControllerCore::new(CONTROLLER.name, client.clone(), metrics),
         client: client.clone(),
     });
-    Controller::new(
+    let controller = Controller::new(
         scoped_api::<DeserializeGuard<EtcdBackup>>(&client, &namespace),
         watcher::Config::default().any_semantic(),
     )
     .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
-    .graceful_shutdown_on(shutdown.fired())
-    .run(reconcile_one, error_policy, ctx)
-    .for_each(|result| async move {
-        if let Err(e) = result {
-            debug!(error = %e, "controller event");
-        }
+    .graceful_shutdown_on(shutdown.fired());
+    drive(controller, ctx, |backup, ctx: Arc<Context>| async move {
+        reconcile::reconcile(backup, &ctx).await
     })
     .await;
 }

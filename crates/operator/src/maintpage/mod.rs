@@ -24,21 +24,20 @@ mod validate;
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::core::DeserializeGuard;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Api, Client};
+use kube::Client;
 use noops_api::MaintPage;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use crate::core::cache::shared_cache;
-use crate::core::controller::{ControllerCore, Registration, Runtime};
-use crate::core::{Error, Result, labels};
+use crate::core::controller::{ControllerCore, HasCore, Registration, Runtime, drive, scoped_api};
+use crate::core::labels;
 
 /// The controller's registration (`noops run --controllers maintpage`).
 pub const CONTROLLER: Registration = Registration {
@@ -62,14 +61,10 @@ pub struct Context {
     pub pods: Store<Pod>,
 }
 
-async fn reconcile(obj: Arc<DeserializeGuard<MaintPage>>, ctx: Arc<Context>) -> Result<Action> {
-    ctx.core
-        .reconcile(&obj, |mp| reconcile::reconcile(mp, &ctx))
-        .await
-}
-
-fn error_policy(obj: Arc<DeserializeGuard<MaintPage>>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.core.error_policy(&obj, error)
+impl HasCore for Context {
+    fn core(&self) -> &ControllerCore {
+        &self.core
+    }
 }
 
 fn start(runtime: Runtime) -> BoxFuture<'static, ()> {
@@ -85,20 +80,10 @@ pub async fn run(runtime: Runtime) {
         shutdown,
         ..
     } = runtime;
-    let (maintpages, deployments, services, pods) = match &namespace {
-        Some(ns) => (
-            Api::<DeserializeGuard<MaintPage>>::namespaced(client.clone(), ns),
-            Api::<Deployment>::namespaced(client.clone(), ns),
-            Api::<Service>::namespaced(client.clone(), ns),
-            Api::<Pod>::namespaced(client.clone(), ns),
-        ),
-        None => (
-            Api::all(client.clone()),
-            Api::all(client.clone()),
-            Api::all(client.clone()),
-            Api::all(client.clone()),
-        ),
-    };
+    let maintpages = scoped_api::<DeserializeGuard<MaintPage>>(&client, &namespace);
+    let deployments = scoped_api::<Deployment>(&client, &namespace);
+    let services = scoped_api::<Service>(&client, &namespace);
+    let pods = scoped_api::<Pod>(&client, &namespace);
     let ours = watcher::Config::default().labels(&labels::managed_by_noops());
     let (deployment_store, deployment_changes) = shared_cache(deployments, ours.clone()).await;
     let (service_store, service_changes) = shared_cache(services, ours.clone()).await;
@@ -116,7 +101,7 @@ pub async fn run(runtime: Runtime) {
         services: service_store,
         pods: pod_store,
     });
-    Controller::new(maintpages, watcher::Config::default().any_semantic())
+    let controller = Controller::new(maintpages, watcher::Config::default().any_semantic())
         // Reconciles mostly wait on the API server; a bound keeps a burst of thousands of
         // objects from queueing all at once there and in memory.
         .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
@@ -139,15 +124,9 @@ pub async fn run(runtime: Runtime) {
                     }
                 })
         })
-        .graceful_shutdown_on(shutdown.fired())
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            match result {
-                Ok((object, _)) => {
-                    debug!(object = %format!("{}/{}", object.namespace.unwrap_or_default(), object.name), "reconciled")
-                }
-                Err(e) => debug!(error = %e, "controller event"),
-            }
-        })
-        .await;
+        .graceful_shutdown_on(shutdown.fired());
+    drive(controller, ctx, |mp, ctx: Arc<Context>| async move {
+        reconcile::reconcile(mp, &ctx).await
+    })
+    .await;
 }
