@@ -1,7 +1,8 @@
-//! Server-side apply under one field manager, and owner references.
+//! Server-side apply under one field manager, create and delete that tolerate what is
+//! already so, and owner references.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -26,6 +27,30 @@ where
 {
     api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(status))
         .await
+}
+
+/// Creates `object` unless one of its name exists already; true if this call created it.
+pub async fn create_if_missing<K>(api: &Api<K>, object: &K) -> kube::Result<bool>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    match api.create(&PostParams::default(), object).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Deletes `name` with `params`; one already gone is fine. True if this call deleted it.
+pub async fn delete_if_present<K>(api: &Api<K>, name: &str, params: &DeleteParams) -> kube::Result<bool>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// The controller owner reference pointing at `owner` (children are garbage-collected with it).

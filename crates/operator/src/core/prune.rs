@@ -10,7 +10,7 @@ use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 use tracing::info;
 
-use super::apply::controlled_by;
+use super::apply::{controlled_by, delete_if_present};
 
 /// The names of the objects among `children` that the owner with `owner_uid` controls and no
 /// longer wants (`wanted` are the names it wants). Objects of others are never chosen. Pure.
@@ -44,10 +44,8 @@ where
 {
     let names = unwanted(children, owner_uid, wanted);
     for name in &names {
-        match api.delete(name, &DeleteParams::background()).await {
-            Ok(_) => info!(kind = %K::kind(&Default::default()), %name, "deleted a child the spec no longer asks for"),
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e),
+        if delete_if_present(api, name, &DeleteParams::background()).await? {
+            info!(kind = %K::kind(&Default::default()), %name, "deleted a child the spec no longer asks for");
         }
     }
     Ok(names)
