@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams};
 use kube::{Api, Client, ResourceExt};
 use noops_api::etcd_backup::{EtcdBackup, EtcdBackupSpec};
 use noops_api::EtcdCluster;
@@ -13,6 +13,7 @@ use tracing::info;
 
 use super::names::{CLUSTER_LABEL, Names};
 use crate::core::Result;
+use crate::core::apply::{create_if_missing, delete_if_present};
 use crate::etcd_backup::schedule::{self, Kept, SCHEDULED_LABEL};
 
 /// The UID of the EtcdCluster a scheduled backup was made for (a cluster deleted and made
@@ -41,6 +42,23 @@ impl Book {
 
 fn succeeded(backup: &EtcdBackup) -> bool {
     backup.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
+}
+
+/// Whether this pass looks at the backups. While a membership operation is in progress passes
+/// come every half second; the backups (two LISTs) are looked at then only when a scheduled
+/// backup is due, and otherwise once the cluster is settled. Pure.
+pub fn worth_a_look(cluster: &EtcdCluster, book: &Book, busy: bool, now: jiff::Timestamp) -> bool {
+    let Some(spec) = cluster.spec.backup.as_ref() else {
+        return false;
+    };
+    if !busy {
+        return true;
+    }
+    let Some(cron) = spec.schedule.as_deref().and_then(|s| schedule::parse(s).ok()) else {
+        return false;
+    };
+    let last = book.last_scheduled_time.as_ref().map_or(now, |t| t.0);
+    schedule::due(&cron, last, now).is_ok_and(|due| due.now.is_some())
 }
 
 /// Makes the backup that is due, applies retention and counts the backups kept; returns when
@@ -102,10 +120,8 @@ pub async fn keep(cluster: &EtcdCluster, names: &Names, client: &Client, book: &
                 },
                 status: None,
             };
-            match api.create(&PostParams::default(), &backup).await {
-                Ok(_) => info!(backup = %name, "made the scheduled backup"),
-                Err(kube::Error::Api(e)) if e.code == 409 => {}
-                Err(e) => return Err(e.into()),
+            if create_if_missing(&api, &backup).await? {
+                info!(backup = %name, "made the scheduled backup");
             }
         }
         book.last_scheduled_time = Some(Time(due.now.unwrap_or(last)));
@@ -125,10 +141,8 @@ pub async fn keep(cluster: &EtcdCluster, names: &Names, client: &Client, book: &
     let max = usize::try_from(spec.max_backups).unwrap_or(1).max(1);
     let gone = schedule::to_delete(&scheduled, max);
     for name in &gone {
-        match api.delete(name, &DeleteParams::default()).await {
-            Ok(_) => info!(backup = %name, max_backups = max, "deleted a scheduled backup beyond maxBackups"),
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e.into()),
+        if delete_if_present(&api, name, &DeleteParams::default()).await? {
+            info!(backup = %name, max_backups = max, "deleted a scheduled backup beyond maxBackups");
         }
     }
     let kept: Vec<&EtcdBackup> = mine.into_iter().filter(|b| !gone.contains(&b.name_any())).collect();
@@ -149,4 +163,45 @@ fn count(book: &mut Book, backups: &[&EtcdBackup]) {
         .filter_map(|b| b.status.as_ref()?.completed_at.clone())
         .max_by_key(|t| t.0)
         .or(book.last_backup_time.clone());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etcd::fixtures;
+    use noops_api::etcd::{BackupSpec, S3Destination};
+
+    fn at(seconds: i64) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(seconds).unwrap_or_default()
+    }
+
+    fn hourly() -> EtcdCluster {
+        let mut cluster = fixtures::cluster().build();
+        cluster.spec.backup = Some(BackupSpec {
+            schedule: Some("0 * * * *".into()),
+            max_backups: 3,
+            s3: S3Destination {
+                endpoint: "http://store.db.svc:7070".into(),
+                bucket: "backups".into(),
+                prefix: "etcd".into(),
+                region: "us-east-1".into(),
+                credentials_secret: "keys".into(),
+            },
+        });
+        cluster
+    }
+
+    #[test]
+    fn a_busy_cluster_looks_at_its_backups_only_when_one_is_due() {
+        let book = Book {
+            last_scheduled_time: Some(Time(at(3600))),
+            ..Default::default()
+        };
+        let cluster = hourly();
+        assert!(worth_a_look(&cluster, &book, false, at(3700)), "settled: always");
+        assert!(!worth_a_look(&cluster, &book, true, at(3700)), "busy, nothing due");
+        assert!(worth_a_look(&cluster, &book, true, at(7201)), "busy, the 02:00 backup is due");
+        let without = fixtures::cluster().build();
+        assert!(!worth_a_look(&without, &book, false, at(3700)), "no spec.backup");
+    }
 }

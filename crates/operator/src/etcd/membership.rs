@@ -227,6 +227,11 @@ pub fn next_step(facts: &ClusterFacts) -> Step {
     if let Some(step) = facts.members.iter().filter(|m| !m.in_etcd()).find_map(clean_up) {
         return step;
     }
+    // A learner that no operation covers is what is left of an add that did not finish: it
+    // goes (learners do not vote, so this never touches the quorum).
+    if let Some(m) = facts.members.iter().find(|m| m.in_etcd() && m.learner) {
+        return operation(facts, OperationKind::RemoveMember, &m.name, "a learner left over from an add that did not finish");
+    }
     let all_healthy = facts.members.iter().filter(|m| m.in_etcd()).all(|m| m.healthy && !m.learner);
     // A version change rolls one member at a time, the leader last, before any scaling (new
     // members then join on the new version).
@@ -349,6 +354,17 @@ fn lost(m: &MemberFacts, ephemeral: bool) -> Option<&'static str> {
 fn continue_operation(facts: &ClusterFacts, op: &Operation) -> Step {
     let member = facts.members.iter().find(|m| m.name == op.member);
     match op.kind {
+        // A recovery starts the cluster again: what is left of the old members (pods,
+        // volumes) goes before the first new member starts, so none serves old data.
+        OperationKind::Bootstrap if let Some(old) = facts.members.iter().find(|m| {
+            m.name != op.member && (m.volume || matches!(m.pod, PodState::Ready | PodState::Starting | PodState::Stuck))
+        }) =>
+        {
+            Step::DeleteMember {
+                member: old.name.clone(),
+                force: false,
+            }
+        }
         OperationKind::Bootstrap => match member {
             Some(m) if m.healthy => Step::FinishBootstrap { member: m.name.clone() },
             Some(m) if m.pod != PodState::Missing => Step::Wait {
@@ -449,9 +465,17 @@ fn continue_upgrade(facts: &ClusterFacts, op: &Operation, member: Option<&Member
 
 fn continue_add(facts: &ClusterFacts, op: &Operation, member: Option<&MemberFacts>) -> Step {
     let Some(m) = member.filter(|m| m.in_etcd()) else {
-        if !facts.reachable {
+        if !facts.reachable || (op.member_id.is_some() && !facts.listed_by_leader) {
             return Step::Wait {
                 reason: format!("adding {} waits for the cluster to answer", op.member),
+            };
+        }
+        if op.member_id.is_some() {
+            // It was added once and is gone from etcd now (given up, and the status that
+            // said so was not written): it is not added again under this operation.
+            return Step::Abandon {
+                member: op.member.clone(),
+                reason: format!("{} was added to etcd, and is no longer there", op.member),
             };
         }
         return Step::AddLearner {
@@ -1001,6 +1025,43 @@ mod tests {
         members[2].healthy = false;
         members[2].unhealthy_for = Some(Duration::from_secs(1));
         assert!(matches!(next_step(&cluster(3, members)), Step::Wait { .. }));
+    }
+
+    #[test]
+    fn a_recovery_deletes_what_is_left_of_the_old_members_before_the_first_new_one_starts() {
+        let mut c = cluster(3, three());
+        c.bootstrapped = false;
+        c.restore = Some(Restore::NotStarted);
+        let c = with_op(c, OperationKind::Bootstrap, "main-3");
+        assert_eq!(
+            next_step(&c),
+            Step::DeleteMember {
+                member: "main-0".into(),
+                force: false
+            }
+        );
+        let mut gone = c.clone();
+        for m in &mut gone.members {
+            m.pod = PodState::Terminating;
+            m.volume = false;
+        }
+        assert_eq!(next_step(&gone), Step::RestoreFirstMember { member: "main-3".into() });
+    }
+
+    #[test]
+    fn a_learner_given_up_is_never_added_again_and_a_leftover_learner_goes() {
+        // GiveUp removed main-3 from etcd; the status that ended the operation was lost.
+        let mut c = with_op(cluster(3, three()), OperationKind::AddMember, "main-3");
+        if let Some(op) = c.operation.as_mut() {
+            op.member_id = Some("13".into());
+        }
+        assert!(matches!(next_step(&c), Step::Abandon { .. }), "{:?}", next_step(&c));
+        // A learner with no operation: removed.
+        let mut members = three();
+        let mut learner = member("main-3", 13);
+        learner.learner = true;
+        members.push(learner);
+        assert_eq!(begun(&next_step(&cluster(3, members))), (OperationKind::RemoveMember, "main-3".into()));
     }
 
     #[test]

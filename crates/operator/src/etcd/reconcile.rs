@@ -21,7 +21,7 @@ use super::names::{Names, RECOVER_ANNOTATION};
 use super::observe::{self, Children, EtcdView};
 use super::status::{self, Outcome, Problems};
 use super::{Context, backups, bootstrap, pod, restore, services, tls, validate, volume};
-use crate::core::apply::{apply, apply_status, controller_reference};
+use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
 use crate::core::stamp::{stamp, up_to_date};
 use crate::core::{DuringStep, Error, Result, Step as Stage};
 
@@ -150,9 +150,11 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
         ctx,
         upgrade_to: facts.upgrade_to.clone(),
         restore_from,
+        now,
     };
     let mut after = runner.take(step, &mut outcome, &mut later).await.during(Stage::Apply)?;
-    if outcome.cluster_id.is_some() {
+    let busy = outcome.operation.is_some();
+    if outcome.cluster_id.is_some() && backups::worth_a_look(&cluster, &outcome.backups, busy, now) {
         // Backups are bookkeeping beside the cluster: a failure here is logged and tried again,
         // and never holds up the cluster's own progress or status.
         match backups::keep(&cluster, &names, &ctx.client, &mut outcome.backups, now).await {
@@ -313,11 +315,7 @@ async fn ensure_fixed_children(
         let bootstrapped = cluster.status.as_ref().is_some_and(|s| s.cluster_id.is_some());
         let config_map = bootstrap::state_config_map(names, owner, !bootstrapped);
         let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
-        match api.create(&PostParams::default(), &config_map).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => return Err(e.into()),
-        }
+        create_if_missing(&api, &config_map).await?;
     }
     Ok(())
 }
@@ -335,6 +333,8 @@ struct Runner<'a> {
     upgrade_to: Option<String>,
     /// The backup a new cluster starts from.
     restore_from: Option<EtcdBackup>,
+    /// The time of this pass.
+    now: jiff::Timestamp,
 }
 
 impl Runner<'_> {
@@ -409,11 +409,7 @@ impl Runner<'_> {
             && !self.children.volumes.contains_key(member)
         {
             let api: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
-            match api.create(&PostParams::default(), &pvc).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 409 => {}
-                Err(e) => return Err(e.into()),
-            }
+            create_if_missing(&api, &pvc).await?;
         }
         Ok(())
     }
@@ -424,10 +420,8 @@ impl Runner<'_> {
         if !self.children.pods.contains_key(member) {
             let pod = pod::member_pod(self.cluster, self.names, member, version, initial_cluster, self.owner);
             let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), ns);
-            match api.create(&PostParams::default(), &pod).await {
-                Ok(_) => info!(member, "started a member pod"),
-                Err(kube::Error::Api(e)) if e.code == 409 => {}
-                Err(e) => return Err(e.into()),
+            if create_if_missing(&api, &pod).await? {
+                info!(member, "started a member pod");
             }
         }
         Ok(())
@@ -490,11 +484,7 @@ impl Runner<'_> {
                 self.set_state(true).await?;
                 self.create_volume(&member).await?;
                 let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
-                match pods.create(&PostParams::default(), &pod).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(e)) if e.code == 409 => {}
-                    Err(e) => return Err(e.into()),
-                }
+                create_if_missing(&pods, &pod).await?;
                 // Told now: the pod is made, whatever becomes of this pass's status.
                 let note = format!("restoring EtcdBackup {} into {member}", backup.name_any());
                 info!(member, "{note}");
@@ -510,23 +500,8 @@ impl Runner<'_> {
                 Ok(Duration::from_secs(5))
             }
             Step::RecoverFromBackup { backup } => {
-                // No quorum: nothing can be written, and what the members hold is given up for
-                // the backup, as asked. Their pods go at once (none may serve stale data to
-                // clients), then their volumes.
-                let ns = &self.names.namespace;
-                let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), ns);
-                let volumes: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), ns);
-                let now = DeleteParams {
-                    grace_period_seconds: Some(0),
-                    ..Default::default()
-                };
-                let pod_names = self.children.pods.values().chain(self.children.restore_pods.values()).map(|p| p.name_any());
-                for pod in pod_names.collect::<Vec<_>>() {
-                    ignore_missing(pods.delete(&pod, &now).await.map(|_| ()))?;
-                }
-                for volume in self.children.volumes.values().map(|v| v.name_any()).collect::<Vec<_>>() {
-                    ignore_missing(volumes.delete(&volume, &DeleteParams::default()).await.map(|_| ()))?;
-                }
+                // Only recorded here: the members' pods and volumes are deleted by the
+                // bootstrap that follows, once the status says it is a recovery.
                 let member = self.names.member(outcome.next_member_index);
                 outcome.next_member_index += 1;
                 outcome.cluster_id = None;
@@ -538,7 +513,7 @@ impl Runner<'_> {
                     member_id: None,
                     reason: format!("recovery from EtcdBackup {backup}"),
                     version: None,
-                    started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+                    started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(self.now),
                 });
                 later.push(Announcement::warning(
                     "RecoveringFromBackup",
@@ -555,11 +530,7 @@ impl Runner<'_> {
                 if let Some(backup) = &self.restore_from {
                     // The restore pod has done its work: the member runs on what it restored.
                     let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
-                    match pods.delete(&restore::pod_name(&member), &DeleteParams::default()).await {
-                        Ok(_) => {}
-                        Err(kube::Error::Api(e)) if e.code == 404 => {}
-                        Err(e) => return Err(e.into()),
-                    }
+                    delete_if_present(&pods, &restore::pod_name(&member), &DeleteParams::default()).await?;
                     let revision = backup.status.as_ref().and_then(|s| s.revision).unwrap_or_default();
                     later.push(
                         Announcement::normal(
@@ -679,19 +650,9 @@ impl Runner<'_> {
                 } else {
                     DeleteParams::default()
                 };
-                for result in [
-                    pods.delete(&member, &params).await.map(|_| ()),
-                    Api::<PersistentVolumeClaim>::namespaced(self.ctx.client.clone(), ns)
-                        .delete(&self.names.volume(&member), &DeleteParams::default())
-                        .await
-                        .map(|_| ()),
-                ] {
-                    match result {
-                        Ok(()) => {}
-                        Err(kube::Error::Api(e)) if e.code == 404 => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                }
+                let volumes: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), ns);
+                delete_if_present(&pods, &member, &params).await?;
+                delete_if_present(&volumes, &self.names.volume(&member), &DeleteParams::default()).await?;
                 info!(member, force, "deleted the pod and volume of a former member");
                 if force {
                     self.event(
@@ -709,10 +670,8 @@ impl Runner<'_> {
             }
             Step::RestartMember { member } => {
                 let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
-                match pods.delete(&member, &DeleteParams::default()).await {
-                    Ok(_) => info!(member, "stopped a member to start it on another version"),
-                    Err(kube::Error::Api(e)) if e.code == 404 => {}
-                    Err(e) => return Err(e.into()),
+                if delete_if_present(&pods, &member, &DeleteParams::default()).await? {
+                    info!(member, "stopped a member to start it on another version");
                 }
                 Ok(NEXT_STEP)
             }
@@ -767,14 +726,6 @@ impl Runner<'_> {
     }
 }
 
-/// A delete whose object is already gone is fine.
-fn ignore_missing(result: kube::Result<()>) -> Result<()> {
-    match result {
-        Ok(()) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
 
 /// The backup a recovery asks for (`latest`: the newest successful backup of this cluster, by
 /// its etcd cluster ID), if it can be restored; otherwise why not.
