@@ -322,7 +322,8 @@ pub struct MemberStatus {
     /// Since when it has not been healthy (a member unhealthy for too long is replaced).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unhealthy_since: Option<Time>,
-    /// Its database file's size, and how much of it is in use (bytes).
+    /// Its database file's size, and how much of it is in use (bytes, rounded up to the MiB
+    /// so that the status does not change with every write).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub db_size: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

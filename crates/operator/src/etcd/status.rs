@@ -79,8 +79,10 @@ pub fn build(
                         .and_then(|k| k.unhealthy_since.clone())
                         .unwrap_or(Time(now))
                 }),
-                db_size: etcd.health.get(&m.name).map(|h| h.db_size),
-                db_size_in_use: etcd.health.get(&m.name).map(|h| h.db_size_in_use),
+                // Rounded: the exact figures move with every write, and a status that changes
+                // on every pass would wake the controller again on every pass.
+                db_size: etcd.health.get(&m.name).map(|h| to_mib_above(h.db_size)),
+                db_size_in_use: etcd.health.get(&m.name).map(|h| to_mib_above(h.db_size_in_use)),
                 defragmented_at: if outcome.defragmented.as_deref() == Some(m.name.as_str()) {
                     Some(Time(now))
                 } else {
@@ -260,6 +262,12 @@ pub fn build(
     }
 }
 
+/// `bytes` rounded up to a whole MiB, in bytes.
+fn to_mib_above(bytes: i64) -> i64 {
+    const MIB: i64 = 1 << 20;
+    (bytes.max(0) + MIB - 1) / MIB * MIB
+}
+
 fn kind_reason(kind: OperationKind) -> &'static str {
     match kind {
         OperationKind::Bootstrap => "Bootstrapping",
@@ -290,6 +298,14 @@ mod tests {
     use crate::etcd::client::MemberHealth;
     use crate::etcd::fixtures;
     use crate::etcd::membership::{MemberFacts, PodState};
+
+    #[test]
+    fn database_sizes_are_rounded_up_to_the_mib() {
+        assert_eq!(to_mib_above(0), 0);
+        assert_eq!(to_mib_above(1), 1 << 20);
+        assert_eq!(to_mib_above(1 << 20), 1 << 20);
+        assert_eq!(to_mib_above((1 << 20) + 1), 2 << 20);
+    }
 
     fn member(name: &str, id: u64, healthy: bool) -> MemberFacts {
         MemberFacts {
