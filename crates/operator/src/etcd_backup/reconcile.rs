@@ -88,36 +88,31 @@ async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
             reason: "ClusterNotFound",
             message: format!("EtcdCluster {:?} does not exist in this namespace", backup.spec.cluster),
         },
-        Some(cluster) => match cluster.spec.backup.clone() {
-            None => Verdict::Failed {
+        Some(cluster) => match (status.store.clone(), status.key.clone(), cluster.spec.backup.clone()) {
+            // Once recorded, where it goes stays: a retry after the cluster's destination was
+            // edited (or removed) still goes where the status says.
+            (Some(destination), Some(key), _) => attempt_until_deadline(&cluster, &destination, &key, started, ctx).await?,
+            (_, _, None) => Verdict::Failed {
                 reason: "NoDestination",
                 message: format!(
                     "EtcdCluster {:?} has no spec.backup: it does not say where backups go",
                     backup.spec.cluster
                 ),
             },
-            Some(spec) => {
-                let (destination, key) = match (status.store.clone(), status.key.clone()) {
-                    // Once recorded, where it goes stays: a retry after the cluster's
-                    // destination was edited still goes where the status says.
-                    (Some(destination), Some(key)) => (destination, key),
-                    _ => {
-                        let key = store::key(&spec.s3, &namespace, &backup.spec.cluster, &backup.name_any());
-                        // Recorded before anything is uploaded, so that a deletion finds it
-                        // whatever happens next.
-                        status.phase = Some("Running".into());
-                        status.started_at = Some(Time(started));
-                        status.store = Some(spec.s3.clone());
-                        status.key = Some(key.clone());
-                        status.location = Some(location(&spec.s3, &key));
-                        if !write_status(backup, &mut version, ctx, &status).await? {
-                            return Ok(Action::requeue(Duration::from_secs(1)));
-                        }
-                        info!(cluster = %backup.spec.cluster, location = %location(&spec.s3, &key), "backing up");
-                        (spec.s3.clone(), key)
-                    }
-                };
-                attempt(&cluster, &destination, &key, ctx).await?
+            (_, _, Some(spec)) => {
+                let key = store::key(&spec.s3, &namespace, &backup.spec.cluster, &backup.name_any());
+                // Recorded before anything is uploaded, so that a deletion finds it whatever
+                // happens next.
+                status.phase = Some("Running".into());
+                status.started_at = Some(Time(started));
+                status.store = Some(spec.s3.clone());
+                status.key = Some(key.clone());
+                status.location = Some(location(&spec.s3, &key));
+                if !write_status(backup, &mut version, ctx, &status).await? {
+                    return Ok(Action::requeue(Duration::from_secs(1)));
+                }
+                info!(cluster = %backup.spec.cluster, location = %location(&spec.s3, &key), "backing up");
+                attempt_until_deadline(&cluster, &spec.s3, &key, started, ctx).await?
             }
         },
     };
@@ -176,11 +171,25 @@ fn elapsed(since: jiff::Timestamp, now: jiff::Timestamp) -> Duration {
     Duration::try_from(now.duration_since(since)).unwrap_or_default()
 }
 
-/// One attempt at streaming a snapshot of `cluster` to `key`.
+/// [`attempt`] with what is left of the backup's deadline: a snapshot stream that stalls (a
+/// member or the store that stops answering without an error) does not hold it Running.
+async fn attempt_until_deadline(
+    cluster: &EtcdCluster,
+    destination: &noops_api::etcd::S3Destination,
+    key: &str,
+    started: jiff::Timestamp,
+    ctx: &Context,
+) -> Result<Verdict> {
+    let left = BACKUP_DEADLINE.saturating_sub(elapsed(started, jiff::Timestamp::now()));
+    attempt(cluster, destination, key, left, ctx).await
+}
+
+/// One attempt at streaming a snapshot of `cluster` to `key`, within `limit`.
 async fn attempt(
     cluster: &EtcdCluster,
     destination: &noops_api::etcd::S3Destination,
     key: &str,
+    limit: Duration,
     ctx: &Context,
 ) -> Result<Verdict> {
     let names = Names::of(cluster);
@@ -228,8 +237,12 @@ async fn attempt(
             });
         }
     };
-    Ok(match take::take(&EtcdAccess::new(credentials), &endpoint, bucket, key).await {
+    Ok(match take::take(&EtcdAccess::new(credentials), &endpoint, bucket, key, limit).await {
         Ok(taken) => Verdict::Succeeded(taken),
+        Err(e @ TakeError::Stalled(_)) => Verdict::Retry {
+            reason: "SnapshotStalled",
+            message: e.to_string(),
+        },
         Err(e @ (TakeError::Etcd(_) | TakeError::Stream(_) | TakeError::Empty)) => Verdict::Retry {
             reason: "SnapshotFailed",
             message: e.to_string(),

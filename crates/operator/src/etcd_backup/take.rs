@@ -1,9 +1,11 @@
 //! Taking one snapshot: streamed from a member straight into a multipart upload, hashed on
 //! the way, so memory stays bounded whatever the database size. The object appears in the
 //! bucket only once the upload completes: a backup cut short leaves no partial snapshot
-//! under its key (an abandoned upload is aborted).
+//! under its key (an upload that fails or stalls is aborted; one cut by an operator crash
+//! leaves only unfinished parts, which never become an object).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
@@ -32,13 +34,22 @@ pub enum TakeError {
     Store(#[from] object_store::Error),
     #[error("the member sent an empty snapshot")]
     Empty,
+    #[error("the snapshot was not stored within {}s", .0.as_secs())]
+    Stalled(Duration),
 }
 
 /// How many parts may be uploading at once (5 MiB each).
 const UPLOADS_IN_FLIGHT: usize = 4;
 
-/// Streams a snapshot of the member at `endpoint` to `key` in `store`.
-pub async fn take(access: &EtcdAccess, endpoint: &str, store: Arc<dyn ObjectStore>, key: &str) -> Result<Taken, TakeError> {
+/// Streams a snapshot of the member at `endpoint` to `key` in `store`, within `limit` (a
+/// stream that stalls is given up, and its upload aborted).
+pub async fn take(
+    access: &EtcdAccess,
+    endpoint: &str,
+    store: Arc<dyn ObjectStore>,
+    key: &str,
+    limit: Duration,
+) -> Result<Taken, TakeError> {
     // A linearizable read first: the member has caught up with the leader (a member that
     // lags would hand out an old snapshot).
     access.read_through(endpoint).await?;
@@ -47,7 +58,7 @@ pub async fn take(access: &EtcdAccess, endpoint: &str, store: Arc<dyn ObjectStor
     let mut writer = WriteMultipart::new(upload);
     let mut hash = Sha256::new();
     let mut size: i64 = 0;
-    let streamed: Result<(), TakeError> = async {
+    let stream = async {
         while let Some(chunk) = snapshot.stream.message().await? {
             let blob = chunk.blob();
             hash.update(blob);
@@ -56,8 +67,10 @@ pub async fn take(access: &EtcdAccess, endpoint: &str, store: Arc<dyn ObjectStor
             writer.write(blob);
         }
         Ok(())
-    }
-    .await;
+    };
+    let streamed: Result<(), TakeError> = tokio::time::timeout(limit, stream)
+        .await
+        .unwrap_or(Err(TakeError::Stalled(limit)));
     if let Err(e) = streamed.and_then(|()| if size == 0 { Err(TakeError::Empty) } else { Ok(()) }) {
         let _ = writer.abort().await;
         return Err(e);
