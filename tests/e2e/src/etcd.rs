@@ -202,26 +202,40 @@ impl History {
         Ok(())
     }
 
-    /// Checks the data left in the cluster: every acknowledged write is there, and the register
-    /// holds the last value that took effect.
-    pub async fn check_data(&self, client: &mut Client) -> Result<(), String> {
+    /// The values whose keys are in the cluster now.
+    async fn present(client: &mut Client) -> Result<std::collections::BTreeSet<u64>, String> {
         let written = client
             .get(WRITTEN, Some(etcd_client::GetOptions::new().with_prefix()))
             .await
             .map_err(|e| format!("reading the written keys: {e}"))?;
-        let present: std::collections::BTreeSet<u64> = written
+        Ok(written
             .kvs()
             .iter()
             .filter_map(|kv| kv.key_str().ok()?.strip_prefix(WRITTEN)?.parse().ok())
-            .collect();
-        let lost: Vec<u64> = self
-            .ops
+            .collect())
+    }
+
+    /// The acknowledged writes that are not in the cluster now (an error if it cannot be read).
+    pub async fn lost_writes(&self, client: &mut Client) -> Result<Vec<u64>, String> {
+        let present = Self::present(client).await?;
+        Ok(self.missing_from(&present))
+    }
+
+    fn missing_from(&self, present: &std::collections::BTreeSet<u64>) -> Vec<u64> {
+        self.ops
             .iter()
             .filter_map(|o| match o {
                 Op::Write { value, acked: true } if !present.contains(value) => Some(*value),
                 _ => None,
             })
-            .collect();
+            .collect()
+    }
+
+    /// Checks the data left in the cluster: every acknowledged write is there, and the register
+    /// holds the last value that took effect.
+    pub async fn check_data(&self, client: &mut Client) -> Result<(), String> {
+        let present = Self::present(client).await?;
+        let lost = self.missing_from(&present);
         if !lost.is_empty() {
             return Err(format!("acknowledged writes lost: {lost:?}"));
         }

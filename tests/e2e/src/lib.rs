@@ -183,13 +183,20 @@ where
 /// A plain HTTP GET to an address on this machine (loopback, or an address of our own
 /// namespaces); returns the body, or `None` on any failure.
 pub async fn http_get(addr: &str, path: &str) -> Option<String> {
+    http_get_within(addr, path, Duration::from_secs(2)).await
+}
+
+/// [`http_get`] with its own time limit for connecting and for the answer. Clients that count
+/// failed requests use a generous one: on a loaded machine a live pod can take seconds to
+/// answer, while a request sent nowhere fails at once (refused) or never answers at all.
+pub async fn http_get_within(addr: &str, path: &str, limit: Duration) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let connect = tokio::net::TcpStream::connect(addr);
-    let mut stream = tokio::time::timeout(Duration::from_secs(2), connect).await.ok()?.ok()?;
+    let mut stream = tokio::time::timeout(limit, connect).await.ok()?.ok()?;
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.ok()?;
     let mut response = String::new();
-    tokio::time::timeout(Duration::from_secs(2), stream.read_to_string(&mut response))
+    tokio::time::timeout(limit, stream.read_to_string(&mut response))
         .await
         .ok()?
         .ok()?;
