@@ -9,9 +9,11 @@ use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions, Txn
 use k8s_openapi::api::core::v1::{Event, Secret};
 use kube::Api;
 use kube::api::ListParams;
-use noops_api::EtcdCluster;
+use kube::api::{Patch, PatchParams};
+use noops_api::{EtcdBackup, EtcdCluster};
+use std::collections::BTreeSet;
 
-use crate::{TestNamespace, pod_ip, root, wait_for};
+use crate::{TestNamespace, pod_ip, root, s3, wait_for};
 
 /// The etcd version the local Kubernetes runs for `minor` ("3.5"), from its Go module.
 pub fn etcd_version(minor: &str) -> String {
@@ -133,7 +135,8 @@ pub async fn etcd_client(ns: &TestNamespace, name: &str, endpoints: &[String]) -
 
 /// The register the writer writes, and the prefix of the key each write also leaves.
 const REGISTER: &str = "history/register";
-const WRITTEN: &str = "history/written/";
+/// The prefix of the keys the writer leaves, one per acknowledged write.
+pub const WRITTEN: &str = "history/written/";
 
 /// One operation of the writer, as the client saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,6 +259,71 @@ impl History {
         }
         Ok(())
     }
+}
+
+/// Merges `spec` into EtcdCluster `name`'s spec.
+pub async fn patch_spec(ns: &TestNamespace, name: &str, spec: serde_json::Value) {
+    let api: Api<EtcdCluster> = ns.api();
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&serde_json::json!({ "spec": spec })),
+    )
+    .await
+    .unwrap();
+}
+
+/// The member names in the cluster's status.
+pub fn member_names(cluster: &EtcdCluster) -> BTreeSet<String> {
+    cluster
+        .status
+        .as_ref()
+        .map(|s| s.members.iter().map(|m| m.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// An on-demand EtcdBackup of `cluster`.
+pub fn backup_manifest(name: &str, cluster: &str) -> String {
+    format!(
+        "apiVersion: noops.dev/v1alpha1\nkind: EtcdBackup\nmetadata: {{ name: {name} }}\nspec: {{ cluster: {cluster} }}\n"
+    )
+}
+
+/// A `backup:` block (to be put in a cluster's spec) to the test's object store.
+pub fn backup_spec(ns: &TestNamespace, schedule: Option<&str>, max: i32) -> String {
+    let schedule = schedule.map(|s| format!("    schedule: \"{s}\"\n")).unwrap_or_default();
+    format!(
+        "  backup:\n{schedule}    maxBackups: {max}\n    s3:\n      endpoint: {}\n      bucket: backups\n      credentialsSecret: object-store-credentials\n",
+        s3::service_url(ns)
+    )
+}
+
+/// Waits for EtcdBackup `name` to succeed or fail.
+pub async fn wait_backup_done(ns: &TestNamespace, name: &str) -> EtcdBackup {
+    let api: Api<EtcdBackup> = ns.api();
+    wait_for(
+        &format!("EtcdBackup {name} to finish"),
+        Duration::from_secs(120),
+        || async {
+            api.get_opt(name).await.ok().flatten().filter(|b| {
+                matches!(
+                    b.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Succeeded" | "Failed")
+                )
+            })
+        },
+    )
+    .await
+}
+
+/// An EtcdCluster that starts from EtcdBackup `backup`.
+pub fn restore_manifest(name: &str, replicas: i32, version: &str, backup: &str) -> String {
+    cluster_manifest(
+        name,
+        replicas,
+        version,
+        &format!("  bootstrap:\n    fromBackup: {{ name: {backup} }}\n"),
+    )
 }
 
 /// A writer and reader running in the background until stopped.

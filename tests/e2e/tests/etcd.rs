@@ -9,32 +9,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::ListParams;
 use noops_api::EtcdCluster;
 use noops_api::etcd::OperationKind;
 use noops_e2e::etcd::*;
 use noops_e2e::*;
 
 const MINUTE: Duration = Duration::from_secs(60);
-
-async fn patch_spec(ns: &TestNamespace, name: &str, spec: serde_json::Value) {
-    let api: Api<EtcdCluster> = ns.api();
-    api.patch(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(&serde_json::json!({ "spec": spec })),
-    )
-    .await
-    .unwrap();
-}
-
-fn member_names(cluster: &EtcdCluster) -> BTreeSet<String> {
-    cluster
-        .status
-        .as_ref()
-        .map(|s| s.members.iter().map(|m| m.name.clone()).collect())
-        .unwrap_or_default()
-}
 
 fn reasons(events: &[(String, String)]) -> Vec<&str> {
     events.iter().map(|(r, _)| r.as_str()).collect()

@@ -19,33 +19,6 @@ use sha2::{Digest, Sha256};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
-fn backup_manifest(name: &str, cluster: &str) -> String {
-    format!(
-        "apiVersion: noops.dev/v1alpha1\nkind: EtcdBackup\nmetadata: {{ name: {name} }}\nspec: {{ cluster: {cluster} }}\n"
-    )
-}
-
-fn backup_spec(ns: &TestNamespace, schedule: Option<&str>, max: i32) -> String {
-    let schedule = schedule.map(|s| format!("    schedule: \"{s}\"\n")).unwrap_or_default();
-    format!(
-        "  backup:\n{schedule}    maxBackups: {max}\n    s3:\n      endpoint: {}\n      bucket: backups\n      credentialsSecret: object-store-credentials\n",
-        s3::service_url(ns)
-    )
-}
-
-async fn wait_backup_done(ns: &TestNamespace, name: &str) -> EtcdBackup {
-    let api: Api<EtcdBackup> = ns.api();
-    wait_for(&format!("EtcdBackup {name} to finish"), 2 * MINUTE, || async {
-        api.get_opt(name).await.ok().flatten().filter(|b| {
-            matches!(
-                b.status.as_ref().and_then(|s| s.phase.as_deref()),
-                Some("Succeeded" | "Failed")
-            )
-        })
-    })
-    .await
-}
-
 /// The keys under the cluster's prefix in the bucket.
 async fn stored_keys(store: &object_store::aws::AmazonS3, ns: &TestNamespace) -> BTreeSet<String> {
     store
@@ -256,15 +229,6 @@ async fn backups_that_cannot_be_made_fail_with_a_reason() {
         backups.get_opt("orphan").await.unwrap().is_none()
     })
     .await;
-}
-
-fn restore_manifest(name: &str, replicas: i32, version: &str, backup: &str) -> String {
-    cluster_manifest(
-        name,
-        replicas,
-        version,
-        &format!("  bootstrap:\n    fromBackup: {{ name: {backup} }}\n"),
-    )
 }
 
 async fn wait_ready_false(ns: &TestNamespace, name: &str, reason: &str) -> EtcdCluster {
