@@ -236,8 +236,17 @@ impl Operator {
         Self::start_binary(&root().join("target/debug/noops"), namespace, extra, kubeconfig)
     }
 
+    /// Like [`Operator::start`], with extra environment variables.
+    pub fn start_with_env(namespace: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_process(&root().join("target/debug/noops"), namespace, extra, &kubeconfig(), env)
+    }
+
     /// Like [`Operator::start_with_kubeconfig`], running `binary` (a release build, say).
     pub fn start_binary(binary: &Path, namespace: &str, extra: &[&str], kubeconfig: &Path) -> Self {
+        Self::start_process(binary, namespace, extra, kubeconfig, &[])
+    }
+
+    fn start_process(binary: &Path, namespace: &str, extra: &[&str], kubeconfig: &Path, env: &[(&str, &str)]) -> Self {
         let binary = binary.to_path_buf();
         assert!(binary.exists(), "{} is missing: run `make setup`", binary.display());
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -261,6 +270,7 @@ impl Operator {
             .args(extra)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,kube_runtime=warn")
+            .envs(env.iter().copied())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
             .spawn()

@@ -1,12 +1,14 @@
 //! What every controller shares: registration and the reconcile wrapper (`controller`),
 //! conditions, Events, server-side apply and the desired-state stamp, labels, rollout checks,
-//! pruning of children no longer wanted, per-object back-off, error classification and metrics.
+//! pruning of children no longer wanted, per-object back-off, error classification, metrics,
+//! and the crash points of the crash-safety tests.
 
 pub mod apply;
 pub mod backoff;
 pub mod cache;
 pub mod conditions;
 pub mod controller;
+pub mod crash;
 pub mod error;
 pub mod events;
 #[cfg(test)]

@@ -23,7 +23,7 @@ use super::status::{self, Outcome, Problems};
 use super::{Context, backups, bootstrap, pod, restore, services, tls, validate, volume};
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
 use crate::core::stamp::{stamp, up_to_date};
-use crate::core::{DuringStep, Error, Result, Step as Stage};
+use crate::core::{DuringStep, Error, Result, Step as Stage, crash};
 
 /// How often a settled cluster is looked at (member health is not something Kubernetes
 /// watches).
@@ -192,6 +192,9 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
             }
             Err(e) => return Err(Error::from(e)).during(Stage::Status),
         }
+    }
+    if !later.is_empty() {
+        crash::point("status written, its Events not yet told");
     }
     for announcement in later {
         announcement.tell(&cluster, ctx).await;
@@ -469,6 +472,7 @@ impl Runner<'_> {
                 let me = vec![(member.clone(), self.names.peer_url(&member))];
                 let version = self.version(&member, outcome.operation.as_ref());
                 self.start_member(&member, &version, &me).await?;
+                crash::point("bootstrap: first member started");
                 Ok(NEXT_STEP)
             }
             Step::RestoreFirstMember { member } => {
@@ -483,8 +487,10 @@ impl Runner<'_> {
                 };
                 self.set_state(true).await?;
                 self.create_volume(&member).await?;
+                crash::point("restore: volume made, restore pod not yet");
                 let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
                 create_if_missing(&pods, &pod).await?;
+                crash::point("restore: restore pod made");
                 // Told now: the pod is made, whatever becomes of this pass's status.
                 let note = format!("restoring EtcdBackup {} into {member}", backup.name_any());
                 info!(member, "{note}");
@@ -531,6 +537,7 @@ impl Runner<'_> {
                     // The restore pod has done its work: the member runs on what it restored.
                     let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
                     delete_if_present(&pods, &restore::pod_name(&member), &DeleteParams::default()).await?;
+                    crash::point("restore: restore pod deleted, cluster ID not recorded");
                     let revision = backup.status.as_ref().and_then(|s| s.revision).unwrap_or_default();
                     later.push(
                         Announcement::normal(
@@ -545,6 +552,7 @@ impl Runner<'_> {
                     );
                 }
                 self.set_state(false).await?;
+                crash::point("bootstrap: state set to existing, cluster ID not recorded");
                 outcome.cluster_id = Some(format!("{:x}", health.cluster_id));
                 outcome.operation = None;
                 later.push(
@@ -559,6 +567,7 @@ impl Runner<'_> {
                     return Ok(NOT_NOW_RETRY);
                 };
                 info!(member, id = %format!("{id:x}"), "added a learner to etcd");
+                crash::point("add: learner added to etcd, its ID not recorded");
                 if let Some(op) = outcome.operation.as_mut() {
                     op.member_id = Some(format!("{id:x}"));
                 }
@@ -568,6 +577,7 @@ impl Runner<'_> {
                 let initial = self.initial_cluster(&member);
                 let version = self.version(&member, outcome.operation.as_ref());
                 self.start_member(&member, &version, &initial).await?;
+                crash::point("add: learner's pod made");
                 Ok(NEXT_STEP)
             }
             Step::Promote { member, id } => {
@@ -575,6 +585,7 @@ impl Runner<'_> {
                     return Ok(NOT_NOW_RETRY);
                 }
                 info!(member, "promoted a learner to a voting member");
+                crash::point("add: learner promoted, not recorded");
                 self.event(&member, false, "Promoted", format!("{member} caught up and votes")).await;
                 Ok(NEXT_STEP)
             }
@@ -612,6 +623,7 @@ impl Runner<'_> {
                     after.map_or_else(|| "?".to_string(), |a| a.to_string())
                 );
                 info!(member, "{note}");
+                crash::point("defragment: member defragmented, not recorded");
                 self.event(&member, false, "Defragmented", note).await;
                 Ok(NEXT_STEP)
             }
@@ -628,6 +640,7 @@ impl Runner<'_> {
                 }
                 let to_name = self.member_of_id(to).unwrap_or_else(|| format!("{to:x}"));
                 info!(from = ?leader, to = %to_name, "moved leadership before removing the leader");
+                crash::point("remove: leadership moved away");
                 self.event(&to_name, false, "LeaderMoved", format!("leadership moved to {to_name}")).await;
                 Ok(NEXT_STEP)
             }
@@ -636,6 +649,7 @@ impl Runner<'_> {
                     return Ok(NOT_NOW_RETRY);
                 }
                 info!(member, "removed a member from etcd");
+                crash::point("remove: member removed from etcd, not recorded");
                 self.event(&member, false, "MemberRemoved", format!("{member} is no longer a member")).await;
                 Ok(NEXT_STEP)
             }
@@ -652,7 +666,9 @@ impl Runner<'_> {
                 };
                 let volumes: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), ns);
                 delete_if_present(&pods, &member, &params).await?;
+                crash::point("remove: pod deleted, volume not yet");
                 delete_if_present(&volumes, &self.names.volume(&member), &DeleteParams::default()).await?;
+                crash::point("remove: pod and volume deleted");
                 info!(member, force, "deleted the pod and volume of a former member");
                 if force {
                     self.event(
@@ -672,6 +688,7 @@ impl Runner<'_> {
                 let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
                 if delete_if_present(&pods, &member, &DeleteParams::default()).await? {
                     info!(member, "stopped a member to start it on another version");
+                    crash::point("upgrade: member stopped for its restart");
                 }
                 Ok(NEXT_STEP)
             }
@@ -703,6 +720,12 @@ impl Runner<'_> {
                         ),
                     };
                     later.push(Announcement::normal(reason, note).about(&op.member));
+                    crash::point(match op.kind {
+                        OperationKind::Bootstrap => "finish: bootstrap done, not recorded",
+                        OperationKind::AddMember => "finish: add done, not recorded",
+                        OperationKind::RemoveMember => "finish: removal done, not recorded",
+                        OperationKind::Upgrade => "finish: upgrade of a member done, not recorded",
+                    });
                 }
                 Ok(NEXT_STEP)
             }

@@ -24,7 +24,7 @@ use super::store::{self, location};
 use super::take::{self, TakeError};
 use crate::core::apply::apply_status;
 use crate::core::conditions::{Decided, merge};
-use crate::core::{Error, Result};
+use crate::core::{Error, Result, crash};
 use crate::etcd::client::{Credentials, EtcdAccess};
 use crate::etcd::names::{CLUSTER_LABEL, Names};
 use crate::etcd::observe;
@@ -122,6 +122,7 @@ async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
     let events = &ctx.core.events;
     match verdict {
         Verdict::Succeeded(taken) => {
+            crash::point("backup: snapshot stored, status not written");
             let where_ = next.location.clone().unwrap_or_default();
             let note = format!(
                 "stored revision {} of cluster {:x} ({} bytes, etcd {}) at {where_}",

@@ -1,0 +1,213 @@
+//! Crash safety: the operator kills itself (SIGKILL) at every point where it has acted and not
+//! yet recorded it in status (its crash points, `NOOPS_CRASH_POINTS`), once each, through a
+//! bootstrap, a scale up and down, the replacement of a member that lost its volume, a minor
+//! upgrade, a backup and a restore into a new cluster, while a client writes. A supervisor
+//! starts it again each time. After each phase the cluster must converge; at the end no
+//! acknowledged write may be missing, no read may have gone back in time, the quorum was never
+//! lost, and the test prints how many distinct crash points it went through. Needs
+//! `make cluster-up` (3 nodes).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use kube::Api;
+use noops_api::EtcdCluster;
+use noops_e2e::etcd::*;
+use noops_e2e::*;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// The operator, started again whenever it has died, until stopped.
+struct Supervisor {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<(usize, String)>,
+}
+
+impl Supervisor {
+    fn start(namespace: &str, crash_points: &Path) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, namespace, file) = (stop.clone(), namespace.to_string(), crash_points.display().to_string());
+        let task = tokio::spawn(async move {
+            let begin = |file: &str| {
+                Operator::start_with_env(&namespace, &["--leader-elect=false"], &[("NOOPS_CRASH_POINTS", file)])
+            };
+            let mut operator = begin(&file);
+            let mut starts = 1;
+            let mut logs = String::new();
+            while !flag.load(Ordering::Relaxed) {
+                if !operator.running() {
+                    logs.push_str(&operator.log_text());
+                    operator = begin(&file);
+                    starts += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            logs.push_str(&operator.log_text());
+            operator.kill();
+            (starts - 1, logs)
+        });
+        Self { stop, task }
+    }
+
+    /// Stops the operator; returns how often it was started again, and all its logs.
+    async fn stop(self) -> (usize, String) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
+/// The writer's keys in the cluster, now or at `revision`.
+async fn written_keys(client: &mut etcd_client::Client, revision: Option<i64>) -> BTreeSet<String> {
+    let mut options = etcd_client::GetOptions::new().with_prefix().with_keys_only();
+    if let Some(revision) = revision {
+        options = options.with_revision(revision);
+    }
+    let answer = client.get(WRITTEN, Some(options)).await.unwrap();
+    answer
+        .kvs()
+        .iter()
+        .filter_map(|kv| kv.key_str().ok().map(str::to_string))
+        .collect()
+}
+
+async fn wait_members(ns: &TestNamespace, name: &str, what: &str, check: impl Fn(&EtcdCluster) -> bool) -> EtcdCluster {
+    let api: Api<EtcdCluster> = ns.api();
+    wait_for(what, 5 * MINUTE, || async {
+        api.get(name).await.ok().filter(|c| check(c))
+    })
+    .await
+}
+
+#[tokio::test]
+async fn the_operator_killed_at_each_crash_point_always_converges_and_loses_nothing() {
+    install_crds();
+    let ns = TestNamespace::new("etcd-crash").await;
+    s3::deploy(&ns);
+    s3::create_bucket(&ns, "backups").await;
+    let crash_points = std::env::temp_dir().join(format!("noops-crash-points-{}", ns.name));
+    let _ = std::fs::remove_file(&crash_points);
+    let supervisor = Supervisor::start(&ns.name, &crash_points);
+    let (from, to) = (etcd_version("3.5"), etcd_version("3.6"));
+
+    // Bootstrap.
+    ns.apply(&cluster_manifest("main", 3, &from, &backup_spec(&ns, None, 3)));
+    wait_cluster_ready(&ns, "main", 3, 4 * MINUTE).await;
+    let writer = Writer::start(etcd_client(&ns, "main", &[service_endpoint(&ns, "main").await]).await);
+
+    // Scale up and down.
+    patch_spec(&ns, "main", serde_json::json!({ "replicas": 5 })).await;
+    wait_cluster_ready(&ns, "main", 5, 5 * MINUTE).await;
+    patch_spec(&ns, "main", serde_json::json!({ "replicas": 3 })).await;
+    let settled = wait_cluster_ready(&ns, "main", 3, 5 * MINUTE).await;
+
+    // A member loses its pod and volume: removed, then replaced under a new name.
+    let before = member_names(&settled);
+    let lost = before.iter().next().unwrap().clone();
+    kubectl_ok(
+        &["delete", "-n", &ns.name, "pvc", &format!("{lost}-data"), "--wait=false"],
+        None,
+    );
+    kubectl_ok(&["delete", "-n", &ns.name, "pod", &lost, "--wait=false"], None);
+    wait_members(&ns, "main", "the lost member replaced", |c| {
+        cluster_ready(c, 3) && !member_names(c).contains(&lost)
+    })
+    .await;
+
+    // A minor upgrade.
+    patch_spec(&ns, "main", serde_json::json!({ "version": to })).await;
+    wait_members(&ns, "main", &format!("every member on {to}"), |c| {
+        cluster_ready(c, 3)
+            && c.status.as_ref().is_some_and(|s| {
+                s.current_version.as_deref() == Some(to.as_str())
+                    && s.members.iter().all(|m| m.version.as_deref() == Some(to.as_str()))
+            })
+    })
+    .await;
+
+    // A backup, taken while the client still writes.
+    ns.apply(&backup_manifest("snap", "main"));
+    let snap = wait_backup_done(&ns, "snap").await;
+    assert_eq!(
+        snap.status.as_ref().unwrap().phase.as_deref(),
+        Some("Succeeded"),
+        "{snap:?}"
+    );
+    let history = writer.stop().await;
+    let names: Vec<String> = member_names(&wait_cluster_ready(&ns, "main", 3, MINUTE).await)
+        .into_iter()
+        .collect();
+    let endpoints = member_endpoints(&ns, &names.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let mut checker = etcd_client(&ns, "main", &endpoints).await;
+    assert_no_write_lost(&history, &mut checker, 100).await;
+
+    // A restore into a new cluster: it holds what the main cluster held at the backup's
+    // revision (the snapshot was taken at or after it), and nothing main never had.
+    let backup_revision = snap.status.as_ref().and_then(|s| s.revision).unwrap();
+    let at_backup = written_keys(&mut checker, Some(backup_revision)).await;
+    let main_now = written_keys(&mut checker, None).await;
+    ns.apply(&restore_manifest("copy", 3, &to, "snap"));
+    let copy = wait_cluster_ready(&ns, "copy", 3, 5 * MINUTE).await;
+    let copy_names: Vec<String> = member_names(&copy).into_iter().collect();
+    let copy_endpoints = member_endpoints(&ns, &copy_names.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let restored = written_keys(&mut etcd_client(&ns, "copy", &copy_endpoints).await, None).await;
+    assert!(
+        !at_backup.is_empty(),
+        "the backup was taken while writes were acknowledged"
+    );
+    assert!(
+        restored.is_superset(&at_backup),
+        "{} keys at the backup's revision missing",
+        at_backup.difference(&restored).count()
+    );
+    assert!(
+        restored.is_subset(&main_now),
+        "the restored cluster holds keys main never had"
+    );
+
+    let (restarts, logs) = supervisor.stop().await;
+    let points: BTreeSet<String> = std::fs::read_to_string(&crash_points)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    println!(
+        "crash safety: {} distinct crash points, {restarts} operator restarts:\n  {}",
+        points.len(),
+        points.iter().cloned().collect::<Vec<_>>().join("\n  ")
+    );
+    assert!(!logs.contains("panicked"), "an operator panicked:\n{logs}");
+    for cluster in ["main", "copy"] {
+        let events = cluster_events(&ns, cluster).await;
+        assert!(
+            !events.iter().any(|(reason, _)| reason == "QuorumLost"),
+            "{cluster} lost its quorum: {events:?}"
+        );
+    }
+    // Every phase above has its points; fewer means a phase stopped reaching them.
+    for expected in [
+        "bootstrap: first member started",
+        "add: learner added to etcd, its ID not recorded",
+        "add: learner's pod made",
+        "add: learner promoted, not recorded",
+        "remove: member removed from etcd, not recorded",
+        "remove: pod deleted, volume not yet",
+        "upgrade: member stopped for its restart",
+        "backup: snapshot stored, status not written",
+        "restore: restore pod made",
+        "bootstrap: state set to existing, cluster ID not recorded",
+    ] {
+        assert!(
+            points.contains(expected),
+            "crash point {expected:?} never reached: {points:?}"
+        );
+    }
+    assert_eq!(
+        restarts,
+        points.len(),
+        "one restart per crash point, no crash of another kind"
+    );
+}
