@@ -326,6 +326,16 @@ pub fn restore_manifest(name: &str, replicas: i32, version: &str, backup: &str) 
     )
 }
 
+/// SIGKILLs the etcd process of `member` (its container restarts it).
+pub fn kill_member_process(ns: &TestNamespace, cluster: &str, member: &str) {
+    let pattern = format!("advertise-client-urls=https://{member}.{cluster}.{}.svc", ns.name);
+    let status = std::process::Command::new("pkill")
+        .args(["-KILL", "-f", &pattern])
+        .status()
+        .unwrap();
+    assert!(status.success(), "no etcd process of {member} to kill");
+}
+
 /// A writer and reader running in the background until stopped.
 pub struct Writer {
     stop: Arc<AtomicBool>,

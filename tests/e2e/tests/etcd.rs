@@ -65,15 +65,6 @@ async fn etcdctl_in_pod(ns: &TestNamespace, cluster: &str, version: &str, pod: &
 }
 
 /// Kills (SIGKILL) the etcd process of `member`, wherever its node runs it.
-fn kill_member_process(ns: &TestNamespace, cluster: &str, member: &str) {
-    let pattern = format!("advertise-client-urls=https://{member}.{cluster}.{}.svc", ns.name);
-    let status = std::process::Command::new("pkill")
-        .args(["-KILL", "-f", &pattern])
-        .status()
-        .unwrap();
-    assert!(status.success(), "no etcd process of {member} to kill");
-}
-
 #[tokio::test]
 async fn a_cluster_bootstraps_scales_heals_and_goes_away_without_losing_a_write() {
     install_crds();
@@ -568,4 +559,117 @@ async fn fragmented_members_are_defragmented_one_at_a_time_the_leader_last() {
         client.get("keep", None).await.unwrap().kvs()[0].value_str().unwrap(),
         "me"
     );
+}
+
+/// The folder on this machine that holds `member`'s etcd data (its volume is a local folder).
+async fn data_dir(ns: &TestNamespace, member: &str) -> std::path::PathBuf {
+    use k8s_openapi::api::core::v1::PersistentVolume;
+    let claim = ns
+        .api::<PersistentVolumeClaim>()
+        .get(&format!("{member}-data"))
+        .await
+        .unwrap();
+    let volume = claim.spec.and_then(|s| s.volume_name).expect("a bound volume");
+    let pv = Api::<PersistentVolume>::all(ns.client.clone())
+        .get(&volume)
+        .await
+        .unwrap();
+    let path = pv
+        .spec
+        .and_then(|s| s.host_path)
+        .map(|h| h.path)
+        .expect("a local-path volume");
+    std::path::PathBuf::from(path).join("data")
+}
+
+/// Waits until `lost` is no longer a member and the cluster is Ready with 3 others; checks
+/// that it was removed from etcd before its successor was added.
+async fn wait_replaced(ns: &TestNamespace, lost: &str) -> EtcdCluster {
+    let api: Api<EtcdCluster> = ns.api();
+    let replaced = wait_for(&format!("{lost} replaced"), 4 * MINUTE, || async {
+        api.get("main")
+            .await
+            .ok()
+            .filter(|c| cluster_ready(c, 3) && !member_names(c).contains(lost))
+    })
+    .await;
+    let events = cluster_events(ns, "main").await;
+    let removed = events
+        .iter()
+        .position(|(r, m)| r == "MemberRemoved" && m.contains(lost))
+        .unwrap_or_else(|| panic!("no MemberRemoved for {lost}: {events:?}"));
+    let added = events
+        .iter()
+        .rposition(|(r, _)| r == "AddingMember")
+        .unwrap_or_else(|| panic!("no AddingMember: {events:?}"));
+    assert!(
+        removed < added,
+        "{lost} removed before its successor was added: {events:?}"
+    );
+    replaced
+}
+
+#[tokio::test]
+async fn a_member_whose_data_is_wiped_or_corrupt_is_replaced_and_never_forms_a_cluster_of_its_own() {
+    install_crds();
+    let ns = TestNamespace::new("etcd-disk").await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "etcd"]);
+    ns.apply(&cluster_manifest("main", 3, &etcd_version("3.5"), ""));
+    let ready = wait_cluster_ready(&ns, "main", 3, 3 * MINUTE).await;
+    let cluster_id = ready.status.as_ref().unwrap().cluster_id.clone();
+    let mut client = etcd_client(&ns, "main", &[service_endpoint(&ns, "main").await]).await;
+    for i in 0..50 {
+        client
+            .put(format!("disk/{i:02}"), format!("value {i}"), None)
+            .await
+            .unwrap();
+    }
+    let follower = |c: &EtcdCluster| {
+        let status = c.status.as_ref().unwrap();
+        status
+            .members
+            .iter()
+            .find(|m| !m.leader)
+            .map(|m| m.name.clone())
+            .unwrap()
+    };
+
+    // A member's data folder is wiped and its process killed: it comes back empty, with the
+    // cluster state "existing", so it can neither start a cluster of its own nor rejoin as
+    // itself. It is removed from etcd, then replaced under a new name.
+    let wiped = follower(&ready);
+    let dir = data_dir(&ns, &wiped).await;
+    std::fs::remove_dir_all(dir.join("member")).unwrap();
+    kill_member_process(&ns, "main", &wiped);
+    let healed = wait_replaced(&ns, &wiped).await;
+
+    // Another member's database file is overwritten with garbage: replaced the same way.
+    let corrupt = follower(&healed);
+    let db = data_dir(&ns, &corrupt).await.join("member/snap/db");
+    std::fs::write(&db, vec![0xA5u8; 64 * 1024]).unwrap();
+    kill_member_process(&ns, "main", &corrupt);
+    let healed = wait_replaced(&ns, &corrupt).await;
+
+    assert_eq!(
+        healed.status.as_ref().unwrap().cluster_id,
+        cluster_id,
+        "still the same cluster"
+    );
+    let names: Vec<String> = member_names(&healed).into_iter().collect();
+    let mut checker = etcd_client(
+        &ns,
+        "main",
+        &member_endpoints(&ns, &names.iter().map(String::as_str).collect::<Vec<_>>()).await,
+    )
+    .await;
+    assert_eq!(
+        checker.member_list().await.unwrap().members().len(),
+        3,
+        "no member left behind"
+    );
+    let kept = checker
+        .get("disk/", Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert_eq!(kept.kvs().len(), 50, "every key is still there");
 }

@@ -106,12 +106,7 @@ async fn repeated_member_and_operator_faults_lose_no_acknowledged_write() {
         };
         match fault {
             Fault::KillMemberProcess => {
-                let pattern = format!("advertise-client-urls=https://{member}.main.{}.svc", ns.name);
-                let killed = std::process::Command::new("pkill")
-                    .args(["-KILL", "-f", &pattern])
-                    .status()
-                    .unwrap();
-                assert!(killed.success(), "round {round}: no etcd process of {member} to kill");
+                kill_member_process(&ns, "main", member);
                 process_kills += 1;
             }
             Fault::DeleteMemberPod => {
