@@ -116,6 +116,13 @@ pub async fn service_endpoint(ns: &TestNamespace, name: &str) -> String {
     format!("https://{}:2379", service.spec.unwrap().cluster_ip.unwrap())
 }
 
+/// A client of cluster `name` through the pods of the members its status lists.
+pub async fn members_client(ns: &TestNamespace, name: &str, cluster: &EtcdCluster) -> Client {
+    let names: Vec<String> = member_names(cluster).into_iter().collect();
+    let endpoints = member_endpoints(ns, &names.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    etcd_client(ns, name, &endpoints).await
+}
+
 /// A client of cluster `name` through `endpoints`, with the client certificate from its Secret.
 pub async fn etcd_client(ns: &TestNamespace, name: &str, endpoints: &[String]) -> Client {
     let secrets: Api<Secret> = ns.api();

@@ -374,6 +374,16 @@ pub fn pod_node(pod: &Pod) -> String {
     pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default()
 }
 
+/// How often the pod's first container has been restarted.
+pub fn restart_count(pod: &Pod) -> i32 {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .map(|c| c.restart_count)
+        .unwrap_or(0)
+}
+
 /// The pod IP, if it has one.
 pub fn pod_ip(pod: &Pod) -> Option<String> {
     pod.status.as_ref()?.pod_ip.clone()

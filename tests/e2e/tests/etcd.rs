@@ -438,13 +438,7 @@ async fn a_minor_upgrade_rolls_one_member_at_a_time_the_leader_last_without_losi
     })
     .await;
     let history = writer.stop().await;
-    let names: Vec<String> = member_names(&after).into_iter().collect();
-    let mut checker = etcd_client(
-        &ns,
-        "main",
-        &member_endpoints(&ns, &names.iter().map(String::as_str).collect::<Vec<_>>()).await,
-    )
-    .await;
+    let mut checker = members_client(&ns, "main", &after).await;
     assert_no_write_lost(&history, &mut checker, 50).await;
 
     // The same members, on the same volumes: an upgrade restarts members, it replaces none.
@@ -655,13 +649,7 @@ async fn a_member_whose_data_is_wiped_or_corrupt_is_replaced_and_never_forms_a_c
         cluster_id,
         "still the same cluster"
     );
-    let names: Vec<String> = member_names(&healed).into_iter().collect();
-    let mut checker = etcd_client(
-        &ns,
-        "main",
-        &member_endpoints(&ns, &names.iter().map(String::as_str).collect::<Vec<_>>()).await,
-    )
-    .await;
+    let mut checker = members_client(&ns, "main", &healed).await;
     assert_eq!(
         checker.member_list().await.unwrap().members().len(),
         3,
@@ -672,4 +660,91 @@ async fn a_member_whose_data_is_wiped_or_corrupt_is_replaced_and_never_forms_a_c
         .await
         .unwrap();
     assert_eq!(kept.kvs().len(), 50, "every key is still there");
+}
+
+/// Each member pod's UID and restart count.
+async fn incarnations(ns: &TestNamespace, cluster: &EtcdCluster) -> Vec<(Option<String>, i32)> {
+    let mut out = vec![];
+    for member in member_names(cluster) {
+        let pod = ns.pods().get(&member).await.unwrap();
+        out.push((pod.metadata.uid.clone(), restart_count(&pod)));
+    }
+    out
+}
+
+/// When the certificate in Secret `name` expires (its `noops.dev/not-after` annotation).
+async fn not_after(ns: &TestNamespace, name: &str) -> String {
+    let secret = ns.api::<Secret>().get(name).await.unwrap();
+    secret.metadata.annotations.unwrap_or_default()["noops.dev/not-after"].clone()
+}
+
+#[tokio::test]
+async fn certificates_are_renewed_before_they_expire_without_downtime() {
+    // Certificates that last 4 minutes: issued again with 80 s left, and on the members' disks
+    // within the node's minute of volume refresh, well before the old ones expire.
+    const LIFETIME: Duration = Duration::from_secs(240);
+    install_crds();
+    let ns = TestNamespace::new("etcd-certs").await;
+    let lifetime = LIFETIME.as_secs().to_string();
+    let _operator = Operator::start(
+        &ns.name,
+        &[
+            "--controllers",
+            "etcd",
+            "--etcd-certificate-lifetime-seconds",
+            &lifetime,
+        ],
+    );
+    let issued = std::time::Instant::now();
+    ns.apply(&cluster_manifest("main", 3, &etcd_version("3.5"), ""));
+    let ready = wait_cluster_ready(&ns, "main", 3, 3 * MINUTE).await;
+    let secrets = ["main-peer", "main-server", "main-client"];
+    let mut first = vec![];
+    for secret in secrets {
+        first.push(not_after(&ns, secret).await);
+    }
+    let pods_before = incarnations(&ns, &ready).await;
+    let writer = Writer::start(etcd_client(&ns, "main", &[service_endpoint(&ns, "main").await]).await);
+
+    // Renewed: every Secret holds a new certificate, with no pod restarted for it.
+    wait_until("every certificate issued again", 3 * MINUTE, || async {
+        let mut renewed = true;
+        for (secret, was) in secrets.iter().zip(&first) {
+            renewed &= not_after(&ns, secret).await != *was;
+        }
+        renewed
+    })
+    .await;
+    // Past the nodes' volume refresh, before the writer's own (old) client certificate expires.
+    tokio::time::sleep(
+        LIFETIME
+            .saturating_sub(issued.elapsed())
+            .saturating_sub(Duration::from_secs(20)),
+    )
+    .await;
+    let history = writer.stop().await;
+    assert_eq!(
+        history.failed(),
+        0,
+        "no operation failed while certificates were renewed"
+    );
+    let pods_after = incarnations(&ns, &ready).await;
+    assert_eq!(pods_after, pods_before, "no member restarted for the renewal");
+
+    // Once the first certificates have expired, only the new ones can open a connection: a
+    // member started again must join its peers, and a new client must get in.
+    tokio::time::sleep(LIFETIME.saturating_sub(issued.elapsed()) + Duration::from_secs(10)).await;
+    let restarted = member_names(&ready).into_iter().next().unwrap();
+    kill_member_process(&ns, "main", &restarted);
+    wait_until(&format!("{restarted} back and healthy"), 2 * MINUTE, || async {
+        let pod = ns.pods().get(&restarted).await.unwrap();
+        restart_count(&pod) > 0
+            && pod_ready(&pod)
+            && ns.api::<EtcdCluster>().get("main").await.ok().is_some_and(|c| {
+                cluster_ready(&c, 3) && c.status.as_ref().is_some_and(|s| s.members.iter().all(|m| m.healthy))
+            })
+    })
+    .await;
+    let mut checker = members_client(&ns, "main", &ready).await;
+    assert_no_write_lost(&history, &mut checker, 50).await;
 }

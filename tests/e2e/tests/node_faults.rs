@@ -91,15 +91,6 @@ async fn wait_node_status(client: &Client, node: &str, want_ready: bool, timeout
     .await;
 }
 
-fn restart_count(pod: &Pod) -> i32 {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|c| c.first())
-        .map(|c| c.restart_count)
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 #[ignore = "node faults disturb other tests: `make e2e` runs them alone"]
 async fn a_stopped_node_goes_not_ready_its_pods_move_and_it_comes_back_with_its_volumes() {

@@ -48,6 +48,8 @@ pub struct Runtime {
     pub shutdown: Shutdown,
     /// The operator's own image: helper containers run it (a restore pod fetching a snapshot).
     pub image: String,
+    /// How long the certificates the operator issues are valid.
+    pub certificate_lifetime: std::time::Duration,
 }
 
 /// Fires when the controllers must stop (SIGTERM, or this replica lost its leader lease).

@@ -64,6 +64,8 @@ pub struct Context {
     pub caches: observe::Caches,
     /// The operator's own image, for the container of a restore pod that fetches a snapshot.
     pub image: String,
+    /// How long the member and client certificates it issues are valid.
+    pub certificate_lifetime: std::time::Duration,
 }
 
 impl HasCore for Context {
@@ -84,6 +86,7 @@ pub async fn run(runtime: Runtime) {
         metrics,
         shutdown,
         image,
+        certificate_lifetime,
     } = runtime;
     let ours = watcher::Config::default().labels(names::CLUSTER_LABEL);
     let (pods, pod_changes) = shared_cache(scoped_api::<Pod>(&client, &namespace), ours.clone()).await;
@@ -106,6 +109,7 @@ pub async fn run(runtime: Runtime) {
         },
         client: client.clone(),
         image,
+        certificate_lifetime,
     });
     let controller = Controller::new(scoped_api::<DeserializeGuard<EtcdCluster>>(&client, &namespace), watcher::Config::default().any_semantic())
         .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))

@@ -298,8 +298,9 @@ async fn ensure_fixed_children(
             }
         };
         for leaf in [tls::Leaf::Peer, tls::Leaf::Server, tls::Leaf::Client] {
-            if tls::needs_issuing(children.secrets.get(&leaf.secret(names)).map(|s| s.as_ref()), now) {
-                let issued = tls::issue(&ca, names, leaf, now).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+            let lifetime = ctx.certificate_lifetime;
+            if tls::needs_issuing(children.secrets.get(&leaf.secret(names)).map(|s| s.as_ref()), now, lifetime) {
+                let issued = tls::issue(&ca, names, leaf, now, lifetime).map_err(|e| Error::InvalidSpec(e.to_string()))?;
                 let secret = tls::leaf_secret(&issued, &ca, names, leaf, owner);
                 apply(&secrets, &leaf.secret(names), &secret).await?;
                 info!(secret = leaf.secret(names), not_after = %issued.not_after, "issued a certificate");

@@ -1,12 +1,14 @@
 //! Certificates of an etcd cluster, from a CA of its own that the operator keeps in a Secret:
 //! a peer certificate (members to each other), a server certificate (members to clients) and a
 //! client certificate (for the operator and for users, in Secret `<cluster>-client`). Leaf
-//! certificates last a year and are issued again when a third of that is left; members read
-//! them again on every new connection, so a renewal needs no restart.
+//! certificates last a year (`--etcd-certificate-lifetime-seconds`) and are issued again when a
+//! third of that is left; members read them again on every new connection, so a renewal needs
+//! no restart.
 //!
 //! Building and checking are pure (the time is a parameter); the reconcile applies the Secrets.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -20,8 +22,6 @@ use super::names::Names;
 
 /// The annotation holding when a leaf certificate expires (RFC 3339).
 pub const NOT_AFTER_ANNOTATION: &str = "noops.dev/not-after";
-/// How long leaf certificates last.
-const LEAF_DAYS: i64 = 365;
 /// How long the CA lasts.
 const CA_DAYS: i64 = 3650;
 
@@ -148,8 +148,8 @@ pub struct Issued {
     pub not_after: jiff::Timestamp,
 }
 
-/// Issues `leaf` from `ca`, valid from `now` for a year.
-pub fn issue(ca: &Ca, names: &Names, leaf: Leaf, now: jiff::Timestamp) -> Result<Issued, TlsError> {
+/// Issues `leaf` from `ca`, valid from `now` for `lifetime`.
+pub fn issue(ca: &Ca, names: &Names, leaf: Leaf, now: jiff::Timestamp, lifetime: Duration) -> Result<Issued, TlsError> {
     let ca_key = KeyPair::from_pem(&ca.key)?;
     let issuer = Issuer::new(ca_params(names), ca_key);
     let key = KeyPair::generate()?;
@@ -161,7 +161,7 @@ pub fn issue(ca: &Ca, names: &Names, leaf: Leaf, now: jiff::Timestamp) -> Result
     params.subject_alt_names = leaf.subject_alt_names(names);
     params.extended_key_usages = leaf.usages();
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-    let not_after = now + jiff::SignedDuration::from_hours(24 * LEAF_DAYS);
+    let not_after = now + jiff::SignedDuration::try_from(lifetime).unwrap_or(jiff::SignedDuration::MAX);
     params.not_before = offset(now - jiff::SignedDuration::from_hours(1))?;
     params.not_after = offset(not_after)?;
     let cert = params.signed_by(&key, &issuer)?;
@@ -173,8 +173,8 @@ pub fn issue(ca: &Ca, names: &Names, leaf: Leaf, now: jiff::Timestamp) -> Result
 }
 
 /// Whether a leaf Secret must be issued (again): missing, unreadable, or with less than a
-/// third of its life left.
-pub fn needs_issuing(secret: Option<&Secret>, now: jiff::Timestamp) -> bool {
+/// third of `lifetime` left.
+pub fn needs_issuing(secret: Option<&Secret>, now: jiff::Timestamp, lifetime: Duration) -> bool {
     let not_after = secret
         .and_then(|s| s.metadata.annotations.as_ref())
         .and_then(|a| a.get(NOT_AFTER_ANNOTATION))
@@ -183,7 +183,7 @@ pub fn needs_issuing(secret: Option<&Secret>, now: jiff::Timestamp) -> bool {
         .and_then(|s| s.data.as_ref())
         .is_some_and(|d| ["tls.crt", "tls.key", "ca.crt"].iter().all(|k| d.contains_key(*k)));
     match not_after {
-        Some(t) if has_keys => t - jiff::SignedDuration::from_hours(24 * LEAF_DAYS / 3) <= now,
+        Some(t) if has_keys => t - jiff::SignedDuration::try_from(lifetime / 3).unwrap_or(jiff::SignedDuration::MAX) <= now,
         _ => true,
     }
 }
@@ -253,6 +253,8 @@ mod tests {
         Names::of(&crate::etcd::fixtures::cluster().build())
     }
 
+    const YEAR: Duration = Duration::from_secs(365 * 86_400);
+
     fn at(days: i64) -> jiff::Timestamp {
         jiff::Timestamp::from_second(1_800_000_000 + days * 86_400).unwrap()
     }
@@ -261,7 +263,7 @@ mod tests {
     fn leaves_are_signed_by_the_ca_and_name_what_they_serve() {
         let ca = new_ca(&names(), at(0)).unwrap();
         assert!(ca.cert.starts_with("-----BEGIN CERTIFICATE-----"));
-        let server = issue(&ca, &names(), Leaf::Server, at(0)).unwrap();
+        let server = issue(&ca, &names(), Leaf::Server, at(0), YEAR).unwrap();
         assert!(server.cert.contains("BEGIN CERTIFICATE") && server.key.contains("PRIVATE KEY"));
         assert_eq!(server.not_after, at(365));
         let sans = Leaf::Server.subject_alt_names(&names());
@@ -277,20 +279,28 @@ mod tests {
         let owner = owner_reference("EtcdCluster", "main", "u1");
         let again = ca_of(&ca_secret(&ca, &names(), &owner)).unwrap();
         assert_eq!(again, ca);
-        assert!(issue(&again, &names(), Leaf::Client, at(1)).is_ok());
+        assert!(issue(&again, &names(), Leaf::Client, at(1), YEAR).is_ok());
     }
 
     #[test]
     fn leaves_are_issued_again_with_a_third_of_their_life_left() {
         let ca = new_ca(&names(), at(0)).unwrap();
         let owner = owner_reference("EtcdCluster", "main", "u1");
-        let issued = issue(&ca, &names(), Leaf::Peer, at(0)).unwrap();
+        let issued = issue(&ca, &names(), Leaf::Peer, at(0), YEAR).unwrap();
         let secret = leaf_secret(&issued, &ca, &names(), Leaf::Peer, &owner);
-        assert!(needs_issuing(None, at(0)), "missing");
-        assert!(!needs_issuing(Some(&secret), at(200)));
-        assert!(needs_issuing(Some(&secret), at(244)), "a third of a year left");
+        assert!(needs_issuing(None, at(0), YEAR), "missing");
+        assert!(!needs_issuing(Some(&secret), at(200), YEAR));
+        assert!(needs_issuing(Some(&secret), at(244), YEAR), "a third of a year left");
         let mut broken = secret.clone();
         broken.data.as_mut().unwrap().remove("tls.key");
-        assert!(needs_issuing(Some(&broken), at(1)), "unreadable");
+        assert!(needs_issuing(Some(&broken), at(1), YEAR), "unreadable");
+        // A shorter lifetime: issued for 90 s, again with 30 s left.
+        let minute_and_a_half = Duration::from_secs(90);
+        let short = issue(&ca, &names(), Leaf::Peer, at(0), minute_and_a_half).unwrap();
+        assert_eq!(short.not_after, at(0) + jiff::SignedDuration::from_secs(90));
+        let secret = leaf_secret(&short, &ca, &names(), Leaf::Peer, &owner);
+        let later = |s: i64| at(0) + jiff::SignedDuration::from_secs(s);
+        assert!(!needs_issuing(Some(&secret), later(59), minute_and_a_half));
+        assert!(needs_issuing(Some(&secret), later(60), minute_and_a_half));
     }
 }

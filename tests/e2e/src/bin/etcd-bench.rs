@@ -266,16 +266,12 @@ async fn main() {
             .unwrap()
             .name
             .clone();
-        let restarts = |pod: &k8s_openapi::api::core::v1::Pod| {
-            let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.clone());
-            statuses.and_then(|c| c.first().map(|c| c.restart_count)).unwrap_or(0)
-        };
-        let before = restarts(&ns.pods().get(&victim).await.unwrap());
+        let before = restart_count(&ns.pods().get(&victim).await.unwrap());
         let t = Instant::now();
         kill_member_process(&ns, "main", &victim);
         wait_until("the killed member restarted, Ready and healthy", 3 * MINUTE, || async {
             let pod = ns.pods().get(&victim).await.ok();
-            let back = pod.is_some_and(|p| restarts(&p) > before && pod_ready(&p));
+            let back = pod.is_some_and(|p| restart_count(&p) > before && pod_ready(&p));
             back && api.get("main").await.ok().is_some_and(|c| {
                 cluster_ready(&c, 3) && c.status.as_ref().is_some_and(|s| s.members.iter().all(|m| m.healthy))
             })
