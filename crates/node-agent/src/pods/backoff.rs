@@ -1,6 +1,7 @@
 //! The one back-off of a pod worker: a delay that doubles after each attempt up to a ceiling,
-//! and starts over after a success. Crashed containers (the kubelet's 10 s doubling to 5 min),
-//! a sandbox that cannot be made, and the final delete of a pod object all use it.
+//! and starts over after a success. Crashed containers (as the kubelet: at once after the first
+//! crash, then 10 s doubling to 5 min), a sandbox that cannot be made, and the final delete of
+//! a pod object all use it.
 
 use std::time::Duration;
 
@@ -10,6 +11,10 @@ pub struct Backoff {
     initial: Duration,
     max: Duration,
     next: Duration,
+    /// Whether the first attempt after a start or a reset goes at once.
+    first_free: bool,
+    /// Whether the next attempt is that free one.
+    free_next: bool,
 }
 
 impl Backoff {
@@ -20,12 +25,29 @@ impl Backoff {
             initial,
             max,
             next: initial,
+            first_free: false,
+            free_next: false,
+        }
+    }
+
+    /// Like [`Backoff::new`], but the first attempt after a start or a reset has no delay: the
+    /// kubelet starts a container again at once after its first crash, and waits from the
+    /// second on.
+    pub fn first_free(initial: Duration, max: Duration) -> Self {
+        Self {
+            first_free: true,
+            free_next: true,
+            ..Self::new(initial, max)
         }
     }
 
     /// The delay before the next attempt; the one after it will be twice as long (up to the
     /// ceiling).
     pub fn next_delay(&mut self) -> Duration {
+        if self.free_next {
+            self.free_next = false;
+            return Duration::ZERO;
+        }
         let delay = self.next;
         self.next = self.next.saturating_mul(2).min(self.max);
         delay
@@ -34,6 +56,7 @@ impl Backoff {
     /// Starts over from the first delay.
     pub fn reset(&mut self) {
         self.next = self.initial;
+        self.free_next = self.first_free;
     }
 }
 
@@ -51,6 +74,14 @@ mod tests {
         assert_eq!(secs(&mut b, 7), vec![10, 20, 40, 80, 160, 300, 300]);
         b.reset();
         assert_eq!(secs(&mut b, 2), vec![10, 20]);
+    }
+
+    #[test]
+    fn a_first_free_back_off_goes_at_once_first_after_each_reset() {
+        let mut b = Backoff::first_free(Duration::from_secs(10), Duration::from_secs(300));
+        assert_eq!(secs(&mut b, 4), vec![0, 10, 20, 40]);
+        b.reset();
+        assert_eq!(secs(&mut b, 2), vec![0, 10]);
     }
 
     #[test]

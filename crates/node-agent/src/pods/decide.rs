@@ -172,7 +172,7 @@ mod tests {
     }
 
     fn backoff() -> Backoff {
-        Backoff::new(Duration::from_secs(10), MAX_CRASH_BACKOFF)
+        Backoff::first_free(Duration::from_secs(10), MAX_CRASH_BACKOFF)
     }
 
     #[test]
@@ -272,14 +272,15 @@ mod tests {
             );
         }
         let mut b = backoff();
-        let delays: Vec<AfterExit> = (0..3).map(|_| after_exit(Always, false, 1, short, &mut b)).collect();
+        let delays: Vec<AfterExit> = (0..4).map(|_| after_exit(Always, false, 1, short, &mut b)).collect();
         assert_eq!(
             delays,
-            [10, 20, 40].map(|s| AfterExit::RestartAfter(Duration::from_secs(s)))
+            [0, 10, 20, 40].map(|s| AfterExit::RestartAfter(Duration::from_secs(s))),
+            "the first crash restarts at once, as the kubelet's does"
         );
         assert_eq!(
             after_exit(Always, false, 1, BACKOFF_RESET_AFTER, &mut b),
-            AfterExit::RestartAfter(Duration::from_secs(10)),
+            AfterExit::RestartAfter(Duration::ZERO),
             "a long run starts the back-off afresh"
         );
     }
@@ -292,7 +293,7 @@ mod tests {
         }
         assert_eq!(
             after_exit(Always, true, 1, short, &mut backoff()),
-            AfterExit::RestartAfter(Duration::from_secs(10))
+            AfterExit::RestartAfter(Duration::ZERO)
         );
         assert_eq!(after_exit(Never, true, 1, short, &mut backoff()), AfterExit::Stays);
     }

@@ -105,7 +105,7 @@ impl Slot {
             waiting: (!completed).then(|| ("ContainerCreating".into(), None)),
             last_terminated: finished,
             next_start: restart.then(Instant::now),
-            backoff: Backoff::new(crash_backoff, decide::MAX_CRASH_BACKOFF),
+            backoff: Backoff::first_free(crash_backoff, decide::MAX_CRASH_BACKOFF),
             completed,
             started: false,
             ready: false,
@@ -507,6 +507,8 @@ impl PodWorker {
         match decide::after_exit(policy, init, exit.code, ran_for, &mut slot.backoff) {
             AfterExit::Completed => slot.completed = true,
             AfterExit::Stays => {}
+            // The first crash: started again at once, as the kubelet does, with no back-off.
+            AfterExit::RestartAfter(Duration::ZERO) => slot.next_start = Some(Instant::now()),
             AfterExit::RestartAfter(delay) => {
                 slot.next_start = Some(Instant::now() + delay);
                 let name = slot.name().to_string();
