@@ -116,7 +116,8 @@ struct RunArgs {
     #[arg(long, env = "NOOPS_IMAGE", default_value = concat!("ghcr.io/noops-dev/noops:", env!("CARGO_PKG_VERSION")))]
     image: String,
     /// Seconds the etcd certificates the operator issues (peer, server, client) are valid; each
-    /// is issued again with a third of that left.
+    /// is issued again with a third of that left. Keep that third well above the time kubelets
+    /// take to update a mounted Secret (about a minute).
     #[arg(long, default_value_t = 365 * 24 * 3600, env = "NOOPS_ETCD_CERTIFICATE_LIFETIME_SECONDS", value_parser = clap::value_parser!(u64).range(60..))]
     etcd_certificate_lifetime_seconds: u64,
 }
