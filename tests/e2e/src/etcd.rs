@@ -125,6 +125,15 @@ pub async fn members_client(ns: &TestNamespace, name: &str, cluster: &EtcdCluste
 
 /// A client of cluster `name` through `endpoints`, with the client certificate from its Secret.
 pub async fn etcd_client(ns: &TestNamespace, name: &str, endpoints: &[String]) -> Client {
+    try_etcd_client(ns, name, endpoints).await.unwrap()
+}
+
+/// [`etcd_client`], or the error of connecting (a member that is down).
+pub async fn try_etcd_client(
+    ns: &TestNamespace,
+    name: &str,
+    endpoints: &[String],
+) -> Result<Client, etcd_client::Error> {
     let secrets: Api<Secret> = ns.api();
     let secret = secrets.get(&format!("{name}-client")).await.unwrap();
     let data = secret.data.unwrap();
@@ -137,7 +146,7 @@ pub async fn etcd_client(ns: &TestNamespace, name: &str, endpoints: &[String]) -
         .with_tls(tls)
         .with_connect_timeout(Duration::from_secs(2))
         .with_timeout(Duration::from_secs(5));
-    Client::connect(endpoints, Some(options)).await.unwrap()
+    Client::connect(endpoints, Some(options)).await
 }
 
 /// The register the writer writes, and the prefix of the key each write also leaves.
@@ -317,6 +326,76 @@ pub async fn wait_backup_done(ns: &TestNamespace, name: &str) -> EtcdBackup {
                     b.status.as_ref().and_then(|s| s.phase.as_deref()),
                     Some("Succeeded" | "Failed")
                 )
+            })
+        },
+    )
+    .await
+}
+
+/// Makes EtcdBackup `name` of `cluster` on demand and waits for it to succeed.
+pub async fn back_up(ns: &TestNamespace, name: &str, cluster: &str) -> EtcdBackup {
+    ns.apply(&backup_manifest(name, cluster));
+    let backup = wait_backup_done(ns, name).await;
+    assert_eq!(
+        backup.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded"),
+        "{backup:?}"
+    );
+    backup
+}
+
+/// A voting member of `cluster` that does not lead, by its status.
+pub fn follower(cluster: &EtcdCluster) -> noops_api::etcd::MemberStatus {
+    let status = cluster.status.as_ref().expect("a status");
+    status
+        .members
+        .iter()
+        .find(|m| !m.leader && !m.learner)
+        .cloned()
+        .expect("a follower")
+}
+
+/// Deletes `member`'s volume claim and pod, as a lost disk would take them.
+pub fn lose_pod_and_volume(ns: &TestNamespace, member: &str) {
+    crate::kubectl_ok(
+        &[
+            "delete",
+            "-n",
+            &ns.name,
+            "pvc",
+            &format!("{member}-data"),
+            "--wait=false",
+        ],
+        None,
+    );
+    crate::kubectl_ok(&["delete", "-n", &ns.name, "pod", member, "--wait=false"], None);
+}
+
+/// Waits until cluster `name` is Ready with `replicas` members, `lost` not among them.
+pub async fn wait_replaced(ns: &TestNamespace, name: &str, replicas: i32, lost: &str) -> EtcdCluster {
+    let api: Api<EtcdCluster> = ns.api();
+    wait_for(&format!("{lost} replaced"), Duration::from_secs(300), || async {
+        api.get(name)
+            .await
+            .ok()
+            .filter(|c| cluster_ready(c, replicas) && !member_names(c).contains(lost))
+    })
+    .await
+}
+
+/// Waits until cluster `name` is Ready with `replicas` members, every one of them on `version`.
+pub async fn wait_on_version(ns: &TestNamespace, name: &str, replicas: i32, version: &str) -> EtcdCluster {
+    let api: Api<EtcdCluster> = ns.api();
+    wait_for(
+        &format!("every member on {version}"),
+        Duration::from_secs(300),
+        || async {
+            api.get(name).await.ok().filter(|c| {
+                cluster_ready(c, replicas)
+                    && c.status.as_ref().is_some_and(|s| {
+                        s.current_version.as_deref() == Some(version)
+                            && s.members.iter().all(|m| m.version.as_deref() == Some(version))
+                    })
             })
         },
     )

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
@@ -207,19 +208,8 @@ async fn a_cluster_bootstraps_scales_heals_and_goes_away_without_losing_a_write(
     // with a new name is added; the old identity is never reused.
     let leader = healed.status.as_ref().unwrap().leader.clone().unwrap();
     let lost = before.iter().find(|m| **m != leader && **m != victim).unwrap().clone();
-    kubectl_ok(
-        &["delete", "-n", &ns.name, "pvc", &format!("{lost}-data"), "--wait=false"],
-        None,
-    );
-    kubectl_ok(&["delete", "-n", &ns.name, "pod", &lost, "--wait=false"], None);
-    let replaced = wait_for("the lost member replaced", 4 * MINUTE, || async {
-        ns.api::<EtcdCluster>()
-            .get("main")
-            .await
-            .ok()
-            .filter(|c| cluster_ready(c, 3) && !member_names(c).contains(&lost))
-    })
-    .await;
+    lose_pod_and_volume(&ns, &lost);
+    let replaced = wait_replaced(&ns, "main", 3, &lost).await;
     let events = cluster_events(&ns, "main").await;
     let removed_at = events
         .iter()
@@ -426,17 +416,7 @@ async fn a_minor_upgrade_rolls_one_member_at_a_time_the_leader_last_without_losi
     let endpoints = member_endpoints(&ns, &["main-0", "main-1", "main-2"]).await;
     let writer = Writer::start(etcd_client(&ns, "main", &endpoints).await);
     patch_spec(&ns, "main", serde_json::json!({ "version": to })).await;
-    let api: Api<EtcdCluster> = ns.api();
-    let after = wait_for(&format!("every member on {to}"), 5 * MINUTE, || async {
-        api.get("main").await.ok().filter(|c| {
-            cluster_ready(c, 3)
-                && c.status.as_ref().is_some_and(|s| {
-                    s.current_version.as_deref() == Some(to.as_str())
-                        && s.members.iter().all(|m| m.version.as_deref() == Some(to.as_str()))
-                })
-        })
-    })
-    .await;
+    let after = wait_on_version(&ns, "main", 3, &to).await;
     let history = writer.stop().await;
     let mut checker = members_client(&ns, "main", &after).await;
     assert_no_write_lost(&history, &mut checker, 50).await;
@@ -578,15 +558,8 @@ async fn data_dir(ns: &TestNamespace, member: &str) -> std::path::PathBuf {
 
 /// Waits until `lost` is no longer a member and the cluster is Ready with 3 others; checks
 /// that it was removed from etcd before its successor was added.
-async fn wait_replaced(ns: &TestNamespace, lost: &str) -> EtcdCluster {
-    let api: Api<EtcdCluster> = ns.api();
-    let replaced = wait_for(&format!("{lost} replaced"), 4 * MINUTE, || async {
-        api.get("main")
-            .await
-            .ok()
-            .filter(|c| cluster_ready(c, 3) && !member_names(c).contains(lost))
-    })
-    .await;
+async fn wait_removed_then_replaced(ns: &TestNamespace, lost: &str) -> EtcdCluster {
+    let replaced = wait_replaced(ns, "main", 3, lost).await;
     let events = cluster_events(ns, "main").await;
     let removed = events
         .iter()
@@ -607,10 +580,14 @@ async fn wait_replaced(ns: &TestNamespace, lost: &str) -> EtcdCluster {
 async fn a_member_whose_data_is_wiped_or_corrupt_is_replaced_and_never_forms_a_cluster_of_its_own() {
     install_crds();
     let ns = TestNamespace::new("etcd-disk").await;
-    let _operator = Operator::start(&ns.name, &["--controllers", "etcd"]);
+    let operator = Operator::start(&ns.name, &["--controllers", "etcd"]);
     ns.apply(&cluster_manifest("main", 3, &etcd_version("3.5"), ""));
     let ready = wait_cluster_ready(&ns, "main", 3, 3 * MINUTE).await;
     let cluster_id = ready.status.as_ref().unwrap().cluster_id.clone();
+    let healthy_members = format!(
+        "noops_etcd_healthy_members{{namespace=\"{}\",cluster=\"main\"}}",
+        ns.name
+    );
     let mut client = etcd_client(&ns, "main", &[service_endpoint(&ns, "main").await]).await;
     for i in 0..50 {
         client
@@ -618,31 +595,47 @@ async fn a_member_whose_data_is_wiped_or_corrupt_is_replaced_and_never_forms_a_c
             .await
             .unwrap();
     }
-    let follower = |c: &EtcdCluster| {
-        let status = c.status.as_ref().unwrap();
-        status
-            .members
-            .iter()
-            .find(|m| !m.leader)
-            .map(|m| m.name.clone())
-            .unwrap()
-    };
-
     // A member's data folder is wiped and its process killed: it comes back empty, with the
     // cluster state "existing", so it can neither start a cluster of its own nor rejoin as
     // itself. It is removed from etcd, then replaced under a new name.
-    let wiped = follower(&ready);
+    let wiped = follower(&ready).name;
     let dir = data_dir(&ns, &wiped).await;
+    let wiped_endpoint = member_endpoints(&ns, &[wiped.as_str()]).await;
     std::fs::remove_dir_all(dir.join("member")).unwrap();
     kill_member_process(&ns, "main", &wiped);
-    let healed = wait_replaced(&ns, &wiped).await;
+    // Until it is gone, whatever answers at its address belongs to the cluster, never to one
+    // of its own.
+    let gone = AtomicBool::new(false);
+    let watch_answers = async {
+        let mut seen = BTreeSet::new();
+        while !gone.load(Ordering::Relaxed) {
+            if let Ok(mut client) = try_etcd_client(&ns, "main", &wiped_endpoint).await
+                && let Ok(status) = client.status().await
+                && let Some(header) = status.header()
+            {
+                seen.insert(format!("{:x}", header.cluster_id()));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        seen
+    };
+    let replace = async {
+        let healed = wait_removed_then_replaced(&ns, &wiped).await;
+        gone.store(true, Ordering::Relaxed);
+        healed
+    };
+    let (answered_as, healed) = tokio::join!(watch_answers, replace);
+    assert!(
+        answered_as.iter().all(|id| Some(id) == cluster_id.as_ref()),
+        "the wiped member answered as cluster(s) {answered_as:?}, not {cluster_id:?}"
+    );
 
     // Another member's database file is overwritten with garbage: replaced the same way.
-    let corrupt = follower(&healed);
+    let corrupt = follower(&healed).name;
     let db = data_dir(&ns, &corrupt).await.join("member/snap/db");
     std::fs::write(&db, vec![0xA5u8; 64 * 1024]).unwrap();
     kill_member_process(&ns, "main", &corrupt);
-    let healed = wait_replaced(&ns, &corrupt).await;
+    let healed = wait_removed_then_replaced(&ns, &corrupt).await;
 
     assert_eq!(
         healed.status.as_ref().unwrap().cluster_id,
@@ -660,6 +653,10 @@ async fn a_member_whose_data_is_wiped_or_corrupt_is_replaced_and_never_forms_a_c
         .await
         .unwrap();
     assert_eq!(kept.kvs().len(), 50, "every key is still there");
+    wait_until("the metric to count three healthy members", MINUTE, || async {
+        operator.metric(&healthy_members).await == Some(3.0)
+    })
+    .await;
 }
 
 /// Each member pod's UID and restart count.

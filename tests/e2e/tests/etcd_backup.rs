@@ -397,18 +397,7 @@ async fn a_cluster_that_lost_its_quorum_is_recovered_from_a_backup_only_when_ask
         .map(|m| m.to_string())
         .collect();
     for member in &lost {
-        kubectl_ok(
-            &[
-                "delete",
-                "-n",
-                &ns.name,
-                "pvc",
-                &format!("{member}-data"),
-                "--wait=false",
-            ],
-            None,
-        );
-        kubectl_ok(&["delete", "-n", &ns.name, "pod", member, "--wait=false"], None);
+        lose_pod_and_volume(&ns, member);
     }
     let api: Api<EtcdCluster> = ns.api();
     wait_until("QuorumLost reported", 2 * MINUTE, || async {

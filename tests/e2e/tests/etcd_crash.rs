@@ -14,8 +14,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use kube::Api;
-use noops_api::EtcdCluster;
 use noops_e2e::etcd::*;
 use noops_e2e::*;
 
@@ -74,14 +72,6 @@ async fn written_keys(client: &mut etcd_client::Client, revision: Option<i64>) -
         .collect()
 }
 
-async fn wait_members(ns: &TestNamespace, name: &str, what: &str, check: impl Fn(&EtcdCluster) -> bool) -> EtcdCluster {
-    let api: Api<EtcdCluster> = ns.api();
-    wait_for(what, 5 * MINUTE, || async {
-        api.get(name).await.ok().filter(|c| check(c))
-    })
-    .await
-}
-
 #[tokio::test]
 async fn the_operator_killed_at_each_crash_point_always_converges_and_loses_nothing() {
     install_crds();
@@ -107,35 +97,15 @@ async fn the_operator_killed_at_each_crash_point_always_converges_and_loses_noth
     // A member loses its pod and volume: removed, then replaced under a new name.
     let before = member_names(&settled);
     let lost = before.iter().next().unwrap().clone();
-    kubectl_ok(
-        &["delete", "-n", &ns.name, "pvc", &format!("{lost}-data"), "--wait=false"],
-        None,
-    );
-    kubectl_ok(&["delete", "-n", &ns.name, "pod", &lost, "--wait=false"], None);
-    wait_members(&ns, "main", "the lost member replaced", |c| {
-        cluster_ready(c, 3) && !member_names(c).contains(&lost)
-    })
-    .await;
+    lose_pod_and_volume(&ns, &lost);
+    wait_replaced(&ns, "main", 3, &lost).await;
 
     // A minor upgrade.
     patch_spec(&ns, "main", serde_json::json!({ "version": to })).await;
-    wait_members(&ns, "main", &format!("every member on {to}"), |c| {
-        cluster_ready(c, 3)
-            && c.status.as_ref().is_some_and(|s| {
-                s.current_version.as_deref() == Some(to.as_str())
-                    && s.members.iter().all(|m| m.version.as_deref() == Some(to.as_str()))
-            })
-    })
-    .await;
+    wait_on_version(&ns, "main", 3, &to).await;
 
     // A backup, taken while the client still writes.
-    ns.apply(&backup_manifest("snap", "main"));
-    let snap = wait_backup_done(&ns, "snap").await;
-    assert_eq!(
-        snap.status.as_ref().unwrap().phase.as_deref(),
-        Some("Succeeded"),
-        "{snap:?}"
-    );
+    let snap = back_up(&ns, "snap", "main").await;
     let history = writer.stop().await;
     let names: Vec<String> = member_names(&wait_cluster_ready(&ns, "main", 3, MINUTE).await)
         .into_iter()

@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-use kube::api::{Patch, PatchParams};
 use noops_api::EtcdCluster;
 use noops_e2e::etcd::*;
 use noops_e2e::*;
@@ -225,47 +224,13 @@ async fn main() {
         let ns = TestNamespace::new("etcd-bench").await;
         let _operator = Operator::start_binary(&binary, &ns.name, &["--controllers", "etcd"], &kubeconfig());
         let api: Api<EtcdCluster> = ns.api();
-        let patch = |spec: serde_json::Value| {
-            let api = api.clone();
-            async move {
-                api.patch(
-                    "main",
-                    &PatchParams::default(),
-                    &Patch::Merge(&serde_json::json!({ "spec": spec })),
-                )
-                .await
-                .unwrap();
-            }
-        };
-        let replaced = |lost: String| {
-            let api = api.clone();
-            async move {
-                wait_for("the member replaced", 5 * MINUTE, || async {
-                    api.get("main")
-                        .await
-                        .ok()
-                        .filter(|c| cluster_ready(c, 3) && !member_names(c).contains(&lost))
-                })
-                .await
-            }
-        };
-
         let t = Instant::now();
         ns.apply(&cluster_manifest("main", 3, &v35, ""));
         let ready = wait_cluster_ready(&ns, "main", 3, 3 * MINUTE).await;
         create.push(t.elapsed().as_secs_f64());
 
         // A member's process killed: its container restarts it, as the same member.
-        let victim = ready
-            .status
-            .as_ref()
-            .unwrap()
-            .members
-            .iter()
-            .find(|m| !m.leader)
-            .unwrap()
-            .name
-            .clone();
+        let victim = follower(&ready).name;
         let before = restart_count(&ns.pods().get(&victim).await.unwrap());
         let t = Instant::now();
         kill_member_process(&ns, "main", &victim);
@@ -280,50 +245,32 @@ async fn main() {
         heal.push(t.elapsed().as_secs_f64());
 
         let t = Instant::now();
-        patch(serde_json::json!({ "replicas": 5 })).await;
+        patch_spec(&ns, "main", serde_json::json!({ "replicas": 5 })).await;
         wait_cluster_ready(&ns, "main", 5, 3 * MINUTE).await;
         resize.push(t.elapsed().as_secs_f64());
-        patch(serde_json::json!({ "replicas": 3 })).await;
+        patch_spec(&ns, "main", serde_json::json!({ "replicas": 3 })).await;
         let three = wait_cluster_ready(&ns, "main", 3, 3 * MINUTE).await;
 
         // A member loses its pod and volume: removed, then replaced.
-        let lost = three
-            .status
-            .unwrap()
-            .members
-            .iter()
-            .find(|m| !m.leader)
-            .unwrap()
-            .name
-            .clone();
+        let lost = follower(&three).name;
         let t = Instant::now();
-        kubectl_ok(
-            &["delete", "-n", &ns.name, "pvc", &format!("{lost}-data"), "--wait=false"],
-            None,
-        );
-        kubectl_ok(&["delete", "-n", &ns.name, "pod", &lost, "--wait=false"], None);
-        let three = replaced(lost).await;
+        lose_pod_and_volume(&ns, &lost);
+        let three = wait_replaced(&ns, "main", 3, &lost).await;
         recover.push(t.elapsed().as_secs_f64());
 
         let t = Instant::now();
-        patch(serde_json::json!({ "version": v36 })).await;
-        wait_for("the upgrade", 5 * MINUTE, || async {
-            api.get("main").await.ok().filter(|c| {
-                cluster_ready(c, 3) && c.status.as_ref().unwrap().current_version.as_deref() == Some(v36.as_str())
-            })
-        })
-        .await;
+        patch_spec(&ns, "main", serde_json::json!({ "version": v36 })).await;
+        wait_on_version(&ns, "main", 3, &v36).await;
         upgrade.push(t.elapsed().as_secs_f64());
 
         // Once: a follower's machine dies; its member is replaced on another node.
         let nodes = nodes(&ns.client).await.len();
         if run + 1 == runs && nodes >= 3 {
-            let status = three.status.unwrap();
-            let member = status.members.iter().find(|m| !m.leader).unwrap();
+            let member = follower(&three);
             let node = member.node.clone().unwrap();
             let t = Instant::now();
             node_fault(&["stop", &node]);
-            replaced(member.name.clone()).await;
+            wait_replaced(&ns, "main", 3, &member.name).await;
             node_stop = Some(t.elapsed().as_secs_f64());
             node_fault(&["start", &node]);
             ready_nodes(&ns.client, nodes).await;
@@ -422,13 +369,7 @@ async fn backup_and_restore(binary: &Path, version: &str) -> (f64, f64, f64, f64
     let (etcdctl_save, file) = etcdctl_snapshot(&ns, "big", "big-0", version, &dir).await;
 
     let t = Instant::now();
-    ns.apply(&backup_manifest("snap", "big"));
-    let snap = wait_backup_done(&ns, "snap").await;
-    assert_eq!(
-        snap.status.as_ref().unwrap().phase.as_deref(),
-        Some("Succeeded"),
-        "{snap:?}"
-    );
+    back_up(&ns, "snap", "big").await;
     let backup = t.elapsed().as_secs_f64();
 
     let etcdutl_restore = etcdutl_restore_and_start(&file, version, &dir).await;
