@@ -128,6 +128,7 @@ pub struct BackupReference {
 
 /// Backups of a cluster.
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("has(self.s3) != has(self.volume)").message("backup needs exactly one destination: s3 (an S3-compatible bucket) or volume (a PersistentVolumeClaim)"))]
 #[serde(rename_all = "camelCase")]
 pub struct BackupSpec {
     /// When to make a backup, as a cron expression in UTC: five fields (minute hour day month
@@ -142,8 +143,28 @@ pub struct BackupSpec {
     #[serde(default = "default_max_backups")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 1000").message("backup.maxBackups must be between 1 and 1000"))]
     pub max_backups: i32,
-    /// The S3-compatible object store snapshots go to.
-    pub s3: S3Destination,
+    /// The S3-compatible object store snapshots go to (or `volume`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Destination>,
+    /// The volume snapshots go to (or `s3`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<VolumeDestination>,
+}
+
+/// A PersistentVolumeClaim snapshots are written to, by a short-lived pod of the operator's
+/// image that mounts it. Snapshots are stored at `<prefix>/<cluster>/<backup>.db` in it.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeDestination {
+    /// The claim, in the cluster's namespace (it must exist). A claim on a node's own disk
+    /// ties backups, and restores from them, to that node.
+    #[schemars(length(min = 1, max = 253))]
+    pub claim_name: String,
+    /// The folder in the volume.
+    #[serde(default = "default_prefix")]
+    #[schemars(length(max = 256))]
+    #[x_kube(validation = Rule::new("!self.startsWith('/') && !self.split('/').exists(p, p == '..')").message("backup.volume.prefix must be a relative path inside the volume, without '..'"))]
+    pub prefix: String,
 }
 
 /// A bucket in an S3-compatible object store.

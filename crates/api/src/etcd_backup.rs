@@ -42,14 +42,17 @@ pub struct EtcdBackupStatus {
     /// `Succeeded`: True once the snapshot is stored; False with the reason while it is not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
-    /// Where the snapshot is: `s3://<bucket>/<key>`.
+    /// Where the snapshot is: `s3://<bucket>/<key>` or `pvc://<claim>/<path>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub location: Option<String>,
     /// The store it went to, as the cluster said when the backup began: deleting this
     /// EtcdBackup deletes the snapshot there, even once the cluster is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store: Option<crate::etcd::S3Destination>,
-    /// The snapshot's key in the bucket.
+    /// The volume it went to (instead of `store`), as the cluster said when the backup began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<crate::etcd::VolumeDestination>,
+    /// The snapshot's key in the bucket, or its path in the volume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
     /// The snapshot's size in bytes.

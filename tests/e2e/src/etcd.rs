@@ -314,6 +314,19 @@ pub fn backup_spec(ns: &TestNamespace, schedule: Option<&str>, max: i32) -> Stri
     )
 }
 
+/// A `backup:` block (to be put in a cluster's spec) to PersistentVolumeClaim `claim`.
+pub fn volume_backup_spec(claim: &str, schedule: Option<&str>, max: i32) -> String {
+    let schedule = schedule.map(|s| format!("    schedule: \"{s}\"\n")).unwrap_or_default();
+    format!("  backup:\n{schedule}    maxBackups: {max}\n    volume:\n      claimName: {claim}\n")
+}
+
+/// A PersistentVolumeClaim of the default StorageClass.
+pub fn claim_manifest(name: &str, size: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{ name: {name} }}\nspec:\n  accessModes: [ReadWriteOnce]\n  resources: {{ requests: {{ storage: {size} }} }}\n"
+    )
+}
+
 /// Waits for EtcdBackup `name` to succeed or fail.
 pub async fn wait_backup_done(ns: &TestNamespace, name: &str) -> EtcdBackup {
     let api: Api<EtcdBackup> = ns.api();

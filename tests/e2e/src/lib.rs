@@ -369,6 +369,24 @@ pub fn node_ready_status(node: &k8s_openapi::api::core::v1::Node) -> Option<Stri
         .map(|c| c.status.clone())
 }
 
+/// The folder on this machine behind PersistentVolumeClaim `claim` (the local Kubernetes'
+/// volumes are local folders); the claim must be bound.
+pub async fn claim_folder(ns: &TestNamespace, claim: &str) -> PathBuf {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    let claim = ns.api::<PersistentVolumeClaim>().get(claim).await.unwrap();
+    let volume = claim.spec.and_then(|s| s.volume_name).expect("a bound volume");
+    let pv = Api::<PersistentVolume>::all(ns.client.clone())
+        .get(&volume)
+        .await
+        .unwrap();
+    let path = pv
+        .spec
+        .and_then(|s| s.host_path)
+        .map(|h| h.path)
+        .expect("a local-path volume");
+    PathBuf::from(path)
+}
+
 /// The node a pod is bound to.
 pub fn pod_node(pod: &Pod) -> String {
     pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default()

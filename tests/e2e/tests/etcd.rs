@@ -537,23 +537,7 @@ async fn fragmented_members_are_defragmented_one_at_a_time_the_leader_last() {
 
 /// The folder on this machine that holds `member`'s etcd data (its volume is a local folder).
 async fn data_dir(ns: &TestNamespace, member: &str) -> std::path::PathBuf {
-    use k8s_openapi::api::core::v1::PersistentVolume;
-    let claim = ns
-        .api::<PersistentVolumeClaim>()
-        .get(&format!("{member}-data"))
-        .await
-        .unwrap();
-    let volume = claim.spec.and_then(|s| s.volume_name).expect("a bound volume");
-    let pv = Api::<PersistentVolume>::all(ns.client.clone())
-        .get(&volume)
-        .await
-        .unwrap();
-    let path = pv
-        .spec
-        .and_then(|s| s.host_path)
-        .map(|h| h.path)
-        .expect("a local-path volume");
-    std::path::PathBuf::from(path).join("data")
+    claim_folder(ns, &format!("{member}-data")).await.join("data")
 }
 
 /// Waits until `lost` is no longer a member and the cluster is Ready with 3 others; checks

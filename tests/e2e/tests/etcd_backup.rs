@@ -72,8 +72,7 @@ async fn backups_are_stored_checked_scheduled_kept_and_deleted() {
         .await
         .unwrap();
     assert_eq!(i64::try_from(bytes.len()).unwrap(), status.size.unwrap());
-    let sha: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(Some(sha), status.sha256);
+    assert_eq!(Some(sha256_of(&bytes)), status.sha256);
     let file = std::env::temp_dir().join(format!("{}-manual.db", ns.name));
     std::fs::write(&file, &bytes).unwrap();
     let checked = std::process::Command::new(upstream_bin("etcd-3.5/etcdutl"))
@@ -478,4 +477,186 @@ async fn a_cluster_that_lost_its_quorum_is_recovered_from_a_backup_only_when_ask
     .await;
     let same = wait_cluster_ready(&ns, "main", 3, MINUTE).await;
     assert_eq!(same.status.unwrap().cluster_id, after.cluster_id);
+}
+
+/// The snapshot files of cluster `main` in a backup volume's folder (names only).
+fn files_in(folder: &std::path::Path) -> BTreeSet<String> {
+    std::fs::read_dir(folder.join("etcd/main"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn sha256_of(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test]
+async fn backups_to_a_volume_are_saved_scheduled_kept_restored_and_deleted() {
+    install_crds();
+    let ns = TestNamespace::new("etcd-backup-volume").await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "etcd,etcdbackup"]);
+    let version = etcd_version("3.5");
+    ns.apply(&claim_manifest("etcd-backups", "1Gi"));
+
+    // Both destinations at once is refused by the API server.
+    let both = backup_spec(&ns, None, 2).replace("    s3:\n", "    volume:\n      claimName: etcd-backups\n    s3:\n");
+    let out = kubectl(
+        &["apply", "-n", &ns.name, "-f", "-"],
+        Some(&cluster_manifest("both", 1, &version, &both)),
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("backup needs exactly one destination"),
+        "{out:?}"
+    );
+
+    ns.apply(&cluster_manifest(
+        "main",
+        1,
+        &version,
+        &volume_backup_spec("etcd-backups", None, 2),
+    ));
+    wait_cluster_ready(&ns, "main", 1, 2 * MINUTE).await;
+    let mut client = etcd_client(&ns, "main", &member_endpoints(&ns, &["main-0"]).await).await;
+    for i in 0..50 {
+        client
+            .put(format!("data/{i:02}"), format!("value {i}"), None)
+            .await
+            .unwrap();
+    }
+    let written_at = client.get("data/49", None).await.unwrap().header().unwrap().revision();
+
+    // On demand: the snapshot is in the volume, as described, and etcd's own tool reads it.
+    ns.apply(&backup_manifest("manual", "main"));
+    let manual = wait_backup_done(&ns, "manual").await;
+    let status = manual.status.clone().unwrap();
+    assert_eq!(status.phase.as_deref(), Some("Succeeded"), "{status:?}");
+    assert_eq!(
+        status.location.as_deref(),
+        Some("pvc://etcd-backups/etcd/main/manual.db")
+    );
+    assert!(status.revision.unwrap() >= written_at, "{status:?}");
+    let folder = claim_folder(&ns, "etcd-backups").await;
+    let bytes = std::fs::read(folder.join("etcd/main/manual.db")).unwrap();
+    assert_eq!(i64::try_from(bytes.len()).unwrap(), status.size.unwrap());
+    assert_eq!(Some(sha256_of(&bytes)), status.sha256);
+    let checked = std::process::Command::new(upstream_bin("etcd-3.5/etcdutl"))
+        .args(["snapshot", "status", "-w", "json"])
+        .arg(folder.join("etcd/main/manual.db"))
+        .output()
+        .unwrap();
+    assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stderr));
+    wait_until("the save pod to be gone", MINUTE, || async {
+        ns.pods().get_opt("manual-save").await.unwrap().is_none()
+    })
+    .await;
+
+    // On a schedule (every 3 s), keeping 2: older scheduled backups go, files and all.
+    patch_spec(
+        &ns,
+        "main",
+        serde_json::json!({ "backup": { "schedule": "*/3 * * * * *" } }),
+    )
+    .await;
+    let backups: Api<EtcdBackup> = ns.api();
+    let scheduled = |list: &[EtcdBackup]| -> BTreeSet<String> {
+        list.iter()
+            .filter(|b| {
+                b.metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key("noops.dev/scheduled"))
+            })
+            .filter_map(|b| b.metadata.name.clone())
+            .collect()
+    };
+    let mut seen = BTreeSet::new();
+    let deadline = std::time::Instant::now() + 2 * MINUTE;
+    while seen.len() < 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {seen:?} scheduled backups in 2 minutes"
+        );
+        seen.extend(scheduled(&backups.list(&Default::default()).await.unwrap().items));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    patch_spec(&ns, "main", serde_json::json!({ "backup": { "schedule": null } })).await;
+    let kept = wait_for("retention to settle at two scheduled backups", 2 * MINUTE, || async {
+        let list = backups.list(&Default::default()).await.unwrap().items;
+        let done = list.iter().all(|b| {
+            b.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
+                && b.metadata.deletion_timestamp.is_none()
+        });
+        let names: BTreeSet<String> = list.iter().filter_map(|b| b.metadata.name.clone()).collect();
+        let expected: BTreeSet<String> = names.iter().map(|n| format!("{n}.db")).collect();
+        (done && names.len() == 3 && files_in(&folder) == expected).then_some(names)
+    })
+    .await;
+    assert!(kept.contains("manual"), "{kept:?}");
+    let pods = ns.pods().list(&Default::default()).await.unwrap().items;
+    let helpers: Vec<_> = pods
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .filter(|n| n.ends_with("-save") || n.ends_with("-delete"))
+        .collect();
+    assert!(helpers.is_empty(), "helper pods left behind: {helpers:?}");
+
+    // A new cluster from the on-demand backup holds the data, under a cluster ID of its own.
+    ns.apply(&restore_manifest("copy", 1, &version, "manual"));
+    let copy = wait_cluster_ready(&ns, "copy", 1, 3 * MINUTE).await;
+    let mut restored = etcd_client(&ns, "copy", &member_endpoints(&ns, &["copy-0"]).await).await;
+    let data = restored
+        .get("data/", Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert_eq!(data.kvs().len(), 50);
+    assert_eq!(data.kvs()[7].value_str().unwrap(), "value 7");
+    assert_ne!(copy.status.unwrap().cluster_id, manual.status.unwrap().cluster_id);
+
+    // A backup whose file was altered in the volume is refused before anything starts.
+    let victim = kept.iter().find(|n| *n != "manual").unwrap().clone();
+    let path = folder.join(format!("etcd/main/{victim}.db"));
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[100] ^= 0xff;
+    std::fs::write(&path, bytes).unwrap();
+    ns.apply(&restore_manifest("broken", 1, &version, &victim));
+    let broken = wait_ready_false(&ns, "broken", "RestoreFailed").await;
+    let (_, _, message) = condition(&broken, "Ready").unwrap();
+    assert!(message.contains("fetch"), "{message}");
+    assert!(
+        ns.pods().get_opt("broken-0").await.unwrap().is_none(),
+        "no member started on it"
+    );
+
+    // Deleting a backup deletes its file.
+    backups.delete("manual", &DeleteParams::default()).await.unwrap();
+    wait_until("the manual snapshot file to be deleted", 2 * MINUTE, || async {
+        !files_in(&folder).contains("manual.db") && backups.get_opt("manual").await.unwrap().is_none()
+    })
+    .await;
+
+    // A claim that does not exist: the backup waits and says why; the cluster runs on.
+    ns.apply(&cluster_manifest(
+        "claimless",
+        1,
+        &version,
+        &volume_backup_spec("no-such-claim", None, 2),
+    ));
+    wait_cluster_ready(&ns, "claimless", 1, 2 * MINUTE).await;
+    ns.apply(&backup_manifest("claimless-1", "claimless"));
+    wait_until("ClaimNotFound naming the claim", MINUTE, || async {
+        backups.get("claimless-1").await.ok().is_some_and(|b| {
+            b.status.unwrap_or_default().conditions.iter().any(|c| {
+                c.type_ == "Succeeded"
+                    && c.status == "False"
+                    && c.reason == "ClaimNotFound"
+                    && c.message.contains("no-such-claim")
+            })
+        })
+    })
+    .await;
 }

@@ -243,6 +243,54 @@ pub fn mounts(container: &Container, sandbox: &PodSandbox) -> Result<Vec<BindMou
     Ok(out)
 }
 
+/// Where a container's termination message goes, as the kubelet does it.
+pub const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
+/// The most of a termination message that is kept (the kubelet's limit).
+const MESSAGE_LIMIT: usize = 4096;
+/// The most of the log that `FallbackToLogsOnError` takes.
+const LOG_FALLBACK_LIMIT: usize = 2048;
+const LOG_FALLBACK_LINES: usize = 80;
+
+/// The bind mount of `host_file` at the container's `terminationMessagePath`, unless one of
+/// its own volumes is mounted there.
+pub fn termination_mount(container: &Container, host_file: &Path, mounts: &[BindMount]) -> Option<BindMount> {
+    let path = container
+        .termination_message_path
+        .as_deref()
+        .filter(|p| !p.is_empty())
+        .unwrap_or(DEFAULT_TERMINATION_MESSAGE_PATH);
+    let target = PathBuf::from(path);
+    (target.is_absolute() && !mounts.iter().any(|m| m.target == target)).then(|| BindMount {
+        source: host_file.to_path_buf(),
+        target,
+        read_only: false,
+    })
+}
+
+/// The termination message of a container that exited with `exit_code`: what it wrote to its
+/// termination file, else (with `FallbackToLogsOnError`, after a failure) the end of its log.
+pub fn termination_message(container: &Container, written: &[u8], exit_code: i32, log: &[u8]) -> Option<String> {
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let written = &written[..written.len().min(MESSAGE_LIMIT)];
+    if !written.is_empty() {
+        return Some(text(written));
+    }
+    let fallback = container.termination_message_policy.as_deref() == Some("FallbackToLogsOnError");
+    if !fallback || exit_code == 0 || log.is_empty() {
+        return None;
+    }
+    let log = log.strip_suffix(b"\n").unwrap_or(log);
+    let start = log
+        .iter()
+        .enumerate()
+        .rev()
+        .filter(|(_, b)| **b == b'\n')
+        .nth(LOG_FALLBACK_LINES - 1)
+        .map_or(0, |(i, _)| i + 1)
+        .max(log.len().saturating_sub(LOG_FALLBACK_LIMIT));
+    Some(text(&log[start..]))
+}
+
 /// The full environment: image defaults, then the variables every container gets, then the
 /// container's own (which win).
 pub fn environment(
@@ -448,6 +496,37 @@ mod tests {
             ..Default::default()
         };
         assert!(mounts(&unknown, &sandbox()).is_err());
+    }
+
+    #[test]
+    fn the_termination_message_is_what_the_container_wrote_or_its_last_log_lines() {
+        let mut c = Container::default();
+        let file = Path::new("/pods/x/termination/c");
+        let mount = termination_mount(&c, file, &[]).unwrap();
+        assert_eq!(mount.target, Path::new("/dev/termination-log"));
+        c.termination_message_path = Some("/tmp/done".into());
+        assert_eq!(termination_mount(&c, file, &[]).unwrap().target, Path::new("/tmp/done"));
+        let taken = BindMount {
+            source: "/v".into(),
+            target: "/tmp/done".into(),
+            read_only: false,
+        };
+        assert!(
+            termination_mount(&c, file, &[taken]).is_none(),
+            "a volume mounted there wins"
+        );
+
+        assert_eq!(termination_message(&c, b"saved", 0, b"log").as_deref(), Some("saved"));
+        assert_eq!(termination_message(&c, &[b'x'; 5000], 1, b"").unwrap().len(), 4096);
+        assert_eq!(termination_message(&c, b"", 1, b"log"), None, "logs only when asked");
+        c.termination_message_policy = Some("FallbackToLogsOnError".into());
+        assert_eq!(termination_message(&c, b"", 0, b"log"), None, "not after a success");
+        let log: String = (0..100).map(|i| format!("line {i}\n")).collect();
+        let message = termination_message(&c, b"", 1, log.as_bytes()).unwrap();
+        assert!(
+            message.starts_with("line 20\n") && message.ends_with("line 99"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -174,6 +174,12 @@ async fn clean_orphans(agent: &Agent, present: &HashSet<String>) {
     }
 }
 
+/// The file a container writes its termination message to (bind-mounted at its
+/// `terminationMessagePath`), read when it exits.
+pub fn termination_file(pod_dir: &Path, container: &str) -> PathBuf {
+    pod_dir.join("termination").join(container)
+}
+
 /// The log file of a container instance.
 pub fn log_path(pod_dir: &Path, container: &str, restart: i32) -> PathBuf {
     pod_dir.join("logs").join(container).join(format!("{restart}.log"))

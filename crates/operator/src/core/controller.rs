@@ -23,6 +23,9 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tracing::{Instrument, debug, warn};
 
+/// How soon an object whose cleanup is under way ([`Error::UnderWay`]) is looked at again.
+const UNDER_WAY_CHECK: Duration = Duration::from_secs(2);
+
 use super::backoff::Backoff;
 use super::events::Events;
 use super::metrics::Metrics;
@@ -191,7 +194,7 @@ impl ControllerCore {
         };
         let result = reconcile(object).instrument(span).await;
         match &result {
-            Ok(_) => {
+            Ok(_) | Err(Error::UnderWay(_)) => {
                 self.metrics.succeeded(self.name, started.elapsed());
                 self.backoff.succeeded(&key);
             }
@@ -208,6 +211,10 @@ impl ControllerCore {
         K: Resource<DynamicType = ()>,
     {
         let key = key(obj);
+        if let Error::UnderWay(what) = error {
+            debug!(controller = self.name, object = %key, "{what}; looking again in {}s", UNDER_WAY_CHECK.as_secs());
+            return Action::requeue(UNDER_WAY_CHECK);
+        }
         let delay = self.backoff.failed(&key);
         let step = error.step().map(|s| s.to_string());
         warn!(controller = self.name, object = %key, reason = error.reason(), step, %error, retry_in = ?delay, "reconcile failed");

@@ -57,6 +57,10 @@ pub enum Error {
     /// for a moment); it is tried again.
     #[error("{0}")]
     Blocked(String),
+    /// A step is under way and ends on its own (a pod deleting a snapshot): not a failure, but
+    /// the only way a finalizer's cleanup can say "not yet". Looked at again soon, quietly.
+    #[error("{0}")]
+    UnderWay(String),
     /// An error in one stage of a reconcile.
     #[error("while {step}: {source}")]
     During {
@@ -80,6 +84,7 @@ impl Error {
             Error::Malformed { .. } => "Malformed",
             Error::Etcd(_) => "EtcdError",
             Error::Blocked(_) => "Blocked",
+            Error::UnderWay(_) => "UnderWay",
             Error::During { source, .. } => source.reason(),
         }
     }

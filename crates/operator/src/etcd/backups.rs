@@ -169,7 +169,7 @@ fn count(book: &mut Book, backups: &[&EtcdBackup]) {
 mod tests {
     use super::*;
     use crate::etcd::fixtures;
-    use noops_api::etcd::{BackupSpec, S3Destination};
+    use noops_api::etcd::{BackupSpec, VolumeDestination};
 
     fn at(seconds: i64) -> jiff::Timestamp {
         jiff::Timestamp::from_second(seconds).unwrap_or_default()
@@ -180,13 +180,11 @@ mod tests {
         cluster.spec.backup = Some(BackupSpec {
             schedule: Some("0 * * * *".into()),
             max_backups: 3,
-            s3: S3Destination {
-                endpoint: "http://store.db.svc:7070".into(),
-                bucket: "backups".into(),
+            s3: None,
+            volume: Some(VolumeDestination {
+                claim_name: "etcd-backups".into(),
                 prefix: "etcd".into(),
-                region: "us-east-1".into(),
-                credentials_secret: "keys".into(),
-            },
+            }),
         });
         cluster
     }

@@ -17,7 +17,7 @@ pub mod bootstrap;
 pub mod client;
 pub mod defrag;
 #[cfg(test)]
-mod fixtures;
+pub(crate) mod fixtures;
 pub mod membership;
 pub mod names;
 pub mod observe;

@@ -1,7 +1,8 @@
 //! A new cluster from a backup (`spec.bootstrap.fromBackup`): before the first member starts,
 //! a restore pod prepares its volume in three steps, each safe to run again:
-//! 1. `fetch` (the operator's image, `noops fetch-snapshot`) fetches the snapshot into a
-//!    scratch emptyDir and checks it against the SHA-256 its EtcdBackup recorded;
+//! 1. `fetch` (the operator's image, `noops fetch-snapshot`) fetches the snapshot (from its
+//!    bucket, or from the backup volume, mounted read-only) into a scratch emptyDir and checks
+//!    it against the SHA-256 its EtcdBackup recorded;
 //! 2. `restore` (the cluster's etcd image) runs etcd's own `etcdutl snapshot restore` into the
 //!    scratch dir, as a one-member cluster whose token is this cluster's UID (a cluster ID of
 //!    its own);
@@ -24,6 +25,8 @@ use noops_api::etcd_backup::EtcdBackup;
 use super::names::Names;
 use super::pod::{DATA_DIR, image, spread, token};
 use crate::core::stuck::stuck;
+use crate::etcd_backup::store::Destination;
+use crate::etcd_backup::volume;
 
 /// The scratch space of a restore pod (an emptyDir): the snapshot and the restored data.
 const SCRATCH: &str = "/restore";
@@ -77,7 +80,9 @@ pub fn usable(backup: Option<&EtcdBackup>, name: &str, version: &str) -> Result<
         });
     }
     match status.phase.as_deref() {
-        Some("Succeeded") if status.store.is_some() && status.key.is_some() && status.sha256.is_some() => Ok(()),
+        Some("Succeeded") if Destination::of_status(&status).is_some() && status.key.is_some() && status.sha256.is_some() => {
+            Ok(())
+        }
         Some("Failed") => Err(Restore::Blocked {
             reason: "BackupFailed",
             message: format!("EtcdBackup {name:?} failed: there is nothing to restore"),
@@ -138,7 +143,7 @@ pub fn restore_pod(
     owner: &OwnerReference,
 ) -> Option<Pod> {
     let status = backup.status.as_ref()?;
-    let (store, key, sha256) = (status.store.as_ref()?, status.key.as_ref()?, status.sha256.as_ref()?);
+    let (key, sha256) = (status.key.as_ref()?, status.sha256.as_ref()?);
     let data = VolumeMount {
         name: "data".into(),
         mount_path: "/var/lib/etcd".into(),
@@ -149,32 +154,44 @@ pub fn restore_pod(
         mount_path: SCRATCH.into(),
         ..Default::default()
     };
-    let secret = |key: &str| EnvVar {
-        name: key.into(),
-        value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector {
-                name: store.credentials_secret.clone(),
-                key: key.into(),
-                optional: None,
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let mut fetch_args = vec!["fetch-snapshot".to_string()];
+    let mut fetch_env = vec![];
+    let mut fetch_mounts = vec![scratch.clone()];
+    let mut backup_volume = None;
+    match Destination::of_status(status)? {
+        Destination::S3(store) => {
+            let secret = |key: &str| EnvVar {
+                name: key.into(),
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: store.credentials_secret.clone(),
+                        key: key.into(),
+                        optional: None,
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            fetch_args.extend([
+                format!("--endpoint={}", store.endpoint),
+                format!("--bucket={}", store.bucket),
+                format!("--region={}", store.region),
+            ]);
+            fetch_env = vec![secret("AWS_ACCESS_KEY_ID"), secret("AWS_SECRET_ACCESS_KEY")];
+        }
+        Destination::Volume(destination) => {
+            fetch_args.push(format!("--folder={}", volume::MOUNT));
+            fetch_mounts.push(volume::claim_mount(true));
+            backup_volume = Some(volume::claim_volume(&destination, true));
+        }
+    }
+    fetch_args.extend([format!("--key={key}"), format!("--sha256={sha256}"), format!("--out={SNAPSHOT}")]);
     let fetch = Container {
         name: "fetch".into(),
         image: Some(noops_image.into()),
-        args: Some(vec![
-            "fetch-snapshot".into(),
-            format!("--endpoint={}", store.endpoint),
-            format!("--bucket={}", store.bucket),
-            format!("--key={key}"),
-            format!("--region={}", store.region),
-            format!("--sha256={sha256}"),
-            format!("--out={SNAPSHOT}"),
-        ]),
-        env: Some(vec![secret("AWS_ACCESS_KEY_ID"), secret("AWS_SECRET_ACCESS_KEY")]),
-        volume_mounts: Some(vec![scratch.clone()]),
+        args: Some(fetch_args),
+        env: (!fetch_env.is_empty()).then_some(fetch_env),
+        volume_mounts: Some(fetch_mounts),
         ..Default::default()
     };
     let peer_url = names.peer_url(member);
@@ -233,7 +250,10 @@ pub fn restore_pod(
                     empty_dir: Some(EmptyDirVolumeSource::default()),
                     ..Default::default()
                 },
-            ]),
+            ]
+            .into_iter()
+            .chain(backup_volume)
+            .collect()),
             restart_policy: Some("Never".into()),
             enable_service_links: Some(false),
             // Where the restore pod runs, the volume is made: only where the member may run.
@@ -318,6 +338,31 @@ mod tests {
         assert!(spec.affinity.is_some(), "the restore pod goes where the member may run");
         let volume = &spec.volumes.unwrap()[0];
         assert_eq!(volume.persistent_volume_claim.as_ref().unwrap().claim_name, "main-0-data");
+    }
+
+    #[test]
+    fn a_backup_in_a_volume_is_read_from_the_claim_mounted_read_only() {
+        let cluster = fixtures::cluster().build();
+        let names = Names::of(&cluster);
+        let mut from_volume = backup("Succeeded");
+        let status = from_volume.status.as_mut().unwrap();
+        status.store = None;
+        status.volume = Some(noops_api::etcd::VolumeDestination {
+            claim_name: "etcd-backups".into(),
+            prefix: "etcd".into(),
+        });
+        status.key = Some("etcd/old/nightly.db".into());
+        assert_eq!(usable(Some(&from_volume), "nightly", "3.5.21"), Ok(()));
+        let pod = restore_pod(&cluster, &names, "main-0", "3.5.21", &from_volume, "noops:test", &fixtures::owner()).unwrap();
+        let spec = pod.spec.unwrap();
+        let fetch = &spec.init_containers.unwrap()[0];
+        let args = fetch.args.clone().unwrap();
+        assert!(args.contains(&"--folder=/backup".to_string()), "{args:?}");
+        assert!(args.contains(&"--key=etcd/old/nightly.db".to_string()), "{args:?}");
+        assert!(fetch.env.is_none(), "no bucket keys");
+        let claim = spec.volumes.unwrap().into_iter().find(|v| v.name == "backup").unwrap();
+        let claim = claim.persistent_volume_claim.unwrap();
+        assert_eq!((claim.claim_name.as_str(), claim.read_only), ("etcd-backups", Some(true)));
     }
 
     #[test]

@@ -166,13 +166,14 @@ mod tests {
         bad_schedule.spec.backup = Some(noops_api::etcd::BackupSpec {
             schedule: Some("61 * * * *".into()),
             max_backups: 3,
-            s3: noops_api::etcd::S3Destination {
+            s3: Some(noops_api::etcd::S3Destination {
                 endpoint: "http://store.db.svc:7070".into(),
                 bucket: "backups".into(),
                 prefix: "etcd".into(),
                 region: "us-east-1".into(),
                 credentials_secret: "keys".into(),
-            },
+            }),
+            volume: None,
         });
         let refused = validate(&bad_schedule, None).unwrap();
         assert_eq!(refused.reason, "InvalidSchedule");

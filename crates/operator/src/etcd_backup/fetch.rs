@@ -1,13 +1,16 @@
-//! Fetching a snapshot from its bucket into a file, checked against the SHA-256 its
+//! Fetching a snapshot from its bucket (or backup volume) into a file, checked against the SHA-256 its
 //! EtcdBackup recorded: what the first container of a restore pod runs (`noops
 //! fetch-snapshot`), before etcd's own `etcdutl snapshot restore` reads the file. The file
 //! appears under its name only once it is whole and checked.
 
 use std::path::PathBuf;
 
+use std::sync::Arc;
+
 use futures::StreamExt;
-use object_store::ObjectStoreExt;
 use object_store::aws::AmazonS3Builder;
+use object_store::local::LocalFileSystem;
+use object_store::{ObjectStore, ObjectStoreExt};
 use object_store::path::Path;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
@@ -15,15 +18,61 @@ use tokio::io::AsyncWriteExt;
 /// Where the snapshot is, and where it goes.
 #[derive(Debug, Clone)]
 pub struct Fetch {
-    pub endpoint: String,
-    pub bucket: String,
+    pub source: Source,
+    /// The snapshot's key in the bucket, or its path in the folder.
     pub key: String,
-    pub region: String,
-    pub access_key_id: String,
-    pub secret_access_key: String,
     /// The SHA-256 (hex) the snapshot must have.
     pub sha256: String,
     pub out: PathBuf,
+}
+
+/// What holds the snapshot.
+#[derive(Clone)]
+pub enum Source {
+    /// An S3-compatible bucket.
+    S3 {
+        endpoint: String,
+        bucket: String,
+        region: String,
+        access_key_id: String,
+        secret_access_key: String,
+    },
+    /// A folder: a backup volume, mounted.
+    Folder(PathBuf),
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::S3 { endpoint, bucket, .. } => write!(f, "S3 {{ endpoint: {endpoint:?}, bucket: {bucket:?} }}"),
+            Source::Folder(path) => write!(f, "Folder({path:?})"),
+        }
+    }
+}
+
+impl Source {
+    fn open(&self) -> Result<Arc<dyn ObjectStore>, object_store::Error> {
+        Ok(match self {
+            Source::S3 {
+                endpoint,
+                bucket,
+                region,
+                access_key_id,
+                secret_access_key,
+            } => Arc::new(
+                AmazonS3Builder::new()
+                    .with_endpoint(endpoint)
+                    .with_allow_http(endpoint.starts_with("http://"))
+                    .with_virtual_hosted_style_request(false)
+                    .with_region(region)
+                    .with_bucket_name(bucket)
+                    .with_access_key_id(access_key_id)
+                    .with_secret_access_key(secret_access_key)
+                    .build()?,
+            ),
+            Source::Folder(path) => Arc::new(LocalFileSystem::new_with_prefix(path)?),
+        })
+    }
 }
 
 /// Why a snapshot could not be fetched.
@@ -61,15 +110,7 @@ pub async fn fetch(f: &Fetch) -> Result<u64, FetchError> {
 }
 
 async fn fetch_once(f: &Fetch) -> Result<u64, FetchError> {
-    let store = AmazonS3Builder::new()
-        .with_endpoint(&f.endpoint)
-        .with_allow_http(f.endpoint.starts_with("http://"))
-        .with_virtual_hosted_style_request(false)
-        .with_region(&f.region)
-        .with_bucket_name(&f.bucket)
-        .with_access_key_id(&f.access_key_id)
-        .with_secret_access_key(&f.secret_access_key)
-        .build()?;
+    let store = f.source.open()?;
     let partial = f.out.with_extension("partial");
     let write_err = |path: &PathBuf| {
         let path = path.clone();

@@ -1,27 +1,32 @@
 //! The EtcdBackup controller: one snapshot of an EtcdCluster per EtcdBackup, in the cluster's
-//! S3-compatible bucket, with its size, revision and SHA-256 in status.
+//! S3-compatible bucket or backup volume, with its size, revision and SHA-256 in status.
 //!
 //! Pipeline of one reconcile (`reconcile.rs`): read the backup and its cluster → check there is
 //! somewhere to put it → stream a snapshot from a healthy follower into the bucket (`take.rs`,
-//! `store.rs`) → status and Event. The cluster controller makes scheduled EtcdBackups and
+//! `store.rs`), or have a pod save it into the volume (`volume.rs`, `in_volume.rs`) → status
+//! and Event. The cluster controller makes scheduled EtcdBackups and
 //! applies retention (`schedule.rs`, `crate::etcd::backups`).
 
 pub mod fetch;
+pub mod in_volume;
 pub mod install;
 mod reconcile;
 pub mod schedule;
 pub mod store;
 pub mod take;
+pub mod volume;
 
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Controller;
 use kube::runtime::watcher;
 use noops_api::EtcdBackup;
 
+use crate::core::labels;
 use crate::core::controller::{ControllerCore, HasCore, Registration, Runtime, drive, scoped_api};
 
 pub use reconcile::{BACKUP_DEADLINE, FINALIZER, restores_from};
@@ -40,6 +45,8 @@ const MAX_CONCURRENT_RECONCILES: u16 = 2;
 pub struct Context {
     pub core: ControllerCore,
     pub client: Client,
+    /// The operator's own image, which the pods of volume backups run.
+    pub image: String,
 }
 
 impl HasCore for Context {
@@ -59,15 +66,21 @@ pub async fn run(runtime: Runtime) {
         namespace,
         metrics,
         shutdown,
+        image,
         ..
     } = runtime;
     let ctx = Arc::new(Context {
         core: ControllerCore::new(CONTROLLER.name, client.clone(), metrics),
         client: client.clone(),
+        image,
     });
     let controller = Controller::new(
         scoped_api::<DeserializeGuard<EtcdBackup>>(&client, &namespace),
         watcher::Config::default().any_semantic(),
+    )
+    .owns(
+        scoped_api::<Pod>(&client, &namespace),
+        watcher::Config::default().labels(&format!("{}={}", labels::COMPONENT, volume::COMPONENT)),
     )
     .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
     .graceful_shutdown_on(shutdown.fired());

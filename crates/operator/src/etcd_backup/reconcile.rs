@@ -8,21 +8,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::ListParams;
+use kube::api::{DeleteParams, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Api, Resource, ResourceExt};
 use noops_api::etcd_backup::{EtcdBackup, EtcdBackupStatus};
 use noops_api::EtcdCluster;
+use noops_api::etcd::{S3Destination, VolumeDestination};
 use serde_json::json;
 use tracing::{info, warn};
 
 use super::Context;
-use super::store::{self, location};
+use super::store::{self, Destination};
+use super::volume::{self, Job, Outcome};
 use super::take::{self, TakeError};
-use crate::core::apply::apply_status;
+use crate::core::apply::{apply_status, controller_reference, create_if_missing, delete_if_present};
 use crate::core::conditions::{Decided, merge};
 use crate::core::{Error, Result, crash};
 use crate::etcd::client::{Credentials, EtcdAccess};
@@ -35,31 +37,37 @@ pub const FINALIZER: &str = "noops.dev/etcd-backup-snapshot";
 pub const BACKUP_DEADLINE: Duration = Duration::from_secs(600);
 /// How soon an interrupted backup is tried again.
 const RETRY: Duration = Duration::from_secs(5);
+/// How often a pod saving a backup is looked at, besides when it changes.
+const IN_PROGRESS_CHECK: Duration = Duration::from_secs(10);
 
 const SUCCEEDED: &str = "Succeeded";
 
 pub async fn reconcile(backup: Arc<EtcdBackup>, ctx: &Context) -> Result<Action> {
     let namespace = backup.namespace().unwrap_or_default();
     let api: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &namespace);
-    finalizer(&api, FINALIZER, backup, |event| async {
+    let result = finalizer(&api, FINALIZER, backup, |event| async {
         match event {
             Finalizer::Apply(backup) => make(&backup, ctx).await,
             Finalizer::Cleanup(backup) => clean_up(&backup, ctx).await,
         }
     })
-    .await
-    .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        kube::runtime::finalizer::Error::AddFinalizer(e) | kube::runtime::finalizer::Error::RemoveFinalizer(e) => {
-            Error::Kube(e)
-        }
-        other => Error::InvalidSpec(other.to_string()),
-    })
+    .await;
+    use kube::runtime::finalizer::Error as Failed;
+    match result {
+        Ok(action) => Ok(action),
+        // A pass on a stale copy of a backup already gone: nothing left to do.
+        Err(Failed::RemoveFinalizer(kube::Error::Api(e))) if e.code == 404 => Ok(Action::await_change()),
+        Err(Failed::ApplyFailed(e) | Failed::CleanupFailed(e)) => Err(e),
+        Err(Failed::AddFinalizer(e) | Failed::RemoveFinalizer(e)) => Err(Error::Kube(e)),
+        Err(other) => Err(Error::InvalidSpec(other.to_string())),
+    }
 }
 
 /// Where a backup stands after this pass.
 enum Verdict {
     Succeeded(take::Taken),
+    /// A pod is saving it (to a volume): looked at again when the pod changes.
+    InProgress,
     /// Not this time; tried again unless past the deadline.
     Retry { reason: &'static str, message: String },
     /// Cannot be made as things stand.
@@ -88,33 +96,38 @@ async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
             reason: "ClusterNotFound",
             message: format!("EtcdCluster {:?} does not exist in this namespace", backup.spec.cluster),
         },
-        Some(cluster) => match (status.store.clone(), status.key.clone(), cluster.spec.backup.clone()) {
-            // Once recorded, where it goes stays: a retry after the cluster's destination was
-            // edited (or removed) still goes where the status says.
-            (Some(destination), Some(key), _) => attempt_until_deadline(&cluster, &destination, &key, started, ctx).await?,
-            (_, _, None) => Verdict::Failed {
-                reason: "NoDestination",
-                message: format!(
-                    "EtcdCluster {:?} has no spec.backup: it does not say where backups go",
-                    backup.spec.cluster
-                ),
-            },
-            (_, _, Some(spec)) => {
-                let key = store::key(&spec.s3, &namespace, &backup.spec.cluster, &backup.name_any());
-                // Recorded before anything is uploaded, so that a deletion finds it whatever
-                // happens next.
-                status.phase = Some("Running".into());
-                status.started_at = Some(Time(started));
-                status.store = Some(spec.s3.clone());
-                status.key = Some(key.clone());
-                status.location = Some(location(&spec.s3, &key));
-                if !write_status(backup, &mut version, ctx, &status).await? {
-                    return Ok(Action::requeue(Duration::from_secs(1)));
+        Some(cluster) => {
+            let recorded = Destination::of_status(&status).zip(status.key.clone());
+            match (recorded, cluster.spec.backup.as_ref().and_then(Destination::of_spec)) {
+                // Once recorded, where it goes stays: a retry after the cluster's destination
+                // was edited (or removed) still goes where the status says.
+                (Some((destination, key)), _) => {
+                    attempt_until_deadline(backup, &cluster, &destination, &key, started, ctx).await?
                 }
-                info!(cluster = %backup.spec.cluster, location = %location(&spec.s3, &key), "backing up");
-                attempt_until_deadline(&cluster, &spec.s3, &key, started, ctx).await?
+                (None, None) => Verdict::Failed {
+                    reason: "NoDestination",
+                    message: format!(
+                        "EtcdCluster {:?} has no spec.backup: it does not say where backups go",
+                        backup.spec.cluster
+                    ),
+                },
+                (None, Some(destination)) => {
+                    let key = destination.key(&namespace, &backup.spec.cluster, &backup.name_any());
+                    // Recorded before anything is written, so that a deletion finds it
+                    // whatever happens next.
+                    status.phase = Some("Running".into());
+                    status.started_at = Some(Time(started));
+                    destination.record(&mut status);
+                    status.key = Some(key.clone());
+                    status.location = Some(destination.location(&key));
+                    if !write_status(backup, &mut version, ctx, &status).await? {
+                        return Ok(Action::requeue(Duration::from_secs(1)));
+                    }
+                    info!(cluster = %backup.spec.cluster, location = %destination.location(&key), "backing up");
+                    attempt_until_deadline(backup, &cluster, &destination, &key, started, ctx).await?
+                }
             }
-        },
+        }
     };
     let mut next = status.clone();
     next.started_at = Some(Time(started));
@@ -141,15 +154,17 @@ async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
             }
             info!("{note}");
             events.normal(&reference, "BackupSucceeded", note).await;
+            remove_pod(backup, Job::Save, ctx).await?;
             Ok(Action::await_change())
         }
+        Verdict::InProgress => Ok(Action::requeue(IN_PROGRESS_CHECK)),
         Verdict::Retry { reason, message } if elapsed(started, now) < BACKUP_DEADLINE => {
             next.phase = Some("Running".into());
             next.conditions = merge(&next.conditions, &[Decided::new(SUCCEEDED, false, reason, message.clone())], None, now);
             if status != next {
                 if !write_status(backup, &mut version, ctx, &next).await? {
-                return Ok(Action::requeue(Duration::from_secs(1)));
-            }
+                    return Ok(Action::requeue(Duration::from_secs(1)));
+                }
                 info!(reason, "the backup waits: {message}");
             }
             Ok(Action::requeue(RETRY))
@@ -163,6 +178,7 @@ async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
             }
             warn!(reason, "the backup failed: {message}");
             events.warning(&reference, reason, message).await;
+            remove_pod(backup, Job::Save, ctx).await?;
             Ok(Action::await_change())
         }
     }
@@ -172,27 +188,26 @@ fn elapsed(since: jiff::Timestamp, now: jiff::Timestamp) -> Duration {
     Duration::try_from(now.duration_since(since)).unwrap_or_default()
 }
 
-/// [`attempt`] with what is left of the backup's deadline: a snapshot stream that stalls (a
+/// One attempt with what is left of the backup's deadline: a snapshot stream that stalls (a
 /// member or the store that stops answering without an error) does not hold it Running.
 async fn attempt_until_deadline(
+    backup: &EtcdBackup,
     cluster: &EtcdCluster,
-    destination: &noops_api::etcd::S3Destination,
+    destination: &Destination,
     key: &str,
     started: jiff::Timestamp,
     ctx: &Context,
 ) -> Result<Verdict> {
     let left = BACKUP_DEADLINE.saturating_sub(elapsed(started, jiff::Timestamp::now()));
-    attempt(cluster, destination, key, left, ctx).await
+    match destination {
+        Destination::S3(bucket) => attempt_to_bucket(cluster, bucket, key, left, ctx).await,
+        Destination::Volume(volume) => attempt_to_volume(backup, cluster, volume, key, left, ctx).await,
+    }
 }
 
-/// One attempt at streaming a snapshot of `cluster` to `key`, within `limit`.
-async fn attempt(
-    cluster: &EtcdCluster,
-    destination: &noops_api::etcd::S3Destination,
-    key: &str,
-    limit: Duration,
-    ctx: &Context,
-) -> Result<Verdict> {
+/// A healthy voting member to take a snapshot from (a follower first: a snapshot is work the
+/// leader is spared), and the client certificate; or why there is none.
+async fn source(cluster: &EtcdCluster, ctx: &Context) -> Result<std::result::Result<(String, Option<Credentials>), Verdict>> {
     let names = Names::of(cluster);
     let namespace = &names.namespace;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
@@ -200,7 +215,6 @@ async fn attempt(
         .list(&ListParams::default().labels(&format!("{CLUSTER_LABEL}={}", names.cluster)))
         .await?;
     let status = cluster.status.clone().unwrap_or_default();
-    // A healthy voting member, a follower first: a snapshot is work the leader is spared.
     let mut healthy: Vec<_> = status
         .members
         .iter()
@@ -212,24 +226,37 @@ async fn attempt(
         observe::pod_endpoint(pod, &names)
     });
     let Some(endpoint) = endpoint else {
-        return Ok(Verdict::Retry {
+        return Ok(Err(Verdict::Retry {
             reason: "NoHealthyMember",
             message: format!("no healthy member of {} to take a snapshot from", names.cluster),
-        });
+        }));
     };
-    let credentials = if names.tls {
-        let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-        let Some(secret) = secrets.get_opt(&names.client_secret()).await? else {
-            return Ok(Verdict::Retry {
-                reason: "NoClientCertificate",
-                message: format!("Secret {} is not there yet", names.client_secret()),
-            });
-        };
-        observe::credentials_from(&secret, &names)
-    } else {
-        None::<Credentials>
+    if !names.tls {
+        return Ok(Ok((endpoint, None)));
+    }
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    let Some(secret) = secrets.get_opt(&names.client_secret()).await? else {
+        return Ok(Err(Verdict::Retry {
+            reason: "NoClientCertificate",
+            message: format!("Secret {} is not there yet", names.client_secret()),
+        }));
     };
-    let bucket = match store::open(&ctx.client, namespace, destination).await {
+    Ok(Ok((endpoint, observe::credentials_from(&secret, &names))))
+}
+
+/// One attempt at streaming a snapshot of `cluster` to `key` in a bucket, within `limit`.
+async fn attempt_to_bucket(
+    cluster: &EtcdCluster,
+    destination: &S3Destination,
+    key: &str,
+    limit: Duration,
+    ctx: &Context,
+) -> Result<Verdict> {
+    let (endpoint, credentials) = match source(cluster, ctx).await? {
+        Ok(found) => found,
+        Err(verdict) => return Ok(verdict),
+    };
+    let bucket = match store::open(&ctx.client, &Names::of(cluster).namespace, destination).await {
         Ok(bucket) => bucket,
         Err(e) => {
             return Ok(Verdict::Retry {
@@ -253,6 +280,92 @@ async fn attempt(
             message: e.to_string(),
         },
     })
+}
+
+/// One look at the pod that saves a snapshot of `cluster` to `key` in a volume: it is made
+/// if there is none, read once it has ended, and removed after a failure (the next attempt
+/// makes a fresh one) or once `limit` is spent.
+async fn attempt_to_volume(
+    backup: &EtcdBackup,
+    cluster: &EtcdCluster,
+    destination: &VolumeDestination,
+    key: &str,
+    limit: Duration,
+    ctx: &Context,
+) -> Result<Verdict> {
+    let names = Names::of(cluster);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let name = volume::pod_name(&backup.name_any(), &backup.uid().unwrap_or_default(), Job::Save);
+    let pod = pods.get_opt(&name).await?;
+    match volume::outcome(pod.as_ref()) {
+        Outcome::NotStarted => {
+            let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
+            if claims.get_opt(&destination.claim_name).await?.is_none() {
+                return Ok(Verdict::Retry {
+                    reason: "ClaimNotFound",
+                    message: format!(
+                        "PersistentVolumeClaim {:?} (backup.volume.claimName) does not exist in this namespace",
+                        destination.claim_name
+                    ),
+                });
+            }
+            let endpoint = match source(cluster, ctx).await? {
+                Ok((endpoint, _)) => endpoint,
+                Err(verdict) => return Ok(verdict),
+            };
+            let Some(owner) = controller_reference(backup) else {
+                return Ok(Verdict::Retry {
+                    reason: "NotStored",
+                    message: "the EtcdBackup has no uid yet".into(),
+                });
+            };
+            // The pod is given a little less than what is left, so that it reports before
+            // the operator gives up on it.
+            let seconds = limit.as_secs().saturating_sub(10).max(10);
+            let pod = volume::save_pod(&name, &names, destination, key, &endpoint, seconds, &ctx.image, &owner);
+            if create_if_missing(&pods, &pod).await? {
+                info!(pod = %name, %endpoint, "a pod saves the snapshot into the volume");
+            }
+            Ok(Verdict::InProgress)
+        }
+        Outcome::Running if limit.is_zero() => {
+            remove_pod(backup, Job::Save, ctx).await?;
+            Ok(Verdict::Retry {
+                reason: "SnapshotStalled",
+                message: format!("pod {name} did not save the snapshot in time"),
+            })
+        }
+        Outcome::Running => Ok(Verdict::InProgress),
+        Outcome::Stuck(message) => Ok(Verdict::Retry {
+            reason: "BackupPodStuck",
+            message,
+        }),
+        Outcome::Succeeded(message) => match volume::saved(&message).and_then(|s| s.into_taken()) {
+            Some(taken) => Ok(Verdict::Succeeded(taken)),
+            None => {
+                remove_pod(backup, Job::Save, ctx).await?;
+                Ok(Verdict::Retry {
+                    reason: "SnapshotFailed",
+                    message: format!("pod {name} ended without saying what it saved: {message:?}"),
+                })
+            }
+        },
+        Outcome::Failed(message) => {
+            remove_pod(backup, Job::Save, ctx).await?;
+            Ok(Verdict::Retry {
+                reason: "SnapshotFailed",
+                message,
+            })
+        }
+    }
+}
+
+/// Deletes the pod of `job` for `backup`, if there is one.
+async fn remove_pod(backup: &EtcdBackup, job: Job, ctx: &Context) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
+    let name = volume::pod_name(&backup.name_any(), &backup.uid().unwrap_or_default(), job);
+    delete_if_present(&pods, &name, &DeleteParams::background()).await?;
+    Ok(())
 }
 
 /// Writes the status over `version` of `backup` (the one this pass read, or last wrote), and
@@ -290,7 +403,7 @@ const CLEANUP_DEADLINE: Duration = Duration::from_secs(300);
 /// is reported and left: the EtcdBackup still goes.
 async fn clean_up(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
     let status = backup.status.clone().unwrap_or_default();
-    let (Some(destination), Some(key)) = (status.store, status.key) else {
+    let (Some(destination), Some(key)) = (Destination::of_status(&status), status.key) else {
         return Ok(Action::await_change());
     };
     let namespace = backup.namespace().unwrap_or_default();
@@ -307,12 +420,20 @@ async fn clean_up(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
         // An error keeps the finalizer (and the snapshot); the deletion is tried again.
         return Err(Error::Blocked(note));
     }
-    let where_ = location(&destination, &key);
-    let deleted = match store::open(&ctx.client, &namespace, &destination).await {
-        Ok(bucket) => take::delete(bucket, &key).await.map_err(|e| (e.to_string(), true)),
-        // Without its keys it will never be deleted: no use waiting.
-        Err(e @ (store::StoreError::Credentials { .. } | store::StoreError::MissingKey { .. })) => Err((e.to_string(), false)),
-        Err(e) => Err((e.to_string(), true)),
+    let where_ = destination.location(&key);
+    let deleted = match &destination {
+        Destination::S3(s3) => match store::open(&ctx.client, &namespace, s3).await {
+            Ok(bucket) => take::delete(bucket, &key).await.map_err(|e| (e.to_string(), true)),
+            // Without its keys it will never be deleted: no use waiting.
+            Err(e @ (store::StoreError::Credentials { .. } | store::StoreError::MissingKey { .. })) => {
+                Err((e.to_string(), false))
+            }
+            Err(e) => Err((e.to_string(), true)),
+        },
+        Destination::Volume(volume) => match delete_from_volume(backup, volume, &key, ctx).await? {
+            Some(deleted) => deleted,
+            None => return Err(Error::UnderWay(format!("a pod is deleting the snapshot at {where_}"))),
+        },
     };
     let deleting_for = backup
         .metadata
@@ -328,9 +449,66 @@ async fn clean_up(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
             let note = format!("could not delete the snapshot at {where_}: {e}; it is left in the store");
             warn!("{note}");
             ctx.core.events.warning(&backup.object_ref(&()), "SnapshotKept", note).await;
+            remove_pod(backup, Job::Delete, ctx).await?;
         }
     }
     Ok(Action::await_change())
+}
+
+/// One look at the deletion of a snapshot in a volume, by a pod: `None` while it is under
+/// way, else whether it was deleted (or why not, and whether waiting could help). A pod still
+/// saving this backup is stopped first, so that it cannot put the snapshot back after.
+async fn delete_from_volume(
+    backup: &EtcdBackup,
+    destination: &VolumeDestination,
+    key: &str,
+    ctx: &Context,
+) -> Result<Option<std::result::Result<(), (String, bool)>>> {
+    let namespace = backup.namespace().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let uid = backup.uid().unwrap_or_default();
+    if pods.get_opt(&volume::pod_name(&backup.name_any(), &uid, Job::Save)).await?.is_some() {
+        remove_pod(backup, Job::Save, ctx).await?;
+        return Ok(None);
+    }
+    let name = volume::pod_name(&backup.name_any(), &uid, Job::Delete);
+    let pod = pods.get_opt(&name).await?;
+    Ok(match volume::outcome(pod.as_ref()) {
+        Outcome::NotStarted => {
+            // A pass on a stale copy, after the finalizer went: no new pod for a backup gone.
+            let backups: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &namespace);
+            let still_ours = backups
+                .get_opt(&backup.name_any())
+                .await?
+                .is_some_and(|b| b.finalizers().iter().any(|f| f == FINALIZER));
+            if !still_ours {
+                return Ok(Some(Ok(())));
+            }
+            let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+            if claims.get_opt(&destination.claim_name).await?.is_none() {
+                // The volume went, and the snapshot with it.
+                return Ok(Some(Ok(())));
+            }
+            let Some(owner) = controller_reference(backup) else {
+                return Ok(Some(Err(("the EtcdBackup has no uid".into(), false))));
+            };
+            let place = (namespace.as_str(), backup.spec.cluster.as_str());
+            let pod = volume::delete_pod(&name, place, destination, key, &ctx.image, &owner);
+            create_if_missing(&pods, &pod).await?;
+            None
+        }
+        Outcome::Running => None,
+        Outcome::Stuck(message) => Some(Err((message, true))),
+        Outcome::Succeeded(_) => {
+            remove_pod(backup, Job::Delete, ctx).await?;
+            Some(Ok(()))
+        }
+        Outcome::Failed(message) => {
+            // The next pass makes a fresh pod.
+            remove_pod(backup, Job::Delete, ctx).await?;
+            Some(Err((message, true)))
+        }
+    })
 }
 
 /// Whether `cluster` is a new cluster still starting from backup `name`.

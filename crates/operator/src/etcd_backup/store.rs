@@ -1,4 +1,5 @@
-//! The object store snapshots go to: an S3-compatible bucket, with the keys from a Secret.
+//! Where snapshots go: an S3-compatible bucket, with the keys from a Secret, or a volume (a
+//! PersistentVolumeClaim that pods of the operator's image write to, `volume.rs`).
 //!
 //! An http endpoint whose host is a Service of this cluster (`<service>.<namespace>.svc`, with
 //! or without `.cluster.local`) is reached at that Service's ClusterIP, read through the API:
@@ -10,7 +11,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::{Api, Client};
-use noops_api::etcd::S3Destination;
+use noops_api::etcd::{BackupSpec, S3Destination, VolumeDestination};
+use noops_api::etcd_backup::EtcdBackupStatus;
 use object_store::ObjectStore;
 use object_store::aws::AmazonS3Builder;
 
@@ -36,14 +38,70 @@ pub enum StoreError {
     Store(#[from] object_store::Error),
 }
 
+/// Where a backup goes, or went.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Destination {
+    S3(S3Destination),
+    Volume(VolumeDestination),
+}
+
+impl Destination {
+    /// Where the cluster's backups go now.
+    pub fn of_spec(spec: &BackupSpec) -> Option<Self> {
+        match (&spec.s3, &spec.volume) {
+            (Some(s3), _) => Some(Self::S3(s3.clone())),
+            (None, Some(volume)) => Some(Self::Volume(volume.clone())),
+            (None, None) => None,
+        }
+    }
+
+    /// Where a backup went, as its status recorded.
+    pub fn of_status(status: &EtcdBackupStatus) -> Option<Self> {
+        match (&status.store, &status.volume) {
+            (Some(s3), _) => Some(Self::S3(s3.clone())),
+            (None, Some(volume)) => Some(Self::Volume(volume.clone())),
+            (None, None) => None,
+        }
+    }
+
+    /// Records it in `status`.
+    pub fn record(&self, status: &mut EtcdBackupStatus) {
+        match self {
+            Self::S3(s3) => status.store = Some(s3.clone()),
+            Self::Volume(volume) => status.volume = Some(volume.clone()),
+        }
+    }
+
+    /// The key (or path in the volume) of backup `backup` of `cluster` in `namespace`.
+    pub fn key(&self, namespace: &str, cluster: &str, backup: &str) -> String {
+        match self {
+            Self::S3(s3) => key(s3, namespace, cluster, backup),
+            // The claim is in the cluster's namespace already.
+            Self::Volume(volume) => join(&volume.prefix, &format!("{cluster}/{backup}.db")),
+        }
+    }
+
+    /// `s3://<bucket>/<key>` or `pvc://<claim>/<path>`, for status and Events.
+    pub fn location(&self, key: &str) -> String {
+        match self {
+            Self::S3(s3) => location(s3, key),
+            Self::Volume(volume) => format!("pvc://{}/{key}", volume.claim_name),
+        }
+    }
+}
+
+fn join(prefix: &str, rest: &str) -> String {
+    let prefix = prefix.trim_matches('/');
+    if prefix.is_empty() {
+        rest.to_string()
+    } else {
+        format!("{prefix}/{rest}")
+    }
+}
+
 /// The key of backup `backup` of `cluster` in `namespace`.
 pub fn key(destination: &S3Destination, namespace: &str, cluster: &str, backup: &str) -> String {
-    let prefix = destination.prefix.trim_matches('/');
-    if prefix.is_empty() {
-        format!("{namespace}/{cluster}/{backup}.db")
-    } else {
-        format!("{prefix}/{namespace}/{cluster}/{backup}.db")
-    }
+    join(&destination.prefix, &format!("{namespace}/{cluster}/{backup}.db"))
 }
 
 /// `s3://<bucket>/<key>`, for status and Events.
@@ -133,6 +191,19 @@ mod tests {
         assert_eq!(key(&destination("/a/b/"), "db", "main", "x"), "a/b/db/main/x.db");
         assert_eq!(key(&destination(""), "db", "main", "x"), "db/main/x.db");
         assert_eq!(location(&destination("etcd"), "etcd/db/main/x.db"), "s3://backups/etcd/db/main/x.db");
+    }
+
+    #[test]
+    fn volume_paths_name_the_cluster_and_backup() {
+        let volume = |prefix: &str| {
+            Destination::Volume(VolumeDestination {
+                claim_name: "backups".into(),
+                prefix: prefix.into(),
+            })
+        };
+        assert_eq!(volume("etcd").key("db", "main", "main-1"), "etcd/main/main-1.db");
+        assert_eq!(volume("").key("db", "main", "x"), "main/x.db");
+        assert_eq!(volume("etcd").location("etcd/main/x.db"), "pvc://backups/etcd/main/x.db");
     }
 
     #[test]

@@ -20,8 +20,8 @@ use crate::env::{EnvSources, container_env};
 use crate::pods::backoff::Backoff;
 use crate::pods::decide::{self, AfterExit, ContainerFacts, RestartPolicy, Start};
 use crate::pods::launch::{self, PodSandbox};
-use crate::pods::log_path;
 use crate::pods::status::{ContainerPhase, ContainerView, StateView, TerminatedView};
+use crate::pods::{log_path, termination_file};
 use crate::probes::{self, ProbeKind, ProbeReport, ProbeTarget};
 use crate::process::{self, ProcessSpec};
 
@@ -46,8 +46,12 @@ pub struct Running {
     pub exited: watch::Receiver<Option<ExitInfo>>,
     pub probes: Option<JoinHandle<()>>,
     pub container_id: String,
-    /// Why the agent is stopping this instance, if it is (shown as the termination message).
+    /// Why the agent is stopping this instance, if it is (shown as the termination message
+    /// when the container wrote none).
     pub stop_reason: Option<String>,
+    /// What the container writes its termination message to.
+    pub termination_file: PathBuf,
+    pub log_file: PathBuf,
 }
 
 /// Everything the worker knows about one container of its pod.
@@ -321,7 +325,12 @@ impl PodWorker {
         let identity =
             launch::identity(&self.pod, spec, program.user.as_deref(), &lookup_user).map_err(|e| config_error(&e))?;
         let env = launch::environment(&program, sandbox, &identity, &own_env);
-        let mounts = launch::mounts(spec, sandbox).map_err(|e| config_error(&e))?;
+        let mut mounts = launch::mounts(spec, sandbox).map_err(|e| config_error(&e))?;
+        let termination_file = termination_file(&self.dir, &spec.name);
+        if let Some(mount) = launch::termination_mount(spec, &termination_file, &mounts) {
+            fresh_termination_file(&termination_file).map_err(|e| config_error(&e))?;
+            mounts.push(mount);
+        }
         let capabilities = launch::capabilities(spec).map_err(|e| config_error(&e))?;
         let working_dir = spec
             .working_dir
@@ -349,6 +358,7 @@ impl PodWorker {
             capabilities,
             log_file: log_path(&self.dir, &spec.name, restart),
         };
+        let log_file = process.log_file.clone();
         let child = process::spawn(&process).map_err(|e| {
             (
                 "RunContainerError".to_string(),
@@ -394,6 +404,8 @@ impl PodWorker {
             probes: Some(probes),
             container_id: format!("noops://{uid_short}-{}-{restart}", spec.name),
             stop_reason: None,
+            termination_file,
+            log_file,
         });
         info!(pod = %self.pod_name(), container = %spec.name, pid, restart, program = %program.program.display(), "started container");
         self.event(
@@ -540,6 +552,9 @@ impl PodWorker {
         }
         slot.ready = false;
         slot.started = false;
+        let written = read_start(&running.termination_file, 4096);
+        let log = read_end(&running.log_file, 64 * 1024);
+        let message = launch::termination_message(&slot.spec, &written, exit.code, &log);
         slot.last_terminated = Some(TerminatedView {
             exit_code: exit.code,
             signal: exit.signal,
@@ -548,7 +563,7 @@ impl PodWorker {
             } else {
                 "Error".into()
             },
-            message: running.stop_reason.clone(),
+            message: message.or_else(|| running.stop_reason.clone()),
             started_at: running.started_at,
             finished_at: exit.at,
             container_id: running.container_id.clone(),
@@ -585,6 +600,39 @@ impl PodWorker {
         let ran_for = self.record_exit(init, idx, exit);
         Some((exit, ran_for))
     }
+}
+
+/// An empty termination file that any user of the container can write.
+fn fresh_termination_file(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, b"")?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
+}
+
+/// Up to `limit` bytes from the start of `path` (nothing if it cannot be read).
+fn read_start(path: &std::path::Path, limit: u64) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = vec![];
+    if let Ok(file) = std::fs::File::open(path) {
+        let _ = file.take(limit).read_to_end(&mut out);
+    }
+    out
+}
+
+/// Up to `limit` bytes from the end of `path` (nothing if it cannot be read).
+fn read_end(path: &std::path::Path, limit: u64) -> Vec<u8> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut out = vec![];
+    if let Ok(mut file) = std::fs::File::open(path) {
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        if file.seek(SeekFrom::Start(len.saturating_sub(limit))).is_ok() {
+            let _ = file.read_to_end(&mut out);
+        }
+    }
+    out
 }
 
 /// TERM the process group, wait up to `grace`, then KILL and wait for the exit.

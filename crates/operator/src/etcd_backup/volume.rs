@@ -1,0 +1,300 @@
+//! Backups to a volume: the operator cannot mount a PersistentVolumeClaim itself (it may run
+//! outside the cluster), so a short-lived pod of its own image mounts it and does the work:
+//! `<backup>-save` streams a snapshot from a member into the volume, `<backup>-delete` deletes
+//! it. Each reports through its termination message. Pure: the reconcile creates the pods and
+//! reads how they ended.
+
+use k8s_openapi::api::core::v1::{
+    Container, PersistentVolumeClaimVolumeSource, Pod, PodSpec, SecretVolumeSource, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use noops_api::etcd::VolumeDestination;
+
+use crate::core::labels;
+use crate::core::stuck::stuck;
+use crate::etcd::names::Names;
+
+use super::in_volume::Saved;
+
+/// Where the backup volume is mounted in these pods (and in a restore pod).
+pub const MOUNT: &str = "/backup";
+/// Where the client certificate is mounted.
+const TLS_MOUNT: &str = "/tls";
+/// The component label of these pods: the controller watches them by it.
+pub const COMPONENT: &str = "etcd-backup";
+
+/// What a pod of a volume backup does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Job {
+    Save,
+    Delete,
+}
+
+impl Job {
+    fn verb(self) -> &'static str {
+        match self {
+            Job::Save => "save",
+            Job::Delete => "delete",
+        }
+    }
+}
+
+/// The pod name of `job` for backup `backup` (uid `uid`): `<backup>-save`, shortened with the
+/// uid's start when the name is too long for a pod.
+pub fn pod_name(backup: &str, uid: &str, job: Job) -> String {
+    let suffix = job.verb();
+    if backup.len() + suffix.len() < 253 {
+        return format!("{backup}-{suffix}");
+    }
+    let uid: String = uid.chars().take(8).collect();
+    let head: String = backup.chars().take(253 - suffix.len() - uid.len() - 2).collect();
+    format!("{}-{uid}-{suffix}", head.trim_end_matches(['-', '.']))
+}
+
+/// The claim as a pod volume named `backup`.
+pub fn claim_volume(destination: &VolumeDestination, read_only: bool) -> Volume {
+    Volume {
+        name: "backup".into(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: destination.claim_name.clone(),
+            read_only: read_only.then_some(true),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The mount of [`claim_volume`] at [`MOUNT`].
+pub fn claim_mount(read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: "backup".into(),
+        mount_path: MOUNT.into(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
+}
+
+/// The pod that saves a snapshot of the member at `endpoint` to `key` in the volume, within
+/// `limit_seconds`.
+#[allow(clippy::too_many_arguments)]
+pub fn save_pod(
+    name: &str,
+    names: &Names,
+    destination: &VolumeDestination,
+    key: &str,
+    endpoint: &str,
+    limit_seconds: u64,
+    image: &str,
+    owner: &OwnerReference,
+) -> Pod {
+    let mut args = vec![
+        "save-snapshot".to_string(),
+        format!("--endpoint={endpoint}"),
+        format!("--folder={MOUNT}"),
+        format!("--key={key}"),
+        format!("--limit-seconds={limit_seconds}"),
+    ];
+    let mut mounts = vec![claim_mount(false)];
+    let mut volumes = vec![claim_volume(destination, false)];
+    if names.tls {
+        args.push(format!("--tls-dir={TLS_MOUNT}"));
+        args.push(format!("--server-name={}", names.tls_name()));
+        mounts.push(VolumeMount {
+            name: "tls".into(),
+            mount_path: TLS_MOUNT.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+        volumes.push(Volume {
+            name: "tls".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(names.client_secret()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+    let place = (names.namespace.as_str(), names.cluster.as_str());
+    pod(name, place, Job::Save, args, mounts, volumes, image, owner)
+}
+
+/// The pod that deletes the snapshot at `key` in the volume; `place` is the namespace and the
+/// cluster's name (the cluster may be gone).
+pub fn delete_pod(
+    name: &str,
+    place: (&str, &str),
+    destination: &VolumeDestination,
+    key: &str,
+    image: &str,
+    owner: &OwnerReference,
+) -> Pod {
+    let args = vec![
+        "delete-snapshot".to_string(),
+        format!("--folder={MOUNT}"),
+        format!("--key={key}"),
+    ];
+    let volumes = vec![claim_volume(destination, false)];
+    pod(name, place, Job::Delete, args, vec![claim_mount(false)], volumes, image, owner)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pod(
+    name: &str,
+    (namespace, cluster): (&str, &str),
+    job: Job,
+    args: Vec<String>,
+    mounts: Vec<VolumeMount>,
+    volumes: Vec<Volume>,
+    image: &str,
+    owner: &OwnerReference,
+) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(labels::child(cluster, "noops.dev/etcd-backup-job", job.verb(), Some(COMPONENT))),
+            owner_references: Some(vec![owner.clone()]),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: job.verb().into(),
+                image: Some(image.into()),
+                args: Some(args),
+                volume_mounts: Some(mounts),
+                termination_message_policy: Some("File".into()),
+                ..Default::default()
+            }],
+            volumes: Some(volumes),
+            restart_policy: Some("Never".into()),
+            enable_service_links: Some(false),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// How a pod of a volume backup stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    NotStarted,
+    Running,
+    /// It cannot start (the claim or a Secret missing, no node for it): why.
+    Stuck(String),
+    /// It did its work; its termination message.
+    Succeeded(String),
+    /// It failed: why, as it said.
+    Failed(String),
+}
+
+/// How `pod` (if any) stands.
+pub fn outcome(pod: Option<&Pod>) -> Outcome {
+    let Some(pod) = pod else { return Outcome::NotStarted };
+    let status = pod.status.clone().unwrap_or_default();
+    let terminated = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find_map(|c| c.state.as_ref().and_then(|s| s.terminated.clone()));
+    let message = terminated.as_ref().and_then(|t| t.message.clone()).unwrap_or_default();
+    match status.phase.as_deref() {
+        Some("Succeeded") => Outcome::Succeeded(message.trim().to_string()),
+        Some("Failed") => {
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let code = terminated.map_or(0, |t| t.exit_code);
+            let said = if message.trim().is_empty() {
+                format!("`kubectl logs {name}` says why")
+            } else {
+                message.trim().to_string()
+            };
+            Outcome::Failed(format!("pod {name} exited with code {code}: {said}"))
+        }
+        _ => match stuck([pod]) {
+            Some(s) => Outcome::Stuck(format!("{}: {}", s.reason, s.message)),
+            None => Outcome::Running,
+        },
+    }
+}
+
+/// What a save pod that succeeded says it saved.
+pub fn saved(message: &str) -> Option<Saved> {
+    serde_json::from_str(message).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etcd::fixtures;
+
+    fn destination() -> VolumeDestination {
+        VolumeDestination {
+            claim_name: "backups".into(),
+            prefix: "etcd".into(),
+        }
+    }
+
+    #[test]
+    fn pod_names_fit_whatever_the_backup_name() {
+        assert_eq!(pod_name("main-20261123", "0123456789", Job::Save), "main-20261123-save");
+        let long = "b".repeat(253);
+        let name = pod_name(&long, "0123456789", Job::Delete);
+        assert!(name.len() <= 253, "{}", name.len());
+        assert!(name.ends_with("-01234567-delete"), "{name}");
+    }
+
+    #[test]
+    fn the_save_pod_mounts_the_claim_and_the_client_certificate() {
+        let cluster = fixtures::cluster().build();
+        let names = Names::of(&cluster);
+        let pod = save_pod("x-save", &names, &destination(), "etcd/main/x.db", "https://10.0.0.5:2379", 590, "noops:test", &fixtures::owner());
+        let spec = pod.spec.unwrap();
+        let container = &spec.containers[0];
+        let args = container.args.clone().unwrap();
+        for expected in [
+            "save-snapshot",
+            "--endpoint=https://10.0.0.5:2379",
+            "--folder=/backup",
+            "--key=etcd/main/x.db",
+            "--limit-seconds=590",
+            "--tls-dir=/tls",
+        ] {
+            assert!(args.contains(&expected.to_string()), "{expected} in {args:?}");
+        }
+        let volumes = spec.volumes.unwrap();
+        assert_eq!(volumes[0].persistent_volume_claim.as_ref().unwrap().claim_name, "backups");
+        assert_eq!(volumes[1].secret.as_ref().unwrap().secret_name.as_deref(), Some("main-client"));
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"), "a failed save is retried by the operator, with a fresh pod");
+        assert_eq!(pod.metadata.labels.unwrap()[labels::COMPONENT], COMPONENT);
+    }
+
+    fn finished(phase: &str, code: i32, message: &str) -> Pod {
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("x-save".into());
+        pod.status = Some(
+            serde_json::from_value(serde_json::json!({
+                "phase": phase,
+                "containerStatuses": [{
+                    "name": "save", "image": "noops", "imageID": "", "ready": false, "restartCount": 0,
+                    "state": { "terminated": { "exitCode": code, "message": message } }
+                }]
+            }))
+            .unwrap(),
+        );
+        pod
+    }
+
+    #[test]
+    fn a_finished_pod_says_what_it_saved_or_why_it_failed() {
+        let report = r#"{"size":20480,"sha256":"ab","revision":12,"version":"3.5.21","clusterId":"1f"}"#;
+        let Outcome::Succeeded(message) = outcome(Some(&finished("Succeeded", 0, report))) else {
+            panic!("succeeded");
+        };
+        let saved = saved(&message).unwrap();
+        assert_eq!((saved.size, saved.revision), (20480, 12));
+        assert_eq!(saved.into_taken().unwrap().cluster_id, 0x1f);
+        match outcome(Some(&finished("Failed", 1, "etcd: connection refused\n"))) {
+            Outcome::Failed(m) => assert_eq!(m, "pod x-save exited with code 1: etcd: connection refused"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(outcome(None), Outcome::NotStarted);
+    }
+}
