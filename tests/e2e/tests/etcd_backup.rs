@@ -514,6 +514,19 @@ async fn backups_to_a_volume_are_saved_scheduled_kept_restored_and_deleted() {
         "{out:?}"
     );
 
+    let escaping = format!(
+        "{}      prefix: ../elsewhere\n",
+        volume_backup_spec("etcd-backups", None, 2)
+    );
+    let out = kubectl(
+        &["apply", "-n", &ns.name, "-f", "-"],
+        Some(&cluster_manifest("escaping", 1, &version, &escaping)),
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("must be a relative path inside the volume"),
+        "{out:?}"
+    );
+
     ns.apply(&cluster_manifest(
         "main",
         1,
@@ -554,6 +567,25 @@ async fn backups_to_a_volume_are_saved_scheduled_kept_restored_and_deleted() {
         ns.pods().get_opt("manual-save").await.unwrap().is_none()
     })
     .await;
+    // The cluster says how its latest backup went.
+    kubectl_ok(
+        &[
+            "wait",
+            "-n",
+            &ns.name,
+            "--for=condition=BackupSucceeded",
+            "etcdcluster/main",
+            "--timeout=60s",
+        ],
+        None,
+    );
+    let main = ns.api::<EtcdCluster>().get("main").await.unwrap();
+    let (_, reason, message) = condition(&main, "BackupSucceeded").unwrap();
+    assert_eq!(reason, "BackupStored");
+    assert!(
+        message.contains("manual") && message.contains("pvc://etcd-backups/"),
+        "{message}"
+    );
 
     // On a schedule (every 3 s), keeping 2: older scheduled backups go, files and all.
     patch_spec(

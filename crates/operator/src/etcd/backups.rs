@@ -1,6 +1,6 @@
 //! A cluster's backups, from its side: the scheduled EtcdBackup that is due is created, the
 //! scheduled ones beyond `maxBackups` are deleted (their snapshots go with them), and the
-//! status counts what is kept. The EtcdBackup controller takes the snapshots.
+//! status counts what is kept and says how the newest finished backup went (`BackupSucceeded`). The EtcdBackup controller takes the snapshots.
 
 use std::time::Duration;
 
@@ -13,6 +13,7 @@ use tracing::info;
 
 use super::names::{CLUSTER_LABEL, Names};
 use crate::core::Result;
+use crate::core::conditions::Decided;
 use crate::core::apply::{create_if_missing, delete_if_present};
 use crate::etcd_backup::schedule::{self, Kept, SCHEDULED_LABEL};
 
@@ -20,24 +21,38 @@ use crate::etcd_backup::schedule::{self, Kept, SCHEDULED_LABEL};
 /// again under the same name is another cluster).
 pub const CLUSTER_UID_LABEL: &str = "noops.dev/etcdcluster-uid";
 
+/// The cluster's condition that says how its newest finished backup went.
+pub const BACKUP_SUCCEEDED: &str = "BackupSucceeded";
+
 /// The backup bookkeeping kept in the cluster's status.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Book {
     pub last_scheduled_time: Option<Time>,
     pub last_backup_time: Option<Time>,
     pub stored_backups: Option<i32>,
+    /// [`BACKUP_SUCCEEDED`]: the newest finished backup succeeded, or why it failed.
+    pub condition: Option<Decided>,
 }
 
 impl Book {
     /// As the last status left it.
     pub fn of(cluster: &EtcdCluster) -> Self {
         let status = cluster.status.clone().unwrap_or_default();
+        let condition = status.conditions.iter().find(|c| c.type_ == BACKUP_SUCCEEDED).map(|c| {
+            let stored = c.status == "True";
+            Decided::new(BACKUP_SUCCEEDED, stored, reason(stored), c.message.clone())
+        });
         Self {
             last_scheduled_time: status.last_scheduled_time,
             last_backup_time: status.last_backup_time,
             stored_backups: status.stored_backups,
+            condition,
         }
     }
+}
+
+fn reason(stored: bool) -> &'static str {
+    if stored { "BackupStored" } else { "BackupFailed" }
 }
 
 fn succeeded(backup: &EtcdBackup) -> bool {
@@ -150,7 +165,8 @@ pub async fn keep(cluster: &EtcdCluster, names: &Names, client: &Client, book: &
     Ok(look_again)
 }
 
-/// Counts the successful backups and the time of the newest.
+/// Counts the successful backups, the time of the newest, and how the newest finished one
+/// went.
 fn count(book: &mut Book, backups: &[&EtcdBackup]) {
     let done: Vec<&EtcdBackup> = backups
         .iter()
@@ -163,6 +179,39 @@ fn count(book: &mut Book, backups: &[&EtcdBackup]) {
         .filter_map(|b| b.status.as_ref()?.completed_at.clone())
         .max_by_key(|t| t.0)
         .or(book.last_backup_time.clone());
+    let finished = backups
+        .iter()
+        .filter(|b| b.metadata.deletion_timestamp.is_none())
+        .filter_map(|b| {
+            let status = b.status.as_ref()?;
+            let stored = match status.phase.as_deref() {
+                Some("Succeeded") => true,
+                Some("Failed") => false,
+                _ => return None,
+            };
+            Some((status.completed_at.as_ref()?.0, b, stored))
+        })
+        .max_by_key(|(at, b, _)| (*at, b.name_any()));
+    if let Some((_, backup, stored)) = finished {
+        let status = backup.status.clone().unwrap_or_default();
+        let message = if stored {
+            format!(
+                "EtcdBackup {} stored revision {} at {}",
+                backup.name_any(),
+                status.revision.unwrap_or_default(),
+                status.location.unwrap_or_default()
+            )
+        } else {
+            let why = status.conditions.iter().find(|c| c.type_ == "Succeeded");
+            format!(
+                "EtcdBackup {} failed: {}: {}",
+                backup.name_any(),
+                why.map_or("", |c| c.reason.as_str()),
+                why.map_or("", |c| c.message.as_str())
+            )
+        };
+        book.condition = Some(Decided::new(BACKUP_SUCCEEDED, stored, reason(stored), message));
+    }
 }
 
 #[cfg(test)]
@@ -201,5 +250,41 @@ mod tests {
         assert!(worth_a_look(&cluster, &book, true, at(7201)), "busy, the 02:00 backup is due");
         let without = fixtures::cluster().build();
         assert!(!worth_a_look(&without, &book, false, at(3700)), "no spec.backup");
+    }
+
+    fn finished(name: &str, phase: &str, completed: i64) -> EtcdBackup {
+        let mut backup = EtcdBackup::new(name, EtcdBackupSpec { cluster: "main".into() });
+        backup.status = Some(serde_json::from_value(serde_json::json!({
+            "phase": phase,
+            "revision": 42,
+            "location": format!("pvc://etcd-backups/etcd/main/{name}.db"),
+            "completedAt": at(completed),
+            "conditions": [{
+                "type": "Succeeded", "status": if phase == "Succeeded" { "True" } else { "False" },
+                "reason": if phase == "Succeeded" { "Stored" } else { "ClaimNotFound" },
+                "message": "why", "lastTransitionTime": at(completed)
+            }]
+        })).unwrap());
+        backup
+    }
+
+    #[test]
+    fn the_condition_follows_the_newest_finished_backup() {
+        let (old, failed, running) = (
+            finished("old", "Succeeded", 100),
+            finished("new", "Failed", 200),
+            finished("running", "Running", 300),
+        );
+        let mut book = Book::default();
+        count(&mut book, &[&old, &failed, &running]);
+        let condition = book.condition.clone().unwrap();
+        assert_eq!((condition.status, condition.reason), (false, "BackupFailed"));
+        assert_eq!(condition.message, "EtcdBackup new failed: ClaimNotFound: why");
+        assert_eq!(book.stored_backups, Some(1), "a failure still leaves the older backup");
+        let newer = finished("newer", "Succeeded", 250);
+        count(&mut book, &[&old, &failed, &newer]);
+        let condition = book.condition.unwrap();
+        assert_eq!((condition.status, condition.reason), (true, "BackupStored"));
+        assert!(condition.message.contains("newer stored revision 42 at pvc://"), "{}", condition.message);
     }
 }

@@ -1,5 +1,6 @@
 //! The EtcdCluster status: members, leader, version, endpoints, the operation in progress, and
-//! the conditions Ready, Available, Progressing and Degraded. Pure.
+//! the conditions Ready, Available, Progressing, Degraded and (with backups) BackupSucceeded.
+//! Pure.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use noops_api::EtcdCluster;
@@ -238,12 +239,16 @@ pub fn build(
     );
     EtcdClusterStatus {
         observed_generation: cluster.metadata.generation,
-        conditions: merge(
-            &previous.conditions,
-            &[ready, availability, progressing, degraded],
-            cluster.metadata.generation,
-            now,
-        ),
+        conditions: {
+            let mut decided = vec![ready, availability, progressing, degraded];
+            decided.extend(outcome.backups.condition.clone().filter(|_| cluster.spec.backup.is_some()));
+            let mut conditions = merge(&previous.conditions, &decided, cluster.metadata.generation, now);
+            // A cluster that no longer says where backups go has nothing to report on them.
+            if cluster.spec.backup.is_none() {
+                conditions.retain(|c| c.type_ != super::backups::BACKUP_SUCCEEDED);
+            }
+            conditions
+        },
         phase: Some(phase.into()),
         ready: Some(format!("{healthy_voters}/{replicas}")),
         ready_members: i32::try_from(healthy_voters).unwrap_or(i32::MAX),
