@@ -220,19 +220,49 @@ impl Default for StorageSpec {
 }
 
 /// TLS between members and for clients.
-#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("!has(self.secrets) || self.enabled").message("tls.secrets needs tls.enabled: true"))]
 #[serde(rename_all = "camelCase")]
 pub struct TlsSpec {
-    /// Serve peers and clients over TLS with certificates from the operator's CA (on by
-    /// default). The client certificate is in Secret `<cluster>-client`.
+    /// Serve peers and clients over TLS (on by default), with certificates from the
+    /// operator's own CA unless `secrets` names your own. The client certificate is in Secret
+    /// `<cluster>-client` (or `secrets.client`).
     #[serde(default = "default_true")]
     pub enabled: bool,
+    /// Your own certificates instead of the operator's CA: it issues and renews nothing, and
+    /// members read the Secrets again when you renew them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets: Option<TlsSecrets>,
 }
 
 impl Default for TlsSpec {
     fn default() -> Self {
-        Self { enabled: true }
+        Self {
+            enabled: true,
+            secrets: None,
+        }
     }
+}
+
+/// Secrets in the cluster's namespace, each with `tls.crt`, `tls.key` and `ca.crt` (as
+/// cert-manager makes them).
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsSecrets {
+    /// Members to each other: valid for `<member>.<cluster>.<namespace>.svc` (a wildcard
+    /// `*.<cluster>.<namespace>.svc` covers every member), for server and client auth; its
+    /// `ca.crt` is the CA members trust from each other.
+    #[schemars(length(min = 1, max = 253))]
+    pub peer: String,
+    /// Members to clients: valid for `*.<cluster>.<namespace>.svc` and
+    /// `<cluster>-client.<namespace>.svc`; its `ca.crt` is the CA client certificates must
+    /// chain to.
+    #[schemars(length(min = 1, max = 253))]
+    pub server: String,
+    /// A client certificate the operator (and the backup pods) use, issued by the server
+    /// Secret's CA.
+    #[schemars(length(min = 1, max = 253))]
+    pub client: String,
 }
 
 /// What every member pod gets.

@@ -134,8 +134,18 @@ pub async fn try_etcd_client(
     name: &str,
     endpoints: &[String],
 ) -> Result<Client, etcd_client::Error> {
+    try_etcd_client_of(ns, name, &format!("{name}-client"), endpoints).await
+}
+
+/// [`try_etcd_client`] with the client certificate from Secret `secret`.
+pub async fn try_etcd_client_of(
+    ns: &TestNamespace,
+    name: &str,
+    secret: &str,
+    endpoints: &[String],
+) -> Result<Client, etcd_client::Error> {
     let secrets: Api<Secret> = ns.api();
-    let secret = secrets.get(&format!("{name}-client")).await.unwrap();
+    let secret = secrets.get(secret).await.unwrap();
     let data = secret.data.unwrap();
     let text = |key: &str| String::from_utf8(data[key].0.clone()).unwrap();
     let tls = TlsOptions::new()

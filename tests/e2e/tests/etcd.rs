@@ -730,3 +730,113 @@ async fn certificates_are_renewed_before_they_expire_without_downtime() {
     let mut checker = members_client(&ns, "main", &ready).await;
     assert_no_write_lost(&history, &mut checker, 50).await;
 }
+
+/// Certificate Secrets a user would bring (made here with rcgen, as openssl or cert-manager
+/// would): a CA of their own; a peer certificate for every member; a server certificate for
+/// every member and the client Service, or (`server_names_members` false) for `localhost`
+/// only; a client certificate. Applied as `<prefix>-peer`, `<prefix>-server`, `<prefix>-client`.
+fn apply_user_certificates(ns: &TestNamespace, cluster: &str, prefix: &str, server_names_members: bool) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose as Eku, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+    let ca_pem = ca_params.self_signed(&ca_key).unwrap().pem();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let members = format!("*.{cluster}.{}.svc", ns.name);
+    let client_service = format!("{cluster}-client.{}.svc", ns.name);
+    let server_names = if server_names_members {
+        vec![members.clone(), client_service]
+    } else {
+        vec!["localhost".to_string()]
+    };
+    let leaves = [
+        ("peer", vec![members], vec![Eku::ServerAuth, Eku::ClientAuth]),
+        ("server", server_names, vec![Eku::ServerAuth, Eku::ClientAuth]),
+        ("client", vec![], vec![Eku::ClientAuth]),
+    ];
+    for (role, sans, usages) in leaves {
+        let mut params = CertificateParams::new(sans).unwrap();
+        params.extended_key_usages = usages;
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &issuer).unwrap().pem();
+        let indent = |pem: &str| pem.lines().map(|l| format!("    {l}\n")).collect::<String>();
+        ns.apply(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{ name: {prefix}-{role} }}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{}  tls.key: |\n{}  ca.crt: |\n{}",
+            indent(&cert),
+            indent(&key.serialize_pem()),
+            indent(&ca_pem)
+        ));
+    }
+}
+
+async fn wait_refused(ns: &TestNamespace, name: &str, reason: &str) -> String {
+    let api: Api<EtcdCluster> = ns.api();
+    wait_for(&format!("{name}: Ready=False {reason}"), 2 * MINUTE, || async {
+        let cluster = api.get_opt(name).await.ok().flatten()?;
+        condition(&cluster, "Ready")
+            .filter(|(s, r, _)| s == "False" && r == reason)
+            .map(|(_, _, m)| m)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_cluster_runs_on_the_users_own_certificates_and_refuses_ones_that_cannot_work() {
+    install_crds();
+    let ns = TestNamespace::new("etcd-user-tls").await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "etcd"]);
+    let version = etcd_version("3.6");
+    let tls = |prefix: &str| {
+        format!("  tls:\n    secrets: {{ peer: {prefix}-peer, server: {prefix}-server, client: {prefix}-client }}\n")
+    };
+
+    // Named before they exist: said so, and nothing starts.
+    ns.apply(&cluster_manifest("mine", 3, &version, &tls("mine")));
+    let message = wait_refused(&ns, "mine", "TlsSecretMissing").await;
+    assert!(message.contains("mine-peer"), "{message}");
+    assert!(ns.pods().get_opt("mine-0").await.unwrap().is_none());
+
+    // Once they exist, the cluster runs on them, and the operator issues nothing of its own.
+    apply_user_certificates(&ns, "mine", "mine", true);
+    let cluster = wait_cluster_ready(&ns, "mine", 3, 3 * MINUTE).await;
+    assert_eq!(
+        cluster.status.as_ref().unwrap().client_secret.as_deref(),
+        Some("mine-client")
+    );
+    let names: Vec<String> = member_names(&cluster).into_iter().collect();
+    let endpoints = member_endpoints(&ns, &names.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let mut client = try_etcd_client_of(&ns, "mine", "mine-client", &endpoints)
+        .await
+        .unwrap();
+    client.put("brought", "my own", None).await.unwrap();
+    let got = client.get("brought", None).await.unwrap();
+    assert_eq!(got.kvs()[0].value_str().unwrap(), "my own");
+    let secrets: Api<Secret> = ns.api();
+    assert!(
+        secrets.get_opt("mine-ca").await.unwrap().is_none(),
+        "the operator made a CA"
+    );
+
+    // A server certificate that does not name the members: refused before anything starts.
+    apply_user_certificates(&ns, "wrong", "wrong", false);
+    ns.apply(&cluster_manifest("wrong", 1, &version, &tls("wrong")));
+    let message = wait_refused(&ns, "wrong", "TlsSecretInvalid").await;
+    assert!(
+        message.contains("tls.secrets.server") && message.contains("*.wrong."),
+        "{message}"
+    );
+    assert!(ns.pods().get_opt("wrong-0").await.unwrap().is_none());
+    // Asked for without TLS: refused by the API server.
+    let plain = "  tls:\n    enabled: false\n    secrets: { peer: a, server: b, client: c }\n";
+    let out = kubectl(
+        &["apply", "-n", &ns.name, "-f", "-"],
+        Some(&cluster_manifest("plain", 1, &version, plain)),
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("tls.secrets needs tls.enabled"),
+        "{out:?}"
+    );
+}

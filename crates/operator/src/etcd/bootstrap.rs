@@ -47,6 +47,7 @@ mod tests {
             cluster: "main".into(),
             namespace: "db".into(),
             tls: true,
+            user_secrets: None,
         };
         let owner = owner_reference("EtcdCluster", "main", "u1");
         let state = |b| state_config_map(&names, &owner, b).data.unwrap()[STATE_KEY].clone();

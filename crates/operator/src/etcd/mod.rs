@@ -27,6 +27,7 @@ mod reconcile;
 pub mod services;
 pub mod status;
 pub mod tls;
+pub mod user_tls;
 pub mod validate;
 pub mod volume;
 

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use noops_api::EtcdCluster;
+use noops_api::etcd::TlsSecrets;
 
 use crate::core::labels;
 
@@ -27,6 +28,8 @@ pub struct Names {
     pub cluster: String,
     pub namespace: String,
     pub tls: bool,
+    /// The user's own certificate Secrets, if the cluster names them.
+    pub user_secrets: Option<TlsSecrets>,
 }
 
 impl Names {
@@ -35,6 +38,7 @@ impl Names {
             cluster: cluster.metadata.name.clone().unwrap_or_default(),
             namespace: cluster.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
             tls: cluster.spec.tls.enabled,
+            user_secrets: cluster.spec.tls.secrets.clone().filter(|_| cluster.spec.tls.enabled),
         }
     }
 
@@ -73,16 +77,28 @@ impl Names {
         format!("{}-ca", self.cluster)
     }
 
+    /// The peer certificate's Secret: the user's, or the one the operator issues.
     pub fn peer_secret(&self) -> String {
-        format!("{}-peer", self.cluster)
+        match &self.user_secrets {
+            Some(user) => user.peer.clone(),
+            None => format!("{}-peer", self.cluster),
+        }
     }
 
+    /// The server certificate's Secret: the user's, or the one the operator issues.
     pub fn server_secret(&self) -> String {
-        format!("{}-server", self.cluster)
+        match &self.user_secrets {
+            Some(user) => user.server.clone(),
+            None => format!("{}-server", self.cluster),
+        }
     }
 
+    /// The client certificate's Secret: the user's, or the one the operator issues.
     pub fn client_secret(&self) -> String {
-        format!("{}-client", self.cluster)
+        match &self.user_secrets {
+            Some(user) => user.client.clone(),
+            None => format!("{}-client", self.cluster),
+        }
     }
 
     fn scheme(&self) -> &'static str {

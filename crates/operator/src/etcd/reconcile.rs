@@ -48,7 +48,18 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
         .during(Stage::Validate)?;
     let previous = cluster.status.clone().unwrap_or_default();
 
-    let children = observe::children(&ctx.caches, &names);
+    let mut children = observe::children(&ctx.caches, &names);
+    if let Some(user) = &names.user_secrets {
+        // The user's own certificate Secrets carry none of the operator's labels, so they are
+        // not in its caches: read them.
+        let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
+        for name in [&user.peer, &user.server, &user.client] {
+            if let Some(secret) = secrets.get_opt(name).await.during(Stage::Observe)? {
+                children.secrets.insert(name.clone(), Arc::new(secret));
+            }
+        }
+    }
+    let children = children;
     ensure_fixed_children(&cluster, &names, &children, &owner, ctx, now)
         .await
         .during(Stage::Apply)?;
@@ -65,7 +76,7 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
         next_member_index: previous.next_member_index,
         cluster_id: previous.cluster_id.clone(),
         problems: Problems {
-            invalid: validate::validate(&cluster, previous.current_version.as_deref()),
+            invalid: validate::validate(&cluster, previous.current_version.as_deref(), &children.secrets, now),
             quorum_lost: None,
             restore_blocked: None,
         },
@@ -283,7 +294,8 @@ async fn ensure_fixed_children(
 ) -> Result<()> {
     let ns = &names.namespace;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    if names.tls {
+    // With the user's own certificates there is nothing to issue (validation checks them).
+    if names.tls && names.user_secrets.is_none() {
         let ca = match children.secrets.get(&names.ca_secret()) {
             Some(secret) => tls::ca_of(secret).map_err(|e| Error::InvalidSpec(e.to_string()))?,
             None => {

@@ -126,8 +126,9 @@ pub fn build(
         .min_by_key(|v| version_key(v))
         .or(previous.current_version.clone());
 
-    let ready = if let Some(refusal) = problems.invalid.as_ref().filter(|_| settled) {
-        // Healthy, but not as asked.
+    let stops_everything = |r: &&super::validate::Refusal| r.stops_changes && problems.quorum_lost.is_none();
+    let ready = if let Some(refusal) = problems.invalid.as_ref().filter(|r| settled || stops_everything(r)) {
+        // Healthy but not as asked; or nothing moves until the spec is fixed.
         Decided::new(READY, false, refusal.reason, refusal.message.clone())
     } else if settled && !outdated.is_empty() {
         Decided::new(

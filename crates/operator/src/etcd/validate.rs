@@ -1,9 +1,16 @@
-//! What the schema cannot check about an EtcdCluster: flags the operator owns, and the version
-//! against the one the members actually run. Pure.
+//! What the schema cannot check about an EtcdCluster: the user's own certificates, flags the
+//! operator owns, and the version against the one the members actually run. Pure.
 
 use noops_api::EtcdCluster;
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Secret;
+
+use super::names::Names;
 use super::pod::forbidden_extra_args;
+use super::user_tls;
 
 /// The minor version of `3.5.21`: 5.
 fn minor(version: &str) -> Option<u64> {
@@ -43,8 +50,19 @@ impl Refusal {
 }
 
 /// Why the spec cannot be carried out as it stands, if it cannot. `running` is the version the
-/// members run (the lowest, from the status).
-pub fn validate(cluster: &EtcdCluster, running: Option<&str>) -> Option<Refusal> {
+/// members run (the lowest, from the status); `secrets` are the cluster's Secrets (the user's
+/// own certificates among them), checked at `now`.
+pub fn validate(
+    cluster: &EtcdCluster,
+    running: Option<&str>,
+    secrets: &BTreeMap<String, Arc<Secret>>,
+    now: jiff::Timestamp,
+) -> Option<Refusal> {
+    if let Some(unusable) = user_tls::check(&Names::of(cluster), secrets, now) {
+        // Members cannot start or join on certificates that do not work: what runs is left
+        // alone, and changes wait until the Secrets are fixed.
+        return Some(Refusal::new(unusable.reason, unusable.message, true));
+    }
     let forbidden = forbidden_extra_args(cluster);
     if !forbidden.is_empty() {
         return Some(Refusal::new(
@@ -146,19 +164,19 @@ mod tests {
     #[test]
     fn owned_flags_downgrades_and_skipped_minors_are_refused_with_a_reason() {
         let plain = fixtures::cluster().build();
-        assert_eq!(validate(&plain, None), None, "nothing runs yet");
-        assert_eq!(validate(&plain, Some("3.5.35")), None, "same minor, any patch");
+        assert_eq!(validate(&plain, None, &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH), None, "nothing runs yet");
+        assert_eq!(validate(&plain, Some("3.5.35"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH), None, "same minor, any patch");
         let flags = fixtures::cluster().extra_args(&["--data-dir=/tmp"]).build();
-        assert_eq!(validate(&flags, None).unwrap().reason, "ForbiddenFlags");
-        assert_eq!(validate(&plain, Some("3.6.4")).unwrap().reason, "DowngradeRefused");
+        assert_eq!(validate(&flags, None, &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH).unwrap().reason, "ForbiddenFlags");
+        assert_eq!(validate(&plain, Some("3.6.4"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH).unwrap().reason, "DowngradeRefused");
         let mut far = fixtures::cluster().build();
         far.spec.version = "3.7.0".into();
-        assert_eq!(validate(&far, Some("3.5.21")).unwrap().reason, "SkippedMinorVersion");
+        assert_eq!(validate(&far, Some("3.5.21"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH).unwrap().reason, "SkippedMinorVersion");
         let mut next = fixtures::cluster().build();
         next.spec.version = "3.6.16".into();
-        assert_eq!(validate(&next, Some("3.5.35")), None, "one minor up is an upgrade");
+        assert_eq!(validate(&next, Some("3.5.35"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH), None, "one minor up is an upgrade");
         assert_eq!(
-            validate(&next, Some("3.5.21")).unwrap().reason,
+            validate(&next, Some("3.5.21"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH).unwrap().reason,
             "UpgradeNeedsNewerPatch",
             "3.5 before 3.5.26 must take the patch first"
         );
@@ -175,14 +193,14 @@ mod tests {
             }),
             volume: None,
         });
-        let refused = validate(&bad_schedule, None).unwrap();
+        let refused = validate(&bad_schedule, None, &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH).unwrap();
         assert_eq!(refused.reason, "InvalidSchedule");
         assert!(!refused.stops_upgrade && !refused.stops_changes, "a bad schedule holds up nothing else");
         let mut ephemeral = fixtures::cluster().ephemeral().build();
         ephemeral.spec.version = "3.6.16".into();
-        assert_eq!(validate(&ephemeral, Some("3.5.35")).unwrap().reason, "UpgradeNeedsPersistentStorage");
+        assert_eq!(validate(&ephemeral, Some("3.5.35"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH).unwrap().reason, "UpgradeNeedsPersistentStorage");
         let mut ephemeral_patch = fixtures::cluster().ephemeral().build();
         ephemeral_patch.spec.version = "3.5.36".into();
-        assert_eq!(validate(&ephemeral_patch, Some("3.5.35")).unwrap().reason, "UpgradeNeedsPersistentStorage");
+        assert_eq!(validate(&ephemeral_patch, Some("3.5.35"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH).unwrap().reason, "UpgradeNeedsPersistentStorage");
     }
 }
