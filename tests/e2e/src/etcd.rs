@@ -324,6 +324,23 @@ pub fn backup_spec(ns: &TestNamespace, schedule: Option<&str>, max: i32) -> Stri
     )
 }
 
+/// Waits until cluster `name` is Ready=False with `reason`.
+pub async fn wait_ready_false(ns: &TestNamespace, name: &str, reason: &str) -> EtcdCluster {
+    let api: Api<EtcdCluster> = ns.api();
+    wait_for(
+        &format!("{name}: Ready=False {reason}"),
+        Duration::from_secs(120),
+        || async {
+            api.get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .filter(|c| condition(c, "Ready").is_some_and(|(s, r, _)| s == "False" && r == reason))
+        },
+    )
+    .await
+}
+
 /// A `backup:` block (to be put in a cluster's spec) to PersistentVolumeClaim `claim`.
 pub fn volume_backup_spec(claim: &str, schedule: Option<&str>, max: i32) -> String {
     let schedule = schedule.map(|s| format!("    schedule: \"{s}\"\n")).unwrap_or_default();

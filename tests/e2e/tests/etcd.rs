@@ -772,15 +772,10 @@ fn apply_user_certificates(ns: &TestNamespace, cluster: &str, prefix: &str, serv
     }
 }
 
+/// Waits until cluster `name` is refused with `reason`; its message.
 async fn wait_refused(ns: &TestNamespace, name: &str, reason: &str) -> String {
-    let api: Api<EtcdCluster> = ns.api();
-    wait_for(&format!("{name}: Ready=False {reason}"), 2 * MINUTE, || async {
-        let cluster = api.get_opt(name).await.ok().flatten()?;
-        condition(&cluster, "Ready")
-            .filter(|(s, r, _)| s == "False" && r == reason)
-            .map(|(_, _, m)| m)
-    })
-    .await
+    let cluster = wait_ready_false(ns, name, reason).await;
+    condition(&cluster, "Ready").map(|(_, _, m)| m).unwrap_or_default()
 }
 
 #[tokio::test]

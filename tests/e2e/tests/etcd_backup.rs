@@ -230,18 +230,6 @@ async fn backups_that_cannot_be_made_fail_with_a_reason() {
     .await;
 }
 
-async fn wait_ready_false(ns: &TestNamespace, name: &str, reason: &str) -> EtcdCluster {
-    let api: Api<EtcdCluster> = ns.api();
-    wait_for(&format!("{name}: Ready=False {reason}"), 2 * MINUTE, || async {
-        api.get_opt(name)
-            .await
-            .ok()
-            .flatten()
-            .filter(|c| condition(c, "Ready").is_some_and(|(s, r, _)| s == "False" && r == reason))
-    })
-    .await
-}
-
 #[tokio::test]
 async fn a_new_cluster_starts_from_a_backup_and_a_tampered_backup_is_refused() {
     install_crds();
