@@ -344,6 +344,11 @@ pub struct EtcdClusterStatus {
     /// recovery from quorum loss was asked to use).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_from: Option<String>,
+    /// A version whose image could not be pulled when a member was upgraded to it: the member
+    /// went back to the version it ran, and the version is refused while `spec.version` names
+    /// it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable_version: Option<String>,
 }
 
 /// One member, as last seen.

@@ -23,6 +23,9 @@ pub enum ImageError {
          (the local Kubernetes runs images as local programs)"
     )]
     NotMapped { image: String, config: String },
+    /// The map says the registry has no such image (a tag never published).
+    #[error("failed to pull image {image:?}: {message}")]
+    PullFailed { image: String, message: String },
     #[error(
         "image {image:?} (mapped in {config}) has no command: set `command` in the pod or \
          `entrypoint` for the image"
@@ -61,6 +64,10 @@ pub struct ImageEntry {
     /// The image's WORKDIR.
     #[serde(default)]
     pub working_dir: Option<String>,
+    /// The registry has no such image (a tag that was never published): its containers wait
+    /// with `ErrImagePull`, then `ImagePullBackOff`, and this message, as a real pull fails.
+    #[serde(default)]
+    pub pull_error: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -202,6 +209,12 @@ impl ImageMap {
         exists: &dyn Fn(&Path) -> bool,
     ) -> Result<ResolvedProgram, ImageError> {
         let entry = self.lookup(image)?;
+        if let Some(message) = &entry.pull_error {
+            return Err(ImageError::PullFailed {
+                image: image.to_string(),
+                message: message.clone(),
+            });
+        }
         let mut argv: Vec<String> = if command.is_empty() {
             let defaults = if args.is_empty() { &entry.cmd } else { &args.to_vec() };
             entry.entrypoint.iter().chain(defaults.iter()).cloned().collect()
@@ -373,6 +386,25 @@ images:
 
     fn strings(items: &[&str]) -> Vec<String> {
         items.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn an_image_the_registry_does_not_have_fails_to_pull_with_the_maps_message() {
+        let map = ImageMap::parse(
+            "images:\n  - match: [\"*etcd:v3.6.99*\"]\n    pullError: manifest unknown\n  - match: [\"*etcd:v3.6.*\"]\n    path: [/bin]\n    entrypoint: [etcd]\n",
+            "images.yaml",
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        let always = |_: &Path| true;
+        let err = map
+            .resolve("quay.io/coreos/etcd:v3.6.99", &[], &[], &always)
+            .unwrap_err();
+        assert!(
+            matches!(&err, ImageError::PullFailed { message, .. } if message == "manifest unknown"),
+            "{err}"
+        );
+        assert!(map.resolve("quay.io/coreos/etcd:v3.6.4", &[], &[], &always).is_ok());
     }
 
     #[test]

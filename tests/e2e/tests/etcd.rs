@@ -459,6 +459,83 @@ async fn a_minor_upgrade_rolls_one_member_at_a_time_the_leader_last_without_losi
 }
 
 #[tokio::test]
+async fn an_image_that_cannot_be_pulled_is_reported_and_an_upgrade_to_it_goes_back_harming_nothing() {
+    install_crds();
+    let ns = TestNamespace::new("etcd-bad-image").await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "etcd"]);
+    let api: Api<EtcdCluster> = ns.api();
+
+    // A first apply on a tag the registry does not have: the pod says why, and so does the
+    // cluster, at once.
+    ns.apply(&cluster_manifest("fresh", 1, "3.6.99", ""));
+    let stuck = wait_refused(&ns, "fresh", "MemberPodStuck").await;
+    assert!(stuck.contains("fresh-0") && stuck.contains("3.6.99"), "{stuck}");
+    wait_until("a MemberPodStuck Event", MINUTE, || async {
+        cluster_events(&ns, "fresh")
+            .await
+            .iter()
+            .any(|(r, _)| r == "MemberPodStuck")
+    })
+    .await;
+
+    // A running cluster asked to upgrade to it: the first member tries, cannot get the image,
+    // and starts again on the version it ran, on its own data; the version is refused, no
+    // member is replaced, and no write is lost.
+    let (from, to) = (etcd_version("3.5"), etcd_version("3.6"));
+    ns.apply(&cluster_manifest("main", 3, &from, ""));
+    let before = wait_cluster_ready(&ns, "main", 3, 3 * MINUTE).await;
+    let ids: BTreeSet<Option<String>> = before
+        .status
+        .as_ref()
+        .unwrap()
+        .members
+        .iter()
+        .map(|m| m.id.clone())
+        .collect();
+    let endpoints = member_endpoints(&ns, &["main-0", "main-1", "main-2"]).await;
+    let writer = Writer::start(etcd_client(&ns, "main", &endpoints).await);
+    patch_spec(&ns, "main", serde_json::json!({ "version": "3.6.99" })).await;
+    let refused = wait_for(
+        "the unavailable version refused, the members back on theirs",
+        3 * MINUTE,
+        || async {
+            let cluster = api.get("main").await.ok()?;
+            let status = cluster.status.clone()?;
+            (status.unavailable_version.as_deref() == Some("3.6.99")
+                && status.operation.is_none()
+                && status.ready.as_deref() == Some("3/3")
+                && condition(&cluster, "Ready").is_some_and(|(s, r, _)| s == "False" && r == "VersionUnavailable"))
+            .then_some(cluster)
+        },
+    )
+    .await;
+    let status = refused.status.clone().unwrap();
+    assert_eq!(status.current_version.as_deref(), Some(from.as_str()));
+    assert_eq!(
+        status.members.iter().map(|m| m.id.clone()).collect::<BTreeSet<_>>(),
+        ids,
+        "no member replaced"
+    );
+    let events = cluster_events(&ns, "main").await;
+    assert!(events.iter().any(|(r, _)| r == "UpgradeReverted"), "{events:?}");
+    assert!(events.iter().any(|(r, _)| r == "MemberReverted"), "{events:?}");
+    assert!(
+        !events
+            .iter()
+            .any(|(r, m)| r == "MemberUpgraded" && m.contains("3.6.99")),
+        "{events:?}"
+    );
+
+    // A version whose image exists: the upgrade goes on, and the refusal is forgotten.
+    patch_spec(&ns, "main", serde_json::json!({ "version": to })).await;
+    let after = wait_on_version(&ns, "main", 3, &to).await;
+    assert_eq!(after.status.as_ref().unwrap().unavailable_version, None);
+    let history = writer.stop().await;
+    let mut checker = members_client(&ns, "main", &after).await;
+    assert_no_write_lost(&history, &mut checker, 50).await;
+}
+
+#[tokio::test]
 async fn fragmented_members_are_defragmented_one_at_a_time_the_leader_last() {
     use etcd_client::{CompactionOptions, DeleteOptions, Txn, TxnOp};
 

@@ -66,6 +66,8 @@ pub struct MemberFacts {
     pub outdated: bool,
     /// Its database is to be defragmented (see `defrag.rs`).
     pub fragmented: bool,
+    /// Its pod cannot get its image (a tag the registry does not have).
+    pub image_unavailable: bool,
 }
 
 impl MemberFacts {
@@ -148,6 +150,10 @@ pub enum Step {
     DeleteMember { member: String, force: bool },
     /// Delete the pod of `member`, not its volume, so that it starts again on another version.
     RestartMember { member: String },
+    /// The image of `version` cannot be pulled for `member`, being upgraded to it: record the
+    /// version as unavailable (refused from then on), then (once recorded) delete the pod, so
+    /// that `member` starts again on the version it ran, on its untouched data.
+    VersionUnavailable { member: String, version: String },
     /// `member` runs the new version and is healthy: check a read through it, then end the
     /// upgrade of this member.
     CheckUpgraded { member: String },
@@ -406,6 +412,17 @@ fn continue_upgrade(facts: &ClusterFacts, op: &Operation, member: Option<&Member
         return Step::Finish;
     };
     let version = op.version.as_deref().unwrap_or("the new version");
+    // An image that cannot be pulled never started: the member's data is as the old version
+    // left it, and it goes back to that version rather than waiting out the deadline and
+    // being replaced (by a member that could not start either).
+    if m.image_unavailable
+        && let Some(version) = &op.version
+    {
+        return Step::VersionUnavailable {
+            member: m.name.clone(),
+            version: version.clone(),
+        };
+    }
     match m.pod {
         PodState::Missing if facts.ephemeral || !m.volume => {
             // Starting it again would bring it back under its old identity with an empty log.
@@ -569,6 +586,7 @@ mod tests {
             unhealthy_for: None,
             outdated: false,
             fragmented: false,
+            image_unavailable: false,
         }
     }
 
@@ -1046,6 +1064,32 @@ mod tests {
             m.volume = false;
         }
         assert_eq!(next_step(&gone), Step::RestoreFirstMember { member: "main-3".into() });
+    }
+
+    #[test]
+    fn an_upgrade_whose_image_cannot_be_pulled_goes_back_instead_of_waiting() {
+        let mut members = outdated(three());
+        members[1].image_unavailable = true;
+        members[1].healthy = false;
+        members[1].pod = PodState::Starting;
+        let mut c = with_op(upgrading(members), OperationKind::Upgrade, "main-1");
+        if let Some(op) = c.operation.as_mut() {
+            op.version = Some("3.6.99".into());
+        }
+        assert_eq!(
+            next_step(&c),
+            Step::VersionUnavailable {
+                member: "main-1".into(),
+                version: "3.6.99".into()
+            }
+        );
+        // Once refused (no version change asked) and started again on the old version, it
+        // ends like any upgrade.
+        c.upgrade_to = None;
+        c.members[1].image_unavailable = false;
+        c.members[1].healthy = true;
+        c.members[1].pod = PodState::Ready;
+        assert_eq!(next_step(&c), Step::CheckUpgraded { member: "main-1".into() });
     }
 
     #[test]

@@ -60,6 +60,9 @@ fn by_name<K: kube::Resource>(objects: impl Iterator<Item = Arc<K>>) -> BTreeMap
         .collect()
 }
 
+/// Why a pod cannot get its image.
+const IMAGE_UNAVAILABLE: [&str; 4] = ["ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ImageNotMapped"];
+
 /// Reads the children of one cluster from the caches.
 pub fn children(caches: &Caches, names: &Names) -> Children {
     Children {
@@ -262,6 +265,9 @@ pub fn facts(cluster: &EtcdCluster, names: &Names, children: &Children, etcd: &E
                 healthy,
                 unhealthy_for,
                 outdated: pod.is_some_and(|p| pod_image(p) != Some(wanted_image.as_str())),
+                image_unavailable: pod.is_some_and(|p| {
+                    crate::core::stuck::stuck([p.as_ref()]).is_some_and(|s| IMAGE_UNAVAILABLE.contains(&s.reason))
+                }),
                 fragmented: etcd.health.get(&name).is_some_and(|h| {
                     let defragmented_lately = known
                         .and_then(|k| k.defragmented_at.as_ref())

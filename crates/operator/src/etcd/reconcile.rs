@@ -21,6 +21,7 @@ use super::names::{Names, RECOVER_ANNOTATION};
 use super::observe::{self, Children, EtcdView};
 use super::status::{self, Outcome, Problems};
 use super::{Context, backups, bootstrap, pod, restore, services, tls, validate, volume};
+use crate::core::stuck::stuck;
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
 use crate::core::stamp::{stamp, up_to_date};
 use crate::core::{DuringStep, Error, Result, Step as Stage, crash};
@@ -79,9 +80,12 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
             invalid: validate::validate(&cluster, previous.current_version.as_deref(), &children.secrets, now),
             quorum_lost: None,
             restore_blocked: None,
+            // Said at once: the pod knows long before a grace period or a deadline passes.
+            stuck_pod: stuck(children.pods.values().map(AsRef::as_ref)),
         },
         backups: backups::Book::of(&cluster),
         defragmented: None,
+        unavailable_version: previous.unavailable_version.clone(),
         restored_from: previous.restored_from.clone().or_else(|| {
             previous
                 .cluster_id
@@ -97,6 +101,11 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
         && !has_condition_reason(&previous.conditions, refusal.reason)
     {
         later.push(Announcement::warning(refusal.reason, refusal.message.clone()));
+    }
+    if let Some(stuck) = &outcome.problems.stuck_pod
+        && !has_condition_reason(&previous.conditions, status::MEMBER_POD_STUCK)
+    {
+        later.push(Announcement::warning(status::MEMBER_POD_STUCK, format!("{}: {}", stuck.reason, stuck.message)));
     }
 
     let mut facts = facts;
@@ -697,6 +706,29 @@ impl Runner<'_> {
                 }
                 Ok(NEXT_STEP)
             }
+            Step::VersionUnavailable { member, version } => {
+                let recorded = self.cluster.status.as_ref().and_then(|s| s.unavailable_version.as_deref());
+                if recorded != Some(version.as_str()) {
+                    // Recorded first: from the next pass on the version is refused, so the pod
+                    // deleted then comes back on the version the member ran.
+                    outcome.unavailable_version = Some(version.clone());
+                    warn!(member, version, "the image of the new version cannot be pulled: going back");
+                    later.push(
+                        Announcement::warning(
+                            "UpgradeReverted",
+                            format!("the image of etcd {version} cannot be pulled for {member}; {member} starts again on the version it ran, and {version} is refused until spec.version names another"),
+                        )
+                        .about(&member),
+                    );
+                    return Ok(NEXT_STEP);
+                }
+                let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
+                if delete_if_present(&pods, &member, &DeleteParams::default()).await? {
+                    info!(member, version, "stopped the member whose new image cannot be pulled, to start it on the version it ran");
+                    crash::point("upgrade: member with an unavailable image stopped");
+                }
+                Ok(NEXT_STEP)
+            }
             Step::RestartMember { member } => {
                 let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
                 if delete_if_present(&pods, &member, &DeleteParams::default()).await? {
@@ -727,6 +759,14 @@ impl Runner<'_> {
                         OperationKind::Bootstrap => ("Bootstrapped", format!("{} started the cluster", op.member)),
                         OperationKind::AddMember => ("MemberAdded", format!("{} joined ({})", op.member, op.reason)),
                         OperationKind::RemoveMember => ("MemberGone", format!("{} is gone ({})", op.member, op.reason)),
+                        OperationKind::Upgrade if op.version.is_some() && op.version == outcome.unavailable_version => (
+                            "MemberReverted",
+                            format!(
+                                "{} runs the version it ran before again: the image of {} cannot be pulled",
+                                op.member,
+                                op.version.as_deref().unwrap_or_default()
+                            ),
+                        ),
                         OperationKind::Upgrade => (
                             "MemberUpgraded",
                             format!("upgraded {} to {}", op.member, op.version.as_deref().unwrap_or("the new version")),

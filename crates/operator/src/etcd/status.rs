@@ -24,7 +24,12 @@ pub struct Problems {
     pub invalid: Option<super::validate::Refusal>,
     /// The backup a new cluster starts from cannot be restored (reason, message).
     pub restore_blocked: Option<(&'static str, String)>,
+    /// A member's pod cannot start (its image, a crash loop, no node for it), and why.
+    pub stuck_pod: Option<crate::core::stuck::Stuck>,
 }
+
+/// The reason of a member pod that cannot start.
+pub const MEMBER_POD_STUCK: &str = "MemberPodStuck";
 
 fn version_key(v: &str) -> Vec<u64> {
     v.split('.').map(|p| p.parse().unwrap_or(0)).collect()
@@ -43,6 +48,8 @@ pub struct Outcome {
     pub restored_from: Option<String>,
     /// The member defragmented in this pass, if any.
     pub defragmented: Option<String>,
+    /// A version whose image could not be pulled (see the status field).
+    pub unavailable_version: Option<String>,
 }
 
 /// The status after a reconcile.
@@ -159,6 +166,8 @@ pub fn build(
         Decided::new(READY, false, "QuorumLost", why.clone())
     } else if let Some((reason, message)) = &problems.restore_blocked {
         Decided::new(READY, false, reason, message.clone())
+    } else if let Some(stuck) = &problems.stuck_pod {
+        Decided::new(READY, false, MEMBER_POD_STUCK, stuck.message.clone())
     } else if !bootstrapped {
         Decided::new(READY, false, "Bootstrapping", "the first member is starting the cluster")
     } else if let Some(op) = &operation {
@@ -202,6 +211,8 @@ pub fn build(
         Decided::new(DEGRADED, true, refusal.reason, refusal.message.clone())
     } else if let Some((reason, message)) = &problems.restore_blocked {
         Decided::new(DEGRADED, true, reason, message.clone())
+    } else if let Some(stuck) = &problems.stuck_pod {
+        Decided::new(DEGRADED, true, MEMBER_POD_STUCK, stuck.message.clone())
     } else if bootstrapped && !unhealthy.is_empty() {
         Decided::new(
             DEGRADED,
@@ -265,6 +276,11 @@ pub fn build(
         last_backup_time: outcome.backups.last_backup_time.clone(),
         stored_backups: outcome.backups.stored_backups,
         restored_from: outcome.restored_from.clone(),
+        // Forgotten once the spec names another version.
+        unavailable_version: outcome
+            .unavailable_version
+            .clone()
+            .filter(|v| *v == cluster.spec.version),
     }
 }
 
@@ -325,6 +341,7 @@ mod tests {
             unhealthy_for: None,
             outdated: false,
             fragmented: false,
+            image_unavailable: false,
         }
     }
 
@@ -389,6 +406,7 @@ mod tests {
                 backups: Default::default(),
                 restored_from: None,
                 defragmented: None,
+                unavailable_version: None,
             },
             jiff::Timestamp::UNIX_EPOCH,
         )
@@ -448,6 +466,7 @@ mod tests {
                 backups: Default::default(),
                 restored_from: None,
                 defragmented: None,
+                unavailable_version: None,
             },
             jiff::Timestamp::UNIX_EPOCH,
         );
@@ -478,6 +497,27 @@ mod tests {
     }
 
     #[test]
+    fn a_member_pod_that_cannot_start_is_named_in_ready_and_degraded() {
+        let stuck = crate::core::stuck::Stuck {
+            reason: "ImagePullBackOff",
+            message: "pod main-2, container etcd: Back-off pulling image".into(),
+        };
+        let s = build_for(
+            vec![member("main-0", 1, true), member("main-1", 2, true), member("main-2", 3, false)],
+            &Problems {
+                stuck_pod: Some(stuck),
+                ..Default::default()
+            },
+        );
+        for type_ in [READY, DEGRADED] {
+            let c = s.conditions.iter().find(|c| c.type_ == type_).unwrap();
+            assert_eq!(c.reason, MEMBER_POD_STUCK, "{type_}");
+            assert!(c.message.contains("pulling image"), "{type_}: {}", c.message);
+        }
+        assert!(is_true(&s.conditions, AVAILABLE), "two of three still serve");
+    }
+
+    #[test]
     fn an_unchanged_status_is_equal_so_it_is_not_written_again() {
         let members = vec![member("main-0", 1, true), member("main-1", 2, true), member("main-2", 3, true)];
         let first = build_for(members.clone(), &Problems::default());
@@ -497,6 +537,7 @@ mod tests {
                 backups: Default::default(),
                 restored_from: None,
                 defragmented: None,
+                unavailable_version: None,
             },
             jiff::Timestamp::from_second(100).unwrap(),
         );

@@ -83,6 +83,17 @@ fn version_refusal(cluster: &EtcdCluster, running: Option<&str>) -> Option<Refus
         return None;
     };
     let running = running.unwrap_or_default();
+    let unavailable = cluster.status.as_ref().and_then(|s| s.unavailable_version.as_deref());
+    if unavailable == Some(cluster.spec.version.as_str()) {
+        return Some(Refusal::new(
+            "VersionUnavailable",
+            format!(
+                "the image of etcd {} could not be pulled when a member was upgraded to it; the members stay on {running}: set a version whose image exists",
+                cluster.spec.version
+            ),
+            false,
+        ));
+    }
     if want < have {
         return Some(Refusal::new(
             "DowngradeRefused",

@@ -274,7 +274,15 @@ impl PodWorker {
         if let Err((reason, message)) = self.launch(&spec, &sandbox, init, idx).await {
             warn!(pod = %self.pod_name(), container = %spec.name, %reason, %message, "container not started");
             let slot = self.slot(init, idx);
-            let repeated = slot.waiting.as_ref().map(|w| &w.0) == Some(&reason);
+            let before = slot.waiting.as_ref().map(|w| w.0.clone());
+            let repeated = before.as_ref() == Some(&reason)
+                || (reason == "ErrImagePull" && before.as_deref() == Some("ImagePullBackOff"));
+            // As the kubelet: a pull that failed before is backed off.
+            let reason = if repeated && reason == "ErrImagePull" {
+                "ImagePullBackOff".to_string()
+            } else {
+                reason
+            };
             slot.waiting = Some((reason, Some(message.clone())));
             // Configuration problems may be fixed (a Secret created, the image map edited).
             slot.next_start = Some(Instant::now() + CONFIG_RETRY);
@@ -314,6 +322,7 @@ impl PodWorker {
             .resolve(&image, &command, &args, &is_executable)
             .map_err(|e| match e {
                 crate::images::ImageError::NotMapped { .. } => ("ImageNotMapped".to_string(), e.to_string()),
+                crate::images::ImageError::PullFailed { .. } => ("ErrImagePull".to_string(), e.to_string()),
                 other => ("CreateContainerError".to_string(), other.to_string()),
             })?;
         let lookup_user = |name: &str| {
