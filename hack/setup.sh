@@ -17,6 +17,15 @@ for cmd in "${!wanted[@]}"; do
 done
 # The protobuf well-known types, which etcd's API files import (etcd-client compiles them).
 [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
+# PostgreSQL 15, which the local Kubernetes runs for postgres:15 images (cluster/images.yaml).
+# Debian would create and start a cluster of its own on port 5432: told not to.
+if [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then
+  missing+=(postgresql-15)
+  if [ "$(id -u)" = 0 ]; then
+    mkdir -p /etc/postgresql-common/createcluster.d
+    echo "create_main_cluster = false" >/etc/postgresql-common/createcluster.d/noops.conf
+  fi
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" = 0 ] || die "missing packages (${missing[*]}) and not root to install them"
   log "installing Debian packages: ${missing[*]}"

@@ -195,7 +195,8 @@ pub async fn run(client: Client, node: String, volumes_dir: PathBuf) {
                     // whose PV is created makes the folder (the others would leave orphans).
                     let pv = volume_for(&claim, &class, &node, &path);
                     match pv_api.create(&PostParams::default(), &pv).await {
-                        Ok(_) => match std::fs::create_dir_all(&path) {
+                        Ok(_) => match std::fs::create_dir_all(&path).and_then(|()| crate::volumes::open_to_all(&path))
+                        {
                             Ok(()) => {
                                 info!(claim = %format!("{ns}/{name}"), path = %path.display(), "provisioned volume")
                             }

@@ -511,6 +511,8 @@ impl RootFsPlan {
                     libc::S_IFCHR | 0o666,
                     libc::makedev(d.major, d.minor),
                 ))?;
+                // mknod's mode passes through the umask: every user may use these devices.
+                check(libc::chmod(d.path.as_ptr(), 0o666))?;
             }
             for dir in [&s.pts_dir, &s.shm_dir] {
                 check(libc::mkdir(dir.as_ptr(), 0o755))?;

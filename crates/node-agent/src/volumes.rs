@@ -105,7 +105,11 @@ impl Volumes<'_> {
         };
         let own_dir = self.dir.join(name);
         if volume.empty_dir.is_some() {
-            std::fs::create_dir_all(&own_dir).map_err(io)?;
+            if !own_dir.exists() {
+                std::fs::create_dir_all(&own_dir).map_err(io)?;
+                // As the kubelet makes it: any user of the pod may write there.
+                open_to_all(&own_dir).map_err(io)?;
+            }
             self.share_with_group(&own_dir).map_err(io)?;
             return Ok(own_dir);
         }
@@ -190,10 +194,14 @@ impl Volumes<'_> {
                 message: format!("persistentvolume {pv_name:?} is neither hostPath nor local"),
             })?;
         let path = PathBuf::from(path);
-        std::fs::create_dir_all(&path).map_err(|source| VolumeError::Io {
-            volume: volume.to_string(),
-            source,
-        })?;
+        if !path.exists() {
+            let io = |source| VolumeError::Io {
+                volume: volume.to_string(),
+                source,
+            };
+            std::fs::create_dir_all(&path).map_err(io)?;
+            open_to_all(&path).map_err(io)?;
+        }
         Ok(path)
     }
 
@@ -426,6 +434,14 @@ pub fn downward_files(
         );
     }
     Ok(files)
+}
+
+/// A new volume folder any user may write to (0777, whatever the umask), as the kubelet makes
+/// an emptyDir and local-path provisioners make a volume: containers that run as their own
+/// user (PostgreSQL's) make their data folders inside.
+pub fn open_to_all(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))
 }
 
 #[cfg(test)]

@@ -818,3 +818,63 @@ async fn containers_cannot_read_the_cluster_keys_or_reach_this_machine() {
         "the cluster's keys are hidden, and neither other processes' roots, mounts nor devices are in reach"
     );
 }
+
+#[tokio::test]
+async fn postgres_15_runs_as_the_official_image_lays_it_out_and_other_majors_say_why_not() {
+    let ns = TestNamespace::new("postgres").await;
+    ns.apply(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: { name: pg }
+spec:
+  containers:
+    - name: postgres
+      image: postgres:15
+      command: ["sh", "-c"]
+      args:
+        - initdb -D "$PGDATA" -U postgres --auth=trust >/dev/null &&
+          echo "host all all 0.0.0.0/0 trust" >>"$PGDATA/pg_hba.conf" &&
+          exec postgres -D "$PGDATA" -c listen_addresses='*' -k /tmp
+      volumeMounts: [{ name: data, mountPath: /var/lib/postgresql }]
+      readinessProbe: { exec: { command: [pg_isready, -h, 127.0.0.1] }, periodSeconds: 1 }
+  volumes: [{ name: data, emptyDir: {} }]
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: pg16 }
+spec:
+  containers: [{ name: postgres, image: "postgres:16", command: [postgres] }]
+"#,
+    );
+    let pods = ns.pods();
+    let pod = wait_for("postgres Ready", 2 * MINUTE, || async {
+        pods.get_opt("pg").await.ok().flatten().filter(pod_ready)
+    })
+    .await;
+    let out = Command::new("/usr/lib/postgresql/15/bin/psql")
+        .args([
+            "-h",
+            &ip_of(&pod),
+            "-U",
+            "postgres",
+            "-tAc",
+            "select current_user || ' ' || version()",
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.starts_with("postgres PostgreSQL 15."), "{said}");
+
+    let waiting = wait_for("ErrImagePull for postgres:16", MINUTE, || async {
+        pods.get_opt("pg16")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|p| container_status(&p)?.state?.waiting)
+            .filter(|w| matches!(w.reason.as_deref(), Some("ErrImagePull" | "ImagePullBackOff")))
+    })
+    .await;
+    assert!(waiting.message.unwrap_or_default().contains("only PostgreSQL 15"));
+}
