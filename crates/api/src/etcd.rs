@@ -249,14 +249,14 @@ impl Default for TlsSpec {
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct TlsSecrets {
-    /// Members to each other: valid for `<member>.<cluster>.<namespace>.svc` (a wildcard
-    /// `*.<cluster>.<namespace>.svc` covers every member), for server and client auth; its
-    /// `ca.crt` is the CA members trust from each other.
+    /// Members to each other: valid for `*.<cluster>.<namespace>.svc` (a wildcard: a replaced
+    /// member gets a new name), for server and client auth; its `ca.crt` is the CA members
+    /// trust from each other.
     #[schemars(length(min = 1, max = 253))]
     pub peer: String,
     /// Members to clients: valid for `*.<cluster>.<namespace>.svc` and
-    /// `<cluster>-client.<namespace>.svc`; its `ca.crt` is the CA client certificates must
-    /// chain to.
+    /// `<cluster>-client.<namespace>.svc`, issued by the CA in the client Secret's `ca.crt`;
+    /// its own `ca.crt` is the CA client certificates must chain to.
     #[schemars(length(min = 1, max = 253))]
     pub server: String,
     /// A client certificate the operator (and the backup pods) use, issued by the server

@@ -24,6 +24,9 @@ use super::restore::Restore;
 /// How long a member may be unhealthy (its process crashing, its node gone) before it is
 /// replaced.
 pub const UNHEALTHY_GRACE: Duration = Duration::from_secs(30);
+/// How long a member's pod fails to pull its image before the image is taken to be missing
+/// (a registry that throttles or blinks recovers within it).
+pub const IMAGE_PULL_PATIENCE: Duration = Duration::from_secs(60);
 /// How long a learner may take to start and catch up before it is given up.
 pub const LEARNER_DEADLINE: Duration = Duration::from_secs(300);
 /// How long voting members may be without a leader before the quorum counts as lost (a leader
@@ -66,8 +69,9 @@ pub struct MemberFacts {
     pub outdated: bool,
     /// Its database is to be defragmented (see `defrag.rs`).
     pub fragmented: bool,
-    /// Its pod cannot get its image (a tag the registry does not have).
-    pub image_unavailable: bool,
+    /// The image its pod has failed to get for [`IMAGE_PULL_PATIENCE`] (a tag the registry
+    /// does not have), if it has.
+    pub image_unavailable: Option<String>,
 }
 
 impl MemberFacts {
@@ -415,8 +419,8 @@ fn continue_upgrade(facts: &ClusterFacts, op: &Operation, member: Option<&Member
     // An image that cannot be pulled never started: the member's data is as the old version
     // left it, and it goes back to that version rather than waiting out the deadline and
     // being replaced (by a member that could not start either).
-    if m.image_unavailable
-        && let Some(version) = &op.version
+    if let (Some(missing), Some(version)) = (&m.image_unavailable, &op.version)
+        && *missing == super::pod::image(version)
     {
         return Step::VersionUnavailable {
             member: m.name.clone(),
@@ -586,7 +590,7 @@ mod tests {
             unhealthy_for: None,
             outdated: false,
             fragmented: false,
-            image_unavailable: false,
+            image_unavailable: None,
         }
     }
 
@@ -1069,7 +1073,15 @@ mod tests {
     #[test]
     fn an_upgrade_whose_image_cannot_be_pulled_goes_back_instead_of_waiting() {
         let mut members = outdated(three());
-        members[1].image_unavailable = true;
+        members[1].image_unavailable = Some(super::super::pod::image("3.5.21"));
+        members[1].healthy = false;
+        members[1].pod = PodState::Starting;
+        let c = with_op(upgrading(members.clone()), OperationKind::Upgrade, "main-1");
+        assert!(
+            !matches!(next_step(&c), Step::VersionUnavailable { .. }),
+            "the old version's image failing to pull says nothing about the new one"
+        );
+        members[1].image_unavailable = Some(super::super::pod::image("3.6.99"));
         members[1].healthy = false;
         members[1].pod = PodState::Starting;
         let mut c = with_op(upgrading(members), OperationKind::Upgrade, "main-1");
@@ -1086,7 +1098,7 @@ mod tests {
         // Once refused (no version change asked) and started again on the old version, it
         // ends like any upgrade.
         c.upgrade_to = None;
-        c.members[1].image_unavailable = false;
+        c.members[1].image_unavailable = None;
         c.members[1].healthy = true;
         c.members[1].pod = PodState::Ready;
         assert_eq!(next_step(&c), Step::CheckUpgraded { member: "main-1".into() });

@@ -63,6 +63,16 @@ fn by_name<K: kube::Resource>(objects: impl Iterator<Item = Arc<K>>) -> BTreeMap
 /// Why a pod cannot get its image.
 const IMAGE_UNAVAILABLE: [&str; 4] = ["ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ImageNotMapped"];
 
+/// How long `pod` has been unable to get its image (zero if it is not), from its creation:
+/// a member's pod is made once per start, with the image it is to run.
+fn image_missing_for(pod: &Pod, now: jiff::Timestamp) -> Duration {
+    let missing = crate::core::stuck::stuck([pod]).is_some_and(|s| IMAGE_UNAVAILABLE.contains(&s.reason));
+    match pod.metadata.creation_timestamp.as_ref() {
+        Some(created) if missing => Duration::try_from(now.duration_since(created.0)).unwrap_or_default(),
+        _ => Duration::ZERO,
+    }
+}
+
 /// Reads the children of one cluster from the caches.
 pub fn children(caches: &Caches, names: &Names) -> Children {
     Children {
@@ -265,9 +275,7 @@ pub fn facts(cluster: &EtcdCluster, names: &Names, children: &Children, etcd: &E
                 healthy,
                 unhealthy_for,
                 outdated: pod.is_some_and(|p| pod_image(p) != Some(wanted_image.as_str())),
-                image_unavailable: pod.is_some_and(|p| {
-                    crate::core::stuck::stuck([p.as_ref()]).is_some_and(|s| IMAGE_UNAVAILABLE.contains(&s.reason))
-                }),
+                image_unavailable: pod.filter(|p| image_missing_for(p, now) >= super::membership::IMAGE_PULL_PATIENCE).and_then(|p| pod_image(p).map(String::from)),
                 fragmented: etcd.health.get(&name).is_some_and(|h| {
                     let defragmented_lately = known
                         .and_then(|k| k.defragmented_at.as_ref())

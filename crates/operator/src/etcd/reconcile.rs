@@ -102,11 +102,6 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
     {
         later.push(Announcement::warning(refusal.reason, refusal.message.clone()));
     }
-    if let Some(stuck) = &outcome.problems.stuck_pod
-        && !has_condition_reason(&previous.conditions, status::MEMBER_POD_STUCK)
-    {
-        later.push(Announcement::warning(status::MEMBER_POD_STUCK, format!("{}: {}", stuck.reason, stuck.message)));
-    }
 
     let mut facts = facts;
     if outcome.problems.invalid.as_ref().is_some_and(|r| r.stops_upgrade) {
@@ -188,6 +183,16 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
     }
 
     let status = status::build(&cluster, &names, &facts, &children, &etcd, &outcome, now);
+    // Told when the status starts saying it (it says it only while nothing graver is said).
+    let says_stuck = |conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]| {
+        conditions.iter().any(|c| c.reason == status::MEMBER_POD_STUCK)
+    };
+    if let Some(stuck) = &outcome.problems.stuck_pod
+        && says_stuck(&status.conditions)
+        && !says_stuck(&previous.conditions)
+    {
+        later.push(Announcement::warning(status::MEMBER_POD_STUCK, format!("{}: {}", stuck.reason, stuck.message)));
+    }
     ctx.core.metrics.set_etcd_cluster(
         &names.namespace,
         &names.cluster,

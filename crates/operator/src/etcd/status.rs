@@ -341,7 +341,7 @@ mod tests {
             unhealthy_for: None,
             outdated: false,
             fragmented: false,
-            image_unavailable: false,
+            image_unavailable: None,
         }
     }
 

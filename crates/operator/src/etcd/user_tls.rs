@@ -2,9 +2,11 @@
 //! before any member starts on them and on every pass after, that they would work: each
 //! Secret is there with `tls.crt`, `tls.key` and `ca.crt`; the peer certificate chains to its
 //! CA and is valid for every member name, as server and as client; the server certificate is
-//! valid for every member name and for the client Service name the operator checks; the
-//! client certificate chains to the server's CA (which members trust for clients). The same
-//! checks a TLS handshake makes (rustls), at `now`, so an expired certificate is caught too.
+//! valid for every member name and for the client Service name the operator checks, and
+//! chains to the client Secret's CA too (what the operator trusts); the client certificate
+//! chains to the server's CA (which members trust for clients); each key goes with its
+//! certificate. The checks a TLS handshake makes (rustls), at `now`, so an expired
+//! certificate is caught too.
 //! Pure.
 
 use std::collections::BTreeMap;
@@ -36,6 +38,17 @@ struct Pem {
     roots: Arc<RootCertStore>,
 }
 
+/// A verification failure in words that do not change from one pass to the next (rustls puts
+/// the time of the check in its expiry errors; a status quoting it would change every pass).
+fn said(error: rustls::Error) -> String {
+    use rustls::CertificateError as C;
+    match error {
+        rustls::Error::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => "it has expired".into(),
+        rustls::Error::InvalidCertificate(C::NotValidYet | C::NotValidYetContext { .. }) => "it is not valid yet".into(),
+        other => other.to_string(),
+    }
+}
+
 /// Checks the user's Secrets (found in `secrets` by name) for `names`; `None` if the cluster
 /// uses the operator's CA.
 pub fn check(names: &Names, secrets: &BTreeMap<String, Arc<Secret>>, now: jiff::Timestamp) -> Option<Unusable> {
@@ -59,6 +72,18 @@ pub fn check(names: &Names, secrets: &BTreeMap<String, Arc<Secret>>, now: jiff::
             .map_err(|e| invalid("server", &user.server, format!("is not valid for every member ({members}): {e}")))?;
         serves(&server, &names.tls_name(), now)
             .map_err(|e| invalid("server", &user.server, format!("is not valid for {}: {e}", names.tls_name())))?;
+        // The operator and the backup pods check members against the client Secret's CA.
+        let server_as_clients_see_it = Pem {
+            chain: server.chain.clone(),
+            roots: client.roots.clone(),
+        };
+        serves(&server_as_clients_see_it, &names.tls_name(), now).map_err(|e| {
+            invalid(
+                "server",
+                &user.server,
+                format!("is not trusted by the CA in tls.secrets.client ({}): {e}", user.client),
+            )
+        })?;
         is_client(&client.chain, &server.roots, now).map_err(|e| {
             invalid(
                 "client",
@@ -96,7 +121,10 @@ fn read(secrets: &BTreeMap<String, Arc<Secret>>, name: &str, field: &str) -> Res
     if chain.is_empty() {
         return Err(invalid("has no certificate in tls.crt".into()));
     }
-    PrivateKeyDer::from_pem_slice(&key).map_err(|e| invalid(format!("has a tls.key that is not a PEM private key: {e}")))?;
+    let key =
+        PrivateKeyDer::from_pem_slice(&key).map_err(|e| invalid(format!("has a tls.key that is not a PEM private key: {e}")))?;
+    rustls::sign::CertifiedKey::from_der(chain.clone(), key, &provider())
+        .map_err(|e| invalid(format!("has a tls.key that does not go with its tls.crt: {e}")))?;
     let mut roots = RootCertStore::empty();
     for der in CertificateDer::pem_slice_iter(&ca) {
         let der = der.map_err(|e| invalid(format!("has a ca.crt that is not PEM certificates: {e}")))?;
@@ -125,7 +153,7 @@ fn serves(pem: &Pem, host: &str, now: UnixTime) -> Result<(), String> {
     verifier
         .verify_server_cert(leaf, intermediates, &name, &[], now)
         .map(|_| ())
-        .map_err(|e| e.to_string())
+        .map_err(said)
 }
 
 /// Whether `chain` is a client certificate that `roots` accept.
@@ -137,7 +165,7 @@ fn is_client(chain: &[CertificateDer<'static>], roots: &Arc<RootCertStore>, now:
     verifier
         .verify_client_cert(leaf, intermediates, now)
         .map(|_| ())
-        .map_err(|e| e.to_string())
+        .map_err(said)
 }
 
 #[cfg(test)]
@@ -177,11 +205,9 @@ mod tests {
     }
 
     #[test]
-    fn good_certificates_pass_and_the_operators_own_ca_is_not_checked() {
+    fn good_certificates_pass() {
         let (names, secrets) = user_cluster();
         assert_eq!(check(&names, &secrets, at(1)), None);
-        let operator_names = Names::of(&crate::etcd::fixtures::cluster().build());
-        assert_eq!(check(&operator_names, &BTreeMap::new(), at(1)), None);
     }
 
     #[test]
@@ -190,7 +216,16 @@ mod tests {
         let reason = |secrets: &BTreeMap<String, Arc<Secret>>, at| check(&names, secrets, at).unwrap();
         let expired = reason(&secrets, at(400));
         assert_eq!(expired.reason, "TlsSecretInvalid");
-        assert!(expired.message.contains("my-peer") && expired.message.contains("xpired"), "{}", expired.message);
+        assert!(expired.message.contains("my-peer") && expired.message.contains("expired"), "{}", expired.message);
+        assert_eq!(reason(&secrets, at(401)), expired, "the same words every pass: no status churn");
+
+        let mut swapped = (*secrets["my-peer"]).clone();
+        let other_key = secrets["my-client"].data.as_ref().unwrap()["tls.key"].clone();
+        swapped.data.as_mut().unwrap().insert("tls.key".into(), other_key);
+        let mut mismatched = secrets.clone();
+        mismatched.insert("my-peer".into(), Arc::new(swapped));
+        let wrong_key = reason(&mismatched, at(1));
+        assert!(wrong_key.message.contains("does not go with its tls.crt"), "{}", wrong_key.message);
 
         let mut keyless = (*secrets["my-server"]).clone();
         keyless.data.as_mut().unwrap().remove("tls.key");

@@ -110,6 +110,9 @@ pub async fn fetch(f: &Fetch) -> Result<u64, FetchError> {
 }
 
 async fn fetch_once(f: &Fetch) -> Result<u64, FetchError> {
+    if let Source::Folder(_) = f.source {
+        super::in_volume::inside(&f.key)?;
+    }
     let store = f.source.open()?;
     let partial = f.out.with_extension("partial");
     let write_err = |path: &PathBuf| {

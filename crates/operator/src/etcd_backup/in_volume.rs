@@ -79,9 +79,24 @@ fn volume(folder: &Path) -> Result<Arc<LocalFileSystem>, object_store::Error> {
     Ok(Arc::new(LocalFileSystem::new_with_prefix(folder)?.with_fsync(true)))
 }
 
+/// Refuses a key that would lead out of the volume (absolute, or with `..`): keys come from
+/// a status, which anyone allowed to write it could edit.
+pub fn inside(key: &str) -> Result<(), object_store::Error> {
+    let relative = Path::new(key).components().all(|c| matches!(c, std::path::Component::Normal(_)));
+    if relative && !key.is_empty() {
+        Ok(())
+    } else {
+        Err(object_store::Error::Generic {
+            store: "volume",
+            source: format!("the path {key:?} leads out of the backup volume").into(),
+        })
+    }
+}
+
 /// Saves the snapshot; the file appears at its path only once whole and synced. What an
 /// earlier attempt that was cut short left beside it is removed first.
 pub async fn save(s: &Save) -> Result<Saved, TakeError> {
+    inside(&s.key)?;
     remove_unfinished(&s.folder.join(&s.key));
     let access = EtcdAccess::new(s.credentials.clone());
     let taken = take::take(&access, &s.endpoint, volume(&s.folder)?, &s.key, s.limit).await?;
@@ -90,6 +105,7 @@ pub async fn save(s: &Save) -> Result<Saved, TakeError> {
 
 /// Deletes the snapshot at `key`; one already gone is fine.
 pub async fn delete(folder: &Path, key: &str) -> Result<(), object_store::Error> {
+    inside(key)?;
     remove_unfinished(&folder.join(key));
     take::delete(volume(folder)?, key).await
 }
@@ -139,6 +155,9 @@ mod tests {
         assert!(!dir.join("etcd/main/x.db#1").exists());
         assert!(!dir.join("etcd/main/x.db").exists());
         assert!(dir.join("etcd/main/y.db").exists(), "another backup is left alone");
+        for outside in ["../y.db", "/etc/passwd", "etcd/../../x", ""] {
+            assert!(delete(&dir, outside).await.is_err(), "{outside}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -86,6 +86,10 @@ async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
     let mut version = backup.resource_version();
     let mut status = backup.status.clone().unwrap_or_default();
     if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        if status.volume.is_some() {
+            // An operator stopped between the last status write and removing its pod.
+            remove_pod(backup, Job::Save, ctx).await?;
+        }
         return Ok(Action::await_change());
     }
     let now = jiff::Timestamp::now();
@@ -421,6 +425,11 @@ async fn clean_up(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
         return Err(Error::Blocked(note));
     }
     let where_ = destination.location(&key);
+    let deleting_for = backup
+        .metadata
+        .deletion_timestamp
+        .as_ref()
+        .map_or(Duration::ZERO, |t| elapsed(t.0, jiff::Timestamp::now()));
     let deleted = match &destination {
         Destination::S3(s3) => match store::open(&ctx.client, &namespace, s3).await {
             Ok(bucket) => take::delete(bucket, &key).await.map_err(|e| (e.to_string(), true)),
@@ -430,16 +439,11 @@ async fn clean_up(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
             }
             Err(e) => Err((e.to_string(), true)),
         },
-        Destination::Volume(volume) => match delete_from_volume(backup, volume, &key, ctx).await? {
+        Destination::Volume(volume) => match delete_from_volume(backup, volume, &key, deleting_for, ctx).await? {
             Some(deleted) => deleted,
             None => return Err(Error::UnderWay(format!("a pod is deleting the snapshot at {where_}"))),
         },
     };
-    let deleting_for = backup
-        .metadata
-        .deletion_timestamp
-        .as_ref()
-        .map_or(Duration::ZERO, |t| elapsed(t.0, jiff::Timestamp::now()));
     match deleted {
         Ok(()) => info!(location = %where_, "deleted the snapshot of a deleted backup"),
         Err((e, true)) if deleting_for < CLEANUP_DEADLINE => {
@@ -457,11 +461,14 @@ async fn clean_up(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
 
 /// One look at the deletion of a snapshot in a volume, by a pod: `None` while it is under
 /// way, else whether it was deleted (or why not, and whether waiting could help). A pod still
-/// saving this backup is stopped first, so that it cannot put the snapshot back after.
+/// saving this backup is stopped first, so that it cannot put the snapshot back after. A pod
+/// that cannot be made, or runs past the cleanup deadline, is a failure like any other, so
+/// that the deadline holds (a namespace being deleted refuses new pods).
 async fn delete_from_volume(
     backup: &EtcdBackup,
     destination: &VolumeDestination,
     key: &str,
+    deleting_for: Duration,
     ctx: &Context,
 ) -> Result<Option<std::result::Result<(), (String, bool)>>> {
     let namespace = backup.namespace().unwrap_or_default();
@@ -485,8 +492,9 @@ async fn delete_from_volume(
                 return Ok(Some(Ok(())));
             }
             let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-            if claims.get_opt(&destination.claim_name).await?.is_none() {
-                // The volume went, and the snapshot with it.
+            let claim = claims.get_opt(&destination.claim_name).await?;
+            if claim.is_none_or(|c| c.metadata.deletion_timestamp.is_some()) {
+                // The volume went (or is going), and the snapshot with it.
                 return Ok(Some(Ok(())));
             }
             let Some(owner) = controller_reference(backup) else {
@@ -494,8 +502,13 @@ async fn delete_from_volume(
             };
             let place = (namespace.as_str(), backup.spec.cluster.as_str());
             let pod = volume::delete_pod(&name, place, destination, key, &ctx.image, &owner);
-            create_if_missing(&pods, &pod).await?;
+            if let Err(e) = create_if_missing(&pods, &pod).await {
+                return Ok(Some(Err((format!("pod {name} cannot be made: {e}"), true))));
+            }
             None
+        }
+        Outcome::Running if deleting_for >= CLEANUP_DEADLINE => {
+            Some(Err((format!("pod {name} did not finish within {}s", CLEANUP_DEADLINE.as_secs()), true)))
         }
         Outcome::Running => None,
         Outcome::Stuck(message) => Some(Err((message, true))),

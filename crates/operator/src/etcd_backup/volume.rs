@@ -5,7 +5,8 @@
 //! reads how they ended.
 
 use k8s_openapi::api::core::v1::{
-    Container, PersistentVolumeClaimVolumeSource, Pod, PodSpec, SecretVolumeSource, Volume, VolumeMount,
+    Container, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, SecretVolumeSource, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use noops_api::etcd::VolumeDestination;
@@ -167,11 +168,22 @@ fn pod(
             volumes: Some(volumes),
             restart_policy: Some("Never".into()),
             enable_service_links: Some(false),
+            // They never call the API.
+            automount_service_account_token: Some(false),
+            // The operator's image runs as 65532: the volume's files are made its group's.
+            security_context: Some(PodSecurityContext {
+                fs_group: Some(OPERATOR_GROUP),
+                fs_group_change_policy: Some("OnRootMismatch".into()),
+                ..Default::default()
+            }),
             ..Default::default()
         }),
         status: None,
     }
 }
+
+/// The group the operator's image runs as (`USER 65532:65532`).
+const OPERATOR_GROUP: i64 = 65532;
 
 /// How a pod of a volume backup stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,13 +212,18 @@ pub fn outcome(pod: Option<&Pod>) -> Outcome {
         Some("Succeeded") => Outcome::Succeeded(message.trim().to_string()),
         Some("Failed") => {
             let name = pod.metadata.name.clone().unwrap_or_default();
-            let code = terminated.map_or(0, |t| t.exit_code);
-            let said = if message.trim().is_empty() {
-                format!("`kubectl logs {name}` says why")
-            } else {
-                message.trim().to_string()
-            };
-            Outcome::Failed(format!("pod {name} exited with code {code}: {said}"))
+            Outcome::Failed(match terminated {
+                Some(t) if !message.trim().is_empty() => format!("pod {name} exited with code {}: {}", t.exit_code, message.trim()),
+                Some(t) => format!("pod {name} exited with code {}: `kubectl logs {name}` says why", t.exit_code),
+                // Evicted, or its node lost: the pod says why, not a container.
+                None => format!(
+                    "pod {name} failed: {} {}",
+                    status.reason.as_deref().unwrap_or("Failed"),
+                    status.message.as_deref().unwrap_or_default()
+                )
+                .trim()
+                .to_string(),
+            })
         }
         _ => match stuck([pod]) {
             Some(s) => Outcome::Stuck(format!("{}: {}", s.reason, s.message)),
