@@ -242,7 +242,8 @@ mod tests {
 
     #[test]
     fn certificates_for_other_names_or_another_ca_are_refused() {
-        let (names, mut secrets) = user_cluster();
+        let (names, original) = user_cluster();
+        let mut secrets = original.clone();
         // A server certificate of another cluster: not valid for these members.
         let mut other = crate::etcd::fixtures::cluster().build();
         other.metadata.name = Some("other".into());
@@ -253,10 +254,31 @@ mod tests {
         secrets.insert("my-server".into(), Arc::new(leaf_secret(&issued, &ca, &other_names, Leaf::Server, &owner)));
         let wrong = check(&names, &secrets, at(1)).unwrap();
         assert!(wrong.message.contains("tls.secrets.server") && wrong.message.contains("*.main.db.svc"), "{}", wrong.message);
-        // A server from the right names but a client certificate the server's CA never issued.
-        let (_, good) = user_cluster();
-        secrets.insert("my-server".into(), good["my-server"].clone());
+        // The right names, but from a CA the client Secret does not trust: the operator could
+        // not check the members.
+        let (_, elsewhere) = user_cluster();
+        secrets.insert("my-server".into(), elsewhere["my-server"].clone());
         let wrong = check(&names, &secrets, at(1)).unwrap();
-        assert!(wrong.message.contains("tls.secrets.client"), "{}", wrong.message);
+        assert!(
+            wrong.message.starts_with("the certificate in Secret \"my-server\"")
+                && wrong.message.contains("not trusted by the CA in tls.secrets.client"),
+            "{}",
+            wrong.message
+        );
+        // A client certificate the server's CA never issued (its own ca.crt still trusts the
+        // server): members would refuse it.
+        secrets.insert("my-server".into(), original["my-server"].clone());
+        let mut stranger = (*elsewhere["my-client"]).clone();
+        let trusted_ca = original["my-client"].data.as_ref().unwrap()["ca.crt"].clone();
+        stranger.data.as_mut().unwrap().insert("ca.crt".into(), trusted_ca);
+        secrets.insert("my-client".into(), Arc::new(stranger));
+        let wrong = check(&names, &secrets, at(1)).unwrap();
+        assert!(
+            wrong.message.starts_with("the certificate in Secret \"my-client\"")
+                && wrong.message.contains("not a client certificate the server Secret's CA accepts"),
+            "{}",
+            wrong.message
+        );
+        assert_eq!(check(&names, &original, at(1)), None, "the originals still pass");
     }
 }
