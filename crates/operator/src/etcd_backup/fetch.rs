@@ -8,8 +8,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use object_store::aws::AmazonS3Builder;
-use object_store::local::LocalFileSystem;
 use object_store::{ObjectStore, ObjectStoreExt};
 use object_store::path::Path;
 use sha2::{Digest, Sha256};
@@ -52,26 +50,16 @@ impl std::fmt::Debug for Source {
 
 impl Source {
     fn open(&self) -> Result<Arc<dyn ObjectStore>, object_store::Error> {
-        Ok(match self {
+        match self {
             Source::S3 {
                 endpoint,
                 bucket,
                 region,
                 access_key_id,
                 secret_access_key,
-            } => Arc::new(
-                AmazonS3Builder::new()
-                    .with_endpoint(endpoint)
-                    .with_allow_http(endpoint.starts_with("http://"))
-                    .with_virtual_hosted_style_request(false)
-                    .with_region(region)
-                    .with_bucket_name(bucket)
-                    .with_access_key_id(access_key_id)
-                    .with_secret_access_key(secret_access_key)
-                    .build()?,
-            ),
-            Source::Folder(path) => Arc::new(LocalFileSystem::new_with_prefix(path)?),
-        })
+            } => super::store::bucket(endpoint, region, bucket, &(access_key_id.clone(), secret_access_key.clone())),
+            Source::Folder(path) => Ok(super::in_volume::volume(path)?),
+        }
     }
 }
 
