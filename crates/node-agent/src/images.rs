@@ -64,6 +64,11 @@ pub struct ImageEntry {
     /// The image's WORKDIR.
     #[serde(default)]
     pub working_dir: Option<String>,
+    /// Numeric ids of the image's own users, as this machine names them: a pod that runs the
+    /// image as uid (or gid, or fsGroup) 999 means the image's `postgres`, which is this
+    /// machine's `postgres` user (and its group) here.
+    #[serde(default)]
+    pub ids: BTreeMap<u32, String>,
     /// The registry has no such image (a tag that was never published): its containers wait
     /// with `ErrImagePull`, then `ImagePullBackOff`, and this message, as a real pull fails.
     #[serde(default)]
@@ -96,6 +101,8 @@ pub struct ResolvedProgram {
     pub user: Option<String>,
     /// The image's default working directory.
     pub working_dir: Option<String>,
+    /// The image's numeric ids, as this machine names them.
+    pub ids: BTreeMap<u32, String>,
 }
 
 /// The image map file, read again whenever it changes, so that an image reported as
@@ -248,6 +255,7 @@ impl ImageMap {
             env,
             user: entry.user.clone(),
             working_dir: entry.working_dir.clone(),
+            ids: entry.ids.clone(),
         })
     }
 }

@@ -92,6 +92,61 @@ pub fn identity(
     Ok(Identity { uid, gid, groups })
 }
 
+/// Where `path`, as the container will see it, is on this machine: inside the bind mount
+/// whose target holds it (the deepest one), or the path itself (the root file system shows
+/// this machine's files).
+pub fn through_mounts(path: &Path, mounts: &[BindMount]) -> PathBuf {
+    mounts
+        .iter()
+        .filter_map(|m| Some((m, path.strip_prefix(&m.target).ok()?)))
+        .max_by_key(|(m, _)| m.target.components().count())
+        .map(|(m, rest)| {
+            if rest.as_os_str().is_empty() {
+                m.source.clone()
+            } else {
+                m.source.join(rest)
+            }
+        })
+        .unwrap_or_else(|| path.to_path_buf())
+}
+
+/// Translates the image's own numeric ids (`ids`: uid or gid → a user name of this machine)
+/// into this machine's: a pod that asks for uid 999 of the official postgres image gets this
+/// machine's `postgres`, and gid 999 that user's group.
+pub fn image_ids(
+    identity: Identity,
+    ids: &std::collections::BTreeMap<u32, String>,
+    lookup_user: &dyn Fn(&str) -> Option<(u32, u32)>,
+) -> Result<Identity, LaunchError> {
+    let local = |id: u32| -> Result<Option<(u32, u32)>, LaunchError> {
+        match ids.get(&id) {
+            None => Ok(None),
+            Some(name) => lookup_user(name)
+                .map(Some)
+                .ok_or_else(|| LaunchError(format!("image user {name:?} (id {id}) does not exist on this machine"))),
+        }
+    };
+    let uid = match identity.uid {
+        Some(u) => Some(local(u)?.map_or(u, |(uid, _)| uid)),
+        None => None,
+    };
+    let gid = match identity.gid {
+        Some(g) => Some(local(g)?.map_or(g, |(_, gid)| gid)),
+        None => None,
+    };
+    // Supplementary groups (fsGroup among them) stay as they are: volume files are chowned to
+    // the number the pod gives, and the process must hold that same number to read them. A
+    // primary group that was translated stays among them for the same reason.
+    let mut groups = identity.groups;
+    if let Some(asked) = identity.gid
+        && gid != Some(asked)
+        && !groups.contains(&asked)
+    {
+        groups.insert(0, asked);
+    }
+    Ok(Identity { uid, gid, groups })
+}
+
 /// Linux capabilities by number (`capability.h`), without the `CAP_` prefix.
 const CAPABILITY_NAMES: [&str; 41] = [
     "CHOWN",
@@ -579,6 +634,74 @@ mod tests {
     }
 
     #[test]
+    fn a_path_in_a_volume_is_found_in_the_volume() {
+        let mounts = vec![
+            BindMount {
+                source: "/pods/p1/volumes/controller".into(),
+                target: "/controller".into(),
+                read_only: false,
+            },
+            BindMount {
+                source: "/pods/p1/volumes/run".into(),
+                target: "/controller/run".into(),
+                read_only: false,
+            },
+        ];
+        let through = |p: &str| through_mounts(Path::new(p), &mounts);
+        assert_eq!(
+            through("/controller/noops"),
+            PathBuf::from("/pods/p1/volumes/controller/noops")
+        );
+        assert_eq!(
+            through("/controller/run/x"),
+            PathBuf::from("/pods/p1/volumes/run/x"),
+            "the deepest mount"
+        );
+        assert_eq!(through("/controller"), PathBuf::from("/pods/p1/volumes/controller"));
+        assert_eq!(
+            through("/controllers/x"),
+            PathBuf::from("/controllers/x"),
+            "whole components only"
+        );
+        assert_eq!(through("/usr/bin/env"), PathBuf::from("/usr/bin/env"));
+    }
+
+    #[test]
+    fn the_images_own_ids_become_this_machines() {
+        let postgres = |n: &str| (n == "postgres").then_some((105, 110));
+        let ids = std::collections::BTreeMap::from([(999, "postgres".to_string())]);
+        // As `identity` gives it for runAsGroup 999 and fsGroup 999: the fsGroup is the primary
+        // group, so not among the others.
+        let asked = Identity {
+            uid: Some(999),
+            gid: Some(999),
+            groups: vec![5],
+        };
+        let local = image_ids(asked, &ids, &postgres).unwrap();
+        assert_eq!(
+            local,
+            Identity {
+                uid: Some(105),
+                gid: Some(110),
+                groups: vec![999, 5]
+            },
+            "fsGroup 999 stays: the volume's files are chowned to it"
+        );
+        let other = Identity {
+            uid: Some(7),
+            gid: None,
+            groups: vec![],
+        };
+        assert_eq!(image_ids(other.clone(), &ids, &postgres).unwrap(), other);
+        let missing = std::collections::BTreeMap::from([(999, "nobody-here".to_string())]);
+        let asked = Identity {
+            uid: Some(999),
+            ..Default::default()
+        };
+        assert!(image_ids(asked, &missing, &postgres).is_err());
+    }
+
+    #[test]
     fn capabilities_start_from_the_runtime_default_without_mknod() {
         use k8s_openapi::api::core::v1::Capabilities;
         let number = |n: &str| capability_number(n).unwrap();
@@ -623,6 +746,7 @@ mod tests {
             env: BTreeMap::from([("PATH".into(), "/img:/bin".into()), ("MODE".into(), "image".into())]),
             user: None,
             working_dir: None,
+            ids: BTreeMap::new(),
         };
         let env = environment(
             &program,

@@ -309,9 +309,12 @@ impl PodWorker {
         let facts = self.facts(sandbox.pod_ip);
         let own_env = container_env(&facts, spec, &sources, &BTreeMap::new()).map_err(|e| config_error(&e))?;
         let (command, args) = launch::command_and_args(spec, &own_env);
+        let mut mounts = launch::mounts(spec, sandbox).map_err(|e| config_error(&e))?;
+        // A program may be in one of the container's volumes (an init container copied it
+        // there): a path is looked at where the container will see it.
         let is_executable = |p: &std::path::Path| {
             use std::os::unix::fs::PermissionsExt;
-            std::fs::metadata(p)
+            std::fs::metadata(launch::through_mounts(p, &mounts))
                 .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
                 .unwrap_or(false)
         };
@@ -333,8 +336,8 @@ impl PodWorker {
         };
         let identity =
             launch::identity(&self.pod, spec, program.user.as_deref(), &lookup_user).map_err(|e| config_error(&e))?;
+        let identity = launch::image_ids(identity, &program.ids, &lookup_user).map_err(|e| config_error(&e))?;
         let env = launch::environment(&program, sandbox, &identity, &own_env);
-        let mut mounts = launch::mounts(spec, sandbox).map_err(|e| config_error(&e))?;
         let termination_file = termination_file(&self.dir, &spec.name);
         if let Some(mount) = launch::termination_mount(spec, &termination_file, &mounts) {
             fresh_termination_file(&termination_file).map_err(|e| config_error(&e))?;
