@@ -10,10 +10,12 @@ pub mod condition;
 pub mod etcd;
 pub mod etcd_backup;
 pub mod maintpage;
+pub mod postgres;
 
 pub use etcd::{EtcdCluster, EtcdClusterSpec, EtcdClusterStatus};
 pub use etcd_backup::{EtcdBackup, EtcdBackupSpec, EtcdBackupStatus};
 pub use maintpage::{MaintPage, MaintPageSpec, MaintPageStatus};
+pub use postgres::{PostgreSQL, PostgreSQLSpec, PostgreSQLStatus};
 
 /// The API group of every noops resource.
 pub const GROUP: &str = "noops.dev";
@@ -23,5 +25,10 @@ pub const VERSION: &str = "v1alpha1";
 /// Every CRD of the group, in a stable order.
 pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
     use kube::CustomResourceExt;
-    vec![EtcdBackup::crd(), EtcdCluster::crd(), MaintPage::crd()]
+    vec![
+        EtcdBackup::crd(),
+        EtcdCluster::crd(),
+        MaintPage::crd(),
+        PostgreSQL::crd(),
+    ]
 }

@@ -15,6 +15,7 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 
 pub mod etcd;
+pub mod postgres;
 pub mod s3;
 
 /// The repository root.
@@ -71,6 +72,12 @@ pub fn kubectl_ok(args: &[&str], stdin: Option<&str>) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `kubectl apply` of `yaml` in `ns`: the error it printed, or None if it was accepted.
+pub fn apply_error(ns: &TestNamespace, yaml: &str) -> Option<String> {
+    let out = kubectl(&["apply", "-n", &ns.name, "-f", "-"], Some(yaml));
+    (!out.status.success()).then(|| String::from_utf8_lossy(&out.stderr).to_string())
 }
 
 /// A namespace for one test, deleted on drop.

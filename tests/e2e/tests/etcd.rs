@@ -273,12 +273,6 @@ async fn a_cluster_bootstraps_scales_heals_and_goes_away_without_losing_a_write(
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }
 
-/// `kubectl apply` of `yaml` in `ns`: the error it printed, or None if it was accepted.
-fn apply_error(ns: &TestNamespace, yaml: &str) -> Option<String> {
-    let out = kubectl(&["apply", "-n", &ns.name, "-f", "-"], Some(yaml));
-    (!out.status.success()).then(|| String::from_utf8_lossy(&out.stderr).to_string())
-}
-
 #[tokio::test]
 async fn bad_specs_are_refused_with_a_reason() {
     install_crds();

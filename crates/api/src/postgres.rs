@@ -1,0 +1,206 @@
+//! PostgreSQL: one database, with its user and password, run and kept by the operator.
+//!
+//! ```yaml
+//! apiVersion: noops.dev/v1alpha1
+//! kind: PostgreSQL
+//! metadata: { name: shop }
+//! spec:
+//!   db: shop
+//!   user: shop
+//!   passwordSecret: shop-db   # key `password` (or `postgresql_password`)
+//! ```
+//!
+//! The operator runs the instance in a StatefulSet of one pod with a persistent volume,
+//! initialises its data directory, creates the database and its owner with the password from
+//! the Secret (and changes it when the Secret changes), and publishes it behind a Service with
+//! a connection Secret `<name>-connection`.
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The keys of the password Secret the password is read from: `password`, or the key of the
+/// shell-script operator this one replaces.
+pub const PASSWORD_KEYS: [&str; 2] = ["password", "postgresql_password"];
+
+/// The desired state of one PostgreSQL database.
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "noops.dev",
+    version = "v1alpha1",
+    kind = "PostgreSQL",
+    plural = "postgresqls",
+    shortname = "pg",
+    namespaced,
+    status = "PostgreSQLStatus",
+    validation = Rule::new("self.metadata.name.size() <= 45").message("a PostgreSQL name is at most 45 characters: its StatefulSet, pod and volume names add to it"),
+    validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("a PostgreSQL name must be a DNS label: lower-case letters, digits and '-', starting with a letter"),
+    validation = Rule::new("self.spec.version == oldSelf.spec.version || !has(oldSelf.status) || !has(oldSelf.status.systemIdentifier)").message("spec.version cannot change once the database has run: major upgrades (pg_upgrade) are not supported yet; restore a backup into a new PostgreSQL instead"),
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.serverVersion"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Endpoint","type":"string","jsonPath":".status.endpoint"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgreSQLSpec {
+    /// The database to create, owned by `user`. Immutable.
+    #[x_kube(validation = Rule::new("self.matches('^[a-z_][a-z0-9_]{0,62}$')").message("db must be a plain PostgreSQL name: lower-case letters, digits and '_', starting with a letter or '_', at most 63 characters"))]
+    #[x_kube(validation = Rule::new("!(self in ['postgres', 'template0', 'template1'])").message("db cannot be postgres, template0 or template1: those databases belong to PostgreSQL itself"))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("db is immutable: create another PostgreSQL (from a backup) for another database name"))]
+    pub db: String,
+    /// The role that owns the database and logs in with the password. Immutable.
+    #[x_kube(validation = Rule::new("self.matches('^[a-z_][a-z0-9_]{0,62}$')").message("user must be a plain PostgreSQL name: lower-case letters, digits and '_', starting with a letter or '_', at most 63 characters"))]
+    #[x_kube(validation = Rule::new("self != 'postgres' && !self.startsWith('pg_')").message("user cannot be postgres (the operator's superuser) or start with pg_ (reserved by PostgreSQL)"))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("user is immutable: create another PostgreSQL (from a backup) for another owner"))]
+    pub user: String,
+    /// A Secret in the same namespace holding the user's password under `password` (or
+    /// `postgresql_password`). Changing the password in it changes it in the database.
+    #[schemars(length(min = 1, max = 253))]
+    pub password_secret: String,
+    /// The PostgreSQL major version (the `postgres:<major>` image). Fixed once the database has
+    /// run: a major upgrade needs pg_upgrade, which the operator does not run yet.
+    #[serde(default = "default_version")]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]{2}$') && int(self) >= 13 && int(self) <= 18").message("version must be a PostgreSQL major version from 13 to 18, such as \"15\""))]
+    pub version: String,
+    /// The instance's volume.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("storage is immutable: create a new PostgreSQL (from a backup) to change it"))]
+    pub storage: StorageSpec,
+    /// How the database is reached.
+    #[serde(default)]
+    pub service: ServiceSpec,
+    /// CPU and memory of the PostgreSQL container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+/// The instance's volume.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageSpec {
+    /// The size of the volume, such as `1Gi`.
+    #[serde(default = "default_storage_size")]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]+(\\\\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$')").message("storage.size must be a quantity such as 1Gi or 500Mi"))]
+    pub size: String,
+    /// The StorageClass of the volume; the cluster's default if unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub storage_class_name: Option<String>,
+}
+
+impl Default for StorageSpec {
+    fn default() -> Self {
+        Self {
+            size: default_storage_size(),
+            storage_class_name: None,
+        }
+    }
+}
+
+/// The Service clients connect to, `<name>` on port 5432.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Default)]
+#[x_kube(validation = Rule::new("!has(self.nodePort) || self.type == 'NodePort'").message("service.nodePort needs service.type: NodePort"))]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceSpec {
+    /// ClusterIP (the default: inside the cluster only) or NodePort (also on every node).
+    #[serde(default, rename = "type")]
+    pub type_: ServiceType,
+    /// The node port to use with NodePort; one is chosen if unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 30000 && self <= 32767").message("service.nodePort must be in the node port range, 30000 to 32767"))]
+    pub node_port: Option<i32>,
+}
+
+/// How the Service is exposed.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ServiceType {
+    #[default]
+    ClusterIP,
+    NodePort,
+}
+
+/// The observed state of a PostgreSQL.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgreSQLStatus {
+    /// The generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Ready, Progressing and Degraded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Creating, Running, Degraded or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Where clients connect: `<name>.<namespace>.svc:5432`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// The node port, with `service.type: NodePort`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_port: Option<i32>,
+    /// The Secret with `host`, `port`, `database`, `user`, `password` and `uri`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_secret: Option<String>,
+    /// The pod running the instance, and its node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// The version the server reports, such as `15.14`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_version: Option<String>,
+    /// The database system identifier (from `initdb`): a new one means a new data directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_identifier: Option<String>,
+    /// The version (`<uid>/<resourceVersion>`) of the password Secret whose password the
+    /// database has: when the Secret changes, the password is set again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret_version: Option<String>,
+}
+
+fn default_version() -> String {
+    "15".into()
+}
+
+fn default_storage_size() -> String {
+    "1Gi".into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    #[test]
+    fn the_original_manifest_gets_the_defaults() {
+        let pg: PostgreSQL = serde_json::from_value(serde_json::json!({
+            "apiVersion": "noops.dev/v1alpha1",
+            "kind": "PostgreSQL",
+            "metadata": { "name": "shop" },
+            "spec": { "db": "shop", "user": "shop", "passwordSecret": "shop-db" },
+        }))
+        .unwrap();
+        assert_eq!(pg.spec.version, "15");
+        assert_eq!(pg.spec.storage.size, "1Gi");
+        assert_eq!(pg.spec.service.type_, ServiceType::ClusterIP);
+        assert!(pg.spec.resources.is_none());
+    }
+
+    #[test]
+    fn the_crd_carries_validation_and_printer_columns() {
+        let crd = serde_json::to_string(&PostgreSQL::crd()).unwrap();
+        for needle in [
+            "\"shortNames\":[\"pg\"]",
+            "db cannot be postgres",
+            "user cannot be postgres",
+            "spec.version cannot change once the database has run",
+            "service.nodePort needs service.type: NodePort",
+            "\"name\":\"Endpoint\"",
+        ] {
+            assert!(crd.contains(needle), "CRD lacks {needle}");
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! The StatefulSet that runs the instance: one pod, one volume. Pure.
+//!
+//! The pod follows the layout of CloudNativePG's: an init container of the operator's image
+//! copies the instance manager (`noops pg-instance`) into a folder shared with the PostgreSQL
+//! container, whose image (`postgres:<major>`) gives the server programs; the instance manager
+//! initialises the data directory if it has none, writes the access rules, and runs the server,
+//! turning the pod's SIGTERM into a fast shutdown.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{
+    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
+};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, ExecAction, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource,
+    Volume, VolumeMount, VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use noops_api::PostgreSQL;
+
+use super::names::{
+    CONTROLLER_DIR, DATA_VOLUME, INSTANCE_MANAGER, Names, PGDATA, PORT, SOCKET_DIR, SUPERUSER_DIR,
+    VOLUME_MOUNT,
+};
+
+/// The user and group of the official image's `postgres` (the local Kubernetes runs its
+/// image as its own `postgres` user).
+const POSTGRES_UID: i64 = 999;
+/// How long PostgreSQL has to shut down (fast: open transactions are rolled back) before it is
+/// killed (and recovers from its WAL at the next start).
+const SHUTDOWN_GRACE_SECONDS: i64 = 60;
+
+/// The image of a major version.
+pub fn image(version: &str) -> String {
+    format!("postgres:{version}")
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
+}
+
+fn env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..Default::default()
+    }
+}
+
+/// The StatefulSet of `pg`. `operator_image` runs the init container.
+pub fn build(pg: &PostgreSQL, names: &Names, owner: &OwnerReference, operator_image: &str) -> StatefulSet {
+    let labels = names.labels();
+    let mut pod_labels: BTreeMap<String, String> = labels.clone();
+    pod_labels.extend(names.selector());
+    let install = Container {
+        name: "install".into(),
+        image: Some(operator_image.into()),
+        args: Some(vec![
+            "pg-instance".into(),
+            "install".into(),
+            format!("--to={INSTANCE_MANAGER}"),
+        ]),
+        volume_mounts: Some(vec![mount("controller", CONTROLLER_DIR, false)]),
+        ..Default::default()
+    };
+    let readiness = Probe {
+        exec: Some(ExecAction {
+            command: Some(vec![
+                "pg_isready".into(),
+                "--quiet".into(),
+                format!("--host={SOCKET_DIR}"),
+                format!("--port={PORT}"),
+            ]),
+        }),
+        period_seconds: Some(2),
+        timeout_seconds: Some(5),
+        failure_threshold: Some(3),
+        ..Default::default()
+    };
+    let postgres = Container {
+        name: "postgres".into(),
+        image: Some(image(&pg.spec.version)),
+        command: Some(vec![INSTANCE_MANAGER.into(), "pg-instance".into(), "run".into()]),
+        env: Some(vec![
+            env("PGDATA", PGDATA),
+            env("NOOPS_SOCKET_DIR", SOCKET_DIR),
+            env("NOOPS_SUPERUSER_PASSWORD_FILE", &format!("{SUPERUSER_DIR}/password")),
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some("postgres".into()),
+            container_port: PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        readiness_probe: Some(readiness),
+        resources: pg.spec.resources.clone(),
+        volume_mounts: Some(vec![
+            mount(DATA_VOLUME, VOLUME_MOUNT, false),
+            mount("controller", CONTROLLER_DIR, false),
+            mount("superuser", SUPERUSER_DIR, true),
+        ]),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    };
+    let volumes = vec![
+        Volume {
+            name: "controller".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        },
+        Volume {
+            name: "superuser".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(names.superuser_secret()),
+                default_mode: Some(0o440),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    ];
+    let claim = PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(DATA_VOLUME.into()),
+            labels: Some(labels.clone()),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            storage_class_name: pg.spec.storage.storage_class_name.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_string(),
+                    Quantity(pg.spec.storage.size.clone()),
+                )])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    StatefulSet {
+        metadata: ObjectMeta {
+            name: Some(names.statefulset()),
+            namespace: Some(names.namespace.clone()),
+            labels: Some(labels),
+            owner_references: Some(vec![owner.clone()]),
+            ..Default::default()
+        },
+        spec: Some(StatefulSetSpec {
+            replicas: Some(1),
+            service_name: Some(names.service()),
+            selector: LabelSelector {
+                match_labels: Some(names.selector()),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    init_containers: Some(vec![install]),
+                    containers: vec![postgres],
+                    volumes: Some(volumes),
+                    // The instance needs nothing from the API server.
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    termination_grace_period_seconds: Some(SHUTDOWN_GRACE_SECONDS),
+                    security_context: Some(PodSecurityContext {
+                        run_as_user: Some(POSTGRES_UID),
+                        run_as_group: Some(POSTGRES_UID),
+                        fs_group: Some(POSTGRES_UID),
+                        run_as_non_root: Some(true),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+            },
+            volume_claim_templates: Some(vec![claim]),
+            // The volume goes with the PostgreSQL (backups stay), not when scaled.
+            persistent_volume_claim_retention_policy: Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
+                when_deleted: Some("Delete".into()),
+                when_scaled: Some("Retain".into()),
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::postgres::fixtures::{owner, postgres};
+
+    #[test]
+    fn the_instance_runs_the_instance_manager_from_the_operator_image_on_its_own_volume() {
+        let pg = postgres("shop");
+        let names = Names::of(&pg);
+        let sts = build(&pg, &names, &owner(), "noops:dev");
+        let spec = sts.spec.unwrap();
+        assert_eq!(spec.replicas, Some(1));
+        let pod = spec.template.spec.unwrap();
+        let install = &pod.init_containers.unwrap()[0];
+        assert_eq!(install.image.as_deref(), Some("noops:dev"));
+        let postgres = &pod.containers[0];
+        assert_eq!(postgres.image.as_deref(), Some("postgres:15"));
+        assert_eq!(postgres.command.as_ref().unwrap()[0], INSTANCE_MANAGER);
+        assert!(install.args.as_ref().unwrap().contains(&format!("--to={INSTANCE_MANAGER}")));
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        let claim = &spec.volume_claim_templates.unwrap()[0];
+        assert_eq!(claim.metadata.name.as_deref(), Some(DATA_VOLUME));
+        let size = &claim.spec.as_ref().unwrap().resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"];
+        assert_eq!(size.0, "1Gi");
+        let selector = spec.selector.match_labels.unwrap();
+        let pod_labels = spec.template.metadata.unwrap().labels.unwrap();
+        assert!(selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
+    }
+
+    #[test]
+    fn resources_go_to_the_postgres_container() {
+        let mut pg = postgres("shop");
+        pg.spec.resources = Some(serde_json::from_value(serde_json::json!({ "limits": { "memory": "1Gi" } })).unwrap());
+        let sts = build(&pg, &Names::of(&pg), &owner(), "noops:dev");
+        let pod = sts.spec.unwrap().template.spec.unwrap();
+        assert_eq!(pod.containers[0].resources, pg.spec.resources);
+    }
+}

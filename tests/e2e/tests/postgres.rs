@@ -1,0 +1,322 @@
+//! PostgreSQL on the local Kubernetes, with real PostgreSQL 15 and psql: the original
+//! walkthrough, password changes, bad specs and what the operator says of problems.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, Pod};
+use noops_api::PostgreSQL;
+use noops_e2e::postgres::{
+    condition, database_manifest, instance_ip, kubectl_get, manifest, psql, secret_value, wait_not_ready, wait_ready,
+};
+use noops_e2e::{Operator, TestNamespace, apply_error, install_crds, kubectl_ok, wait_for, wait_until};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// The reasons of the Events about PostgreSQL `name`.
+async fn event_reasons(ns: &TestNamespace, name: &str) -> Vec<String> {
+    let events = ns.api::<Event>().list(&Default::default()).await.unwrap();
+    events
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.involved_object.kind.as_deref() == Some("PostgreSQL") && e.involved_object.name.as_deref() == Some(name)
+        })
+        .filter_map(|e| e.reason)
+        .collect()
+}
+
+#[tokio::test]
+async fn the_original_walkthrough_keeps_every_row_across_a_pod_deletion_and_takes_a_new_password() {
+    install_crds();
+    let ns = TestNamespace::new("pg-walk").await;
+    let operator = Operator::start(&ns.name, &["--controllers", "postgres"]);
+    ns.apply(&manifest("shop", "first-Pa55'word", ""));
+    kubectl_ok(
+        &[
+            "wait",
+            "-n",
+            &ns.name,
+            "--for=condition=Ready",
+            "pg/shop",
+            "--timeout=180s",
+        ],
+        None,
+    );
+
+    // Connect with the password from the Secret, make a table, insert rows.
+    let password = secret_value(&ns, "shop-db", "postgresql_password").await;
+    let ip = instance_ip(&ns, "shop").await;
+    psql(
+        &ip,
+        "app",
+        &password,
+        "shop",
+        "CREATE TABLE items (id int PRIMARY KEY, name text); INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, 100) g",
+    )
+    .unwrap();
+    let listed = kubectl_get(&ns);
+    assert!(listed.contains("READY") && listed.contains("ENDPOINT"), "{listed}");
+    assert!(
+        listed.contains("True") && listed.contains("Running") && listed.contains(&format!("shop.{}.svc:5432", ns.name)),
+        "{listed}"
+    );
+    let api = ns.api::<PostgreSQL>();
+    let before = api.get("shop").await.unwrap().status.unwrap();
+    assert!(
+        before.server_version.as_deref().unwrap_or_default().starts_with("15."),
+        "{before:?}"
+    );
+    assert_eq!(secret_value(&ns, "shop-connection", "password").await, password);
+    assert_eq!(secret_value(&ns, "shop-connection", "database").await, "shop");
+    assert_eq!(
+        secret_value(&ns, "shop-connection", "host").await,
+        format!("shop.{}.svc", ns.name)
+    );
+
+    // Delete the pod: the new one starts on the same volume, with every committed row.
+    let old_uid = ns.pods().get("shop-0").await.unwrap().metadata.uid;
+    kubectl_ok(&["delete", "pod", "-n", &ns.name, "shop-0", "--wait=false"], None);
+    let pods = ns.pods();
+    wait_for("a new pod shop-0, Ready", 2 * MINUTE, || async {
+        pods.get_opt("shop-0")
+            .await
+            .ok()
+            .flatten()
+            .filter(|p: &Pod| p.metadata.uid != old_uid && noops_e2e::pod_ready(p))
+    })
+    .await;
+    wait_ready(&ns, "shop", MINUTE).await;
+    let ip = instance_ip(&ns, "shop").await;
+    assert_eq!(
+        psql(&ip, "app", &password, "shop", "SELECT count(*) FROM items").unwrap(),
+        "100"
+    );
+    let after = api.get("shop").await.unwrap().status.unwrap();
+    assert_eq!(
+        after.system_identifier, before.system_identifier,
+        "the same database, not a new one"
+    );
+
+    // A new password in the Secret becomes the database's; the old one stops working.
+    ns.apply(
+        "apiVersion: v1\nkind: Secret\nmetadata: { name: shop-db }\nstringData: { postgresql_password: second-Pa55 }\n",
+    );
+    wait_until("the new password works", MINUTE, || async {
+        psql(&ip, "app", "second-Pa55", "shop", "SELECT 1").is_ok()
+    })
+    .await;
+    let refused = psql(&ip, "app", &password, "shop", "SELECT 1").unwrap_err();
+    assert!(refused.contains("password authentication failed"), "{refused}");
+    wait_until("the connection Secret has the new password", MINUTE, || async {
+        secret_value(&ns, "shop-connection", "password").await == "second-Pa55"
+    })
+    .await;
+    // The superuser is not reachable with the user's password, nor without one.
+    assert!(psql(&ip, "postgres", "second-Pa55", "postgres", "SELECT 1").is_err());
+
+    let reasons = event_reasons(&ns, "shop").await;
+    for expected in ["UserCreated", "DatabaseCreated", "Serving", "PasswordChanged"] {
+        assert!(
+            reasons.iter().any(|r| r == expected),
+            "no {expected} Event in {reasons:?}"
+        );
+    }
+    assert!(
+        !operator.log_text().contains("second-Pa55"),
+        "a password in the operator's log"
+    );
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+
+    // Deleting the PostgreSQL takes its StatefulSet, Service, Secrets and volume with it; the
+    // user's own Secret stays.
+    kubectl_ok(&["delete", "pg", "-n", &ns.name, "shop"], None);
+    wait_until("everything the database owned is gone", 2 * MINUTE, || async {
+        let left = kubectl_ok(
+            &["get", "statefulset,service,pvc,secret", "-n", &ns.name, "-o", "name"],
+            None,
+        );
+        !left.contains("statefulset")
+            && !left.contains("persistentvolumeclaim")
+            && !left.contains("shop-connection")
+            && left.contains("secret/shop-db")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_specs_are_refused_with_a_reason() {
+    install_crds();
+    let ns = TestNamespace::new("pg-bad").await;
+    let spec = |db: &str, user: &str, extra: &str| format!("  db: {db}\n  user: {user}\n  passwordSecret: s\n{extra}");
+    let refused_on_create = [
+        (
+            database_manifest("p", &spec("Shop", "app", "")),
+            "db must be a plain PostgreSQL name",
+        ),
+        (
+            database_manifest("p", &spec("my-shop", "app", "")),
+            "db must be a plain PostgreSQL name",
+        ),
+        (
+            database_manifest("p", &spec("postgres", "app", "")),
+            "db cannot be postgres",
+        ),
+        (
+            database_manifest("p", &spec("template1", "app", "")),
+            "db cannot be postgres",
+        ),
+        (
+            database_manifest("p", &spec("shop", "postgres", "")),
+            "user cannot be postgres",
+        ),
+        (
+            database_manifest("p", &spec("shop", "pg_admin", "")),
+            "user cannot be postgres",
+        ),
+        (
+            database_manifest("p", &spec("shop", "1app", "")),
+            "user must be a plain PostgreSQL name",
+        ),
+        (
+            database_manifest("p", "  db: shop\n  user: app\n"),
+            "passwordSecret: Required",
+        ),
+        (
+            database_manifest("p", &spec("shop", "app", "  version: \"9\"\n")),
+            "version must be a PostgreSQL major version",
+        ),
+        (
+            database_manifest("p", &spec("shop", "app", "  version: latest\n")),
+            "version must be a PostgreSQL major version",
+        ),
+        (
+            database_manifest("p", &spec("shop", "app", "  version: \"15.4\"\n")),
+            "version must be a PostgreSQL major version",
+        ),
+        (
+            database_manifest("p", &spec("shop", "app", "  storage: { size: lots }\n")),
+            "storage.size must be a quantity",
+        ),
+        (
+            database_manifest("p", &spec("shop", "app", "  service: { nodePort: 30432 }\n")),
+            "service.nodePort needs service.type: NodePort",
+        ),
+        (
+            database_manifest(
+                "p",
+                &spec("shop", "app", "  service: { type: NodePort, nodePort: 80 }\n"),
+            ),
+            "node port range",
+        ),
+        (
+            database_manifest("p", &spec("shop", "app", "  service: { type: LoadBalancer }\n")),
+            "Unsupported value: \"LoadBalancer\"",
+        ),
+        (
+            database_manifest(&"x".repeat(46), &spec("shop", "app", "")),
+            "at most 45 characters",
+        ),
+        (
+            database_manifest("a.b", &spec("shop", "app", "")),
+            "must be a DNS label",
+        ),
+    ];
+    for (yaml, expected) in &refused_on_create {
+        let error = apply_error(&ns, yaml).unwrap_or_else(|| panic!("accepted:\n{yaml}"));
+        assert!(error.contains(expected), "refused, but not with {expected:?}: {error}");
+    }
+
+    // Changes that would orphan data or need a migration are refused on an existing database
+    // (no operator runs here: nothing starts).
+    ns.apply(&database_manifest("p", &spec("shop", "app", "")));
+    let refused_on_update = [
+        (database_manifest("p", &spec("other", "app", "")), "db is immutable"),
+        (database_manifest("p", &spec("shop", "owner", "")), "user is immutable"),
+        (
+            database_manifest("p", &spec("shop", "app", "  storage: { size: 2Gi }\n")),
+            "storage is immutable",
+        ),
+    ];
+    for (yaml, expected) in &refused_on_update {
+        let error = apply_error(&ns, yaml).unwrap_or_else(|| panic!("accepted:\n{yaml}"));
+        assert!(error.contains(expected), "refused, but not with {expected:?}: {error}");
+    }
+    // The version may change while the database has never run, not after.
+    assert_eq!(
+        apply_error(
+            &ns,
+            &database_manifest("p", &spec("shop", "app", "  version: \"16\"\n"))
+        ),
+        None
+    );
+    let status = serde_json::json!({ "status": { "systemIdentifier": "7300000000000000001" } });
+    kubectl_ok(
+        &[
+            "patch",
+            "pg",
+            "p",
+            "-n",
+            &ns.name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &status.to_string(),
+        ],
+        None,
+    );
+    let error = apply_error(
+        &ns,
+        &database_manifest("p", &spec("shop", "app", "  version: \"15\"\n")),
+    )
+    .expect("refused");
+    assert!(
+        error.contains("spec.version cannot change once the database has run"),
+        "{error}"
+    );
+    let kept = ns.api::<PostgreSQL>().get("p").await.unwrap();
+    assert_eq!(
+        (kept.spec.db.as_str(), kept.spec.version.as_str()),
+        ("shop", "16"),
+        "a refused edit changes nothing"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_password_or_image_is_reported_and_fixed_by_the_user() {
+    install_crds();
+    let ns = TestNamespace::new("pg-problems").await;
+    let operator = Operator::start(&ns.name, &["--controllers", "postgres"]);
+
+    // A database whose Secret is not there yet: the instance runs, the database waits.
+    ns.apply(&database_manifest(
+        "shop",
+        "  db: shop\n  user: app\n  passwordSecret: later\n",
+    ));
+    let waiting = wait_not_ready(&ns, "shop", "PasswordSecretMissing", 2 * MINUTE).await;
+    let (_, _, message) = condition(&waiting, "Ready").unwrap();
+    assert!(message.contains("Secret later"), "{message}");
+    // A Secret with the wrong key says so; the right key makes it Ready.
+    ns.apply("apiVersion: v1\nkind: Secret\nmetadata: { name: later }\nstringData: { pass: x }\n");
+    wait_not_ready(&ns, "shop", "PasswordKeyMissing", MINUTE).await;
+    ns.apply("apiVersion: v1\nkind: Secret\nmetadata: { name: later }\nstringData: { password: now-Pa55 }\n");
+    wait_ready(&ns, "shop", MINUTE).await;
+    let ip = instance_ip(&ns, "shop").await;
+    assert_eq!(
+        psql(&ip, "app", "now-Pa55", "shop", "SELECT current_user").unwrap(),
+        "app"
+    );
+    let reasons = event_reasons(&ns, "shop").await;
+    assert!(reasons.iter().any(|r| r == "PasswordSecretMissing"), "{reasons:?}");
+
+    // A major version the local Kubernetes has no image for: said at once, and a corrected
+    // version (the database never ran) starts.
+    ns.apply(&manifest("other", "x-Pa55", "  version: \"16\"\n"));
+    let stuck = wait_not_ready(&ns, "other", "InstancePodStuck", 2 * MINUTE).await;
+    let (_, _, message) = condition(&stuck, "Ready").unwrap();
+    assert!(message.contains("only PostgreSQL 15"), "{message}");
+    assert_eq!(stuck.status.as_ref().unwrap().phase.as_deref(), Some("Failed"));
+    ns.apply(&manifest("other", "x-Pa55", "  version: \"15\"\n"));
+    wait_ready(&ns, "other", 3 * MINUTE).await;
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+}
