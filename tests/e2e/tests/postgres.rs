@@ -74,7 +74,27 @@ async fn the_original_walkthrough_keeps_every_row_across_a_pod_deletion_and_take
         format!("shop.{}.svc", ns.name)
     );
 
-    // Delete the pod: the new one starts on the same volume, with every committed row.
+    // Delete the pod while a client sits in a long query: the server shuts down fast (the
+    // query is cancelled) and cleanly, rather than waiting for the client until it is killed
+    // and recovering from a crash. The new pod starts on the same volume, with every row.
+    let mut sleeper = std::process::Command::new(noops_e2e::postgres::PSQL)
+        .args(["-h", &ip, "-U", "app", "-d", "shop", "-c", "SELECT pg_sleep(600)"])
+        .env("PGPASSWORD", &password)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("the client's query runs", MINUTE, || async {
+        psql(
+            &ip,
+            "app",
+            &password,
+            "shop",
+            "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(600)'",
+        )
+        .is_ok_and(|n| n == "1")
+    })
+    .await;
     let old_uid = ns.pods().get("shop-0").await.unwrap().metadata.uid;
     kubectl_ok(&["delete", "pod", "-n", &ns.name, "shop-0", "--wait=false"], None);
     let pods = ns.pods();
@@ -87,6 +107,13 @@ async fn the_original_walkthrough_keeps_every_row_across_a_pod_deletion_and_take
     })
     .await;
     wait_ready(&ns, "shop", MINUTE).await;
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let started = kubectl_ok(&["logs", "-n", &ns.name, "shop-0", "-c", "postgres"], None);
+    assert!(
+        started.contains("database system was shut down at") && !started.contains("interrupted"),
+        "the server did not shut down cleanly:\n{started}"
+    );
     let ip = instance_ip(&ns, "shop").await;
     assert_eq!(
         psql(&ip, "app", &password, "shop", "SELECT count(*) FROM items").unwrap(),

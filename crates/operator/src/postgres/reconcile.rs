@@ -25,9 +25,10 @@ use crate::core::stamp::{stamp, up_to_date};
 use crate::core::stuck::stuck;
 use crate::core::{DuringStep, Error, Result, Step};
 
-/// How often a serving database is looked at (the server's health is not something
-/// Kubernetes watches).
-const LOOK_AGAIN: Duration = Duration::from_secs(30);
+/// How often a serving database is looked at without a change. Everything that moves it
+/// comes through a watch (its spec, its pod, its StatefulSet, its password Secret); this only
+/// catches hand changes inside PostgreSQL (a dropped role), at the cost of one Secret read.
+const LOOK_AGAIN: Duration = Duration::from_secs(300);
 /// How soon a database that is not serving yet is looked at again, if nothing wakes it first.
 const NOT_YET: Duration = Duration::from_secs(5);
 
@@ -190,11 +191,8 @@ async fn ensure_superuser_secret(
         return Ok(password);
     }
     // Made by an earlier pass the cache has not seen yet: use the one that is there.
-    api.get(&names.superuser_secret())
-        .await
-        .ok()
-        .as_ref()
-        .and_then(secrets::superuser_password)
+    let made = api.get(&names.superuser_secret()).await?;
+    secrets::superuser_password(&made)
         .ok_or_else(|| Error::Blocked(format!("Secret {} has no password", names.superuser_secret())))
 }
 
@@ -245,10 +243,10 @@ async fn finish(
     for (warning, reason, note) in events {
         if warning {
             warn!(reason, "{note}");
-            ctx.core.events.warning(&reference, reason, note).await;
+            ctx.core.events.warning(&reference, &reason, note).await;
         } else {
             info!(reason, "{note}");
-            ctx.core.events.normal(&reference, reason, note).await;
+            ctx.core.events.normal(&reference, &reason, note).await;
         }
     }
     Ok(Action::requeue(if serving && made.database_ready { LOOK_AGAIN } else { NOT_YET }))
@@ -260,7 +258,7 @@ fn announcements(
     previous: &PostgreSQLStatus,
     status: &PostgreSQLStatus,
     made: &Made,
-) -> Vec<(bool, &'static str, String)> {
+) -> Vec<(bool, String, String)> {
     let (db, user) = (&pg.spec.db, &pg.spec.user);
     let mut out = Vec::new();
     if let (Some(was), Some(now)) = (&previous.system_identifier, &status.system_identifier)
@@ -268,46 +266,78 @@ fn announcements(
     {
         out.push((
             true,
-            "DatabaseReplaced",
+            "DatabaseReplaced".into(),
             format!("the instance runs a new database (system identifier {now}, was {was}): its volume was lost and there was no backup to restore"),
         ));
     }
     if made.user_created {
-        out.push((false, "UserCreated", format!("made role {user}, with the password from the Secret")));
+        out.push((false, "UserCreated".into(), format!("made role {user}, with the password from the Secret")));
     }
     if made.database_created {
-        out.push((false, "DatabaseCreated", format!("made database {db}, owned by {user}")));
+        out.push((false, "DatabaseCreated".into(), format!("made database {db}, owned by {user}")));
     }
     if made.password_set {
-        out.push((false, "PasswordChanged", format!("set role {user}'s password from Secret {}", pg.spec.password_secret)));
+        out.push((false, "PasswordChanged".into(), format!("set role {user}'s password from Secret {}", pg.spec.password_secret)));
     }
-    // A condition that turns bad is told once, when it turns.
-    for condition in &status.conditions {
-        let bad = (condition.type_ == "Degraded") == (condition.status == "True");
-        let was = previous.conditions.iter().find(|c| c.type_ == condition.type_);
-        let newly = was.is_none_or(|w| w.reason != condition.reason || w.status != condition.status);
-        if bad && newly && condition.type_ == "Degraded" {
-            out.push((true, reason_of(&condition.reason), condition.message.clone()));
-        }
+    // A problem is told once, when Degraded turns True or its reason changes.
+    let degraded = |s: &PostgreSQLStatus| s.conditions.iter().find(|c| c.type_ == "Degraded" && c.status == "True").cloned();
+    if let Some(now) = degraded(status)
+        && degraded(previous).is_none_or(|was| was.reason != now.reason)
+    {
+        out.push((true, now.reason, now.message));
     }
-    let ready_now = status.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
-    let ready_before = previous.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
-    if ready_now && !ready_before {
-        out.push((false, "Serving", format!("database {db} is ready at {}", status.endpoint.clone().unwrap_or_default())));
+    let ready = |s: &PostgreSQLStatus| s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+    if ready(status) && !ready(previous) {
+        out.push((false, "Serving".into(), format!("database {db} is ready at {}", status.endpoint.clone().unwrap_or_default())));
     }
     out
 }
 
-/// The reasons the status can give, as static strings (Event reasons are a closed set).
-fn reason_of(reason: &str) -> &'static str {
-    const REASONS: [&str; 7] = [
-        "InstancePodStuck",
-        "Unreachable",
-        "PasswordSecretMissing",
-        "PasswordKeyMissing",
-        "PasswordAmbiguous",
-        "PasswordInvalid",
-        "Degraded",
-    ];
-    REASONS.into_iter().find(|r| *r == reason).unwrap_or("Degraded")
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::conditions::{Decided, merge};
+    use crate::postgres::fixtures::postgres;
+
+    fn with(conditions: &[Decided]) -> PostgreSQLStatus {
+        PostgreSQLStatus {
+            conditions: merge(&[], conditions, Some(1), jiff::Timestamp::now()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_problem_is_told_when_it_starts_or_changes_not_at_every_pass() {
+        let pg = postgres("shop");
+        let fine = with(&[Decided::new("Degraded", false, "AsExpected", "")]);
+        let missing = with(&[Decided::new("Degraded", true, "PasswordSecretMissing", "no Secret")]);
+        let no_key = with(&[Decided::new("Degraded", true, "PasswordKeyMissing", "no key")]);
+        let told = |before: &PostgreSQLStatus, after: &PostgreSQLStatus| {
+            announcements(&pg, before, after, &Made::default())
+                .into_iter()
+                .filter(|(warning, _, _)| *warning)
+                .map(|(_, reason, _)| reason)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(told(&fine, &missing), ["PasswordSecretMissing"]);
+        assert!(told(&missing, &missing).is_empty(), "the same problem again is not news");
+        assert_eq!(told(&missing, &no_key), ["PasswordKeyMissing"]);
+        assert!(told(&missing, &fine).is_empty());
+    }
+
+    #[test]
+    fn a_new_system_identifier_is_a_warning() {
+        let pg = postgres("shop");
+        let was = PostgreSQLStatus {
+            system_identifier: Some("1".into()),
+            ..Default::default()
+        };
+        let now = PostgreSQLStatus {
+            system_identifier: Some("2".into()),
+            ..Default::default()
+        };
+        let told = announcements(&pg, &was, &now, &Made::default());
+        assert!(told.iter().any(|(w, r, _)| *w && r == "DatabaseReplaced"), "{told:?}");
+        assert!(announcements(&pg, &was, &was, &Made::default()).is_empty());
+    }
 }

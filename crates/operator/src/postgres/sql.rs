@@ -70,6 +70,12 @@ impl Instance {
         }
     }
 
+    /// Whether `query` (with `name` as its one parameter) finds a row.
+    async fn exists(&self, query: &str, name: &str) -> Result<bool, SqlError> {
+        let row = self.client.query_opt(query, &[&name]).await.map_err(|e| self.failed(e))?;
+        Ok(row.is_some())
+    }
+
     pub async fn facts(&self) -> Result<InstanceFacts, SqlError> {
         let row = self
             .client
@@ -89,13 +95,7 @@ impl Instance {
     /// Makes `user` (a login role) if it is not there; true if this call made it. A new role
     /// gets `password` at once.
     pub async fn ensure_user(&self, user: &str, password: &str) -> Result<bool, SqlError> {
-        let exists = self
-            .client
-            .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&user])
-            .await
-            .map_err(|e| self.failed(e))?
-            .is_some();
-        if exists {
+        if self.exists("SELECT 1 FROM pg_roles WHERE rolname = $1", user).await? {
             return Ok(false);
         }
         let statement = format!(
@@ -119,13 +119,7 @@ impl Instance {
 
     /// Makes database `db` owned by `owner` if it is not there; true if this call made it.
     pub async fn ensure_database(&self, db: &str, owner: &str) -> Result<bool, SqlError> {
-        let exists = self
-            .client
-            .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&db])
-            .await
-            .map_err(|e| self.failed(e))?
-            .is_some();
-        if exists {
+        if self.exists("SELECT 1 FROM pg_database WHERE datname = $1", db).await? {
             return Ok(false);
         }
         // CREATE DATABASE cannot run in a transaction block, hence the simple query.
