@@ -457,3 +457,59 @@ impl Drop for RestoreNodesOnDrop {
         let _ = Command::new(root().join("hack/node.sh")).arg("restore").output();
     }
 }
+
+/// The operator with crash points on (`NOOPS_CRASH_POINTS`), started again whenever it has
+/// died, until stopped; it can also be killed on request, as an OOM kill would.
+pub struct Supervisor {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    kill: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<(usize, String)>,
+}
+
+impl Supervisor {
+    pub fn start(namespace: &str, crash_points: &Path) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let kill = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, kill_now, namespace, file) = (
+            stop.clone(),
+            kill.clone(),
+            namespace.to_string(),
+            crash_points.display().to_string(),
+        );
+        let task = tokio::spawn(async move {
+            let begin = |file: &str| {
+                Operator::start_with_env(&namespace, &["--leader-elect=false"], &[("NOOPS_CRASH_POINTS", file)])
+            };
+            let mut operator = begin(&file);
+            let mut starts = 1;
+            let mut logs = String::new();
+            while !flag.load(Ordering::Relaxed) {
+                if kill_now.swap(false, Ordering::Relaxed) {
+                    operator.kill();
+                }
+                if !operator.running() {
+                    logs.push_str(&operator.log_text());
+                    operator = begin(&file);
+                    starts += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            logs.push_str(&operator.log_text());
+            operator.kill();
+            (starts - 1, logs)
+        });
+        Self { stop, kill, task }
+    }
+
+    /// Kills the operator now (SIGKILL); it is started again.
+    pub fn kill(&self) {
+        self.kill.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Stops the operator; returns how often it was started again, and all its logs.
+    pub async fn stop(self) -> (usize, String) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}

@@ -9,54 +9,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use noops_e2e::etcd::*;
 use noops_e2e::*;
 
 const MINUTE: Duration = Duration::from_secs(60);
-
-/// The operator, started again whenever it has died, until stopped.
-struct Supervisor {
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<(usize, String)>,
-}
-
-impl Supervisor {
-    fn start(namespace: &str, crash_points: &Path) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (flag, namespace, file) = (stop.clone(), namespace.to_string(), crash_points.display().to_string());
-        let task = tokio::spawn(async move {
-            let begin = |file: &str| {
-                Operator::start_with_env(&namespace, &["--leader-elect=false"], &[("NOOPS_CRASH_POINTS", file)])
-            };
-            let mut operator = begin(&file);
-            let mut starts = 1;
-            let mut logs = String::new();
-            while !flag.load(Ordering::Relaxed) {
-                if !operator.running() {
-                    logs.push_str(&operator.log_text());
-                    operator = begin(&file);
-                    starts += 1;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            logs.push_str(&operator.log_text());
-            operator.kill();
-            (starts - 1, logs)
-        });
-        Self { stop, task }
-    }
-
-    /// Stops the operator; returns how often it was started again, and all its logs.
-    async fn stop(self) -> (usize, String) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.await.unwrap()
-    }
-}
 
 /// The writer's keys in the cluster, now or at `revision`.
 async fn written_keys(client: &mut etcd_client::Client, revision: Option<i64>) -> BTreeSet<String> {

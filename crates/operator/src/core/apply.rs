@@ -29,6 +29,36 @@ where
         .await
 }
 
+/// Applies `status` to `name` only if it is still at `version` (the one a pass read, or last
+/// wrote), and moves `version` on; false if the object changed since (the pass ends, and the
+/// next one reads it afresh). For status that records work done outside Kubernetes: it is
+/// never written over a newer word.
+pub async fn apply_status_at<K, S>(
+    api: &Api<K>,
+    name: &str,
+    version: &mut Option<String>,
+    status: &S,
+) -> kube::Result<bool>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    S: Serialize,
+{
+    let body = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "metadata": { "resourceVersion": version },
+        "status": status,
+    });
+    match apply_status(api, name, &body).await {
+        Ok(written) => {
+            *version = written.meta().resource_version.clone();
+            Ok(true)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Creates `object` unless one of its name exists already; true if this call created it.
 pub async fn create_if_missing<K>(api: &Api<K>, object: &K) -> kube::Result<bool>
 where

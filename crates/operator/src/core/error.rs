@@ -70,6 +70,23 @@ pub enum Error {
     },
 }
 
+/// What a reconcile through kube's `finalizer()` helper ends in: its own error, or the API's.
+pub fn from_finalizer(
+    result: std::result::Result<kube::runtime::controller::Action, kube::runtime::finalizer::Error<Error>>,
+) -> Result<kube::runtime::controller::Action> {
+    use kube::runtime::finalizer::Error as Failed;
+    match result {
+        Ok(action) => Ok(action),
+        // A pass on a stale copy of an object already gone: nothing left to do.
+        Err(Failed::RemoveFinalizer(kube::Error::Api(e))) if e.code == 404 => {
+            Ok(kube::runtime::controller::Action::await_change())
+        }
+        Err(Failed::ApplyFailed(e) | Failed::CleanupFailed(e)) => Err(e),
+        Err(Failed::AddFinalizer(e) | Failed::RemoveFinalizer(e)) => Err(Error::Kube(e)),
+        Err(other) => Err(Error::InvalidSpec(other.to_string())),
+    }
+}
+
 impl Error {
     /// A CamelCase reason for conditions, Events and the `reason` label of error metrics (the
     /// stage does not change it: it stays a short, bounded label).

@@ -1,6 +1,7 @@
 //! What every controller shares: registration and the reconcile wrapper (`controller`),
 //! conditions, Events, server-side apply and the desired-state stamp, labels, rollout checks,
 //! pruning of children no longer wanted, per-object back-off, error classification, metrics,
+//! backup schedules and retention, the short-lived pods that do a job and report how it went,
 //! and the crash points of the crash-safety tests.
 
 pub mod apply;
@@ -17,7 +18,10 @@ pub mod labels;
 pub mod metrics;
 pub mod prune;
 pub mod rollout;
+pub mod schedule;
 pub mod stamp;
+pub mod stores;
 pub mod stuck;
+pub mod task_pod;
 
 pub use error::{DuringStep, Error, Result, Step};

@@ -15,7 +15,7 @@ use super::names::{CLUSTER_LABEL, Names};
 use crate::core::Result;
 use crate::core::conditions::Decided;
 use crate::core::apply::{create_if_missing, delete_if_present};
-use crate::etcd_backup::schedule::{self, Kept, SCHEDULED_LABEL};
+use crate::core::schedule::{self, Kept, SCHEDULED_LABEL};
 
 /// The UID of the EtcdCluster a scheduled backup was made for (a cluster deleted and made
 /// again under the same name is another cluster).
@@ -168,31 +168,23 @@ pub async fn keep(cluster: &EtcdCluster, names: &Names, client: &Client, book: &
 /// Counts the successful backups, the time of the newest, and how the newest finished one
 /// went.
 fn count(book: &mut Book, backups: &[&EtcdBackup]) {
-    let done: Vec<&EtcdBackup> = backups
+    let counted: Vec<schedule::Counted> = backups
         .iter()
-        .copied()
-        .filter(|b| succeeded(b) && b.metadata.deletion_timestamp.is_none())
-        .collect();
-    book.stored_backups = Some(i32::try_from(done.len()).unwrap_or(i32::MAX));
-    book.last_backup_time = done
-        .iter()
-        .filter_map(|b| b.status.as_ref()?.completed_at.clone())
-        .max_by_key(|t| t.0)
-        .or(book.last_backup_time.clone());
-    let finished = backups
-        .iter()
-        .filter(|b| b.metadata.deletion_timestamp.is_none())
-        .filter_map(|b| {
-            let status = b.status.as_ref()?;
-            let stored = match status.phase.as_deref() {
-                Some("Succeeded") => true,
-                Some("Failed") => false,
-                _ => return None,
-            };
-            Some((status.completed_at.as_ref()?.0, b, stored))
+        .map(|b| {
+            let status = b.status.as_ref();
+            schedule::Counted {
+                name: b.name_any(),
+                phase: status.and_then(|s| s.phase.clone()),
+                completed: status.and_then(|s| s.completed_at.as_ref()).map(|t| t.0),
+                deleting: b.metadata.deletion_timestamp.is_some(),
+            }
         })
-        .max_by_key(|(at, b, _)| (*at, b.name_any()));
-    if let Some((_, backup, stored)) = finished {
+        .collect();
+    let tally = schedule::tally(&counted);
+    book.stored_backups = Some(tally.stored);
+    book.last_backup_time = tally.newest_stored.map(|(_, at)| Time(at)).or(book.last_backup_time.clone());
+    if let Some((index, stored)) = tally.newest_finished {
+        let backup = backups[index];
         let status = backup.status.clone().unwrap_or_default();
         let message = if stored {
             format!(
@@ -202,13 +194,7 @@ fn count(book: &mut Book, backups: &[&EtcdBackup]) {
                 status.location.unwrap_or_default()
             )
         } else {
-            let why = status.conditions.iter().find(|c| c.type_ == "Succeeded");
-            format!(
-                "EtcdBackup {} failed: {}: {}",
-                backup.name_any(),
-                why.map_or("", |c| c.reason.as_str()),
-                why.map_or("", |c| c.message.as_str())
-            )
+            schedule::failure("EtcdBackup", &backup.name_any(), &status.conditions)
         };
         book.condition = Some(Decided::new(BACKUP_SUCCEEDED, stored, reason(stored), message));
     }

@@ -147,7 +147,7 @@ fn schedule_refusal(cluster: &EtcdCluster) -> Option<Refusal> {
         .backup
         .as_ref()
         .and_then(|b| b.schedule.as_deref())
-        .map(crate::etcd_backup::schedule::parse)
+        .map(crate::core::schedule::parse)
     {
         return Some(Refusal::aside(
             "InvalidSchedule",

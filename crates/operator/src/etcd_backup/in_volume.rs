@@ -75,9 +75,7 @@ pub fn credentials_in(dir: &Path, server_name: &str) -> std::io::Result<Credenti
 
 /// The mounted volume as a store (also what a restore reads a snapshot from).
 pub fn volume(folder: &Path) -> Result<Arc<LocalFileSystem>, object_store::Error> {
-    // Synced before it is renamed into place, and the folder after: a backup reported saved
-    // survives the node's power going.
-    Ok(Arc::new(LocalFileSystem::new_with_prefix(folder)?.with_fsync(true)))
+    crate::core::stores::folder(folder)
 }
 
 /// Refuses a key that would lead out of the volume (absolute, or with `..`): keys come from

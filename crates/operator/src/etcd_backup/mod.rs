@@ -5,13 +5,12 @@
 //! somewhere to put it → stream a snapshot from a healthy follower into the bucket (`take.rs`,
 //! `store.rs`), or have a pod save it into the volume (`volume.rs`, `in_volume.rs`) → status
 //! and Event. The cluster controller makes scheduled EtcdBackups and
-//! applies retention (`schedule.rs`, `crate::etcd::backups`).
+//! applies retention (`crate::etcd::backups`, `crate::core::schedule`).
 
 pub mod fetch;
 pub mod in_volume;
 pub mod install;
 mod reconcile;
-pub mod schedule;
 pub mod store;
 pub mod take;
 pub mod volume;

@@ -17,15 +17,15 @@ use kube::{Api, Resource, ResourceExt};
 use noops_api::etcd_backup::{EtcdBackup, EtcdBackupStatus};
 use noops_api::EtcdCluster;
 use noops_api::etcd::{S3Destination, VolumeDestination};
-use serde_json::json;
 use tracing::{info, warn};
 
 use super::Context;
 use super::store::{self, Destination};
 use super::volume::{self, Job, Outcome};
 use super::take::{self, TakeError};
-use crate::core::apply::{apply_status, controller_reference, create_if_missing, delete_if_present};
+use crate::core::apply::{apply_status_at, controller_reference, create_if_missing, delete_if_present};
 use crate::core::conditions::{Decided, merge};
+use crate::core::schedule::elapsed;
 use crate::core::{Error, Result, crash};
 use crate::etcd::client::{Credentials, EtcdAccess};
 use crate::etcd::names::{CLUSTER_LABEL, Names};
@@ -52,15 +52,7 @@ pub async fn reconcile(backup: Arc<EtcdBackup>, ctx: &Context) -> Result<Action>
         }
     })
     .await;
-    use kube::runtime::finalizer::Error as Failed;
-    match result {
-        Ok(action) => Ok(action),
-        // A pass on a stale copy of a backup already gone: nothing left to do.
-        Err(Failed::RemoveFinalizer(kube::Error::Api(e))) if e.code == 404 => Ok(Action::await_change()),
-        Err(Failed::ApplyFailed(e) | Failed::CleanupFailed(e)) => Err(e),
-        Err(Failed::AddFinalizer(e) | Failed::RemoveFinalizer(e)) => Err(Error::Kube(e)),
-        Err(other) => Err(Error::InvalidSpec(other.to_string())),
-    }
+    crate::core::error::from_finalizer(result)
 }
 
 /// Where a backup stands after this pass.
@@ -186,10 +178,6 @@ async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
             Ok(Action::await_change())
         }
     }
-}
-
-fn elapsed(since: jiff::Timestamp, now: jiff::Timestamp) -> Duration {
-    Duration::try_from(now.duration_since(since)).unwrap_or_default()
 }
 
 /// One attempt with what is left of the backup's deadline: a snapshot stream that stalls (a
@@ -372,9 +360,7 @@ async fn remove_pod(backup: &EtcdBackup, job: Job, ctx: &Context) -> Result<()> 
     Ok(())
 }
 
-/// Writes the status over `version` of `backup` (the one this pass read, or last wrote), and
-/// moves `version` on; false if the object changed since (the pass ends, and the next one
-/// reads it afresh).
+/// Writes the status over `version` of `backup` (see [`apply_status_at`]).
 async fn write_status(
     backup: &EtcdBackup,
     version: &mut Option<String>,
@@ -382,20 +368,7 @@ async fn write_status(
     status: &EtcdBackupStatus,
 ) -> Result<bool> {
     let api: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
-    let body = json!({
-        "apiVersion": "noops.dev/v1alpha1",
-        "kind": "EtcdBackup",
-        "metadata": { "resourceVersion": version },
-        "status": status,
-    });
-    match apply_status(&api, &backup.name_any(), &body).await {
-        Ok(written) => {
-            *version = written.resource_version();
-            Ok(true)
-        }
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-        Err(e) => Err(e.into()),
-    }
+    Ok(apply_status_at(&api, &backup.name_any(), version, status).await?)
 }
 
 /// How long the deletion of a snapshot is tried (the store away for a moment) before it is

@@ -14,7 +14,8 @@ use kube::{Api, Client};
 use noops_api::etcd::{BackupSpec, S3Destination, VolumeDestination};
 use noops_api::etcd_backup::EtcdBackupStatus;
 use object_store::ObjectStore;
-use object_store::aws::AmazonS3Builder;
+
+pub use crate::core::stores::bucket;
 
 /// Why the store cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -161,26 +162,6 @@ pub async fn open(client: &Client, namespace: &str, destination: &S3Destination)
     let endpoint = resolve(client, &destination.endpoint).await?;
     let keys = (read("AWS_ACCESS_KEY_ID")?, read("AWS_SECRET_ACCESS_KEY")?);
     Ok(bucket(&endpoint, &destination.region, &destination.bucket, &keys)?)
-}
-
-/// A bucket at `endpoint` (path-style requests, plain http allowed for an http URL), signed
-/// with `(access key id, secret access key)`: the operator's and the restore pod's way in.
-pub fn bucket(
-    endpoint: &str,
-    region: &str,
-    bucket: &str,
-    (key_id, secret): &(String, String),
-) -> Result<Arc<dyn ObjectStore>, object_store::Error> {
-    let store = AmazonS3Builder::new()
-        .with_endpoint(endpoint)
-        .with_allow_http(endpoint.starts_with("http://"))
-        .with_virtual_hosted_style_request(false)
-        .with_region(region)
-        .with_bucket_name(bucket)
-        .with_access_key_id(key_id)
-        .with_secret_access_key(secret)
-        .build()?;
-    Ok(Arc::new(store))
 }
 
 #[cfg(test)]

@@ -12,7 +12,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use noops_api::etcd::VolumeDestination;
 
 use crate::core::labels;
-use crate::core::stuck::stuck;
+use crate::core::task_pod;
+pub use crate::core::task_pod::{Outcome, outcome};
 use crate::etcd::names::Names;
 
 use super::in_volume::Saved;
@@ -43,13 +44,7 @@ impl Job {
 /// The pod name of `job` for backup `backup` (uid `uid`): `<backup>-save`, shortened with the
 /// uid's start when the name is too long for a pod.
 pub fn pod_name(backup: &str, uid: &str, job: Job) -> String {
-    let suffix = job.verb();
-    if backup.len() + suffix.len() < 253 {
-        return format!("{backup}-{suffix}");
-    }
-    let uid: String = uid.chars().take(8).collect();
-    let head: String = backup.chars().take(253 - suffix.len() - uid.len() - 2).collect();
-    format!("{}-{uid}-{suffix}", head.trim_end_matches(['-', '.']))
+    task_pod::name(backup, uid, job.verb())
 }
 
 /// The claim as a pod volume named `backup`.
@@ -184,53 +179,6 @@ fn pod(
 
 /// The group the operator's image runs as (`USER 65532:65532`).
 const OPERATOR_GROUP: i64 = 65532;
-
-/// How a pod of a volume backup stands.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    NotStarted,
-    Running,
-    /// It cannot start (the claim or a Secret missing, no node for it): why.
-    Stuck(String),
-    /// It did its work; its termination message.
-    Succeeded(String),
-    /// It failed: why, as it said.
-    Failed(String),
-}
-
-/// How `pod` (if any) stands.
-pub fn outcome(pod: Option<&Pod>) -> Outcome {
-    let Some(pod) = pod else { return Outcome::NotStarted };
-    let status = pod.status.clone().unwrap_or_default();
-    let terminated = status
-        .container_statuses
-        .iter()
-        .flatten()
-        .find_map(|c| c.state.as_ref().and_then(|s| s.terminated.clone()));
-    let message = terminated.as_ref().and_then(|t| t.message.clone()).unwrap_or_default();
-    match status.phase.as_deref() {
-        Some("Succeeded") => Outcome::Succeeded(message.trim().to_string()),
-        Some("Failed") => {
-            let name = pod.metadata.name.clone().unwrap_or_default();
-            Outcome::Failed(match terminated {
-                Some(t) if !message.trim().is_empty() => format!("pod {name} exited with code {}: {}", t.exit_code, message.trim()),
-                Some(t) => format!("pod {name} exited with code {}: `kubectl logs {name}` says why", t.exit_code),
-                // Evicted, or its node lost: the pod says why, not a container.
-                None => format!(
-                    "pod {name} failed: {} {}",
-                    status.reason.as_deref().unwrap_or("Failed"),
-                    status.message.as_deref().unwrap_or_default()
-                )
-                .trim()
-                .to_string(),
-            })
-        }
-        _ => match stuck([pod]) {
-            Some(s) => Outcome::Stuck(format!("{}: {}", s.reason, s.message)),
-            None => Outcome::Running,
-        },
-    }
-}
 
 /// What a save pod that succeeded says it saved.
 pub fn saved(message: &str) -> Option<Saved> {

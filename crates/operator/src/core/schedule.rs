@@ -1,10 +1,11 @@
-//! When scheduled backups are due, what they are called, and which ones retention deletes.
+//! When scheduled backups (EtcdBackups, PostgresBackups) are due, what they are called, and
+//! which ones retention deletes.
 //! Pure: the time is a parameter.
 
 use croner::Cron;
 use croner::parser::{CronParser, Year};
 
-/// The label that marks an EtcdBackup the schedule made (retention only deletes those).
+/// The label that marks a backup the schedule made (retention only deletes those).
 pub const SCHEDULED_LABEL: &str = "noops.dev/scheduled";
 
 /// A schedule that cannot be read.
@@ -46,7 +47,10 @@ pub fn due(cron: &Cron, last: jiff::Timestamp, now: jiff::Timestamp) -> Result<D
     };
     let utc = |t: jiff::Timestamp| t.to_zoned(jiff::tz::TimeZone::UTC);
     let next = cron.find_next_occurrence(&utc(now), false).map_err(fail)?.timestamp();
-    let latest = cron.find_previous_occurrence(&utc(now), true).map_err(fail)?.timestamp();
+    let latest = cron
+        .find_previous_occurrence(&utc(now), true)
+        .map_err(fail)?
+        .timestamp();
     Ok(Due {
         now: (latest > last).then_some(latest),
         next,
@@ -59,12 +63,82 @@ pub fn backup_name(cluster: &str, at: jiff::Timestamp) -> String {
     format!("{cluster}-{}", at.strftime("%Y%m%d-%H%M%S"))
 }
 
+/// The time from `since` to `now` (zero if `now` is earlier).
+pub fn elapsed(since: jiff::Timestamp, now: jiff::Timestamp) -> std::time::Duration {
+    std::time::Duration::try_from(now.duration_since(since)).unwrap_or_default()
+}
+
 /// A scheduled backup, as retention sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Kept {
     pub name: String,
     pub created: jiff::Timestamp,
     pub succeeded: bool,
+}
+
+/// A backup as the resource it backs up counts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Counted {
+    pub name: String,
+    /// Running, Succeeded, Failed, or none yet.
+    pub phase: Option<String>,
+    pub completed: Option<jiff::Timestamp>,
+    pub deleting: bool,
+}
+
+/// What the backups of one resource add up to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// How many succeeded (and are not being deleted).
+    pub stored: i32,
+    /// The newest of those, and when it completed.
+    pub newest_stored: Option<(String, jiff::Timestamp)>,
+    /// The newest finished one (its index in the input) and whether it succeeded: the
+    /// resource's `BackupSucceeded` condition follows it.
+    pub newest_finished: Option<(usize, bool)>,
+}
+
+/// Counts `backups`. Pure.
+pub fn tally(backups: &[Counted]) -> Tally {
+    let live = || backups.iter().enumerate().filter(|(_, b)| !b.deleting);
+    let stored: Vec<&Counted> = live()
+        .map(|(_, b)| b)
+        .filter(|b| b.phase.as_deref() == Some("Succeeded"))
+        .collect();
+    let newest_stored = stored
+        .iter()
+        .filter_map(|b| Some((b.name.clone(), b.completed?)))
+        .max_by_key(|(name, at)| (*at, name.clone()));
+    let newest_finished = live()
+        .filter_map(|(i, b)| {
+            let succeeded = match b.phase.as_deref() {
+                Some("Succeeded") => true,
+                Some("Failed") => false,
+                _ => return None,
+            };
+            Some((b.completed?, b.name.clone(), i, succeeded))
+        })
+        .max_by_key(|(at, name, _, _)| (*at, name.clone()))
+        .map(|(_, _, i, succeeded)| (i, succeeded));
+    Tally {
+        stored: i32::try_from(stored.len()).unwrap_or(i32::MAX),
+        newest_stored,
+        newest_finished,
+    }
+}
+
+/// `<kind> <name> failed: <reason>: <message>`, from a backup's `Succeeded` condition.
+pub fn failure(
+    kind: &str,
+    name: &str,
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) -> String {
+    let why = conditions.iter().find(|c| c.type_ == "Succeeded");
+    format!(
+        "{kind} {name} failed: {}: {}",
+        why.map_or("", |c| c.reason.as_str()),
+        why.map_or("", |c| c.message.as_str())
+    )
 }
 
 /// The scheduled backups to delete so that `max` successful ones are kept: the oldest
@@ -108,7 +182,11 @@ mod tests {
     fn the_latest_missed_time_is_due_once() {
         let hourly = parse("0 * * * *").unwrap();
         let due_now = due(&hourly, at("2026-01-01T08:00:00Z"), at("2026-01-01T10:30:00Z")).unwrap();
-        assert_eq!(due_now.now, Some(at("2026-01-01T10:00:00Z")), "only the latest of 09:00 and 10:00");
+        assert_eq!(
+            due_now.now,
+            Some(at("2026-01-01T10:00:00Z")),
+            "only the latest of 09:00 and 10:00"
+        );
         assert_eq!(due_now.next, at("2026-01-01T11:00:00Z"));
         let taken = due(&hourly, at("2026-01-01T10:00:00Z"), at("2026-01-01T10:30:00Z")).unwrap();
         assert_eq!(taken.now, None, "10:00 is taken");
@@ -139,8 +217,41 @@ mod tests {
         ];
         let mut gone = to_delete(&backups, 2);
         gone.sort();
-        assert_eq!(gone, vec!["a", "b", "c"], "e failed after the oldest kept one: it stays visible");
+        assert_eq!(
+            gone,
+            vec!["a", "b", "c"],
+            "e failed after the oldest kept one: it stays visible"
+        );
         assert!(to_delete(&backups, 10).is_empty());
-        assert!(to_delete(&[b("x", 1, false)], 1).is_empty(), "a failure alone stays visible");
+        assert!(
+            to_delete(&[b("x", 1, false)], 1).is_empty(),
+            "a failure alone stays visible"
+        );
+    }
+
+    #[test]
+    fn a_tally_counts_what_is_stored_and_follows_the_newest_finished_backup() {
+        let b = |name: &str, phase: &str, completed: Option<i64>, deleting| Counted {
+            name: name.into(),
+            phase: Some(phase.into()),
+            completed: completed.map(|m| jiff::Timestamp::from_second(m * 60).unwrap()),
+            deleting,
+        };
+        let backups = [
+            b("a", "Succeeded", Some(1), false),
+            b("b", "Succeeded", Some(3), false),
+            b("c", "Failed", Some(4), false),
+            b("d", "Running", None, false),
+            b("e", "Succeeded", Some(9), true),
+        ];
+        let tally = tally(&backups);
+        assert_eq!(tally.stored, 2, "one being deleted is not kept");
+        assert_eq!(tally.newest_stored.map(|(name, _)| name).as_deref(), Some("b"));
+        assert_eq!(
+            tally.newest_finished,
+            Some((2, false)),
+            "the newest finished one failed"
+        );
+        assert_eq!(super::tally(&[]), Tally::default());
     }
 }
