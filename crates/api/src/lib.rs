@@ -11,11 +11,13 @@ pub mod etcd;
 pub mod etcd_backup;
 pub mod maintpage;
 pub mod postgres;
+pub mod postgres_backup;
 
 pub use etcd::{EtcdCluster, EtcdClusterSpec, EtcdClusterStatus};
 pub use etcd_backup::{EtcdBackup, EtcdBackupSpec, EtcdBackupStatus};
 pub use maintpage::{MaintPage, MaintPageSpec, MaintPageStatus};
 pub use postgres::{PostgreSQL, PostgreSQLSpec, PostgreSQLStatus};
+pub use postgres_backup::{PostgresBackup, PostgresBackupSpec, PostgresBackupStatus};
 
 /// The API group of every noops resource.
 pub const GROUP: &str = "noops.dev";
@@ -30,5 +32,6 @@ pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensi
         EtcdCluster::crd(),
         MaintPage::crd(),
         PostgreSQL::crd(),
+        PostgresBackup::crd(),
     ]
 }

@@ -14,9 +14,15 @@
 //! initialises its data directory, creates the database and its owner with the password from
 //! the Secret (and changes it when the Secret changes), and publishes it behind a Service with
 //! a connection Secret `<name>-connection`.
+//!
+//! With `backup`, every WAL segment is archived to an S3-compatible bucket or a volume as soon
+//! as it is full or `archiveTimeoutSeconds` have passed, and base backups (`PostgresBackup`)
+//! are taken on a schedule and on demand. An instance that starts on an empty volume while a
+//! backup exists is restored from the newest base backup and the archived WAL before it
+//! serves; `bootstrap.fromBackup` makes a new database from a backup, to its end or to a time.
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -38,10 +44,13 @@ pub const PASSWORD_KEYS: [&str; 2] = ["password", "postgresql_password"];
     validation = Rule::new("self.metadata.name.size() <= 45").message("a PostgreSQL name is at most 45 characters: its StatefulSet, pod and volume names add to it"),
     validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("a PostgreSQL name must be a DNS label: lower-case letters, digits and '-', starting with a letter"),
     validation = Rule::new("self.spec.version == oldSelf.spec.version || !has(oldSelf.status) || !has(oldSelf.status.systemIdentifier)").message("spec.version cannot change once the database has run: major upgrades (pg_upgrade) are not supported yet; restore a backup into a new PostgreSQL instead"),
+    validation = Rule::new("has(self.spec.bootstrap) == has(oldSelf.spec.bootstrap) && (!has(self.spec.bootstrap) || self.spec.bootstrap == oldSelf.spec.bootstrap)").message("spec.bootstrap is immutable: it says how the database started"),
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.serverVersion"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Endpoint","type":"string","jsonPath":".status.endpoint"}"#,
+    printcolumn = r#"{"name":"Last Backup","type":"date","jsonPath":".status.lastBackupTime"}"#,
+    printcolumn = r#"{"name":"Restored To","type":"string","jsonPath":".status.restore.recoveredTo"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -75,6 +84,116 @@ pub struct PostgreSQLSpec {
     /// CPU and memory of the PostgreSQL container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// Backups: continuous WAL archiving and base backups (PostgresBackup), to an S3-compatible
+    /// bucket or a volume. Without it, a lost volume loses the database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupSpec>,
+    /// How a new database starts: empty (the default), or from a backup. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<BootstrapSpec>,
+}
+
+/// Where backups go and when base backups are taken. WAL archiving is on whenever this is set.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("has(self.s3) != has(self.volume)").message("backup needs exactly one destination: s3 (an S3-compatible bucket) or volume (a PersistentVolumeClaim)"))]
+#[serde(rename_all = "camelCase")]
+pub struct BackupSpec {
+    /// When to take a base backup, as a cron expression in UTC: five fields (minute hour day
+    /// month weekday, such as `0 3 * * *`), or six with seconds first. A first base backup is
+    /// taken as soon as the database serves, whatever the schedule; without a schedule, later
+    /// ones are taken on demand (apply a PostgresBackup).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    #[x_kube(validation = Rule::new("self.trim().split(' ').filter(f, f != '').size() in [5, 6]").message("backup.schedule must be a cron expression of five fields (minute hour day month weekday, such as \"0 3 * * *\") or six (seconds first)"))]
+    pub schedule: Option<String>,
+    /// How many scheduled base backups to keep: once a new one has succeeded, the oldest beyond
+    /// this many are deleted, with the WAL only they needed. On-demand backups are never
+    /// deleted by it.
+    #[serde(default = "default_max_backups")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 1000").message("backup.maxBackups must be between 1 and 1000"))]
+    pub max_backups: i32,
+    /// The most seconds a committed transaction waits before its WAL segment is archived
+    /// (PostgreSQL's `archive_timeout`): what a lost volume can cost. Each forced segment is
+    /// stored compressed, so a short timeout costs little space.
+    #[serde(default = "default_archive_timeout_seconds")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 3600").message("backup.archiveTimeoutSeconds must be between 1 and 3600"))]
+    pub archive_timeout_seconds: i32,
+    /// The S3-compatible bucket backups go to (or `volume`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Destination>,
+    /// The volume backups go to (or `s3`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<VolumeDestination>,
+}
+
+/// A bucket in an S3-compatible object store. A database's backups are under
+/// `<prefix>/<namespace>/<name>/`: base backups in `base/<backup>/`, WAL in `wal/<system id>/`.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct S3Destination {
+    /// The store's URL, such as `http://versitygw.object-store.svc:7070`. Path-style requests.
+    /// The instance's pod reaches it (WAL archiving), so a Service name must resolve in pods.
+    #[schemars(length(max = 512))]
+    #[x_kube(validation = Rule::new("self.startsWith('http://') || self.startsWith('https://')").message("backup.s3.endpoint must be an http:// or https:// URL"))]
+    pub endpoint: String,
+    /// The bucket (it must exist).
+    #[schemars(length(min = 3, max = 63))]
+    pub bucket: String,
+    /// The key prefix.
+    #[serde(default = "default_prefix")]
+    #[schemars(length(max = 256))]
+    #[x_kube(validation = Rule::new("!self.startsWith('/') && !self.split('/').exists(p, p == '..')").message("backup.s3.prefix must be a relative key prefix, without '..'"))]
+    pub prefix: String,
+    /// The region the store signs requests for.
+    #[serde(default = "default_region")]
+    #[schemars(length(max = 64))]
+    pub region: String,
+    /// A Secret in the database's namespace with keys `AWS_ACCESS_KEY_ID` and
+    /// `AWS_SECRET_ACCESS_KEY`.
+    #[schemars(length(min = 1, max = 253))]
+    pub credentials_secret: String,
+}
+
+/// A PersistentVolumeClaim the instance archives WAL into and backup pods write base backups
+/// into, under `<prefix>/<name>/`. The instance mounts it: with a claim on one node's disk
+/// (local-path), the instance runs on that node, and a lost node cannot be recovered from it.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeDestination {
+    /// The claim, in the database's namespace (it must exist).
+    #[schemars(length(min = 1, max = 253))]
+    pub claim_name: String,
+    /// The folder in the volume.
+    #[serde(default = "default_prefix")]
+    #[schemars(length(max = 256))]
+    #[x_kube(validation = Rule::new("!self.startsWith('/') && !self.split('/').exists(p, p == '..')").message("backup.volume.prefix must be a relative path inside the volume, without '..'"))]
+    pub prefix: String,
+}
+
+/// How a new database starts.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapSpec {
+    /// Start from this backup (of this or another PostgreSQL in the namespace): its base
+    /// backup and the WAL archived after it are restored, to their end or to `targetTime`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_backup: Option<BackupSource>,
+}
+
+/// A PostgresBackup to start from, and how far to replay the WAL after it.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupSource {
+    /// The PostgresBackup, in this namespace (it must have succeeded).
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Recover to this moment (RFC 3339, such as `2026-11-24T10:00:00Z`): transactions that
+    /// committed after it are not replayed. It must be after the end of the base backup.
+    /// Without it, every archived transaction is replayed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\\\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$')").message("bootstrap.fromBackup.targetTime must be an RFC 3339 time such as 2026-11-24T10:00:00Z"))]
+    pub target_time: Option<String>,
 }
 
 /// The instance's volume.
@@ -159,6 +278,71 @@ pub struct PostgreSQLStatus {
     /// database has: when the Secret changes, the password is set again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password_secret_version: Option<String>,
+    /// The newest successful base backup (a PostgresBackup), and when it completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_backup: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_backup_time: Option<Time>,
+    /// How many successful base backups of this database are kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_backups: Option<i32>,
+    /// The scheduled time of the last scheduled backup made (the schedule's bookmark).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scheduled_time: Option<Time>,
+    /// The last WAL segment archived, and when (as the server reports it): a lost volume
+    /// keeps every transaction up to the end of this segment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_archived_wal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_archived_time: Option<Time>,
+    /// The last WAL segment whose archiving failed, and when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failed_wal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failed_time: Option<Time>,
+    /// The restore the data directory came from, if it was restored from a backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreStatus>,
+    /// Where a `bootstrap.fromBackup` restore reads from, as the backup's status said when the
+    /// database was first seen (recorded once: the instance's pod is built from it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_source: Option<BackupLocation>,
+}
+
+/// What a restore recovered.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreStatus {
+    /// The PostgresBackup whose base backup was restored.
+    pub backup: String,
+    /// The commit time of the last transaction replayed: every transaction committed up to it
+    /// is in the database, none after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovered_to: Option<String>,
+    /// The last WAL position replayed, and the timeline the database continued on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_wal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<i64>,
+    /// When the restore finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<String>,
+}
+
+/// Where a base backup is, and the WAL archived with it.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupLocation {
+    /// The bucket (or `volume`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Destination>,
+    /// The volume (or `s3`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<VolumeDestination>,
+    /// The base backup's folder (key prefix) in it.
+    pub base: String,
+    /// The folder of the WAL archived from the backed-up database.
+    pub wal: String,
 }
 
 fn default_version() -> String {
@@ -167,6 +351,22 @@ fn default_version() -> String {
 
 fn default_storage_size() -> String {
     "1Gi".into()
+}
+
+fn default_max_backups() -> i32 {
+    7
+}
+
+fn default_archive_timeout_seconds() -> i32 {
+    5
+}
+
+fn default_prefix() -> String {
+    "postgres".into()
+}
+
+fn default_region() -> String {
+    "us-east-1".into()
 }
 
 #[cfg(test)]

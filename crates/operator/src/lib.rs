@@ -20,7 +20,7 @@ macro_rules! controllers {
 }
 
 // Adding a controller is adding its module here.
-controllers!(etcd, etcd_backup, maintpage, postgres);
+controllers!(etcd, etcd_backup, maintpage, postgres, postgres_backup);
 
 /// The controller registered under `name`.
 pub fn controller(name: &str) -> Option<&'static core::controller::Registration> {

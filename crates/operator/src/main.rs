@@ -55,7 +55,7 @@ enum Command {
     },
     /// The PostgreSQL instance manager, run in the pod of a PostgreSQL.
     #[command(subcommand)]
-    PgInstance(PgInstanceCommand),
+    PgInstance(noops::postgres::instance::cli::PgInstanceCommand),
     /// Install a restored etcd data directory into a member's volume, all or nothing (the
     /// last step of a restore; a volume that has one already is left alone).
     InstallRestored {
@@ -63,26 +63,6 @@ enum Command {
         from: std::path::PathBuf,
         #[arg(long)]
         to: std::path::PathBuf,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-enum PgInstanceCommand {
-    /// Copy this program to `--to` (the init container of the instance's pod).
-    Install {
-        #[arg(long)]
-        to: std::path::PathBuf,
-    },
-    /// Initialise the data directory if there is none, and run the server until it stops
-    /// (SIGTERM: a fast shutdown).
-    Run {
-        #[arg(long, env = "PGDATA")]
-        pgdata: std::path::PathBuf,
-        #[arg(long, env = "NOOPS_SOCKET_DIR")]
-        socket_dir: std::path::PathBuf,
-        /// The file holding the superuser's password (for a new data directory).
-        #[arg(long, env = "NOOPS_SUPERUSER_PASSWORD_FILE")]
-        superuser_password_file: std::path::PathBuf,
     },
 }
 
@@ -288,26 +268,9 @@ async fn main() -> anyhow::Result<()> {
                 Err(e.into())
             }
         },
-        Command::PgInstance(PgInstanceCommand::Install { to }) => {
-            noops::postgres::instance::install(&to)?;
-            println!("installed the instance manager as {}", to.display());
-            Ok(())
-        }
-        Command::PgInstance(PgInstanceCommand::Run {
-            pgdata,
-            socket_dir,
-            superuser_password_file,
-        }) => {
+        Command::PgInstance(command) => {
             init_logging(LogFormat::Text);
-            let settings = noops::postgres::instance::Settings {
-                pgdata,
-                socket_dir,
-                superuser_password_file,
-            };
-            let status = noops::postgres::instance::run(&settings).await?;
-            info!(%status, "the server stopped");
-            // The pod's restart policy decides what comes next; the exit code says how it ended.
-            std::process::exit(status.code().unwrap_or(1));
+            noops::postgres::instance::cli::run(command).await
         }
         Command::InstallRestored { from, to } => {
             use noops::etcd_backup::install::{Installed, install};

@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used)]
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use noops_api::PostgreSQL;
+use noops_api::{PostgreSQL, PostgresBackup};
 
 /// The original's manifest: `db`, `user` and `passwordSecret`, everything else defaulted.
 pub fn postgres(name: &str) -> PostgreSQL {
@@ -24,4 +24,43 @@ pub fn owner() -> OwnerReference {
         controller: Some(true),
         block_owner_deletion: Some(true),
     }
+}
+
+/// `pg` with backups to the bucket `backups` of an S3-compatible store.
+pub fn with_backups(mut pg: PostgreSQL) -> PostgreSQL {
+    pg.spec.backup = Some(
+        serde_json::from_value(serde_json::json!({
+            "s3": { "endpoint": "http://versitygw.store.svc:7070", "bucket": "backups", "credentialsSecret": "keys" },
+        }))
+        .unwrap(),
+    );
+    pg
+}
+
+/// A PostgresBackup of `postgresql` in `phase`, taken from system `system_id` into the bucket of
+/// [`with_backups`], completed at `completed` (seconds).
+pub fn backup(name: &str, postgresql: &str, phase: &str, system_id: &str, completed: i64) -> PostgresBackup {
+    let at = jiff::Timestamp::from_second(completed).unwrap();
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "noops.dev/v1alpha1",
+        "kind": "PostgresBackup",
+        "metadata": { "name": name, "namespace": "prod", "uid": format!("uid-{name}"),
+                      "creationTimestamp": at },
+        "spec": { "postgresql": postgresql },
+        "status": {
+            "phase": phase,
+            "systemIdentifier": system_id,
+            "sha256": "ab",
+            "startWal": "0/2000028",
+            "endWal": "0/2000100",
+            "completedAt": at,
+            "destination": {
+                "s3": { "endpoint": "http://versitygw.store.svc:7070", "bucket": "backups",
+                        "prefix": "postgres", "region": "us-east-1", "credentialsSecret": "keys" },
+                "base": format!("postgres/prod/{postgresql}/base/{name}"),
+                "wal": format!("postgres/prod/{postgresql}/wal/{system_id}"),
+            },
+        },
+    }))
+    .unwrap()
 }

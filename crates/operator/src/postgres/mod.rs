@@ -1,25 +1,36 @@
 //! The PostgreSQL controller.
 //!
-//! Watches PostgreSQLs, the StatefulSets, pods, Services and Secrets they own, and the
-//! metadata of every Secret (so that a changed password Secret wakes the database that names
-//! it), and reconciles each database in one pass (`reconcile.rs`), a file per question:
-//! - `observe.rs`: the children, from the watch caches;
+//! Watches PostgreSQLs, the StatefulSets, pods, Services, Secrets and ConfigMaps they own,
+//! every PostgresBackup, and the metadata of every Secret (so that a changed password Secret
+//! wakes the database that names it), and reconciles each database in one pass
+//! (`reconcile.rs`), a file per question:
+//! - `observe.rs`: the children and backups, from the watch caches;
 //! - `secrets.rs`: the user's password (and what is wrong with its Secret), the superuser's
 //!   and the connection Secrets;
-//! - `statefulset.rs`, `services.rs`: the children, pure;
-//! - `sql.rs`: the only way the operator talks to PostgreSQL;
-//! - `status.rs`: the status, pure, written only if it changed;
-//! - `instance.rs`: the instance manager, which runs in the pod (`noops pg-instance`).
+//! - `restore.rs`: what an empty data directory becomes (a new database, or a restore from
+//!   which backup), pure;
+//! - `statefulset.rs`, `services.rs`: the children, pure; `store.rs`: where backups live;
+//! - `database.rs`, `sql.rs`: what the operator does and learns in the database;
+//! - `backups.rs`: the first and the scheduled backups, and retention;
+//! - `node_loss.rs`: a node that died with the instance (and its volume) on it, pure;
+//! - `status.rs`, `events.rs`: the status and the Events, pure, written only on change;
+//! - `instance/`: the instance manager, which runs in the pods (`noops pg-instance`).
 
+pub mod backups;
+pub mod database;
+pub mod events;
 pub mod instance;
 pub mod names;
+pub mod node_loss;
 pub mod observe;
 mod reconcile;
+pub mod restore;
 pub mod secrets;
 pub mod services;
 pub mod sql;
 pub mod statefulset;
 pub mod status;
+pub mod store;
 #[cfg(test)]
 pub(crate) mod fixtures;
 
@@ -27,14 +38,14 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::ObjectRef;
 use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use noops_api::PostgreSQL;
+use noops_api::{PostgreSQL, PostgresBackup};
 use tracing::warn;
 
 use crate::core::cache::shared_cache;
@@ -43,7 +54,7 @@ use crate::core::controller::{ControllerCore, HasCore, Registration, Runtime, dr
 /// The controller's registration (`noops run --controllers postgres`).
 pub const CONTROLLER: Registration = Registration {
     name: "postgres",
-    about: "PostgreSQL: a database, its owner and password, behind a Service",
+    about: "PostgreSQL: a database, its owner and password, behind a Service; WAL archiving, backups and restores",
     run: start,
 };
 
@@ -85,8 +96,14 @@ pub async fn run(runtime: Runtime) {
         shared_cache(scoped_api::<StatefulSet>(&client, &namespace), ours.clone()).await;
     let (pods, pod_changes) = shared_cache(scoped_api::<Pod>(&client, &namespace), ours.clone()).await;
     let (services, _) = shared_cache(scoped_api::<Service>(&client, &namespace), ours.clone()).await;
-    let (secrets, _) = shared_cache(scoped_api::<Secret>(&client, &namespace), ours).await;
-    let (Some(statefulset_changes), Some(pod_changes)) = (statefulset_changes, pod_changes) else {
+    let (secrets, _) = shared_cache(scoped_api::<Secret>(&client, &namespace), ours.clone()).await;
+    let (config_maps, _) = shared_cache(scoped_api::<ConfigMap>(&client, &namespace), ours.clone()).await;
+    let (claims, claim_changes) = shared_cache(scoped_api::<PersistentVolumeClaim>(&client, &namespace), ours).await;
+    let (backups, backup_changes) =
+        shared_cache(scoped_api::<PostgresBackup>(&client, &namespace), watcher::Config::default()).await;
+    let (Some(statefulset_changes), Some(pod_changes), Some(backup_changes), Some(claim_changes)) =
+        (statefulset_changes, pod_changes, backup_changes, claim_changes)
+    else {
         warn!("shared caches without subscribers: the controller cannot watch its instances");
         return;
     };
@@ -98,6 +115,9 @@ pub async fn run(runtime: Runtime) {
             pods,
             services,
             secrets,
+            config_maps,
+            claims,
+            backups,
         },
         image,
     });
@@ -118,6 +138,30 @@ pub async fn run(runtime: Runtime) {
         .watches_shared_stream(pod_changes, |pod: Arc<Pod>| {
             let database = pod.labels().get(names::POSTGRES_LABEL).cloned();
             database.map(|name| ObjectRef::new(&name).within(&pod.namespace().unwrap_or_default()))
+        })
+        // So does its volume claim (a claim gone lets a pod that waited for it be replaced).
+        .watches_shared_stream(claim_changes, |claim: Arc<PersistentVolumeClaim>| {
+            let database = claim.labels().get(names::POSTGRES_LABEL).cloned();
+            database.map(|name| ObjectRef::new(&name).within(&claim.namespace().unwrap_or_default()))
+        })
+        // A backup wakes the database it is of, and one that starts from it.
+        .watches_shared_stream(backup_changes, {
+            let databases = databases.clone();
+            move |backup: Arc<PostgresBackup>| {
+                let namespace = backup.namespace().unwrap_or_default();
+                let name = backup.name_any();
+                databases
+                    .state()
+                    .into_iter()
+                    .filter_map(|guard| guard.0.as_ref().ok().cloned())
+                    .filter(|pg| pg.namespace().as_deref() == Some(namespace.as_str()))
+                    .filter(|pg| {
+                        pg.name_any() == backup.spec.postgresql
+                            || pg.spec.bootstrap.as_ref().and_then(|b| b.from_backup.as_ref()).is_some_and(|b| b.name == name)
+                    })
+                    .map(|pg| ObjectRef::new(&pg.name_any()).within(&namespace))
+                    .collect::<Vec<_>>()
+            }
         })
         .watches_stream(secret_changes, move |secret| {
             let namespace = secret.namespace().unwrap_or_default();

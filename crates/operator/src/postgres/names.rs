@@ -25,6 +25,11 @@ pub const SOCKET_DIR: &str = "/controller/run";
 pub const SUPERUSER_DIR: &str = "/etc/noops/superuser";
 /// The name of the volume claim template: the claim of the instance is `data-<name>-0`.
 pub const DATA_VOLUME: &str = "data";
+/// What a restore recovered, beside the data directory in the volume (the operator reads it
+/// through the server, `pg_read_file`): it goes with the volume, and a new restore replaces it.
+pub const RESTORE_RECORD: &str = "/var/lib/postgresql/noops-restore.json";
+/// The environment variable with the root folder of the database's backups in its store.
+pub const ROOT_ENV: &str = "NOOPS_PG_ROOT";
 
 /// Names derived from one PostgreSQL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +68,11 @@ impl Names {
     /// The Secret with the superuser's password, made once by the operator.
     pub fn superuser_secret(&self) -> String {
         format!("{}-superuser", self.name)
+    }
+
+    /// The ConfigMap that tells the instance what an empty data directory becomes.
+    pub fn instance_config(&self) -> String {
+        format!("{}-instance", self.name)
     }
 
     /// The Secret applications read to connect.

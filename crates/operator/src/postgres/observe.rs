@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use noops_api::PostgresBackup;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::names::Names;
@@ -14,6 +15,10 @@ pub struct Caches {
     pub pods: Store<Pod>,
     pub services: Store<Service>,
     pub secrets: Store<Secret>,
+    pub config_maps: Store<ConfigMap>,
+    pub claims: Store<PersistentVolumeClaim>,
+    /// Every PostgresBackup (they carry no label of ours when a user makes one).
+    pub backups: Store<PostgresBackup>,
 }
 
 /// The children of one PostgreSQL.
@@ -24,6 +29,9 @@ pub struct Children {
     pub service: Option<Arc<Service>>,
     pub superuser_secret: Option<Arc<Secret>>,
     pub connection_secret: Option<Arc<Secret>>,
+    pub instance_config: Option<Arc<ConfigMap>>,
+    /// The instance's volume claim (made by the StatefulSet from its template).
+    pub data_claim: Option<Arc<PersistentVolumeClaim>>,
 }
 
 fn get<K>(store: &Store<K>, name: &str, namespace: &str) -> Option<Arc<K>>
@@ -41,7 +49,62 @@ pub fn children(caches: &Caches, names: &Names) -> Children {
         service: get(&caches.services, &names.service(), ns),
         superuser_secret: get(&caches.secrets, &names.superuser_secret(), ns),
         connection_secret: get(&caches.secrets, &names.connection_secret(), ns),
+        instance_config: get(&caches.config_maps, &names.instance_config(), ns),
+        data_claim: get(&caches.claims, &names.data_claim(), ns),
     }
+}
+
+/// The PostgresBackups of the namespace.
+pub fn backups(caches: &Caches, names: &Names) -> Vec<PostgresBackup> {
+    caches
+        .backups
+        .state()
+        .iter()
+        .filter(|b| b.metadata.namespace.as_deref() == Some(names.namespace.as_str()))
+        .map(|b| (**b).clone())
+        .collect()
+}
+
+/// How the pod's `bootstrap` init container (which makes the data directory) stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bootstrap {
+    /// It works (an initdb, or a restore).
+    Working,
+    /// It failed, and says why (its last termination message).
+    Failed(String),
+    /// Done, or not started.
+    Idle,
+}
+
+/// How the bootstrap init container of `pod` stands.
+pub fn bootstrap(pod: &Pod) -> Bootstrap {
+    let Some(container) = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.as_ref())
+        .and_then(|all| all.iter().find(|c| c.name == "bootstrap"))
+    else {
+        return Bootstrap::Idle;
+    };
+    let state = container.state.clone().unwrap_or_default();
+    let failed = |t: &k8s_openapi::api::core::v1::ContainerStateTerminated| {
+        (t.exit_code != 0).then(|| {
+            let said = t.message.as_deref().map(str::trim).filter(|m| !m.is_empty());
+            said.map_or_else(|| format!("exited with code {}", t.exit_code), |m| m.lines().last().unwrap_or(m).to_string())
+        })
+    };
+    if state.running.is_some() {
+        return Bootstrap::Working;
+    }
+    if let Some(message) = state.terminated.as_ref().and_then(failed) {
+        return Bootstrap::Failed(message);
+    }
+    if state.waiting.is_some()
+        && let Some(message) = container.last_state.as_ref().and_then(|s| s.terminated.as_ref()).and_then(failed)
+    {
+        return Bootstrap::Failed(message);
+    }
+    Bootstrap::Idle
 }
 
 /// The pod's address, if it is Ready (the server accepts connections).
@@ -58,7 +121,58 @@ pub fn ready_address(pod: &Pod) -> Option<String> {
     status.pod_ip.clone().filter(|ip| !ip.is_empty())
 }
 
+/// The instance's pod, if it can never start: it is not Ready and its volume claim is gone or
+/// going (a volume deleted with its pod can leave a new pod that the StatefulSet made while
+/// the old claim was still there, and that waits for it forever). Deleting it lets the
+/// StatefulSet make the pod and a new claim together.
+pub fn pod_without_its_claim(children: &Children) -> Option<String> {
+    let pod = children.instance.as_deref()?;
+    if pod.metadata.deletion_timestamp.is_some() || ready_address(pod).is_some() {
+        return None;
+    }
+    let claim_gone = children.data_claim.as_deref().is_none_or(|c| c.metadata.deletion_timestamp.is_some());
+    claim_gone.then(|| pod.metadata.name.clone()).flatten()
+}
+
 /// The node a pod runs on.
 pub fn node(pod: &Pod) -> Option<String> {
     pod.spec.as_ref()?.node_name.clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ready: bool, deleting: bool) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "shop-0", "deletionTimestamp": deleting.then_some("2026-11-24T10:00:00Z") },
+                "status": { "podIP": "10.0.0.5", "conditions": [{ "type": "Ready", "status": if ready { "True" } else { "False" } }] },
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn claim(deleting: bool) -> Arc<PersistentVolumeClaim> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "data-shop-0", "deletionTimestamp": deleting.then_some("2026-11-24T10:00:00Z") },
+            }))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_pod_waiting_for_a_claim_that_is_gone_is_deleted_and_no_other() {
+        let with = |pod: Arc<Pod>, claim: Option<Arc<PersistentVolumeClaim>>| Children {
+            instance: Some(pod),
+            data_claim: claim,
+            ..Default::default()
+        };
+        assert_eq!(pod_without_its_claim(&with(pod(false, false), None)).as_deref(), Some("shop-0"));
+        assert_eq!(pod_without_its_claim(&with(pod(false, false), Some(claim(true)))).as_deref(), Some("shop-0"));
+        assert_eq!(pod_without_its_claim(&with(pod(false, false), Some(claim(false)))), None, "it waits for its claim");
+        assert_eq!(pod_without_its_claim(&with(pod(true, false), Some(claim(true)))), None, "it serves on its volume still");
+        assert_eq!(pod_without_its_claim(&with(pod(false, true), None)), None, "it is going already");
+    }
 }

@@ -1,5 +1,7 @@
-//! The only way the operator talks to PostgreSQL: as the superuser, over the pod's address,
-//! to learn what the instance is and to make the database and its owner as the spec says.
+//! The only way noops talks to PostgreSQL: the operator as the superuser over the pod's
+//! address, to learn what the instance is (its version, its WAL archiving, what a restore
+//! recovered) and to make the database and its owner as the spec says; the instance manager
+//! through the socket, to follow a restore.
 //!
 //! Passwords never travel in clear: the SCRAM-SHA-256 verifier is computed here and sent in
 //! its place, so neither the server's logs nor `pg_stat_activity` can show the password.
@@ -15,11 +17,20 @@ use super::names::{PORT, SUPERUSER};
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
-#[error("PostgreSQL at {address}: {source}")]
+#[error("PostgreSQL at {address}: {}", said(.source))]
 pub struct SqlError {
     address: String,
     #[source]
     source: tokio_postgres::Error,
+}
+
+/// What the server said (an error of the server's own is shown with its message, not as
+/// tokio-postgres's bare "db error").
+fn said(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{}: {}", db.severity(), db.message()),
+        None => error.to_string(),
+    }
 }
 
 /// What the instance says of itself.
@@ -31,6 +42,29 @@ pub struct InstanceFacts {
     pub system_identifier: String,
 }
 
+/// What the WAL archiver reports (`pg_stat_archiver`), times in RFC 3339.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Archiver {
+    pub last_archived_wal: Option<String>,
+    pub last_archived_time: Option<String>,
+    pub last_failed_wal: Option<String>,
+    pub last_failed_time: Option<String>,
+}
+
+/// What a recovery replayed, times in RFC 3339.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// The commit time of the last transaction replayed (none if none was).
+    pub last_transaction: Option<String>,
+    /// The last WAL position replayed.
+    pub end_wal: Option<String>,
+}
+
+/// A time column as RFC 3339 in UTC.
+fn rfc3339(column: &str) -> String {
+    format!("to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
+}
+
 /// A connection to one instance as the superuser.
 pub struct Instance {
     client: Client,
@@ -40,15 +74,24 @@ pub struct Instance {
 impl Instance {
     /// Connects to the `postgres` database at `ip`.
     pub async fn connect(ip: &str, superuser_password: &str) -> Result<Self, SqlError> {
-        let address = format!("{ip}:{PORT}");
         let mut config = tokio_postgres::Config::new();
+        config.host(ip).password(superuser_password);
+        Self::open(config, format!("{ip}:{PORT}")).await
+    }
+
+    /// Connects through the socket in `dir`, as the OS user this program runs as (peer).
+    pub async fn local(dir: &std::path::Path) -> Result<Self, SqlError> {
+        let mut config = tokio_postgres::Config::new();
+        config.host_path(dir);
+        Self::open(config, dir.display().to_string()).await
+    }
+
+    async fn open(mut config: tokio_postgres::Config, address: String) -> Result<Self, SqlError> {
         config
-            .host(ip)
             .port(PORT as u16)
             .user(SUPERUSER)
-            .password(superuser_password)
             .dbname("postgres")
-            .application_name("noops-operator")
+            .application_name("noops")
             .connect_timeout(CONNECT_TIMEOUT);
         let (client, connection) = config.connect(NoTls).await.map_err(|source| SqlError {
             address: address.clone(),
@@ -130,6 +173,65 @@ impl Instance {
 }
 
 impl Instance {
+    /// What the WAL archiver has done.
+    pub async fn archiver(&self) -> Result<Archiver, SqlError> {
+        let query = format!(
+            "SELECT last_archived_wal, {}, last_failed_wal, {} FROM pg_stat_archiver",
+            rfc3339("last_archived_time"),
+            rfc3339("last_failed_time")
+        );
+        let row = self.client.query_one(&query, &[]).await.map_err(|e| self.failed(e))?;
+        Ok(Archiver {
+            last_archived_wal: row.get(0),
+            last_archived_time: row.get(1),
+            last_failed_wal: row.get(2),
+            last_failed_time: row.get(3),
+        })
+    }
+
+    /// The text of the file at `path` on the instance (none if it is not there).
+    pub async fn read_file(&self, path: &str) -> Result<Option<String>, SqlError> {
+        let row = self
+            .client
+            .query_one("SELECT pg_read_file($1::text, 0, 1048576, true)", &[&path])
+            .await
+            .map_err(|e| self.failed(e))?;
+        Ok(row.get(0))
+    }
+
+    /// Whether the server still recovers.
+    pub async fn in_recovery(&self) -> Result<bool, SqlError> {
+        let row = self.client.query_one("SELECT pg_is_in_recovery()", &[]).await.map_err(|e| self.failed(e))?;
+        Ok(row.get(0))
+    }
+
+    /// What the recovery that just ended replayed.
+    pub async fn recovered(&self) -> Result<Recovered, SqlError> {
+        let query = format!(
+            "SELECT {}, pg_last_wal_replay_lsn()::text",
+            rfc3339("pg_last_xact_replay_timestamp()")
+        );
+        let row = self.client.query_one(&query, &[]).await.map_err(|e| self.failed(e))?;
+        Ok(Recovered {
+            last_transaction: row.get(0),
+            end_wal: row.get(1),
+        })
+    }
+
+    pub async fn checkpoint(&self) -> Result<(), SqlError> {
+        self.client.batch_execute("CHECKPOINT").await.map_err(|e| self.failed(e))
+    }
+
+    /// The timeline of the last checkpoint.
+    pub async fn timeline(&self) -> Result<i64, SqlError> {
+        let row = self
+            .client
+            .query_one("SELECT timeline_id::bigint FROM pg_control_checkpoint()", &[])
+            .await
+            .map_err(|e| self.failed(e))?;
+        Ok(row.get(0))
+    }
+
     /// Whether database `db` and role `user` are both there.
     pub async fn has_database_and_user(&self, db: &str, user: &str) -> Result<bool, SqlError> {
         let row = self

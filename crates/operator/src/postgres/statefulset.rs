@@ -2,9 +2,12 @@
 //!
 //! The pod follows the layout of CloudNativePG's: an init container of the operator's image
 //! copies the instance manager (`noops pg-instance`) into a folder shared with the PostgreSQL
-//! container, whose image (`postgres:<major>`) gives the server programs; the instance manager
-//! initialises the data directory if it has none, writes the access rules, and runs the server,
-//! turning the pod's SIGTERM into a fast shutdown.
+//! containers, whose image (`postgres:<major>`) gives the server programs. A second init
+//! container (`bootstrap`) makes the data directory if the volume has none: a new database, or
+//! a restore from a backup, as the plan in the ConfigMap `<name>-instance` says; the pod shows
+//! `Init` while it works and is not Ready, so nothing reaches it through the Service. The
+//! PostgreSQL container writes the access rules and runs the server, archiving WAL to the
+//! backup destination, and turns the pod's SIGTERM into a fast shutdown.
 
 use std::collections::BTreeMap;
 
@@ -12,22 +15,25 @@ use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, ExecAction, PersistentVolumeClaim,
+    ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, ExecAction, PersistentVolumeClaim,
     PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource,
     Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use noops_api::PostgreSQL;
+use noops_api::postgres::BackupLocation;
 
 use super::names::{
-    CONTROLLER_DIR, DATA_VOLUME, INSTANCE_MANAGER, Names, PGDATA, PORT, SOCKET_DIR, SUPERUSER_DIR,
+    CONTROLLER_DIR, DATA_VOLUME, INSTANCE_MANAGER, Names, PGDATA, PORT, ROOT_ENV, SOCKET_DIR, SUPERUSER_DIR,
     VOLUME_MOUNT,
 };
+use super::restore::{PLAN_DIR, PLAN_FILE};
+use super::store::{self, Destination, PodAccess, Role};
 
 /// The user and group of the official image's `postgres` (the local Kubernetes runs its
 /// image as its own `postgres` user).
-const POSTGRES_UID: i64 = 999;
+pub const POSTGRES_UID: i64 = 999;
 /// How long PostgreSQL has to shut down (fast: open transactions are rolled back) before it is
 /// killed (and recovers from its WAL at the next start).
 const SHUTDOWN_GRACE_SECONDS: i64 = 60;
@@ -54,8 +60,32 @@ fn env(name: &str, value: &str) -> EnvVar {
     }
 }
 
-/// The StatefulSet of `pg`. `operator_image` runs the init container.
-pub fn build(pg: &PostgreSQL, names: &Names, owner: &OwnerReference, operator_image: &str) -> StatefulSet {
+/// How the pod reaches its backup stores: its own destination (WAL archiving) and, for a
+/// `bootstrap.fromBackup`, where that backup is (`bootstrap_source`, as status recorded it).
+pub fn store_access(pg: &PostgreSQL, names: &Names, bootstrap_source: Option<&BackupLocation>) -> PodAccess {
+    let mut access = PodAccess::default();
+    if let Some(spec) = &pg.spec.backup
+        && let Some(own) = Destination::of_spec(spec)
+    {
+        access = access.and(store::pod_access(&own, Role::Own, false));
+        access.env.push(env(ROOT_ENV, &own.root(&names.namespace, &names.name)));
+        access.env.push(env("NOOPS_PG_ARCHIVE_TIMEOUT", &spec.archive_timeout_seconds.to_string()));
+    }
+    if let Some(source) = bootstrap_source.and_then(Destination::of_location) {
+        access = access.and(store::pod_access(&source, Role::Source, true));
+    }
+    access
+}
+
+/// The StatefulSet of `pg`. `operator_image` runs the init container that installs the
+/// instance manager; `bootstrap_source` is where a `bootstrap.fromBackup` backup is.
+pub fn build(
+    pg: &PostgreSQL,
+    names: &Names,
+    owner: &OwnerReference,
+    operator_image: &str,
+    bootstrap_source: Option<&BackupLocation>,
+) -> StatefulSet {
     let labels = names.labels();
     let mut pod_labels: BTreeMap<String, String> = labels.clone();
     pod_labels.extend(names.selector());
@@ -84,15 +114,38 @@ pub fn build(pg: &PostgreSQL, names: &Names, owner: &OwnerReference, operator_im
         failure_threshold: Some(3),
         ..Default::default()
     };
+    let access = store_access(pg, names, bootstrap_source);
+    let mut instance_env = vec![
+        env("PGDATA", PGDATA),
+        env("NOOPS_SOCKET_DIR", SOCKET_DIR),
+        env("NOOPS_SUPERUSER_PASSWORD_FILE", &format!("{SUPERUSER_DIR}/password")),
+        env("NOOPS_PLAN_FILE", &format!("{PLAN_DIR}/{PLAN_FILE}")),
+    ];
+    instance_env.extend(access.env.iter().cloned());
+    let mut instance_mounts = vec![
+        mount(DATA_VOLUME, VOLUME_MOUNT, false),
+        mount("controller", CONTROLLER_DIR, false),
+        mount("superuser", SUPERUSER_DIR, true),
+        mount("plan", PLAN_DIR, true),
+    ];
+    instance_mounts.extend(access.mounts.iter().cloned());
+    // Makes the data directory if the volume has none (initdb, or a restore): while it works
+    // the pod is not Ready, and its failure is the container's, with the reason.
+    let bootstrap = Container {
+        name: "bootstrap".into(),
+        image: Some(image(&pg.spec.version)),
+        command: Some(vec![INSTANCE_MANAGER.into(), "pg-instance".into(), "bootstrap".into()]),
+        env: Some(instance_env.clone()),
+        resources: pg.spec.resources.clone(),
+        volume_mounts: Some(instance_mounts.clone()),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    };
     let postgres = Container {
         name: "postgres".into(),
         image: Some(image(&pg.spec.version)),
         command: Some(vec![INSTANCE_MANAGER.into(), "pg-instance".into(), "run".into()]),
-        env: Some(vec![
-            env("PGDATA", PGDATA),
-            env("NOOPS_SOCKET_DIR", SOCKET_DIR),
-            env("NOOPS_SUPERUSER_PASSWORD_FILE", &format!("{SUPERUSER_DIR}/password")),
-        ]),
+        env: Some(instance_env),
         ports: Some(vec![ContainerPort {
             name: Some("postgres".into()),
             container_port: PORT,
@@ -101,15 +154,11 @@ pub fn build(pg: &PostgreSQL, names: &Names, owner: &OwnerReference, operator_im
         }]),
         readiness_probe: Some(readiness),
         resources: pg.spec.resources.clone(),
-        volume_mounts: Some(vec![
-            mount(DATA_VOLUME, VOLUME_MOUNT, false),
-            mount("controller", CONTROLLER_DIR, false),
-            mount("superuser", SUPERUSER_DIR, true),
-        ]),
+        volume_mounts: Some(instance_mounts),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
-    let volumes = vec![
+    let mut volumes = vec![
         Volume {
             name: "controller".into(),
             empty_dir: Some(EmptyDirVolumeSource::default()),
@@ -124,7 +173,16 @@ pub fn build(pg: &PostgreSQL, names: &Names, owner: &OwnerReference, operator_im
             }),
             ..Default::default()
         },
+        Volume {
+            name: "plan".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: names.instance_config(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
     ];
+    volumes.extend(access.volumes);
     let claim = PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some(DATA_VOLUME.into()),
@@ -166,7 +224,7 @@ pub fn build(pg: &PostgreSQL, names: &Names, owner: &OwnerReference, operator_im
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
-                    init_containers: Some(vec![install]),
+                    init_containers: Some(vec![install, bootstrap]),
                     containers: vec![postgres],
                     volumes: Some(volumes),
                     // The instance needs nothing from the API server.
@@ -204,7 +262,7 @@ mod tests {
     fn the_instance_runs_the_instance_manager_from_the_operator_image_on_its_own_volume() {
         let pg = postgres("shop");
         let names = Names::of(&pg);
-        let sts = build(&pg, &names, &owner(), "noops:dev");
+        let sts = build(&pg, &names, &owner(), "noops:dev", None);
         let spec = sts.spec.unwrap();
         assert_eq!(spec.replicas, Some(1));
         let pod = spec.template.spec.unwrap();
@@ -228,8 +286,54 @@ mod tests {
     fn resources_go_to_the_postgres_container() {
         let mut pg = postgres("shop");
         pg.spec.resources = Some(serde_json::from_value(serde_json::json!({ "limits": { "memory": "1Gi" } })).unwrap());
-        let sts = build(&pg, &Names::of(&pg), &owner(), "noops:dev");
+        let sts = build(&pg, &Names::of(&pg), &owner(), "noops:dev", None);
         let pod = sts.spec.unwrap().template.spec.unwrap();
         assert_eq!(pod.containers[0].resources, pg.spec.resources);
+    }
+
+    #[test]
+    fn with_backups_the_instance_archives_to_its_store_and_a_bootstrap_reads_the_source() {
+        use crate::postgres::fixtures::with_backups;
+        let pg = with_backups(postgres("shop"));
+        let names = Names::of(&pg);
+        let source = BackupLocation {
+            volume: Some(noops_api::postgres::VolumeDestination {
+                claim_name: "old-backups".into(),
+                prefix: "postgres".into(),
+            }),
+            base: "postgres/old/base/old-1".into(),
+            wal: "postgres/old/wal/1".into(),
+            ..Default::default()
+        };
+        let sts = build(&pg, &names, &owner(), "noops:dev", Some(&source));
+        let pod = sts.spec.unwrap().template.spec.unwrap();
+        let inits = pod.init_containers.unwrap();
+        assert_eq!(inits.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["install", "bootstrap"]);
+        for container in [&inits[1], &pod.containers[0]] {
+            let env: Vec<&str> = container.env.as_ref().unwrap().iter().map(|e| e.name.as_str()).collect();
+            for wanted in [
+                store::STORE_ENV,
+                "AWS_ACCESS_KEY_ID",
+                "AWS_SECRET_ACCESS_KEY",
+                ROOT_ENV,
+                "NOOPS_PG_ARCHIVE_TIMEOUT",
+                store::SOURCE_STORE_ENV,
+                "NOOPS_PLAN_FILE",
+            ] {
+                assert!(env.contains(&wanted), "{} lacks {wanted}: {env:?}", container.name);
+            }
+            let mounts: Vec<&str> = container.volume_mounts.as_ref().unwrap().iter().map(|m| m.mount_path.as_str()).collect();
+            assert!(mounts.contains(&PLAN_DIR) && mounts.contains(&store::SOURCE_MOUNT), "{mounts:?}");
+        }
+        let root = pod.containers[0].env.as_ref().unwrap().iter().find(|e| e.name == ROOT_ENV).unwrap();
+        assert_eq!(root.value.as_deref(), Some("postgres/prod/shop"));
+        let volumes = pod.volumes.unwrap();
+        assert!(volumes.iter().any(|v| v.config_map.as_ref().is_some_and(|c| c.name == "shop-instance")));
+        let claim = volumes.iter().find_map(|v| v.persistent_volume_claim.as_ref()).unwrap();
+        assert_eq!((claim.claim_name.as_str(), claim.read_only), ("old-backups", Some(true)));
+
+        let without = build(&postgres("shop"), &names, &owner(), "noops:dev", None);
+        let env = without.spec.unwrap().template.spec.unwrap().containers[0].env.clone().unwrap();
+        assert!(!env.iter().any(|e| e.name == store::STORE_ENV), "no destination, no archiving");
     }
 }

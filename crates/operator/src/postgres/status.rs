@@ -1,20 +1,35 @@
 //! The status of a PostgreSQL, from what one pass saw and did. Pure.
+//!
+//! Conditions: `Ready` (serving, or why not), `Degraded` (what needs attention),
+//! `ContinuousArchiving` (WAL reaches the backup destination), `BackupSucceeded` (the newest
+//! finished base backup), `Restored` (the data directory came from a backup, or why a restore
+//! failed).
 
 use noops_api::PostgreSQL;
 use noops_api::condition::{DEGRADED, READY};
-use noops_api::postgres::PostgreSQLStatus;
+use noops_api::postgres::{BackupLocation, PostgreSQLStatus, RestoreStatus};
 
+use super::backups::Book;
 use super::names::{Names, PORT};
+use super::restore::PlanProblem;
 use super::secrets::PasswordProblem;
-use super::sql::InstanceFacts;
+use super::sql::{Archiver, InstanceFacts};
 use crate::core::conditions::{Decided, merge};
 use crate::core::stuck::Stuck;
+
+pub const CONTINUOUS_ARCHIVING: &str = "ContinuousArchiving";
+pub const RESTORED: &str = "Restored";
 
 /// Where the instance stands, as one pass saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InstanceState {
-    /// No pod yet, or it is starting (initialising, or recovering its WAL).
+    /// No pod yet, or it is starting (recovering its WAL after a stop).
     Starting(String),
+    /// The pod's init container makes the data directory: a new database, or a restore.
+    Bootstrapping,
+    /// Making the data directory failed (a restore from a corrupt or missing backup, a hole in
+    /// the WAL): what it said. The pod is not Ready and not in the Service.
+    BootstrapFailed(String),
     /// The pod cannot start without a change (image, crash loop, scheduling).
     Stuck(Stuck),
     /// The server answers the operator.
@@ -24,7 +39,7 @@ pub enum InstanceState {
 }
 
 /// What one pass saw and did.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Seen {
     pub instance: InstanceState,
     pub instance_pod: Option<String>,
@@ -36,6 +51,25 @@ pub struct Seen {
     /// The database and its owner are there (this pass saw or made them).
     pub database_ready: bool,
     pub node_port: Option<i32>,
+    /// What an empty data directory would become: the backup it would be restored from.
+    pub restores_from: Option<String>,
+    /// Why the database cannot start as its spec says (its bootstrap backup).
+    pub plan_problem: Option<PlanProblem>,
+    /// What the server's WAL archiver says (when it serves with a destination).
+    pub archiver: Option<Archiver>,
+    /// What the restore that made the data directory recovered, as the instance says (when it
+    /// serves).
+    pub restore: Option<RestoreStatus>,
+    pub book: Book,
+    pub bootstrap_source: Option<BackupLocation>,
+    /// Why the instance waits for its dead node, if it does.
+    pub node_lost: Option<String>,
+}
+
+impl Default for InstanceState {
+    fn default() -> Self {
+        InstanceState::Starting(String::new())
+    }
 }
 
 pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) -> PostgreSQLStatus {
@@ -45,39 +79,95 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
         _ => None,
     };
     let ready = serving.is_some() && seen.database_ready;
+    let failed_bootstrap = |message: &String| {
+        if seen.restores_from.is_some() {
+            ("RestoreFailed", message.clone())
+        } else {
+            ("BootstrapFailed", message.clone())
+        }
+    };
     let ready_condition = if ready {
         let message = format!("serving database {} at {}:{PORT}", pg.spec.db, names.host());
         Decided::new(READY, true, "Serving", message)
     } else {
-        match (&seen.instance, &seen.password_problem) {
-            (InstanceState::Stuck(stuck), _) => Decided::new(READY, false, "InstancePodStuck", stuck.message.clone()),
-            (InstanceState::Serving(_), Some(problem)) => problem.condition(READY, false),
-            (InstanceState::Serving(_), None) => {
+        match (&seen.instance, &seen.password_problem, &seen.plan_problem) {
+            _ if seen.node_lost.is_some() => Decided::new(READY, false, "NodeLost", seen.node_lost.clone().unwrap_or_default()),
+            (_, _, Some(problem)) => Decided::new(READY, false, problem.reason, problem.message.clone()),
+            (InstanceState::BootstrapFailed(message), _, _) => {
+                let (reason, message) = failed_bootstrap(message);
+                Decided::new(READY, false, reason, message)
+            }
+            (InstanceState::Stuck(stuck), _, _) => Decided::new(READY, false, "InstancePodStuck", stuck.message.clone()),
+            (InstanceState::Serving(_), Some(problem), _) => problem.condition(READY, false),
+            (InstanceState::Serving(_), None, _) => {
                 Decided::new(READY, false, "CreatingDatabase", "making the database and its owner")
             }
-            (InstanceState::Starting(why), _) => Decided::new(READY, false, "Starting", why.clone()),
-            (InstanceState::Unreachable(why), _) => Decided::new(READY, false, "Unreachable", why.clone()),
+            (InstanceState::Bootstrapping, _, _) => match &seen.restores_from {
+                Some(backup) => Decided::new(
+                    READY,
+                    false,
+                    "Restoring",
+                    format!("restoring from backup {backup} and the WAL archived after it; the instance is not in the Service until it is done"),
+                ),
+                None => Decided::new(READY, false, "Initialising", "initialising a new database"),
+            },
+            (InstanceState::Starting(why), _, _) => Decided::new(READY, false, "Starting", why.clone()),
+            (InstanceState::Unreachable(why), _, _) => Decided::new(READY, false, "Unreachable", why.clone()),
         }
     };
+    let archiving = archiving(pg, seen, &previous);
     let degraded = match (&seen.instance, &seen.password_problem) {
+        _ if seen.node_lost.is_some() => Decided::new(DEGRADED, true, "NodeLost", seen.node_lost.clone().unwrap_or_default()),
+        (InstanceState::BootstrapFailed(message), _) => {
+            let (reason, message) = failed_bootstrap(message);
+            Decided::new(DEGRADED, true, reason, message)
+        }
         (InstanceState::Stuck(stuck), _) => Decided::new(DEGRADED, true, "InstancePodStuck", stuck.message.clone()),
         (_, Some(problem)) => problem.condition(DEGRADED, true),
         (InstanceState::Unreachable(why), _) => Decided::new(DEGRADED, true, "Unreachable", why.clone()),
+        _ if seen.plan_problem.is_some() => {
+            let problem = seen.plan_problem.clone().unwrap_or(PlanProblem { reason: "", message: String::new() });
+            Decided::new(DEGRADED, true, problem.reason, problem.message)
+        }
+        _ if archiving.as_ref().is_some_and(|a| a.reason == "ArchiveFailing") => {
+            let message = archiving.as_ref().map(|a| a.message.clone()).unwrap_or_default();
+            Decided::new(DEGRADED, true, "ArchiveFailing", message)
+        }
         _ => Decided::new(DEGRADED, false, "AsExpected", "nothing needs attention"),
     };
+    let restore = if serving.is_some() { seen.restore.clone() } else { previous.restore.clone() };
+    let restored = match (&seen.instance, &restore) {
+        (InstanceState::BootstrapFailed(message), _) if seen.restores_from.is_some() => {
+            Decided::new(RESTORED, false, "RestoreFailed", message.clone())
+        }
+        (_, Some(record)) => Decided::new(RESTORED, true, "Restored", restored_message(record)),
+        (_, None) => Decided::new(
+            RESTORED,
+            false,
+            "NotRestored",
+            "the data directory was made new (initdb), not restored from a backup",
+        ),
+    };
+    let mut decided = vec![ready_condition, degraded, restored];
+    decided.extend(archiving);
+    decided.extend(seen.book.condition.clone());
     let was_serving = previous.system_identifier.is_some();
     let phase = if ready && seen.password_problem.is_none() {
         "Running"
     } else if ready || was_serving {
         "Degraded"
-    } else if matches!(seen.instance, InstanceState::Stuck(_)) {
+    } else if matches!(seen.instance, InstanceState::Stuck(_) | InstanceState::BootstrapFailed(_)) || seen.plan_problem.is_some() {
         "Failed"
+    } else if matches!(seen.instance, InstanceState::Bootstrapping) && seen.restores_from.is_some() {
+        "Restoring"
     } else {
         "Creating"
     };
+    let archiver = seen.archiver.clone();
+    let time = |t: Option<String>| t.and_then(|t| t.parse::<jiff::Timestamp>().ok()).map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time);
     PostgreSQLStatus {
         observed_generation: pg.metadata.generation,
-        conditions: merge(&previous.conditions, &[ready_condition, degraded], pg.metadata.generation, now),
+        conditions: merge(&previous.conditions, &decided, pg.metadata.generation, now),
         phase: Some(phase.into()),
         endpoint: Some(format!("{}:{PORT}", names.host())),
         node_port: seen.node_port,
@@ -87,13 +177,85 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
         server_version: serving.map(|f| f.server_version.clone()).or(previous.server_version),
         system_identifier: serving.map(|f| f.system_identifier.clone()).or(previous.system_identifier),
         password_secret_version: seen.password_version.clone(),
+        last_backup: seen.book.last_backup.clone(),
+        last_backup_time: seen.book.last_backup_time.clone(),
+        stored_backups: seen.book.stored_backups,
+        last_scheduled_time: seen.book.last_scheduled_time.clone(),
+        last_archived_wal: archiver.as_ref().map_or(previous.last_archived_wal, |a| a.last_archived_wal.clone()),
+        last_archived_time: archiver.as_ref().map_or(previous.last_archived_time, |a| time(a.last_archived_time.clone())),
+        last_failed_wal: archiver.as_ref().map_or(previous.last_failed_wal, |a| a.last_failed_wal.clone()),
+        last_failed_time: archiver.as_ref().map_or(previous.last_failed_time, |a| time(a.last_failed_time.clone())),
+        restore,
+        bootstrap_source: seen.bootstrap_source.clone(),
     }
+}
+
+/// What a restore recovered, in words.
+pub fn restored_message(record: &RestoreStatus) -> String {
+    let to = match &record.recovered_to {
+        Some(time) => format!("every transaction committed up to {time}"),
+        None => "the end of the base backup (no transaction after it was archived)".into(),
+    };
+    format!(
+        "restored from backup {} with the archived WAL: {to} (WAL {}, now on timeline {})",
+        record.backup,
+        record.end_wal.as_deref().unwrap_or("?"),
+        record.timeline.map_or("?".into(), |t| t.to_string())
+    )
+}
+
+/// `ContinuousArchiving`, from what the archiver says (kept as it was while the server does
+/// not answer).
+fn archiving(pg: &PostgreSQL, seen: &Seen, previous: &PostgreSQLStatus) -> Option<Decided> {
+    if pg.spec.backup.is_none() {
+        return Some(Decided::new(
+            CONTINUOUS_ARCHIVING,
+            false,
+            "NoDestination",
+            "spec.backup is not set: WAL is not archived, and a lost volume loses the database",
+        ));
+    }
+    let Some(archiver) = &seen.archiver else {
+        // Not serving: what was said stays.
+        let kept = previous.conditions.iter().find(|c| c.type_ == CONTINUOUS_ARCHIVING)?;
+        let reason = ["WalArchived", "ArchiveFailing", "NotYetArchived"]
+            .into_iter()
+            .find(|r| *r == kept.reason)?;
+        return Some(Decided::new(CONTINUOUS_ARCHIVING, kept.status == "True", reason, kept.message.clone()));
+    };
+    let failing_since = match (&archiver.last_failed_time, &archiver.last_archived_time) {
+        (Some(failed), Some(archived)) if failed > archived => Some(failed),
+        (Some(failed), None) => Some(failed),
+        _ => None,
+    };
+    Some(match (failing_since, &archiver.last_archived_wal) {
+        (Some(since), _) => Decided::new(
+            CONTINUOUS_ARCHIVING,
+            false,
+            "ArchiveFailing",
+            format!(
+                "archiving WAL segment {} failed at {since} (the instance's log says why): a lost volume would lose every commit since the last archived segment",
+                archiver.last_failed_wal.as_deref().unwrap_or("?")
+            ),
+        ),
+        (None, Some(wal)) => Decided::new(
+            CONTINUOUS_ARCHIVING,
+            true,
+            "WalArchived",
+            format!(
+                "WAL is archived within {}s of a commit; the last segment, {wal}, at {}",
+                pg.spec.backup.as_ref().map_or(0, |b| b.archive_timeout_seconds),
+                archiver.last_archived_time.as_deref().unwrap_or("?")
+            ),
+        ),
+        (None, None) => Decided::new(CONTINUOUS_ARCHIVING, false, "NotYetArchived", "no WAL segment has been archived yet"),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::postgres::fixtures::postgres;
+    use crate::postgres::fixtures::{postgres, with_backups};
 
     fn facts() -> InstanceFacts {
         InstanceFacts {
@@ -107,10 +269,9 @@ mod tests {
             instance,
             instance_pod: Some("shop-0".into()),
             node: Some("node-1".into()),
-            password_problem: None,
             password_version: Some("u/1".into()),
             database_ready: true,
-            node_port: None,
+            ..Default::default()
         }
     }
 
@@ -129,6 +290,8 @@ mod tests {
         assert_eq!(status.server_version.as_deref(), Some("15.14"));
         assert_eq!(status.connection_secret.as_deref(), Some("shop-connection"));
         assert_eq!(condition(&status, READY).observed_generation, Some(1));
+        assert_eq!(condition(&status, CONTINUOUS_ARCHIVING).reason, "NoDestination");
+        assert_eq!(condition(&status, RESTORED).reason, "NotRestored");
     }
 
     #[test]
@@ -169,5 +332,68 @@ mod tests {
         assert_eq!(condition(&status, READY).status, "True");
         assert_eq!(condition(&status, DEGRADED).reason, "PasswordSecretMissing");
         assert_eq!(status.phase.as_deref(), Some("Degraded"));
+    }
+
+    #[test]
+    fn a_restore_in_progress_then_failed_keeps_the_database_out_and_says_why() {
+        let pg = with_backups(postgres("shop"));
+        let mut restoring = seen(InstanceState::Bootstrapping);
+        restoring.restores_from = Some("shop-1".into());
+        let status = build(&pg, &Names::of(&pg), &restoring, jiff::Timestamp::now());
+        assert_eq!(condition(&status, READY).reason, "Restoring");
+        assert_eq!(status.phase.as_deref(), Some("Restoring"));
+
+        let mut failed = seen(InstanceState::BootstrapFailed("the base backup is corrupt".into()));
+        failed.restores_from = Some("shop-1".into());
+        let status = build(&pg, &Names::of(&pg), &failed, jiff::Timestamp::now());
+        for type_ in [READY, RESTORED] {
+            assert_eq!(condition(&status, type_).status, "False");
+            assert_eq!(condition(&status, type_).reason, "RestoreFailed");
+        }
+        assert_eq!(condition(&status, DEGRADED).reason, "RestoreFailed");
+        assert!(condition(&status, READY).message.contains("corrupt"));
+    }
+
+    #[test]
+    fn a_restored_database_says_from_which_backup_and_to_when() {
+        let pg = with_backups(postgres("shop"));
+        let mut restored = seen(InstanceState::Serving(facts()));
+        restored.restore = Some(RestoreStatus {
+            backup: "shop-1".into(),
+            recovered_to: Some("2026-11-24T10:00:03.123456Z".into()),
+            end_wal: Some("0/5000060".into()),
+            timeline: Some(2),
+            completed_at: Some("2026-11-24T10:01:00Z".into()),
+        });
+        let status = build(&pg, &Names::of(&pg), &restored, jiff::Timestamp::now());
+        let condition = condition(&status, RESTORED);
+        assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("True", "Restored"));
+        assert!(condition.message.contains("shop-1") && condition.message.contains("2026-11-24T10:00:03.123456Z"), "{}", condition.message);
+        assert_eq!(status.restore.unwrap().recovered_to.as_deref(), Some("2026-11-24T10:00:03.123456Z"));
+    }
+
+    #[test]
+    fn archiving_is_reported_from_the_archiver_and_a_failure_degrades() {
+        let pg = with_backups(postgres("shop"));
+        let mut archiving = seen(InstanceState::Serving(facts()));
+        archiving.archiver = Some(Archiver {
+            last_archived_wal: Some("000000010000000000000003".into()),
+            last_archived_time: Some("2026-11-24T10:00:00.000000Z".into()),
+            ..Default::default()
+        });
+        let status = build(&pg, &Names::of(&pg), &archiving, jiff::Timestamp::now());
+        assert_eq!(condition(&status, CONTINUOUS_ARCHIVING).status, "True");
+        assert_eq!(status.last_archived_wal.as_deref(), Some("000000010000000000000003"));
+        assert!(status.last_archived_time.is_some());
+
+        let mut failing = archiving.clone();
+        failing.archiver = Some(Archiver {
+            last_failed_wal: Some("000000010000000000000004".into()),
+            last_failed_time: Some("2026-11-24T10:00:05.000000Z".into()),
+            ..archiving.archiver.clone().unwrap()
+        });
+        let status = build(&pg, &Names::of(&pg), &failing, jiff::Timestamp::now());
+        assert_eq!(condition(&status, CONTINUOUS_ARCHIVING).reason, "ArchiveFailing");
+        assert_eq!(condition(&status, DEGRADED).reason, "ArchiveFailing");
     }
 }

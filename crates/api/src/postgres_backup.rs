@@ -1,0 +1,101 @@
+//! PostgresBackup: one base backup of a PostgreSQL, taken on demand (apply one) or by the
+//! database's backup schedule, into the database's backup destination. With the WAL archived
+//! after it, it restores the database to any moment from its end on.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use kube::KubeSchema;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// One base backup of a PostgreSQL.
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "noops.dev",
+    version = "v1alpha1",
+    kind = "PostgresBackup",
+    plural = "postgresbackups",
+    shortname = "pgbackup",
+    namespaced,
+    status = "PostgresBackupStatus",
+    printcolumn = r#"{"name":"PostgreSQL","type":"string","jsonPath":".spec.postgresql"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".status.size"}"#,
+    printcolumn = r#"{"name":"End WAL","type":"string","jsonPath":".status.endWal"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = Rule::new("self == oldSelf").message("a PostgresBackup cannot be changed: create another"))]
+#[serde(rename_all = "camelCase")]
+pub struct PostgresBackupSpec {
+    /// The PostgreSQL (in the same namespace) to back up. Its `spec.backup` says where the
+    /// backup goes.
+    #[schemars(length(min = 1, max = 63))]
+    pub postgresql: String,
+}
+
+/// What happened to a backup.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgresBackupStatus {
+    /// Running, Succeeded or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// `Succeeded`: True once the base backup is stored; False with the reason while it is not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Where it is: `s3://<bucket>/<folder>` or `pvc://<claim>/<folder>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+    /// The store and folders it went to, as the database said when the backup began: a
+    /// restore reads it from there, and deleting this PostgresBackup deletes it there, even
+    /// once the PostgreSQL is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination: Option<crate::postgres::BackupLocation>,
+    /// The size of the base backup in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<i64>,
+    /// The base backup's SHA-256 (hex), checked again before a restore.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// The WAL positions the backup starts and ends at: a restore replays at least to the end
+    /// one, and can stop at any later moment the archive holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_wal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_wal: Option<String>,
+    /// The timeline it was taken on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<i64>,
+    /// The database system identifier it was taken from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_identifier: Option<String>,
+    /// The PostgreSQL major version of the server it was taken from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_version: Option<String>,
+    /// The pod that takes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    /// When the base backup ended: a restore from it recovers to this moment or later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Time>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    #[test]
+    fn the_crd_is_immutable_and_has_columns() {
+        let crd = serde_json::to_string(&PostgresBackup::crd()).unwrap();
+        for needle in [
+            "a PostgresBackup cannot be changed",
+            "\"shortNames\":[\"pgbackup\"]",
+            "\"name\":\"End WAL\"",
+        ] {
+            assert!(crd.contains(needle), "CRD lacks {needle}");
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! A database's backups, from its side: the first base backup is taken as soon as the database
+//! serves with a destination (WAL archiving alone restores nothing), the scheduled one that is
+//! due is made, the scheduled ones beyond `maxBackups` are deleted (their files go with them),
+//! and the status counts what is kept and says how the newest finished backup went
+//! (`BackupSucceeded`). The PostgresBackup controller takes the backups.
+//!
+//! Nothing here makes a backup of a database that does not serve: a restore that fails never
+//! leads to a backup of something else, and retention deletes successful backups only once
+//! `maxBackups` newer ones have succeeded.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::api::DeleteParams;
+use kube::{Api, Client, ResourceExt};
+use noops_api::PostgreSQL;
+use noops_api::postgres_backup::{PostgresBackup, PostgresBackupSpec};
+
+use super::names::{Names, POSTGRES_LABEL};
+use super::store::Destination;
+use crate::core::{Result, crash};
+use crate::core::apply::{create_if_missing, delete_if_present};
+use crate::core::conditions::Decided;
+use crate::core::schedule::{self, Kept, SCHEDULED_LABEL};
+
+/// The UID of the PostgreSQL a backup was made for (a database deleted and made again under
+/// the same name is another database).
+pub const POSTGRES_UID_LABEL: &str = "noops.dev/postgresql-uid";
+/// The condition that says how the newest finished backup went.
+pub const BACKUP_SUCCEEDED: &str = "BackupSucceeded";
+/// How long after a first backup failed another first one is made; it doubles with each
+/// failure in a row, up to [`FIRST_AGAIN_AT_MOST`].
+const FIRST_AGAIN_AFTER: Duration = Duration::from_secs(60);
+const FIRST_AGAIN_AT_MOST: Duration = Duration::from_secs(3600);
+
+/// The backup bookkeeping kept in the database's status.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Book {
+    pub last_scheduled_time: Option<Time>,
+    pub last_backup: Option<String>,
+    pub last_backup_time: Option<Time>,
+    pub stored_backups: Option<i32>,
+    /// [`BACKUP_SUCCEEDED`]: the newest finished backup succeeded, or why it failed.
+    pub condition: Option<Decided>,
+}
+
+impl Book {
+    /// As the last status left it.
+    pub fn of(pg: &PostgreSQL) -> Self {
+        let status = pg.status.clone().unwrap_or_default();
+        let condition = status.conditions.iter().find(|c| c.type_ == BACKUP_SUCCEEDED).map(|c| {
+            let stored = c.status == "True";
+            Decided::new(BACKUP_SUCCEEDED, stored, reason(stored), c.message.clone())
+        });
+        Self {
+            last_scheduled_time: status.last_scheduled_time,
+            last_backup: status.last_backup,
+            last_backup_time: status.last_backup_time,
+            stored_backups: status.stored_backups,
+            condition,
+        }
+    }
+}
+
+fn reason(stored: bool) -> &'static str {
+    if stored { "BackupStored" } else { "BackupFailed" }
+}
+
+fn phase(backup: &PostgresBackup) -> Option<&str> {
+    backup.status.as_ref().and_then(|s| s.phase.as_deref())
+}
+
+/// The backups of this database: of this PostgreSQL (by its UID, which the operator's own
+/// backups carry; a user's are taken as this one's if made after it), of this data (by the
+/// system identifier they were taken from, once taken). An earlier PostgreSQL of the same name,
+/// even one this one was restored from, is another database. Pure.
+pub fn mine<'a>(pg: &PostgreSQL, backups: &'a [PostgresBackup]) -> Vec<&'a PostgresBackup> {
+    let uid = pg.metadata.uid.clone().unwrap_or_default();
+    let created = pg.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let system_id = pg.status.as_ref().and_then(|s| s.system_identifier.clone());
+    backups
+        .iter()
+        .filter(|b| b.spec.postgresql == pg.name_any())
+        .filter(|b| match b.labels().get(POSTGRES_UID_LABEL) {
+            Some(made_for) => *made_for == uid,
+            None => match (created, b.creation_timestamp()) {
+                (Some(pg_created), Some(made)) => made.0 >= pg_created,
+                _ => true,
+            },
+        })
+        .filter(|b| {
+            let taken_from = b.status.as_ref().and_then(|s| s.system_identifier.clone());
+            taken_from.is_none() || taken_from == system_id
+        })
+        .collect()
+}
+
+/// Whether a first backup is to be made now: the database serves with a destination, and no
+/// backup of it there has succeeded, runs, or failed a moment ago. Pure.
+pub fn first_backup_due(pg: &PostgreSQL, mine: &[&PostgresBackup], serving: bool, now: jiff::Timestamp) -> bool {
+    let Some(destination) = pg.spec.backup.as_ref().and_then(Destination::of_spec) else {
+        return false;
+    };
+    if !serving {
+        return false;
+    }
+    let here: Vec<&&PostgresBackup> = mine
+        .iter()
+        .filter(|b| {
+            // One not started yet goes to the destination of now.
+            let went = b.status.as_ref().and_then(|s| s.destination.as_ref()).and_then(Destination::of_location);
+            went.is_none_or(|d| d == destination)
+        })
+        .collect();
+    if here.iter().any(|b| phase(b) != Some("Failed")) {
+        return false;
+    }
+    // Only failures so far: again after a pause that doubles with each of them.
+    let failures = u32::try_from(here.len()).unwrap_or(u32::MAX);
+    let pause = FIRST_AGAIN_AFTER
+        .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1)))
+        .min(FIRST_AGAIN_AT_MOST);
+    let last = here
+        .iter()
+        .filter_map(|b| b.status.as_ref()?.completed_at.as_ref().map(|t| t.0))
+        .max();
+    last.is_none_or(|at| crate::core::schedule::elapsed(at, now) >= pause)
+}
+
+/// A backup of `pg` made by the operator (first or scheduled), for `at`.
+fn scheduled_backup(pg: &PostgreSQL, names: &Names, at: jiff::Timestamp) -> PostgresBackup {
+    PostgresBackup {
+        metadata: ObjectMeta {
+            name: Some(schedule::backup_name(&names.name, at)),
+            namespace: Some(names.namespace.clone()),
+            // Not owned by the database: backups outlive it (to restore from).
+            labels: Some(
+                [
+                    (POSTGRES_LABEL.to_string(), names.name.clone()),
+                    (POSTGRES_UID_LABEL.to_string(), pg.metadata.uid.clone().unwrap_or_default()),
+                    (SCHEDULED_LABEL.to_string(), "true".to_string()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        spec: PostgresBackupSpec {
+            postgresql: names.name.clone(),
+        },
+        status: None,
+    }
+}
+
+/// What a pass did with the backups: when to look again, and what it decided (reason, note),
+/// for Events.
+#[derive(Debug, Default)]
+pub struct Pass {
+    pub look_again: Option<Duration>,
+    pub decisions: Vec<(&'static str, String)>,
+}
+
+/// Makes the backup that is due (the first one, or the scheduled one), applies retention and
+/// counts the backups kept. Nothing for a database without `spec.backup`. `serving`: the
+/// database answers (a backup can be taken).
+pub async fn keep(
+    pg: &PostgreSQL,
+    names: &Names,
+    client: &Client,
+    all: &[PostgresBackup],
+    serving: bool,
+    book: &mut Book,
+    now: jiff::Timestamp,
+) -> Result<Pass> {
+    let mut pass = Pass::default();
+    let Some(spec) = pg.spec.backup.as_ref() else {
+        return Ok(pass);
+    };
+    let api: Api<PostgresBackup> = Api::namespaced(client.clone(), &names.namespace);
+    let mine = mine(pg, all);
+    let mut look_again = None;
+    if first_backup_due(pg, &mine, serving, now) {
+        let backup = scheduled_backup(pg, names, now);
+        if create_if_missing(&api, &backup).await? {
+            crash::point("postgres: first backup made");
+            pass.decisions.push((
+                "FirstBackup",
+                format!("made PostgresBackup {}: the first base backup in this destination (archived WAL alone restores nothing)", backup.name_any()),
+            ));
+        }
+        look_again = Some(FIRST_AGAIN_AFTER);
+    }
+    if let Some(cron) = spec.schedule.as_deref().and_then(|s| schedule::parse(s).ok()) {
+        // A schedule first seen now makes its first backup at its next time.
+        let last = book.last_scheduled_time.as_ref().map_or(now, |t| t.0);
+        let due = schedule::due(&cron, last, now).map_err(|e| crate::core::Error::InvalidSpec(e.to_string()))?;
+        if let Some(at) = due.now {
+            if serving {
+                let backup = scheduled_backup(pg, names, at);
+                if create_if_missing(&api, &backup).await? {
+                    crash::point("postgres: scheduled backup made, bookmark not written");
+                    pass.decisions.push(("BackupScheduled", format!("made PostgresBackup {} for {at}", backup.name_any())));
+                }
+            } else {
+                pass.decisions.push((
+                    "BackupSkipped",
+                    format!("skipped the backup scheduled for {at}: the database does not serve"),
+                ));
+            }
+        }
+        book.last_scheduled_time = Some(Time(due.now.unwrap_or(last)));
+        let next = Duration::try_from(due.next.duration_since(now)).unwrap_or_default();
+        look_again = Some(look_again.map_or(next, |l: Duration| l.min(next)));
+    }
+
+    // Backups a new database is being restored from are never deleted under it.
+    let databases: Api<PostgreSQL> = Api::namespaced(client.clone(), &names.namespace);
+    let restoring = databases.list(&Default::default()).await?.items;
+    let in_use = |name: &str| restoring.iter().any(|pg| crate::postgres_backup::restores_from(pg, name));
+    let scheduled: Vec<Kept> = mine
+        .iter()
+        .filter(|b| b.labels().get(SCHEDULED_LABEL).map(String::as_str) == Some("true"))
+        .filter(|b| b.metadata.deletion_timestamp.is_none() && !in_use(&b.name_any()))
+        .map(|b| Kept {
+            name: b.name_any(),
+            created: b.creation_timestamp().map_or(now, |t| t.0),
+            succeeded: phase(b) == Some("Succeeded"),
+        })
+        .collect();
+    let max = usize::try_from(spec.max_backups).unwrap_or(1).max(1);
+    let gone = schedule::to_delete(&scheduled, max);
+    for name in &gone {
+        if delete_if_present(&api, name, &DeleteParams::default()).await? {
+            crash::point("postgres: a backup deleted by retention");
+            pass.decisions.push((
+                "BackupDeleted",
+                format!("deleted PostgresBackup {name}: {max} newer scheduled backups are kept (maxBackups)"),
+            ));
+        }
+    }
+    let left: Vec<&PostgresBackup> = mine.into_iter().filter(|b| !gone.contains(&b.name_any())).collect();
+    count(book, &left);
+    pass.look_again = look_again;
+    Ok(pass)
+}
+
+/// Counts the successful backups, the newest, and how the newest finished one went. Pure.
+pub fn count(book: &mut Book, backups: &[&PostgresBackup]) {
+    let counted: Vec<schedule::Counted> = backups
+        .iter()
+        .map(|b| schedule::Counted {
+            name: b.name_any(),
+            phase: phase(b).map(str::to_string),
+            completed: b.status.as_ref().and_then(|s| s.completed_at.as_ref()).map(|t| t.0),
+            deleting: b.metadata.deletion_timestamp.is_some(),
+        })
+        .collect();
+    let tally = schedule::tally(&counted);
+    book.stored_backups = Some(tally.stored);
+    if let Some((name, at)) = tally.newest_stored {
+        book.last_backup = Some(name);
+        book.last_backup_time = Some(Time(at));
+    }
+    if let Some((index, stored)) = tally.newest_finished {
+        let backup = backups[index];
+        let status = backup.status.clone().unwrap_or_default();
+        let message = if stored {
+            format!(
+                "PostgresBackup {} stored a base backup ending at WAL {} at {}",
+                backup.name_any(),
+                status.end_wal.unwrap_or_default(),
+                status.location.unwrap_or_default()
+            )
+        } else {
+            schedule::failure("PostgresBackup", &backup.name_any(), &status.conditions)
+        };
+        book.condition = Some(Decided::new(BACKUP_SUCCEEDED, stored, reason(stored), message));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::postgres::fixtures::{backup, postgres, with_backups};
+
+    fn at(seconds: i64) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(seconds).unwrap()
+    }
+
+    fn serving(system_id: &str) -> PostgreSQL {
+        let mut pg = with_backups(postgres("shop"));
+        pg.status = Some(noops_api::postgres::PostgreSQLStatus {
+            system_identifier: Some(system_id.into()),
+            ..Default::default()
+        });
+        pg
+    }
+
+    #[test]
+    fn a_first_backup_is_made_once_the_database_serves_and_not_again_while_one_exists() {
+        let pg = serving("7");
+        assert!(first_backup_due(&pg, &[], true, at(1000)));
+        assert!(!first_backup_due(&pg, &[], false, at(1000)), "a database that does not serve is not backed up");
+        assert!(!first_backup_due(&postgres("shop"), &[], true, at(1000)), "no destination, no backup");
+        let running = backup("shop-1", "shop", "Running", "7", 900);
+        assert!(!first_backup_due(&pg, &[&running], true, at(1000)));
+        let stored = backup("shop-1", "shop", "Succeeded", "7", 900);
+        assert!(!first_backup_due(&pg, &[&stored], true, at(1000)));
+        let failed = backup("shop-1", "shop", "Failed", "7", 990);
+        assert!(!first_backup_due(&pg, &[&failed], true, at(1000)), "not at once after a failure");
+        assert!(first_backup_due(&pg, &[&failed], true, at(1100)), "but a minute later");
+        let again = backup("shop-2", "shop", "Failed", "7", 1100);
+        assert!(!first_backup_due(&pg, &[&failed, &again], true, at(1200)), "two minutes after a second one");
+        assert!(first_backup_due(&pg, &[&failed, &again], true, at(1221)));
+    }
+
+    #[test]
+    fn a_new_destination_gets_a_first_backup_of_its_own() {
+        let pg = serving("7");
+        let mut elsewhere = backup("shop-1", "shop", "Succeeded", "7", 900);
+        if let Some(d) = elsewhere.status.as_mut().and_then(|s| s.destination.as_mut()) {
+            d.s3.as_mut().unwrap().bucket = "old".into();
+        }
+        assert!(first_backup_due(&pg, &[&elsewhere], true, at(1000)));
+    }
+
+    #[test]
+    fn backups_of_an_earlier_database_of_the_same_name_are_not_this_ones() {
+        let pg = serving("7");
+        let all = [
+            backup("shop-1", "shop", "Succeeded", "6", 100),
+            backup("shop-2", "shop", "Succeeded", "7", 200),
+            backup("other-1", "other", "Succeeded", "7", 300),
+        ];
+        let names: Vec<String> = mine(&pg, &all).iter().map(|b| b.name_any()).collect();
+        assert_eq!(names, ["shop-2"]);
+    }
+
+    #[test]
+    fn the_condition_and_the_count_follow_the_newest_backups() {
+        let (old, failed, running) = (
+            backup("old", "shop", "Succeeded", "7", 100),
+            backup("new", "shop", "Failed", "7", 200),
+            backup("running", "shop", "Running", "7", 300),
+        );
+        let mut book = Book::default();
+        count(&mut book, &[&old, &failed, &running]);
+        let condition = book.condition.clone().unwrap();
+        assert_eq!((condition.status, condition.reason), (false, "BackupFailed"));
+        assert_eq!(book.stored_backups, Some(1), "a failure still leaves the older backup");
+        assert_eq!(book.last_backup.as_deref(), Some("old"));
+        let newer = backup("newer", "shop", "Succeeded", "7", 250);
+        count(&mut book, &[&old, &failed, &newer]);
+        let condition = book.condition.unwrap();
+        assert_eq!((condition.status, condition.reason), (true, "BackupStored"));
+        assert!(condition.message.contains("newer stored a base backup ending at WAL 0/2000100"), "{}", condition.message);
+        assert_eq!(book.last_backup.as_deref(), Some("newer"));
+        assert_eq!(book.last_backup_time.map(|t| t.0), Some(at(250)));
+    }
+}

@@ -1,0 +1,112 @@
+//! The instance and the database in it, as one pass sees them: where the instance stands (from
+//! its pod), and, once it serves, what the operator makes in it as the superuser (the owner,
+//! its password, the database) and what it learns from it (WAL archiving, what a restore
+//! recovered).
+
+use noops_api::PostgreSQL;
+use noops_api::postgres::{PostgreSQLStatus, RestoreStatus};
+
+use super::names::{Names, RESTORE_RECORD};
+use super::observe::{self, Bootstrap};
+use super::secrets::{self, Password, PasswordProblem};
+use super::sql::{Archiver, Instance, InstanceFacts, SqlError};
+use super::status::InstanceState;
+use crate::core::stuck::stuck;
+
+/// What a pass did in the database, and what it learnt there.
+#[derive(Debug, Default)]
+pub struct Made {
+    /// The database and its owner are there.
+    pub database_ready: bool,
+    pub user_created: bool,
+    pub database_created: bool,
+    pub password_set: bool,
+    /// The password Secret version the database has now.
+    pub password_version: Option<String>,
+    /// The WAL archiver's report (with a backup destination).
+    pub archiver: Option<Archiver>,
+    /// What the restore that made the data directory recovered, if it was restored.
+    pub restore: Option<RestoreStatus>,
+}
+
+/// Where the instance stands and, if it serves, what this pass made in it.
+pub async fn instance_and_database(
+    pg: &PostgreSQL,
+    names: &Names,
+    previous: &PostgreSQLStatus,
+    pod: Option<&k8s_openapi::api::core::v1::Pod>,
+    superuser_password: &str,
+    password: &Result<Password, PasswordProblem>,
+) -> (InstanceState, Made) {
+    match pod.map(observe::bootstrap) {
+        Some(Bootstrap::Failed(message)) => return (InstanceState::BootstrapFailed(message), Made::default()),
+        Some(Bootstrap::Working) => return (InstanceState::Bootstrapping, Made::default()),
+        _ => {}
+    }
+    if let Some(stuck) = pod.and_then(|p| stuck([p])) {
+        return (InstanceState::Stuck(stuck), Made::default());
+    }
+    let Some(ip) = pod.and_then(observe::ready_address) else {
+        let why = match pod {
+            None => format!("waiting for pod {} (StatefulSet {})", names.instance(), names.statefulset()),
+            Some(_) => format!("pod {} is starting: recovering its database", names.instance()),
+        };
+        return (InstanceState::Starting(why), Made::default());
+    };
+    let served = async {
+        let instance = Instance::connect(&ip, superuser_password).await?;
+        let facts = instance.facts().await?;
+        let restore = match instance.read_file(RESTORE_RECORD).await? {
+            Some(text) => serde_json::from_str::<RestoreStatus>(&text).ok(),
+            None => None,
+        };
+        let mut made = make_database(pg, previous, &instance, &facts, password, restore.as_ref()).await?;
+        made.restore = restore;
+        if pg.spec.backup.is_some() {
+            made.archiver = Some(instance.archiver().await?);
+        }
+        Ok::<_, SqlError>((facts, made))
+    };
+    match served.await {
+        Ok((facts, made)) => (InstanceState::Serving(facts), made),
+        Err(e) => (InstanceState::Unreachable(e.to_string()), Made::default()),
+    }
+}
+
+/// Makes the owner, sets the password when the Secret has a new one (or the data directory is
+/// a new one, or restored anew), and makes the database.
+async fn make_database(
+    pg: &PostgreSQL,
+    previous: &PostgreSQLStatus,
+    instance: &Instance,
+    facts: &InstanceFacts,
+    password: &Result<Password, PasswordProblem>,
+    restore: Option<&RestoreStatus>,
+) -> Result<Made, SqlError> {
+    let (db, user) = (&pg.spec.db, &pg.spec.user);
+    let restored_anew = restore.is_some_and(|r| previous.restore.as_ref().map(|p| &p.completed_at) != Some(&r.completed_at));
+    let Ok(password) = password else {
+        // The password cannot be read: nothing is changed; the database may still be there.
+        let database_ready = instance.has_database_and_user(db, user).await?;
+        let same_database = previous.system_identifier.as_deref() == Some(facts.system_identifier.as_str()) && !restored_anew;
+        return Ok(Made {
+            database_ready,
+            password_version: previous.password_secret_version.clone().filter(|_| same_database),
+            ..Default::default()
+        });
+    };
+    let user_created = instance.ensure_user(user, &password.value).await?;
+    let password_set = !user_created && (restored_anew || secrets::needs_setting(previous, password, &facts.system_identifier));
+    if password_set {
+        instance.set_password(user, &password.value).await?;
+    }
+    let database_created = instance.ensure_database(db, user).await?;
+    Ok(Made {
+        database_ready: true,
+        user_created,
+        database_created,
+        password_set,
+        password_version: Some(password.version.clone()),
+        ..Default::default()
+    })
+}

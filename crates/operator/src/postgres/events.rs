@@ -1,0 +1,119 @@
+//! The decisions of a pass worth an Event, from the status before and after it and what the
+//! pass made. Pure: a problem is told once, when it starts or changes, not at every pass.
+
+use noops_api::PostgreSQL;
+use noops_api::postgres::PostgreSQLStatus;
+
+use super::database::Made;
+use super::status::restored_message;
+
+/// One Event: (warning, reason, note).
+pub type Announcement = (bool, String, String);
+
+/// The Events of a pass.
+pub fn announcements(pg: &PostgreSQL, previous: &PostgreSQLStatus, status: &PostgreSQLStatus, made: &Made) -> Vec<Announcement> {
+    let (db, user) = (&pg.spec.db, &pg.spec.user);
+    let mut out = Vec::new();
+    if let (Some(was), Some(now)) = (&previous.system_identifier, &status.system_identifier)
+        && was != now
+    {
+        out.push((
+            true,
+            "DatabaseReplaced".into(),
+            format!("the instance runs a new database (system identifier {now}, was {was}): its volume was lost, with no backup of it in its backup destination to restore"),
+        ));
+    }
+    if let Some(record) = &status.restore
+        && previous.restore.as_ref().map(|r| &r.completed_at) != Some(&record.completed_at)
+    {
+        out.push((false, "Restored".into(), restored_message(record)));
+    }
+    if made.user_created {
+        out.push((false, "UserCreated".into(), format!("made role {user}, with the password from the Secret")));
+    }
+    if made.database_created {
+        out.push((false, "DatabaseCreated".into(), format!("made database {db}, owned by {user}")));
+    }
+    if made.password_set {
+        out.push((false, "PasswordChanged".into(), format!("set role {user}'s password from Secret {}", pg.spec.password_secret)));
+    }
+    // A problem is told once, when Degraded turns True or its reason changes.
+    let degraded = |s: &PostgreSQLStatus| s.conditions.iter().find(|c| c.type_ == "Degraded" && c.status == "True").cloned();
+    if let Some(now) = degraded(status)
+        && degraded(previous).is_none_or(|was| was.reason != now.reason)
+    {
+        out.push((true, now.reason, now.message));
+    }
+    let ready = |s: &PostgreSQLStatus| s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+    if ready(status) && !ready(previous) {
+        out.push((false, "Serving".into(), format!("database {db} is ready at {}", status.endpoint.clone().unwrap_or_default())));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use noops_api::postgres::RestoreStatus;
+    use crate::core::conditions::{Decided, merge};
+    use crate::postgres::fixtures::postgres;
+
+    fn with(conditions: &[Decided]) -> PostgreSQLStatus {
+        PostgreSQLStatus {
+            conditions: merge(&[], conditions, Some(1), jiff::Timestamp::now()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_problem_is_told_when_it_starts_or_changes_not_at_every_pass() {
+        let pg = postgres("shop");
+        let fine = with(&[Decided::new("Degraded", false, "AsExpected", "")]);
+        let missing = with(&[Decided::new("Degraded", true, "PasswordSecretMissing", "no Secret")]);
+        let no_key = with(&[Decided::new("Degraded", true, "PasswordKeyMissing", "no key")]);
+        let told = |before: &PostgreSQLStatus, after: &PostgreSQLStatus| {
+            announcements(&pg, before, after, &Made::default())
+                .into_iter()
+                .filter(|(warning, _, _)| *warning)
+                .map(|(_, reason, _)| reason)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(told(&fine, &missing), ["PasswordSecretMissing"]);
+        assert!(told(&missing, &missing).is_empty(), "the same problem again is not news");
+        assert_eq!(told(&missing, &no_key), ["PasswordKeyMissing"]);
+        assert!(told(&missing, &fine).is_empty());
+    }
+
+    #[test]
+    fn a_new_system_identifier_is_a_warning() {
+        let pg = postgres("shop");
+        let was = PostgreSQLStatus {
+            system_identifier: Some("1".into()),
+            ..Default::default()
+        };
+        let now = PostgreSQLStatus {
+            system_identifier: Some("2".into()),
+            ..Default::default()
+        };
+        let told = announcements(&pg, &was, &now, &Made::default());
+        assert!(told.iter().any(|(w, r, _)| *w && r == "DatabaseReplaced"), "{told:?}");
+        assert!(announcements(&pg, &was, &was, &Made::default()).is_empty());
+    }
+
+    #[test]
+    fn a_restore_is_told_once() {
+        let pg = postgres("shop");
+        let restored = PostgreSQLStatus {
+            restore: Some(RestoreStatus {
+                backup: "shop-1".into(),
+                recovered_to: Some("2026-11-24T10:00:00Z".into()),
+                completed_at: Some("2026-11-24T10:01:00Z".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let told = announcements(&pg, &PostgreSQLStatus::default(), &restored, &Made::default());
+        assert!(told.iter().any(|(w, r, n)| !*w && r == "Restored" && n.contains("2026-11-24T10:00:00Z")), "{told:?}");
+        assert!(announcements(&pg, &restored, &restored, &Made::default()).is_empty());
+    }
+}

@@ -1,0 +1,335 @@
+//! The instance manager: what runs in the instance's pod, as the image's `postgres` user, in
+//! place of the image's entrypoint script (`noops pg-instance ...`, `cli.rs`), and in the pods
+//! that take and delete backups. One file per job:
+//! - `bootstrap.rs` (the pod's init container): a data directory that is not there yet is made
+//!   by `initdb`, or restored from a base backup and the archived WAL, in a folder beside it,
+//!   then renamed into place: a pod killed half-way leaves nothing that looks like a database.
+//!   A folder at the data directory's path that holds files but no database is never touched.
+//! - this file (the PostgreSQL container): the access rules (`pg_hba.conf`) are written at
+//!   every start (the operator owns them); the server runs as a child, with the settings the
+//!   operator owns on its command line; the pod's SIGTERM becomes a fast shutdown (SIGINT:
+//!   sessions are ended, open transactions rolled back), not the smart one that waits for
+//!   every client to leave and ends in a SIGKILL and crash recovery.
+//! - `wal.rs`: `archive_command` and `restore_command`;
+//! - `base_backup.rs`, `remove.rs`: the base backup pod's and the delete pod's work.
+
+pub mod base_backup;
+pub mod bootstrap;
+pub mod cli;
+pub mod remove;
+pub mod wal;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+
+use tokio::process::Command;
+use tokio::signal::unix::{SignalKind, signal};
+use tracing::{info, warn};
+
+use super::names::PORT;
+use super::store::{self, STORE_ENV};
+
+#[derive(Debug, thiserror::Error)]
+pub enum InstanceError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0} failed: {1}")]
+    Program(&'static str, ExitStatus),
+    #[error(
+        "{0} holds files but no PostgreSQL database (no PG_VERSION): the instance does not start on it; move them away"
+    )]
+    Foreign(PathBuf),
+    #[error("{0}")]
+    Restore(String),
+    #[error("the backup store: {0}")]
+    Store(#[from] store::OpenError),
+    #[error("the backup store: {0}")]
+    Object(#[from] object_store::Error),
+    #[error("{0}")]
+    Sql(#[from] super::sql::SqlError),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> InstanceError {
+    let what = what.into();
+    move |source| InstanceError::Io { what, source }
+}
+
+/// What is at the data directory's path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataDir {
+    /// A database (`PG_VERSION` is there).
+    Database,
+    /// Nothing, or an empty folder.
+    Empty,
+    /// Files, but no database.
+    Foreign,
+}
+
+impl DataDir {
+    pub fn at(pgdata: &Path) -> Result<Self, InstanceError> {
+        if pgdata.join("PG_VERSION").exists() {
+            return Ok(DataDir::Database);
+        }
+        match std::fs::read_dir(pgdata) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(DataDir::Empty),
+            Err(e) => Err(io(format!("reading {}", pgdata.display()))(e)),
+            Ok(mut entries) => Ok(if entries.next().is_none() {
+                DataDir::Empty
+            } else {
+                DataDir::Foreign
+            }),
+        }
+    }
+}
+
+/// Copies this program to `to` (made executable, renamed into place): the init container of
+/// the instance's pod puts the instance manager where the PostgreSQL container finds it.
+pub fn install(to: &Path) -> Result<(), InstanceError> {
+    let me = std::env::current_exe().map_err(io("finding this program"))?;
+    let staged = to.with_extension("new");
+    std::fs::copy(&me, &staged).map_err(io(format!("copying {} to {}", me.display(), staged.display())))?;
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755))
+        .map_err(io(format!("making {} executable", staged.display())))?;
+    std::fs::rename(&staged, to).map_err(io(format!("renaming {} to {}", staged.display(), to.display())))?;
+    Ok(())
+}
+
+/// Where the instance runs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub pgdata: PathBuf,
+    pub socket_dir: PathBuf,
+    pub superuser_password_file: PathBuf,
+    /// The plan for an empty data directory (`restore.rs`).
+    pub plan_file: PathBuf,
+    /// WAL archiving, when the database has a backup destination.
+    pub archive: Option<Archive>,
+}
+
+/// Where and how often WAL is archived.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Archive {
+    /// The database's root folder in its store (the store is in [`STORE_ENV`]).
+    pub root: String,
+    pub timeout_seconds: u32,
+}
+
+impl Archive {
+    /// From the pod's environment: archiving is on when the operator told it a store.
+    pub fn from_env(root: Option<String>, timeout_seconds: u32) -> Option<Self> {
+        std::env::var_os(STORE_ENV)?;
+        Some(Self {
+            root: root?,
+            timeout_seconds,
+        })
+    }
+
+    /// The settings that archive every WAL segment of database `system_id`.
+    fn settings(&self, system_id: &str) -> Vec<(&'static str, String)> {
+        let me = std::env::current_exe().map_or_else(|_| "noops".into(), |p| p.display().to_string());
+        let folder = store::wal_folder(&self.root, system_id);
+        vec![
+            ("archive_mode", "on".into()),
+            ("archive_command", format!("{me} pg-instance wal-push --folder={folder} %p %f")),
+            ("archive_timeout", self.timeout_seconds.to_string()),
+        ]
+    }
+}
+
+/// The access rules: the superuser through the socket as its own OS user; everyone else with a
+/// SCRAM password; replication (base backups) for the superuser only, with its password.
+pub fn hba_rules() -> String {
+    [
+        "# Written by the noops instance manager at every start: edits here are lost.",
+        "local all postgres peer",
+        "local all all scram-sha-256",
+        "host all all 0.0.0.0/0 scram-sha-256",
+        "host all all ::/0 scram-sha-256",
+        "host replication postgres 0.0.0.0/0 scram-sha-256",
+        "host replication postgres ::/0 scram-sha-256",
+        "",
+    ]
+    .join("\n")
+}
+
+/// The server's command line for data directory `pgdata` (of database `system_id`): settings
+/// the operator owns, given as `-c` so that neither `postgresql.conf` nor `ALTER SYSTEM` can
+/// change them.
+pub fn server_args(settings: &Settings, pgdata: &Path, system_id: &str) -> Vec<String> {
+    let mut args = vec!["-D".to_string(), pgdata.display().to_string()];
+    let mut owned: Vec<(&str, String)> = vec![
+        ("listen_addresses", "*".to_string()),
+        ("port", PORT.to_string()),
+        ("unix_socket_directories", settings.socket_dir.display().to_string()),
+        ("password_encryption", "scram-sha-256".to_string()),
+        ("hba_file", pgdata.join("pg_hba.conf").display().to_string()),
+    ];
+    if let Some(archive) = &settings.archive {
+        owned.extend(archive.settings(system_id));
+    }
+    for (name, value) in owned {
+        args.push("-c".into());
+        args.push(format!("{name}={value}"));
+    }
+    args
+}
+
+/// The database system identifier of the data directory (the first field of
+/// `global/pg_control`, as PostgreSQL prints it).
+pub fn system_identifier(pgdata: &Path) -> Result<String, InstanceError> {
+    let path = pgdata.join("global/pg_control");
+    let control = std::fs::read(&path).map_err(io(format!("reading {}", path.display())))?;
+    let id: [u8; 8] = control
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| InstanceError::Restore(format!("{} is too short", path.display())))?;
+    Ok(u64::from_le_bytes(id).to_string())
+}
+
+/// Writes the access rules into `pgdata`.
+fn write_hba(pgdata: &Path) -> Result<(), InstanceError> {
+    std::fs::write(pgdata.join("pg_hba.conf"), hba_rules()).map_err(io("writing pg_hba.conf"))
+}
+
+/// Runs the instance until the server stops; returns its exit status. The data directory is
+/// made (or restored) by the pod's init container; if it is not there, it is made here.
+pub async fn run(settings: &Settings) -> Result<ExitStatus, InstanceError> {
+    match DataDir::at(&settings.pgdata)? {
+        DataDir::Database => info!(pgdata = %settings.pgdata.display(), "starting on the database in the volume"),
+        DataDir::Foreign => return Err(InstanceError::Foreign(settings.pgdata.clone())),
+        DataDir::Empty => {
+            warn!(pgdata = %settings.pgdata.display(), "no database in the volume: the init container did not make one");
+            bootstrap::bootstrap(settings).await?;
+        }
+    }
+    write_hba(&settings.pgdata)?;
+    std::fs::create_dir_all(&settings.socket_dir).map_err(io(format!("making {}", settings.socket_dir.display())))?;
+    let system_id = system_identifier(&settings.pgdata)?;
+    serve(settings, &system_id).await
+}
+
+/// Runs the server, turning SIGTERM into a fast shutdown.
+async fn serve(settings: &Settings, system_id: &str) -> Result<ExitStatus, InstanceError> {
+    let mut terminate = signal(SignalKind::terminate()).map_err(io("listening for SIGTERM"))?;
+    let mut server = Command::new("postgres")
+        .args(server_args(settings, &settings.pgdata, system_id))
+        .spawn()
+        .map_err(io("starting postgres"))?;
+    if settings.archive.is_some() {
+        tokio::spawn(wake_the_checkpointer(settings.socket_dir.clone()));
+    }
+    loop {
+        tokio::select! {
+            status = server.wait() => return status.map_err(io("waiting for postgres")),
+            _ = terminate.recv() => {
+                info!("SIGTERM: shutting the server down (fast)");
+                fast_shutdown(&server);
+            }
+        }
+    }
+}
+
+/// Runs one CHECKPOINT once the server accepts connections. PostgreSQL's checkpointer, which
+/// also forces the WAL segment switches of `archive_timeout`, starts while the server is still
+/// in recovery and then sleeps a whole `checkpoint_timeout` (five minutes) before it looks at
+/// `archive_timeout` again: a restarted server would archive nothing for that long unless
+/// something wakes it. A checkpoint request does, and costs little after a start.
+async fn wake_the_checkpointer(socket_dir: PathBuf) {
+    for _ in 0..120 {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let Ok(instance) = super::sql::Instance::local(&socket_dir).await else {
+            continue;
+        };
+        match instance.in_recovery().await {
+            Ok(false) => {}
+            _ => continue,
+        }
+        match instance.checkpoint().await {
+            Ok(()) => info!("woke the checkpointer, so that archive_timeout holds from the start"),
+            Err(e) => warn!(error = %e, "could not wake the checkpointer: archive_timeout may wait for the first checkpoint"),
+        }
+        return;
+    }
+}
+
+/// Asks a server child for a fast shutdown (SIGINT).
+fn fast_shutdown(server: &tokio::process::Child) {
+    if let Some(pid) = server.id().and_then(|p| i32::try_from(p).ok()) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGINT);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_data_directory_is_a_database_nothing_or_someone_elses_files() {
+        let dir = std::env::temp_dir().join(format!("noops-pgdata-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(DataDir::at(&dir).unwrap(), DataDir::Empty);
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(DataDir::at(&dir).unwrap(), DataDir::Empty);
+        std::fs::write(dir.join("notes.txt"), "x").unwrap();
+        assert_eq!(DataDir::at(&dir).unwrap(), DataDir::Foreign);
+        std::fs::write(dir.join("PG_VERSION"), "15").unwrap();
+        assert_eq!(DataDir::at(&dir).unwrap(), DataDir::Database);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn settings(archive: Option<Archive>) -> Settings {
+        Settings {
+            pgdata: "/var/lib/postgresql/data".into(),
+            socket_dir: "/controller/run".into(),
+            superuser_password_file: "/etc/noops/superuser/password".into(),
+            plan_file: "/etc/noops/instance/plan.json".into(),
+            archive,
+        }
+    }
+
+    #[test]
+    fn the_operator_owns_address_socket_and_access_rules() {
+        let settings = settings(None);
+        let args = server_args(&settings, &settings.pgdata, "7301").join(" ");
+        assert!(args.contains("-c listen_addresses=*"), "{args}");
+        assert!(args.contains("-c unix_socket_directories=/controller/run"), "{args}");
+        assert!(!args.contains("archive_mode"), "no destination, no archiving: {args}");
+        let rules = hba_rules();
+        assert!(rules.contains("local all postgres peer"));
+        assert!(rules.contains("host replication postgres 0.0.0.0/0 scram-sha-256"));
+        assert!(!rules.contains("trust"), "no password-less access over the network");
+    }
+
+    #[test]
+    fn with_a_destination_every_segment_of_this_database_is_archived_within_the_timeout() {
+        let archive = Archive {
+            root: "postgres/prod/shop".into(),
+            timeout_seconds: 5,
+        };
+        let settings = settings(Some(archive));
+        let args = server_args(&settings, &settings.pgdata, "7301");
+        assert!(args.contains(&"archive_mode=on".to_string()), "{args:?}");
+        assert!(args.contains(&"archive_timeout=5".to_string()), "{args:?}");
+        let command = args.iter().find(|a| a.starts_with("archive_command=")).unwrap();
+        assert!(
+            command.ends_with("pg-instance wal-push --folder=postgres/prod/shop/wal/7301 %p %f"),
+            "{command}"
+        );
+    }
+
+    #[test]
+    fn the_system_identifier_is_read_from_pg_control() {
+        let dir = std::env::temp_dir().join(format!("noops-control-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("global")).unwrap();
+        let mut control = 7_300_000_000_000_000_001u64.to_le_bytes().to_vec();
+        control.resize(8192, 0);
+        std::fs::write(dir.join("global/pg_control"), control).unwrap();
+        assert_eq!(system_identifier(&dir).unwrap(), "7300000000000000001");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

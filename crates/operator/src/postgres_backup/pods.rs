@@ -1,0 +1,233 @@
+//! The pods of a PostgresBackup: `<backup>-base` takes the base backup (`pg_basebackup` from
+//! the instance, streamed into the store), `<backup>-delete` deletes it with the WAL only it
+//! needed. Both run the `postgres:<major>` image (its programs, as its `postgres` user, who
+//! owns the files of a backup volume) with the instance manager copied in from the operator's
+//! image, as the instance's pod does, and report through their termination message. Pure.
+
+use k8s_openapi::api::core::v1::{
+    Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, Pod, PodSecurityContext, PodSpec, SecretKeySelector, Volume,
+    VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use noops_api::postgres::BackupLocation;
+
+use crate::core::labels;
+use crate::postgres::names::{CONTROLLER_DIR, INSTANCE_MANAGER, Names};
+use crate::postgres::statefulset::{POSTGRES_UID, image};
+use crate::postgres::store::{self, Destination, Role};
+
+/// The component label of these pods: the controller watches them by it.
+pub const COMPONENT: &str = "postgres-backup";
+/// The label that says which job a pod does.
+pub const JOB_LABEL: &str = "noops.dev/postgres-backup-job";
+
+/// What a pod of a PostgresBackup does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Job {
+    /// Take the base backup.
+    Base,
+    /// Delete it.
+    Delete,
+}
+
+impl Job {
+    pub fn verb(self) -> &'static str {
+        match self {
+            Job::Base => "base",
+            Job::Delete => "delete",
+        }
+    }
+}
+
+/// The pod that takes a base backup of the instance at `host` into `location` (the database's
+/// names in `names`, its major version `version`).
+#[allow(clippy::too_many_arguments)]
+pub fn base_pod(
+    name: &str,
+    backup: &str,
+    names: &Names,
+    version: &str,
+    host: &str,
+    location: &BackupLocation,
+    operator_image: &str,
+    owner: &OwnerReference,
+) -> Option<Pod> {
+    let args = vec![
+        "base-backup".to_string(),
+        format!("--host={host}"),
+        format!("--label={backup}"),
+        format!("--folder={}", location.base),
+    ];
+    let password = EnvVar {
+        name: "PGPASSWORD".into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: names.superuser_secret(),
+                key: crate::postgres::secrets::PASSWORD.into(),
+                optional: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let place = Place {
+        namespace: &names.namespace,
+        postgresql: &names.name,
+        version,
+    };
+    pod(name, place, Job::Base, args, vec![password], location, operator_image, owner)
+}
+
+/// The pod that deletes the backup at `location`, and the WAL before segment `keep_wal_from`.
+pub fn delete_pod(
+    name: &str,
+    place: Place,
+    location: &BackupLocation,
+    keep_wal_from: Option<&str>,
+    operator_image: &str,
+    owner: &OwnerReference,
+) -> Option<Pod> {
+    let mut args = vec!["remove-backup".to_string(), format!("--base={}", location.base)];
+    if let Some(segment) = keep_wal_from {
+        args.push(format!("--wal={}", location.wal));
+        args.push(format!("--keep-wal-from={segment}"));
+    }
+    pod(name, place, Job::Delete, args, vec![], location, operator_image, owner)
+}
+
+/// Where a backup's pods run: the namespace, the PostgreSQL (which may be gone) and the
+/// major version whose programs they use.
+#[derive(Debug, Clone, Copy)]
+pub struct Place<'a> {
+    pub namespace: &'a str,
+    pub postgresql: &'a str,
+    pub version: &'a str,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pod(
+    name: &str,
+    place: Place,
+    job: Job,
+    args: Vec<String>,
+    mut env: Vec<EnvVar>,
+    location: &BackupLocation,
+    operator_image: &str,
+    owner: &OwnerReference,
+) -> Option<Pod> {
+    let destination = Destination::of_location(location)?;
+    let access = store::pod_access(&destination, Role::Own, false);
+    env.extend(access.env);
+    let controller = VolumeMount {
+        name: "controller".into(),
+        mount_path: CONTROLLER_DIR.into(),
+        ..Default::default()
+    };
+    let mut mounts = vec![controller.clone()];
+    mounts.extend(access.mounts);
+    let mut volumes = vec![Volume {
+        name: "controller".into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    }];
+    volumes.extend(access.volumes);
+    let mut all_args = vec!["pg-instance".to_string()];
+    all_args.extend(args);
+    let labels = labels::child(place.postgresql, JOB_LABEL, job.verb(), Some(COMPONENT));
+    Some(Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(place.namespace.into()),
+            labels: Some(labels),
+            owner_references: Some(vec![owner.clone()]),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            init_containers: Some(vec![Container {
+                name: "install".into(),
+                image: Some(operator_image.into()),
+                args: Some(vec!["pg-instance".into(), "install".into(), format!("--to={INSTANCE_MANAGER}")]),
+                volume_mounts: Some(vec![controller]),
+                ..Default::default()
+            }]),
+            containers: vec![Container {
+                name: job.verb().into(),
+                image: Some(image(place.version)),
+                command: Some(vec![INSTANCE_MANAGER.into()]),
+                args: Some(all_args),
+                env: Some(env),
+                volume_mounts: Some(mounts),
+                termination_message_policy: Some("FallbackToLogsOnError".into()),
+                ..Default::default()
+            }],
+            volumes: Some(volumes),
+            restart_policy: Some("Never".into()),
+            enable_service_links: Some(false),
+            // They never call the API.
+            automount_service_account_token: Some(false),
+            security_context: Some(PodSecurityContext {
+                run_as_user: Some(POSTGRES_UID),
+                run_as_group: Some(POSTGRES_UID),
+                fs_group: Some(POSTGRES_UID),
+                run_as_non_root: Some(true),
+                fs_group_change_policy: Some("OnRootMismatch".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::postgres::fixtures::{backup, owner};
+
+    fn location() -> BackupLocation {
+        backup("shop-1", "shop", "Running", "7301", 100).status.unwrap().destination.unwrap()
+    }
+
+    #[test]
+    fn the_base_pod_streams_from_the_instance_into_the_store_with_the_superusers_password() {
+        let names = Names {
+            name: "shop".into(),
+            namespace: "prod".into(),
+        };
+        let pod = base_pod("shop-1-base", "shop-1", &names, "15", "10.0.0.7", &location(), "noops:dev", &owner()).unwrap();
+        let spec = pod.spec.unwrap();
+        let container = &spec.containers[0];
+        assert_eq!(container.image.as_deref(), Some("postgres:15"));
+        let args = container.args.clone().unwrap();
+        assert_eq!(
+            args,
+            ["pg-instance", "base-backup", "--host=10.0.0.7", "--label=shop-1", "--folder=postgres/prod/shop/base/shop-1"]
+        );
+        let env = container.env.clone().unwrap();
+        let password = env.iter().find(|e| e.name == "PGPASSWORD").unwrap();
+        assert_eq!(password.value, None, "never in the pod's spec");
+        assert_eq!(password.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap().name, "shop-superuser");
+        assert!(env.iter().any(|e| e.name == store::STORE_ENV));
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(pod.metadata.labels.unwrap()[labels::COMPONENT], COMPONENT);
+    }
+
+    #[test]
+    fn the_delete_pod_prunes_wal_only_when_told_where_the_kept_backups_start() {
+        let place = Place {
+            namespace: "prod",
+            postgresql: "shop",
+            version: "15",
+        };
+        let args = |keep| {
+            delete_pod("x-delete", place, &location(), keep, "noops:dev", &owner()).unwrap().spec.unwrap().containers[0]
+                .args
+                .clone()
+                .unwrap()
+        };
+        assert_eq!(args(None), ["pg-instance", "remove-backup", "--base=postgres/prod/shop/base/shop-1"]);
+        let pruning = args(Some("000000010000000000000007"));
+        assert!(pruning.contains(&"--wal=postgres/prod/shop/wal/7301".to_string()), "{pruning:?}");
+        assert!(pruning.contains(&"--keep-wal-from=000000010000000000000007".to_string()), "{pruning:?}");
+    }
+}
