@@ -61,6 +61,14 @@ etcd_table=$("$target_dir/debug/etcd-bench" "$target_dir/release/noops" "$runs")
 echo
 echo "$etcd_table"
 table+=$'\n\n'"$etcd_table"
+
+# The PostgreSQL operator (release build): create, restart, a lost volume (and the commits it
+# cost), a base backup and a restore of a database over 200 MB, each beside what the
+# PostgreSQL tools alone take.
+pg_table=$("$target_dir/debug/pg-bench" "$target_dir/release/noops" "$runs")
+echo
+echo "$pg_table"
+table+=$'\n\n'"$pg_table"
 mkdir -p "$state/bench"
 {
   echo

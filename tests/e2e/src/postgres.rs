@@ -5,7 +5,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use noops_api::PostgreSQL;
+use noops_api::{PostgreSQL, PostgresBackup};
 
 use crate::{TestNamespace, kubectl_ok, pod_ready, wait_for};
 
@@ -106,4 +106,196 @@ pub async fn secret_value(ns: &TestNamespace, name: &str, key: &str) -> String {
 /// `kubectl get pg` as a user would read it.
 pub fn kubectl_get(ns: &TestNamespace) -> String {
     kubectl_ok(&["get", "pg", "-n", &ns.name], None)
+}
+
+/// The `spec.backup` of a database backing up to `bucket` of the store of [`crate::s3`] in
+/// `ns`, with `extra` fields (indented by four spaces).
+pub fn backup_to_bucket(ns: &TestNamespace, bucket: &str, extra: &str) -> String {
+    format!(
+        "  backup:\n    archiveTimeoutSeconds: 1\n    s3: {{ endpoint: \"{}\", bucket: {bucket}, credentialsSecret: object-store-credentials }}\n{extra}",
+        crate::s3::service_url(ns)
+    )
+}
+
+/// The superuser's password of PostgreSQL `name`.
+pub async fn superuser_password(ns: &TestNamespace, name: &str) -> String {
+    secret_value(ns, &format!("{name}-superuser"), "password").await
+}
+
+/// Waits until condition `type_` of PostgreSQL `name` has `status` (and returns the object).
+pub async fn wait_condition(
+    ns: &TestNamespace,
+    name: &str,
+    type_: &str,
+    status: &str,
+    timeout: Duration,
+) -> PostgreSQL {
+    let api = ns.api::<PostgreSQL>();
+    wait_for(&format!("PostgreSQL {name} {type_}={status}"), timeout, || async {
+        api.get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .filter(|pg| condition(pg, type_).is_some_and(|(s, _, _)| s == status))
+    })
+    .await
+}
+
+/// The segment the server writes to now, after everything committed so far (as the
+/// superuser): once it is archived, every commit before this call is in the archive.
+pub fn current_segment(ip: &str, superuser_password: &str) -> String {
+    psql(
+        ip,
+        "postgres",
+        superuser_password,
+        "postgres",
+        "SELECT pg_walfile_name(pg_current_wal_lsn())",
+    )
+    .unwrap()
+}
+
+/// Waits until the server at `ip` has archived `segment` (or a later one).
+pub async fn wait_archived(ip: &str, superuser_password: &str, segment: &str, timeout: Duration) {
+    let query = "SELECT coalesce(last_archived_wal, '') FROM pg_stat_archiver";
+    crate::wait_until(&format!("segment {segment} archived"), timeout, || async {
+        psql(ip, "postgres", superuser_password, "postgres", query).is_ok_and(|last| last.get(..24) >= Some(segment))
+    })
+    .await;
+}
+
+/// A client that commits one row after another into `items (id)` of `db` as `user`, each in
+/// its own transaction, and remembers the last id the server acknowledged.
+pub struct Writer {
+    acked: std::sync::Arc<std::sync::atomic::AtomicI64>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Writer {
+    /// Starts after id `from` (exclusive), a row every `pause`; it stops at the first error.
+    pub async fn start(ip: &str, user: &str, password: &str, db: &str, from: i64, pause: Duration) -> Self {
+        let mut config = tokio_postgres::Config::new();
+        config.host(ip).port(5432).user(user).password(password).dbname(db);
+        let (client, connection) = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .expect("the writer connects");
+        tokio::spawn(connection);
+        let acked = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(from));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (acked_by_task, stop_seen) = (acked.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let mut id = from;
+            while !stop_seen.load(std::sync::atomic::Ordering::SeqCst) {
+                id += 1;
+                if client
+                    .execute("INSERT INTO items (id) VALUES ($1)", &[&id])
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                acked_by_task.store(id, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(pause).await;
+            }
+        });
+        Self { acked, stop, task }
+    }
+
+    /// The last id acknowledged.
+    pub fn acked(&self) -> i64 {
+        self.acked.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Stops it; returns the last id acknowledged.
+    pub async fn stop(self) -> i64 {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let acked = self.acked.clone();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+        acked.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// The ids in `items`, checked to run 1, 2, ... without a hole: the highest.
+pub fn contiguous_ids(ip: &str, user: &str, password: &str, db: &str) -> i64 {
+    let out = psql(
+        ip,
+        user,
+        password,
+        db,
+        "SELECT count(*), coalesce(max(id), 0), coalesce(min(id), 1) FROM items",
+    )
+    .unwrap();
+    let numbers: Vec<i64> = out.split('|').map(|n| n.parse().unwrap()).collect();
+    assert_eq!(
+        (numbers[0], numbers[2]),
+        (numbers[1], 1),
+        "the rows are 1 to {} without a hole: {out}",
+        numbers[1]
+    );
+    numbers[1]
+}
+
+/// Deletes the instance's volume claim and pod (the claim goes once the pod is gone), as a
+/// lost disk would; returns the old pod's uid.
+pub async fn lose_the_volume(ns: &TestNamespace, name: &str) -> Option<String> {
+    let old = ns.pods().get(&format!("{name}-0")).await.unwrap().metadata.uid;
+    kubectl_ok(
+        &[
+            "delete",
+            "pvc",
+            "-n",
+            &ns.name,
+            &format!("data-{name}-0"),
+            "--wait=false",
+        ],
+        None,
+    );
+    kubectl_ok(
+        &["delete", "pod", "-n", &ns.name, &format!("{name}-0"), "--wait=false"],
+        None,
+    );
+    old
+}
+
+/// Waits for a new instance pod (not `old`) that is Ready.
+pub async fn wait_new_instance(ns: &TestNamespace, name: &str, old: &Option<String>, timeout: Duration) -> Pod {
+    let pods = ns.pods();
+    wait_for(&format!("a new pod {name}-0, Ready"), timeout, || async {
+        pods.get_opt(&format!("{name}-0"))
+            .await
+            .ok()
+            .flatten()
+            .filter(|p: &Pod| &p.metadata.uid != old && pod_ready(p))
+    })
+    .await
+}
+
+/// The PostgresBackups of `postgresql` among `all`.
+pub fn backups_of(all: &[PostgresBackup], postgresql: &str) -> Vec<PostgresBackup> {
+    all.iter()
+        .filter(|b| b.spec.postgresql == postgresql)
+        .cloned()
+        .collect()
+}
+
+/// A backup's phase (empty before its first status).
+pub fn phase(backup: &PostgresBackup) -> &str {
+    backup
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or_default()
+}
+
+/// Waits until every PostgresBackup of `postgresql` has finished.
+pub async fn wait_backups_finished(ns: &TestNamespace, postgresql: &str, timeout: Duration) {
+    let api = ns.api::<PostgresBackup>();
+    crate::wait_until(&format!("every backup of {postgresql} finished"), timeout, || async {
+        let all = api.list(&Default::default()).await.unwrap().items;
+        backups_of(&all, postgresql)
+            .iter()
+            .all(|b| matches!(phase(b), "Succeeded" | "Failed"))
+    })
+    .await;
 }

@@ -176,6 +176,7 @@ async fn bad_specs_are_refused_with_a_reason() {
     install_crds();
     let ns = TestNamespace::new("pg-bad").await;
     let spec = |db: &str, user: &str, extra: &str| format!("  db: {db}\n  user: {user}\n  passwordSecret: s\n{extra}");
+    let s3 = "{ endpoint: \"http://store\", bucket: pgb, credentialsSecret: k }";
     let refused_on_create = [
         (
             database_manifest("p", &spec("Shop", "app", "")),
@@ -248,6 +249,113 @@ async fn bad_specs_are_refused_with_a_reason() {
             database_manifest("a.b", &spec("shop", "app", "")),
             "must be a DNS label",
         ),
+        // Backups and bootstrap.
+        (
+            database_manifest("p", &spec("shop", "app", "  backup: { maxBackups: 3 }\n")),
+            "backup needs exactly one destination",
+        ),
+        (
+            database_manifest(
+                "p",
+                &spec(
+                    "shop",
+                    "app",
+                    &format!("  backup: {{ volume: {{ claimName: b }}, s3: {s3} }}\n"),
+                ),
+            ),
+            "backup needs exactly one destination",
+        ),
+        (
+            database_manifest(
+                "p",
+                &spec(
+                    "shop",
+                    "app",
+                    "  backup: { s3: { endpoint: \"ftp://store\", bucket: pgb, credentialsSecret: k } }\n",
+                ),
+            ),
+            "backup.s3.endpoint must be an http",
+        ),
+        (
+            database_manifest(
+                "p",
+                &spec(
+                    "shop",
+                    "app",
+                    "  backup: { s3: { endpoint: \"http://store\", bucket: pg, credentialsSecret: k } }\n",
+                ),
+            ),
+            "should be at least 3 chars long",
+        ),
+        (
+            database_manifest(
+                "p",
+                &spec(
+                    "shop",
+                    "app",
+                    "  backup: { s3: { endpoint: \"http://store\", bucket: pgb, prefix: ../up, credentialsSecret: k } }\n",
+                ),
+            ),
+            "backup.s3.prefix must be a relative key prefix",
+        ),
+        (
+            database_manifest(
+                "p",
+                &spec("shop", "app", "  backup: { volume: { claimName: b, prefix: /etc } }\n"),
+            ),
+            "backup.volume.prefix must be a relative path",
+        ),
+        (
+            database_manifest(
+                "p",
+                &spec(
+                    "shop",
+                    "app",
+                    "  backup: { schedule: every hour, volume: { claimName: b } }\n",
+                ),
+            ),
+            "backup.schedule must be a cron expression",
+        ),
+        (
+            database_manifest(
+                "p",
+                &spec("shop", "app", "  backup: { maxBackups: 0, volume: { claimName: b } }\n"),
+            ),
+            "backup.maxBackups must be between 1 and 1000",
+        ),
+        (
+            database_manifest(
+                "p",
+                &spec(
+                    "shop",
+                    "app",
+                    "  backup: { archiveTimeoutSeconds: 0, volume: { claimName: b } }\n",
+                ),
+            ),
+            "backup.archiveTimeoutSeconds must be between 1 and 3600",
+        ),
+        (
+            database_manifest(
+                "p",
+                &spec(
+                    "shop",
+                    "app",
+                    "  bootstrap: { fromBackup: { name: b, targetTime: yesterday } }\n",
+                ),
+            ),
+            "bootstrap.fromBackup.targetTime must be an RFC 3339 time",
+        ),
+        (
+            database_manifest(
+                "p",
+                &spec(
+                    "shop",
+                    "app",
+                    "  bootstrap: { fromBackup: { targetTime: \"2026-01-01T00:00:00Z\" } }\n",
+                ),
+            ),
+            "spec.bootstrap.fromBackup.name: Required",
+        ),
     ];
     for (yaml, expected) in &refused_on_create {
         let error = apply_error(&ns, yaml).unwrap_or_else(|| panic!("accepted:\n{yaml}"));
@@ -263,6 +371,10 @@ async fn bad_specs_are_refused_with_a_reason() {
         (
             database_manifest("p", &spec("shop", "app", "  storage: { size: 2Gi }\n")),
             "storage is immutable",
+        ),
+        (
+            database_manifest("p", &spec("shop", "app", "  bootstrap: { fromBackup: { name: b } }\n")),
+            "spec.bootstrap is immutable",
         ),
     ];
     for (yaml, expected) in &refused_on_update {

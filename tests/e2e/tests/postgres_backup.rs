@@ -1,0 +1,501 @@
+//! PostgreSQL backups on the local Kubernetes, with real PostgreSQL 15, a real S3-compatible
+//! store (versitygw) and real volumes: continuous WAL archiving and base backups; a lost
+//! volume restored while a client commits; a restore to a point in time into a new database;
+//! schedules and retention to a volume; a corrupt or missing backup that fails visibly and
+//! replaces nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Event;
+use noops_api::{PostgreSQL, PostgresBackup};
+use noops_e2e::postgres::*;
+use noops_e2e::{Operator, TestNamespace, claim_folder, install_crds, kubectl_ok, pod_ready, s3, wait_for, wait_until};
+use object_store::path::Path as Key;
+use object_store::{ObjectStoreExt, PutPayload};
+
+const MINUTE: Duration = Duration::from_secs(60);
+const CONTROLLERS: [&str; 2] = ["--controllers", "postgres,postgresbackup"];
+
+/// The reasons of the Events about `kind` `name`.
+async fn event_reasons(ns: &TestNamespace, kind: &str, name: &str) -> Vec<String> {
+    let events = ns.api::<Event>().list(&Default::default()).await.unwrap();
+    events
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.kind.as_deref() == Some(kind) && e.involved_object.name.as_deref() == Some(name))
+        .filter_map(|e| e.reason)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_lost_volume_is_restored_from_the_base_backup_and_the_archived_wal_while_a_client_commits() {
+    install_crds();
+    let ns = TestNamespace::new("pg-restore").await;
+    s3::deploy(&ns);
+    s3::create_bucket(&ns, "pg-backups").await;
+    let operator = Operator::start(&ns.name, &CONTROLLERS);
+    ns.apply(&manifest("shop", "Pa55-word", &backup_to_bucket(&ns, "pg-backups", "")));
+    wait_ready(&ns, "shop", 3 * MINUTE).await;
+    // A first base backup is taken as soon as the database serves: archived WAL alone
+    // restores nothing.
+    let pg = wait_condition(&ns, "shop", "BackupSucceeded", "True", 2 * MINUTE).await;
+    let first = pg
+        .status
+        .clone()
+        .unwrap()
+        .last_backup
+        .expect("the first backup is named in status");
+    let backup = ns.api::<PostgresBackup>().get(&first).await.unwrap();
+    let stored = backup.status.clone().unwrap();
+    assert_eq!(stored.phase.as_deref(), Some("Succeeded"));
+    assert!(
+        stored.size.unwrap() > 1 << 20 && stored.sha256.is_some() && stored.end_wal.is_some(),
+        "{stored:?}"
+    );
+    assert_eq!(stored.system_identifier, pg.status.clone().unwrap().system_identifier);
+
+    let ip = instance_ip(&ns, "shop").await;
+    let superuser = superuser_password(&ns, "shop").await;
+    psql(
+        &ip,
+        "app",
+        "Pa55-word",
+        "shop",
+        "CREATE TABLE items (id bigint PRIMARY KEY, at timestamptz DEFAULT clock_timestamp())",
+    )
+    .unwrap();
+    let writer = Writer::start(&ip, "app", "Pa55-word", "shop", 0, Duration::from_millis(20)).await;
+    wait_until("the client has committed 50 rows", MINUTE, || async {
+        writer.acked() >= 50
+    })
+    .await;
+    // Everything committed up to here is in the segment being written; once it is archived,
+    // a lost volume cannot take those rows.
+    let marker = writer.acked();
+    let segment = current_segment(&ip, &superuser);
+    wait_archived(&ip, &superuser, &segment, MINUTE).await;
+    let pg = wait_condition(&ns, "shop", "ContinuousArchiving", "True", MINUTE).await;
+    assert!(pg.status.unwrap().last_archived_wal.is_some());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // The disk is lost while the client commits.
+    let old = lose_the_volume(&ns, "shop").await;
+    let acked = writer.stop().await;
+    wait_new_instance(&ns, "shop", &old, 3 * MINUTE).await;
+    let pg = wait_ready(&ns, "shop", 2 * MINUTE).await;
+    let ip = instance_ip(&ns, "shop").await;
+    let kept = contiguous_ids(&ip, "app", "Pa55-word", "shop");
+    assert!(
+        kept >= marker,
+        "every row committed before the last archived segment is there: {kept} < {marker}"
+    );
+    // (The one insert in flight when the pod went may have committed without its answer.)
+    assert!(
+        kept <= acked + 1,
+        "no row appears that was never sent: {kept} > {acked} + 1"
+    );
+    println!(
+        "restored {kept} of {acked} acknowledged rows; {} were committed after the last archived segment",
+        acked - kept
+    );
+
+    // It says it was restored, from which backup, and to when.
+    let restore = pg
+        .status
+        .clone()
+        .unwrap()
+        .restore
+        .expect("status says what was restored");
+    assert_eq!(restore.backup, first);
+    assert_eq!(
+        restore.timeline,
+        Some(2),
+        "the restored database continues on a new timeline"
+    );
+    let recovered_to = restore.recovered_to.expect("the last transaction replayed");
+    let (status, reason, message) = condition(&pg, "Restored").unwrap();
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Restored"));
+    assert!(message.contains(&recovered_to), "{message}");
+    let listed = kubectl_get(&ns);
+    assert!(
+        listed.contains("RESTORED TO") && listed.contains(&recovered_to),
+        "{listed}"
+    );
+    assert!(
+        event_reasons(&ns, "PostgreSQL", "shop")
+            .await
+            .iter()
+            .any(|r| r == "Restored")
+    );
+    let committed_last = psql(
+        &ip,
+        "app",
+        "Pa55-word",
+        "shop",
+        "SELECT to_char(max(at) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') FROM items",
+    )
+    .unwrap();
+    assert!(
+        committed_last <= recovered_to,
+        "the last row kept ({committed_last}) is at or before {recovered_to}"
+    );
+    assert_eq!(
+        psql(&ip, "postgres", &superuser, "postgres", "SELECT 1").unwrap(),
+        "1",
+        "the superuser's password works"
+    );
+
+    // The restored database goes on archiving, and backs up, on its new timeline.
+    psql(
+        &ip,
+        "app",
+        "Pa55-word",
+        "shop",
+        &format!("INSERT INTO items (id) VALUES ({})", kept + 1),
+    )
+    .unwrap();
+    ns.apply("apiVersion: noops.dev/v1alpha1\nkind: PostgresBackup\nmetadata: { name: after-restore }\nspec: { postgresql: shop }\n");
+    kubectl_ok(
+        &[
+            "wait",
+            "-n",
+            &ns.name,
+            "--for=jsonpath={.status.phase}=Succeeded",
+            "pgbackup/after-restore",
+            "--timeout=120s",
+        ],
+        None,
+    );
+    let after = ns
+        .api::<PostgresBackup>()
+        .get("after-restore")
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(after.timeline, Some(2));
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+}
+
+#[tokio::test]
+async fn a_new_database_is_restored_to_a_point_in_time_between_two_batches() {
+    install_crds();
+    let ns = TestNamespace::new("pg-pitr").await;
+    s3::deploy(&ns);
+    s3::create_bucket(&ns, "pg-backups").await;
+    let operator = Operator::start(&ns.name, &CONTROLLERS);
+    ns.apply(&manifest("shop", "first-pw", &backup_to_bucket(&ns, "pg-backups", "")));
+    wait_ready(&ns, "shop", 3 * MINUTE).await;
+    let pg = wait_condition(&ns, "shop", "BackupSucceeded", "True", 2 * MINUTE).await;
+    let base = pg.status.unwrap().last_backup.unwrap();
+    let ip = instance_ip(&ns, "shop").await;
+    let superuser = superuser_password(&ns, "shop").await;
+    psql(
+        &ip,
+        "app",
+        "first-pw",
+        "shop",
+        "CREATE TABLE items (id bigint PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 100)",
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let between = psql(
+        &ip,
+        "app",
+        "first-pw",
+        "shop",
+        "SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    psql(
+        &ip,
+        "app",
+        "first-pw",
+        "shop",
+        "INSERT INTO items SELECT generate_series(101, 200)",
+    )
+    .unwrap();
+    let segment = current_segment(&ip, &superuser);
+    wait_archived(&ip, &superuser, &segment, MINUTE).await;
+
+    // A new database from that backup, to the moment between the batches, with backups of
+    // its own in the same bucket.
+    let copy = format!(
+        "{}  bootstrap:\n    fromBackup: {{ name: {base}, targetTime: \"{between}\" }}\n",
+        backup_to_bucket(&ns, "pg-backups", "")
+    );
+    ns.apply(&manifest("copy", "copy-pw", &copy));
+    let restored = wait_ready(&ns, "copy", 3 * MINUTE).await;
+    let copy_ip = instance_ip(&ns, "copy").await;
+    assert_eq!(
+        psql(&copy_ip, "app", "copy-pw", "shop", "SELECT count(*) FROM items").unwrap(),
+        "100",
+        "only the first batch"
+    );
+    let restore = restored.status.clone().unwrap().restore.unwrap();
+    assert_eq!(restore.backup, base);
+    assert!(restore.recovered_to.unwrap() <= between);
+    assert_eq!(
+        psql(&ip, "app", "first-pw", "shop", "SELECT count(*) FROM items").unwrap(),
+        "200",
+        "the source is untouched"
+    );
+    // It archives and backs up on its own, under its own name in the bucket.
+    let copy = wait_condition(&ns, "copy", "BackupSucceeded", "True", 2 * MINUTE).await;
+    let own = ns
+        .api::<PostgresBackup>()
+        .get(&copy.status.unwrap().last_backup.unwrap())
+        .await
+        .unwrap();
+    assert!(
+        own.status
+            .unwrap()
+            .location
+            .unwrap()
+            .contains(&format!("/{}/copy/base/", ns.name))
+    );
+
+    // A time before the backup ended, and a backup that does not exist, are refused with the
+    // reason; neither gets a pod.
+    let source = ns.api::<PostgresBackup>().get(&base).await.unwrap();
+    let ended = source.status.unwrap().completed_at.unwrap().0;
+    let too_early = (ended - jiff::SignedDuration::from_secs(3600)).to_string();
+    ns.apply(&manifest(
+        "early",
+        "pw",
+        &format!("  bootstrap:\n    fromBackup: {{ name: {base}, targetTime: \"{too_early}\" }}\n"),
+    ));
+    let early = wait_not_ready(&ns, "early", "TargetBeforeBackup", MINUTE).await;
+    assert!(
+        condition(&early, "Ready").unwrap().2.contains("choose a later time"),
+        "{early:?}"
+    );
+    ns.apply(&manifest(
+        "ghost",
+        "pw",
+        "  bootstrap:\n    fromBackup: { name: no-such-backup }\n",
+    ));
+    wait_not_ready(&ns, "ghost", "BootstrapBackupNotFound", MINUTE).await;
+    let statefulsets = ns.api::<StatefulSet>();
+    assert!(
+        statefulsets.get_opt("early").await.unwrap().is_none()
+            && statefulsets.get_opt("ghost").await.unwrap().is_none()
+    );
+    assert!(
+        event_reasons(&ns, "PostgreSQL", "ghost")
+            .await
+            .iter()
+            .any(|r| r == "BootstrapBackupNotFound")
+    );
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+}
+
+#[tokio::test]
+async fn backups_to_a_volume_run_on_schedule_keep_max_backups_and_restore_a_lost_volume() {
+    install_crds();
+    let ns = TestNamespace::new("pg-volume").await;
+    let operator = Operator::start(&ns.name, &CONTROLLERS);
+    ns.apply(
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: { name: pg-backups }\nspec:\n  accessModes: [ReadWriteOnce]\n  resources: { requests: { storage: 5Gi } }\n",
+    );
+    let backup = "  backup:\n    schedule: \"*/5 * * * * *\"\n    maxBackups: 2\n    archiveTimeoutSeconds: 1\n    volume: { claimName: pg-backups }\n";
+    ns.apply(&manifest("shop", "pw", backup));
+    wait_ready(&ns, "shop", 3 * MINUTE).await;
+    let ip = instance_ip(&ns, "shop").await;
+    psql(
+        &ip,
+        "app",
+        "pw",
+        "shop",
+        "CREATE TABLE items (id bigint PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 10)",
+    )
+    .unwrap();
+
+    // Scheduled backups come every 5 s; once more than two have succeeded, the oldest go,
+    // with their files and the WAL only they needed.
+    let api = ns.api::<PostgresBackup>();
+    let first_seen = wait_for("a successful backup", 2 * MINUTE, || async {
+        let all = api.list(&Default::default()).await.ok()?.items;
+        backups_of(&all, "shop").into_iter().find(|b| phase(b) == "Succeeded")
+    })
+    .await;
+    let folder = claim_folder(&ns, "pg-backups").await.join("postgres/shop");
+    wait_until("the first backup deleted by retention", 3 * MINUTE, || async {
+        api.get_opt(&first_seen.metadata.name.clone().unwrap())
+            .await
+            .unwrap()
+            .is_none()
+    })
+    .await;
+    // The schedule off, what is left settles: two backups, and their folders.
+    ns.apply(&manifest(
+        "shop",
+        "pw",
+        &backup.replace("    schedule: \"*/5 * * * * *\"\n", ""),
+    ));
+    wait_ready(&ns, "shop", MINUTE).await;
+    wait_backups_finished(&ns, "shop", MINUTE).await;
+    let pg = wait_for("two backups kept", MINUTE, || async {
+        let pg = ns.api::<PostgreSQL>().get("shop").await.ok()?;
+        (pg.status.as_ref()?.stored_backups == Some(2)).then_some(pg)
+    })
+    .await;
+    assert!(condition(&pg, "BackupSucceeded").is_some_and(|(s, _, _)| s == "True"));
+    wait_until("the folders in the volume are the backups kept", MINUTE, || async {
+        let all = api.list(&Default::default()).await.unwrap().items;
+        let mut kept: Vec<String> = backups_of(&all, "shop")
+            .iter()
+            .filter(|b| phase(b) == "Succeeded" && b.metadata.deletion_timestamp.is_none())
+            .map(|b| b.metadata.name.clone().unwrap())
+            .collect();
+        let mut folders: Vec<String> = std::fs::read_dir(folder.join("base"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().join("backup.json").exists())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        kept.sort();
+        folders.sort();
+        kept.len() == 2 && kept == folders
+    })
+    .await;
+    let system_id = pg.status.unwrap().system_identifier.unwrap();
+    let wal = folder.join("wal").join(&system_id);
+    assert!(
+        !wal.join("000000010000000000000001.gz").exists(),
+        "the WAL from before the oldest kept backup is deleted"
+    );
+    assert!(
+        std::fs::read_dir(&wal).unwrap().count() > 0,
+        "the WAL the kept backups need stays"
+    );
+
+    // The volume of the instance is lost: it comes back from the backup volume.
+    let superuser = superuser_password(&ns, "shop").await;
+    psql(
+        &ip,
+        "app",
+        "pw",
+        "shop",
+        "INSERT INTO items SELECT generate_series(11, 20)",
+    )
+    .unwrap();
+    let segment = current_segment(&ip, &superuser);
+    wait_archived(&ip, &superuser, &segment, MINUTE).await;
+    let old = lose_the_volume(&ns, "shop").await;
+    wait_new_instance(&ns, "shop", &old, 3 * MINUTE).await;
+    let pg = wait_ready(&ns, "shop", 2 * MINUTE).await;
+    let ip = instance_ip(&ns, "shop").await;
+    assert_eq!(contiguous_ids(&ip, "app", "pw", "shop"), 20);
+    assert!(pg.status.unwrap().restore.is_some());
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+}
+
+#[tokio::test]
+async fn a_corrupt_or_missing_backup_fails_the_restore_visibly_and_replaces_no_good_backup() {
+    install_crds();
+    let ns = TestNamespace::new("pg-corrupt").await;
+    s3::deploy(&ns);
+    s3::create_bucket(&ns, "pg-backups").await;
+    let operator = Operator::start(&ns.name, &CONTROLLERS);
+    // Many kept: retention has nothing to do in this test.
+    let schedule = "    schedule: \"*/5 * * * * *\"\n    maxBackups: 100\n";
+    ns.apply(&manifest("shop", "pw", &backup_to_bucket(&ns, "pg-backups", schedule)));
+    wait_ready(&ns, "shop", 3 * MINUTE).await;
+    let ip = instance_ip(&ns, "shop").await;
+    let superuser = superuser_password(&ns, "shop").await;
+    psql(
+        &ip,
+        "app",
+        "pw",
+        "shop",
+        "CREATE TABLE items (id bigint PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 10)",
+    )
+    .unwrap();
+    let segment = current_segment(&ip, &superuser);
+    wait_archived(&ip, &superuser, &segment, MINUTE).await;
+    wait_until("a scheduled backup newer than the table", 2 * MINUTE, || async {
+        let pg = ns.api::<PostgreSQL>().get("shop").await.unwrap();
+        pg.status.is_some_and(|s| s.stored_backups >= Some(2))
+    })
+    .await;
+    // The schedule is turned off now, so that the backups are the ones there are.
+    ns.apply(&manifest(
+        "shop",
+        "pw",
+        &backup_to_bucket(&ns, "pg-backups", "    maxBackups: 100\n"),
+    ));
+    // Once the operator has seen the new spec (Ready for its generation), every backup the
+    // old schedule made exists: wait for them to end.
+    wait_ready(&ns, "shop", MINUTE).await;
+    let api = ns.api::<PostgresBackup>();
+    wait_backups_finished(&ns, "shop", MINUTE).await;
+    let before: Vec<PostgresBackup> = backups_of(&api.list(&Default::default()).await.unwrap().items, "shop");
+    // The one a restore starts from.
+    let newest_backup = before
+        .iter()
+        .filter(|b| phase(b) == "Succeeded")
+        .max_by_key(|b| {
+            (
+                b.status.as_ref().unwrap().completed_at.clone().map(|t| t.0),
+                b.metadata.name.clone(),
+            )
+        })
+        .unwrap();
+    let base = newest_backup.status.as_ref().unwrap().destination.clone().unwrap().base;
+    let bucket = s3::bucket(&ns, "pg-backups").await;
+    let key = Key::from(format!("{base}/base.tar"));
+    let good = bucket.get(&key).await.unwrap().bytes().await.unwrap();
+    let mut bad = good.to_vec();
+    bad[4096] ^= 0xff;
+    bucket.put(&key, PutPayload::from(bad)).await.unwrap();
+
+    // The volume is lost: the restore refuses the corrupt backup, and says so.
+    let old = lose_the_volume(&ns, "shop").await;
+    let failed = wait_not_ready(&ns, "shop", "RestoreFailed", 3 * MINUTE).await;
+    let (_, _, message) = condition(&failed, "Ready").unwrap();
+    assert!(message.contains("corrupt"), "{message}");
+    assert_eq!(condition(&failed, "Restored").unwrap().1, "RestoreFailed");
+    assert_eq!(condition(&failed, "Degraded").unwrap().1, "RestoreFailed");
+    assert!(
+        event_reasons(&ns, "PostgreSQL", "shop")
+            .await
+            .iter()
+            .any(|r| r == "RestoreFailed")
+    );
+    let pod = ns.pods().get("shop-0").await.unwrap();
+    assert!(
+        pod.metadata.uid != old && !pod_ready(&pod),
+        "the instance stays out of the Service"
+    );
+
+    // Its base backup gone instead: said as well.
+    bucket.delete(&key).await.unwrap();
+    wait_for("the restore failing on a missing backup", 3 * MINUTE, || async {
+        let pg = ns.api::<PostgreSQL>().get("shop").await.ok()?;
+        condition(&pg, "Ready").filter(|(_, r, m)| r == "RestoreFailed" && m.contains("not in the store"))
+    })
+    .await;
+    // Meanwhile no backup was made of anything, and none was deleted.
+    let after: Vec<PostgresBackup> = backups_of(&api.list(&Default::default()).await.unwrap().items, "shop");
+    let names = |list: &[PostgresBackup]| {
+        list.iter()
+            .map(|b| (b.metadata.name.clone(), phase(b).to_string()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(&after), names(&before));
+
+    // The backup put back, the restore goes through (deleting the pod restarts it at once).
+    bucket.put(&key, PutPayload::from(good)).await.unwrap();
+    kubectl_ok(&["delete", "pod", "-n", &ns.name, "shop-0", "--wait=false"], None);
+    let pg = wait_ready(&ns, "shop", 3 * MINUTE).await;
+    assert_eq!(condition(&pg, "Restored").unwrap().0, "True");
+    let ip = instance_ip(&ns, "shop").await;
+    assert_eq!(contiguous_ids(&ip, "app", "pw", "shop"), 10);
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+}
