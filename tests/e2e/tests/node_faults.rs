@@ -553,6 +553,23 @@ async fn every_node_rebooting_at_once_brings_an_etcd_cluster_back_as_itself() {
     );
 }
 
+/// Starts the object store in `ns` with a bucket `pg-backups`, and picks a node to stop that
+/// does not run it: (that node, the others).
+async fn store_and_victim(ns: &TestNamespace) -> (String, Vec<String>) {
+    let nodes = ready_nodes(&ns.client, 3).await;
+    s3::deploy(ns);
+    s3::create_bucket(ns, "pg-backups").await;
+    let store_pod = ns
+        .pods()
+        .list(&ListParams::default().labels("app.kubernetes.io/name=versitygw"))
+        .await
+        .unwrap();
+    let store_node = pod_node(&store_pod.items[0]);
+    let victim = nodes.iter().find(|n| **n != store_node).unwrap().clone();
+    let others = nodes.into_iter().filter(|n| *n != victim).collect();
+    (victim, others)
+}
+
 #[tokio::test]
 #[ignore = "node faults disturb other tests: `make e2e` runs them alone"]
 async fn a_postgresql_whose_node_dies_comes_back_elsewhere_from_its_backups_or_waits_without_them() {
@@ -561,19 +578,9 @@ async fn a_postgresql_whose_node_dies_comes_back_elsewhere_from_its_backups_or_w
     let _restore = RestoreNodesOnDrop;
     install_crds();
     let ns = TestNamespace::new("pg-node").await;
-    let nodes = ready_nodes(&ns.client, 3).await;
-    s3::deploy(&ns);
-    s3::create_bucket(&ns, "pg-backups").await;
-    let store_pod = ns
-        .pods()
-        .list(&ListParams::default().labels("app.kubernetes.io/name=versitygw"))
-        .await
-        .unwrap();
-    let store_node = pod_node(&store_pod.items[0]);
     // Both databases go on a node of their own, away from the store: the others are cordoned
     // while they start.
-    let victim = nodes.iter().find(|n| **n != store_node).unwrap().clone();
-    let others: Vec<&String> = nodes.iter().filter(|n| **n != victim).collect();
+    let (victim, others) = store_and_victim(&ns).await;
     for node in &others {
         kubectl_ok(&["cordon", node], None);
     }
@@ -665,4 +672,106 @@ async fn a_postgresql_whose_node_dies_comes_back_elsewhere_from_its_backups_or_w
     let ip = instance_ip(&ns, "plain").await;
     assert_eq!(contiguous_ids(&ip, "app", "pw", "shop"), 100);
     assert!(back.status.unwrap().restore.is_none(), "the same volume, not a restore");
+}
+
+#[tokio::test]
+#[ignore = "node faults disturb other tests: `make e2e` runs them alone"]
+async fn a_base_backup_whose_node_dies_fails_says_why_and_the_next_one_is_stored() {
+    use noops_api::PostgresBackup;
+    use noops_e2e::postgres::*;
+
+    let _restore = RestoreNodesOnDrop;
+    install_crds();
+    let ns = TestNamespace::new("pg-backup-node").await;
+    // The node that dies runs only the backup pod: neither the store nor the instance.
+    let (victim, others) = store_and_victim(&ns).await;
+    kubectl_ok(&["cordon", &victim], None);
+    let _operator = Operator::start(&ns.name, &["--controllers", "postgres,postgresbackup"]);
+    ns.apply(&manifest("shop", "pw", &backup_to_bucket(&ns, "pg-backups", "")));
+    wait_ready(&ns, "shop", 3 * MINUTE).await;
+    wait_condition(&ns, "shop", "BackupSucceeded", "True", 2 * MINUTE).await;
+    let ip = instance_ip(&ns, "shop").await;
+    // About 250 MB, so that a base backup takes seconds.
+    psql(
+        &ip,
+        "app",
+        "pw",
+        "shop",
+        "CREATE TABLE big AS SELECT g AS id, repeat(md5(g::text), 7) AS filler FROM generate_series(1, 1000000) g",
+    )
+    .unwrap();
+
+    // Only the victim takes new pods while the backup starts; it dies once the pod runs.
+    for node in &others {
+        kubectl_ok(&["cordon", node], None);
+    }
+    kubectl_ok(&["uncordon", &victim], None);
+    let backup = |name: &str| {
+        format!(
+            "apiVersion: noops.dev/v1alpha1\nkind: PostgresBackup\nmetadata: {{ name: {name} }}\nspec: {{ postgresql: shop }}\n"
+        )
+    };
+    ns.apply(&backup("during-the-fault"));
+    let pods = ns.pods();
+    let running = wait_for("the base backup pod running", 2 * MINUTE, || async {
+        let pod = pods.get_opt("during-the-fault-base").await.ok()??;
+        let statuses = pod.status.as_ref()?.container_statuses.clone()?;
+        statuses
+            .iter()
+            .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+            .then_some(pod)
+    })
+    .await;
+    assert_eq!(pod_node(&running), victim);
+    node_fault(&["stop", &victim]);
+    for node in &others {
+        kubectl_ok(&["uncordon", node], None);
+    }
+
+    // The backup fails, and says where and why; the database serves throughout.
+    let backups = ns.api::<PostgresBackup>();
+    let failed = wait_for("the backup failed", 3 * MINUTE, || async {
+        let b = backups.get_opt("during-the-fault").await.ok()??;
+        (phase(&b) == "Failed").then_some(b)
+    })
+    .await;
+    let said = failed
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Succeeded")
+        .unwrap();
+    assert!(
+        said.message.contains("deleted before it ended") && said.message.contains(&victim),
+        "{}",
+        said.message
+    );
+    assert_eq!(
+        psql(&ip, "app", "pw", "shop", "SELECT count(*) FROM big").unwrap(),
+        "1000000"
+    );
+    // The next backup is stored, on a node that lives.
+    ns.apply(&backup("after-the-fault"));
+    wait_until("the next backup stored", 3 * MINUTE, || async {
+        backups
+            .get_opt("after-the-fault")
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|b| phase(&b) == "Succeeded")
+    })
+    .await;
+    // The failed one can be deleted: its pod on the dead node does not hold it.
+    backups.delete("during-the-fault", &Default::default()).await.unwrap();
+    wait_until("the failed backup deleted", 3 * MINUTE, || async {
+        backups.get_opt("during-the-fault").await.ok().flatten().is_none()
+    })
+    .await;
+    assert!(
+        pods.get_opt("during-the-fault-base").await.unwrap().is_none(),
+        "its pod is gone"
+    );
+    node_fault(&["start", &victim]);
+    wait_node_status(&ns.client, &victim, true, MINUTE).await;
 }

@@ -499,3 +499,103 @@ async fn a_corrupt_or_missing_backup_fails_the_restore_visibly_and_replaces_no_g
     assert_eq!(contiguous_ids(&ip, "app", "pw", "shop"), 10);
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }
+
+/// Waits until condition `type_` of PostgreSQL `name` is `status` with `reason`.
+async fn wait_reason(ns: &TestNamespace, name: &str, type_: &str, status: &str, reason: &str) -> PostgreSQL {
+    wait_for(
+        &format!("PostgreSQL {name} {type_}={status} {reason}"),
+        3 * MINUTE,
+        || async {
+            let pg = ns.api::<PostgreSQL>().get(name).await.ok()?;
+            let generation = pg.metadata.generation;
+            let current = pg.status.as_ref().is_some_and(|s| s.observed_generation == generation);
+            (current && condition(&pg, type_).is_some_and(|(s, r, _)| s == status && r == reason)).then_some(pg)
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_bad_backup_destination_never_stops_a_serving_database_and_a_missing_bucket_is_reported() {
+    install_crds();
+    let ns = TestNamespace::new("pg-bad-dest").await;
+    s3::deploy(&ns);
+    let operator = Operator::start(&ns.name, &CONTROLLERS);
+    ns.apply(&manifest("shop", "pw", ""));
+    wait_ready(&ns, "shop", 3 * MINUTE).await;
+    let ip = instance_ip(&ns, "shop").await;
+    psql(
+        &ip,
+        "app",
+        "pw",
+        "shop",
+        "CREATE TABLE items (id bigint PRIMARY KEY); INSERT INTO items VALUES (1)",
+    )
+    .unwrap();
+    let serving_pod = ns.pods().get("shop-0").await.unwrap().metadata.uid;
+    let to_bucket = |credentials: &str| {
+        format!(
+            "  backup:\n    archiveTimeoutSeconds: 1\n    s3: {{ endpoint: \"{}\", bucket: pg-backups, credentialsSecret: {credentials} }}\n",
+            s3::service_url(&ns)
+        )
+    };
+    let still_serving = |pg: &PostgreSQL| {
+        assert_eq!(
+            condition(pg, "Ready").unwrap().0,
+            "True",
+            "a bad edit never stops a serving database"
+        );
+        assert_eq!(pg.status.as_ref().unwrap().phase.as_deref(), Some("Degraded"));
+    };
+
+    // Backups to a bucket whose credentials Secret does not exist: the pod would not start
+    // with it, so the serving one is left alone, and the status says what to fix.
+    ns.apply(&manifest("shop", "pw", &to_bucket("no-such-keys")));
+    let pg = wait_reason(&ns, "shop", "Degraded", "True", "BackupCredentialsMissing").await;
+    still_serving(&pg);
+    assert!(condition(&pg, "Degraded").unwrap().2.contains("no-such-keys"));
+    assert!(
+        event_reasons(&ns, "PostgreSQL", "shop")
+            .await
+            .iter()
+            .any(|r| r == "BackupCredentialsMissing")
+    );
+    // A Secret with one key of two: also refused.
+    ns.apply(
+        "apiVersion: v1\nkind: Secret\nmetadata: { name: half-keys }\nstringData: { AWS_ACCESS_KEY_ID: someone }\n",
+    );
+    ns.apply(&manifest("shop", "pw", &to_bucket("half-keys")));
+    let pg = wait_reason(&ns, "shop", "Degraded", "True", "BackupCredentialsInvalid").await;
+    still_serving(&pg);
+    assert!(condition(&pg, "Degraded").unwrap().2.contains("AWS_SECRET_ACCESS_KEY"));
+    let pod = ns.pods().get("shop-0").await.unwrap();
+    assert_eq!(pod.metadata.uid, serving_pod, "the instance's pod was never replaced");
+    assert_eq!(
+        psql(&ip, "app", "pw", "shop", "SELECT count(*) FROM items").unwrap(),
+        "1"
+    );
+
+    // Good keys, but a bucket that does not exist yet: the instance restarts with archiving
+    // on, serves, and says that its WAL cannot be archived.
+    ns.apply(&manifest("shop", "pw", &to_bucket("object-store-credentials")));
+    wait_new_instance(&ns, "shop", &serving_pod, 2 * MINUTE).await;
+    wait_ready(&ns, "shop", 2 * MINUTE).await;
+    let ip = instance_ip(&ns, "shop").await;
+    psql(&ip, "app", "pw", "shop", "INSERT INTO items VALUES (2)").unwrap();
+    let pg = wait_reason(&ns, "shop", "ContinuousArchiving", "False", "ArchiveFailing").await;
+    assert_eq!(condition(&pg, "Degraded").unwrap().1, "ArchiveFailing");
+    assert_eq!(condition(&pg, "Ready").unwrap().0, "True", "it serves meanwhile");
+    // The bucket made, the archive catches up and a first base backup is stored.
+    s3::create_bucket(&ns, "pg-backups").await;
+    let superuser = superuser_password(&ns, "shop").await;
+    let segment = current_segment(&ip, &superuser);
+    wait_archived(&ip, &superuser, &segment, 2 * MINUTE).await;
+    wait_reason(&ns, "shop", "BackupSucceeded", "True", "BackupStored").await;
+    let pg = wait_reason(&ns, "shop", "Degraded", "False", "AsExpected").await;
+    assert_eq!(condition(&pg, "ContinuousArchiving").unwrap().0, "True");
+    assert_eq!(
+        psql(&ip, "app", "pw", "shop", "SELECT count(*) FROM items").unwrap(),
+        "2"
+    );
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+}

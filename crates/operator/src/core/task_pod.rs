@@ -1,8 +1,11 @@
 //! Short-lived pods that do one job for a controller (save a snapshot, take a base backup,
-//! delete a backup) and report how it went in their termination message: their names, and how
-//! one stands. Pure.
+//! delete a backup) and report how it went in their termination message: their names, how one
+//! stands, and how to remove one. Pure.
+
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::DeleteParams;
 
 use super::stuck::stuck;
 
@@ -62,9 +65,120 @@ pub fn outcome(pod: Option<&Pod>) -> Outcome {
                 .to_string(),
             })
         }
+        // Deleted before it ended: evicted from a node that died, or deleted by hand. It will
+        // not report, and a pod on a dead node never goes by itself.
+        _ if pod.metadata.deletion_timestamp.is_some() => {
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let why = status
+                .conditions
+                .iter()
+                .flatten()
+                .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+                .map(|c| c.message.clone().or(c.reason.clone()).unwrap_or_default());
+            Outcome::Failed(match (why, pod.spec.as_ref().and_then(|s| s.node_name.clone())) {
+                (Some(why), Some(node)) => format!("pod {name} was deleted before it ended, on node {node}: {why}"),
+                (Some(why), None) => format!("pod {name} was deleted before it ended: {why}"),
+                (None, _) => format!("pod {name} was deleted before it ended"),
+            })
+        }
         _ => match stuck([pod]) {
             Some(s) => Outcome::Stuck(format!("{}: {}", s.reason, s.message)),
             None => Outcome::Running,
         },
+    }
+}
+
+/// How long past its grace period a pod being deleted may still be there before nobody is
+/// taken to be honouring the deletion: its node is dead (no kubelet confirms the stop).
+pub const ABANDONED_AFTER: Duration = Duration::from_secs(30);
+
+/// How to delete `pod`: in the background, or at once (no grace) when an earlier deletion has
+/// been left unhonoured past its grace period, as on a node that died. Otherwise the pod would
+/// stay, and a new one of its name could never be made.
+pub fn delete_params(pod: Option<&Pod>, now: jiff::Timestamp) -> DeleteParams {
+    let abandoned = pod.is_some_and(|pod| {
+        let Some(since) = pod.metadata.deletion_timestamp.as_ref() else {
+            return false;
+        };
+        let grace = pod
+            .metadata
+            .deletion_grace_period_seconds
+            .unwrap_or(0)
+            .max(0)
+            .unsigned_abs();
+        super::schedule::elapsed(since.0, now) > Duration::from_secs(grace) + ABANDONED_AFTER
+    });
+    if abandoned {
+        DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::background()
+        }
+    } else {
+        DeleteParams::background()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PodCondition, PodSpec, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn evicted(at: jiff::Timestamp) -> Pod {
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("shop-1-base".into());
+        pod.metadata.deletion_timestamp = Some(Time(at));
+        pod.metadata.deletion_grace_period_seconds = Some(30);
+        pod.spec = Some(PodSpec {
+            node_name: Some("noops-node-2".into()),
+            ..Default::default()
+        });
+        pod.status = Some(PodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![PodCondition {
+                type_: "DisruptionTarget".into(),
+                status: "True".into(),
+                reason: Some("DeletionByTaintManager".into()),
+                message: Some("Taint manager: deleting due to NoExecute taint".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        pod
+    }
+
+    #[test]
+    fn a_pod_deleted_before_it_ended_has_failed_and_says_where_and_why() {
+        let pod = evicted(jiff::Timestamp::now());
+        assert_eq!(
+            outcome(Some(&pod)),
+            Outcome::Failed(
+                "pod shop-1-base was deleted before it ended, on node noops-node-2: Taint manager: deleting due to NoExecute taint"
+                    .into()
+            )
+        );
+        let mut finished = pod.clone();
+        if let Some(status) = finished.status.as_mut() {
+            status.phase = Some("Succeeded".into());
+        }
+        assert_eq!(
+            outcome(Some(&finished)),
+            Outcome::Succeeded(String::new()),
+            "it ended before"
+        );
+    }
+
+    #[test]
+    fn a_deletion_left_unhonoured_past_its_grace_is_forced() {
+        let now = jiff::Timestamp::now();
+        let gentle = |pod: Option<&Pod>, at| delete_params(pod, at).grace_period_seconds;
+        assert_eq!(gentle(None, now), None);
+        let pod = evicted(now);
+        assert_eq!(gentle(Some(&pod), now), None, "its node has its grace period");
+        let later = now + jiff::SignedDuration::from_secs(61);
+        assert_eq!(gentle(Some(&pod), later), Some(0), "nobody honours it: forced");
+        let mut running = pod.clone();
+        running.metadata.deletion_timestamp = None;
+        assert_eq!(gentle(Some(&running), later), None, "not deleted yet: deleted gently");
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, ListParams};
+use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Api, Resource, ResourceExt};
@@ -352,11 +352,16 @@ async fn attempt_to_volume(
     }
 }
 
-/// Deletes the pod of `job` for `backup`, if there is one.
+/// Deletes the pod of `job` for `backup`, if there is one (at once if it was deleted already
+/// and its node never confirmed it: a dead node).
 async fn remove_pod(backup: &EtcdBackup, job: Job, ctx: &Context) -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
     let name = volume::pod_name(&backup.name_any(), &backup.uid().unwrap_or_default(), job);
-    delete_if_present(&pods, &name, &DeleteParams::background()).await?;
+    let Some(pod) = pods.get_opt(&name).await? else {
+        return Ok(());
+    };
+    let params = crate::core::task_pod::delete_params(Some(&pod), jiff::Timestamp::now());
+    delete_if_present(&pods, &name, &params).await?;
     Ok(())
 }
 

@@ -1,14 +1,15 @@
 //! The PostgreSQL controller.
 //!
 //! Watches PostgreSQLs, the StatefulSets, pods, Services, Secrets and ConfigMaps they own,
-//! every PostgresBackup, and the metadata of every Secret (so that a changed password Secret
-//! wakes the database that names it), and reconciles each database in one pass
+//! every PostgresBackup, and the metadata of every Secret (so that a changed password or
+//! backup credentials Secret wakes the database that names it), and reconciles each database in one pass
 //! (`reconcile.rs`), a file per question:
 //! - `observe.rs`: the children and backups, from the watch caches;
 //! - `secrets.rs`: the user's password (and what is wrong with its Secret), the superuser's
 //!   and the connection Secrets;
 //! - `restore.rs`: what an empty data directory becomes (a new database, or a restore from
-//!   which backup), pure;
+//!   which backup), pure; `destination.rs`: whether the instance can be given its backup
+//!   destination (a bad one leaves the StatefulSet as it is), pure;
 //! - `statefulset.rs`, `services.rs`: the children, pure; `store.rs`: where backups live;
 //! - `database.rs`, `sql.rs`: what the operator does and learns in the database;
 //! - `backups.rs`: the first and the scheduled backups, and retention;
@@ -18,6 +19,7 @@
 
 pub mod backups;
 pub mod database;
+pub mod destination;
 pub mod events;
 pub mod instance;
 pub mod names;
@@ -170,7 +172,11 @@ pub async fn run(runtime: Runtime) {
                 .state()
                 .into_iter()
                 .filter_map(|guard| guard.0.as_ref().ok().cloned())
-                .filter(|pg| pg.namespace().as_deref() == Some(namespace.as_str()) && pg.spec.password_secret == name)
+                .filter(|pg| pg.namespace().as_deref() == Some(namespace.as_str()))
+                .filter(|pg| {
+                    let credentials = pg.spec.backup.as_ref().and_then(|b| b.s3.as_ref()).map(|s3| &s3.credentials_secret);
+                    pg.spec.password_secret == name || credentials == Some(&name)
+                })
                 .map(|pg| ObjectRef::new(&pg.name_any()).within(&namespace))
                 .collect::<Vec<_>>()
         })

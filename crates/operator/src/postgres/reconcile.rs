@@ -27,7 +27,7 @@ use super::restore::InstancePlan;
 use super::secrets::{self, Password};
 use super::status::{self, InstanceState, Seen};
 use super::store::Destination;
-use super::{Context, observe, restore, services, statefulset};
+use super::{Context, destination, observe, restore, services, statefulset};
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
 use crate::core::stamp::{stamp, up_to_date};
 use crate::core::stuck::stuck;
@@ -84,13 +84,25 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     }
     // A new database whose bootstrap backup cannot be used yet gets no pod: it would have
     // nothing to start from.
+    // A pod given a backup destination it cannot reach cannot start: the StatefulSet is left
+    // as it is until the destination is there, so that a bad edit never stops a database
+    // that serves.
+    let mut destination_problem = None;
     if plan.is_ok() || children.statefulset.is_some() {
         let mut sts = statefulset::build(&pg, &names, &owner, &ctx.image, bootstrap_source.as_ref());
         stamp(&mut sts);
         if !up_to_date(&sts, children.statefulset.as_deref()) {
-            let api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &names.namespace);
-            apply(&api, &names.statefulset(), &sts).await.during(Step::Apply)?;
-            info!("applied the StatefulSet");
+            destination_problem = check_destination(&pg, &names, ctx).await.during(Step::Validate)?;
+            match &destination_problem {
+                None => {
+                    let api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &names.namespace);
+                    apply(&api, &names.statefulset(), &sts).await.during(Step::Apply)?;
+                    info!("applied the StatefulSet");
+                }
+                Some(problem) => {
+                    info!(reason = problem.reason, "the StatefulSet is left as it is: {}", problem.message);
+                }
+            }
         }
     }
     let mut service = services::build(&pg, &names, &owner);
@@ -159,6 +171,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
             .filter(|_| pg.spec.service.type_ == noops_api::postgres::ServiceType::NodePort),
         restores_from: plan.as_ref().ok().and_then(|p| p.restore.as_ref()).map(|r| r.backup.clone()),
         plan_problem: plan.as_ref().err().cloned(),
+        destination_problem: destination_problem.clone(),
         archiver: made.archiver.clone(),
         restore: made.restore.clone(),
         book,
@@ -166,7 +179,8 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
         node_lost,
     };
     finish(&pg, &names, ctx, &owner, &children, seen, &made, &password, now).await?;
-    let look = if !serving {
+    let look = if !serving || destination_problem.is_some() {
+        // (Nothing watches the user's backup claim: a problem with it is looked at again.)
         NOT_YET
     } else if pg.spec.backup.is_some() {
         LOOK_AGAIN_ARCHIVING
@@ -174,6 +188,26 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
         LOOK_AGAIN
     };
     Ok(Action::requeue(pass.look_again.map_or(look, |next| next.min(look))))
+}
+
+/// Why the instance cannot be given the backup destination of `pg`'s spec, if it cannot: its
+/// credentials Secret or its claim, read from the API (neither carries the operator's labels,
+/// so neither is in the caches). Read only when the StatefulSet is about to change.
+async fn check_destination(pg: &PostgreSQL, names: &Names, ctx: &Context) -> Result<Option<restore::PlanProblem>> {
+    let Some(wanted) = pg.spec.backup.as_ref().and_then(Destination::of_spec) else {
+        return Ok(None);
+    };
+    let (secret, claim) = match destination::needed(&wanted) {
+        destination::Needed::Secret(name) => {
+            let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
+            (api.get_opt(name).await?, None)
+        }
+        destination::Needed::Claim(name) => {
+            let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
+            (None, api.get_opt(name).await?)
+        }
+    };
+    Ok(destination::problem(&wanted, secret.as_ref(), claim.as_ref()))
 }
 
 /// The instance's pod, if it cannot start and the StatefulSet has a newer revision for it.

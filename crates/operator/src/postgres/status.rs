@@ -55,6 +55,9 @@ pub struct Seen {
     pub restores_from: Option<String>,
     /// Why the database cannot start as its spec says (its bootstrap backup).
     pub plan_problem: Option<PlanProblem>,
+    /// Why the instance cannot be given the backup destination its spec names (the
+    /// StatefulSet is left as it is meanwhile).
+    pub destination_problem: Option<PlanProblem>,
     /// What the server's WAL archiver says (when it serves with a destination).
     pub archiver: Option<Archiver>,
     /// What the restore that made the data directory recovered, as the instance says (when it
@@ -79,6 +82,8 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
         _ => None,
     };
     let ready = serving.is_some() && seen.database_ready;
+    // What keeps the spec from being applied: its bootstrap backup, or its backup destination.
+    let spec_problem = seen.plan_problem.as_ref().or(seen.destination_problem.as_ref());
     let failed_bootstrap = |message: &String| {
         if seen.restores_from.is_some() {
             ("RestoreFailed", message.clone())
@@ -90,7 +95,7 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
         let message = format!("serving database {} at {}:{PORT}", pg.spec.db, names.host());
         Decided::new(READY, true, "Serving", message)
     } else {
-        match (&seen.instance, &seen.password_problem, &seen.plan_problem) {
+        match (&seen.instance, &seen.password_problem, spec_problem) {
             _ if seen.node_lost.is_some() => Decided::new(READY, false, "NodeLost", seen.node_lost.clone().unwrap_or_default()),
             (_, _, Some(problem)) => Decided::new(READY, false, problem.reason, problem.message.clone()),
             (InstanceState::BootstrapFailed(message), _, _) => {
@@ -125,8 +130,8 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
         (InstanceState::Stuck(stuck), _) => Decided::new(DEGRADED, true, "InstancePodStuck", stuck.message.clone()),
         (_, Some(problem)) => problem.condition(DEGRADED, true),
         (InstanceState::Unreachable(why), _) => Decided::new(DEGRADED, true, "Unreachable", why.clone()),
-        _ if seen.plan_problem.is_some() => {
-            let problem = seen.plan_problem.clone().unwrap_or(PlanProblem { reason: "", message: String::new() });
+        _ if spec_problem.is_some() => {
+            let problem = spec_problem.cloned().unwrap_or(PlanProblem { reason: "", message: String::new() });
             Decided::new(DEGRADED, true, problem.reason, problem.message)
         }
         _ if archiving.as_ref().is_some_and(|a| a.reason == "ArchiveFailing") => {
@@ -152,11 +157,11 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
     decided.extend(archiving);
     decided.extend(seen.book.condition.clone());
     let was_serving = previous.system_identifier.is_some();
-    let phase = if ready && seen.password_problem.is_none() {
+    let phase = if ready && seen.password_problem.is_none() && spec_problem.is_none() {
         "Running"
     } else if ready || was_serving {
         "Degraded"
-    } else if matches!(seen.instance, InstanceState::Stuck(_) | InstanceState::BootstrapFailed(_)) || seen.plan_problem.is_some() {
+    } else if matches!(seen.instance, InstanceState::Stuck(_) | InstanceState::BootstrapFailed(_)) || spec_problem.is_some() {
         "Failed"
     } else if matches!(seen.instance, InstanceState::Bootstrapping) && seen.restores_from.is_some() {
         "Restoring"

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, ListParams};
+use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Api, Resource, ResourceExt};
@@ -89,9 +89,9 @@ async fn make(cached: &PostgresBackup, ctx: &Context) -> Result<Action> {
     let mut version = backup.resource_version();
     let mut status = backup.status.clone().unwrap_or_default();
     if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
-        // An operator stopped between the last status write and removing the pod.
-        remove_pod(backup, Job::Base, ctx).await?;
-        return Ok(Action::await_change());
+        // An operator stopped between the last status write and removing the pod (or a pod
+        // left on a dead node, removed once its grace has passed).
+        return remove_pod(backup, Job::Base, ctx).await;
     }
     let now = jiff::Timestamp::now();
     let started = status.started_at.as_ref().map_or(now, |t| t.0);
@@ -197,8 +197,7 @@ async fn settle(
             info!("{note}");
             events.normal(&reference, "BackupSucceeded", note).await;
             crash::point("postgres backup: status written, pod not removed");
-            remove_pod(backup, Job::Base, ctx).await?;
-            Ok(Action::await_change())
+            remove_pod(backup, Job::Base, ctx).await
         }
         Verdict::InProgress => {
             let message = format!("pod {} takes the base backup", pod_name(backup, Job::Base));
@@ -229,8 +228,7 @@ async fn settle(
             }
             warn!(reason, "the backup failed: {message}");
             events.warning(&reference, reason, message).await;
-            remove_pod(backup, Job::Base, ctx).await?;
-            Ok(Action::await_change())
+            remove_pod(backup, Job::Base, ctx).await
         }
     }
 }
@@ -315,11 +313,24 @@ async fn attempt(
     })
 }
 
-/// Deletes the pod of `job` for `backup`, if there is one.
-async fn remove_pod(backup: &PostgresBackup, job: Job, ctx: &Context) -> Result<()> {
+/// Deletes the pod of `job` for `backup`, if there is one (at once if it was deleted already
+/// and its node never confirmed it: a dead node).
+/// What to do next once a backup is done: look again while its pod lingers (deleted on a node
+/// that does not confirm it), to force it out once its grace has passed.
+async fn remove_pod(backup: &PostgresBackup, job: Job, ctx: &Context) -> Result<Action> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
-    delete_if_present(&pods, &pod_name(backup, job), &DeleteParams::background()).await?;
-    Ok(())
+    let name = pod_name(backup, job);
+    let Some(pod) = pods.get_opt(&name).await? else {
+        return Ok(Action::await_change());
+    };
+    let params = task_pod::delete_params(Some(&pod), jiff::Timestamp::now());
+    let forced = params.grace_period_seconds == Some(0);
+    delete_if_present(&pods, &name, &params).await?;
+    Ok(if forced || pod.metadata.deletion_timestamp.is_none() {
+        Action::await_change()
+    } else {
+        Action::requeue(task_pod::ABANDONED_AFTER)
+    })
 }
 
 /// Writes the status over `version` of `backup` (see [`apply_status_at`]).
