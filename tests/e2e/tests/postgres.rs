@@ -149,6 +149,8 @@ async fn the_original_walkthrough_keeps_every_row_across_a_pod_deletion_and_take
             "no {expected} Event in {reasons:?}"
         );
     }
+    // A pod deleted by its user is being replaced: no Warning that the server is unreachable.
+    assert!(!reasons.iter().any(|r| r == "Unreachable"), "{reasons:?}");
     assert!(
         !operator.log_text().contains("second-Pa55"),
         "a password in the operator's log"

@@ -141,9 +141,18 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     };
 
     // The instance and the database in it.
-    let (instance, made) = database::instance_and_database(&pg, &names, &previous, pod, &superuser_password, &password).await;
+    let (mut instance, made) = database::instance_and_database(&pg, &names, &previous, pod, &superuser_password, &password).await;
     if let InstanceState::Unreachable(why) = &instance {
-        warn!(error = %why, "cannot talk to the instance");
+        // The caches may be a moment behind a pod deleted (or no longer Ready) while the pass
+        // talked to it: that one is being replaced, not unreachable, and worth no Warning.
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
+        let latest = pods.get_opt(&names.instance()).await.during(Step::Observe)?;
+        if latest.as_ref().and_then(observe::ready_address).is_none() {
+            info!(error = %why, "the instance's pod stopped serving while this pass talked to it");
+            instance = InstanceState::Starting(format!("pod {} is stopping or starting", names.instance()));
+        } else {
+            warn!(error = %why, "cannot talk to the instance");
+        }
     }
     let serving = matches!(instance, InstanceState::Serving(_)) && made.database_ready;
 
