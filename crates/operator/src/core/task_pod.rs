@@ -96,18 +96,10 @@ pub const ABANDONED_AFTER: Duration = Duration::from_secs(30);
 /// been left unhonoured past its grace period, as on a node that died. Otherwise the pod would
 /// stay, and a new one of its name could never be made.
 pub fn delete_params(pod: Option<&Pod>, now: jiff::Timestamp) -> DeleteParams {
-    let abandoned = pod.is_some_and(|pod| {
-        let Some(since) = pod.metadata.deletion_timestamp.as_ref() else {
-            return false;
-        };
-        let grace = pod
-            .metadata
-            .deletion_grace_period_seconds
-            .unwrap_or(0)
-            .max(0)
-            .unsigned_abs();
-        super::schedule::elapsed(since.0, now) > Duration::from_secs(grace) + ABANDONED_AFTER
-    });
+    // A pod's deletion timestamp is the end of its grace period, not when it was asked to go.
+    let abandoned = pod
+        .and_then(|pod| pod.metadata.deletion_timestamp.as_ref())
+        .is_some_and(|deadline| now > deadline.0 && super::schedule::elapsed(deadline.0, now) > ABANDONED_AFTER);
     if abandoned {
         DeleteParams {
             grace_period_seconds: Some(0),
@@ -175,7 +167,9 @@ mod tests {
         assert_eq!(gentle(None, now), None);
         let pod = evicted(now);
         assert_eq!(gentle(Some(&pod), now), None, "its node has its grace period");
-        let later = now + jiff::SignedDuration::from_secs(61);
+        let soon = now + jiff::SignedDuration::from_secs(29);
+        assert_eq!(gentle(Some(&pod), soon), None, "its node may be slow to confirm");
+        let later = now + jiff::SignedDuration::from_secs(31);
         assert_eq!(gentle(Some(&pod), later), Some(0), "nobody honours it: forced");
         let mut running = pod.clone();
         running.metadata.deletion_timestamp = None;

@@ -10,6 +10,9 @@
 //!   backup can restore the database elsewhere (the plan names one, and the backups are not on
 //!   the same node): the next pod starts on another node with an empty volume and restores the
 //!   newest base backup and the archived WAL, losing only what was not archived yet;
+//! - a database that never served (no system identifier recorded: the node died during its
+//!   first `initdb`) has nothing on its volume to lose: the volume is **given up** too, and the
+//!   next pod makes the database anew on another node;
 //! - without such a backup, the instance **waits for the node** (giving up the volume would lose
 //!   the database), and says so.
 
@@ -73,13 +76,22 @@ pub fn pinned_to(pv: &PersistentVolume, node: &str) -> bool {
         })
 }
 
+/// How the database can come back on another node, once its volume is given up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Elsewhere {
+    /// Restored from this base backup and the WAL archived since.
+    Restore(String),
+    /// Made anew by `initdb`: it never served, so its volume holds nothing to lose.
+    Anew,
+}
+
 /// What to do, given the instance's pod, its node (None: the Node object is gone), its data
-/// volume, and whether a backup can restore it elsewhere (`restore`: the backup, or why not).
+/// volume, and how the database can come back elsewhere (`elsewhere`, or why it cannot).
 pub fn decide(
     pod: &Pod,
     node: Option<&Node>,
     volume: Option<&PersistentVolume>,
-    restore: Result<&str, &str>,
+    elsewhere: Result<&Elsewhere, &str>,
     now: jiff::Timestamp,
 ) -> NodeLoss {
     let Some(name) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
@@ -91,7 +103,7 @@ pub fn decide(
     if !volume.is_some_and(|pv| pinned_to(pv, &name)) {
         return NodeLoss::ForceDelete { node: name };
     }
-    match restore {
+    match elsewhere {
         Ok(_) => NodeLoss::GiveUpVolume { node: name },
         Err(why) => NodeLoss::WaitForNode {
             node: name,
@@ -142,7 +154,7 @@ mod tests {
         let later = at(100 + 16);
         let volume = local_volume("node-2");
         assert_eq!(
-            decide(&stuck, Some(&node(false)), Some(&volume), Ok("shop-1"), later),
+            decide(&stuck, Some(&node(false)), Some(&volume), Ok(&Elsewhere::Restore("shop-1".into())), later),
             NodeLoss::GiveUpVolume { node: "node-2".into() }
         );
         assert_eq!(
@@ -153,9 +165,14 @@ mod tests {
             }
         );
         assert_eq!(
-            decide(&stuck, None, Some(&volume), Ok("shop-1"), later),
+            decide(&stuck, None, Some(&volume), Ok(&Elsewhere::Restore("shop-1".into())), later),
             NodeLoss::GiveUpVolume { node: "node-2".into() },
             "a Node object deleted is a dead node"
+        );
+        assert_eq!(
+            decide(&stuck, Some(&node(false)), Some(&volume), Ok(&Elsewhere::Anew), later),
+            NodeLoss::GiveUpVolume { node: "node-2".into() },
+            "a database that never served is made anew elsewhere"
         );
     }
 
@@ -172,8 +189,8 @@ mod tests {
     #[test]
     fn nothing_is_done_while_the_node_is_ready_or_the_pod_is_within_its_deadline() {
         let volume = local_volume("node-2");
-        assert_eq!(decide(&pod(Some(100)), Some(&node(true)), Some(&volume), Ok("b"), at(200)), NodeLoss::Fine);
-        assert_eq!(decide(&pod(Some(100)), Some(&node(false)), Some(&volume), Ok("b"), at(110)), NodeLoss::Fine);
-        assert_eq!(decide(&pod(None), Some(&node(false)), Some(&volume), Ok("b"), at(200)), NodeLoss::Fine);
+        assert_eq!(decide(&pod(Some(100)), Some(&node(true)), Some(&volume), Ok(&Elsewhere::Anew), at(200)), NodeLoss::Fine);
+        assert_eq!(decide(&pod(Some(100)), Some(&node(false)), Some(&volume), Ok(&Elsewhere::Anew), at(110)), NodeLoss::Fine);
+        assert_eq!(decide(&pod(None), Some(&node(false)), Some(&volume), Ok(&Elsewhere::Anew), at(200)), NodeLoss::Fine);
     }
 }

@@ -98,11 +98,19 @@ async fn make(cached: &PostgresBackup, ctx: &Context) -> Result<Action> {
     let databases: Api<PostgreSQL> = Api::namespaced(ctx.client.clone(), &namespace);
     let pg = databases.get_opt(&backup.spec.postgresql).await?;
     let verdict = match (&pg, status.destination.clone()) {
-        // Applied with its database, maybe a moment before it: waits for it a while.
-        (None, _) => Verdict::Wait {
-            reason: "PostgreSQLNotFound",
-            message: format!("PostgreSQL {:?} does not exist in this namespace", backup.spec.postgresql),
-        },
+        // Applied with its database, maybe a moment before it: waits for it a while. Or the
+        // database was deleted while its backup was under way: what the pod did still counts
+        // (a backup it stored is whole, and is kept as such).
+        (None, destination) => {
+            let under_way = match destination {
+                Some(_) => progress(backup, started, now, ctx).await?,
+                None => None,
+            };
+            under_way.unwrap_or_else(|| Verdict::Wait {
+                reason: "PostgreSQLNotFound",
+                message: format!("PostgreSQL {:?} does not exist in this namespace", backup.spec.postgresql),
+            })
+        }
         // Once recorded, where it goes stays: a pass after the database's destination was
         // edited (or removed) still goes where the status says.
         (Some(pg), Some(location)) => attempt(backup, pg, &location, started, now, ctx).await?,
@@ -243,50 +251,63 @@ async fn attempt(
     now: jiff::Timestamp,
     ctx: &Context,
 ) -> Result<Verdict> {
+    if let Some(verdict) = progress(backup, started, now, ctx).await? {
+        return Ok(verdict);
+    }
     let names = Names::of(pg);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let name = pod_name(backup, Job::Base);
-    let pod = pods.get_opt(&name).await?;
-    Ok(match task_pod::outcome(pod.as_ref()) {
-        Outcome::NotStarted => {
-            if let Some(claim) = Destination::of_location(location).as_ref().and_then(|d| d.claim().map(str::to_string)) {
-                let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
-                if claims.get_opt(&claim).await?.is_none() {
-                    return Ok(Verdict::Wait {
-                        reason: "ClaimNotFound",
-                        message: format!(
-                            "PersistentVolumeClaim {claim:?} (backup.volume.claimName) does not exist in this namespace"
-                        ),
-                    });
-                }
-            }
-            let instance = pods.get_opt(&names.instance()).await?;
-            let Some(host) = instance.as_ref().and_then(observe::ready_address) else {
-                return Ok(Verdict::Wait {
-                    reason: "InstanceNotReady",
-                    message: format!("the instance {} is not serving: a base backup waits for it", names.instance()),
-                });
-            };
-            let Some(owner) = controller_reference(backup) else {
-                return Ok(Verdict::Wait {
-                    reason: "NotStored",
-                    message: "the PostgresBackup has no uid yet".into(),
-                });
-            };
-            let version = &pg.spec.version;
-            let Some(pod) = pods::base_pod(&name, &backup.name_any(), &names, version, &host, location, &ctx.image, &owner)
-            else {
-                return Ok(Verdict::Failed {
-                    reason: "NoDestination",
-                    message: "the recorded destination names no store".into(),
-                });
-            };
-            if create_if_missing(&pods, &pod).await? {
-                crash::point("postgres backup: pod made");
-                info!(pod = %name, %host, "a pod takes the base backup");
-            }
-            Verdict::InProgress
+    if let Some(claim) = Destination::of_location(location).as_ref().and_then(|d| d.claim().map(str::to_string)) {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
+        if claims.get_opt(&claim).await?.is_none() {
+            return Ok(Verdict::Wait {
+                reason: "ClaimNotFound",
+                message: format!(
+                    "PersistentVolumeClaim {claim:?} (backup.volume.claimName) does not exist in this namespace"
+                ),
+            });
         }
+    }
+    let instance = pods.get_opt(&names.instance()).await?;
+    let Some(host) = instance.as_ref().and_then(observe::ready_address) else {
+        return Ok(Verdict::Wait {
+            reason: "InstanceNotReady",
+            message: format!("the instance {} is not serving: a base backup waits for it", names.instance()),
+        });
+    };
+    let Some(owner) = controller_reference(backup) else {
+        return Ok(Verdict::Wait {
+            reason: "NotStored",
+            message: "the PostgresBackup has no uid yet".into(),
+        });
+    };
+    let version = &pg.spec.version;
+    let Some(pod) = pods::base_pod(&name, &backup.name_any(), &names, version, &host, location, &ctx.image, &owner)
+    else {
+        return Ok(Verdict::Failed {
+            reason: "NoDestination",
+            message: "the recorded destination names no store".into(),
+        });
+    };
+    if create_if_missing(&pods, &pod).await? {
+        crash::point("postgres backup: pod made");
+        info!(pod = %name, %host, "a pod takes the base backup");
+    }
+    Ok(Verdict::InProgress)
+}
+
+/// How the backup's pod is doing, once it was made (None: it was not).
+async fn progress(
+    backup: &PostgresBackup,
+    started: jiff::Timestamp,
+    now: jiff::Timestamp,
+    ctx: &Context,
+) -> Result<Option<Verdict>> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
+    let name = pod_name(backup, Job::Base);
+    let pod = pods.get_opt(&name).await?;
+    Ok(Some(match task_pod::outcome(pod.as_ref()) {
+        Outcome::NotStarted => return Ok(None),
         Outcome::Running if elapsed(started, now) >= RUN_DEADLINE => {
             remove_pod(backup, Job::Base, ctx).await?;
             Verdict::Failed {
@@ -310,13 +331,12 @@ async fn attempt(
             reason: "BaseBackupFailed",
             message,
         },
-    })
+    }))
 }
 
 /// Deletes the pod of `job` for `backup`, if there is one (at once if it was deleted already
-/// and its node never confirmed it: a dead node).
-/// What to do next once a backup is done: look again while its pod lingers (deleted on a node
-/// that does not confirm it), to force it out once its grace has passed.
+/// and its node never confirmed it: a dead node). Returns what to do next: look again while
+/// the pod lingers, to force it out once its grace has passed.
 async fn remove_pod(backup: &PostgresBackup, job: Job, ctx: &Context) -> Result<Action> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
     let name = pod_name(backup, job);
