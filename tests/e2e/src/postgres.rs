@@ -60,6 +60,21 @@ pub async fn wait_ready(ns: &TestNamespace, name: &str, timeout: Duration) -> Po
     .await
 }
 
+/// Waits until condition `type_` of PostgreSQL `name` is `status` with `reason`.
+pub async fn wait_reason(ns: &TestNamespace, name: &str, type_: &str, status: &str, reason: &str) -> PostgreSQL {
+    wait_for(
+        &format!("PostgreSQL {name} {type_}={status} {reason}"),
+        Duration::from_secs(180),
+        || async {
+            let pg = ns.api::<PostgreSQL>().get(name).await.ok()?;
+            let generation = pg.metadata.generation;
+            let current = pg.status.as_ref().is_some_and(|s| s.observed_generation == generation);
+            (current && condition(&pg, type_).is_some_and(|(s, r, _)| s == status && r == reason)).then_some(pg)
+        },
+    )
+    .await
+}
+
 /// Waits until the PostgreSQL's Ready condition is False with `reason`.
 pub async fn wait_not_ready(ns: &TestNamespace, name: &str, reason: &str, timeout: Duration) -> PostgreSQL {
     let api = ns.api::<PostgreSQL>();

@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{Event, Pod};
 use noops_api::PostgreSQL;
 use noops_e2e::postgres::{
     condition, database_manifest, instance_ip, kubectl_get, manifest, psql, secret_value, wait_not_ready, wait_ready,
+    wait_reason,
 };
 use noops_e2e::{Operator, TestNamespace, apply_error, install_crds, kubectl_ok, wait_for, wait_until};
 
@@ -459,5 +460,96 @@ async fn a_missing_password_or_image_is_reported_and_fixed_by_the_user() {
     assert_eq!(stuck.status.as_ref().unwrap().phase.as_deref(), Some("Failed"));
     ns.apply(&manifest("other", "x-Pa55", "  version: \"15\"\n"));
     wait_ready(&ns, "other", 3 * MINUTE).await;
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+}
+
+#[tokio::test]
+async fn a_spec_the_api_server_refuses_is_reported_and_never_stops_a_serving_database() {
+    install_crds();
+    let ns = TestNamespace::new("pg-refused").await;
+    let operator = Operator::start(&ns.name, &["--controllers", "postgres"]);
+    ns.apply(&manifest("shop", "pw-1", ""));
+    wait_ready(&ns, "shop", 3 * MINUTE).await;
+    let ip = instance_ip(&ns, "shop").await;
+    psql(
+        &ip,
+        "app",
+        "pw-1",
+        "shop",
+        "CREATE TABLE t (id int); INSERT INTO t VALUES (1)",
+    )
+    .unwrap();
+    let pods = ns.api::<Pod>();
+    let serving_pod = pods.get("shop-0").await.unwrap().metadata.uid;
+
+    // Requests above limits pass the schema (a ResourceRequirements as Kubernetes has it) but
+    // not the API server: said, with its words, and the running pod is left alone.
+    let too_much = "  resources:\n    requests: { memory: 2Gi }\n    limits: { memory: 1Gi }\n";
+    ns.apply(&manifest("shop", "pw-1", too_much));
+    let pg = wait_reason(&ns, "shop", "Degraded", "True", "SpecRejected").await;
+    let (_, _, message) = condition(&pg, "Degraded").unwrap();
+    assert!(
+        message.contains("StatefulSet") && message.contains("limit"),
+        "{message}"
+    );
+    assert!(
+        condition(&pg, "Ready").is_some_and(|(s, _, _)| s == "True"),
+        "it still serves"
+    );
+    assert!(event_reasons(&ns, "shop").await.iter().any(|r| r == "SpecRejected"));
+    // The rest of the pass goes on: a password changed meanwhile is still applied.
+    ns.apply("apiVersion: v1\nkind: Secret\nmetadata: { name: shop-db }\nstringData: { postgresql_password: pw-2 }\n");
+    wait_until("the new password while the spec is refused", MINUTE, || async {
+        psql(&ip, "app", "pw-2", "shop", "SELECT 1").is_ok()
+    })
+    .await;
+    assert_eq!(
+        pods.get("shop-0").await.unwrap().metadata.uid,
+        serving_pod,
+        "the serving pod was not replaced"
+    );
+    assert_eq!(psql(&ip, "app", "pw-2", "shop", "SELECT count(*) FROM t").unwrap(), "1");
+    // Corrected, it is applied (the pod rolls onto it) and the problem goes.
+    ns.apply(&manifest("shop", "pw-2", "  resources:\n    limits: { memory: 1Gi }\n"));
+    wait_reason(&ns, "shop", "Degraded", "False", "AsExpected").await;
+    wait_until("the pod rolled onto the corrected spec", 2 * MINUTE, || async {
+        pods.get_opt("shop-0").await.ok().flatten().is_some_and(|p| {
+            let limit = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.iter().find(|c| c.name == "postgres").cloned());
+            limit
+                .and_then(|c| c.resources?.limits?.get("memory").cloned())
+                .is_some_and(|q| q.0 == "1Gi")
+        })
+    })
+    .await;
+    wait_ready(&ns, "shop", 2 * MINUTE).await;
+    let ip = instance_ip(&ns, "shop").await;
+    assert_eq!(psql(&ip, "app", "pw-2", "shop", "SELECT count(*) FROM t").unwrap(), "1");
+
+    // A node port another Service holds, on a first apply: not Ready (it has no Service),
+    // with the API server's reason; a free port makes it Ready.
+    ns.apply(&manifest(
+        "first",
+        "pw-3",
+        "  service: { type: NodePort, nodePort: 32107 }\n",
+    ));
+    wait_ready(&ns, "first", 3 * MINUTE).await;
+    ns.apply(&manifest(
+        "second",
+        "pw-4",
+        "  service: { type: NodePort, nodePort: 32107 }\n",
+    ));
+    let second = wait_not_ready(&ns, "second", "SpecRejected", 3 * MINUTE).await;
+    let (_, _, message) = condition(&second, "Ready").unwrap();
+    assert!(message.contains("Service") && message.contains("32107"), "{message}");
+    ns.apply(&manifest(
+        "second",
+        "pw-4",
+        "  service: { type: NodePort, nodePort: 32108 }\n",
+    ));
+    let second = wait_ready(&ns, "second", 2 * MINUTE).await;
+    assert_eq!(second.status.unwrap().node_port, Some(32108));
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }

@@ -330,6 +330,19 @@ async fn backups_to_a_volume_run_on_schedule_keep_max_backups_and_restore_a_lost
             .is_none()
     })
     .await;
+    // A schedule the parser refuses (the schema only counts its fields) is said, and makes no
+    // backup; the database serves on.
+    ns.apply(&manifest("shop", "pw", &backup.replace("*/5 * * * * *", "99 * * * *")));
+    let pg = wait_reason(&ns, "shop", "Degraded", "True", "InvalidSchedule").await;
+    assert!(condition(&pg, "Ready").is_some_and(|(s, _, _)| s == "True"));
+    let (_, _, message) = condition(&pg, "Degraded").unwrap();
+    assert!(message.contains("99 * * * *"), "{message}");
+    assert!(
+        event_reasons(&ns, "PostgreSQL", "shop")
+            .await
+            .iter()
+            .any(|r| r == "InvalidSchedule")
+    );
     // The schedule off, what is left settles: two backups, and their folders.
     ns.apply(&manifest(
         "shop",
@@ -498,21 +511,6 @@ async fn a_corrupt_or_missing_backup_fails_the_restore_visibly_and_replaces_no_g
     let ip = instance_ip(&ns, "shop").await;
     assert_eq!(contiguous_ids(&ip, "app", "pw", "shop"), 10);
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
-}
-
-/// Waits until condition `type_` of PostgreSQL `name` is `status` with `reason`.
-async fn wait_reason(ns: &TestNamespace, name: &str, type_: &str, status: &str, reason: &str) -> PostgreSQL {
-    wait_for(
-        &format!("PostgreSQL {name} {type_}={status} {reason}"),
-        3 * MINUTE,
-        || async {
-            let pg = ns.api::<PostgreSQL>().get(name).await.ok()?;
-            let generation = pg.metadata.generation;
-            let current = pg.status.as_ref().is_some_and(|s| s.observed_generation == generation);
-            (current && condition(&pg, type_).is_some_and(|(s, r, _)| s == status && r == reason)).then_some(pg)
-        },
-    )
-    .await
 }
 
 #[tokio::test]

@@ -18,6 +18,7 @@ use noops_api::postgres_backup::{PostgresBackup, PostgresBackupSpec};
 
 use super::names::{Names, POSTGRES_LABEL};
 use super::store::Destination;
+use super::restore::PlanProblem;
 use crate::core::{Result, crash};
 use crate::core::apply::{create_if_missing, delete_if_present};
 use crate::core::conditions::Decided;
@@ -125,6 +126,18 @@ pub fn first_backup_due(pg: &PostgreSQL, mine: &[&PostgresBackup], serving: bool
         .filter_map(|b| b.status.as_ref()?.completed_at.as_ref().map(|t| t.0))
         .max();
     last.is_none_or(|at| crate::core::schedule::elapsed(at, now) >= pause)
+}
+
+/// Why `backup.schedule` cannot be followed, if it cannot: the schema counts its fields, but
+/// only the parser knows a minute of 99. No scheduled backup is made until it is fixed; the
+/// first backup and WAL archiving go on.
+pub fn schedule_problem(pg: &PostgreSQL) -> Option<PlanProblem> {
+    let pattern = pg.spec.backup.as_ref()?.schedule.as_deref()?;
+    let bad = schedule::parse(pattern).err()?;
+    Some(PlanProblem {
+        reason: "InvalidSchedule",
+        message: format!("{bad}; no scheduled backup is made until it is fixed"),
+    })
 }
 
 /// A backup of `pg` made by the operator (first or scheduled), for `at`.
@@ -355,5 +368,21 @@ mod tests {
         assert!(condition.message.contains("newer stored a base backup ending at WAL 0/2000100"), "{}", condition.message);
         assert_eq!(book.last_backup.as_deref(), Some("newer"));
         assert_eq!(book.last_backup_time.map(|t| t.0), Some(at(250)));
+    }
+
+    #[test]
+    fn a_schedule_the_parser_refuses_is_a_problem_told_and_a_good_one_is_not() {
+        let mut pg = with_backups(postgres("shop"));
+        assert_eq!(schedule_problem(&pg), None, "no schedule");
+        if let Some(backup) = pg.spec.backup.as_mut() {
+            backup.schedule = Some("0 3 * * *".into());
+        }
+        assert_eq!(schedule_problem(&pg), None);
+        if let Some(backup) = pg.spec.backup.as_mut() {
+            backup.schedule = Some("99 * * * *".into());
+        }
+        let problem = schedule_problem(&pg).unwrap();
+        assert_eq!(problem.reason, "InvalidSchedule");
+        assert!(problem.message.contains("99 * * * *"), "{}", problem.message);
     }
 }

@@ -22,7 +22,7 @@ use super::backups::{self, Book};
 use super::database::{self, Made};
 use super::events::announcements;
 use super::names::Names;
-use super::node_loss::{self, NodeLoss};
+use super::node_loss::{self, Elsewhere, NodeLoss};
 use super::restore::InstancePlan;
 use super::secrets::{self, Password};
 use super::status::{self, InstanceState, Seen};
@@ -62,6 +62,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     // database starts from are left.
     let password = secrets::password(user_secret.as_ref(), &pg.spec.password_secret);
     let plan = restore::plan(&pg, &all_backups);
+    let schedule_problem = backups::schedule_problem(&pg);
     // Where a bootstrap backup is, recorded once: the pod is built to reach it.
     let bootstrap_source = previous
         .bootstrap_source
@@ -88,6 +89,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     // as it is until the destination is there, so that a bad edit never stops a database
     // that serves.
     let mut destination_problem = None;
+    let mut refused = None;
     if plan.is_ok() || children.statefulset.is_some() {
         let mut sts = statefulset::build(&pg, &names, &owner, &ctx.image, bootstrap_source.as_ref());
         stamp(&mut sts);
@@ -96,8 +98,10 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
             match &destination_problem {
                 None => {
                     let api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &names.namespace);
-                    apply(&api, &names.statefulset(), &sts).await.during(Step::Apply)?;
-                    info!("applied the StatefulSet");
+                    match apply(&api, &names.statefulset(), &sts).await {
+                        Ok(_) => info!("applied the StatefulSet"),
+                        Err(error) => refused = Some(refusal("StatefulSet", error).during(Step::Apply)?),
+                    }
                 }
                 Some(problem) => {
                     info!(reason = problem.reason, "the StatefulSet is left as it is: {}", problem.message);
@@ -111,9 +115,14 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
         children.service.as_deref().cloned()
     } else {
         let api: Api<Service> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        Some(apply(&api, &names.service(), &service).await.during(Step::Apply)?)
+        match apply(&api, &names.service(), &service).await {
+            Ok(applied) => Some(applied),
+            Err(error) => {
+                refused = refused.or(Some(refusal("Service", error).during(Step::Apply)?));
+                children.service.as_deref().cloned()
+            }
+        }
     };
-
     // A pod that cannot start never makes way for a corrected one by itself (the StatefulSet
     // waits for it to be Ready first): it is deleted, and the StatefulSet makes the new one.
     if let Some(pod) = outdated_stuck_pod(&children) {
@@ -180,7 +189,9 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
             .filter(|_| pg.spec.service.type_ == noops_api::postgres::ServiceType::NodePort),
         restores_from: plan.as_ref().ok().and_then(|p| p.restore.as_ref()).map(|r| r.backup.clone()),
         plan_problem: plan.as_ref().err().cloned(),
-        destination_problem: destination_problem.clone(),
+        held_back: destination_problem.clone().or(refused),
+        schedule_problem,
+        service_missing: live_service.is_none(),
         archiver: made.archiver.clone(),
         restore: made.restore.clone(),
         book,
@@ -197,6 +208,26 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
         LOOK_AGAIN
     };
     Ok(Action::requeue(pass.look_again.map_or(look, |next| next.min(look))))
+}
+
+/// A child the API server refuses to take as this spec makes it (a resource quantity it cannot
+/// parse, requests above limits, a node port another Service holds) is a problem of the spec, told
+/// in the status, not a failed pass: the child is left as it was, and the rest of the pass (the
+/// password, backups, the status) goes on. Any other error is returned.
+fn refusal(kind: &str, error: kube::Error) -> std::result::Result<restore::PlanProblem, kube::Error> {
+    match &error {
+        kube::Error::Api(response) if response.code == 400 || response.code == 422 => {
+            warn!(kind, message = %response.message, "the API server refused the spec's {kind}; it is left as it was");
+            Ok(restore::PlanProblem {
+                reason: "SpecRejected",
+                message: format!(
+                    "the API server refused the {kind} this spec makes, so it is left as it was: {}",
+                    response.message
+                ),
+            })
+        }
+        _ => Err(error),
+    }
 }
 
 /// Why the instance cannot be given the backup destination of `pg`'s spec, if it cannot: its
@@ -259,6 +290,8 @@ async fn handle_node_loss(
         _ => false,
     };
     let restore_from = match plan.as_ref().ok().and_then(|p| p.restore.as_ref()) {
+        // It never served (the node died during its first initdb): nothing on the volume to lose.
+        None if status.system_identifier.is_none() => Ok(Elsewhere::Anew),
         None => Err("the database has no base backup to restore from elsewhere".to_string()),
         Some(_) if archiving_failed => Err(format!(
             "its WAL archiving was failing (segment {}): a restore would lose the commits since",
@@ -273,7 +306,7 @@ async fn handle_node_loss(
             if backup_volume.is_some_and(|pv| node_loss::pinned_to(&pv, &node_name)) {
                 Err(format!("its backups are on node {node_name}'s disk too"))
             } else {
-                Ok(restore.backup.clone())
+                Ok(Elsewhere::Restore(restore.backup.clone()))
             }
         }
     };
@@ -281,7 +314,7 @@ async fn handle_node_loss(
         pod,
         node.as_ref(),
         data_volume.as_ref(),
-        restore_from.as_deref().map_err(String::as_str),
+        restore_from.as_ref().map_err(String::as_str),
         now,
     );
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
@@ -314,12 +347,16 @@ async fn handle_node_loss(
                 crash::point("postgres node loss: volume given up, pod not deleted");
             }
             delete_if_present(&pods, &pod_name, &force).await?;
-            let backup = restore_from.unwrap_or_default();
-            let note = format!(
-                "node {node} is not ready, with the instance's volume on its disk: gave the volume up; the instance starts on another node and restores backup {backup} and the archived WAL (commits after the last archived segment, {}, are lost). The volume {} is kept (Retain): delete it once nothing is to be salvaged from it",
-                status.last_archived_wal.clone().unwrap_or_else(|| "none".into()),
-                data_volume.as_ref().and_then(|pv| pv.metadata.name.clone()).unwrap_or_default()
-            );
+            let kept = data_volume.as_ref().and_then(|pv| pv.metadata.name.clone()).unwrap_or_default();
+            let note = match restore_from {
+                Ok(Elsewhere::Restore(backup)) => format!(
+                    "node {node} is not ready, with the instance's volume on its disk: gave the volume up; the instance starts on another node and restores backup {backup} and the archived WAL (commits after the last archived segment, {}, are lost). The volume {kept} is kept (Retain): delete it once nothing is to be salvaged from it",
+                    status.last_archived_wal.clone().unwrap_or_else(|| "none".into()),
+                ),
+                _ => format!(
+                    "node {node} is not ready, with the instance's volume on its disk: the database never served, so nothing is lost; gave the volume up, and the instance is made anew on another node. The volume {kept} is kept (Retain): delete it"
+                ),
+            };
             warn!("{note}");
             ctx.core.events.warning(&reference, "VolumeGivenUp", note).await;
             Ok(None)

@@ -55,9 +55,13 @@ pub struct Seen {
     pub restores_from: Option<String>,
     /// Why the database cannot start as its spec says (its bootstrap backup).
     pub plan_problem: Option<PlanProblem>,
-    /// Why the instance cannot be given the backup destination its spec names (the
-    /// StatefulSet is left as it is meanwhile).
-    pub destination_problem: Option<PlanProblem>,
+    /// Why the StatefulSet or the Service is left as it is: a backup destination the instance
+    /// cannot be given, or a spec the API server refuses for them.
+    pub held_back: Option<PlanProblem>,
+    /// The database has no Service (the API server refused it): nothing reaches it by name.
+    pub service_missing: bool,
+    /// Why `backup.schedule` cannot be followed (the database runs on; no scheduled backup).
+    pub schedule_problem: Option<PlanProblem>,
     /// What the server's WAL archiver says (when it serves with a destination).
     pub archiver: Option<Archiver>,
     /// What the restore that made the data directory recovered, as the instance says (when it
@@ -81,9 +85,10 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
         InstanceState::Serving(facts) => Some(facts),
         _ => None,
     };
-    let ready = serving.is_some() && seen.database_ready;
-    // What keeps the spec from being applied: its bootstrap backup, or its backup destination.
-    let spec_problem = seen.plan_problem.as_ref().or(seen.destination_problem.as_ref());
+    let ready = serving.is_some() && seen.database_ready && !seen.service_missing;
+    // What keeps the spec from being applied: its bootstrap backup, its backup destination, or
+    // the API server's refusal.
+    let spec_problem = seen.plan_problem.as_ref().or(seen.held_back.as_ref());
     let failed_bootstrap = |message: &String| {
         if seen.restores_from.is_some() {
             ("RestoreFailed", message.clone())
@@ -134,6 +139,10 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
             let problem = spec_problem.cloned().unwrap_or(PlanProblem { reason: "", message: String::new() });
             Decided::new(DEGRADED, true, problem.reason, problem.message)
         }
+        _ if seen.schedule_problem.is_some() => {
+            let problem = seen.schedule_problem.clone().unwrap_or(PlanProblem { reason: "", message: String::new() });
+            Decided::new(DEGRADED, true, problem.reason, problem.message)
+        }
         _ if archiving.as_ref().is_some_and(|a| a.reason == "ArchiveFailing") => {
             let message = archiving.as_ref().map(|a| a.message.clone()).unwrap_or_default();
             Decided::new(DEGRADED, true, "ArchiveFailing", message)
@@ -157,7 +166,7 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
     decided.extend(archiving);
     decided.extend(seen.book.condition.clone());
     let was_serving = previous.system_identifier.is_some();
-    let phase = if ready && seen.password_problem.is_none() && spec_problem.is_none() {
+    let phase = if ready && seen.password_problem.is_none() && spec_problem.is_none() && seen.schedule_problem.is_none() {
         "Running"
     } else if ready || was_serving {
         "Degraded"
@@ -169,7 +178,13 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
         "Creating"
     };
     let archiver = seen.archiver.clone();
-    let time = |t: Option<String>| t.and_then(|t| t.parse::<jiff::Timestamp>().ok()).map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time);
+    // Cut to the second, as a stored `Time` is: a status that kept the server's microseconds
+    // would differ from the stored one at every pass, and be written again each time.
+    let time = |t: Option<String>| {
+        t.and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            .map(|t| jiff::Timestamp::from_second(t.as_second()).unwrap_or(t))
+            .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time)
+    };
     PostgreSQLStatus {
         observed_generation: pg.metadata.generation,
         conditions: merge(&previous.conditions, &decided, pg.metadata.generation, now),
@@ -400,5 +415,63 @@ mod tests {
         let status = build(&pg, &Names::of(&pg), &failing, jiff::Timestamp::now());
         assert_eq!(condition(&status, CONTINUOUS_ARCHIVING).reason, "ArchiveFailing");
         assert_eq!(condition(&status, DEGRADED).reason, "ArchiveFailing");
+    }
+
+    #[test]
+    fn archive_times_are_kept_to_the_second_so_an_unchanged_status_is_not_written_again() {
+        let pg = with_backups(postgres("shop"));
+        let mut archiving = seen(InstanceState::Serving(facts()));
+        archiving.archiver = Some(Archiver {
+            last_archived_wal: Some("000000010000000000000003".into()),
+            last_archived_time: Some("2026-11-24T10:00:00.123456Z".into()),
+            ..Default::default()
+        });
+        let status = build(&pg, &Names::of(&pg), &archiving, jiff::Timestamp::now());
+        // What the API server gives back: the status as stored, through its JSON.
+        let stored: PostgreSQLStatus = serde_json::from_value(serde_json::to_value(&status).unwrap()).unwrap();
+        assert_eq!(stored.last_archived_time, status.last_archived_time);
+    }
+
+    #[test]
+    fn a_refused_spec_or_a_bad_schedule_degrades_a_serving_database_and_a_refused_spec_holds_back_a_new_one() {
+        let pg = postgres("shop");
+        let refused = PlanProblem {
+            reason: "SpecRejected",
+            message: "the API server refused the StatefulSet this spec makes".into(),
+        };
+        let mut serving = seen(InstanceState::Serving(facts()));
+        serving.held_back = Some(refused.clone());
+        let status = build(&pg, &Names::of(&pg), &serving, jiff::Timestamp::now());
+        assert_eq!(condition(&status, READY).status, "True", "the running database still serves");
+        assert_eq!(condition(&status, DEGRADED).reason, "SpecRejected");
+        assert_eq!(status.phase.as_deref(), Some("Degraded"));
+
+        let mut new = seen(InstanceState::Starting("no pod yet".into()));
+        new.held_back = Some(refused.clone());
+        let status = build(&pg, &Names::of(&pg), &new, jiff::Timestamp::now());
+        assert_eq!(condition(&status, READY).reason, "SpecRejected");
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
+
+        let mut no_service = seen(InstanceState::Serving(facts()));
+        no_service.held_back = Some(refused);
+        no_service.service_missing = true;
+        let status = build(&pg, &Names::of(&pg), &no_service, jiff::Timestamp::now());
+        assert_eq!(condition(&status, READY).reason, "SpecRejected", "no Service, not Ready");
+
+        let mut bad_schedule = seen(InstanceState::Serving(facts()));
+        bad_schedule.schedule_problem = Some(PlanProblem {
+            reason: "InvalidSchedule",
+            message: "backup.schedule \"99 * * * *\" is not a cron expression".into(),
+        });
+        let status = build(&pg, &Names::of(&pg), &bad_schedule, jiff::Timestamp::now());
+        assert_eq!(condition(&status, READY).status, "True");
+        assert_eq!(condition(&status, DEGRADED).reason, "InvalidSchedule");
+        assert_eq!(status.phase.as_deref(), Some("Degraded"));
+
+        let mut starting = seen(InstanceState::Bootstrapping);
+        starting.schedule_problem = bad_schedule.schedule_problem.clone();
+        let status = build(&pg, &Names::of(&pg), &starting, jiff::Timestamp::now());
+        assert_eq!(condition(&status, READY).reason, "Initialising", "a bad schedule does not hold a new database back");
+        assert_eq!(condition(&status, DEGRADED).reason, "InvalidSchedule");
     }
 }
