@@ -10,6 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Event;
 use noops_api::{PostgreSQL, PostgresBackup};
+use noops_e2e::etcd::claim_manifest;
 use noops_e2e::postgres::*;
 use noops_e2e::{Operator, TestNamespace, claim_folder, install_crds, kubectl_ok, pod_ready, s3, wait_for, wait_until};
 use object_store::path::Path as Key;
@@ -298,9 +299,7 @@ async fn backups_to_a_volume_run_on_schedule_keep_max_backups_and_restore_a_lost
     install_crds();
     let ns = TestNamespace::new("pg-volume").await;
     let operator = Operator::start(&ns.name, &CONTROLLERS);
-    ns.apply(
-        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: { name: pg-backups }\nspec:\n  accessModes: [ReadWriteOnce]\n  resources: { requests: { storage: 5Gi } }\n",
-    );
+    ns.apply(&claim_manifest("pg-backups", "5Gi"));
     let backup = "  backup:\n    schedule: \"*/5 * * * * *\"\n    maxBackups: 2\n    archiveTimeoutSeconds: 1\n    volume: { claimName: pg-backups }\n";
     ns.apply(&manifest("shop", "pw", backup));
     wait_ready(&ns, "shop", 3 * MINUTE).await;
@@ -595,5 +594,65 @@ async fn a_bad_backup_destination_never_stops_a_serving_database_and_a_missing_b
         psql(&ip, "app", "pw", "shop", "SELECT count(*) FROM items").unwrap(),
         "2"
     );
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+}
+
+#[tokio::test]
+async fn a_lost_volume_whose_backups_are_not_in_the_new_destination_is_held_not_made_anew() {
+    install_crds();
+    let ns = TestNamespace::new("pg-moved").await;
+    s3::deploy(&ns);
+    let operator = Operator::start(&ns.name, &CONTROLLERS);
+    ns.apply(&claim_manifest("pg-backups", "5Gi"));
+    let to_volume = "  backup:\n    archiveTimeoutSeconds: 1\n    volume: { claimName: pg-backups }\n";
+    ns.apply(&manifest("shop", "pw", to_volume));
+    wait_ready(&ns, "shop", 3 * MINUTE).await;
+    let pg = wait_condition(&ns, "shop", "BackupSucceeded", "True", 2 * MINUTE).await;
+    let system_id = pg.status.unwrap().system_identifier.unwrap();
+    let ip = instance_ip(&ns, "shop").await;
+    psql(
+        &ip,
+        "app",
+        "pw",
+        "shop",
+        "CREATE TABLE items (id bigint PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 10)",
+    )
+    .unwrap();
+    let superuser = superuser_password(&ns, "shop").await;
+    let segment = current_segment(&ip, &superuser);
+    wait_archived(&ip, &superuser, &segment, MINUTE).await;
+
+    // The destination moved to a bucket that is not there yet: no backup can be taken in it,
+    // so every backup of the database is still in the volume when the instance's volume is lost.
+    let serving_pod = ns.pods().get("shop-0").await.unwrap().metadata.uid;
+    ns.apply(&manifest("shop", "pw", &backup_to_bucket(&ns, "not-made-yet", "")));
+    wait_new_instance(&ns, "shop", &serving_pod, 2 * MINUTE).await;
+    wait_reason(&ns, "shop", "ContinuousArchiving", "False", "ArchiveFailing").await;
+    let old = lose_the_volume(&ns, "shop").await;
+    // Neither restored (its pod is given no access to the volume any more) nor made a new,
+    // empty database: held, saying where its backups are.
+    let pg = wait_not_ready(&ns, "shop", "RestoreFailed", 3 * MINUTE).await;
+    let (_, _, message) = condition(&pg, "Ready").unwrap();
+    assert!(message.contains("pvc://pg-backups/"), "{message}");
+    assert_eq!(
+        pg.status.as_ref().unwrap().system_identifier.as_deref(),
+        Some(system_id.as_str())
+    );
+    assert!(
+        !event_reasons(&ns, "PostgreSQL", "shop")
+            .await
+            .iter()
+            .any(|r| r == "DatabaseReplaced"),
+        "no new, empty database was made"
+    );
+    // The destination set back, it is restored from there with every archived row.
+    ns.apply(&manifest("shop", "pw", to_volume));
+    wait_new_instance(&ns, "shop", &old, 3 * MINUTE).await;
+    let pg = wait_ready(&ns, "shop", 2 * MINUTE).await;
+    let ip = instance_ip(&ns, "shop").await;
+    assert_eq!(contiguous_ids(&ip, "app", "pw", "shop"), 10);
+    let status = pg.status.unwrap();
+    assert_eq!(status.system_identifier, Some(system_id));
+    assert!(status.restore.is_some(), "it says it was restored");
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }

@@ -188,6 +188,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
             .and_then(|s| s.spec.as_ref()?.ports.as_ref()?.first()?.node_port)
             .filter(|_| pg.spec.service.type_ == noops_api::postgres::ServiceType::NodePort),
         restores_from: plan.as_ref().ok().and_then(|p| p.restore.as_ref()).map(|r| r.backup.clone()),
+        initdb_refused: plan.as_ref().is_ok_and(|p| p.initdb_refused.is_some()),
         plan_problem: plan.as_ref().err().cloned(),
         held_back: destination_problem.clone().or(refused),
         schedule_problem,

@@ -11,6 +11,10 @@
 //! - A new database with `bootstrap.fromBackup` is restored from that backup, to its end or to
 //!   `targetTime`. Once it has run it is another database: it never goes back to its source
 //!   (that would drop its own commits and replay the source's).
+//! - A database that has run and has base backups, none of them in its current destination
+//!   (the destination was changed, or removed, since), is **held**: restoring would need a
+//!   store the pod is no longer given, and `initdb` would silently replace a database that can
+//!   still be recovered with an empty one. Its bootstrap fails with what to do instead.
 //! - Anything else is a new, empty database.
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -34,6 +38,10 @@ pub struct InstancePlan {
     /// Restored from a backup; without it, initialised empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<RestorePlan>,
+    /// Without a restore: why the data directory must not be made anew either (what the
+    /// bootstrap fails with).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initdb_refused: Option<String>,
 }
 
 /// A restore: which base backup, where it and its WAL are, and how far to replay.
@@ -101,6 +109,13 @@ pub fn plan(pg: &PostgreSQL, backups: &[PostgresBackup]) -> Result<InstancePlan,
     if let Some(own) = newest_own(pg, backups) {
         return Ok(InstancePlan {
             restore: restore_from(own, From::Own, None),
+            initdb_refused: None,
+        });
+    }
+    if let Some(why) = backed_up_elsewhere(pg, backups) {
+        return Ok(InstancePlan {
+            restore: None,
+            initdb_refused: Some(why),
         });
     }
     let Some(source) = pg.spec.bootstrap.as_ref().and_then(|b| b.from_backup.as_ref()) else {
@@ -132,7 +147,32 @@ pub fn plan(pg: &PostgreSQL, backups: &[PostgresBackup]) -> Result<InstancePlan,
         reason: "BootstrapBackupUnusable",
         message: format!("PostgresBackup {} does not say where it is", source.name),
     })?;
-    Ok(InstancePlan { restore: Some(restore) })
+    Ok(InstancePlan {
+        restore: Some(restore),
+        initdb_refused: None,
+    })
+}
+
+/// Why a database that ran must not be made anew although none of its backups is in its
+/// current destination: it has some elsewhere (the newest named), from which it can still be
+/// restored.
+fn backed_up_elsewhere(pg: &PostgreSQL, backups: &[PostgresBackup]) -> Option<String> {
+    let system_id = pg.status.as_ref()?.system_identifier.as_deref()?;
+    let newest = super::backups::mine(pg, backups)
+        .into_iter()
+        .filter(|b| succeeded(b) && b.metadata.deletion_timestamp.is_none())
+        .filter(|b| b.status.as_ref().and_then(|s| s.system_identifier.as_deref()) == Some(system_id))
+        .max_by_key(|b| (b.status.as_ref().and_then(|s| s.completed_at.clone()).map(|t| t.0), b.name_any()))?;
+    let location = newest.status.as_ref()?.destination.as_ref()?;
+    let at = Destination::of_location(location)?.url(&location.base);
+    let now = match pg.spec.backup.as_ref().and_then(Destination::of_spec) {
+        Some(destination) => format!("none is in its current destination ({})", destination.url("")),
+        None => "spec.backup is not set".to_string(),
+    };
+    Some(format!(
+        "the database ran (system identifier {system_id}) and its data directory is empty, but {now}: its newest base backup, {}, is at {at}. It is neither restored nor made a new, empty database: set spec.backup back to that destination to restore it from there (or, to give those backups up, delete them: it is then made anew)",
+        newest.name_any()
+    ))
 }
 
 /// The successful PostgresBackup `bootstrap.fromBackup` names, or why it cannot be used.
@@ -263,7 +303,17 @@ mod tests {
         if let Some(d) = moved.status.as_mut().and_then(|s| s.destination.as_mut()) {
             d.s3.as_mut().unwrap().bucket = "old-bucket".into();
         }
-        assert_eq!(plan(&pg, &[moved]).unwrap(), InstancePlan::default());
+        let held = plan(&pg, std::slice::from_ref(&moved)).unwrap();
+        assert_eq!(held.restore, None);
+        let why = held.initdb_refused.expect("a database with backups elsewhere is not made anew");
+        assert!(why.contains("shop-1") && why.contains("s3://old-bucket/"), "{why}");
+        // Without a destination at all, the same.
+        let mut unset = pg.clone();
+        unset.spec.backup = None;
+        let why = plan(&unset, std::slice::from_ref(&moved)).unwrap().initdb_refused.unwrap();
+        assert!(why.contains("spec.backup is not set"), "{why}");
+        // Backups of another database (another system identifier) do not hold it back.
+        assert_eq!(plan(&ran(pg, "222"), &[moved]).unwrap(), InstancePlan::default());
     }
 
     fn bootstrapped(name: &str, target: Option<&str>) -> PostgreSQL {

@@ -53,6 +53,9 @@ pub struct Seen {
     pub node_port: Option<i32>,
     /// What an empty data directory would become: the backup it would be restored from.
     pub restores_from: Option<String>,
+    /// An empty data directory is neither restored nor made anew: the database ran, and its
+    /// backups are not where the pod can reach them (the plan says why).
+    pub initdb_refused: bool,
     /// Why the database cannot start as its spec says (its bootstrap backup).
     pub plan_problem: Option<PlanProblem>,
     /// Why the StatefulSet or the Service is left as it is: a backup destination the instance
@@ -89,8 +92,10 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
     // What keeps the spec from being applied: its bootstrap backup, its backup destination, or
     // the API server's refusal.
     let spec_problem = seen.plan_problem.as_ref().or(seen.held_back.as_ref());
+    // A data directory that should have come from a backup and did not: a failed restore.
+    let restore_due = seen.restores_from.is_some() || seen.initdb_refused;
     let failed_bootstrap = |message: &String| {
-        if seen.restores_from.is_some() {
+        if restore_due {
             ("RestoreFailed", message.clone())
         } else {
             ("BootstrapFailed", message.clone())
@@ -151,7 +156,7 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
     };
     let restore = if serving.is_some() { seen.restore.clone() } else { previous.restore.clone() };
     let restored = match (&seen.instance, &restore) {
-        (InstanceState::BootstrapFailed(message), _) if seen.restores_from.is_some() => {
+        (InstanceState::BootstrapFailed(message), _) if restore_due => {
             Decided::new(RESTORED, false, "RestoreFailed", message.clone())
         }
         (_, Some(record)) => Decided::new(RESTORED, true, "Restored", restored_message(record)),
@@ -372,6 +377,18 @@ mod tests {
         }
         assert_eq!(condition(&status, DEGRADED).reason, "RestoreFailed");
         assert!(condition(&status, READY).message.contains("corrupt"));
+    }
+
+    #[test]
+    fn a_database_held_from_initdb_is_a_failed_restore() {
+        let pg = with_backups(postgres("shop"));
+        let mut held = seen(InstanceState::BootstrapFailed("its newest base backup, shop-1, is at pvc://old/".into()));
+        held.initdb_refused = true;
+        let status = build(&pg, &Names::of(&pg), &held, jiff::Timestamp::now());
+        for type_ in [READY, RESTORED, DEGRADED] {
+            assert_eq!(condition(&status, type_).reason, "RestoreFailed");
+        }
+        assert!(condition(&status, READY).message.contains("pvc://old/"));
     }
 
     #[test]

@@ -58,13 +58,15 @@ pub async fn bootstrap(settings: &Settings) -> Result<Bootstrapped, InstanceErro
     // A record of an earlier restore went with that database.
     remove_if_there(Path::new(RESTORE_RECORD))?;
     let plan = read_plan(&settings.plan_file)?;
-    match plan.restore {
-        None => {
+    match (plan.restore, plan.initdb_refused) {
+        // A database that ran and can still be restored from elsewhere is not made anew.
+        (None, Some(why)) => Err(InstanceError::Restore(why)),
+        (None, None) => {
             info!(pgdata = %settings.pgdata.display(), "no database in the volume and none to restore: initialising one");
             initdb(settings).await?;
             Ok(Bootstrapped::Initialised)
         }
-        Some(restore) => {
+        (Some(restore), _) => {
             info!(backup = %restore.backup, base = %restore.base, target = ?restore.target_time, "no database in the volume: restoring it from a backup");
             let record = restore_from(settings, &restore).await?;
             info!(recovered_to = ?record.recovered_to, end_wal = ?record.end_wal, timeline = ?record.timeline, "restored the database");
