@@ -12,6 +12,7 @@ pub mod etcd_backup;
 pub mod maintpage;
 pub mod postgres;
 pub mod postgres_backup;
+pub mod quantity;
 
 pub use etcd::{EtcdCluster, EtcdClusterSpec, EtcdClusterStatus};
 pub use etcd_backup::{EtcdBackup, EtcdBackupSpec, EtcdBackupStatus};

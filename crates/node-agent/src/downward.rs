@@ -99,33 +99,7 @@ pub fn resource_value(
 
 /// Parses a Kubernetes quantity ("100m", "1Gi", "2", "1e3") into a number.
 pub fn parse_quantity(q: &Quantity) -> Result<f64, DownwardError> {
-    let s = q.0.trim();
-    let bad = || DownwardError(format!("invalid quantity {s:?}"));
-    let split = s
-        .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
-        .unwrap_or(s.len());
-    let (number, suffix) = s.split_at(split);
-    let base: f64 = number.parse().map_err(|_| bad())?;
-    let factor = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        _ => return Err(bad()),
-    };
-    Ok(base * factor)
+    noops_api::quantity::parse(&q.0).ok_or_else(|| DownwardError(format!("invalid quantity {:?}", q.0.trim())))
 }
 
 #[cfg(test)]

@@ -528,6 +528,35 @@ async fn a_spec_the_api_server_refuses_is_reported_and_never_stops_a_serving_dat
     let ip = instance_ip(&ns, "shop").await;
     assert_eq!(psql(&ip, "app", "pw-2", "shop", "SELECT count(*) FROM t").unwrap(), "1");
 
+    // Requests no node could ever give (64 CPUs): the API server takes them, but the pod would
+    // never be scheduled. Said, with what the nodes have, and the serving pod is left alone.
+    let serving_pod = pods.get("shop-0").await.unwrap().metadata.uid;
+    let corrected = "  resources:\n    limits: { memory: 1Gi }\n";
+    ns.apply(&manifest(
+        "shop",
+        "pw-2",
+        "  resources:\n    requests: { cpu: \"64\" }\n    limits: { memory: 1Gi }\n",
+    ));
+    let pg = wait_reason(&ns, "shop", "Degraded", "True", "NoNodeFits").await;
+    let (_, _, message) = condition(&pg, "Degraded").unwrap();
+    assert!(
+        message.contains("cpu 64") && message.contains("noops-node-"),
+        "{message}"
+    );
+    assert!(
+        condition(&pg, "Ready").is_some_and(|(s, _, _)| s == "True"),
+        "it still serves"
+    );
+    assert!(event_reasons(&ns, "shop").await.iter().any(|r| r == "NoNodeFits"));
+    ns.apply(&manifest("shop", "pw-2", corrected));
+    wait_reason(&ns, "shop", "Degraded", "False", "AsExpected").await;
+    assert_eq!(
+        pods.get("shop-0").await.unwrap().metadata.uid,
+        serving_pod,
+        "the serving pod was never replaced"
+    );
+    assert_eq!(psql(&ip, "app", "pw-2", "shop", "SELECT count(*) FROM t").unwrap(), "1");
+
     // A node port another Service holds, on a first apply: not Ready (it has no Service),
     // with the API server's reason; a free port makes it Ready.
     ns.apply(&manifest(

@@ -25,6 +25,7 @@ pub mod instance;
 pub mod names;
 pub mod node_loss;
 pub mod observe;
+pub mod placement;
 mod reconcile;
 pub mod restore;
 pub mod secrets;

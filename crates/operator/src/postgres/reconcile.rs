@@ -23,6 +23,7 @@ use super::database::{self, Made};
 use super::events::announcements;
 use super::names::Names;
 use super::node_loss::{self, Elsewhere, NodeLoss};
+use super::placement;
 use super::restore::InstancePlan;
 use super::secrets::{self, Password};
 use super::status::{self, InstanceState, Seen};
@@ -88,14 +89,18 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     // A pod given a backup destination it cannot reach cannot start: the StatefulSet is left
     // as it is until the destination is there, so that a bad edit never stops a database
     // that serves.
-    let mut destination_problem = None;
+    // A spec no node could ever hold (`placement.rs`) is left out the same way.
+    let mut held_back = None;
     let mut refused = None;
     if plan.is_ok() || children.statefulset.is_some() {
         let mut sts = statefulset::build(&pg, &names, &owner, &ctx.image, bootstrap_source.as_ref());
         stamp(&mut sts);
         if !up_to_date(&sts, children.statefulset.as_deref()) {
-            destination_problem = check_destination(&pg, &names, ctx).await.during(Step::Validate)?;
-            match &destination_problem {
+            held_back = check_destination(&pg, &names, ctx).await.during(Step::Validate)?;
+            if held_back.is_none() {
+                held_back = check_placement(&pg, ctx).await.during(Step::Validate)?;
+            }
+            match &held_back {
                 None => {
                     let api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &names.namespace);
                     match apply(&api, &names.statefulset(), &sts).await {
@@ -190,7 +195,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
         restores_from: plan.as_ref().ok().and_then(|p| p.restore.as_ref()).map(|r| r.backup.clone()),
         initdb_refused: plan.as_ref().is_ok_and(|p| p.initdb_refused.is_some()),
         plan_problem: plan.as_ref().err().cloned(),
-        held_back: destination_problem.clone().or(refused),
+        held_back: held_back.clone().or(refused),
         schedule_problem,
         service_missing: live_service.is_none(),
         archiver: made.archiver.clone(),
@@ -200,8 +205,9 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
         node_lost,
     };
     finish(&pg, &names, ctx, &owner, &children, seen, &made, &password, now).await?;
-    let look = if !serving || destination_problem.is_some() {
-        // (Nothing watches the user's backup claim: a problem with it is looked at again.)
+    let look = if !serving || held_back.is_some() {
+        // (Nothing watches the user's backup claim, nor the nodes: a problem with them is
+        // looked at again.)
         NOT_YET
     } else if pg.spec.backup.is_some() {
         LOOK_AGAIN_ARCHIVING
@@ -249,6 +255,16 @@ async fn check_destination(pg: &PostgreSQL, names: &Names, ctx: &Context) -> Res
         }
     };
     Ok(destination::problem(&wanted, secret.as_ref(), claim.as_ref()))
+}
+
+/// Why no node could hold the instance's pod as the spec sizes it, if none could. The nodes
+/// are listed only when the spec sets resources and the StatefulSet is about to change.
+async fn check_placement(pg: &PostgreSQL, ctx: &Context) -> Result<Option<restore::PlanProblem>> {
+    let Some(resources) = pg.spec.resources.as_ref().filter(|r| !placement::requests(r).is_empty()) else {
+        return Ok(None);
+    };
+    let nodes = Api::<Node>::all(ctx.client.clone()).list(&Default::default()).await?;
+    Ok(placement::no_node_fits(Some(resources), &nodes.items))
 }
 
 /// The instance's pod, if it cannot start and the StatefulSet has a newer revision for it.
