@@ -602,10 +602,12 @@ async fn a_lost_volume_whose_backups_are_not_in_the_new_destination_is_held_not_
     install_crds();
     let ns = TestNamespace::new("pg-moved").await;
     s3::deploy(&ns);
+    s3::create_bucket(&ns, "pg-backups").await;
     let operator = Operator::start(&ns.name, &CONTROLLERS);
-    ns.apply(&claim_manifest("pg-backups", "5Gi"));
-    let to_volume = "  backup:\n    archiveTimeoutSeconds: 1\n    volume: { claimName: pg-backups }\n";
-    ns.apply(&manifest("shop", "pw", to_volume));
+    // Two buckets, not a volume and a bucket: a backup volume on a node's disk would pin the
+    // instance to that node, and its new data volume may be made on another.
+    let to_backups = backup_to_bucket(&ns, "pg-backups", "");
+    ns.apply(&manifest("shop", "pw", &to_backups));
     wait_ready(&ns, "shop", 3 * MINUTE).await;
     let pg = wait_condition(&ns, "shop", "BackupSucceeded", "True", 2 * MINUTE).await;
     let system_id = pg.status.unwrap().system_identifier.unwrap();
@@ -623,17 +625,18 @@ async fn a_lost_volume_whose_backups_are_not_in_the_new_destination_is_held_not_
     wait_archived(&ip, &superuser, &segment, MINUTE).await;
 
     // The destination moved to a bucket that is not there yet: no backup can be taken in it,
-    // so every backup of the database is still in the volume when the instance's volume is lost.
+    // so every backup of the database is still in the first one when the instance's volume is
+    // lost.
     let serving_pod = ns.pods().get("shop-0").await.unwrap().metadata.uid;
     ns.apply(&manifest("shop", "pw", &backup_to_bucket(&ns, "not-made-yet", "")));
     wait_new_instance(&ns, "shop", &serving_pod, 2 * MINUTE).await;
     wait_reason(&ns, "shop", "ContinuousArchiving", "False", "ArchiveFailing").await;
     let old = lose_the_volume(&ns, "shop").await;
-    // Neither restored (its pod is given no access to the volume any more) nor made a new,
-    // empty database: held, saying where its backups are.
+    // Neither restored (its pod is given no access to the first bucket any more) nor made a
+    // new, empty database: held, saying where its backups are.
     let pg = wait_not_ready(&ns, "shop", "RestoreFailed", 3 * MINUTE).await;
     let (_, _, message) = condition(&pg, "Ready").unwrap();
-    assert!(message.contains("pvc://pg-backups/"), "{message}");
+    assert!(message.contains("s3://pg-backups/"), "{message}");
     assert_eq!(
         pg.status.as_ref().unwrap().system_identifier.as_deref(),
         Some(system_id.as_str())
@@ -646,7 +649,7 @@ async fn a_lost_volume_whose_backups_are_not_in_the_new_destination_is_held_not_
         "no new, empty database was made"
     );
     // The destination set back, it is restored from there with every archived row.
-    ns.apply(&manifest("shop", "pw", to_volume));
+    ns.apply(&manifest("shop", "pw", &to_backups));
     wait_new_instance(&ns, "shop", &old, 3 * MINUTE).await;
     let pg = wait_ready(&ns, "shop", 2 * MINUTE).await;
     let ip = instance_ip(&ns, "shop").await;
