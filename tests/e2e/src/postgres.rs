@@ -273,6 +273,15 @@ pub async fn lose_the_volume(ns: &TestNamespace, name: &str) -> Option<String> {
     old
 }
 
+/// Makes table `items` in database `shop` as user `app`, with ids 1 to `count`.
+pub fn make_items(ip: &str, password: &str, count: i64) {
+    let sql =
+        format!("CREATE TABLE items (id bigint PRIMARY KEY); INSERT INTO items SELECT generate_series(1, {count})");
+    if let Err(error) = psql(ip, "app", password, "shop", &sql) {
+        panic!("making table items: {error}");
+    }
+}
+
 /// Waits for a new instance pod (not `old`) that is Ready.
 pub async fn wait_new_instance(ns: &TestNamespace, name: &str, old: &Option<String>, timeout: Duration) -> Pod {
     let pods = ns.pods();

@@ -597,14 +597,7 @@ async fn a_postgresql_whose_node_dies_comes_back_elsewhere_from_its_backups_or_w
         let pod = ns.pods().get(&format!("{name}-0")).await.unwrap();
         assert_eq!(pod_node(&pod), victim);
         let ip = pod_ip(&pod).unwrap();
-        psql(
-            &ip,
-            "app",
-            "pw",
-            "shop",
-            "CREATE TABLE items (id bigint PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 100)",
-        )
-        .unwrap();
+        make_items(&ip, "pw", 100);
     }
     let ip = instance_ip(&ns, "shop").await;
     let superuser = superuser_password(&ns, "shop").await;

@@ -193,14 +193,7 @@ async fn a_new_database_is_restored_to_a_point_in_time_between_two_batches() {
     let base = pg.status.unwrap().last_backup.unwrap();
     let ip = instance_ip(&ns, "shop").await;
     let superuser = superuser_password(&ns, "shop").await;
-    psql(
-        &ip,
-        "app",
-        "first-pw",
-        "shop",
-        "CREATE TABLE items (id bigint PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 100)",
-    )
-    .unwrap();
+    make_items(&ip, "first-pw", 100);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let between = psql(
         &ip,
@@ -304,14 +297,7 @@ async fn backups_to_a_volume_run_on_schedule_keep_max_backups_and_restore_a_lost
     ns.apply(&manifest("shop", "pw", backup));
     wait_ready(&ns, "shop", 3 * MINUTE).await;
     let ip = instance_ip(&ns, "shop").await;
-    psql(
-        &ip,
-        "app",
-        "pw",
-        "shop",
-        "CREATE TABLE items (id bigint PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 10)",
-    )
-    .unwrap();
+    make_items(&ip, "pw", 10);
 
     // Scheduled backups come every 5 s; once more than two have succeeded, the oldest go,
     // with their files and the WAL only they needed.
@@ -421,14 +407,7 @@ async fn a_corrupt_or_missing_backup_fails_the_restore_visibly_and_replaces_no_g
     wait_ready(&ns, "shop", 3 * MINUTE).await;
     let ip = instance_ip(&ns, "shop").await;
     let superuser = superuser_password(&ns, "shop").await;
-    psql(
-        &ip,
-        "app",
-        "pw",
-        "shop",
-        "CREATE TABLE items (id bigint PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 10)",
-    )
-    .unwrap();
+    make_items(&ip, "pw", 10);
     let segment = current_segment(&ip, &superuser);
     wait_archived(&ip, &superuser, &segment, MINUTE).await;
     wait_until("a scheduled backup newer than the table", 2 * MINUTE, || async {
@@ -612,14 +591,7 @@ async fn a_lost_volume_whose_backups_are_not_in_the_new_destination_is_held_not_
     let pg = wait_condition(&ns, "shop", "BackupSucceeded", "True", 2 * MINUTE).await;
     let system_id = pg.status.unwrap().system_identifier.unwrap();
     let ip = instance_ip(&ns, "shop").await;
-    psql(
-        &ip,
-        "app",
-        "pw",
-        "shop",
-        "CREATE TABLE items (id bigint PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 10)",
-    )
-    .unwrap();
+    make_items(&ip, "pw", 10);
     let superuser = superuser_password(&ns, "shop").await;
     let segment = current_segment(&ip, &superuser);
     wait_archived(&ip, &superuser, &segment, MINUTE).await;
