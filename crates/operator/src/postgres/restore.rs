@@ -87,19 +87,25 @@ fn succeeded(backup: &PostgresBackup) -> bool {
 
 /// The newest successful base backup of `pg` (the same database, in its current destination).
 pub fn newest_own<'a>(pg: &PostgreSQL, backups: &'a [PostgresBackup]) -> Option<&'a PostgresBackup> {
-    let system_id = pg.status.as_ref()?.system_identifier.as_deref()?;
     let destination = pg.spec.backup.as_ref().and_then(Destination::of_spec)?;
+    newest_restorable(pg, backups, |location| Destination::of_location(location).as_ref() == Some(&destination))
+}
+
+/// The newest successful base backup of this database (its system identifier) whose
+/// destination passes `in_place`.
+fn newest_restorable<'a>(
+    pg: &PostgreSQL,
+    backups: &'a [PostgresBackup],
+    in_place: impl Fn(&BackupLocation) -> bool,
+) -> Option<&'a PostgresBackup> {
+    let system_id = pg.status.as_ref()?.system_identifier.as_deref()?;
     super::backups::mine(pg, backups)
         .into_iter()
         .filter(|b| succeeded(b) && b.metadata.deletion_timestamp.is_none())
         .filter(|b| {
             let status = b.status.as_ref();
             status.and_then(|s| s.system_identifier.as_deref()) == Some(system_id)
-                && status
-                    .and_then(|s| s.destination.as_ref())
-                    .and_then(Destination::of_location)
-                    .as_ref()
-                    == Some(&destination)
+                && status.and_then(|s| s.destination.as_ref()).is_some_and(&in_place)
         })
         .max_by_key(|b| (b.status.as_ref().and_then(|s| s.completed_at.clone()).map(|t| t.0), b.name_any()))
 }
@@ -158,11 +164,7 @@ pub fn plan(pg: &PostgreSQL, backups: &[PostgresBackup]) -> Result<InstancePlan,
 /// restored.
 fn backed_up_elsewhere(pg: &PostgreSQL, backups: &[PostgresBackup]) -> Option<String> {
     let system_id = pg.status.as_ref()?.system_identifier.as_deref()?;
-    let newest = super::backups::mine(pg, backups)
-        .into_iter()
-        .filter(|b| succeeded(b) && b.metadata.deletion_timestamp.is_none())
-        .filter(|b| b.status.as_ref().and_then(|s| s.system_identifier.as_deref()) == Some(system_id))
-        .max_by_key(|b| (b.status.as_ref().and_then(|s| s.completed_at.clone()).map(|t| t.0), b.name_any()))?;
+    let newest = newest_restorable(pg, backups, |_| true)?;
     let location = newest.status.as_ref()?.destination.as_ref()?;
     let at = Destination::of_location(location)?.url(&location.base);
     let now = match pg.spec.backup.as_ref().and_then(Destination::of_spec) {
