@@ -1,7 +1,7 @@
 //! What every controller shares: registration and the reconcile wrapper (`controller`),
 //! conditions, Events, server-side apply and the desired-state stamp, labels, rollout checks,
 //! pruning of children no longer wanted, per-object back-off, error classification, metrics,
-//! backup schedules and retention, the short-lived pods that do a job and report how it went,
+//! backup schedules and retention, nodes and the volumes pinned to them, the short-lived pods that do a job and report how it went,
 //! and the crash points of the crash-safety tests.
 
 pub mod apply;
@@ -16,6 +16,7 @@ pub mod events;
 pub mod fixtures;
 pub mod labels;
 pub mod metrics;
+pub mod nodes;
 pub mod prune;
 pub mod rollout;
 pub mod schedule;

@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
 
+use crate::core::nodes::{pinned_node, ready};
+
 /// How long after it was asked to go a pod on a node that is not Ready counts as stuck there.
 pub const STUCK_AFTER: Duration = Duration::from_secs(15);
 
@@ -38,14 +40,6 @@ pub enum NodeLoss {
     WaitForNode { node: String, why: String },
 }
 
-/// Whether `node` is Ready.
-pub fn ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 /// Whether `pod` is being deleted and is still there `STUCK_AFTER` after it was asked to go
 /// (its deletion deadline less its grace period).
 pub fn stuck_in_deletion(pod: &Pod, now: jiff::Timestamp) -> bool {
@@ -59,21 +53,7 @@ pub fn stuck_in_deletion(pod: &Pod, now: jiff::Timestamp) -> bool {
 
 /// Whether volume `pv` lives on node `node` only (a local volume: its node affinity names it).
 pub fn pinned_to(pv: &PersistentVolume, node: &str) -> bool {
-    let terms = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_affinity.as_ref())
-        .and_then(|a| a.required.as_ref())
-        .map(|r| r.node_selector_terms.clone())
-        .unwrap_or_default();
-    !terms.is_empty()
-        && terms.iter().all(|term| {
-            term.match_expressions.iter().flatten().any(|e| {
-                e.key == "kubernetes.io/hostname"
-                    && e.operator == "In"
-                    && e.values.as_ref().is_some_and(|v| v.len() == 1 && v[0] == node)
-            })
-        })
+    pinned_node(pv).as_deref() == Some(node)
 }
 
 /// How the database can come back on another node, once its volume is given up.
