@@ -360,7 +360,8 @@ pub struct MemberStatus {
     /// The etcd member ID (hex).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    /// The etcd version it runs.
+    /// The etcd version it runs (while it does not answer, the last it said: a member whose
+    /// pod is made again starts on it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
     /// It answered, and is part of a cluster with a leader.

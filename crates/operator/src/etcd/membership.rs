@@ -6,19 +6,23 @@
 //! - A member that is gone for good (its volume lost, its node lost, unhealthy past the grace
 //!   period) is **removed first**, then the scaling rule adds its successor under a new name:
 //!   its old volume is never reused under a stale identity.
-//! - A member whose pod merely vanished while its volume is there comes back on that volume,
-//!   as itself: a transient pod loss never shrinks the cluster.
+//! - A member whose pod is gone while its volume is there comes back on that volume, as
+//!   itself, **with or without a quorum**: starting it needs no membership call, and it is how a
+//!   lost quorum comes back. Every such member is started at once. A pod loss never shrinks the
+//!   cluster, and a member's unhealthy time counts afresh from its new pod.
 //! - Scaling up or down happens only while every voting member is healthy; on scale down, the
 //!   member goes from etcd (leadership moved away first if it leads) before its pod and volume.
 //! - Every change is written to the status before it is made ([`Operation`]), and carried on
 //!   from the status after a restart: each sub-step checks what is already done.
 //! - Nothing is removed if the remaining voters could not form a quorum; a cluster that has
-//!   lost its quorum is reported, never "repaired" by bootstrapping over live volumes.
+//!   lost its quorum is reported (saying whether waiting can bring it back, or only a recovery
+//!   from a backup can), never "repaired" by bootstrapping over live volumes.
 
 use std::time::Duration;
 
 use noops_api::etcd::{Operation, OperationKind};
 
+use super::names::RECOVER_ANNOTATION;
 use super::restore::Restore;
 
 /// How long a member may be unhealthy (its process crashing, its node gone) before it is
@@ -72,6 +76,11 @@ pub struct MemberFacts {
     /// The image its pod has failed to get for [`IMAGE_PULL_PATIENCE`] (a tag the registry
     /// does not have), if it has.
     pub image_unavailable: Option<String>,
+    /// The node its pod is bound to, or its volume pinned to, when that node is not Ready: the
+    /// member cannot run until the node comes back.
+    pub node_down: Option<String>,
+    /// Its pod was made after it stopped being healthy: a pod made again, still starting.
+    pub fresh_pod: bool,
 }
 
 impl MemberFacts {
@@ -81,6 +90,11 @@ impl MemberFacts {
 
     fn voter(&self) -> bool {
         self.in_etcd() && !self.learner
+    }
+
+    /// Its data is still there: its volume (or, with ephemeral storage, its pod).
+    fn has_data(&self, ephemeral: bool) -> bool {
+        if ephemeral { self.pod != PodState::Missing } else { self.volume }
     }
 }
 
@@ -133,9 +147,13 @@ pub enum Step {
     FinishBootstrap { member: String },
     /// Add `member` to etcd as a learner.
     AddLearner { member: String },
-    /// Create the volume and pod of a member etcd knows (added as a learner, or whose pod
-    /// vanished while its volume is there).
+    /// Create the volume and pod of the member an operation is about (a learner just added, or
+    /// a member being upgraded).
     StartMember { member: String },
+    /// Make the pods of voting members whose pods are gone and whose volumes are there again,
+    /// each on its own volume, as the member it was (no membership call: with or without a
+    /// quorum).
+    RestartMembers { members: Vec<String> },
     /// Promote the learner `member` to a voting member.
     Promote { member: String, id: u64 },
     /// Give up adding `member` (a learner that did not catch up in time): remove it from etcd
@@ -189,15 +207,25 @@ pub fn next_step(facts: &ClusterFacts) -> Step {
     let voters: Vec<&MemberFacts> = facts.members.iter().filter(|m| m.voter()).collect();
     let healthy_voters = voters.iter().filter(|m| m.healthy).count();
     let without_quorum = facts.bootstrapped && (!facts.reachable || healthy_voters < quorum(voters.len()));
-    if let Some(op) = &facts.operation {
-        let step = continue_operation(facts, op);
-        // Without a quorum, no membership call can succeed and no restart is safe: only a
-        // member's pod may be started again (it can only help); the rest waits, and a quorum
-        // lost for good is reported even in the middle of an operation.
-        return match step {
-            Step::StartMember { .. } => step,
-            _ if without_quorum && op.kind != OperationKind::Bootstrap => no_quorum(facts, &voters, healthy_voters),
-            _ => step,
+    let in_progress = facts.operation.as_ref().map(|op| (op, continue_operation(facts, op)));
+    // The member an operation is about is started by the operation itself.
+    if let Some((_, step @ Step::StartMember { .. })) = &in_progress {
+        return step.clone();
+    }
+    let bootstrapping = !facts.bootstrapped || facts.operation.as_ref().is_some_and(|op| op.kind == OperationKind::Bootstrap);
+    if !bootstrapping {
+        let members = to_restart(facts, without_quorum);
+        if !members.is_empty() {
+            return Step::RestartMembers { members };
+        }
+    }
+    if let Some((op, step)) = in_progress {
+        // Without a quorum no membership call can succeed and no restart is safe: the
+        // operation waits, and a quorum lost for good is reported even in its middle.
+        return if without_quorum && op.kind != OperationKind::Bootstrap {
+            no_quorum(facts, &voters, healthy_voters)
+        } else {
+            step
         };
     }
     if !facts.bootstrapped {
@@ -205,14 +233,6 @@ pub fn next_step(facts: &ClusterFacts) -> Step {
     }
     if without_quorum {
         return no_quorum(facts, &voters, healthy_voters);
-    }
-    // A member whose pod vanished comes back on its volume, as itself.
-    if let Some(m) = facts
-        .members
-        .iter()
-        .find(|m| m.in_etcd() && m.pod == PodState::Missing && m.volume && !facts.ephemeral)
-    {
-        return Step::StartMember { member: m.name.clone() };
     }
     if !facts.listed_by_leader {
         // Another member's list may miss a member that just joined: deciding from it could
@@ -302,29 +322,109 @@ pub fn next_step(facts: &ClusterFacts) -> Step {
     }
 }
 
-/// Without a quorum: briefly (an election) it waits; for longer it is reported, and nothing is
-/// changed until members come back.
+/// Voting members whose pods are gone while their data is on their volumes: they come back
+/// as themselves. A member being removed comes back only while the quorum is lost (it may be
+/// what brings the quorum back; with a quorum, its removal goes on).
+fn to_restart(facts: &ClusterFacts, without_quorum: bool) -> Vec<String> {
+    let removing = facts
+        .operation
+        .as_ref()
+        .filter(|op| op.kind == OperationKind::RemoveMember && !without_quorum)
+        .map(|op| op.member.as_str());
+    facts
+        .members
+        .iter()
+        .filter(|m| m.voter() && m.pod == PodState::Missing && m.volume && !facts.ephemeral)
+        .filter(|m| Some(m.name.as_str()) != removing)
+        .map(|m| m.name.clone())
+        .collect()
+}
+
+/// Voting members that are not healthy and are coming back on their own data: their pod is
+/// gone (to be made again), made again and starting, or waiting for the node that holds them
+/// (named) to come back. Pure; the
+/// status says it as `RestartingMembers`.
+pub fn restarting(facts: &ClusterFacts) -> Vec<(&str, Option<&str>)> {
+    facts
+        .members
+        .iter()
+        .filter(|m| m.voter() && !m.healthy && m.has_data(facts.ephemeral))
+        .filter(|m| m.pod == PodState::Missing || (m.pod == PodState::Starting && m.fresh_pod) || m.node_down.is_some())
+        .map(|m| (m.name.as_str(), m.node_down.as_deref()))
+        .collect()
+}
+
+/// Names in words: `a`, `a and b`, `a, b and c`.
+pub fn listed(names: &[&str]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => (*one).to_string(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
+/// Without a quorum: briefly (an election) it waits; for longer it is reported, saying whether
+/// waiting can bring the quorum back (enough members still have their data) or only a recovery
+/// from a backup can.
 fn no_quorum(facts: &ClusterFacts, voters: &[&MemberFacts], healthy_voters: usize) -> Step {
+    // A member whose pod was made again has been without a leader since before that pod: its
+    // fresh grace period is for its replacement, not for an election.
     let recently_healthy = voters
         .iter()
-        .filter(|m| m.healthy || m.unhealthy_for.is_some_and(|d| d < QUORUM_GRACE))
+        .filter(|m| m.healthy || (m.unhealthy_for.is_some_and(|d| d < QUORUM_GRACE) && !m.fresh_pod))
         .count();
     if recently_healthy >= quorum(voters.len()) {
         return Step::Wait {
             reason: "no leader for a moment; waiting for an election".into(),
         };
     }
-    Step::QuorumLost {
-        reason: if facts.reachable {
-            format!(
-                "{healthy_voters} of {} voting members are healthy, fewer than the {} a quorum needs",
-                voters.len(),
-                quorum(voters.len())
-            )
-        } else {
-            "no member answers: the cluster has no quorum (or every member is down)".into()
-        },
-    }
+    let needed = quorum(voters.len());
+    let head = if facts.reachable {
+        format!("{healthy_voters} of {} voting members are healthy, fewer than the {needed} a quorum needs", voters.len())
+    } else {
+        format!("no member answers: none of the {} voting members has a quorum ({needed} needed)", voters.len())
+    };
+    let data_gone: Vec<&str> = voters
+        .iter()
+        .filter(|m| !m.has_data(facts.ephemeral))
+        .map(|m| m.name.as_str())
+        .collect();
+    let with_data = voters.len() - data_gone.len();
+    let reason = if with_data < needed {
+        let cause = if facts.ephemeral { "pod gone, and ephemeral storage with it" } else { "volume deleted" };
+        format!(
+            "{head}. Waiting cannot bring it back: no data is left on {} ({cause}), and the {with_data} member(s) with data are too few for a quorum. \
+             Only a recovery from a backup can, losing the writes made after that backup: annotate the cluster {RECOVER_ANNOTATION}=latest (or =<EtcdBackup name>)",
+            listed(&data_gone)
+        )
+    } else {
+        let coming: Vec<&str> = restarting(facts).iter().filter(|(_, node)| node.is_none()).map(|(m, _)| *m).collect();
+        let mut parts = Vec::new();
+        if !coming.is_empty() {
+            parts.push(format!("starting again, each on its own volume: {}", listed(&coming)));
+        }
+        for m in voters.iter().filter(|m| !m.healthy) {
+            if let Some(node) = &m.node_down {
+                parts.push(format!("{} waits for node {node}, which holds it and is not Ready", m.name));
+            }
+        }
+        let silent: Vec<&str> = voters
+            .iter()
+            .filter(|m| !m.healthy && m.node_down.is_none() && m.has_data(facts.ephemeral) && !coming.contains(&m.name.as_str()))
+            .map(|m| m.name.as_str())
+            .collect();
+        if !silent.is_empty() {
+            parts.push(format!("running but not serving: {}", listed(&silent)));
+        }
+        if !data_gone.is_empty() {
+            parts.push(format!("data lost, replaced once the quorum is back: {}", listed(&data_gone)));
+        }
+        format!(
+            "{head}. Waiting can bring it back: {}; the quorum returns, with every acknowledged write, once {needed} of them run",
+            parts.join("; ")
+        )
+    };
+    Step::QuorumLost { reason }
 }
 
 /// What to do with the pod and volume of a member etcd does not know, if anything.
@@ -591,6 +691,8 @@ mod tests {
             outdated: false,
             fragmented: false,
             image_unavailable: None,
+            node_down: None,
+            fresh_pod: false,
         }
     }
 
@@ -758,12 +860,177 @@ mod tests {
         assert_eq!(next_step(&c), Step::MoveLeader { from: 10, to: 11 });
     }
 
+    fn restart(members: &[&str]) -> Step {
+        Step::RestartMembers {
+            members: members.iter().map(|m| m.to_string()).collect(),
+        }
+    }
+
+    /// `three()` with the pods of `gone` deleted (volumes kept) long enough ago that the quorum
+    /// counts as lost if they are a majority.
+    fn pods_gone(gone: &[usize]) -> ClusterFacts {
+        let mut c = cluster(3, three());
+        for i in gone {
+            let m = &mut c.members[*i];
+            m.pod = PodState::Missing;
+            m.healthy = false;
+            m.leader = false;
+            m.unhealthy_for = Some(UNHEALTHY_GRACE * 4);
+        }
+        c
+    }
+
+    /// What the quorum loss the planner reports says.
+    fn quorum_lost_reason(c: &ClusterFacts) -> String {
+        match next_step(c) {
+            Step::QuorumLost { reason } => reason,
+            other => panic!("expected QuorumLost, got {other:?}"),
+        }
+    }
+
     #[test]
     fn a_pod_that_vanished_comes_back_on_its_volume_never_shrinking_the_cluster() {
-        let mut c = cluster(3, three());
+        assert_eq!(next_step(&pods_gone(&[1])), restart(&["main-1"]));
+        // Long gone: started again, not removed as unhealthy past the grace period.
+        let mut c = pods_gone(&[1]);
+        c.members[1].unhealthy_for = Some(UNHEALTHY_GRACE * 10);
+        assert_eq!(next_step(&c), restart(&["main-1"]));
+    }
+
+    #[test]
+    fn members_whose_pods_are_gone_come_back_together_on_their_volumes_without_a_quorum() {
+        assert_eq!(next_step(&pods_gone(&[1, 2])), restart(&["main-1", "main-2"]), "two of three");
+        let mut all = pods_gone(&[0, 1, 2]);
+        assert_eq!(next_step(&all), restart(&["main-0", "main-1", "main-2"]), "all three");
+        // The operator restarted with every pod gone: etcd cannot be asked, the status knows
+        // the members.
+        all.reachable = false;
+        all.listed_by_leader = false;
+        assert_eq!(next_step(&all), restart(&["main-0", "main-1", "main-2"]));
+        // Once made, the pods start; nothing else is done meanwhile. Their grace period starts
+        // afresh, but the quorum was lost before: that is not an election.
+        for m in &mut all.members {
+            m.pod = PodState::Starting;
+            m.fresh_pod = true;
+            m.unhealthy_for = Some(Duration::from_secs(1));
+        }
+        assert!(matches!(next_step(&all), Step::QuorumLost { .. }), "{:?}", next_step(&all));
+    }
+
+    #[test]
+    fn a_member_whose_volume_is_gone_is_not_started_again_and_nothing_is_replaced_without_a_quorum() {
+        let mut c = pods_gone(&[1, 2]);
+        c.members[2].volume = false;
+        assert_eq!(next_step(&c), restart(&["main-1"]), "the one with its volume comes back");
+        c.members[1].pod = PodState::Starting;
+        c.members[1].fresh_pod = true;
+        let reason = quorum_lost_reason(&c);
+        assert!(reason.contains("Waiting can bring it back"), "{reason}");
+        assert!(reason.contains("starting again, each on its own volume: main-1"), "{reason}");
+        assert!(reason.contains("replaced once the quorum is back: main-2"), "{reason}");
+        // Two volumes gone: waiting cannot help, and the way out is named.
+        c.members[1].volume = false;
         c.members[1].pod = PodState::Missing;
-        c.members[1].healthy = false;
-        assert_eq!(next_step(&c), Step::StartMember { member: "main-1".into() });
+        let reason = quorum_lost_reason(&c);
+        assert!(reason.contains("Waiting cannot bring it back"), "{reason}");
+        assert!(reason.contains("main-1 and main-2"), "{reason}");
+        assert!(reason.contains("noops.dev/recover-from-backup=latest"), "{reason}");
+    }
+
+    #[test]
+    fn a_member_on_a_node_that_is_down_is_waited_for_and_the_others_start_at_once() {
+        let mut c = pods_gone(&[1, 2]);
+        c.members[2].node_down = Some("node-3".into());
+        assert_eq!(
+            next_step(&c),
+            restart(&["main-1", "main-2"]),
+            "both pods are made; main-2's waits for its node to be placed"
+        );
+        for m in &mut c.members[1..] {
+            m.pod = PodState::Starting;
+            m.fresh_pod = true;
+        }
+        // The member left runs on, its pod not Ready without a leader: not said to restart.
+        c.members[0].healthy = false;
+        c.members[0].pod = PodState::Starting;
+        c.members[0].unhealthy_for = Some(UNHEALTHY_GRACE);
+        let reason = quorum_lost_reason(&c);
+        assert!(reason.contains("main-2 waits for node node-3"), "{reason}");
+        assert!(reason.contains("each on its own volume: main-1;"), "{reason}");
+        assert!(reason.contains("running but not serving: main-0"), "{reason}");
+    }
+
+    #[test]
+    fn ephemeral_members_are_never_started_again_and_their_loss_is_said_to_be_final() {
+        let mut c = pods_gone(&[1, 2]);
+        c.ephemeral = true;
+        for m in &mut c.members[1..] {
+            m.volume = false;
+        }
+        let reason = quorum_lost_reason(&c);
+        assert!(reason.contains("Waiting cannot bring it back"), "{reason}");
+        assert!(reason.contains("ephemeral"), "{reason}");
+    }
+
+    #[test]
+    fn a_member_being_removed_comes_back_only_if_the_quorum_needs_it() {
+        // Scale down of main-2 under way; main-1 and main-2 lose their pods: both come back.
+        let c = with_op(pods_gone(&[1, 2]), OperationKind::RemoveMember, "main-2");
+        assert_eq!(next_step(&c), restart(&["main-1", "main-2"]));
+        // With a quorum, the removal goes on instead.
+        let c = with_op(pods_gone(&[2]), OperationKind::RemoveMember, "main-2");
+        assert_eq!(next_step(&c), Step::RemoveFromEtcd { member: "main-2".into(), id: 12 });
+    }
+
+    #[test]
+    fn members_lost_during_an_upgrade_or_an_add_come_back_and_the_operation_goes_on() {
+        // main-1 is being upgraded (its pod deleted for it); main-0 and main-2 lose theirs.
+        let c = with_op(upgrading(outdated(pods_gone(&[0, 1, 2]).members)), OperationKind::Upgrade, "main-1");
+        assert_eq!(next_step(&c), Step::StartMember { member: "main-1".into() }, "the operation's own first");
+        let mut c = c;
+        c.members[1].pod = PodState::Starting;
+        assert_eq!(next_step(&c), restart(&["main-0", "main-2"]));
+        // A learner being added: the voters come back; the learner is the add's to start.
+        let mut c = with_op(pods_gone(&[0, 1]), OperationKind::AddMember, "main-3");
+        let mut learner = member("main-3", 13);
+        learner.learner = true;
+        learner.healthy = false;
+        learner.pod = PodState::Starting;
+        c.members.push(learner);
+        assert_eq!(next_step(&c), restart(&["main-0", "main-1"]));
+    }
+
+    #[test]
+    fn a_recovery_from_a_backup_never_starts_the_old_members_again() {
+        let mut c = pods_gone(&[0, 1, 2]);
+        c.bootstrapped = false;
+        c.restore = Some(Restore::NotStarted);
+        let c = with_op(c, OperationKind::Bootstrap, "main-3");
+        assert_eq!(
+            next_step(&c),
+            Step::DeleteMember {
+                member: "main-0".into(),
+                force: false
+            }
+        );
+    }
+
+    #[test]
+    fn a_leftover_learner_whose_pod_is_gone_is_removed_not_started() {
+        let mut members = three();
+        let mut learner = member("main-3", 13);
+        learner.learner = true;
+        learner.pod = PodState::Missing;
+        members.push(learner);
+        assert_eq!(begun(&next_step(&cluster(3, members))), (OperationKind::RemoveMember, "main-3".into()));
+    }
+
+    #[test]
+    fn names_are_listed_in_words() {
+        assert_eq!(listed(&[]), "");
+        assert_eq!(listed(&["a"]), "a");
+        assert_eq!(listed(&["a", "b"]), "a and b");
+        assert_eq!(listed(&["a", "b", "c"]), "a, b and c");
     }
 
     #[test]

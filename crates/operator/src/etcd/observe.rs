@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::runtime::reflector::Store;
 use noops_api::EtcdCluster;
 
@@ -209,8 +209,68 @@ fn pod_image(pod: &Pod) -> Option<&str> {
     pod.spec.as_ref()?.containers.first()?.image.as_deref()
 }
 
-/// The facts the membership planner needs. Pure.
-pub fn facts(cluster: &EtcdCluster, names: &Names, children: &Children, etcd: &EtcdView, now: jiff::Timestamp) -> ClusterFacts {
+/// Members that are not healthy and the node that holds them, where that node is not Ready
+/// (or its Node object is gone): the node its pod is bound to or, for a pod not placed yet or
+/// none, the node its local volume is pinned to. Asked only about members that do not answer
+/// healthy, so a healthy cluster reads no Node.
+pub async fn nodes_down(client: &kube::Client, children: &Children, etcd: &EtcdView) -> Result<BTreeMap<String, String>, kube::Error> {
+    let node_api: kube::Api<Node> = kube::Api::all(client.clone());
+    let volume_api: kube::Api<PersistentVolume> = kube::Api::all(client.clone());
+    let mut ready: BTreeMap<String, bool> = BTreeMap::new();
+    let mut down = BTreeMap::new();
+    let unhealthy: BTreeSet<&String> = children
+        .pods
+        .keys()
+        .chain(children.volumes.keys())
+        .filter(|m| !etcd.health.get(*m).is_some_and(MemberHealth::healthy))
+        .collect();
+    for member in unhealthy {
+        let bound = children.pods.get(member).and_then(|p| p.spec.as_ref()?.node_name.clone());
+        let node = match bound {
+            Some(node) => Some(node),
+            None => match children.volumes.get(member).and_then(|v| v.spec.as_ref()?.volume_name.clone()) {
+                Some(pv) => volume_api.get_opt(&pv).await?.as_ref().and_then(crate::core::nodes::pinned_node),
+                None => None,
+            },
+        };
+        let Some(node) = node else { continue };
+        let is_ready = match ready.get(&node) {
+            Some(known) => *known,
+            None => {
+                let answer = node_api.get_opt(&node).await?.as_ref().is_some_and(crate::core::nodes::ready);
+                ready.insert(node.clone(), answer);
+                answer
+            }
+        };
+        if !is_ready {
+            down.insert(member.clone(), node);
+        }
+    }
+    Ok(down)
+}
+
+/// How long `member` has been unhealthy: since the status first said so, or since its pod was
+/// made, whichever is later (a pod made again gets the whole grace period to start).
+fn unhealthy_time(since: Option<&jiff::Timestamp>, pod: Option<&Arc<Pod>>, now: jiff::Timestamp) -> Duration {
+    let made = pod.and_then(|p| p.metadata.creation_timestamp.as_ref()).map(|t| t.0);
+    let from = match (since.copied(), made) {
+        (Some(since), Some(made)) => since.max(made),
+        (Some(since), None) => since,
+        (None, _) => return Duration::ZERO,
+    };
+    Duration::try_from(now.duration_since(from)).unwrap_or_default()
+}
+
+/// The facts the membership planner needs: from the children, etcd's answers and the nodes
+/// that are down (`nodes_down`). Pure.
+pub fn facts(
+    cluster: &EtcdCluster,
+    names: &Names,
+    children: &Children,
+    etcd: &EtcdView,
+    nodes_down: &BTreeMap<String, String>,
+    now: jiff::Timestamp,
+) -> ClusterFacts {
     let status = cluster.status.clone().unwrap_or_default();
     let listed: BTreeMap<String, &ListedMember> = etcd
         .listed
@@ -254,12 +314,9 @@ pub fn facts(cluster: &EtcdCluster, names: &Names, children: &Children, etcd: &E
                     .flatten()
             });
             let healthy = etcd.health.get(&name).is_some_and(MemberHealth::healthy);
-            let unhealthy_for = (!healthy).then(|| {
-                known
-                    .and_then(|k| k.unhealthy_since.as_ref())
-                    .map(|since| Duration::try_from(now.duration_since(since.0)).unwrap_or_default())
-                    .unwrap_or_default()
-            });
+            let unhealthy_since = known.and_then(|k| k.unhealthy_since.as_ref()).map(|t| &t.0);
+            let unhealthy_for = (!healthy).then(|| unhealthy_time(unhealthy_since, pod, now));
+            let pod_made = pod.and_then(|p| p.metadata.creation_timestamp.as_ref()).map(|t| &t.0);
             MemberFacts {
                 learner: listed_member.map(|m| m.learner).unwrap_or_else(|| known.is_some_and(|k| k.learner)),
                 leader: id.is_some() && id == leader_id,
@@ -275,6 +332,8 @@ pub fn facts(cluster: &EtcdCluster, names: &Names, children: &Children, etcd: &E
                 healthy,
                 unhealthy_for,
                 outdated: pod.is_some_and(|p| pod_image(p) != Some(wanted_image.as_str())),
+                node_down: nodes_down.get(&name).cloned(),
+                fresh_pod: matches!((pod_made, unhealthy_since), (Some(made), Some(since)) if made >= since),
                 image_unavailable: pod.filter(|p| image_missing_for(p, now) >= super::membership::IMAGE_PULL_PATIENCE).and_then(|p| pod_image(p).map(String::from)),
                 fragmented: etcd.health.get(&name).is_some_and(|h| {
                     let defragmented_lately = known
@@ -382,7 +441,7 @@ mod tests {
             ]),
             listed_by_leader: true,
         };
-        let f = facts(&cluster, &names, &children, &etcd, jiff::Timestamp::UNIX_EPOCH);
+        let f = facts(&cluster, &names, &children, &etcd, &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH);
         assert!(f.bootstrapped && f.reachable);
         assert_eq!(f.next_member, "main-3");
         let names_seen: Vec<&str> = f.members.iter().map(|m| m.name.as_str()).collect();
@@ -405,6 +464,18 @@ mod tests {
     }
 
     #[test]
+    fn a_pod_made_again_gets_the_whole_grace_period_afresh() {
+        let at = |s: i64| jiff::Timestamp::from_second(s).unwrap();
+        let mut pod = Pod::default();
+        pod.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(1100)));
+        let pod = Arc::new(pod);
+        assert_eq!(unhealthy_time(Some(&at(1000)), Some(&pod), at(1110)), Duration::from_secs(10), "its new pod");
+        assert_eq!(unhealthy_time(Some(&at(1000)), None, at(1110)), Duration::from_secs(110), "no pod");
+        assert_eq!(unhealthy_time(Some(&at(1200)), Some(&pod), at(1210)), Duration::from_secs(10), "unhealthy on that pod");
+        assert_eq!(unhealthy_time(None, Some(&pod), at(1210)), Duration::ZERO, "just now");
+    }
+
+    #[test]
     fn unhealthy_time_counts_from_the_status() {
         let since = jiff::Timestamp::from_second(1000).unwrap();
         let cluster = fixtures::cluster()
@@ -419,7 +490,7 @@ mod tests {
             })
             .build();
         let names = Names::of(&cluster);
-        let f = facts(&cluster, &names, &Children::default(), &EtcdView::default(), jiff::Timestamp::from_second(1040).unwrap());
+        let f = facts(&cluster, &names, &Children::default(), &EtcdView::default(), &BTreeMap::new(), jiff::Timestamp::from_second(1040).unwrap());
         assert!(!f.reachable);
         assert_eq!(f.members[0].id, Some(10), "the last known ID, while etcd cannot be asked");
         assert_eq!(f.members[0].unhealthy_for, Some(Duration::from_secs(40)));

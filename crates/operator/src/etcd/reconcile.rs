@@ -70,7 +70,8 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
     } else {
         observe::ask_etcd(&EtcdAccess::new(credentials.clone()), &children, &names).await
     };
-    let facts = observe::facts(&cluster, &names, &children, &etcd, now);
+    let nodes_down = observe::nodes_down(&ctx.client, &children, &etcd).await.during(Stage::Observe)?;
+    let facts = observe::facts(&cluster, &names, &children, &etcd, &nodes_down, now);
 
     let mut outcome = Outcome {
         operation: previous.operation.clone(),
@@ -138,7 +139,14 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
     // the request is used once either way (the annotation is removed once the status says
     // what was done).
     let asked_recovery = cluster.annotations().get(RECOVER_ANNOTATION).cloned().filter(|_| !cluster.spec.paused);
+    let mut recovery_request_used = asked_recovery.is_some();
     let step = match (&asked_recovery, step) {
+        // Members are being started again: the request waits until that is done, then is
+        // used (over a quorum still lost) or dropped (over one that came back).
+        (Some(_), step @ Step::RestartMembers { .. }) => {
+            recovery_request_used = false;
+            step
+        }
         (Some(asked), Step::QuorumLost { reason }) => match recovery_backup(&cluster, &names, asked, ctx).await? {
             Ok(backup) => Step::RecoverFromBackup { backup },
             Err(why) => {
@@ -224,7 +232,7 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
     for announcement in later {
         announcement.tell(&cluster, ctx).await;
     }
-    if asked_recovery.is_some() {
+    if recovery_request_used {
         let api: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &names.namespace);
         let drop = json!({ "metadata": { "annotations": { RECOVER_ANNOTATION: null } } });
         if let Err(e) = api.patch(&names.cluster, &PatchParams::default(), &Patch::Merge(&drop)).await {
@@ -425,6 +433,17 @@ impl Runner<'_> {
         }
     }
 
+    /// The version a member whose pod is gone starts again on: the one it last said it ran, so
+    /// that a restart neither upgrades it out of turn nor takes it back; the usual choice for a
+    /// member that never said.
+    fn restart_version(&self, member: &str) -> String {
+        self.cluster
+            .status
+            .as_ref()
+            .and_then(|s| s.members.iter().find(|m| m.name == member)?.version.clone())
+            .unwrap_or_else(|| self.version(member, None))
+    }
+
     async fn set_state(&self, bootstrapping: bool) -> Result<()> {
         let api: Api<ConfigMap> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
         let config_map = bootstrap::state_config_map(self.names, self.owner, bootstrapping);
@@ -605,6 +624,42 @@ impl Runner<'_> {
                 let version = self.version(&member, outcome.operation.as_ref());
                 self.start_member(&member, &version, &initial).await?;
                 crash::point("add: learner's pod made");
+                Ok(NEXT_STEP)
+            }
+            Step::RestartMembers { members } => {
+                let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
+                let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
+                let quorum_lost = self.cluster.status.as_ref().is_some_and(|s| has_condition_reason(&s.conditions, "QuorumLost"));
+                for member in &members {
+                    // Read afresh: a claim deleted with its pod may reach the cache after the
+                    // pod's deletion, and a pod made on a claim being deleted would hold it.
+                    let claim = claims.get_opt(&self.names.volume(member)).await?;
+                    if claim.is_none_or(|c| c.metadata.deletion_timestamp.is_some()) {
+                        debug!(member, "its volume is going: not started again");
+                        continue;
+                    }
+                    // Its own name only: a member with data ignores the list, and one whose data
+                    // is gone finds no peer to join through and stops, rather than rejoining
+                    // empty under an identity that may have voted.
+                    let me = vec![(member.clone(), self.names.peer_url(member))];
+                    let version = self.restart_version(member);
+                    let pod = pod::member_pod(self.cluster, self.names, member, &version, &me, self.owner);
+                    if !create_if_missing(&pods, &pod).await? {
+                        continue;
+                    }
+                    let note = format!(
+                        "{member} started again on its own volume, as the member it was, since its pod was gone ({})",
+                        if quorum_lost {
+                            "the quorum is lost, and comes back once a majority runs"
+                        } else {
+                            "no membership change is needed"
+                        }
+                    );
+                    info!(member, version, "{note}");
+                    // Told now: the pod is made, whatever becomes of this pass's status.
+                    self.event(member, false, status::RESTARTING_MEMBERS, note).await;
+                    crash::point("restart: a member's pod made again");
+                }
                 Ok(NEXT_STEP)
             }
             Step::Promote { member, id } => {
@@ -795,10 +850,7 @@ impl Runner<'_> {
             Step::QuorumLost { reason } => {
                 let before = self.cluster.status.as_ref().is_some_and(|s| has_condition_reason(&s.conditions, "QuorumLost"));
                 if !before {
-                    later.push(Announcement::warning(
-                        "QuorumLost",
-                        format!("{reason}; the operator changes nothing until members come back"),
-                    ));
+                    later.push(Announcement::warning("QuorumLost", reason.clone()));
                 }
                 outcome.problems.quorum_lost = Some(reason);
                 Ok(LOOK_AGAIN)

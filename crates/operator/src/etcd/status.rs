@@ -30,6 +30,8 @@ pub struct Problems {
 
 /// The reason of a member pod that cannot start.
 pub const MEMBER_POD_STUCK: &str = "MemberPodStuck";
+/// The reason while members come back on their own volumes (their pods were gone).
+pub const RESTARTING_MEMBERS: &str = "RestartingMembers";
 
 fn version_key(v: &str) -> Vec<u64> {
     v.split('.').map(|p| p.parse().unwrap_or(0)).collect()
@@ -74,7 +76,12 @@ pub fn build(
             MemberStatus {
                 name: m.name.clone(),
                 id: m.id.map(|id| format!("{id:x}")),
-                version: etcd.health.get(&m.name).map(|h| h.version.clone()),
+                // The last it said while it does not answer: a member started again runs it.
+                version: etcd
+                    .health
+                    .get(&m.name)
+                    .map(|h| h.version.clone())
+                    .or_else(|| known.and_then(|k| k.version.clone())),
                 healthy: m.healthy,
                 learner: m.learner,
                 leader: m.leader,
@@ -127,6 +134,23 @@ pub fn build(
         .filter(|m| m.id.is_some() && m.pod != super::membership::PodState::Ready)
         .map(|m| m.name.as_str())
         .collect();
+    // Members coming back on their own data (their pods gone or starting): a repair that
+    // needs no membership change.
+    let restarting = super::membership::restarting(facts);
+    let restarting_note = {
+        let (waiting, starting): (Vec<_>, Vec<_>) = restarting.iter().partition(|(_, node)| node.is_some());
+        let mut parts = Vec::new();
+        if !starting.is_empty() {
+            let names: Vec<&str> = starting.iter().map(|(m, _)| *m).collect();
+            parts.push(format!("starting again, each on its own volume as the member it was: {}", super::membership::listed(&names)));
+        }
+        parts.extend(
+            waiting
+                .iter()
+                .filter_map(|(m, node)| Some(format!("{m} waits for node {}, which holds it and is not Ready", (*node)?))),
+        );
+        parts.join("; ")
+    };
     let current_version = members
         .iter()
         .filter_map(|m| m.version.clone())
@@ -172,6 +196,8 @@ pub fn build(
         Decided::new(READY, false, "Bootstrapping", "the first member is starting the cluster")
     } else if let Some(op) = &operation {
         Decided::new(READY, false, "MembershipChanging", describe(op))
+    } else if !restarting.is_empty() {
+        Decided::new(READY, false, RESTARTING_MEMBERS, restarting_note.clone())
     } else {
         Decided::new(
             READY,
@@ -202,6 +228,7 @@ pub fn build(
     };
     let progressing = match &operation {
         Some(op) => Decided::new(PROGRESSING, true, kind_reason(op.kind), describe(op)),
+        None if !restarting.is_empty() => Decided::new(PROGRESSING, true, RESTARTING_MEMBERS, restarting_note.clone()),
         None => Decided::new(PROGRESSING, false, "Stable", "no change in progress"),
     };
     let unhealthy: Vec<&str> = members.iter().filter(|m| !m.healthy).map(|m| m.name.as_str()).collect();
@@ -237,6 +264,8 @@ pub fn build(
             _ if op.reason.starts_with("scale") => "Scaling",
             _ => "Repairing",
         }
+    } else if !restarting.is_empty() {
+        "Repairing"
     } else if !unhealthy.is_empty() {
         "Degraded"
     } else {
@@ -342,6 +371,8 @@ mod tests {
             outdated: false,
             fragmented: false,
             image_unavailable: None,
+            node_down: None,
+            fresh_pod: false,
         }
     }
 
@@ -494,6 +525,72 @@ mod tests {
         );
         assert!(!is_true(&lost.conditions, AVAILABLE));
         assert_eq!(lost.phase.as_deref(), Some("QuorumLost"));
+    }
+
+    fn condition<'a>(s: &'a EtcdClusterStatus, type_: &str) -> (&'a str, &'a str, &'a str) {
+        let c = s.conditions.iter().find(|c| c.type_ == type_).unwrap();
+        (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+    }
+
+    #[test]
+    fn members_coming_back_on_their_volumes_are_said_to_restart_and_one_on_a_dead_node_names_it() {
+        let mut starting = member("main-2", 3, false);
+        starting.pod = PodState::Starting;
+        starting.fresh_pod = true;
+        let s = build_for(vec![member("main-0", 1, true), member("main-1", 2, true), starting.clone()], &Problems::default());
+        let (status, reason, message) = condition(&s, PROGRESSING);
+        assert_eq!((status, reason), ("True", RESTARTING_MEMBERS));
+        assert!(message.contains("own volume as the member it was: main-2"), "{message}");
+        assert_eq!(condition(&s, READY).1, RESTARTING_MEMBERS);
+        assert_eq!(s.phase.as_deref(), Some("Repairing"));
+        assert!(is_true(&s.conditions, AVAILABLE));
+
+        let mut pinned = member("main-1", 2, false);
+        pinned.pod = PodState::Missing;
+        pinned.node_down = Some("node-2".into());
+        let lost = build_for(
+            vec![member("main-0", 1, false), pinned, starting],
+            &Problems {
+                quorum_lost: Some("0 of 3 voting members are healthy".into()),
+                ..Default::default()
+            },
+        );
+        let (_, reason, message) = condition(&lost, PROGRESSING);
+        assert_eq!(reason, RESTARTING_MEMBERS);
+        assert!(message.contains("main-2") && message.contains("main-1 waits for node node-2"), "{message}");
+        assert_eq!(condition(&lost, READY).1, "QuorumLost", "the graver news first");
+        assert_eq!(lost.phase.as_deref(), Some("QuorumLost"));
+    }
+
+    #[test]
+    fn a_member_that_does_not_answer_keeps_the_version_it_last_said() {
+        let previous = EtcdClusterStatus {
+            members: vec![MemberStatus {
+                name: "main-3".into(),
+                id: Some("4".into()),
+                version: Some("3.5.30".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let cluster = fixtures::cluster().status(previous).build();
+        let names = Names::of(&cluster);
+        let mut silent = member("main-3", 4, false);
+        silent.pod = PodState::Missing;
+        let s = build(
+            &cluster,
+            &names,
+            &facts(vec![member("main-0", 1, true), silent]),
+            &Children::default(),
+            &view(&[("main-0", "3.5.35")]),
+            &Outcome {
+                cluster_id: Some("1".into()),
+                ..Default::default()
+            },
+            jiff::Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(s.members[1].version.as_deref(), Some("3.5.30"));
+        assert_eq!(s.members[0].version.as_deref(), Some("3.5.35"));
     }
 
     #[test]
