@@ -39,13 +39,14 @@ e2e: setup ## End-to-end tests on the local Kubernetes (3 nodes); node-fault tes
 	cargo test -p noops-e2e -p noops-sample-operator --quiet --test '*' -- --test-threads=4
 	cargo test -p noops-e2e --quiet --test node_faults -- --ignored --test-threads=1
 
-chaos: setup ## Long fault runs: hundreds of node kills, etcd and PostgreSQL faults (NOOPS_CHAOS_NODE_KILLS, NOOPS_CHAOS_ETCD_FAULTS, NOOPS_CHAOS_PG_FAULTS, default 200 each)
+chaos: setup ## Long fault runs: hundreds of node kills, etcd and PostgreSQL faults (NOOPS_CHAOS_NODE_KILLS, NOOPS_CHAOS_ETCD_FAULTS, NOOPS_CHAOS_PG_FAULTS, default 200 each; NOOPS_CHAOS_ETCD_MAJORITY_FAULTS, 60)
 	@NODES=$(E2E_NODES) hack/cluster-up.sh
 	@source hack/lib.sh && stop_demo_operator
 	NOOPS_CHAOS_NODE_KILLS=$${NOOPS_CHAOS_NODE_KILLS:-200} cargo test -p noops-e2e --quiet --test node_faults \
 	  -- --ignored --test-threads=1 --nocapture repeated_node_kills
-	NOOPS_CHAOS_ETCD_FAULTS=$${NOOPS_CHAOS_ETCD_FAULTS:-200} cargo test -p noops-e2e --quiet --test etcd_chaos \
-	  -- --nocapture
+	NOOPS_CHAOS_ETCD_FAULTS=$${NOOPS_CHAOS_ETCD_FAULTS:-200} \
+	  NOOPS_CHAOS_ETCD_MAJORITY_FAULTS=$${NOOPS_CHAOS_ETCD_MAJORITY_FAULTS:-60} \
+	  cargo test -p noops-e2e --quiet --test etcd_chaos -- --nocapture
 	NOOPS_CHAOS_PG_FAULTS=$${NOOPS_CHAOS_PG_FAULTS:-200} cargo test -p noops-e2e --quiet --test postgres_chaos \
 	  -- --nocapture
 

@@ -1,13 +1,16 @@
 //! Faults against an EtcdCluster while a client writes and reads: a member's etcd process
 //! killed, a member's pod deleted, the operator killed, in a random order. After every fault
 //! the cluster must come back to Ready with the same three members; at the end no
-//! acknowledged write may be missing and no read may have gone back in time.
+//! acknowledged write may be missing and no read may have gone back in time. And a majority of
+//! the member pods deleted at once, at a random moment of a scale up, a scale down or an
+//! upgrade: the quorum goes, the members come back on their volumes, the change finishes.
 //!
-//! `make test` runs a few rounds (`NOOPS_CHAOS_ETCD_FAULTS`, 5 by default); `make chaos` runs
-//! hundreds and prints how many of each fault it injected and what was lost.
+//! `make test` runs a few rounds (`NOOPS_CHAOS_ETCD_FAULTS`, 5 by default, and
+//! `NOOPS_CHAOS_ETCD_MAJORITY_FAULTS`, 3 by default); `make chaos` runs hundreds and prints how
+//! many of each fault it injected and what was lost.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use kube::api::DeleteParams;
@@ -25,18 +28,6 @@ enum Fault {
     DeleteMemberPod,
     /// The operator killed and started again (it carries on from status).
     KillOperator,
-}
-
-/// A small deterministic random sequence (xorshift), printed so that a run can be repeated.
-struct Dice(u64);
-
-impl Dice {
-    fn roll(&mut self, sides: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % sides
-    }
 }
 
 /// One run of a member's pod: which pod, how often its container restarted, and whether Ready.
@@ -69,16 +60,8 @@ async fn incarnation(ns: &TestNamespace, member: &str) -> Incarnation {
 
 #[tokio::test]
 async fn repeated_member_and_operator_faults_lose_no_acknowledged_write() {
-    let rounds: usize = std::env::var("NOOPS_CHAOS_ETCD_FAULTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
-    let seed = std::env::var("NOOPS_CHAOS_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| jiff::Timestamp::now().as_nanosecond() as u64 | 1);
-    println!("chaos: seed {seed} (NOOPS_CHAOS_SEED repeats this run)");
-    let mut dice = Dice(seed);
+    let rounds = chaos::rounds("NOOPS_CHAOS_ETCD_FAULTS", 5);
+    let mut dice = chaos::Dice::from_env();
 
     install_crds();
     let ns = TestNamespace::new("etcd-chaos").await;
@@ -159,4 +142,119 @@ async fn repeated_member_and_operator_faults_lose_no_acknowledged_write() {
     );
     assert_no_write_lost(&history, &mut checker, 10).await;
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+}
+
+/// A change a majority deletion falls into.
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    ScaleUp,
+    Upgrade,
+    ScaleDown,
+}
+
+#[tokio::test]
+async fn a_majority_of_member_pods_deleted_during_scaling_and_upgrades_loses_no_acknowledged_write() {
+    let rounds = chaos::rounds("NOOPS_CHAOS_ETCD_MAJORITY_FAULTS", 3);
+    let mut dice = chaos::Dice::from_env();
+    let (from, to) = (etcd_version("3.5"), etcd_version("3.6"));
+
+    install_crds();
+    let ns = TestNamespace::new("etcd-majority").await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "etcd"]);
+    let (mut deleted, mut injected, mut lost_total) = (0usize, BTreeMap::<&str, usize>::new(), 0usize);
+    // Each cluster goes through an upgrade, a scale up and a scale down (one upgrade per cluster:
+    // etcd has no way back), a majority of its pods deleted in the middle of each.
+    let mut round = 0;
+    let mut generation = 0;
+    while round < rounds {
+        let name = format!("c{generation}");
+        generation += 1;
+        ns.apply(&cluster_manifest(&name, 3, &from, ""));
+        wait_cluster_ready(&ns, &name, 3, 3 * MINUTE).await;
+        let writer = Writer::start(etcd_client(&ns, &name, &[service_endpoint(&ns, &name).await]).await);
+        let mut replicas_now = 3;
+        for change in [Change::Upgrade, Change::ScaleUp, Change::ScaleDown] {
+            if round >= rounds {
+                break;
+            }
+            round += 1;
+            let (replicas, spec) = match change {
+                Change::Upgrade => (3, serde_json::json!({ "version": to })),
+                Change::ScaleUp => (5, serde_json::json!({ "replicas": 5 })),
+                Change::ScaleDown => (3, serde_json::json!({ "replicas": 3 })),
+            };
+            patch_spec(&ns, &name, spec).await;
+            // A random moment of the change, from its first step to well into it (a scale down
+            // of two members takes a few seconds, an upgrade of three some more).
+            let span = match change {
+                Change::Upgrade => 12_000,
+                Change::ScaleUp => 8_000,
+                Change::ScaleDown => 1_500,
+            };
+            tokio::time::sleep(Duration::from_millis(dice.roll(span))).await;
+            let api: kube::Api<noops_api::EtcdCluster> = ns.api();
+            let members: Vec<String> = member_names(&api.get(&name).await.unwrap()).into_iter().collect();
+            let majority = members.len() / 2 + 1;
+            let mut victims = members.clone();
+            while victims.len() > majority {
+                victims.remove(dice.roll(victims.len() as u64) as usize);
+            }
+            let mut gone = BTreeMap::new();
+            for victim in &victims {
+                gone.insert(victim.clone(), incarnation(&ns, victim).await.uid);
+                let _ = ns.pods().delete(victim, &DeleteParams::default()).await;
+            }
+            deleted += victims.len();
+            *injected
+                .entry(match change {
+                    Change::Upgrade => "an upgrade",
+                    Change::ScaleUp => "a scale up",
+                    Change::ScaleDown => "a scale down",
+                })
+                .or_default() += 1;
+            println!("chaos: round {round} ({change:?} of {name}): deleted {victims:?} of {members:?}");
+            replicas_now = replicas;
+            // Ready as asked, every member in a Ready pod, none of them a pod deleted above (the
+            // status may still say Ready from before the deletion).
+            let back = wait_for(&format!("round {round}: {name} Ready again"), 5 * MINUTE, || async {
+                let cluster = api.get(&name).await.ok().filter(|c| cluster_ready(c, replicas))?;
+                for member in member_names(&cluster) {
+                    let now = incarnation(&ns, &member).await;
+                    if !now.ready || gone.get(&member).is_some_and(|uid| *uid == now.uid) {
+                        return None;
+                    }
+                }
+                Some(cluster)
+            })
+            .await;
+            if matches!(change, Change::Upgrade) {
+                wait_on_version(&ns, &name, replicas, &to).await;
+            }
+            let ids: Vec<_> = back.status.unwrap().members.iter().map(|m| m.id.clone()).collect();
+            assert_eq!(ids.len(), replicas as usize, "round {round}: {ids:?}");
+        }
+        let history = writer.stop().await;
+        let cluster = wait_cluster_ready(&ns, &name, replicas_now, MINUTE).await;
+        let mut checker = members_client(&ns, &name, &cluster).await;
+        let lost = history
+            .lost_writes(&mut checker)
+            .await
+            .map(|l| l.len())
+            .unwrap_or(usize::MAX);
+        lost_total = lost_total.saturating_add(lost);
+        assert_no_write_lost(&history, &mut checker, 10).await;
+        ns.api::<noops_api::EtcdCluster>()
+            .delete(&name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    println!(
+        "chaos: injected {} majority deletions of member pods ({deleted} pods; {}); lost: {lost_total}",
+        injected.values().sum::<usize>(),
+        injected
+            .iter()
+            .map(|(k, v)| format!("{v} during {k}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
 }

@@ -364,10 +364,7 @@ async fn every_node_rebooting_at_once_brings_a_statefulset_back_with_its_data() 
 #[tokio::test]
 #[ignore = "node faults disturb other tests: `make e2e` runs them alone"]
 async fn repeated_node_kills_lose_no_data() {
-    let rounds: usize = std::env::var("NOOPS_CHAOS_NODE_KILLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
+    let rounds = chaos::rounds("NOOPS_CHAOS_NODE_KILLS", 2);
     let _restore = RestoreNodesOnDrop;
     let ns = TestNamespace::new("node-kills").await;
     let nodes = ready_nodes(&ns.client, 3).await;
@@ -550,6 +547,103 @@ async fn every_node_rebooting_at_once_brings_an_etcd_cluster_back_as_itself() {
             .iter()
             .any(|(r, _)| ["RemovingMember", "MemberRemoved", "AddingMember"].contains(&r.as_str())),
         "a reboot replaces no member: {since:?}"
+    );
+}
+
+#[tokio::test]
+#[ignore = "node faults disturb other tests: `make e2e` runs them alone"]
+async fn two_of_three_etcd_nodes_down_past_the_eviction_toleration_come_back_as_the_same_members() {
+    use noops_api::EtcdCluster;
+    use noops_e2e::etcd::*;
+
+    let _restore = RestoreNodesOnDrop;
+    install_crds();
+    let ns = TestNamespace::new("etcd-nodes-back").await;
+    ready_nodes(&ns.client, 3).await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "etcd"]);
+    ns.apply(&cluster_manifest("main", 3, &etcd_version("3.5"), ""));
+    let ready = wait_cluster_ready(&ns, "main", 3, 3 * MINUTE).await;
+    let status = ready.status.clone().unwrap();
+    let ids: BTreeMap<String, Option<String>> = status.members.iter().map(|m| (m.name.clone(), m.id.clone())).collect();
+    // Every machine but one follower's dies, the leader's among them: one member is left,
+    // without a quorum.
+    let survivor = follower(&ready).name;
+    let victims: Vec<(String, String)> = status
+        .members
+        .iter()
+        .filter(|m| m.name != survivor)
+        .map(|m| (m.name.clone(), m.node.clone().unwrap()))
+        .collect();
+    assert_eq!(victims.len(), 2, "{victims:?}");
+    let writer = Writer::start(etcd_client(&ns, "main", &[service_endpoint(&ns, "main").await]).await);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    for (_, node) in &victims {
+        node_fault(&["stop", node]);
+    }
+    // Past the toleration their pods are evicted, and stay (no node confirms they stopped): the
+    // members wait for their nodes, and the status names them.
+    let api: kube::Api<EtcdCluster> = ns.api();
+    let waiting = wait_for(
+        "QuorumLost naming the nodes the members wait for",
+        2 * MINUTE,
+        || async {
+            let evicted = {
+                let pods = ns.pods();
+                let mut all = true;
+                for (member, _) in &victims {
+                    all &= pods
+                        .get_opt(member)
+                        .await
+                        .ok()
+                        .flatten()
+                        .is_some_and(|p| p.metadata.deletion_timestamp.is_some());
+                }
+                all
+            };
+            let cluster = api.get("main").await.ok()?;
+            let (_, reason, message) = condition(&cluster, "Ready")?;
+            (evicted
+                && reason == "QuorumLost"
+                && victims
+                    .iter()
+                    .all(|(m, node)| message.contains(&format!("{m} waits for node {node}"))))
+            .then_some(message)
+        },
+    )
+    .await;
+    assert!(waiting.contains("Waiting can bring it back"), "{waiting}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    for (_, node) in &victims {
+        node_fault(&["start", node]);
+    }
+    let back = wait_for("the same members Ready again", 3 * MINUTE, || async {
+        api.get("main").await.ok().filter(|c| {
+            cluster_ready(c, 3)
+                && c.status.as_ref().is_some_and(|s| {
+                    s.members
+                        .iter()
+                        .map(|m| (m.name.clone(), m.id.clone()))
+                        .collect::<BTreeMap<_, _>>()
+                        == ids
+                })
+        })
+    })
+    .await;
+    assert_eq!(
+        back.status.as_ref().unwrap().cluster_id,
+        status.cluster_id,
+        "the same cluster"
+    );
+    let history = writer.stop().await;
+    let mut checker = members_client(&ns, "main", &back).await;
+    assert_eq!(checker.member_list().await.unwrap().members().len(), 3);
+    assert_no_write_lost(&history, &mut checker, 20).await;
+    let events = cluster_events(&ns, "main").await;
+    assert!(
+        events.iter().any(|(r, _)| r == "RestartingMembers"),
+        "the evicted members were started again on their volumes: {events:?}"
     );
 }
 

@@ -27,30 +27,10 @@ enum Fault {
     LoseVolume,
 }
 
-/// A small deterministic random sequence (xorshift), printed so that a run can be repeated.
-struct Dice(u64);
-
-impl Dice {
-    fn roll(&mut self, sides: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % sides
-    }
-}
-
 #[tokio::test]
 async fn repeated_operator_pod_and_volume_faults_lose_no_archived_commit() {
-    let rounds: usize = std::env::var("NOOPS_CHAOS_PG_FAULTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
-    let seed = std::env::var("NOOPS_CHAOS_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| jiff::Timestamp::now().as_nanosecond() as u64 | 1);
-    println!("chaos: seed {seed} (NOOPS_CHAOS_SEED repeats this run)");
-    let mut dice = Dice(seed);
+    let rounds = chaos::rounds("NOOPS_CHAOS_PG_FAULTS", 3);
+    let mut dice = chaos::Dice::from_env();
 
     install_crds();
     let ns = TestNamespace::new("pg-chaos").await;
