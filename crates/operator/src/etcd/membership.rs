@@ -342,8 +342,7 @@ fn to_restart(facts: &ClusterFacts, without_quorum: bool) -> Vec<String> {
 
 /// Voting members that are not healthy and are coming back on their own data: their pod is
 /// gone (to be made again), made again and starting, or waiting for the node that holds them
-/// (named) to come back. Pure; the
-/// status says it as `RestartingMembers`.
+/// (named) to come back. The status says it as `RestartingMembers`.
 pub fn restarting(facts: &ClusterFacts) -> Vec<(&str, Option<&str>)> {
     facts
         .members
@@ -352,6 +351,23 @@ pub fn restarting(facts: &ClusterFacts) -> Vec<(&str, Option<&str>)> {
         .filter(|m| m.pod == PodState::Missing || (m.pod == PodState::Starting && m.fresh_pod) || m.node_down.is_some())
         .map(|m| (m.name.as_str(), m.node_down.as_deref()))
         .collect()
+}
+
+/// [`restarting`] in words, if any member is coming back: who starts again, and who waits for
+/// which node.
+pub fn coming_back(facts: &ClusterFacts) -> Option<String> {
+    let members = restarting(facts);
+    let starting: Vec<&str> = members.iter().filter(|(_, node)| node.is_none()).map(|(m, _)| *m).collect();
+    let mut parts = Vec::new();
+    if !starting.is_empty() {
+        parts.push(format!("starting again, each on its own volume as the member it was: {}", listed(&starting)));
+    }
+    parts.extend(
+        members
+            .iter()
+            .filter_map(|(m, node)| Some(format!("{m} waits for node {}, which holds it and is not Ready", (*node)?))),
+    );
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 /// Names in words: `a`, `a and b`, `a, b and c`.
@@ -378,6 +394,14 @@ fn no_quorum(facts: &ClusterFacts, voters: &[&MemberFacts], healthy_voters: usiz
             reason: "no leader for a moment; waiting for an election".into(),
         };
     }
+    Step::QuorumLost {
+        reason: quorum_lost_message(facts, voters, healthy_voters),
+    }
+}
+
+/// Why the quorum is lost, and whether waiting can bring it back (enough members keep their
+/// data) or only a recovery from a backup can.
+fn quorum_lost_message(facts: &ClusterFacts, voters: &[&MemberFacts], healthy_voters: usize) -> String {
     let needed = quorum(voters.len());
     let head = if facts.reachable {
         format!("{healthy_voters} of {} voting members are healthy, fewer than the {needed} a quorum needs", voters.len())
@@ -390,41 +414,31 @@ fn no_quorum(facts: &ClusterFacts, voters: &[&MemberFacts], healthy_voters: usiz
         .map(|m| m.name.as_str())
         .collect();
     let with_data = voters.len() - data_gone.len();
-    let reason = if with_data < needed {
+    if with_data < needed {
         let cause = if facts.ephemeral { "pod gone, and ephemeral storage with it" } else { "volume deleted" };
-        format!(
+        return format!(
             "{head}. Waiting cannot bring it back: no data is left on {} ({cause}), and the {with_data} member(s) with data are too few for a quorum. \
              Only a recovery from a backup can, losing the writes made after that backup: annotate the cluster {RECOVER_ANNOTATION}=latest (or =<EtcdBackup name>)",
             listed(&data_gone)
-        )
-    } else {
-        let coming: Vec<&str> = restarting(facts).iter().filter(|(_, node)| node.is_none()).map(|(m, _)| *m).collect();
-        let mut parts = Vec::new();
-        if !coming.is_empty() {
-            parts.push(format!("starting again, each on its own volume: {}", listed(&coming)));
-        }
-        for m in voters.iter().filter(|m| !m.healthy) {
-            if let Some(node) = &m.node_down {
-                parts.push(format!("{} waits for node {node}, which holds it and is not Ready", m.name));
-            }
-        }
-        let silent: Vec<&str> = voters
-            .iter()
-            .filter(|m| !m.healthy && m.node_down.is_none() && m.has_data(facts.ephemeral) && !coming.contains(&m.name.as_str()))
-            .map(|m| m.name.as_str())
-            .collect();
-        if !silent.is_empty() {
-            parts.push(format!("running but not serving: {}", listed(&silent)));
-        }
-        if !data_gone.is_empty() {
-            parts.push(format!("data lost, replaced once the quorum is back: {}", listed(&data_gone)));
-        }
-        format!(
-            "{head}. Waiting can bring it back: {}; the quorum returns, with every acknowledged write, once {needed} of them run",
-            parts.join("; ")
-        )
-    };
-    Step::QuorumLost { reason }
+        );
+    }
+    let back: Vec<&str> = restarting(facts).into_iter().map(|(m, _)| m).collect();
+    let silent: Vec<&str> = voters
+        .iter()
+        .filter(|m| !m.healthy && m.has_data(facts.ephemeral) && !back.contains(&m.name.as_str()))
+        .map(|m| m.name.as_str())
+        .collect();
+    let mut parts: Vec<String> = coming_back(facts).into_iter().collect();
+    if !silent.is_empty() {
+        parts.push(format!("running but not serving: {}", listed(&silent)));
+    }
+    if !data_gone.is_empty() {
+        parts.push(format!("data lost, replaced once the quorum is back: {}", listed(&data_gone)));
+    }
+    format!(
+        "{head}. Waiting can bring it back: {}; the quorum returns, with every acknowledged write, once {needed} of them run",
+        parts.join("; ")
+    )
 }
 
 /// What to do with the pod and volume of a member etcd does not know, if anything.
@@ -926,7 +940,7 @@ mod tests {
         c.members[1].fresh_pod = true;
         let reason = quorum_lost_reason(&c);
         assert!(reason.contains("Waiting can bring it back"), "{reason}");
-        assert!(reason.contains("starting again, each on its own volume: main-1"), "{reason}");
+        assert!(reason.contains("starting again, each on its own volume as the member it was: main-1"), "{reason}");
         assert!(reason.contains("replaced once the quorum is back: main-2"), "{reason}");
         // Two volumes gone: waiting cannot help, and the way out is named.
         c.members[1].volume = false;
@@ -956,7 +970,7 @@ mod tests {
         c.members[0].unhealthy_for = Some(UNHEALTHY_GRACE);
         let reason = quorum_lost_reason(&c);
         assert!(reason.contains("main-2 waits for node node-3"), "{reason}");
-        assert!(reason.contains("each on its own volume: main-1;"), "{reason}");
+        assert!(reason.contains("as the member it was: main-1;"), "{reason}");
         assert!(reason.contains("running but not serving: main-0"), "{reason}");
     }
 

@@ -136,21 +136,7 @@ pub fn build(
         .collect();
     // Members coming back on their own data (their pods gone or starting): a repair that
     // needs no membership change.
-    let restarting = super::membership::restarting(facts);
-    let restarting_note = {
-        let (waiting, starting): (Vec<_>, Vec<_>) = restarting.iter().partition(|(_, node)| node.is_some());
-        let mut parts = Vec::new();
-        if !starting.is_empty() {
-            let names: Vec<&str> = starting.iter().map(|(m, _)| *m).collect();
-            parts.push(format!("starting again, each on its own volume as the member it was: {}", super::membership::listed(&names)));
-        }
-        parts.extend(
-            waiting
-                .iter()
-                .filter_map(|(m, node)| Some(format!("{m} waits for node {}, which holds it and is not Ready", (*node)?))),
-        );
-        parts.join("; ")
-    };
+    let coming_back = super::membership::coming_back(facts);
     let current_version = members
         .iter()
         .filter_map(|m| m.version.clone())
@@ -196,8 +182,8 @@ pub fn build(
         Decided::new(READY, false, "Bootstrapping", "the first member is starting the cluster")
     } else if let Some(op) = &operation {
         Decided::new(READY, false, "MembershipChanging", describe(op))
-    } else if !restarting.is_empty() {
-        Decided::new(READY, false, RESTARTING_MEMBERS, restarting_note.clone())
+    } else if let Some(note) = &coming_back {
+        Decided::new(READY, false, RESTARTING_MEMBERS, note.clone())
     } else {
         Decided::new(
             READY,
@@ -228,8 +214,10 @@ pub fn build(
     };
     let progressing = match &operation {
         Some(op) => Decided::new(PROGRESSING, true, kind_reason(op.kind), describe(op)),
-        None if !restarting.is_empty() => Decided::new(PROGRESSING, true, RESTARTING_MEMBERS, restarting_note.clone()),
-        None => Decided::new(PROGRESSING, false, "Stable", "no change in progress"),
+        None => match &coming_back {
+            Some(note) => Decided::new(PROGRESSING, true, RESTARTING_MEMBERS, note.clone()),
+            None => Decided::new(PROGRESSING, false, "Stable", "no change in progress"),
+        },
     };
     let unhealthy: Vec<&str> = members.iter().filter(|m| !m.healthy).map(|m| m.name.as_str()).collect();
     let degraded = if let Some(why) = &problems.quorum_lost {
@@ -264,7 +252,7 @@ pub fn build(
             _ if op.reason.starts_with("scale") => "Scaling",
             _ => "Repairing",
         }
-    } else if !restarting.is_empty() {
+    } else if coming_back.is_some() {
         "Repairing"
     } else if !unhealthy.is_empty() {
         "Degraded"
