@@ -184,16 +184,36 @@ async fn a_majority_of_member_pods_deleted_during_scaling_and_upgrades_loses_no_
                 Change::ScaleDown => (3, serde_json::json!({ "replicas": 3 })),
             };
             patch_spec(&ns, &name, spec).await;
-            // A random moment of the change, from its first step to well into it (a scale down
-            // of two members takes a few seconds, an upgrade of three some more).
+            // A random moment of the change: once the operator has begun it (its operation in
+            // the status), from at once to well into it (a scale down of two members takes
+            // two seconds or so, an upgrade of three some ten).
+            let api: kube::Api<noops_api::EtcdCluster> = ns.api();
+            let begun = wait_for(&format!("round {round}: the {change:?} begun"), MINUTE, || async {
+                let c = api.get(&name).await.ok()?;
+                let status = c.status.as_ref()?;
+                (status.operation.is_some() || cluster_ready(&c, replicas)).then_some(status.operation.is_some())
+            })
+            .await;
             let span = match change {
-                Change::Upgrade => 12_000,
-                Change::ScaleUp => 8_000,
+                Change::Upgrade => 10_000,
+                Change::ScaleUp => 5_000,
                 Change::ScaleDown => 1_500,
             };
             tokio::time::sleep(Duration::from_millis(dice.roll(span))).await;
-            let api: kube::Api<noops_api::EtcdCluster> = ns.api();
-            let members: Vec<String> = member_names(&api.get(&name).await.unwrap()).into_iter().collect();
+            // A majority of the member pods there are (members being added or removed
+            // included), whatever the status says yet.
+            let members: Vec<String> = ns
+                .pods()
+                .list(&kube::api::ListParams::default().labels(&format!(
+                    "noops.dev/etcdcluster={name},app.kubernetes.io/component=member"
+                )))
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter_map(|p| p.metadata.name)
+                .collect();
             let majority = members.len() / 2 + 1;
             let mut victims = members.clone();
             while victims.len() > majority {
@@ -212,7 +232,8 @@ async fn a_majority_of_member_pods_deleted_during_scaling_and_upgrades_loses_no_
                     Change::ScaleDown => "a scale down",
                 })
                 .or_default() += 1;
-            println!("chaos: round {round} ({change:?} of {name}): deleted {victims:?} of {members:?}");
+            let when = if begun { "during" } else { "after" };
+            println!("chaos: round {round} ({change:?} of {name}): deleted {victims:?} of {members:?}, {when} it");
             replicas_now = replicas;
             // Ready as asked, every member in a Ready pod, none of them a pod deleted above (the
             // status may still say Ready from before the deletion).
