@@ -42,7 +42,6 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::Client;
 use noops_api::EtcdCluster;
-use tracing::warn;
 
 use crate::core::cache::shared_cache;
 use crate::core::controller::{ControllerCore, HasCore, Registration, Runtime, drive, scoped_api};
@@ -95,10 +94,6 @@ pub async fn run(runtime: Runtime) {
     let (secrets, _) = shared_cache(scoped_api::<Secret>(&client, &namespace), ours.clone()).await;
     let (services, _) = shared_cache(scoped_api::<Service>(&client, &namespace), ours.clone()).await;
     let (config_maps, _) = shared_cache(scoped_api::<ConfigMap>(&client, &namespace), ours).await;
-    let (Some(pod_changes), Some(volume_changes)) = (pod_changes, volume_changes) else {
-        warn!("shared caches without subscribers: the controller cannot watch its members");
-        return;
-    };
     let ctx = Arc::new(Context {
         core: ControllerCore::new(CONTROLLER.name, client.clone(), metrics.clone()),
         caches: observe::Caches {

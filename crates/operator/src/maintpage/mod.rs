@@ -33,7 +33,6 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::Client;
 use noops_api::MaintPage;
-use tracing::warn;
 
 use crate::core::cache::shared_cache;
 use crate::core::controller::{ControllerCore, HasCore, Registration, Runtime, drive, scoped_api};
@@ -88,12 +87,6 @@ pub async fn run(runtime: Runtime) {
     let (deployment_store, deployment_changes) = shared_cache(deployments, ours.clone()).await;
     let (service_store, service_changes) = shared_cache(services, ours.clone()).await;
     let (pod_store, pod_changes) = shared_cache(pods, ours).await;
-    let (Some(deployment_changes), Some(service_changes), Some(pod_changes)) =
-        (deployment_changes, service_changes, pod_changes)
-    else {
-        warn!("shared caches without subscribers: the controller cannot watch its children");
-        return;
-    };
     let ctx = Arc::new(Context {
         core: ControllerCore::new(CONTROLLER.name, client.clone(), metrics),
         client,

@@ -49,7 +49,6 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use noops_api::{PostgreSQL, PostgresBackup};
-use tracing::warn;
 
 use crate::core::cache::shared_cache;
 use crate::core::controller::{ControllerCore, HasCore, Registration, Runtime, drive, scoped_api};
@@ -104,12 +103,6 @@ pub async fn run(runtime: Runtime) {
     let (claims, claim_changes) = shared_cache(scoped_api::<PersistentVolumeClaim>(&client, &namespace), ours).await;
     let (backups, backup_changes) =
         shared_cache(scoped_api::<PostgresBackup>(&client, &namespace), watcher::Config::default()).await;
-    let (Some(statefulset_changes), Some(pod_changes), Some(backup_changes), Some(claim_changes)) =
-        (statefulset_changes, pod_changes, backup_changes, claim_changes)
-    else {
-        warn!("shared caches without subscribers: the controller cannot watch its instances");
-        return;
-    };
     let ctx = Arc::new(Context {
         core: ControllerCore::new(CONTROLLER.name, client.clone(), metrics),
         client: client.clone(),
