@@ -3,6 +3,8 @@
 //! - create, resize, recover a member and upgrade, against the budgets CoreOS's etcd-operator
 //!   gave itself in its own end-to-end tests (60 s, 60 s, 60 s, 100 s);
 //! - a member's process killed until it is healthy again, against etcd's own start;
+//! - a follower's pod deleted, and two of three members' pods deleted at once (the quorum
+//!   lost), until the cluster is Ready again on the pods made again, against a process kill;
 //! - a member's node stopped until a successor is Ready, against the grace period a member
 //!   gets before it counts as lost;
 //! - a backup and a restore of a 100 MiB database, against `etcdctl snapshot save` alone and
@@ -219,6 +221,8 @@ async fn main() {
     let mut recover = vec![];
     let mut upgrade = vec![];
     let mut heal = vec![];
+    let mut pod_gone = vec![];
+    let mut majority_gone = vec![];
     let mut node_stop = None;
     for run in 0..runs {
         let ns = TestNamespace::new("etcd-bench").await;
@@ -243,6 +247,18 @@ async fn main() {
         })
         .await;
         heal.push(t.elapsed().as_secs_f64());
+
+        // A follower's pod deleted, then two of three: made again on their volumes, as the
+        // same members.
+        let victim = follower(&wait_cluster_ready(&ns, "main", 3, MINUTE).await).name;
+        pod_gone.push(delete_pods_until_ready(&ns, &[victim.as_str()]).await);
+        let leader = wait_cluster_ready(&ns, "main", 3, MINUTE)
+            .await
+            .status
+            .and_then(|s| s.leader)
+            .unwrap();
+        let other = if leader == "main-0" { "main-1" } else { "main-0" };
+        majority_gone.push(delete_pods_until_ready(&ns, &[leader.as_str(), other]).await);
 
         let t = Instant::now();
         patch_spec(&ns, "main", serde_json::json!({ "replicas": 5 })).await;
@@ -320,6 +336,19 @@ async fn main() {
         "etcd's own start, alone (s)",
         lone_start,
     );
+    let heal_median = median(heal.clone());
+    row(
+        "a follower's pod deleted → Ready again (s)",
+        &pod_gone,
+        "member process killed → healthy (s)",
+        heal_median,
+    );
+    row(
+        "two of three pods deleted (quorum lost) → Ready again (s)",
+        &majority_gone,
+        "member process killed → healthy (s)",
+        heal_median,
+    );
     match node_stop {
         Some(t) => row(
             "member's node stopped → successor Ready (s)",
@@ -353,6 +382,34 @@ async fn main() {
         "everything else's requests that minute",
         requests_rest,
     );
+}
+
+/// Deletes the pods of `victims` of cluster `main` at once; returns how long until each runs in
+/// a new, Ready pod and the cluster is Ready with every member healthy.
+async fn delete_pods_until_ready(ns: &TestNamespace, victims: &[&str]) -> f64 {
+    let api: Api<EtcdCluster> = ns.api();
+    let mut before = Vec::new();
+    for victim in victims {
+        before.push(ns.pods().get(victim).await.unwrap().metadata.uid);
+    }
+    let t = Instant::now();
+    for victim in victims {
+        ns.pods().delete(victim, &Default::default()).await.unwrap();
+    }
+    wait_until("the deleted pods made again, the cluster Ready", 3 * MINUTE, || async {
+        let mut renewed = true;
+        for (victim, uid) in victims.iter().zip(&before) {
+            let pod = ns.pods().get_opt(victim).await.ok().flatten();
+            renewed &=
+                pod.is_some_and(|p| pod_ready(&p) && p.metadata.deletion_timestamp.is_none() && p.metadata.uid != *uid);
+        }
+        renewed
+            && api.get("main").await.ok().is_some_and(|c| {
+                cluster_ready(&c, 3) && c.status.as_ref().is_some_and(|s| s.members.iter().all(|m| m.healthy))
+            })
+    })
+    .await;
+    t.elapsed().as_secs_f64()
 }
 
 /// A 1-member cluster filled with 100 MiB: an EtcdBackup of it, and a new cluster restored
