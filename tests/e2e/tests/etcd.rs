@@ -241,6 +241,9 @@ async fn a_cluster_bootstraps_scales_heals_and_goes_away_without_losing_a_write(
     )
     .await;
     assert_eq!(got.trim(), "hello");
+    // Nothing here was stuck: a pod made a moment after its claim is not said to be.
+    let events = cluster_events(&ns, "main").await;
+    assert!(!events.iter().any(|(r, _)| r == "MemberPodStuck"), "{events:?}");
 
     // Deleting the cluster takes every child with it.
     kubectl_ok(

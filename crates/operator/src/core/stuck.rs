@@ -1,9 +1,16 @@
 //! Whether pods cannot start, and why. A Deployment says so only when its progress
 //! deadline passes (minutes); the pods say it at once: an image that cannot be pulled (or, on
-//! the local Kubernetes, is not mapped), a crash loop, a missing Secret, no node to run on.
-//! Pure.
+//! the local Kubernetes, is not mapped), a crash loop, a missing Secret, no node to run on
+//! (once the scheduler has said so for [`UNSCHEDULABLE_PATIENCE`]). Pure.
 
-use k8s_openapi::api::core::v1::Pod;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
+
+/// How long the scheduler may say a pod has no node before that counts as stuck. Its first
+/// word can be older than what it needs: a claim made a moment before the pod is "not found"
+/// until the scheduler's cache has it, and the scheduler tries again by itself.
+pub const UNSCHEDULABLE_PATIENCE: Duration = Duration::from_secs(10);
 
 /// Why the pods of a side cannot start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,17 +34,48 @@ const STUCK_WAITING: [&str; 8] = [
     "RunContainerError",
 ];
 
-/// The first problem found among `pods` (by pod name), if any. Pods being deleted are left out.
-pub fn stuck<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Option<Stuck> {
+/// The first problem found among `pods` (by pod name) at `now`, if any. Pods being deleted are
+/// left out.
+pub fn stuck<'a>(pods: impl IntoIterator<Item = &'a Pod>, now: jiff::Timestamp) -> Option<Stuck> {
     let mut pods: Vec<&Pod> = pods
         .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .collect();
     pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    pods.into_iter().find_map(pod_stuck)
+    pods.into_iter().find_map(|p| pod_stuck(p, now))
 }
 
-fn pod_stuck(pod: &Pod) -> Option<Stuck> {
+/// How soon a pod of `pods` that the scheduler has not placed yet counts as stuck, if one
+/// will: a controller that otherwise waits for a change looks again then.
+pub fn recheck_after<'a>(pods: impl IntoIterator<Item = &'a Pod>, now: jiff::Timestamp) -> Option<Duration> {
+    pods.into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| unschedulable(p).map(|c| UNSCHEDULABLE_PATIENCE.saturating_sub(unschedulable_for(p, c, now))))
+        .filter(|left| !left.is_zero())
+        .min()
+}
+
+/// The scheduler's "no node for it" condition of `pod`, if it says so.
+fn unschedulable(pod: &Pod) -> Option<&PodCondition> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+}
+
+/// How long the scheduler has said so (since the condition changed, else since the pod was made).
+fn unschedulable_for(pod: &Pod, condition: &PodCondition, now: jiff::Timestamp) -> Duration {
+    let since = condition
+        .last_transition_time
+        .as_ref()
+        .or(pod.metadata.creation_timestamp.as_ref())
+        .map_or(jiff::Timestamp::UNIX_EPOCH, |t| t.0);
+    Duration::try_from(now.duration_since(since)).unwrap_or_default()
+}
+
+fn pod_stuck(pod: &Pod, now: jiff::Timestamp) -> Option<Stuck> {
     let name = pod.metadata.name.as_deref().unwrap_or_default();
     let status = pod.status.as_ref()?;
     let containers = status
@@ -58,21 +96,24 @@ fn pod_stuck(pod: &Pod) -> Option<Stuck> {
             });
         }
     }
-    status
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
-        .map(|c| Stuck {
-            reason: "Unschedulable",
-            message: format!("pod {name}: {}", c.message.as_deref().unwrap_or("no node can run it")),
-        })
+    let condition = unschedulable(pod).filter(|c| unschedulable_for(pod, c, now) >= UNSCHEDULABLE_PATIENCE)?;
+    Some(Stuck {
+        reason: "Unschedulable",
+        message: format!(
+            "pod {name}: {}",
+            condition.message.as_deref().unwrap_or("no node can run it")
+        ),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{ContainerState, ContainerStateWaiting, ContainerStatus, PodCondition, PodStatus};
+    use k8s_openapi::api::core::v1::{ContainerState, ContainerStateWaiting, ContainerStatus, PodStatus};
+
+    fn at(second: i64) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(second).unwrap()
+    }
 
     fn pod(name: &str, waiting: Option<(&str, &str)>) -> Pod {
         let mut pod = Pod::default();
@@ -103,41 +144,49 @@ mod tests {
             "CrashLoopBackOff",
             "CreateContainerConfigError",
         ] {
-            let found = stuck([&pod("page-1", Some((reason, "it says why")))]).unwrap();
+            let found = stuck([&pod("page-1", Some((reason, "it says why")))], at(0)).unwrap();
             assert_eq!(found.reason, reason);
             assert_eq!(found.message, "pod page-1, container maintenance: it says why");
         }
-        assert_eq!(stuck([&pod("page-1", Some(("ContainerCreating", "")))]), None);
-        assert_eq!(stuck([&pod("page-1", None)]), None, "running");
-        assert_eq!(stuck([]), None);
+        assert_eq!(stuck([&pod("page-1", Some(("ContainerCreating", "")))], at(0)), None);
+        assert_eq!(stuck([&pod("page-1", None)], at(0)), None, "running");
+        assert_eq!(stuck([], at(0)), None);
     }
 
     #[test]
     fn the_first_stuck_pod_by_name_is_reported_and_deleted_pods_are_not() {
         let a = pod("page-a", Some(("ImageNotMapped", "not mapped")));
         let b = pod("page-b", Some(("CrashLoopBackOff", "back-off")));
-        assert_eq!(stuck([&b, &a]).unwrap().reason, "ImageNotMapped");
+        assert_eq!(stuck([&b, &a], at(0)).unwrap().reason, "ImageNotMapped");
         let mut leaving = a.clone();
         leaving.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             jiff::Timestamp::UNIX_EPOCH,
         ));
-        assert_eq!(stuck([&leaving, &b]).unwrap().reason, "CrashLoopBackOff");
+        assert_eq!(stuck([&leaving, &b], at(0)).unwrap().reason, "CrashLoopBackOff");
     }
 
     #[test]
-    fn a_pod_no_node_can_run_is_stuck() {
+    fn a_pod_no_node_can_run_is_stuck_once_the_scheduler_has_said_so_for_a_while() {
         let mut p = pod("page-1", None);
         p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
             type_: "PodScheduled".into(),
             status: "False".into(),
             reason: Some("Unschedulable".into()),
             message: Some("0/3 nodes are available".into()),
+            last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(100))),
             ..Default::default()
         }]);
-        let found = stuck([&p]).unwrap();
+        // Its claim made a moment before: the scheduler's first word may be behind.
+        assert_eq!(stuck([&p], at(101)), None);
+        assert_eq!(
+            recheck_after([&p], at(101)),
+            Some(UNSCHEDULABLE_PATIENCE - Duration::from_secs(1))
+        );
+        let found = stuck([&p], at(110)).unwrap();
         assert_eq!(
             (found.reason, found.message.as_str()),
             ("Unschedulable", "pod page-1: 0/3 nodes are available")
         );
+        assert_eq!(recheck_after([&p], at(110)), None, "said already");
     }
 }

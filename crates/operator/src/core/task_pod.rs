@@ -34,7 +34,7 @@ pub enum Outcome {
 }
 
 /// How `pod` (if any) stands.
-pub fn outcome(pod: Option<&Pod>) -> Outcome {
+pub fn outcome(pod: Option<&Pod>, now: jiff::Timestamp) -> Outcome {
     let Some(pod) = pod else { return Outcome::NotStarted };
     let status = pod.status.clone().unwrap_or_default();
     let terminated = status
@@ -81,7 +81,7 @@ pub fn outcome(pod: Option<&Pod>) -> Outcome {
                 (None, _) => format!("pod {name} was deleted before it ended"),
             })
         }
-        _ => match stuck([pod]) {
+        _ => match stuck([pod], now) {
             Some(s) => Outcome::Stuck(format!("{}: {}", s.reason, s.message)),
             None => Outcome::Running,
         },
@@ -143,7 +143,7 @@ mod tests {
     fn a_pod_deleted_before_it_ended_has_failed_and_says_where_and_why() {
         let pod = evicted(jiff::Timestamp::now());
         assert_eq!(
-            outcome(Some(&pod)),
+            outcome(Some(&pod), jiff::Timestamp::UNIX_EPOCH),
             Outcome::Failed(
                 "pod shop-1-base was deleted before it ended, on node noops-node-2: Taint manager: deleting due to NoExecute taint"
                     .into()
@@ -154,7 +154,7 @@ mod tests {
             status.phase = Some("Succeeded".into());
         }
         assert_eq!(
-            outcome(Some(&finished)),
+            outcome(Some(&finished), jiff::Timestamp::UNIX_EPOCH),
             Outcome::Succeeded(String::new()),
             "it ended before"
         );

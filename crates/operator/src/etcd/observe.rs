@@ -66,7 +66,7 @@ const IMAGE_UNAVAILABLE: [&str; 4] = ["ErrImagePull", "ImagePullBackOff", "Inval
 /// How long `pod` has been unable to get its image (zero if it is not), from its creation:
 /// a member's pod is made once per start, with the image it is to run.
 fn image_missing_for(pod: &Pod, now: jiff::Timestamp) -> Duration {
-    let missing = crate::core::stuck::stuck([pod]).is_some_and(|s| IMAGE_UNAVAILABLE.contains(&s.reason));
+    let missing = crate::core::stuck::stuck([pod], now).is_some_and(|s| IMAGE_UNAVAILABLE.contains(&s.reason));
     match pod.metadata.creation_timestamp.as_ref() {
         Some(created) if missing => Duration::try_from(now.duration_since(created.0)).unwrap_or_default(),
         _ => Duration::ZERO,
@@ -247,6 +247,25 @@ pub async fn nodes_down(client: &kube::Client, children: &Children, etcd: &EtcdV
         }
     }
     Ok(down)
+}
+
+/// The pods of members etcd lists, and of the member an add or an upgrade is about: the pods
+/// whose trouble is news. A member removed from etcd (being removed, or a leftover) stops and
+/// restarts in its pod until that pod is deleted.
+pub fn pods_that_serve<'a>(children: &'a Children, facts: &ClusterFacts) -> Vec<&'a Pod> {
+    let joining = facts
+        .operation
+        .as_ref()
+        .filter(|op| op.kind != noops_api::etcd::OperationKind::RemoveMember)
+        .map(|op| op.member.as_str());
+    children
+        .pods
+        .iter()
+        .filter(|(member, _)| {
+            Some(member.as_str()) == joining || facts.members.iter().any(|m| m.name == **member && m.id.is_some())
+        })
+        .map(|(_, pod)| pod.as_ref())
+        .collect()
 }
 
 /// How long `member` has been unhealthy: since the status first said so, or since its pod was
@@ -461,6 +480,39 @@ mod tests {
         assert_eq!(at(990), PodState::Terminating, "within its grace period");
         assert_eq!(at(1010), PodState::Terminating, "its node may be a little late");
         assert_eq!(at(1000 + STUCK_AFTER.as_secs() as i64), PodState::Stuck);
+    }
+
+    #[test]
+    fn only_pods_of_members_and_of_the_one_joining_can_be_stuck() {
+        let cluster = fixtures::cluster().build();
+        let names = Names::of(&cluster);
+        let mut children = Children::default();
+        for (member, ip) in [("main-0", "10.0.0.1"), ("main-3", "10.0.0.4"), ("main-4", "10.0.0.5")] {
+            children.pods.insert(member.into(), ready_pod(member, ip));
+        }
+        let etcd = EtcdView {
+            listed: Some(vec![ListedMember {
+                id: 1,
+                name: "main-0".into(),
+                peer_urls: vec![names.peer_url("main-0")],
+                learner: false,
+            }]),
+            ..Default::default()
+        };
+        let mut f = facts(&cluster, &names, &children, &etcd, &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH);
+        let named = |f: &ClusterFacts| -> Vec<String> {
+            pods_that_serve(&children, f).iter().filter_map(|p| p.metadata.name.clone()).collect()
+        };
+        assert_eq!(named(&f), vec!["main-0"], "main-3 and main-4 were removed from etcd");
+        f.operation = Some(noops_api::etcd::Operation {
+            kind: noops_api::etcd::OperationKind::AddMember,
+            member: "main-4".into(),
+            member_id: None,
+            reason: "scale up".into(),
+            version: None,
+            started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
+        });
+        assert_eq!(named(&f), vec!["main-0", "main-4"], "the learner being added");
     }
 
     #[test]

@@ -82,7 +82,7 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
             quorum_lost: None,
             restore_blocked: None,
             // Said at once: the pod knows long before a grace period or a deadline passes.
-            stuck_pod: stuck(children.pods.values().map(AsRef::as_ref)),
+            stuck_pod: stuck(observe::pods_that_serve(&children, &facts), now),
         },
         backups: backups::Book::of(&cluster),
         defragmented: None,
@@ -118,7 +118,7 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
             let member = previous.operation.as_ref().map_or(facts.next_member.clone(), |op| op.member.clone());
             facts.restore = Some(match restore::usable(backup.as_ref(), &name, &cluster.spec.version) {
                 Err(blocked) => blocked,
-                Ok(()) => restore::state(children.restore_pods.get(&restore::pod_name(&member)).map(AsRef::as_ref)),
+                Ok(()) => restore::state(children.restore_pods.get(&restore::pod_name(&member)).map(AsRef::as_ref), now),
             });
             backup
         }

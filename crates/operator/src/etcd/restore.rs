@@ -98,7 +98,7 @@ pub fn usable(backup: Option<&EtcdBackup>, name: &str, version: &str) -> Result<
 }
 
 /// How the restore stands, from the restore pod (if any).
-pub fn state(pod: Option<&Pod>) -> Restore {
+pub fn state(pod: Option<&Pod>, now: jiff::Timestamp) -> Restore {
     let Some(pod) = pod else { return Restore::NotStarted };
     match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
         Some("Succeeded") => Restore::Succeeded,
@@ -122,7 +122,7 @@ pub fn state(pod: Option<&Pod>) -> Restore {
             };
             Restore::Failed { message }
         }
-        _ => match stuck([pod]) {
+        _ => match stuck([pod], now) {
             Some(stuck) => Restore::Stuck {
                 message: format!("{}: {}", stuck.reason, stuck.message),
             },
@@ -376,10 +376,10 @@ mod tests {
                 "state": { "terminated": { "exitCode": 1 } }
             }]
         })).unwrap());
-        match state(Some(&pod)) {
+        match state(Some(&pod), jiff::Timestamp::UNIX_EPOCH) {
             Restore::Failed { message } => assert!(message.contains("fetch exited with code 1"), "{message}"),
             other => panic!("{other:?}"),
         }
-        assert_eq!(state(None), Restore::NotStarted);
+        assert_eq!(state(None, jiff::Timestamp::UNIX_EPOCH), Restore::NotStarted);
     }
 }

@@ -289,7 +289,7 @@ async fn attempt_to_volume(
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let name = volume::pod_name(&backup.name_any(), &backup.uid().unwrap_or_default(), Job::Save);
     let pod = pods.get_opt(&name).await?;
-    match volume::outcome(pod.as_ref()) {
+    match volume::outcome(pod.as_ref(), jiff::Timestamp::now()) {
         Outcome::NotStarted => {
             let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
             if claims.get_opt(&destination.claim_name).await?.is_none() {
@@ -458,7 +458,7 @@ async fn delete_from_volume(
     }
     let name = volume::pod_name(&backup.name_any(), &uid, Job::Delete);
     let pod = pods.get_opt(&name).await?;
-    Ok(match volume::outcome(pod.as_ref()) {
+    Ok(match volume::outcome(pod.as_ref(), jiff::Timestamp::now()) {
         Outcome::NotStarted => {
             // A pass on a stale copy, after the finalizer went: no new pod for a backup gone.
             let backups: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &namespace);

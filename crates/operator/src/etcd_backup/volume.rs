@@ -250,16 +250,16 @@ mod tests {
     #[test]
     fn a_finished_pod_says_what_it_saved_or_why_it_failed() {
         let report = r#"{"size":20480,"sha256":"ab","revision":12,"version":"3.5.21","clusterId":"1f"}"#;
-        let Outcome::Succeeded(message) = outcome(Some(&finished("Succeeded", 0, report))) else {
+        let Outcome::Succeeded(message) = outcome(Some(&finished("Succeeded", 0, report)), jiff::Timestamp::UNIX_EPOCH) else {
             panic!("succeeded");
         };
         let saved = saved(&message).unwrap();
         assert_eq!((saved.size, saved.revision), (20480, 12));
         assert_eq!(saved.into_taken().unwrap().cluster_id, 0x1f);
-        match outcome(Some(&finished("Failed", 1, "etcd: connection refused\n"))) {
+        match outcome(Some(&finished("Failed", 1, "etcd: connection refused\n")), jiff::Timestamp::UNIX_EPOCH) {
             Outcome::Failed(m) => assert_eq!(m, "pod x-save exited with code 1: etcd: connection refused"),
             other => panic!("{other:?}"),
         }
-        assert_eq!(outcome(None), Outcome::NotStarted);
+        assert_eq!(outcome(None, jiff::Timestamp::UNIX_EPOCH), Outcome::NotStarted);
     }
 }

@@ -32,12 +32,14 @@ pub struct Observation {
     pub app_stuck: Option<Stuck>,
     /// Why the maintenance page's pods cannot start, if they cannot.
     pub maintenance_stuck: Option<Stuck>,
+    /// When a pod that waits for a node would count as stuck, if one does (look again then).
+    pub recheck_after: Option<std::time::Duration>,
 }
 
 /// Reads the children from the watch caches and derives the facts. The caches hold only objects
 /// labelled as ours, so a child missing there is looked up directly: an object of that name
 /// that is not ours must be found, not overwritten.
-pub async fn observe(mp: &MaintPage, namespace: &str, ctx: &Context) -> Result<Observation> {
+pub async fn observe(mp: &MaintPage, namespace: &str, ctx: &Context, now: jiff::Timestamp) -> Result<Observation> {
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), namespace);
     let cached_deployment = |name: &str| {
@@ -62,7 +64,7 @@ pub async fn observe(mp: &MaintPage, namespace: &str, ctx: &Context) -> Result<O
         maintenance,
         service,
     };
-    let side_stuck = |side: Side| {
+    let side_pods = |side: Side| {
         let wanted = selector(mp, side);
         let mp_name = mp.metadata.name.as_deref();
         let pods: Vec<std::sync::Arc<Pod>> = ctx
@@ -76,13 +78,16 @@ pub async fn observe(mp: &MaintPage, namespace: &str, ctx: &Context) -> Result<O
                     && wanted.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
             })
             .collect();
-        stuck(pods.iter().map(|p| p.as_ref()))
+        pods
     };
+    let (app_pods, maintenance_pods) = (side_pods(Side::App), side_pods(Side::Maintenance));
+    let all_pods = app_pods.iter().chain(&maintenance_pods).map(|p| p.as_ref());
     Ok(Observation {
         facts: facts(mp, &live),
         live,
-        app_stuck: side_stuck(Side::App),
-        maintenance_stuck: side_stuck(Side::Maintenance),
+        app_stuck: stuck(app_pods.iter().map(|p| p.as_ref()), now),
+        maintenance_stuck: stuck(maintenance_pods.iter().map(|p| p.as_ref()), now),
+        recheck_after: crate::core::stuck::recheck_after(all_pods, now),
     })
 }
 

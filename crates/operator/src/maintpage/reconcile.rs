@@ -23,7 +23,7 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
     let events = &ctx.core.events;
     let now = jiff::Timestamp::now();
 
-    let observation = observe::observe(&mp, &namespace, ctx).await.during(Step::Observe)?;
+    let observation = observe::observe(&mp, &namespace, ctx, now).await.during(Step::Observe)?;
 
     if let Err(error) = validate::validate(&mp, &observation.live) {
         warn!(reason = error.reason(), %error, "cannot carry out the spec");
@@ -102,10 +102,9 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
             .await
             .during(Step::Status)?;
     }
-    Ok(plan
-        .requeue_after
-        .map(Action::requeue)
-        .unwrap_or_else(Action::await_change))
+    // A pod that waits for a node is said to be stuck only after a while: look again then.
+    let requeue = [plan.requeue_after, observation.recheck_after].into_iter().flatten().min();
+    Ok(requeue.map(Action::requeue).unwrap_or_else(Action::await_change))
 }
 
 fn status_body(status: &noops_api::MaintPageStatus) -> serde_json::Value {

@@ -43,7 +43,7 @@ pub async fn instance_and_database(
         Some(Bootstrap::Working) => return (InstanceState::Bootstrapping, Made::default()),
         _ => {}
     }
-    if let Some(stuck) = pod.and_then(|p| stuck([p])) {
+    if let Some(stuck) = pod.and_then(|p| stuck([p], jiff::Timestamp::now())) {
         return (InstanceState::Stuck(stuck), Made::default());
     }
     let Some(ip) = pod.and_then(observe::ready_address) else {

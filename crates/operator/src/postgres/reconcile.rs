@@ -130,7 +130,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     };
     // A pod that cannot start never makes way for a corrected one by itself (the StatefulSet
     // waits for it to be Ready first): it is deleted, and the StatefulSet makes the new one.
-    if let Some(pod) = outdated_stuck_pod(&children) {
+    if let Some(pod) = outdated_stuck_pod(&children, now) {
         let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
         delete_if_present(&api, &pod, &Default::default()).await.during(Step::Apply)?;
         info!(pod, "deleted the instance's pod, which cannot start, for one of the new spec");
@@ -268,9 +268,9 @@ async fn check_placement(pg: &PostgreSQL, ctx: &Context) -> Result<Option<restor
 }
 
 /// The instance's pod, if it cannot start and the StatefulSet has a newer revision for it.
-fn outdated_stuck_pod(children: &observe::Children) -> Option<String> {
+fn outdated_stuck_pod(children: &observe::Children, now: jiff::Timestamp) -> Option<String> {
     let pod = children.instance.as_deref()?;
-    stuck([pod])?;
+    stuck([pod], now)?;
     let update = children.statefulset.as_deref()?.status.as_ref()?.update_revision.clone()?;
     let revision = pod.metadata.labels.as_ref()?.get("controller-revision-hash")?;
     (*revision != update).then(|| pod.metadata.name.clone()).flatten()

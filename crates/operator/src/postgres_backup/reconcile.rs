@@ -306,7 +306,7 @@ async fn progress(
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
     let name = pod_name(backup, Job::Base);
     let pod = pods.get_opt(&name).await?;
-    Ok(Some(match task_pod::outcome(pod.as_ref()) {
+    Ok(Some(match task_pod::outcome(pod.as_ref(), now) {
         Outcome::NotStarted => return Ok(None),
         Outcome::Running if elapsed(started, now) >= RUN_DEADLINE => {
             remove_pod(backup, Job::Base, ctx).await?;
@@ -433,7 +433,7 @@ async fn clean_up(backup: &PostgresBackup, ctx: &Context) -> Result<Action> {
         .map_or(Duration::ZERO, |t| elapsed(t.0, jiff::Timestamp::now()));
     let pod_name = pod_name(backup, Job::Delete);
     let pod = pods.get_opt(&pod_name).await?;
-    let deleted: std::result::Result<String, String> = match task_pod::outcome(pod.as_ref()) {
+    let deleted: std::result::Result<String, String> = match task_pod::outcome(pod.as_ref(), jiff::Timestamp::now()) {
         Outcome::NotStarted => {
             if let Some(claim) = Destination::of_location(&location).as_ref().and_then(|d| d.claim().map(str::to_string)) {
                 let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
