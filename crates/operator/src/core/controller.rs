@@ -27,7 +27,7 @@ use tracing::{Instrument, debug, warn};
 const UNDER_WAY_CHECK: Duration = Duration::from_secs(2);
 
 use super::backoff::Backoff;
-use super::events::Events;
+use super::events::{Announcement, Events};
 use super::metrics::Metrics;
 use super::{Error, Result};
 
@@ -184,7 +184,9 @@ impl ControllerCore {
                 };
                 async {
                     warn!(%error, "skipping an object that cannot be read");
-                    self.events.warning(&reference, error.reason(), error.to_string()).await;
+                    self.events
+                        .publish(&reference, Announcement::warning(error.reason(), error.to_string()))
+                        .await;
                 }
                 .instrument(span)
                 .await;
@@ -216,15 +218,15 @@ impl ControllerCore {
             return Action::requeue(UNDER_WAY_CHECK);
         }
         let delay = self.backoff.failed(&key);
-        let step = error.step().map(|s| s.to_string());
-        warn!(controller = self.name, object = %key, reason = error.reason(), step, %error, retry_in = ?delay, "reconcile failed");
+        let stage = error.stage().map(|s| s.to_string());
+        warn!(controller = self.name, object = %key, reason = error.reason(), stage, %error, retry_in = ?delay, "reconcile failed");
         if error.is_transient()
             && let Ok(o) = &obj.0
         {
             let reference = o.object_ref(&());
             let events = self.events.clone();
             let (reason, note) = (error.reason(), format!("{error}; retrying in {}s", delay.as_secs()));
-            tokio::spawn(async move { events.warning(&reference, reason, note).await });
+            tokio::spawn(async move { events.publish(&reference, Announcement::warning(reason, note)).await });
         }
         Action::requeue(delay)
     }

@@ -6,7 +6,7 @@ use std::fmt;
 
 /// The stages of a reconcile, in order (the module doc of each controller states its pipeline).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
+pub enum Stage {
     /// Reading the resource's children and the state of what it runs.
     Observe,
     /// Checking that the spec can be carried out against what was observed.
@@ -19,14 +19,14 @@ pub enum Step {
     Cleanup,
 }
 
-impl fmt::Display for Step {
+impl fmt::Display for Stage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Step::Observe => "reading the cluster",
-            Step::Validate => "checking the spec",
-            Step::Apply => "applying the desired objects",
-            Step::Status => "writing the status",
-            Step::Cleanup => "cleaning up",
+            Stage::Observe => "reading the cluster",
+            Stage::Validate => "checking the spec",
+            Stage::Apply => "applying the desired objects",
+            Stage::Status => "writing the status",
+            Stage::Cleanup => "cleaning up",
         })
     }
 }
@@ -62,9 +62,9 @@ pub enum Error {
     #[error("{0}")]
     UnderWay(String),
     /// An error in one stage of a reconcile.
-    #[error("while {step}: {source}")]
+    #[error("while {stage}: {source}")]
     During {
-        step: Step,
+        stage: Stage,
         #[source]
         source: Box<Error>,
     },
@@ -116,26 +116,26 @@ impl Error {
     }
 
     /// The stage of the reconcile it happened in, if known.
-    pub fn step(&self) -> Option<Step> {
+    pub fn stage(&self) -> Option<Stage> {
         match self {
-            Error::During { step, .. } => Some(*step),
+            Error::During { stage, .. } => Some(*stage),
             _ => None,
         }
     }
 }
 
 /// Says which stage of a reconcile a failure happened in.
-pub trait DuringStep<T> {
-    /// Tags the error with `step` (an error already tagged keeps its first stage).
-    fn during(self, step: Step) -> Result<T>;
+pub trait DuringStage<T> {
+    /// Tags the error with `stage` (an error already tagged keeps its first stage).
+    fn during(self, stage: Stage) -> Result<T>;
 }
 
-impl<T, E: Into<Error>> DuringStep<T> for std::result::Result<T, E> {
-    fn during(self, step: Step) -> Result<T> {
+impl<T, E: Into<Error>> DuringStage<T> for std::result::Result<T, E> {
+    fn during(self, stage: Stage) -> Result<T> {
         self.map_err(|e| match e.into() {
             tagged @ Error::During { .. } => tagged,
             source => Error::During {
-                step,
+                stage,
                 source: Box::new(source),
             },
         })
@@ -163,19 +163,19 @@ mod tests {
     }
 
     #[test]
-    fn an_error_says_its_step_and_keeps_its_reason() {
+    fn an_error_says_its_stage_and_keeps_its_reason() {
         let failed: Result<()> = Err(Error::InvalidSpec("replicas must be odd".into()));
-        let tagged = failed.during(Step::Validate).unwrap_err();
-        assert_eq!(tagged.step(), Some(Step::Validate));
+        let tagged = failed.during(Stage::Validate).unwrap_err();
+        assert_eq!(tagged.stage(), Some(Stage::Validate));
         assert_eq!(tagged.reason(), "InvalidSpec", "the reason stays a short label");
         assert_eq!(tagged.to_string(), "while checking the spec: replicas must be odd");
-        let retagged = Err::<(), _>(tagged).during(Step::Status).unwrap_err();
-        assert_eq!(retagged.step(), Some(Step::Validate), "the first stage stays");
+        let retagged = Err::<(), _>(tagged).during(Stage::Status).unwrap_err();
+        assert_eq!(retagged.stage(), Some(Stage::Validate), "the first stage stays");
         let api = kube::Error::Api(Box::new(kube::core::Status {
             code: 409,
             ..Default::default()
         }));
-        let tagged = Err::<(), _>(api).during(Step::Apply).unwrap_err();
+        let tagged = Err::<(), _>(api).during(Stage::Apply).unwrap_err();
         assert_eq!((tagged.reason(), tagged.is_transient()), ("Conflict", true));
     }
 }

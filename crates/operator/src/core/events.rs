@@ -1,9 +1,49 @@
 //! Kubernetes Events about the objects the operator manages (kube-runtime's Recorder, which
-//! also folds repeats into series).
+//! also folds repeats into series), and the one way a pass says what it decided:
+//! [`Announcement`]s that pure code returns, told (logged and published) with [`Events::tell`]
+//! once the pass knows they hold.
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use tracing::debug;
+use tracing::{debug, info, warn};
+
+/// A decision worth a log line and an Event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Announcement {
+    pub warning: bool,
+    /// The Event's reason (`CamelCase`).
+    pub reason: String,
+    pub note: String,
+    /// Another object it concerns (an etcd member's pod, say): Events with the same reason
+    /// about different such objects are not folded into one series.
+    pub related: Option<ObjectReference>,
+}
+
+impl Announcement {
+    /// A Normal Event.
+    pub fn normal(reason: impl Into<String>, note: impl Into<String>) -> Self {
+        Self {
+            warning: false,
+            reason: reason.into(),
+            note: note.into(),
+            related: None,
+        }
+    }
+
+    /// A Warning Event.
+    pub fn warning(reason: impl Into<String>, note: impl Into<String>) -> Self {
+        Self {
+            warning: true,
+            ..Self::normal(reason, note)
+        }
+    }
+
+    /// The same, concerning `object` too.
+    pub fn related(mut self, object: ObjectReference) -> Self {
+        self.related = Some(object);
+        self
+    }
+}
 
 /// Publishes Events as the operator.
 #[derive(Clone)]
@@ -25,49 +65,30 @@ impl Events {
         }
     }
 
-    /// A Normal event.
-    pub async fn normal(&self, about: &ObjectReference, reason: &str, note: impl Into<String>) {
-        self.publish(about, EventType::Normal, reason, note.into()).await;
+    /// Logs `announcement` (a warning at warn level) and publishes it as an Event about `about`.
+    pub async fn tell(&self, about: &ObjectReference, announcement: Announcement) {
+        if announcement.warning {
+            warn!(reason = announcement.reason, "{}", announcement.note);
+        } else {
+            info!(reason = announcement.reason, "{}", announcement.note);
+        }
+        self.publish(about, announcement).await;
     }
 
-    /// A Warning event.
-    pub async fn warning(&self, about: &ObjectReference, reason: &str, note: impl Into<String>) {
-        self.publish(about, EventType::Warning, reason, note.into()).await;
-    }
-
-    /// An Event about `about` that concerns `related` too (an etcd member's Pod, say). The
-    /// recorder folds Events with the same reason, object and related object into one series
-    /// that keeps the first note: naming the related object keeps "Promoted main-2" from being
-    /// counted as a repeat of "Promoted main-1".
-    pub async fn related(
-        &self,
-        about: &ObjectReference,
-        related: Option<ObjectReference>,
-        warning: bool,
-        reason: &str,
-        note: impl Into<String>,
-    ) {
-        let type_ = if warning { EventType::Warning } else { EventType::Normal };
-        self.publish_event(about, type_, reason, note.into(), related).await;
-    }
-
-    async fn publish(&self, about: &ObjectReference, type_: EventType, reason: &str, note: String) {
-        self.publish_event(about, type_, reason, note, None).await;
-    }
-
-    async fn publish_event(
-        &self,
-        about: &ObjectReference,
-        type_: EventType,
-        reason: &str,
-        note: String,
-        related: Option<ObjectReference>,
-    ) {
+    /// Publishes `announcement` as an Event about `about`, for a caller that logs it itself
+    /// (with more than the Event says).
+    pub async fn publish(&self, about: &ObjectReference, announcement: Announcement) {
+        let Announcement {
+            warning,
+            reason,
+            note,
+            related,
+        } = announcement;
         let event = Event {
-            type_,
-            reason: reason.into(),
+            type_: if warning { EventType::Warning } else { EventType::Normal },
+            reason: reason.clone(),
             note: Some(note),
-            action: reason.into(),
+            action: reason.clone(),
             secondary: related,
         };
         // An event that cannot be written must not fail the reconcile that reports it.

@@ -25,4 +25,4 @@ pub mod stores;
 pub mod stuck;
 pub mod task_pod;
 
-pub use error::{DuringStep, Error, Result, Step};
+pub use error::{DuringStage, Error, Result, Stage};

@@ -22,9 +22,10 @@ use super::observe::{self, Children, EtcdView};
 use super::status::{self, Outcome, Problems};
 use super::{Context, backups, bootstrap, pod, restore, services, tls, validate, volume};
 use crate::core::stuck::stuck;
+use crate::core::events::Announcement;
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
 use crate::core::stamp::{stamp, up_to_date};
-use crate::core::{DuringStep, Error, Result, Step as Stage, crash};
+use crate::core::{DuringStage, Error, Result, Stage, crash};
 
 /// How often a settled cluster is looked at (member health is not something Kubernetes
 /// watches).
@@ -230,7 +231,7 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
         crash::point("status written, its Events not yet told");
     }
     for announcement in later {
-        announcement.tell(&cluster, ctx).await;
+        ctx.core.events.tell(&cluster.object_ref(&()), announcement).await;
     }
     if recovery_request_used {
         let api: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &names.namespace);
@@ -240,51 +241,6 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
         }
     }
     Ok(Action::requeue(after))
-}
-
-/// A decision worth a log line and an Event.
-struct Announcement {
-    warning: bool,
-    reason: &'static str,
-    note: String,
-    /// The member it concerns, if one.
-    member: Option<String>,
-}
-
-impl Announcement {
-    fn normal(reason: &'static str, note: String) -> Self {
-        Self {
-            warning: false,
-            reason,
-            note,
-            member: None,
-        }
-    }
-
-    fn warning(reason: &'static str, note: String) -> Self {
-        Self {
-            warning: true,
-            ..Self::normal(reason, note)
-        }
-    }
-
-    fn about(mut self, member: &str) -> Self {
-        self.member = Some(member.to_string());
-        self
-    }
-
-    async fn tell(self, cluster: &EtcdCluster, ctx: &Context) {
-        if self.warning {
-            warn!(reason = self.reason, "{}", self.note);
-        } else {
-            info!(reason = self.reason, "{}", self.note);
-        }
-        let related = self.member.as_deref().map(|m| member_reference(cluster, m));
-        ctx.core
-            .events
-            .related(&cluster.object_ref(&()), related, self.warning, self.reason, self.note)
-            .await;
-    }
 }
 
 /// A reference to a member's Pod (which may not exist yet, or any more), so that Events about
@@ -390,15 +346,16 @@ impl Runner<'_> {
             .and_then(|m| observe::listed_name(m, self.names))
     }
 
-    /// An Event about `member`.
-    async fn event(&self, member: &str, warning: bool, reason: &str, note: String) {
-        let related = Some(member_reference(self.cluster, member));
-        self.ctx
-            .core
-            .events
-            .related(&self.cluster.object_ref(&()), related, warning, reason, note)
-            .await;
+    /// Logs and publishes `announcement` about the cluster.
+    async fn tell(&self, announcement: Announcement) {
+        self.ctx.core.events.tell(&self.cluster.object_ref(&()), announcement).await;
     }
+
+    /// A member's Pod, as the object an Event concerns too.
+    fn member_ref(&self, member: &str) -> ObjectReference {
+        member_reference(self.cluster, member)
+    }
+
 
     /// Makes a membership call; `None` when etcd answers "not now" (a learner not yet in sync,
     /// a member that joined a moment ago), which is expected and tried again shortly.
@@ -509,7 +466,7 @@ impl Runner<'_> {
                         format!("restarting {} on {}", op.member, op.version.as_deref().unwrap_or("?")),
                     ),
                 };
-                later.push(Announcement::normal(reason, note).about(&op.member));
+                later.push(Announcement::normal(reason, note).related(self.member_ref(&op.member)));
                 outcome.operation = Some(op);
                 Ok(NEXT_STEP)
             }
@@ -539,8 +496,7 @@ impl Runner<'_> {
                 crash::point("restore: restore pod made");
                 // Told now: the pod is made, whatever becomes of this pass's status.
                 let note = format!("restoring EtcdBackup {} into {member}", backup.name_any());
-                info!(member, "{note}");
-                self.event(&member, false, "Restoring", note).await;
+                self.tell(Announcement::normal("Restoring", note).related(self.member_ref(&member))).await;
                 Ok(NEXT_STEP)
             }
             Step::RestoreBlocked { reason, message } => {
@@ -594,7 +550,7 @@ impl Runner<'_> {
                                 backup.name_any()
                             ),
                         )
-                        .about(&member),
+                        .related(self.member_ref(&member)),
                     );
                 }
                 self.set_state(false).await?;
@@ -603,7 +559,7 @@ impl Runner<'_> {
                 outcome.operation = None;
                 later.push(
                     Announcement::normal("Bootstrapped", format!("{member} started cluster {:x}", health.cluster_id))
-                        .about(&member),
+                        .related(self.member_ref(&member)),
                 );
                 Ok(NEXT_STEP)
             }
@@ -648,16 +604,15 @@ impl Runner<'_> {
                         continue;
                     }
                     let note = format!(
-                        "{member} started again on its own volume, as the member it was, since its pod was gone ({})",
+                        "{member} started again on its own volume, as the member it was (etcd {version}), since its pod was gone ({})",
                         if quorum_lost {
                             "the quorum is lost, and comes back once a majority runs"
                         } else {
                             "no membership change is needed"
                         }
                     );
-                    info!(member, version, "{note}");
                     // Told now: the pod is made, whatever becomes of this pass's status.
-                    self.event(member, false, status::RESTARTING_MEMBERS, note).await;
+                    self.tell(Announcement::normal(status::RESTARTING_MEMBERS, note).related(self.member_ref(member))).await;
                     crash::point("restart: a member's pod made again");
                 }
                 Ok(NEXT_STEP)
@@ -668,7 +623,7 @@ impl Runner<'_> {
                 }
                 info!(member, "promoted a learner to a voting member");
                 crash::point("add: learner promoted, not recorded");
-                self.event(&member, false, "Promoted", format!("{member} caught up and votes")).await;
+                self.tell(Announcement::normal("Promoted", format!("{member} caught up and votes")).related(self.member_ref(&member))).await;
                 Ok(NEXT_STEP)
             }
             Step::GiveUp { member, id, reason } => {
@@ -679,13 +634,13 @@ impl Runner<'_> {
                 }
                 later.push(
                     Announcement::warning("LearnerGivenUp", format!("{reason}; removed it, a new member will be added"))
-                        .about(&member),
+                        .related(self.member_ref(&member)),
                 );
                 outcome.operation = None;
                 Ok(NEXT_STEP)
             }
             Step::Abandon { member, reason } => {
-                later.push(Announcement::warning("OperationAbandoned", reason).about(&member));
+                later.push(Announcement::warning("OperationAbandoned", reason).related(self.member_ref(&member)));
                 outcome.operation = None;
                 Ok(NEXT_STEP)
             }
@@ -704,9 +659,8 @@ impl Runner<'_> {
                     "defragmented {member}: its database file went from {size} to {} bytes ({in_use} in use)",
                     after.map_or_else(|| "?".to_string(), |a| a.to_string())
                 );
-                info!(member, "{note}");
                 crash::point("defragment: member defragmented, not recorded");
-                self.event(&member, false, "Defragmented", note).await;
+                self.tell(Announcement::normal("Defragmented", note).related(self.member_ref(&member))).await;
                 Ok(NEXT_STEP)
             }
             Step::MoveLeader { from, to } => {
@@ -723,7 +677,7 @@ impl Runner<'_> {
                 let to_name = self.member_of_id(to).unwrap_or_else(|| format!("{to:x}"));
                 info!(from = ?leader, to = %to_name, "moved leadership before removing the leader");
                 crash::point("remove: leadership moved away");
-                self.event(&to_name, false, "LeaderMoved", format!("leadership moved to {to_name}")).await;
+                self.tell(Announcement::normal("LeaderMoved", format!("leadership moved to {to_name}")).related(self.member_ref(&to_name))).await;
                 Ok(NEXT_STEP)
             }
             Step::RemoveFromEtcd { member, id } => {
@@ -732,7 +686,7 @@ impl Runner<'_> {
                 }
                 info!(member, "removed a member from etcd");
                 crash::point("remove: member removed from etcd, not recorded");
-                self.event(&member, false, "MemberRemoved", format!("{member} is no longer a member")).await;
+                self.tell(Announcement::normal("MemberRemoved", format!("{member} is no longer a member")).related(self.member_ref(&member))).await;
                 Ok(NEXT_STEP)
             }
             Step::DeleteMember { member, force } => {
@@ -753,15 +707,10 @@ impl Runner<'_> {
                 crash::point("remove: pod and volume deleted");
                 info!(member, force, "deleted the pod and volume of a former member");
                 if force {
-                    self.event(
-                        &member,
-                        false,
-                        "ForceDeletedPod",
-                        format!(
+                    self.tell(Announcement::normal("ForceDeletedPod", format!(
                             "{member} is no longer an etcd member, and its node did not stop its pod {}s past the grace period: deleted it without waiting for the node",
                             observe::STUCK_AFTER.as_secs()
-                        ),
-                    )
+                        )).related(self.member_ref(&member)))
                     .await;
                 }
                 Ok(NEXT_STEP)
@@ -778,7 +727,7 @@ impl Runner<'_> {
                             "UpgradeReverted",
                             format!("the image of etcd {version} cannot be pulled for {member}; {member} starts again on the version it ran, and {version} is refused until spec.version names another"),
                         )
-                        .about(&member),
+                        .related(self.member_ref(&member)),
                     );
                     return Ok(NEXT_STEP);
                 }
@@ -832,7 +781,7 @@ impl Runner<'_> {
                             format!("upgraded {} to {}", op.member, op.version.as_deref().unwrap_or("the new version")),
                         ),
                     };
-                    later.push(Announcement::normal(reason, note).about(&op.member));
+                    later.push(Announcement::normal(reason, note).related(self.member_ref(&op.member)));
                     crash::point(match op.kind {
                         OperationKind::Bootstrap => "finish: bootstrap done, not recorded",
                         OperationKind::AddMember => "finish: add done, not recorded",

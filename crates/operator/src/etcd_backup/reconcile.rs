@@ -23,6 +23,7 @@ use super::Context;
 use super::store::{self, Destination};
 use super::volume::{self, Job, Outcome};
 use super::take::{self, TakeError};
+use crate::core::events::Announcement;
 use crate::core::apply::{apply_status_at, controller_reference, create_if_missing, delete_if_present};
 use crate::core::conditions::{Decided, merge};
 use crate::core::schedule::elapsed;
@@ -148,8 +149,7 @@ async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
             if !write_status(backup, &mut version, ctx, &next).await? {
                 return Ok(Action::requeue(Duration::from_secs(1)));
             }
-            info!("{note}");
-            events.normal(&reference, "BackupSucceeded", note).await;
+            events.tell(&reference, Announcement::normal("BackupSucceeded", note)).await;
             remove_pod(backup, Job::Save, ctx).await?;
             Ok(Action::await_change())
         }
@@ -173,7 +173,7 @@ async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
                 return Ok(Action::requeue(Duration::from_secs(1)));
             }
             warn!(reason, "the backup failed: {message}");
-            events.warning(&reference, reason, message).await;
+            events.publish(&reference, Announcement::warning(reason, message)).await;
             remove_pod(backup, Job::Save, ctx).await?;
             Ok(Action::await_change())
         }
@@ -429,8 +429,7 @@ async fn clean_up(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
         }
         Err((e, _)) => {
             let note = format!("could not delete the snapshot at {where_}: {e}; it is left in the store");
-            warn!("{note}");
-            ctx.core.events.warning(&backup.object_ref(&()), "SnapshotKept", note).await;
+            ctx.core.events.tell(&backup.object_ref(&()), Announcement::warning("SnapshotKept", note)).await;
             remove_pod(backup, Job::Delete, ctx).await?;
         }
     }

@@ -11,8 +11,9 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use super::{Context, apply, desired, observe, status, switch, validate};
+use crate::core::events::Announcement;
 use crate::core::apply::{apply_status, controller_reference};
-use crate::core::{DuringStep, Error, Result, Step};
+use crate::core::{DuringStage, Error, Result, Stage};
 
 /// Reconciles one MaintPage (the caller's span names it).
 pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
@@ -23,30 +24,30 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
     let events = &ctx.core.events;
     let now = jiff::Timestamp::now();
 
-    let observation = observe::observe(&mp, &namespace, ctx, now).await.during(Step::Observe)?;
+    let observation = observe::observe(&mp, &namespace, ctx, now).await.during(Stage::Observe)?;
 
     if let Err(error) = validate::validate(&mp, &observation.live) {
         warn!(reason = error.reason(), %error, "cannot carry out the spec");
         let blocked = status::blocked(&mp, error.reason(), &error.to_string(), now);
         if mp.status.as_ref() != Some(&blocked) {
-            events.warning(&reference, error.reason(), error.to_string()).await;
+            events.publish(&reference, Announcement::warning(error.reason(), error.to_string())).await;
             apply_status(&maintpages, &name, &status_body(&blocked))
                 .await
-                .during(Step::Status)?;
+                .during(Stage::Status)?;
         }
-        return Err(error).during(Step::Validate);
+        return Err(error).during(Stage::Validate);
     }
 
     let plan = switch::plan(&mp.spec, &observation.facts, now);
     let owner = controller_reference(mp.as_ref())
         .ok_or_else(|| Error::InvalidSpec("the MaintPage has no uid yet".into()))
-        .during(Step::Validate)?;
+        .during(Stage::Validate)?;
     let children = desired::build(&mp, &plan, &owner);
     let hand_edits = apply::hand_edits(&children, &observation.live);
 
     let Some(applied) = apply::apply_children(&ctx.client, &namespace, &children, &observation.live)
         .await
-        .during(Step::Apply)?
+        .during(Stage::Apply)?
     else {
         debug!("a child changed while reconciling; looking again");
         return Ok(Action::requeue(Duration::from_millis(50)));
@@ -55,7 +56,7 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
     // into one series, keeping the first note.
     for (reason, note) in hand_edits {
         info!("reverted a hand edit: {note}");
-        events.warning(&reference, reason, note).await;
+        events.publish(&reference, Announcement::warning(reason, note)).await;
     }
     if plan.switched {
         let (reason, to) = match plan.publish {
@@ -64,7 +65,7 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
         };
         info!(published = ?plan.publish, "switched the Service");
         let note = format!("Service {} now sends traffic to {to}", mp.spec.app.name);
-        events.normal(&reference, reason, note).await;
+        events.publish(&reference, Announcement::normal(reason, note)).await;
     }
     if let Some(side) = plan.waiting_for.filter(|_| plan.started_waiting) {
         let (reason, pods) = match side {
@@ -73,7 +74,7 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
         };
         info!(waiting_for = pods, "holding the switch until the pods are Ready");
         let note = format!("the Service switches once the {pods} pods are Ready");
-        events.normal(&reference, reason, note).await;
+        events.publish(&reference, Announcement::normal(reason, note)).await;
     }
 
     if plan.first_publish {
@@ -83,7 +84,7 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
         };
         info!(published = ?plan.publish, "published a side for the first time");
         let note = format!("Service {} sends traffic to {to}", mp.spec.app.name);
-        events.normal(&reference, "Published", note).await;
+        events.publish(&reference, Announcement::normal("Published", note)).await;
     }
 
     let seen = status::Seen {
@@ -95,12 +96,12 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
     let status = status::build(&mp, &plan, &seen, now);
     if let Some(degraded) = status::newly_degraded(mp.status.as_ref(), &status) {
         warn!(reason = %degraded.reason, message = %degraded.message, "degraded");
-        events.warning(&reference, &degraded.reason, degraded.message.clone()).await;
+        events.publish(&reference, Announcement::warning(&degraded.reason, degraded.message.clone())).await;
     }
     if mp.status.as_ref() != Some(&status) {
         apply_status(&maintpages, &name, &status_body(&status))
             .await
-            .during(Step::Status)?;
+            .during(Stage::Status)?;
     }
     // A pod that waits for a node is said to be stuck only after a while: look again then.
     let requeue = [plan.requeue_after, observation.recheck_after].into_iter().flatten().min();

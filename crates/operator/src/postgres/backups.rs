@@ -19,6 +19,7 @@ use noops_api::postgres_backup::{PostgresBackup, PostgresBackupSpec};
 use super::names::{Names, POSTGRES_LABEL};
 use super::store::Destination;
 use super::restore::PlanProblem;
+use crate::core::events::Announcement;
 use crate::core::{Result, crash};
 use crate::core::apply::{create_if_missing, delete_if_present};
 use crate::core::conditions::Decided;
@@ -169,7 +170,7 @@ fn scheduled_backup(pg: &PostgreSQL, names: &Names, at: jiff::Timestamp) -> Post
 #[derive(Debug, Default)]
 pub struct Pass {
     pub look_again: Option<Duration>,
-    pub decisions: Vec<(&'static str, String)>,
+    pub decisions: Vec<Announcement>,
 }
 
 /// Makes the backup that is due (the first one, or the scheduled one), applies retention and
@@ -195,7 +196,7 @@ pub async fn keep(
         let backup = scheduled_backup(pg, names, now);
         if create_if_missing(&api, &backup).await? {
             crash::point("postgres: first backup made");
-            pass.decisions.push((
+            pass.decisions.push(Announcement::normal(
                 "FirstBackup",
                 format!("made PostgresBackup {}: the first base backup in this destination (archived WAL alone restores nothing)", backup.name_any()),
             ));
@@ -211,10 +212,10 @@ pub async fn keep(
                 let backup = scheduled_backup(pg, names, at);
                 if create_if_missing(&api, &backup).await? {
                     crash::point("postgres: scheduled backup made, bookmark not written");
-                    pass.decisions.push(("BackupScheduled", format!("made PostgresBackup {} for {at}", backup.name_any())));
+                    pass.decisions.push(Announcement::normal("BackupScheduled", format!("made PostgresBackup {} for {at}", backup.name_any())));
                 }
             } else {
-                pass.decisions.push((
+                pass.decisions.push(Announcement::normal(
                     "BackupSkipped",
                     format!("skipped the backup scheduled for {at}: the database does not serve"),
                 ));
@@ -244,7 +245,7 @@ pub async fn keep(
     for name in &gone {
         if delete_if_present(&api, name, &DeleteParams::default()).await? {
             crash::point("postgres: a backup deleted by retention");
-            pass.decisions.push((
+            pass.decisions.push(Announcement::normal(
                 "BackupDeleted",
                 format!("deleted PostgresBackup {name}: {max} newer scheduled backups are kept (maxBackups)"),
             ));

@@ -7,8 +7,7 @@ use noops_api::postgres::PostgreSQLStatus;
 use super::database::Made;
 use super::status::restored_message;
 
-/// One Event: (warning, reason, note).
-pub type Announcement = (bool, String, String);
+use crate::core::events::Announcement;
 
 /// The Events of a pass.
 pub fn announcements(pg: &PostgreSQL, previous: &PostgreSQLStatus, status: &PostgreSQLStatus, made: &Made) -> Vec<Announcement> {
@@ -17,36 +16,35 @@ pub fn announcements(pg: &PostgreSQL, previous: &PostgreSQLStatus, status: &Post
     if let (Some(was), Some(now)) = (&previous.system_identifier, &status.system_identifier)
         && was != now
     {
-        out.push((
-            true,
-            "DatabaseReplaced".into(),
+        out.push(Announcement::warning(
+            "DatabaseReplaced",
             format!("the instance runs a new database (system identifier {now}, was {was}): its volume was lost, with no backup of it in its backup destination to restore"),
         ));
     }
     if let Some(record) = &status.restore
         && previous.restore.as_ref().map(|r| &r.completed_at) != Some(&record.completed_at)
     {
-        out.push((false, "Restored".into(), restored_message(record)));
+        out.push(Announcement::normal("Restored", restored_message(record)));
     }
     if made.user_created {
-        out.push((false, "UserCreated".into(), format!("made role {user}, with the password from the Secret")));
+        out.push(Announcement::normal("UserCreated", format!("made role {user}, with the password from the Secret")));
     }
     if made.database_created {
-        out.push((false, "DatabaseCreated".into(), format!("made database {db}, owned by {user}")));
+        out.push(Announcement::normal("DatabaseCreated", format!("made database {db}, owned by {user}")));
     }
     if made.password_set {
-        out.push((false, "PasswordChanged".into(), format!("set role {user}'s password from Secret {}", pg.spec.password_secret)));
+        out.push(Announcement::normal("PasswordChanged", format!("set role {user}'s password from Secret {}", pg.spec.password_secret)));
     }
     // A problem is told once, when Degraded turns True or its reason changes.
     let degraded = |s: &PostgreSQLStatus| s.conditions.iter().find(|c| c.type_ == "Degraded" && c.status == "True").cloned();
     if let Some(now) = degraded(status)
         && degraded(previous).is_none_or(|was| was.reason != now.reason)
     {
-        out.push((true, now.reason, now.message));
+        out.push(Announcement::warning(now.reason, now.message));
     }
     let ready = |s: &PostgreSQLStatus| s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
     if ready(status) && !ready(previous) {
-        out.push((false, "Serving".into(), format!("database {db} is ready at {}", status.endpoint.clone().unwrap_or_default())));
+        out.push(Announcement::normal("Serving", format!("database {db} is ready at {}", status.endpoint.clone().unwrap_or_default())));
     }
     out
 }
@@ -74,8 +72,8 @@ mod tests {
         let told = |before: &PostgreSQLStatus, after: &PostgreSQLStatus| {
             announcements(&pg, before, after, &Made::default())
                 .into_iter()
-                .filter(|(warning, _, _)| *warning)
-                .map(|(_, reason, _)| reason)
+                .filter(|a| a.warning)
+                .map(|a| a.reason)
                 .collect::<Vec<_>>()
         };
         assert_eq!(told(&fine, &missing), ["PasswordSecretMissing"]);
@@ -96,7 +94,7 @@ mod tests {
             ..Default::default()
         };
         let told = announcements(&pg, &was, &now, &Made::default());
-        assert!(told.iter().any(|(w, r, _)| *w && r == "DatabaseReplaced"), "{told:?}");
+        assert!(told.iter().any(|a| a.warning && a.reason == "DatabaseReplaced"), "{told:?}");
         assert!(announcements(&pg, &was, &was, &Made::default()).is_empty());
     }
 
@@ -113,7 +111,7 @@ mod tests {
             ..Default::default()
         };
         let told = announcements(&pg, &PostgreSQLStatus::default(), &restored, &Made::default());
-        assert!(told.iter().any(|(w, r, n)| !*w && r == "Restored" && n.contains("2026-11-24T10:00:00Z")), "{told:?}");
+        assert!(told.iter().any(|a| !a.warning && a.reason == "Restored" && a.note.contains("2026-11-24T10:00:00Z")), "{told:?}");
         assert!(announcements(&pg, &restored, &restored, &Made::default()).is_empty());
     }
 }

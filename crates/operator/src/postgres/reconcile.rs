@@ -29,10 +29,11 @@ use super::secrets::{self, Password};
 use super::status::{self, InstanceState, Seen};
 use super::store::Destination;
 use super::{Context, destination, observe, restore, services, statefulset};
+use crate::core::events::Announcement;
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
 use crate::core::stamp::{stamp, up_to_date};
 use crate::core::stuck::stuck;
-use crate::core::{DuringStep, Error, Result, Step, crash};
+use crate::core::{DuringStage, Error, Result, Stage, crash};
 
 /// How often a serving database is looked at without a change. Everything that moves it
 /// comes through a watch (its spec, its pod, its StatefulSet, its password Secret, its
@@ -49,7 +50,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     let now = jiff::Timestamp::now();
     let owner = controller_reference(pg.as_ref())
         .ok_or_else(|| Error::InvalidSpec("the PostgreSQL has no uid yet".into()))
-        .during(Step::Validate)?;
+        .during(Stage::Validate)?;
     let previous = pg.status.clone().unwrap_or_default();
     let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
 
@@ -57,7 +58,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     // caches: read it (a watch on Secret metadata wakes the database when it changes).
     let children = observe::children(&ctx.caches, &names);
     let all_backups = observe::backups(&ctx.caches, &names);
-    let user_secret = secrets_api.get_opt(&pg.spec.password_secret).await.during(Step::Observe)?;
+    let user_secret = secrets_api.get_opt(&pg.spec.password_secret).await.during(Stage::Observe)?;
 
     // Validate: the schema checked the spec; the password's Secret and the backup a new
     // database starts from are left.
@@ -73,13 +74,13 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     // Apply.
     let superuser_password = ensure_superuser_secret(&names, &owner, &children, &secrets_api)
         .await
-        .during(Step::Apply)?;
+        .during(Stage::Apply)?;
     if let Ok(plan) = &plan {
         let mut config = restore::config_map(&names, &owner, plan);
         stamp(&mut config);
         if !up_to_date(&config, children.instance_config.as_deref()) {
             let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &names.namespace);
-            apply(&api, &names.instance_config(), &config).await.during(Step::Apply)?;
+            apply(&api, &names.instance_config(), &config).await.during(Stage::Apply)?;
             crash::point("postgres: plan written");
             info!(restore_from = ?plan.restore.as_ref().map(|r| &r.backup), "an empty data directory now becomes what the plan says");
         }
@@ -96,16 +97,16 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
         let mut sts = statefulset::build(&pg, &names, &owner, &ctx.image, bootstrap_source.as_ref());
         stamp(&mut sts);
         if !up_to_date(&sts, children.statefulset.as_deref()) {
-            held_back = check_destination(&pg, &names, ctx).await.during(Step::Validate)?;
+            held_back = check_destination(&pg, &names, ctx).await.during(Stage::Validate)?;
             if held_back.is_none() {
-                held_back = check_placement(&pg, ctx).await.during(Step::Validate)?;
+                held_back = check_placement(&pg, ctx).await.during(Stage::Validate)?;
             }
             match &held_back {
                 None => {
                     let api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &names.namespace);
                     match apply(&api, &names.statefulset(), &sts).await {
                         Ok(_) => info!("applied the StatefulSet"),
-                        Err(error) => refused = Some(refusal("StatefulSet", error).during(Step::Apply)?),
+                        Err(error) => refused = Some(refusal("StatefulSet", error).during(Stage::Apply)?),
                     }
                 }
                 Some(problem) => {
@@ -123,7 +124,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
         match apply(&api, &names.service(), &service).await {
             Ok(applied) => Some(applied),
             Err(error) => {
-                refused = refused.or(Some(refusal("Service", error).during(Step::Apply)?));
+                refused = refused.or(Some(refusal("Service", error).during(Stage::Apply)?));
                 children.service.as_deref().cloned()
             }
         }
@@ -132,17 +133,17 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     // waits for it to be Ready first): it is deleted, and the StatefulSet makes the new one.
     if let Some(pod) = outdated_stuck_pod(&children, now) {
         let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        delete_if_present(&api, &pod, &Default::default()).await.during(Step::Apply)?;
+        delete_if_present(&api, &pod, &Default::default()).await.during(Stage::Apply)?;
         info!(pod, "deleted the instance's pod, which cannot start, for one of the new spec");
     }
 
     if let Some(pod) = observe::pod_without_its_claim(&children) {
         // The caches may have seen a new pod before its new claim: the API server says.
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        let claim = claims.get_opt(&names.data_claim()).await.during(Step::Observe)?;
+        let claim = claims.get_opt(&names.data_claim()).await.during(Stage::Observe)?;
         if claim.is_none_or(|c| c.metadata.deletion_timestamp.is_some()) {
             let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
-            delete_if_present(&api, &pod, &Default::default()).await.during(Step::Apply)?;
+            delete_if_present(&api, &pod, &Default::default()).await.during(Stage::Apply)?;
             info!(pod, "deleted the instance's pod, which waited for a volume claim that is gone: the StatefulSet makes both anew");
         }
     }
@@ -150,7 +151,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     // A node that died with the instance on it.
     let pod = children.instance.as_deref();
     let node_lost = match pod.filter(|p| node_loss::stuck_in_deletion(p, now)) {
-        Some(stuck) => handle_node_loss(&pg, &names, ctx, stuck, &plan, now).await.during(Step::Apply)?,
+        Some(stuck) => handle_node_loss(&pg, &names, ctx, stuck, &plan, now).await.during(Stage::Apply)?,
         None => None,
     };
 
@@ -160,7 +161,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
         // The caches may be a moment behind a pod deleted (or no longer Ready) while the pass
         // talked to it: that one is being replaced, not unreachable, and worth no Warning.
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        let latest = pods.get_opt(&names.instance()).await.during(Step::Observe)?;
+        let latest = pods.get_opt(&names.instance()).await.during(Stage::Observe)?;
         if latest.as_ref().and_then(observe::ready_address).is_none() {
             info!(error = %why, "the instance's pod stopped serving while this pass talked to it");
             instance = InstanceState::Starting(format!("pod {} is stopping or starting", names.instance()));
@@ -174,11 +175,10 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     let mut book = Book::of(&pg);
     let pass = backups::keep(&pg, &names, &ctx.client, &all_backups, serving, &mut book, now)
         .await
-        .during(Step::Apply)?;
+        .during(Stage::Apply)?;
     let reference = pg.object_ref(&());
-    for (reason, note) in pass.decisions {
-        info!(reason, "{note}");
-        ctx.core.events.normal(&reference, reason, note).await;
+    for announcement in pass.decisions {
+        ctx.core.events.tell(&reference, announcement).await;
     }
 
     let seen = Seen {
@@ -346,8 +346,7 @@ async fn handle_node_loss(
         NodeLoss::ForceDelete { node } => {
             delete_if_present(&pods, &pod_name, &force).await?;
             let note = format!("node {node} is not ready and did not stop pod {pod_name}: deleted it, so that the StatefulSet starts it again, on its volume");
-            warn!("{note}");
-            ctx.core.events.warning(&reference, "PodForceDeleted", note).await;
+            ctx.core.events.tell(&reference, Announcement::warning("PodForceDeleted", note)).await;
             Ok(None)
         }
         NodeLoss::GiveUpVolume { node } => {
@@ -374,8 +373,7 @@ async fn handle_node_loss(
                     "node {node} is not ready, with the instance's volume on its disk: the database never served, so nothing is lost; gave the volume up, and the instance is made anew on another node. The volume {kept} is kept (Retain): delete it"
                 ),
             };
-            warn!("{note}");
-            ctx.core.events.warning(&reference, "VolumeGivenUp", note).await;
+            ctx.core.events.tell(&reference, Announcement::warning("VolumeGivenUp", note)).await;
             Ok(None)
         }
         NodeLoss::WaitForNode { node, why } => Ok(Some(format!(
@@ -424,7 +422,7 @@ async fn finish(
         stamp(&mut secret);
         if !up_to_date(&secret, children.connection_secret.as_deref()) {
             let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
-            apply(&api, &names.connection_secret(), &secret).await.during(Step::Apply)?;
+            apply(&api, &names.connection_secret(), &secret).await.during(Stage::Apply)?;
         }
     }
     let previous = pg.status.clone().unwrap_or_default();
@@ -436,17 +434,11 @@ async fn finish(
         }
         let api: Api<PostgreSQL> = Api::namespaced(ctx.client.clone(), &names.namespace);
         let body = json!({ "apiVersion": "noops.dev/v1alpha1", "kind": "PostgreSQL", "status": status });
-        apply_status(&api, &names.name, &body).await.during(Step::Status)?;
+        apply_status(&api, &names.name, &body).await.during(Stage::Status)?;
     }
     let reference = pg.object_ref(&());
-    for (warning, reason, note) in events {
-        if warning {
-            warn!(reason, "{note}");
-            ctx.core.events.warning(&reference, &reason, note).await;
-        } else {
-            info!(reason, "{note}");
-            ctx.core.events.normal(&reference, &reason, note).await;
-        }
+    for announcement in events {
+        ctx.core.events.tell(&reference, announcement).await;
     }
     Ok(())
 }

@@ -23,6 +23,7 @@ use tracing::{info, warn};
 
 use super::Context;
 use super::pods::{self, Job, Place};
+use crate::core::events::Announcement;
 use crate::core::apply::{apply_status_at, controller_reference, create_if_missing, delete_if_present};
 use crate::core::conditions::{Decided, merge};
 use crate::core::task_pod::{self, Outcome};
@@ -202,8 +203,7 @@ async fn settle(
             if !write_status(backup, version, ctx, &next).await? {
                 return Ok(Action::requeue(Duration::from_secs(1)));
             }
-            info!("{note}");
-            events.normal(&reference, "BackupSucceeded", note).await;
+            events.tell(&reference, Announcement::normal("BackupSucceeded", note)).await;
             crash::point("postgres backup: status written, pod not removed");
             remove_pod(backup, Job::Base, ctx).await
         }
@@ -235,7 +235,7 @@ async fn settle(
                 return Ok(Action::requeue(Duration::from_secs(1)));
             }
             warn!(reason, "the backup failed: {message}");
-            events.warning(&reference, reason, message).await;
+            events.publish(&reference, Announcement::warning(reason, message)).await;
             remove_pod(backup, Job::Base, ctx).await
         }
     }
@@ -499,8 +499,7 @@ async fn clean_up(backup: &PostgresBackup, ctx: &Context) -> Result<Action> {
         }
         Err(why) => {
             let note = format!("could not delete the backup at {where_}: {why}; it is left in the store");
-            warn!("{note}");
-            ctx.core.events.warning(&backup.object_ref(&()), "BackupKept", note).await;
+            ctx.core.events.tell(&backup.object_ref(&()), Announcement::warning("BackupKept", note)).await;
         }
     }
     crash::point("postgres backup: deleted, finalizer not removed");
