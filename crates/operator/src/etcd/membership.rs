@@ -36,6 +36,9 @@ pub const LEARNER_DEADLINE: Duration = Duration::from_secs(300);
 /// How long voting members may be without a leader before the quorum counts as lost (a leader
 /// election takes a second or two).
 pub const QUORUM_GRACE: Duration = Duration::from_secs(10);
+/// How long a pod being deleted by a live node is waited for before its member is judged by
+/// its health alone.
+pub const LEAVING_PATIENCE: Duration = Duration::from_secs(300);
 /// How long one member's upgrade (stop, start on the new version, become healthy) may take
 /// before it is abandoned and the member is treated like any unhealthy one.
 pub const UPGRADE_DEADLINE: Duration = Duration::from_secs(300);
@@ -81,6 +84,10 @@ pub struct MemberFacts {
     pub node_down: Option<String>,
     /// Its pod was made after it stopped being healthy: a pod made again, still starting.
     pub fresh_pod: bool,
+    /// Its pod is being deleted by a node that is Ready (a node back after it was down, ending
+    /// the pods evicted meanwhile), for at most [`LEAVING_PATIENCE`]: it is made again on its
+    /// volume in a moment.
+    pub leaving_live_node: bool,
 }
 
 impl MemberFacts {
@@ -341,14 +348,16 @@ fn to_restart(facts: &ClusterFacts, without_quorum: bool) -> Vec<String> {
 }
 
 /// Voting members that are not healthy and are coming back on their own data: their pod is
-/// gone (to be made again), made again and starting, or waiting for the node that holds them
-/// (named) to come back. The status says it as `RestartingMembers`.
+/// gone (to be made again), made again and starting, ending on a node that is back, or waiting
+/// for the node that holds them (named) to come back. The status says it as `RestartingMembers`.
 pub fn restarting(facts: &ClusterFacts) -> Vec<(&str, Option<&str>)> {
     facts
         .members
         .iter()
         .filter(|m| m.voter() && !m.healthy && m.has_data(facts.ephemeral))
-        .filter(|m| m.pod == PodState::Missing || (m.pod == PodState::Starting && m.fresh_pod) || m.node_down.is_some())
+        .filter(|m| {
+            m.pod == PodState::Missing || (m.pod == PodState::Starting && m.fresh_pod) || m.node_down.is_some() || m.leaving_live_node
+        })
         .map(|m| (m.name.as_str(), m.node_down.as_deref()))
         .collect()
 }
@@ -469,7 +478,8 @@ fn lost(m: &MemberFacts, ephemeral: bool) -> Option<&'static str> {
     if !ephemeral && !m.volume {
         return Some("its volume is gone, and its data with it");
     }
-    if m.unhealthy_for.is_some_and(|d| d >= UNHEALTHY_GRACE) && !m.learner {
+    // A member whose node is back is about to come back too: its pod ends, and is made again.
+    if m.unhealthy_for.is_some_and(|d| d >= UNHEALTHY_GRACE) && !m.learner && !m.leaving_live_node {
         return Some("it has been unhealthy past the grace period");
     }
     None
@@ -707,6 +717,7 @@ mod tests {
             image_unavailable: None,
             node_down: None,
             fresh_pod: false,
+            leaving_live_node: false,
         }
     }
 
@@ -972,6 +983,20 @@ mod tests {
         assert!(reason.contains("main-2 waits for node node-3"), "{reason}");
         assert!(reason.contains("as the member it was: main-1;"), "{reason}");
         assert!(reason.contains("running but not serving: main-0"), "{reason}");
+    }
+
+    #[test]
+    fn a_member_whose_node_is_back_is_waited_for_not_replaced_when_the_others_bring_the_quorum_back() {
+        // Two nodes were down past the eviction toleration; main-1 is back on its volume, and
+        // main-2's node is back, ending the evicted pod.
+        let mut c = pods_gone(&[2]);
+        c.members[2].pod = PodState::Stuck;
+        c.members[2].leaving_live_node = true;
+        assert!(matches!(next_step(&c), Step::Wait { .. }), "{:?}", next_step(&c));
+        assert_eq!(restarting(&c), vec![("main-2", None)]);
+        // Its node down again (or the pod not ending in time): judged by its health.
+        c.members[2].leaving_live_node = false;
+        assert_eq!(begun(&next_step(&c)), (OperationKind::RemoveMember, "main-2".into()));
     }
 
     #[test]

@@ -268,6 +268,17 @@ pub fn pods_that_serve<'a>(children: &'a Children, facts: &ClusterFacts) -> Vec<
         .collect()
 }
 
+/// Whether `pod` is being deleted by a node that is Ready (`node_down`: its node is not), for
+/// at most `LEAVING_PATIENCE` past its deadline.
+fn leaving_live_node(pod: &Pod, node_down: bool, now: jiff::Timestamp) -> bool {
+    let placed = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+    let Some(deadline) = pod.metadata.deletion_timestamp.as_ref() else {
+        return false;
+    };
+    let past = Duration::try_from(now.duration_since(deadline.0)).unwrap_or_default();
+    placed && !node_down && past < super::membership::LEAVING_PATIENCE
+}
+
 /// How long `member` has been unhealthy: since the status first said so, or since its pod was
 /// made, whichever is later (a pod made again gets the whole grace period to start).
 fn unhealthy_time(since: Option<&jiff::Timestamp>, pod: Option<&Arc<Pod>>, now: jiff::Timestamp) -> Duration {
@@ -353,6 +364,7 @@ pub fn facts(
                 outdated: pod.is_some_and(|p| pod_image(p) != Some(wanted_image.as_str())),
                 node_down: nodes_down.get(&name).cloned(),
                 fresh_pod: matches!((pod_made, unhealthy_since), (Some(made), Some(since)) if made >= since),
+                leaving_live_node: pod.is_some_and(|p| leaving_live_node(p, nodes_down.contains_key(&name), now)),
                 image_unavailable: pod.filter(|p| image_missing_for(p, now) >= super::membership::IMAGE_PULL_PATIENCE).and_then(|p| pod_image(p).map(String::from)),
                 fragmented: etcd.health.get(&name).is_some_and(|h| {
                     let defragmented_lately = known
@@ -513,6 +525,23 @@ mod tests {
             started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
         });
         assert_eq!(named(&f), vec!["main-0", "main-4"], "the learner being added");
+    }
+
+    #[test]
+    fn a_pod_ended_by_a_node_that_is_back_is_leaving_for_a_while() {
+        let at = |s: i64| jiff::Timestamp::from_second(s).unwrap();
+        let mut pod = Pod {
+            spec: Some(k8s_openapi::api::core::v1::PodSpec {
+                node_name: Some("node-2".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(!leaving_live_node(&pod, false, at(100)), "not being deleted");
+        pod.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(100)));
+        assert!(leaving_live_node(&pod, false, at(160)));
+        assert!(!leaving_live_node(&pod, true, at(160)), "its node is down");
+        assert!(!leaving_live_node(&pod, false, at(100 + 300)), "too long");
     }
 
     #[test]

@@ -361,6 +361,7 @@ mod tests {
             image_unavailable: None,
             node_down: None,
             fresh_pod: false,
+            leaving_live_node: false,
         }
     }
 
