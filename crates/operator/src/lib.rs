@@ -9,11 +9,17 @@ pub mod core;
 pub mod leader;
 pub mod server;
 
-/// Declares the controller modules and [`CONTROLLERS`], the list `noops run` runs from: each
+// Declared outside the macro below, so that rustfmt reaches them.
+pub mod etcd;
+pub mod etcd_backup;
+pub mod maintpage;
+pub mod postgres;
+pub mod postgres_backup;
+
+/// Declares [`CONTROLLERS`], the list `noops run` runs from: each
 /// module exports its [`core::controller::Registration`] as `CONTROLLER`.
 macro_rules! controllers {
     ($($module:ident),+ $(,)?) => {
-        $(pub mod $module;)+
         /// Every controller of the operator, in the order they start.
         pub const CONTROLLERS: &[&core::controller::Registration] = &[$(&$module::CONTROLLER),+];
     };

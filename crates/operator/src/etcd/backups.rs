@@ -7,14 +7,14 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{DeleteParams, ListParams};
 use kube::{Api, Client, ResourceExt};
-use noops_api::etcd_backup::{EtcdBackup, EtcdBackupSpec};
 use noops_api::EtcdCluster;
+use noops_api::etcd_backup::{EtcdBackup, EtcdBackupSpec};
 use tracing::info;
 
 use super::names::{CLUSTER_LABEL, Names};
 use crate::core::Result;
-use crate::core::conditions::Decided;
 use crate::core::apply::{create_if_missing, delete_if_present};
+use crate::core::conditions::Decided;
 use crate::core::schedule::{self, Kept, SCHEDULED_LABEL};
 
 /// The UID of the EtcdCluster a scheduled backup was made for (a cluster deleted and made
@@ -80,7 +80,13 @@ pub fn worth_a_look(cluster: &EtcdCluster, book: &Book, busy: bool, now: jiff::T
 /// the next scheduled backup is due, if there is a schedule. Nothing for a cluster without
 /// `spec.backup`. A schedule that cannot be read is
 /// reported by validation and makes nothing here.
-pub async fn keep(cluster: &EtcdCluster, names: &Names, client: &Client, book: &mut Book, now: jiff::Timestamp) -> Result<Option<Duration>> {
+pub async fn keep(
+    cluster: &EtcdCluster,
+    names: &Names,
+    client: &Client,
+    book: &mut Book,
+    now: jiff::Timestamp,
+) -> Result<Option<Duration>> {
     let Some(spec) = cluster.spec.backup.as_ref() else {
         return Ok(None);
     };
@@ -182,7 +188,10 @@ fn count(book: &mut Book, backups: &[&EtcdBackup]) {
         .collect();
     let tally = schedule::tally(&counted);
     book.stored_backups = Some(tally.stored);
-    book.last_backup_time = tally.newest_stored.map(|(_, at)| Time(at)).or(book.last_backup_time.clone());
+    book.last_backup_time = tally
+        .newest_stored
+        .map(|(_, at)| Time(at))
+        .or(book.last_backup_time.clone());
     if let Some((index, stored)) = tally.newest_finished {
         let backup = backups[index];
         let status = backup.status.clone().unwrap_or_default();
@@ -233,24 +242,30 @@ mod tests {
         let cluster = hourly();
         assert!(worth_a_look(&cluster, &book, false, at(3700)), "settled: always");
         assert!(!worth_a_look(&cluster, &book, true, at(3700)), "busy, nothing due");
-        assert!(worth_a_look(&cluster, &book, true, at(7201)), "busy, the 02:00 backup is due");
+        assert!(
+            worth_a_look(&cluster, &book, true, at(7201)),
+            "busy, the 02:00 backup is due"
+        );
         let without = fixtures::cluster().build();
         assert!(!worth_a_look(&without, &book, false, at(3700)), "no spec.backup");
     }
 
     fn finished(name: &str, phase: &str, completed: i64) -> EtcdBackup {
         let mut backup = EtcdBackup::new(name, EtcdBackupSpec { cluster: "main".into() });
-        backup.status = Some(serde_json::from_value(serde_json::json!({
-            "phase": phase,
-            "revision": 42,
-            "location": format!("pvc://etcd-backups/etcd/main/{name}.db"),
-            "completedAt": at(completed),
-            "conditions": [{
-                "type": "Succeeded", "status": if phase == "Succeeded" { "True" } else { "False" },
-                "reason": if phase == "Succeeded" { "Stored" } else { "ClaimNotFound" },
-                "message": "why", "lastTransitionTime": at(completed)
-            }]
-        })).unwrap());
+        backup.status = Some(
+            serde_json::from_value(serde_json::json!({
+                "phase": phase,
+                "revision": 42,
+                "location": format!("pvc://etcd-backups/etcd/main/{name}.db"),
+                "completedAt": at(completed),
+                "conditions": [{
+                    "type": "Succeeded", "status": if phase == "Succeeded" { "True" } else { "False" },
+                    "reason": if phase == "Succeeded" { "Stored" } else { "ClaimNotFound" },
+                    "message": "why", "lastTransitionTime": at(completed)
+                }]
+            }))
+            .unwrap(),
+        );
         backup
     }
 
@@ -271,6 +286,10 @@ mod tests {
         count(&mut book, &[&old, &failed, &newer]);
         let condition = book.condition.unwrap();
         assert_eq!((condition.status, condition.reason), (true, "BackupStored"));
-        assert!(condition.message.contains("newer stored revision 42 at pvc://"), "{}", condition.message);
+        assert!(
+            condition.message.contains("newer stored revision 42 at pvc://"),
+            "{}",
+            condition.message
+        );
     }
 }

@@ -53,6 +53,9 @@ mod tests {
         let state = |b| state_config_map(&names, &owner, b).data.unwrap()[STATE_KEY].clone();
         assert_eq!(state(true), "new");
         assert_eq!(state(false), "existing");
-        assert_eq!(state_config_map(&names, &owner, true).metadata.name.as_deref(), Some("main-state"));
+        assert_eq!(
+            state_config_map(&names, &owner, true).metadata.name.as_deref(),
+            Some("main-state")
+        );
     }
 }

@@ -205,7 +205,9 @@ impl EtcdAccess {
             .await
         {
             Ok(added) => Ok(added.member().map(|m| m.id()).unwrap_or_default()),
-            Err(e) if e.to_string().contains("Peer URLs already exists") || e.to_string().contains("peerURL exists") => {
+            Err(e)
+                if e.to_string().contains("Peer URLs already exists") || e.to_string().contains("peerURL exists") =>
+            {
                 let members = client.member_list().await?;
                 members
                     .members()

@@ -66,7 +66,13 @@ mod tests {
     #[test]
     fn only_a_large_and_mostly_free_file_is_defragmented() {
         let p = policy(&DefragmentationSpec::default()).unwrap();
-        assert_eq!(p, Policy { percent: 50, min_bytes: 64 << 20 });
+        assert_eq!(
+            p,
+            Policy {
+                percent: 50,
+                min_bytes: 64 << 20
+            }
+        );
         assert!(fragmented(p, 100 << 20, 40 << 20), "60% free of 100 MiB");
         assert!(!fragmented(p, 100 << 20, 60 << 20), "40% free");
         assert!(!fragmented(p, 10 << 20, 1 << 20), "too small to bother");

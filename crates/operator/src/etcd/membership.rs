@@ -101,7 +101,11 @@ impl MemberFacts {
 
     /// Its data is still there: its volume (or, with ephemeral storage, its pod).
     fn has_data(&self, ephemeral: bool) -> bool {
-        if ephemeral { self.pod != PodState::Missing } else { self.volume }
+        if ephemeral {
+            self.pod != PodState::Missing
+        } else {
+            self.volume
+        }
     }
 }
 
@@ -165,7 +169,11 @@ pub enum Step {
     Promote { member: String, id: u64 },
     /// Give up adding `member` (a learner that did not catch up in time): remove it from etcd
     /// if it is there, say why, and end the operation. Its pod and volume go as leftovers.
-    GiveUp { member: String, id: Option<u64>, reason: String },
+    GiveUp {
+        member: String,
+        id: Option<u64>,
+        reason: String,
+    },
     /// End the operation on `member` without finishing it, and say why: its data is gone, or
     /// it did not come back in time; the rules for lost and unhealthy members take over.
     Abandon { member: String, reason: String },
@@ -219,7 +227,11 @@ pub fn next_step(facts: &ClusterFacts) -> Step {
     if let Some((_, step @ Step::StartMember { .. })) = &in_progress {
         return step.clone();
     }
-    let bootstrapping = !facts.bootstrapped || facts.operation.as_ref().is_some_and(|op| op.kind == OperationKind::Bootstrap);
+    let bootstrapping = !facts.bootstrapped
+        || facts
+            .operation
+            .as_ref()
+            .is_some_and(|op| op.kind == OperationKind::Bootstrap);
     if !bootstrapping {
         let members = to_restart(facts, without_quorum);
         if !members.is_empty() {
@@ -249,7 +261,12 @@ pub fn next_step(facts: &ClusterFacts) -> Step {
         };
     }
     // A member gone for good is removed first (its successor is added by the scaling rule).
-    if let Some((m, why)) = facts.members.iter().filter(|m| m.in_etcd()).find_map(|m| lost(m, facts.ephemeral).map(|why| (m, why))) {
+    if let Some((m, why)) = facts
+        .members
+        .iter()
+        .filter(|m| m.in_etcd())
+        .find_map(|m| lost(m, facts.ephemeral).map(|why| (m, why)))
+    {
         let voters_after = voters.len() - usize::from(m.voter());
         let healthy_after = healthy_voters - usize::from(m.voter() && m.healthy);
         if healthy_after < quorum(voters_after) {
@@ -267,9 +284,18 @@ pub fn next_step(facts: &ClusterFacts) -> Step {
     // A learner that no operation covers is what is left of an add that did not finish: it
     // goes (learners do not vote, so this never touches the quorum).
     if let Some(m) = facts.members.iter().find(|m| m.in_etcd() && m.learner) {
-        return operation(facts, OperationKind::RemoveMember, &m.name, "a learner left over from an add that did not finish");
+        return operation(
+            facts,
+            OperationKind::RemoveMember,
+            &m.name,
+            "a learner left over from an add that did not finish",
+        );
     }
-    let all_healthy = facts.members.iter().filter(|m| m.in_etcd()).all(|m| m.healthy && !m.learner);
+    let all_healthy = facts
+        .members
+        .iter()
+        .filter(|m| m.in_etcd())
+        .all(|m| m.healthy && !m.learner);
     // A version change rolls one member at a time, the leader last, before any scaling (new
     // members then join on the new version).
     if let Some(version) = &facts.upgrade_to {
@@ -307,7 +333,11 @@ pub fn next_step(facts: &ClusterFacts) -> Step {
             };
         }
         // The newest member that does not lead: there are at least two voters, one leads.
-        if let Some(m) = voters.iter().filter(|m| !m.leader).max_by(|a, b| index_order(&a.name, &b.name)) {
+        if let Some(m) = voters
+            .iter()
+            .filter(|m| !m.leader)
+            .max_by(|a, b| index_order(&a.name, &b.name))
+        {
             return operation(facts, OperationKind::RemoveMember, &m.name, "scale down");
         }
     }
@@ -356,7 +386,10 @@ pub fn restarting(facts: &ClusterFacts) -> Vec<(&str, Option<&str>)> {
         .iter()
         .filter(|m| m.voter() && !m.healthy && m.has_data(facts.ephemeral))
         .filter(|m| {
-            m.pod == PodState::Missing || (m.pod == PodState::Starting && m.fresh_pod) || m.node_down.is_some() || m.leaving_live_node
+            m.pod == PodState::Missing
+                || (m.pod == PodState::Starting && m.fresh_pod)
+                || m.node_down.is_some()
+                || m.leaving_live_node
         })
         .map(|m| (m.name.as_str(), m.node_down.as_deref()))
         .collect()
@@ -366,16 +399,24 @@ pub fn restarting(facts: &ClusterFacts) -> Vec<(&str, Option<&str>)> {
 /// which node.
 pub fn coming_back(facts: &ClusterFacts) -> Option<String> {
     let members = restarting(facts);
-    let starting: Vec<&str> = members.iter().filter(|(_, node)| node.is_none()).map(|(m, _)| *m).collect();
+    let starting: Vec<&str> = members
+        .iter()
+        .filter(|(_, node)| node.is_none())
+        .map(|(m, _)| *m)
+        .collect();
     let mut parts = Vec::new();
     if !starting.is_empty() {
-        parts.push(format!("starting again, each on its own volume as the member it was: {}", listed(&starting)));
+        parts.push(format!(
+            "starting again, each on its own volume as the member it was: {}",
+            listed(&starting)
+        ));
     }
-    parts.extend(
-        members
-            .iter()
-            .filter_map(|(m, node)| Some(format!("{m} waits for node {}, which holds it and is not Ready", (*node)?))),
-    );
+    parts.extend(members.iter().filter_map(|(m, node)| {
+        Some(format!(
+            "{m} waits for node {}, which holds it and is not Ready",
+            (*node)?
+        ))
+    }));
     (!parts.is_empty()).then(|| parts.join("; "))
 }
 
@@ -413,9 +454,15 @@ fn no_quorum(facts: &ClusterFacts, voters: &[&MemberFacts], healthy_voters: usiz
 fn quorum_lost_message(facts: &ClusterFacts, voters: &[&MemberFacts], healthy_voters: usize) -> String {
     let needed = quorum(voters.len());
     let head = if facts.reachable {
-        format!("{healthy_voters} of {} voting members are healthy, fewer than the {needed} a quorum needs", voters.len())
+        format!(
+            "{healthy_voters} of {} voting members are healthy, fewer than the {needed} a quorum needs",
+            voters.len()
+        )
     } else {
-        format!("no member answers: none of the {} voting members has a quorum ({needed} needed)", voters.len())
+        format!(
+            "no member answers: none of the {} voting members has a quorum ({needed} needed)",
+            voters.len()
+        )
     };
     let data_gone: Vec<&str> = voters
         .iter()
@@ -424,7 +471,11 @@ fn quorum_lost_message(facts: &ClusterFacts, voters: &[&MemberFacts], healthy_vo
         .collect();
     let with_data = voters.len() - data_gone.len();
     if with_data < needed {
-        let cause = if facts.ephemeral { "pod gone, and ephemeral storage with it" } else { "volume deleted" };
+        let cause = if facts.ephemeral {
+            "pod gone, and ephemeral storage with it"
+        } else {
+            "volume deleted"
+        };
         return format!(
             "{head}. Waiting cannot bring it back: no data is left on {} ({cause}), and the {with_data} member(s) with data are too few for a quorum. \
              Only a recovery from a backup can, losing the writes made after that backup: annotate the cluster {RECOVER_ANNOTATION}=latest (or =<EtcdBackup name>)",
@@ -442,7 +493,10 @@ fn quorum_lost_message(facts: &ClusterFacts, voters: &[&MemberFacts], healthy_vo
         parts.push(format!("running but not serving: {}", listed(&silent)));
     }
     if !data_gone.is_empty() {
-        parts.push(format!("data lost, replaced once the quorum is back: {}", listed(&data_gone)));
+        parts.push(format!(
+            "data lost, replaced once the quorum is back: {}",
+            listed(&data_gone)
+        ));
     }
     format!(
         "{head}. Waiting can bring it back: {}; the quorum returns, with every acknowledged write, once {needed} of them run",
@@ -490,9 +544,11 @@ fn continue_operation(facts: &ClusterFacts, op: &Operation) -> Step {
     match op.kind {
         // A recovery starts the cluster again: what is left of the old members (pods,
         // volumes) goes before the first new member starts, so none serves old data.
-        OperationKind::Bootstrap if let Some(old) = facts.members.iter().find(|m| {
-            m.name != op.member && (m.volume || matches!(m.pod, PodState::Ready | PodState::Starting | PodState::Stuck))
-        }) =>
+        OperationKind::Bootstrap
+            if let Some(old) = facts.members.iter().find(|m| {
+                m.name != op.member
+                    && (m.volume || matches!(m.pod, PodState::Ready | PodState::Starting | PodState::Stuck))
+            }) =>
         {
             Step::DeleteMember {
                 member: old.name.clone(),
@@ -524,7 +580,9 @@ fn continue_operation(facts: &ClusterFacts, op: &Operation) -> Step {
                 },
                 Some(Restore::Failed { message }) => Step::RestoreBlocked {
                     reason: "RestoreFailed",
-                    message: format!("{message}; the cluster is not started (delete it, and create it from a good backup)"),
+                    message: format!(
+                        "{message}; the cluster is not started (delete it, and create it from a good backup)"
+                    ),
                 },
             },
         },
@@ -556,7 +614,10 @@ fn continue_upgrade(facts: &ClusterFacts, op: &Operation, member: Option<&Member
             // Starting it again would bring it back under its old identity with an empty log.
             return Step::Abandon {
                 member: m.name.clone(),
-                reason: format!("{}'s data went with its pod or volume during its upgrade; it is replaced instead", m.name),
+                reason: format!(
+                    "{}'s data went with its pod or volume during its upgrade; it is replaced instead",
+                    m.name
+                ),
             };
         }
         PodState::Missing => return Step::StartMember { member: m.name.clone() },
@@ -771,7 +832,12 @@ mod tests {
         c.next_member = "main-0".into();
         assert_eq!(begun(&next_step(&c)), (OperationKind::Bootstrap, "main-0".into()));
         let c = with_op(c, OperationKind::Bootstrap, "main-0");
-        assert_eq!(next_step(&c), Step::StartFirstMember { member: "main-0".into() });
+        assert_eq!(
+            next_step(&c),
+            Step::StartFirstMember {
+                member: "main-0".into()
+            }
+        );
         let mut started = c.clone();
         started.members = vec![MemberFacts {
             healthy: false,
@@ -781,7 +847,12 @@ mod tests {
         }];
         assert!(matches!(next_step(&started), Step::Wait { .. }));
         started.members[0].healthy = true;
-        assert_eq!(next_step(&started), Step::FinishBootstrap { member: "main-0".into() });
+        assert_eq!(
+            next_step(&started),
+            Step::FinishBootstrap {
+                member: "main-0".into()
+            }
+        );
     }
 
     #[test]
@@ -796,7 +867,13 @@ mod tests {
         let c = cluster(3, vec![member("main-0", 10)]);
         assert_eq!(begun(&next_step(&c)), (OperationKind::AddMember, "main-9".into()));
         let adding = with_op(c.clone(), OperationKind::AddMember, "main-9");
-        assert_eq!(next_step(&adding), Step::AddLearner { member: "main-9".into() }, "etcd first");
+        assert_eq!(
+            next_step(&adding),
+            Step::AddLearner {
+                member: "main-9".into()
+            },
+            "etcd first"
+        );
         let mut added = adding.clone();
         added.members.push(MemberFacts {
             learner: true,
@@ -805,7 +882,13 @@ mod tests {
             volume: false,
             ..member("main-9", 19)
         });
-        assert_eq!(next_step(&added), Step::StartMember { member: "main-9".into() }, "then its pod");
+        assert_eq!(
+            next_step(&added),
+            Step::StartMember {
+                member: "main-9".into()
+            },
+            "then its pod"
+        );
         added.members[1].pod = PodState::Starting;
         assert!(matches!(next_step(&added), Step::Wait { .. }), "catching up");
         added.members[1].healthy = true;
@@ -823,7 +906,11 @@ mod tests {
 
     #[test]
     fn a_learner_that_cannot_catch_up_is_removed_not_promoted() {
-        let mut c = with_op(cluster(3, vec![member("main-0", 10)]), OperationKind::AddMember, "main-9");
+        let mut c = with_op(
+            cluster(3, vec![member("main-0", 10)]),
+            OperationKind::AddMember,
+            "main-9",
+        );
         c.members.push(MemberFacts {
             learner: true,
             healthy: false,
@@ -843,7 +930,10 @@ mod tests {
         assert_eq!(begun(&next_step(&c)).0, OperationKind::AddMember);
         c.members[2].healthy = false;
         c.members[2].unhealthy_for = Some(Duration::from_secs(1));
-        assert!(matches!(next_step(&c), Step::Wait { .. }), "not while a member is unhealthy");
+        assert!(
+            matches!(next_step(&c), Step::Wait { .. }),
+            "not while a member is unhealthy"
+        );
     }
 
     #[test]
@@ -924,7 +1014,11 @@ mod tests {
 
     #[test]
     fn members_whose_pods_are_gone_come_back_together_on_their_volumes_without_a_quorum() {
-        assert_eq!(next_step(&pods_gone(&[1, 2])), restart(&["main-1", "main-2"]), "two of three");
+        assert_eq!(
+            next_step(&pods_gone(&[1, 2])),
+            restart(&["main-1", "main-2"]),
+            "two of three"
+        );
         let mut all = pods_gone(&[0, 1, 2]);
         assert_eq!(next_step(&all), restart(&["main-0", "main-1", "main-2"]), "all three");
         // The operator restarted with every pod gone: etcd cannot be asked, the status knows
@@ -939,19 +1033,30 @@ mod tests {
             m.fresh_pod = true;
             m.unhealthy_for = Some(Duration::from_secs(1));
         }
-        assert!(matches!(next_step(&all), Step::QuorumLost { .. }), "{:?}", next_step(&all));
+        assert!(
+            matches!(next_step(&all), Step::QuorumLost { .. }),
+            "{:?}",
+            next_step(&all)
+        );
     }
 
     #[test]
     fn a_member_whose_volume_is_gone_is_not_started_again_and_nothing_is_replaced_without_a_quorum() {
         let mut c = pods_gone(&[1, 2]);
         c.members[2].volume = false;
-        assert_eq!(next_step(&c), restart(&["main-1"]), "the one with its volume comes back");
+        assert_eq!(
+            next_step(&c),
+            restart(&["main-1"]),
+            "the one with its volume comes back"
+        );
         c.members[1].pod = PodState::Starting;
         c.members[1].fresh_pod = true;
         let reason = quorum_lost_reason(&c);
         assert!(reason.contains("Waiting can bring it back"), "{reason}");
-        assert!(reason.contains("starting again, each on its own volume as the member it was: main-1"), "{reason}");
+        assert!(
+            reason.contains("starting again, each on its own volume as the member it was: main-1"),
+            "{reason}"
+        );
         assert!(reason.contains("replaced once the quorum is back: main-2"), "{reason}");
         // Two volumes gone: waiting cannot help, and the way out is named.
         c.members[1].volume = false;
@@ -1018,14 +1123,30 @@ mod tests {
         assert_eq!(next_step(&c), restart(&["main-1", "main-2"]));
         // With a quorum, the removal goes on instead.
         let c = with_op(pods_gone(&[2]), OperationKind::RemoveMember, "main-2");
-        assert_eq!(next_step(&c), Step::RemoveFromEtcd { member: "main-2".into(), id: 12 });
+        assert_eq!(
+            next_step(&c),
+            Step::RemoveFromEtcd {
+                member: "main-2".into(),
+                id: 12
+            }
+        );
     }
 
     #[test]
     fn members_lost_during_an_upgrade_or_an_add_come_back_and_the_operation_goes_on() {
         // main-1 is being upgraded (its pod deleted for it); main-0 and main-2 lose theirs.
-        let c = with_op(upgrading(outdated(pods_gone(&[0, 1, 2]).members)), OperationKind::Upgrade, "main-1");
-        assert_eq!(next_step(&c), Step::StartMember { member: "main-1".into() }, "the operation's own first");
+        let c = with_op(
+            upgrading(outdated(pods_gone(&[0, 1, 2]).members)),
+            OperationKind::Upgrade,
+            "main-1",
+        );
+        assert_eq!(
+            next_step(&c),
+            Step::StartMember {
+                member: "main-1".into()
+            },
+            "the operation's own first"
+        );
         let mut c = c;
         c.members[1].pod = PodState::Starting;
         assert_eq!(next_step(&c), restart(&["main-0", "main-2"]));
@@ -1061,7 +1182,10 @@ mod tests {
         learner.learner = true;
         learner.pod = PodState::Missing;
         members.push(learner);
-        assert_eq!(begun(&next_step(&cluster(3, members))), (OperationKind::RemoveMember, "main-3".into()));
+        assert_eq!(
+            begun(&next_step(&cluster(3, members))),
+            (OperationKind::RemoveMember, "main-3".into())
+        );
     }
 
     #[test]
@@ -1143,7 +1267,10 @@ mod tests {
         }
         assert!(matches!(next_step(&c), Step::Wait { .. }), "{:?}", next_step(&c));
         c.reachable = false;
-        assert!(matches!(next_step(&c), Step::Wait { .. }), "nobody answers, for a moment");
+        assert!(
+            matches!(next_step(&c), Step::Wait { .. }),
+            "nobody answers, for a moment"
+        );
         for m in &mut c.members[1..] {
             m.unhealthy_for = Some(QUORUM_GRACE);
         }
@@ -1173,7 +1300,11 @@ mod tests {
         c.members[2].volume = false;
         assert_eq!(next_step(&c), Step::Finish, "its pod is on its way out");
         c.operation = None;
-        assert_eq!(begun(&next_step(&c)), (OperationKind::AddMember, "main-9".into()), "the successor");
+        assert_eq!(
+            begun(&next_step(&c)),
+            (OperationKind::AddMember, "main-9".into()),
+            "the successor"
+        );
         c.members[2].pod = PodState::Stuck;
         assert_eq!(
             next_step(&c),
@@ -1208,7 +1339,10 @@ mod tests {
         let mut members = outdated(three());
         members[1].outdated = false;
         members[2].outdated = false;
-        assert_eq!(begun(&next_step(&upgrading(members))), (OperationKind::Upgrade, "main-0".into()));
+        assert_eq!(
+            begun(&next_step(&upgrading(members))),
+            (OperationKind::Upgrade, "main-0".into())
+        );
         // Nothing outdated: nothing to do.
         assert!(matches!(next_step(&upgrading(three())), Step::Wait { .. }));
     }
@@ -1224,7 +1358,12 @@ mod tests {
     #[test]
     fn an_upgraded_member_restarts_on_its_volume_and_is_checked_before_the_next() {
         let c = with_op(upgrading(outdated(three())), OperationKind::Upgrade, "main-1");
-        assert_eq!(next_step(&c), Step::RestartMember { member: "main-1".into() });
+        assert_eq!(
+            next_step(&c),
+            Step::RestartMember {
+                member: "main-1".into()
+            }
+        );
         let mut stopping = outdated(three());
         stopping[1].pod = PodState::Terminating;
         let c = with_op(upgrading(stopping), OperationKind::Upgrade, "main-1");
@@ -1233,7 +1372,12 @@ mod tests {
         gone[1].pod = PodState::Missing;
         gone[1].outdated = false;
         let c = with_op(upgrading(gone), OperationKind::Upgrade, "main-1");
-        assert_eq!(next_step(&c), Step::StartMember { member: "main-1".into() });
+        assert_eq!(
+            next_step(&c),
+            Step::StartMember {
+                member: "main-1".into()
+            }
+        );
         let mut starting = outdated(three());
         starting[1].outdated = false;
         starting[1].pod = PodState::Starting;
@@ -1243,7 +1387,12 @@ mod tests {
         let mut back = outdated(three());
         back[1].outdated = false;
         let c = with_op(upgrading(back), OperationKind::Upgrade, "main-1");
-        assert_eq!(next_step(&c), Step::CheckUpgraded { member: "main-1".into() });
+        assert_eq!(
+            next_step(&c),
+            Step::CheckUpgraded {
+                member: "main-1".into()
+            }
+        );
     }
 
     #[test]
@@ -1258,7 +1407,12 @@ mod tests {
         solo.members[0].outdated = true;
         solo.upgrade_to = Some("3.6.16".into());
         let c = with_op(solo, OperationKind::Upgrade, "main-0");
-        assert_eq!(next_step(&c), Step::RestartMember { member: "main-0".into() });
+        assert_eq!(
+            next_step(&c),
+            Step::RestartMember {
+                member: "main-0".into()
+            }
+        );
     }
 
     #[test]
@@ -1305,22 +1459,46 @@ mod tests {
         c.bootstrapped = false;
         c.restore = Some(Restore::NotStarted);
         let c = with_op(c, OperationKind::Bootstrap, "main-0");
-        assert_eq!(next_step(&c), Step::RestoreFirstMember { member: "main-0".into() });
+        assert_eq!(
+            next_step(&c),
+            Step::RestoreFirstMember {
+                member: "main-0".into()
+            }
+        );
         let mut running = c.clone();
         running.restore = Some(Restore::Running);
         assert!(matches!(next_step(&running), Step::Wait { .. }));
         let mut done = c.clone();
         done.restore = Some(Restore::Succeeded);
-        assert_eq!(next_step(&done), Step::StartFirstMember { member: "main-0".into() });
+        assert_eq!(
+            next_step(&done),
+            Step::StartFirstMember {
+                member: "main-0".into()
+            }
+        );
         let mut failed = c.clone();
-        failed.restore = Some(Restore::Failed { message: "fetch exited with code 1".into() });
-        assert!(matches!(next_step(&failed), Step::RestoreBlocked { reason: "RestoreFailed", .. }));
+        failed.restore = Some(Restore::Failed {
+            message: "fetch exited with code 1".into(),
+        });
+        assert!(matches!(
+            next_step(&failed),
+            Step::RestoreBlocked {
+                reason: "RestoreFailed",
+                ..
+            }
+        ));
         let mut missing = c;
         missing.restore = Some(Restore::Blocked {
             reason: "BackupNotFound",
             message: "no such backup".into(),
         });
-        assert!(matches!(next_step(&missing), Step::RestoreBlocked { reason: "BackupNotFound", .. }));
+        assert!(matches!(
+            next_step(&missing),
+            Step::RestoreBlocked {
+                reason: "BackupNotFound",
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -1337,7 +1515,12 @@ mod tests {
         // A member that comes back is still started: it can only help.
         members[2].pod = PodState::Missing;
         let c = with_op(cluster(3, members), OperationKind::Upgrade, "main-2");
-        assert_eq!(next_step(&c), Step::StartMember { member: "main-2".into() });
+        assert_eq!(
+            next_step(&c),
+            Step::StartMember {
+                member: "main-2".into()
+            }
+        );
     }
 
     #[test]
@@ -1346,10 +1529,20 @@ mod tests {
         for m in &mut members {
             m.fragmented = true;
         }
-        assert_eq!(next_step(&cluster(3, members.clone())), Step::Defragment { member: "main-1".into() });
+        assert_eq!(
+            next_step(&cluster(3, members.clone())),
+            Step::Defragment {
+                member: "main-1".into()
+            }
+        );
         members[1].fragmented = false;
         members[2].fragmented = false;
-        assert_eq!(next_step(&cluster(3, members.clone())), Step::Defragment { member: "main-0".into() });
+        assert_eq!(
+            next_step(&cluster(3, members.clone())),
+            Step::Defragment {
+                member: "main-0".into()
+            }
+        );
         members[2].healthy = false;
         members[2].unhealthy_for = Some(Duration::from_secs(1));
         assert!(matches!(next_step(&cluster(3, members)), Step::Wait { .. }));
@@ -1373,7 +1566,12 @@ mod tests {
             m.pod = PodState::Terminating;
             m.volume = false;
         }
-        assert_eq!(next_step(&gone), Step::RestoreFirstMember { member: "main-3".into() });
+        assert_eq!(
+            next_step(&gone),
+            Step::RestoreFirstMember {
+                member: "main-3".into()
+            }
+        );
     }
 
     #[test]
@@ -1407,7 +1605,12 @@ mod tests {
         c.members[1].image_unavailable = None;
         c.members[1].healthy = true;
         c.members[1].pod = PodState::Ready;
-        assert_eq!(next_step(&c), Step::CheckUpgraded { member: "main-1".into() });
+        assert_eq!(
+            next_step(&c),
+            Step::CheckUpgraded {
+                member: "main-1".into()
+            }
+        );
     }
 
     #[test]
@@ -1423,7 +1626,10 @@ mod tests {
         let mut learner = member("main-3", 13);
         learner.learner = true;
         members.push(learner);
-        assert_eq!(begun(&next_step(&cluster(3, members))), (OperationKind::RemoveMember, "main-3".into()));
+        assert_eq!(
+            begun(&next_step(&cluster(3, members))),
+            (OperationKind::RemoveMember, "main-3".into())
+        );
     }
 
     #[test]

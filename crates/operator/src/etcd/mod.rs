@@ -22,8 +22,8 @@ pub mod membership;
 pub mod names;
 pub mod observe;
 pub mod pod;
-pub mod restore;
 mod reconcile;
+pub mod restore;
 pub mod services;
 pub mod status;
 pub mod tls;
@@ -36,11 +36,11 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use kube::Client;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use kube::Client;
 use noops_api::EtcdCluster;
 
 use crate::core::cache::shared_cache;
@@ -90,7 +90,8 @@ pub async fn run(runtime: Runtime) {
     } = runtime;
     let ours = watcher::Config::default().labels(names::CLUSTER_LABEL);
     let (pods, pod_changes) = shared_cache(scoped_api::<Pod>(&client, &namespace), ours.clone()).await;
-    let (volumes, volume_changes) = shared_cache(scoped_api::<PersistentVolumeClaim>(&client, &namespace), ours.clone()).await;
+    let (volumes, volume_changes) =
+        shared_cache(scoped_api::<PersistentVolumeClaim>(&client, &namespace), ours.clone()).await;
     let (secrets, _) = shared_cache(scoped_api::<Secret>(&client, &namespace), ours.clone()).await;
     let (services, _) = shared_cache(scoped_api::<Service>(&client, &namespace), ours.clone()).await;
     let (config_maps, _) = shared_cache(scoped_api::<ConfigMap>(&client, &namespace), ours).await;
@@ -107,12 +108,15 @@ pub async fn run(runtime: Runtime) {
         image,
         certificate_lifetime,
     });
-    let controller = Controller::new(scoped_api::<DeserializeGuard<EtcdCluster>>(&client, &namespace), watcher::Config::default().any_semantic())
-        .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
-        // A member's pod or volume that changes wakes its cluster once the cache holds it.
-        .owns_shared_stream(pod_changes)
-        .owns_shared_stream(volume_changes)
-        .graceful_shutdown_on(shutdown.fired());
+    let controller = Controller::new(
+        scoped_api::<DeserializeGuard<EtcdCluster>>(&client, &namespace),
+        watcher::Config::default().any_semantic(),
+    )
+    .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
+    // A member's pod or volume that changes wakes its cluster once the cache holds it.
+    .owns_shared_stream(pod_changes)
+    .owns_shared_stream(volume_changes)
+    .graceful_shutdown_on(shutdown.fired());
     // The health series of a deleted cluster go with it.
     let clusters = controller.store();
     let janitor = tokio::spawn(async move {

@@ -122,7 +122,12 @@ impl Names {
 
     /// The URL clients in the cluster use.
     pub fn client_url(&self) -> String {
-        format!("{}://{}.{}.svc:{CLIENT_PORT}", self.scheme(), self.client_service(), self.namespace)
+        format!(
+            "{}://{}.{}.svc:{CLIENT_PORT}",
+            self.scheme(),
+            self.client_service(),
+            self.namespace
+        )
     }
 
     /// The URL the operator reaches a member at: its pod IP (the operator may run outside the
@@ -182,7 +187,10 @@ mod tests {
         assert_eq!(n.peer_url("main-4"), "https://main-4.main.db.svc:2380");
         assert_eq!(n.member_client_url("main-4"), "https://main-4.main.db.svc:2379");
         assert_eq!(n.client_url(), "https://main-client.db.svc:2379");
-        assert_eq!(n.member_of_peer_url("https://main-4.main.db.svc:2380"), Some("main-4".into()));
+        assert_eq!(
+            n.member_of_peer_url("https://main-4.main.db.svc:2380"),
+            Some("main-4".into())
+        );
         assert_eq!(n.member_of_peer_url("https://x-4.other.db.svc:2380"), None);
         let plain = Names { tls: false, ..names() };
         assert_eq!(plain.peer_url("main-0"), "http://main-0.main.db.svc:2380");

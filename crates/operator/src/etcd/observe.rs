@@ -55,9 +55,7 @@ fn by_label<K: kube::Resource>(objects: impl Iterator<Item = Arc<K>>, label: &st
 }
 
 fn by_name<K: kube::Resource>(objects: impl Iterator<Item = Arc<K>>) -> BTreeMap<String, Arc<K>> {
-    objects
-        .filter_map(|o| Some((o.meta().name.clone()?, o)))
-        .collect()
+    objects.filter_map(|o| Some((o.meta().name.clone()?, o))).collect()
 }
 
 /// Why a pod cannot get its image.
@@ -82,7 +80,12 @@ pub fn children(caches: &Caches, names: &Names) -> Children {
         services: by_name(of_cluster(caches.services.state(), names)),
         config_maps: by_name(of_cluster(caches.config_maps.state(), names)),
         restore_pods: by_name(of_cluster(caches.pods.state(), names).filter(|p| {
-            p.metadata.labels.as_ref().and_then(|l| l.get(crate::core::labels::COMPONENT)).map(String::as_str) == Some("restore")
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(crate::core::labels::COMPONENT))
+                .map(String::as_str)
+                == Some("restore")
         })),
     }
 }
@@ -213,7 +216,11 @@ fn pod_image(pod: &Pod) -> Option<&str> {
 /// (or its Node object is gone): the node its pod is bound to or, for a pod not placed yet or
 /// none, the node its local volume is pinned to. Asked only about members that do not answer
 /// healthy, so a healthy cluster reads no Node.
-pub async fn nodes_down(client: &kube::Client, children: &Children, etcd: &EtcdView) -> Result<BTreeMap<String, String>, kube::Error> {
+pub async fn nodes_down(
+    client: &kube::Client,
+    children: &Children,
+    etcd: &EtcdView,
+) -> Result<BTreeMap<String, String>, kube::Error> {
     let node_api: kube::Api<Node> = kube::Api::all(client.clone());
     let volume_api: kube::Api<PersistentVolume> = kube::Api::all(client.clone());
     let mut ready: BTreeMap<String, bool> = BTreeMap::new();
@@ -225,11 +232,22 @@ pub async fn nodes_down(client: &kube::Client, children: &Children, etcd: &EtcdV
         .filter(|m| !etcd.health.get(*m).is_some_and(MemberHealth::healthy))
         .collect();
     for member in unhealthy {
-        let bound = children.pods.get(member).and_then(|p| p.spec.as_ref()?.node_name.clone());
+        let bound = children
+            .pods
+            .get(member)
+            .and_then(|p| p.spec.as_ref()?.node_name.clone());
         let node = match bound {
             Some(node) => Some(node),
-            None => match children.volumes.get(member).and_then(|v| v.spec.as_ref()?.volume_name.clone()) {
-                Some(pv) => volume_api.get_opt(&pv).await?.as_ref().and_then(crate::core::nodes::pinned_node),
+            None => match children
+                .volumes
+                .get(member)
+                .and_then(|v| v.spec.as_ref()?.volume_name.clone())
+            {
+                Some(pv) => volume_api
+                    .get_opt(&pv)
+                    .await?
+                    .as_ref()
+                    .and_then(crate::core::nodes::pinned_node),
                 None => None,
             },
         };
@@ -237,7 +255,11 @@ pub async fn nodes_down(client: &kube::Client, children: &Children, etcd: &EtcdV
         let is_ready = match ready.get(&node) {
             Some(known) => *known,
             None => {
-                let answer = node_api.get_opt(&node).await?.as_ref().is_some_and(crate::core::nodes::ready);
+                let answer = node_api
+                    .get_opt(&node)
+                    .await?
+                    .as_ref()
+                    .is_some_and(crate::core::nodes::ready);
                 ready.insert(node.clone(), answer);
                 answer
             }
@@ -340,7 +362,11 @@ pub fn facts(
                 // Unreachable etcd: keep the ID the last status recorded.
                 etcd.listed
                     .is_none()
-                    .then(|| known.and_then(|k| k.id.as_deref()).and_then(|i| u64::from_str_radix(i, 16).ok()))
+                    .then(|| {
+                        known
+                            .and_then(|k| k.id.as_deref())
+                            .and_then(|i| u64::from_str_radix(i, 16).ok())
+                    })
                     .flatten()
             });
             let healthy = etcd.health.get(&name).is_some_and(MemberHealth::healthy);
@@ -348,7 +374,9 @@ pub fn facts(
             let unhealthy_for = (!healthy).then(|| unhealthy_time(unhealthy_since, pod, now));
             let pod_made = pod.and_then(|p| p.metadata.creation_timestamp.as_ref()).map(|t| &t.0);
             MemberFacts {
-                learner: listed_member.map(|m| m.learner).unwrap_or_else(|| known.is_some_and(|k| k.learner)),
+                learner: listed_member
+                    .map(|m| m.learner)
+                    .unwrap_or_else(|| known.is_some_and(|k| k.learner)),
                 leader: id.is_some() && id == leader_id,
                 pod: pod_state(pod, now),
                 volume: if cluster.spec.storage.ephemeral {
@@ -365,12 +393,15 @@ pub fn facts(
                 node_down: nodes_down.get(&name).cloned(),
                 fresh_pod: matches!((pod_made, unhealthy_since), (Some(made), Some(since)) if made >= since),
                 leaving_live_node: pod.is_some_and(|p| leaving_live_node(p, nodes_down.contains_key(&name), now)),
-                image_unavailable: pod.filter(|p| image_missing_for(p, now) >= super::membership::IMAGE_PULL_PATIENCE).and_then(|p| pod_image(p).map(String::from)),
+                image_unavailable: pod
+                    .filter(|p| image_missing_for(p, now) >= super::membership::IMAGE_PULL_PATIENCE)
+                    .and_then(|p| pod_image(p).map(String::from)),
                 fragmented: etcd.health.get(&name).is_some_and(|h| {
-                    let defragmented_lately = known
-                        .and_then(|k| k.defragmented_at.as_ref())
-                        .is_some_and(|t| Duration::try_from(now.duration_since(t.0)).unwrap_or_default() < defrag::AGAIN_AFTER);
-                    defrag_policy.is_some_and(|p| defrag::fragmented(p, h.db_size, h.db_size_in_use)) && !defragmented_lately
+                    let defragmented_lately = known.and_then(|k| k.defragmented_at.as_ref()).is_some_and(|t| {
+                        Duration::try_from(now.duration_since(t.0)).unwrap_or_default() < defrag::AGAIN_AFTER
+                    });
+                    defrag_policy.is_some_and(|p| defrag::fragmented(p, h.db_size, h.db_size_in_use))
+                        && !defragmented_lately
                 }),
                 id,
                 name,
@@ -449,7 +480,10 @@ mod tests {
         children.pods.insert("main-0".into(), ready_pod("main-0", "10.244.1.2"));
         children.pods.insert("main-1".into(), ready_pod("main-1", "10.244.2.2"));
         let etcd = EtcdView {
-            health: BTreeMap::from([("main-0".to_string(), health(1, 1)), ("main-1".to_string(), health(2, 1))]),
+            health: BTreeMap::from([
+                ("main-0".to_string(), health(1, 1)),
+                ("main-1".to_string(), health(2, 1)),
+            ]),
             listed: Some(vec![
                 ListedMember {
                     id: 1,
@@ -472,11 +506,22 @@ mod tests {
             ]),
             listed_by_leader: true,
         };
-        let f = facts(&cluster, &names, &children, &etcd, &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH);
+        let f = facts(
+            &cluster,
+            &names,
+            &children,
+            &etcd,
+            &BTreeMap::new(),
+            jiff::Timestamp::UNIX_EPOCH,
+        );
         assert!(f.bootstrapped && f.reachable);
         assert_eq!(f.next_member, "main-3");
         let names_seen: Vec<&str> = f.members.iter().map(|m| m.name.as_str()).collect();
-        assert_eq!(names_seen, vec!["main-0", "main-1", "main-2"], "an unstarted learner named by its URL");
+        assert_eq!(
+            names_seen,
+            vec!["main-0", "main-1", "main-2"],
+            "an unstarted learner named by its URL"
+        );
         assert!(f.members[0].leader && f.members[0].healthy && !f.members[0].volume);
         assert!(f.members[2].learner && f.members[2].pod == PodState::Missing);
         assert_eq!(f.members[2].unhealthy_for, Some(Duration::ZERO));
@@ -511,9 +556,19 @@ mod tests {
             }]),
             ..Default::default()
         };
-        let mut f = facts(&cluster, &names, &children, &etcd, &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH);
+        let mut f = facts(
+            &cluster,
+            &names,
+            &children,
+            &etcd,
+            &BTreeMap::new(),
+            jiff::Timestamp::UNIX_EPOCH,
+        );
         let named = |f: &ClusterFacts| -> Vec<String> {
-            pods_that_serve(&children, f).iter().filter_map(|p| p.metadata.name.clone()).collect()
+            pods_that_serve(&children, f)
+                .iter()
+                .filter_map(|p| p.metadata.name.clone())
+                .collect()
         };
         assert_eq!(named(&f), vec!["main-0"], "main-3 and main-4 were removed from etcd");
         f.operation = Some(noops_api::etcd::Operation {
@@ -550,9 +605,21 @@ mod tests {
         let mut pod = Pod::default();
         pod.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(1100)));
         let pod = Arc::new(pod);
-        assert_eq!(unhealthy_time(Some(&at(1000)), Some(&pod), at(1110)), Duration::from_secs(10), "its new pod");
-        assert_eq!(unhealthy_time(Some(&at(1000)), None, at(1110)), Duration::from_secs(110), "no pod");
-        assert_eq!(unhealthy_time(Some(&at(1200)), Some(&pod), at(1210)), Duration::from_secs(10), "unhealthy on that pod");
+        assert_eq!(
+            unhealthy_time(Some(&at(1000)), Some(&pod), at(1110)),
+            Duration::from_secs(10),
+            "its new pod"
+        );
+        assert_eq!(
+            unhealthy_time(Some(&at(1000)), None, at(1110)),
+            Duration::from_secs(110),
+            "no pod"
+        );
+        assert_eq!(
+            unhealthy_time(Some(&at(1200)), Some(&pod), at(1210)),
+            Duration::from_secs(10),
+            "unhealthy on that pod"
+        );
         assert_eq!(unhealthy_time(None, Some(&pod), at(1210)), Duration::ZERO, "just now");
     }
 
@@ -571,9 +638,20 @@ mod tests {
             })
             .build();
         let names = Names::of(&cluster);
-        let f = facts(&cluster, &names, &Children::default(), &EtcdView::default(), &BTreeMap::new(), jiff::Timestamp::from_second(1040).unwrap());
+        let f = facts(
+            &cluster,
+            &names,
+            &Children::default(),
+            &EtcdView::default(),
+            &BTreeMap::new(),
+            jiff::Timestamp::from_second(1040).unwrap(),
+        );
         assert!(!f.reachable);
-        assert_eq!(f.members[0].id, Some(10), "the last known ID, while etcd cannot be asked");
+        assert_eq!(
+            f.members[0].id,
+            Some(10),
+            "the last known ID, while etcd cannot be asked"
+        );
         assert_eq!(f.members[0].unhealthy_for, Some(Duration::from_secs(40)));
     }
 }

@@ -254,7 +254,10 @@ mod tests {
         ];
         let pod = member_pod(&cluster, &names, "main-1", "3.5.21", &initial, &fixtures::owner());
         let spec = pod.spec.as_ref().unwrap();
-        assert_eq!((spec.hostname.as_deref(), spec.subdomain.as_deref()), (Some("main-1"), Some("main")));
+        assert_eq!(
+            (spec.hostname.as_deref(), spec.subdomain.as_deref()),
+            (Some("main-1"), Some("main"))
+        );
         let c = &spec.containers[0];
         assert_eq!(c.image.as_deref(), Some("quay.io/coreos/etcd:v3.5.21"));
         let args = c.args.as_ref().unwrap();
@@ -267,7 +270,10 @@ mod tests {
         ] {
             assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
         }
-        assert!(!args.iter().any(|a| a.starts_with("--initial-cluster-state")), "from the ConfigMap");
+        assert!(
+            !args.iter().any(|a| a.starts_with("--initial-cluster-state")),
+            "from the ConfigMap"
+        );
         let env = &c.env.as_ref().unwrap()[0];
         assert_eq!(env.name, "ETCD_INITIAL_CLUSTER_STATE");
         let volumes = spec.volumes.as_ref().unwrap();
@@ -275,9 +281,19 @@ mod tests {
             volumes[0].persistent_volume_claim.as_ref().unwrap().claim_name,
             "main-1-data"
         );
-        assert!(volumes.iter().any(|v| v.secret.as_ref().and_then(|s| s.secret_name.as_deref()) == Some("main-peer")));
+        assert!(
+            volumes
+                .iter()
+                .any(|v| v.secret.as_ref().and_then(|s| s.secret_name.as_deref()) == Some("main-peer"))
+        );
         let anti = spec.affinity.as_ref().unwrap().pod_anti_affinity.as_ref().unwrap();
-        assert_eq!(anti.preferred_during_scheduling_ignored_during_execution.as_ref().unwrap().len(), 1);
+        assert_eq!(
+            anti.preferred_during_scheduling_ignored_during_execution
+                .as_ref()
+                .unwrap()
+                .len(),
+            1
+        );
     }
 
     #[test]

@@ -10,8 +10,8 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use noops_api::EtcdCluster;
-use noops_api::etcd_backup::EtcdBackup;
 use noops_api::etcd::{Operation, OperationKind};
+use noops_api::etcd_backup::EtcdBackup;
 use serde_json::json;
 use tracing::{debug, info, warn};
 
@@ -21,10 +21,10 @@ use super::names::{Names, RECOVER_ANNOTATION};
 use super::observe::{self, Children, EtcdView};
 use super::status::{self, Outcome, Problems};
 use super::{Context, backups, bootstrap, pod, restore, services, tls, validate, volume};
-use crate::core::stuck::stuck;
-use crate::core::events::Announcement;
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
+use crate::core::events::Announcement;
 use crate::core::stamp::{stamp, up_to_date};
+use crate::core::stuck::stuck;
 use crate::core::{DuringStage, Error, Result, Stage, crash};
 
 /// How often a settled cluster is looked at (member health is not something Kubernetes
@@ -71,7 +71,9 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
     } else {
         observe::ask_etcd(&EtcdAccess::new(credentials.clone()), &children, &names).await
     };
-    let nodes_down = observe::nodes_down(&ctx.client, &children, &etcd).await.during(Stage::Observe)?;
+    let nodes_down = observe::nodes_down(&ctx.client, &children, &etcd)
+        .await
+        .during(Stage::Observe)?;
     let facts = observe::facts(&cluster, &names, &children, &etcd, &nodes_down, now);
 
     let mut outcome = Outcome {
@@ -92,7 +94,15 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
             previous
                 .cluster_id
                 .is_none()
-                .then(|| cluster.spec.bootstrap.as_ref()?.from_backup.as_ref().map(|b| b.name.clone()))
+                .then(|| {
+                    cluster
+                        .spec
+                        .bootstrap
+                        .as_ref()?
+                        .from_backup
+                        .as_ref()
+                        .map(|b| b.name.clone())
+                })
                 .flatten()
         }),
     };
@@ -116,10 +126,19 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
         Some(name) if previous.cluster_id.is_none() => {
             let backups: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &names.namespace);
             let backup = backups.get_opt(&name).await.during(Stage::Observe)?;
-            let member = previous.operation.as_ref().map_or(facts.next_member.clone(), |op| op.member.clone());
+            let member = previous
+                .operation
+                .as_ref()
+                .map_or(facts.next_member.clone(), |op| op.member.clone());
             facts.restore = Some(match restore::usable(backup.as_ref(), &name, &cluster.spec.version) {
                 Err(blocked) => blocked,
-                Ok(()) => restore::state(children.restore_pods.get(&restore::pod_name(&member)).map(AsRef::as_ref), now),
+                Ok(()) => restore::state(
+                    children
+                        .restore_pods
+                        .get(&restore::pod_name(&member))
+                        .map(AsRef::as_ref),
+                    now,
+                ),
             });
             backup
         }
@@ -139,7 +158,11 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
     // A recovery from a backup, asked for with an annotation, happens only over a lost quorum;
     // the request is used once either way (the annotation is removed once the status says
     // what was done).
-    let asked_recovery = cluster.annotations().get(RECOVER_ANNOTATION).cloned().filter(|_| !cluster.spec.paused);
+    let asked_recovery = cluster
+        .annotations()
+        .get(RECOVER_ANNOTATION)
+        .cloned()
+        .filter(|_| !cluster.spec.paused);
     let mut recovery_request_used = asked_recovery.is_some();
     let step = match (&asked_recovery, step) {
         // Members are being started again: the request waits until that is done, then is
@@ -200,7 +223,10 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
         && says_stuck(&status.conditions)
         && !says_stuck(&previous.conditions)
     {
-        later.push(Announcement::warning(status::MEMBER_POD_STUCK, format!("{}: {}", stuck.reason, stuck.message)));
+        later.push(Announcement::warning(
+            status::MEMBER_POD_STUCK,
+            format!("{}: {}", stuck.reason, stuck.message),
+        ));
     }
     ctx.core.metrics.set_etcd_cluster(
         &names.namespace,
@@ -236,7 +262,10 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
     if recovery_request_used {
         let api: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &names.namespace);
         let drop = json!({ "metadata": { "annotations": { RECOVER_ANNOTATION: null } } });
-        if let Err(e) = api.patch(&names.cluster, &PatchParams::default(), &Patch::Merge(&drop)).await {
+        if let Err(e) = api
+            .patch(&names.cluster, &PatchParams::default(), &Patch::Merge(&drop))
+            .await
+        {
             warn!(error = %e, "could not remove the recovery request annotation");
         }
     }
@@ -255,7 +284,10 @@ fn member_reference(cluster: &EtcdCluster, member: &str) -> ObjectReference {
     }
 }
 
-fn has_condition_reason(conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition], reason: &str) -> bool {
+fn has_condition_reason(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    reason: &str,
+) -> bool {
     conditions.iter().any(|c| c.reason == reason && c.status == "True")
 }
 
@@ -278,7 +310,10 @@ async fn ensure_fixed_children(
             Some(secret) => tls::ca_of(secret).map_err(|e| Error::InvalidSpec(e.to_string()))?,
             None => {
                 let ca = tls::new_ca(names, now).map_err(|e| Error::InvalidSpec(e.to_string()))?;
-                match secrets.create(&PostParams::default(), &tls::ca_secret(&ca, names, owner)).await {
+                match secrets
+                    .create(&PostParams::default(), &tls::ca_secret(&ca, names, owner))
+                    .await
+                {
                     Ok(_) => info!("made the cluster's certificate authority"),
                     // Another reconcile made it: use that one (read again next pass).
                     Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
@@ -289,8 +324,13 @@ async fn ensure_fixed_children(
         };
         for leaf in [tls::Leaf::Peer, tls::Leaf::Server, tls::Leaf::Client] {
             let lifetime = ctx.certificate_lifetime;
-            if tls::needs_issuing(children.secrets.get(&leaf.secret(names)).map(|s| s.as_ref()), now, lifetime) {
-                let issued = tls::issue(&ca, names, leaf, now, lifetime).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+            if tls::needs_issuing(
+                children.secrets.get(&leaf.secret(names)).map(|s| s.as_ref()),
+                now,
+                lifetime,
+            ) {
+                let issued =
+                    tls::issue(&ca, names, leaf, now, lifetime).map_err(|e| Error::InvalidSpec(e.to_string()))?;
                 let secret = tls::leaf_secret(&issued, &ca, names, leaf, owner);
                 apply(&secrets, &leaf.secret(names), &secret).await?;
                 info!(secret = leaf.secret(names), not_after = %issued.not_after, "issued a certificate");
@@ -298,7 +338,10 @@ async fn ensure_fixed_children(
         }
     }
     let service_api: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
-    for mut service in [services::peer_service(names, owner), services::client_service(names, owner)] {
+    for mut service in [
+        services::peer_service(names, owner),
+        services::client_service(names, owner),
+    ] {
         stamp(&mut service);
         let name = service.metadata.name.clone().unwrap_or_default();
         if !up_to_date(&service, children.services.get(&name).map(|s| s.as_ref())) {
@@ -348,14 +391,17 @@ impl Runner<'_> {
 
     /// Logs and publishes `announcement` about the cluster.
     async fn tell(&self, announcement: Announcement) {
-        self.ctx.core.events.tell(&self.cluster.object_ref(&()), announcement).await;
+        self.ctx
+            .core
+            .events
+            .tell(&self.cluster.object_ref(&()), announcement)
+            .await;
     }
 
     /// A member's Pod, as the object an Event concerns too.
     fn member_ref(&self, member: &str) -> ObjectReference {
         member_reference(self.cluster, member)
     }
-
 
     /// Makes a membership call; `None` when etcd answers "not now" (a learner not yet in sync,
     /// a member that joined a moment ago), which is expected and tried again shortly.
@@ -375,8 +421,9 @@ impl Runner<'_> {
     /// that starts again (being upgraded, or whose pod vanished) starts on the version asked
     /// for when a change to it is allowed, so that one already upgraded never goes back.
     fn version(&self, member: &str, operation: Option<&Operation>) -> String {
-        let joining = operation
-            .is_some_and(|op| op.member == member && matches!(op.kind, OperationKind::AddMember | OperationKind::Bootstrap));
+        let joining = operation.is_some_and(|op| {
+            op.member == member && matches!(op.kind, OperationKind::AddMember | OperationKind::Bootstrap)
+        });
         let running = || {
             self.cluster
                 .status
@@ -460,7 +507,9 @@ impl Runner<'_> {
                 let (reason, note) = match op.kind {
                     OperationKind::Bootstrap => ("Bootstrapping", format!("{} starts a new cluster", op.member)),
                     OperationKind::AddMember => ("AddingMember", format!("adding {} ({})", op.member, op.reason)),
-                    OperationKind::RemoveMember => ("RemovingMember", format!("removing {} ({})", op.member, op.reason)),
+                    OperationKind::RemoveMember => {
+                        ("RemovingMember", format!("removing {} ({})", op.member, op.reason))
+                    }
                     OperationKind::Upgrade => (
                         "UpgradingMember",
                         format!("restarting {} on {}", op.member, op.version.as_deref().unwrap_or("?")),
@@ -483,9 +532,15 @@ impl Runner<'_> {
                     return Ok(NEXT_STEP);
                 };
                 let version = self.version(&member, outcome.operation.as_ref());
-                let Some(pod) =
-                    restore::restore_pod(self.cluster, self.names, &member, &version, backup, &self.ctx.image, self.owner)
-                else {
+                let Some(pod) = restore::restore_pod(
+                    self.cluster,
+                    self.names,
+                    &member,
+                    &version,
+                    backup,
+                    &self.ctx.image,
+                    self.owner,
+                ) else {
                     return Ok(NEXT_STEP);
                 };
                 self.set_state(true).await?;
@@ -496,11 +551,16 @@ impl Runner<'_> {
                 crash::point("restore: restore pod made");
                 // Told now: the pod is made, whatever becomes of this pass's status.
                 let note = format!("restoring EtcdBackup {} into {member}", backup.name_any());
-                self.tell(Announcement::normal("Restoring", note).related(self.member_ref(&member))).await;
+                self.tell(Announcement::normal("Restoring", note).related(self.member_ref(&member)))
+                    .await;
                 Ok(NEXT_STEP)
             }
             Step::RestoreBlocked { reason, message } => {
-                let before = self.cluster.status.as_ref().is_some_and(|s| has_condition_reason(&s.conditions, reason));
+                let before = self
+                    .cluster
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| has_condition_reason(&s.conditions, reason));
                 if !before {
                     later.push(Announcement::warning(reason, message.clone()));
                 }
@@ -558,8 +618,11 @@ impl Runner<'_> {
                 outcome.cluster_id = Some(format!("{:x}", health.cluster_id));
                 outcome.operation = None;
                 later.push(
-                    Announcement::normal("Bootstrapped", format!("{member} started cluster {:x}", health.cluster_id))
-                        .related(self.member_ref(&member)),
+                    Announcement::normal(
+                        "Bootstrapped",
+                        format!("{member} started cluster {:x}", health.cluster_id),
+                    )
+                    .related(self.member_ref(&member)),
                 );
                 Ok(NEXT_STEP)
             }
@@ -584,8 +647,13 @@ impl Runner<'_> {
             }
             Step::RestartMembers { members } => {
                 let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
-                let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
-                let quorum_lost = self.cluster.status.as_ref().is_some_and(|s| has_condition_reason(&s.conditions, "QuorumLost"));
+                let claims: Api<PersistentVolumeClaim> =
+                    Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
+                let quorum_lost = self
+                    .cluster
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| has_condition_reason(&s.conditions, "QuorumLost"));
                 for member in &members {
                     // Read afresh: a claim deleted with its pod may reach the cache after the
                     // pod's deletion, and a pod made on a claim being deleted would hold it.
@@ -612,29 +680,44 @@ impl Runner<'_> {
                         }
                     );
                     // Told now: the pod is made, whatever becomes of this pass's status.
-                    self.tell(Announcement::normal(status::RESTARTING_MEMBERS, note).related(self.member_ref(member))).await;
+                    self.tell(Announcement::normal(status::RESTARTING_MEMBERS, note).related(self.member_ref(member)))
+                        .await;
                     crash::point("restart: a member's pod made again");
                 }
                 Ok(NEXT_STEP)
             }
             Step::Promote { member, id } => {
-                if self.membership_call(self.access.promote(&self.answering(), id)).await?.is_none() {
+                if self
+                    .membership_call(self.access.promote(&self.answering(), id))
+                    .await?
+                    .is_none()
+                {
                     return Ok(NOT_NOW_RETRY);
                 }
                 info!(member, "promoted a learner to a voting member");
                 crash::point("add: learner promoted, not recorded");
-                self.tell(Announcement::normal("Promoted", format!("{member} caught up and votes")).related(self.member_ref(&member))).await;
+                self.tell(
+                    Announcement::normal("Promoted", format!("{member} caught up and votes"))
+                        .related(self.member_ref(&member)),
+                )
+                .await;
                 Ok(NEXT_STEP)
             }
             Step::GiveUp { member, id, reason } => {
                 if let Some(id) = id
-                    && self.membership_call(self.access.remove(&self.answering(), id)).await?.is_none()
+                    && self
+                        .membership_call(self.access.remove(&self.answering(), id))
+                        .await?
+                        .is_none()
                 {
                     return Ok(NOT_NOW_RETRY);
                 }
                 later.push(
-                    Announcement::warning("LearnerGivenUp", format!("{reason}; removed it, a new member will be added"))
-                        .related(self.member_ref(&member)),
+                    Announcement::warning(
+                        "LearnerGivenUp",
+                        format!("{reason}; removed it, a new member will be added"),
+                    )
+                    .related(self.member_ref(&member)),
                 );
                 outcome.operation = None;
                 Ok(NEXT_STEP)
@@ -645,7 +728,12 @@ impl Runner<'_> {
                 Ok(NEXT_STEP)
             }
             Step::Defragment { member } => {
-                let Some(endpoint) = self.children.pods.get(&member).and_then(|p| observe::pod_endpoint(p, self.names)) else {
+                let Some(endpoint) = self
+                    .children
+                    .pods
+                    .get(&member)
+                    .and_then(|p| observe::pod_endpoint(p, self.names))
+                else {
                     return Ok(Duration::from_secs(1));
                 };
                 let before = self.etcd.health.get(&member).map(|h| (h.db_size, h.db_size_in_use));
@@ -660,7 +748,8 @@ impl Runner<'_> {
                     after.map_or_else(|| "?".to_string(), |a| a.to_string())
                 );
                 crash::point("defragment: member defragmented, not recorded");
-                self.tell(Announcement::normal("Defragmented", note).related(self.member_ref(&member))).await;
+                self.tell(Announcement::normal("Defragmented", note).related(self.member_ref(&member)))
+                    .await;
                 Ok(NEXT_STEP)
             }
             Step::MoveLeader { from, to } => {
@@ -671,22 +760,38 @@ impl Runner<'_> {
                 let Some(endpoint) = endpoint else {
                     return Ok(Duration::from_secs(1));
                 };
-                if self.membership_call(self.access.move_leader(&endpoint, to)).await?.is_none() {
+                if self
+                    .membership_call(self.access.move_leader(&endpoint, to))
+                    .await?
+                    .is_none()
+                {
                     return Ok(NOT_NOW_RETRY);
                 }
                 let to_name = self.member_of_id(to).unwrap_or_else(|| format!("{to:x}"));
                 info!(from = ?leader, to = %to_name, "moved leadership before removing the leader");
                 crash::point("remove: leadership moved away");
-                self.tell(Announcement::normal("LeaderMoved", format!("leadership moved to {to_name}")).related(self.member_ref(&to_name))).await;
+                self.tell(
+                    Announcement::normal("LeaderMoved", format!("leadership moved to {to_name}"))
+                        .related(self.member_ref(&to_name)),
+                )
+                .await;
                 Ok(NEXT_STEP)
             }
             Step::RemoveFromEtcd { member, id } => {
-                if self.membership_call(self.access.remove(&self.answering(), id)).await?.is_none() {
+                if self
+                    .membership_call(self.access.remove(&self.answering(), id))
+                    .await?
+                    .is_none()
+                {
                     return Ok(NOT_NOW_RETRY);
                 }
                 info!(member, "removed a member from etcd");
                 crash::point("remove: member removed from etcd, not recorded");
-                self.tell(Announcement::normal("MemberRemoved", format!("{member} is no longer a member")).related(self.member_ref(&member))).await;
+                self.tell(
+                    Announcement::normal("MemberRemoved", format!("{member} is no longer a member"))
+                        .related(self.member_ref(&member)),
+                )
+                .await;
                 Ok(NEXT_STEP)
             }
             Step::DeleteMember { member, force } => {
@@ -716,12 +821,19 @@ impl Runner<'_> {
                 Ok(NEXT_STEP)
             }
             Step::VersionUnavailable { member, version } => {
-                let recorded = self.cluster.status.as_ref().and_then(|s| s.unavailable_version.as_deref());
+                let recorded = self
+                    .cluster
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.unavailable_version.as_deref());
                 if recorded != Some(version.as_str()) {
                     // Recorded first: from the next pass on the version is refused, so the pod
                     // deleted then comes back on the version the member ran.
                     outcome.unavailable_version = Some(version.clone());
-                    warn!(member, version, "the image of the new version cannot be pulled: going back");
+                    warn!(
+                        member,
+                        version, "the image of the new version cannot be pulled: going back"
+                    );
                     later.push(
                         Announcement::warning(
                             "UpgradeReverted",
@@ -733,7 +845,11 @@ impl Runner<'_> {
                 }
                 let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
                 if delete_if_present(&pods, &member, &DeleteParams::default()).await? {
-                    info!(member, version, "stopped the member whose new image cannot be pulled, to start it on the version it ran");
+                    info!(
+                        member,
+                        version,
+                        "stopped the member whose new image cannot be pulled, to start it on the version it ran"
+                    );
                     crash::point("upgrade: member with an unavailable image stopped");
                 }
                 Ok(NEXT_STEP)
@@ -768,17 +884,23 @@ impl Runner<'_> {
                         OperationKind::Bootstrap => ("Bootstrapped", format!("{} started the cluster", op.member)),
                         OperationKind::AddMember => ("MemberAdded", format!("{} joined ({})", op.member, op.reason)),
                         OperationKind::RemoveMember => ("MemberGone", format!("{} is gone ({})", op.member, op.reason)),
-                        OperationKind::Upgrade if op.version.is_some() && op.version == outcome.unavailable_version => (
-                            "MemberReverted",
-                            format!(
-                                "{} runs the version it ran before again: the image of {} cannot be pulled",
-                                op.member,
-                                op.version.as_deref().unwrap_or_default()
-                            ),
-                        ),
+                        OperationKind::Upgrade if op.version.is_some() && op.version == outcome.unavailable_version => {
+                            (
+                                "MemberReverted",
+                                format!(
+                                    "{} runs the version it ran before again: the image of {} cannot be pulled",
+                                    op.member,
+                                    op.version.as_deref().unwrap_or_default()
+                                ),
+                            )
+                        }
                         OperationKind::Upgrade => (
                             "MemberUpgraded",
-                            format!("upgraded {} to {}", op.member, op.version.as_deref().unwrap_or("the new version")),
+                            format!(
+                                "upgraded {} to {}",
+                                op.member,
+                                op.version.as_deref().unwrap_or("the new version")
+                            ),
                         ),
                     };
                     later.push(Announcement::normal(reason, note).related(self.member_ref(&op.member)));
@@ -797,7 +919,11 @@ impl Runner<'_> {
                 LOOK_AGAIN
             }),
             Step::QuorumLost { reason } => {
-                let before = self.cluster.status.as_ref().is_some_and(|s| has_condition_reason(&s.conditions, "QuorumLost"));
+                let before = self
+                    .cluster
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| has_condition_reason(&s.conditions, "QuorumLost"));
                 if !before {
                     later.push(Announcement::warning("QuorumLost", reason.clone()));
                 }
@@ -808,10 +934,14 @@ impl Runner<'_> {
     }
 }
 
-
 /// The backup a recovery asks for (`latest`: the newest successful backup of this cluster, by
 /// its etcd cluster ID), if it can be restored; otherwise why not.
-async fn recovery_backup(cluster: &EtcdCluster, names: &Names, asked: &str, ctx: &Context) -> Result<std::result::Result<String, String>> {
+async fn recovery_backup(
+    cluster: &EtcdCluster,
+    names: &Names,
+    asked: &str,
+    ctx: &Context,
+) -> Result<std::result::Result<String, String>> {
     let api: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let backup = if asked == "latest" {
         let cluster_id = cluster.status.as_ref().and_then(|s| s.cluster_id.clone());
@@ -823,7 +953,9 @@ async fn recovery_backup(cluster: &EtcdCluster, names: &Names, asked: &str, ctx:
             .filter(|b| b.spec.cluster == names.cluster)
             .filter(|b| {
                 let status = b.status.clone().unwrap_or_default();
-                status.phase.as_deref() == Some("Succeeded") && status.cluster_id.is_some() && status.cluster_id == cluster_id
+                status.phase.as_deref() == Some("Succeeded")
+                    && status.cluster_id.is_some()
+                    && status.cluster_id == cluster_id
             })
             .max_by_key(|b| b.status.as_ref().and_then(|s| s.completed_at.as_ref()).map(|t| t.0))
     } else {
@@ -840,6 +972,8 @@ async fn recovery_backup(cluster: &EtcdCluster, names: &Names, asked: &str, ctx:
         Err(restore::Restore::Blocked { message, .. }) => Err(format!(
             "{RECOVER_ANNOTATION}={asked}: {message}; nothing is done, and the request is dropped"
         )),
-        Err(_) => Err(format!("{RECOVER_ANNOTATION}={asked}: EtcdBackup {name} cannot be restored; nothing is done")),
+        Err(_) => Err(format!(
+            "{RECOVER_ANNOTATION}={asked}: EtcdBackup {name} cannot be restored; nothing is done"
+        )),
     })
 }

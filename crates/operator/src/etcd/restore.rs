@@ -37,16 +37,23 @@ const RESTORED: &str = "/restore/data";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Restore {
     /// The backup cannot be restored (yet): missing, not finished, or failed. Reason, message.
-    Blocked { reason: &'static str, message: String },
+    Blocked {
+        reason: &'static str,
+        message: String,
+    },
     /// No restore pod yet.
     NotStarted,
     Running,
     /// The restore pod cannot start (a missing Secret key, an image that cannot be pulled):
     /// it carries on once that is fixed.
-    Stuck { message: String },
+    Stuck {
+        message: String,
+    },
     Succeeded,
     /// The restore pod failed: the snapshot did not match, or etcdutl refused it.
-    Failed { message: String },
+    Failed {
+        message: String,
+    },
 }
 
 /// The restore pod of `member`'s name.
@@ -80,7 +87,9 @@ pub fn usable(backup: Option<&EtcdBackup>, name: &str, version: &str) -> Result<
         });
     }
     match status.phase.as_deref() {
-        Some("Succeeded") if Destination::of_status(&status).is_some() && status.key.is_some() && status.sha256.is_some() => {
+        Some("Succeeded")
+            if Destination::of_status(&status).is_some() && status.key.is_some() && status.sha256.is_some() =>
+        {
             Ok(())
         }
         Some("Failed") => Err(Restore::Blocked {
@@ -110,12 +119,20 @@ pub fn state(pod: Option<&Pod>, now: jiff::Timestamp) -> Restore {
                 .iter()
                 .flatten()
                 .chain(status.container_statuses.iter().flatten())
-                .find(|c| c.state.as_ref().and_then(|s| s.terminated.as_ref()).is_some_and(|t| t.exit_code != 0));
+                .find(|c| {
+                    c.state
+                        .as_ref()
+                        .and_then(|s| s.terminated.as_ref())
+                        .is_some_and(|t| t.exit_code != 0)
+                });
             let message = match failed {
                 Some(c) => format!(
                     "restore pod {name}: {} exited with code {}; `kubectl logs {name} -c {}` says why",
                     c.name,
-                    c.state.as_ref().and_then(|s| s.terminated.as_ref()).map_or(0, |t| t.exit_code),
+                    c.state
+                        .as_ref()
+                        .and_then(|s| s.terminated.as_ref())
+                        .map_or(0, |t| t.exit_code),
                     c.name
                 ),
                 None => format!("restore pod {name} failed"),
@@ -185,7 +202,11 @@ pub fn restore_pod(
             backup_volume = Some(volume::claim_volume(&destination, true));
         }
     }
-    fetch_args.extend([format!("--key={key}"), format!("--sha256={sha256}"), format!("--out={SNAPSHOT}")]);
+    fetch_args.extend([
+        format!("--key={key}"),
+        format!("--sha256={sha256}"),
+        format!("--out={SNAPSHOT}"),
+    ]);
     let fetch = Container {
         name: "fetch".into(),
         image: Some(noops_image.into()),
@@ -236,24 +257,26 @@ pub fn restore_pod(
         spec: Some(PodSpec {
             init_containers: Some(vec![fetch, restore]),
             containers: vec![install],
-            volumes: Some(vec![
-                Volume {
-                    name: "data".into(),
-                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                        claim_name: names.volume(member),
-                        read_only: None,
-                    }),
-                    ..Default::default()
-                },
-                Volume {
-                    name: "scratch".into(),
-                    empty_dir: Some(EmptyDirVolumeSource::default()),
-                    ..Default::default()
-                },
-            ]
-            .into_iter()
-            .chain(backup_volume)
-            .collect()),
+            volumes: Some(
+                vec![
+                    Volume {
+                        name: "data".into(),
+                        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                            claim_name: names.volume(member),
+                            read_only: None,
+                        }),
+                        ..Default::default()
+                    },
+                    Volume {
+                        name: "scratch".into(),
+                        empty_dir: Some(EmptyDirVolumeSource::default()),
+                        ..Default::default()
+                    },
+                ]
+                .into_iter()
+                .chain(backup_volume)
+                .collect(),
+            ),
             restart_policy: Some("Never".into()),
             enable_service_links: Some(false),
             // Where the restore pod runs, the volume is made: only where the member may run.
@@ -298,11 +321,20 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert_eq!(reason(usable(None, "nightly", "3.5.21")), "BackupNotFound");
-        assert_eq!(reason(usable(Some(&backup("Running")), "nightly", "3.5.21")), "BackupNotReady");
-        assert_eq!(reason(usable(Some(&backup("Failed")), "nightly", "3.5.21")), "BackupFailed");
+        assert_eq!(
+            reason(usable(Some(&backup("Running")), "nightly", "3.5.21")),
+            "BackupNotReady"
+        );
+        assert_eq!(
+            reason(usable(Some(&backup("Failed")), "nightly", "3.5.21")),
+            "BackupFailed"
+        );
         let mut newer = backup("Succeeded");
         newer.status.as_mut().unwrap().etcd_version = Some("3.6.16".into());
-        assert_eq!(reason(usable(Some(&newer), "nightly", "3.5.21")), "RestoreWouldDowngrade");
+        assert_eq!(
+            reason(usable(Some(&newer), "nightly", "3.5.21")),
+            "RestoreWouldDowngrade"
+        );
         assert_eq!(usable(Some(&newer), "nightly", "3.6.0"), Ok(()));
     }
 
@@ -310,7 +342,16 @@ mod tests {
     fn the_restore_pod_fetches_checks_and_restores_into_the_members_volume() {
         let cluster = fixtures::cluster().build();
         let names = Names::of(&cluster);
-        let pod = restore_pod(&cluster, &names, "main-0", "3.5.21", &backup("Succeeded"), "noops:test", &fixtures::owner()).unwrap();
+        let pod = restore_pod(
+            &cluster,
+            &names,
+            "main-0",
+            "3.5.21",
+            &backup("Succeeded"),
+            "noops:test",
+            &fixtures::owner(),
+        )
+        .unwrap();
         assert_eq!(pod.metadata.name.as_deref(), Some("main-0-restore"));
         let spec = pod.spec.unwrap();
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
@@ -319,7 +360,12 @@ mod tests {
         assert!(fetch_args.contains(&format!("--sha256={}", "ab".repeat(32))));
         assert!(fetch_args.contains(&"--key=etcd/db/old/nightly.db".to_string()));
         assert!(
-            init[0].volume_mounts.as_ref().unwrap().iter().all(|m| m.name == "scratch"),
+            init[0]
+                .volume_mounts
+                .as_ref()
+                .unwrap()
+                .iter()
+                .all(|m| m.name == "scratch"),
             "the snapshot never lands on the member's volume"
         );
         let restore = &init[1];
@@ -334,10 +380,16 @@ mod tests {
             assert!(args.contains(&expected.to_string()), "{expected} in {args:?}");
         }
         let install = spec.containers[0].args.clone().unwrap();
-        assert_eq!(install, ["install-restored", "--from=/restore/data", "--to=/var/lib/etcd/data"]);
+        assert_eq!(
+            install,
+            ["install-restored", "--from=/restore/data", "--to=/var/lib/etcd/data"]
+        );
         assert!(spec.affinity.is_some(), "the restore pod goes where the member may run");
         let volume = &spec.volumes.unwrap()[0];
-        assert_eq!(volume.persistent_volume_claim.as_ref().unwrap().claim_name, "main-0-data");
+        assert_eq!(
+            volume.persistent_volume_claim.as_ref().unwrap().claim_name,
+            "main-0-data"
+        );
     }
 
     #[test]
@@ -353,7 +405,16 @@ mod tests {
         });
         status.key = Some("etcd/old/nightly.db".into());
         assert_eq!(usable(Some(&from_volume), "nightly", "3.5.21"), Ok(()));
-        let pod = restore_pod(&cluster, &names, "main-0", "3.5.21", &from_volume, "noops:test", &fixtures::owner()).unwrap();
+        let pod = restore_pod(
+            &cluster,
+            &names,
+            "main-0",
+            "3.5.21",
+            &from_volume,
+            "noops:test",
+            &fixtures::owner(),
+        )
+        .unwrap();
         let spec = pod.spec.unwrap();
         let fetch = &spec.init_containers.unwrap()[0];
         let args = fetch.args.clone().unwrap();
@@ -362,20 +423,26 @@ mod tests {
         assert!(fetch.env.is_none(), "no bucket keys");
         let claim = spec.volumes.unwrap().into_iter().find(|v| v.name == "backup").unwrap();
         let claim = claim.persistent_volume_claim.unwrap();
-        assert_eq!((claim.claim_name.as_str(), claim.read_only), ("etcd-backups", Some(true)));
+        assert_eq!(
+            (claim.claim_name.as_str(), claim.read_only),
+            ("etcd-backups", Some(true))
+        );
     }
 
     #[test]
     fn a_failed_restore_says_which_container_failed() {
         let mut pod = Pod::default();
         pod.metadata.name = Some("main-0-restore".into());
-        pod.status = Some(serde_json::from_value(serde_json::json!({
-            "phase": "Failed",
-            "initContainerStatuses": [{
-                "name": "fetch", "image": "noops", "imageID": "", "ready": false, "restartCount": 0,
-                "state": { "terminated": { "exitCode": 1 } }
-            }]
-        })).unwrap());
+        pod.status = Some(
+            serde_json::from_value(serde_json::json!({
+                "phase": "Failed",
+                "initContainerStatuses": [{
+                    "name": "fetch", "image": "noops", "imageID": "", "ready": false, "restartCount": 0,
+                    "state": { "terminated": { "exitCode": 1 } }
+                }]
+            }))
+            .unwrap(),
+        );
         match state(Some(&pod), jiff::Timestamp::UNIX_EPOCH) {
             Restore::Failed { message } => assert!(message.contains("fetch exited with code 1"), "{message}"),
             other => panic!("{other:?}"),

@@ -89,11 +89,8 @@ pub fn build(
                     .pods
                     .get(&m.name)
                     .and_then(|p| p.spec.as_ref()?.node_name.clone()),
-                unhealthy_since: (!m.healthy).then(|| {
-                    known
-                        .and_then(|k| k.unhealthy_since.clone())
-                        .unwrap_or(Time(now))
-                }),
+                unhealthy_since: (!m.healthy)
+                    .then(|| known.and_then(|k| k.unhealthy_since.clone()).unwrap_or(Time(now))),
                 // Rounded: the exact figures move with every write, and a status that changes
                 // on every pass would wake the controller again on every pass.
                 db_size: etcd.health.get(&m.name).map(|h| to_mib_above(h.db_size)),
@@ -163,7 +160,10 @@ pub fn build(
             READY,
             false,
             "PodsNotReady",
-            format!("healthy in etcd, but the pods of {} are not Ready yet", pods_not_ready.join(", ")),
+            format!(
+                "healthy in etcd, but the pods of {} are not Ready yet",
+                pods_not_ready.join(", ")
+            ),
         )
     } else if settled {
         Decided::new(
@@ -179,7 +179,12 @@ pub fn build(
     } else if let Some(stuck) = &problems.stuck_pod {
         Decided::new(READY, false, MEMBER_POD_STUCK, stuck.message.clone())
     } else if !bootstrapped {
-        Decided::new(READY, false, "Bootstrapping", "the first member is starting the cluster")
+        Decided::new(
+            READY,
+            false,
+            "Bootstrapping",
+            "the first member is starting the cluster",
+        )
     } else if let Some(op) = &operation {
         Decided::new(READY, false, "MembershipChanging", describe(op))
     } else if let Some(note) = &coming_back {
@@ -206,10 +211,9 @@ pub fn build(
             AVAILABLE,
             false,
             "QuorumLost",
-            problems
-                .quorum_lost
-                .clone()
-                .unwrap_or_else(|| format!("{healthy_voters} of {voters} voting members healthy; a quorum is {quorum}")),
+            problems.quorum_lost.clone().unwrap_or_else(|| {
+                format!("{healthy_voters} of {voters} voting members healthy; a quorum is {quorum}")
+            }),
         )
     };
     let progressing = match &operation {
@@ -270,7 +274,13 @@ pub fn build(
         observed_generation: cluster.metadata.generation,
         conditions: {
             let mut decided = vec![ready, availability, progressing, degraded];
-            decided.extend(outcome.backups.condition.clone().filter(|_| cluster.spec.backup.is_some()));
+            decided.extend(
+                outcome
+                    .backups
+                    .condition
+                    .clone()
+                    .filter(|_| cluster.spec.backup.is_some()),
+            );
             let mut conditions = merge(&previous.conditions, &decided, cluster.metadata.generation, now);
             // A cluster that no longer says where backups go has nothing to report on them.
             if cluster.spec.backup.is_none() {
@@ -320,7 +330,10 @@ fn kind_reason(kind: OperationKind) -> &'static str {
 pub fn describe(op: &Operation) -> String {
     match op.kind {
         OperationKind::Bootstrap => format!("{} is starting a new cluster", op.member),
-        OperationKind::AddMember => format!("adding {} as a learner, then a voting member ({})", op.member, op.reason),
+        OperationKind::AddMember => format!(
+            "adding {} as a learner, then a voting member ({})",
+            op.member, op.reason
+        ),
         OperationKind::RemoveMember => format!("removing {} ({})", op.member, op.reason),
         OperationKind::Upgrade => format!(
             "upgrading {} to {}, one member at a time, the leader last",
@@ -435,7 +448,11 @@ mod tests {
     #[test]
     fn a_healthy_cluster_is_ready_and_lists_members_leader_and_endpoints() {
         let s = build_for(
-            vec![member("main-0", 1, true), member("main-1", 2, true), member("main-2", 3, true)],
+            vec![
+                member("main-0", 1, true),
+                member("main-1", 2, true),
+                member("main-2", 3, true),
+            ],
             &Problems::default(),
         );
         assert!(is_true(&s.conditions, READY) && is_true(&s.conditions, AVAILABLE));
@@ -459,7 +476,10 @@ mod tests {
             &Problems::default(),
         );
         let ready = s.conditions.iter().find(|c| c.type_ == READY).unwrap();
-        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "PodsNotReady"));
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "PodsNotReady")
+        );
         assert!(ready.message.contains("main-2"), "{}", ready.message);
         assert!(is_true(&s.conditions, AVAILABLE));
     }
@@ -498,7 +518,11 @@ mod tests {
     #[test]
     fn an_unhealthy_member_degrades_but_a_quorum_keeps_it_available() {
         let s = build_for(
-            vec![member("main-0", 1, true), member("main-1", 2, true), member("main-2", 3, false)],
+            vec![
+                member("main-0", 1, true),
+                member("main-1", 2, true),
+                member("main-2", 3, false),
+            ],
             &Problems::default(),
         );
         assert!(!is_true(&s.conditions, READY));
@@ -506,7 +530,11 @@ mod tests {
         assert!(is_true(&s.conditions, DEGRADED));
         assert!(s.members[2].unhealthy_since.is_some());
         let lost = build_for(
-            vec![member("main-0", 1, true), member("main-1", 2, false), member("main-2", 3, false)],
+            vec![
+                member("main-0", 1, true),
+                member("main-1", 2, false),
+                member("main-2", 3, false),
+            ],
             &Problems {
                 quorum_lost: Some("1 of 3 healthy".into()),
                 ..Default::default()
@@ -526,7 +554,10 @@ mod tests {
         let mut starting = member("main-2", 3, false);
         starting.pod = PodState::Starting;
         starting.fresh_pod = true;
-        let s = build_for(vec![member("main-0", 1, true), member("main-1", 2, true), starting.clone()], &Problems::default());
+        let s = build_for(
+            vec![member("main-0", 1, true), member("main-1", 2, true), starting.clone()],
+            &Problems::default(),
+        );
         let (status, reason, message) = condition(&s, PROGRESSING);
         assert_eq!((status, reason), ("True", RESTARTING_MEMBERS));
         assert!(message.contains("own volume as the member it was: main-2"), "{message}");
@@ -546,7 +577,10 @@ mod tests {
         );
         let (_, reason, message) = condition(&lost, PROGRESSING);
         assert_eq!(reason, RESTARTING_MEMBERS);
-        assert!(message.contains("main-2") && message.contains("main-1 waits for node node-2"), "{message}");
+        assert!(
+            message.contains("main-2") && message.contains("main-1 waits for node node-2"),
+            "{message}"
+        );
         assert_eq!(condition(&lost, READY).1, "QuorumLost", "the graver news first");
         assert_eq!(lost.phase.as_deref(), Some("QuorumLost"));
     }
@@ -589,7 +623,11 @@ mod tests {
             message: "pod main-2, container etcd: Back-off pulling image".into(),
         };
         let s = build_for(
-            vec![member("main-0", 1, true), member("main-1", 2, true), member("main-2", 3, false)],
+            vec![
+                member("main-0", 1, true),
+                member("main-1", 2, true),
+                member("main-2", 3, false),
+            ],
             &Problems {
                 stuck_pod: Some(stuck),
                 ..Default::default()
@@ -605,7 +643,11 @@ mod tests {
 
     #[test]
     fn an_unchanged_status_is_equal_so_it_is_not_written_again() {
-        let members = vec![member("main-0", 1, true), member("main-1", 2, true), member("main-2", 3, true)];
+        let members = vec![
+            member("main-0", 1, true),
+            member("main-1", 2, true),
+            member("main-2", 3, true),
+        ];
         let first = build_for(members.clone(), &Problems::default());
         let cluster = fixtures::cluster().status(first.clone()).build();
         let names = Names::of(&cluster);

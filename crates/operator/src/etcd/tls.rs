@@ -45,7 +45,10 @@ pub struct Ca {
 
 fn ca_name(names: &Names) -> DistinguishedName {
     let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, format!("noops etcd CA {}/{}", names.namespace, names.cluster));
+    dn.push(
+        DnType::CommonName,
+        format!("noops etcd CA {}/{}", names.namespace, names.cluster),
+    );
     dn
 }
 
@@ -183,7 +186,9 @@ pub fn needs_issuing(secret: Option<&Secret>, now: jiff::Timestamp, lifetime: Du
         .and_then(|s| s.data.as_ref())
         .is_some_and(|d| ["tls.crt", "tls.key", "ca.crt"].iter().all(|k| d.contains_key(*k)));
     match not_after {
-        Some(t) if has_keys => t - jiff::SignedDuration::try_from(lifetime / 3).unwrap_or(jiff::SignedDuration::MAX) <= now,
+        Some(t) if has_keys => {
+            t - jiff::SignedDuration::try_from(lifetime / 3).unwrap_or(jiff::SignedDuration::MAX) <= now
+        }
         _ => true,
     }
 }
@@ -207,7 +212,14 @@ pub fn ca_of(secret: &Secret) -> Result<Ca, TlsError> {
     })
 }
 
-fn secret(name: String, names: &Names, owner: &OwnerReference, type_: &str, data: BTreeMap<String, String>, annotations: BTreeMap<String, String>) -> Secret {
+fn secret(
+    name: String,
+    names: &Names,
+    owner: &OwnerReference,
+    type_: &str,
+    data: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
+) -> Secret {
     Secret {
         metadata: ObjectMeta {
             name: Some(name),
@@ -218,18 +230,17 @@ fn secret(name: String, names: &Names, owner: &OwnerReference, type_: &str, data
             ..Default::default()
         },
         type_: Some(type_.into()),
-        data: Some(
-            data.into_iter()
-                .map(|(k, v)| (k, ByteString(v.into_bytes())))
-                .collect(),
-        ),
+        data: Some(data.into_iter().map(|(k, v)| (k, ByteString(v.into_bytes()))).collect()),
         ..Default::default()
     }
 }
 
 /// The Secret of the CA.
 pub fn ca_secret(ca: &Ca, names: &Names, owner: &OwnerReference) -> Secret {
-    let data = BTreeMap::from([("ca.crt".to_string(), ca.cert.clone()), ("ca.key".to_string(), ca.key.clone())]);
+    let data = BTreeMap::from([
+        ("ca.crt".to_string(), ca.cert.clone()),
+        ("ca.key".to_string(), ca.key.clone()),
+    ]);
     secret(names.ca_secret(), names, owner, "Opaque", data, BTreeMap::new())
 }
 
@@ -269,7 +280,8 @@ mod tests {
         let sans = Leaf::Server.subject_alt_names(&names());
         for expected in ["*.main.db.svc", "main-client.db.svc", "localhost"] {
             assert!(
-                sans.iter().any(|s| matches!(s, SanType::DnsName(n) if n.as_str() == expected)),
+                sans.iter()
+                    .any(|s| matches!(s, SanType::DnsName(n) if n.as_str() == expected)),
                 "{expected} in {sans:?}"
             );
         }

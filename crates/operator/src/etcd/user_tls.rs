@@ -44,7 +44,9 @@ fn said(error: rustls::Error) -> String {
     use rustls::CertificateError as C;
     match error {
         rustls::Error::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => "it has expired".into(),
-        rustls::Error::InvalidCertificate(C::NotValidYet | C::NotValidYetContext { .. }) => "it is not valid yet".into(),
+        rustls::Error::InvalidCertificate(C::NotValidYet | C::NotValidYetContext { .. }) => {
+            "it is not valid yet".into()
+        }
         other => other.to_string(),
     }
 }
@@ -64,14 +66,34 @@ pub fn check(names: &Names, secrets: &BTreeMap<String, Arc<Secret>>, now: jiff::
             reason: "TlsSecretInvalid",
             message: format!("the certificate in Secret {name:?} (tls.secrets.{field}) {what}"),
         };
-        serves(&peer, &any_member, now)
-            .map_err(|e| invalid("peer", &user.peer, format!("is not valid for every member ({members}) as a server: {e}")))?;
-        is_client(&peer.chain, &peer.roots, now)
-            .map_err(|e| invalid("peer", &user.peer, format!("is not valid as a client of its own CA: {e}")))?;
-        serves(&server, &any_member, now)
-            .map_err(|e| invalid("server", &user.server, format!("is not valid for every member ({members}): {e}")))?;
-        serves(&server, &names.tls_name(), now)
-            .map_err(|e| invalid("server", &user.server, format!("is not valid for {}: {e}", names.tls_name())))?;
+        serves(&peer, &any_member, now).map_err(|e| {
+            invalid(
+                "peer",
+                &user.peer,
+                format!("is not valid for every member ({members}) as a server: {e}"),
+            )
+        })?;
+        is_client(&peer.chain, &peer.roots, now).map_err(|e| {
+            invalid(
+                "peer",
+                &user.peer,
+                format!("is not valid as a client of its own CA: {e}"),
+            )
+        })?;
+        serves(&server, &any_member, now).map_err(|e| {
+            invalid(
+                "server",
+                &user.server,
+                format!("is not valid for every member ({members}): {e}"),
+            )
+        })?;
+        serves(&server, &names.tls_name(), now).map_err(|e| {
+            invalid(
+                "server",
+                &user.server,
+                format!("is not valid for {}: {e}", names.tls_name()),
+            )
+        })?;
         // The operator and the backup pods check members against the client Secret's CA.
         let server_as_clients_see_it = Pem {
             chain: server.chain.clone(),
@@ -121,14 +143,16 @@ fn read(secrets: &BTreeMap<String, Arc<Secret>>, name: &str, field: &str) -> Res
     if chain.is_empty() {
         return Err(invalid("has no certificate in tls.crt".into()));
     }
-    let key =
-        PrivateKeyDer::from_pem_slice(&key).map_err(|e| invalid(format!("has a tls.key that is not a PEM private key: {e}")))?;
+    let key = PrivateKeyDer::from_pem_slice(&key)
+        .map_err(|e| invalid(format!("has a tls.key that is not a PEM private key: {e}")))?;
     rustls::sign::CertifiedKey::from_der(chain.clone(), key, &provider())
         .map_err(|e| invalid(format!("has a tls.key that does not go with its tls.crt: {e}")))?;
     let mut roots = RootCertStore::empty();
     for der in CertificateDer::pem_slice_iter(&ca) {
         let der = der.map_err(|e| invalid(format!("has a ca.crt that is not PEM certificates: {e}")))?;
-        roots.add(der).map_err(|e| invalid(format!("has a ca.crt that cannot be trusted: {e}")))?;
+        roots
+            .add(der)
+            .map_err(|e| invalid(format!("has a ca.crt that cannot be trusted: {e}")))?;
     }
     if roots.is_empty() {
         return Err(invalid("has no certificate in ca.crt".into()));
@@ -194,13 +218,20 @@ mod tests {
         });
         let ca = new_ca(&operator_names, at(0)).unwrap();
         let owner = owner_reference("EtcdCluster", "main", "u1");
-        let secrets = [(Leaf::Peer, "my-peer"), (Leaf::Server, "my-server"), (Leaf::Client, "my-client")]
-            .into_iter()
-            .map(|(leaf, name)| {
-                let issued = issue(&ca, &operator_names, leaf, at(0), YEAR).unwrap();
-                (name.to_string(), Arc::new(leaf_secret(&issued, &ca, &operator_names, leaf, &owner)))
-            })
-            .collect();
+        let secrets = [
+            (Leaf::Peer, "my-peer"),
+            (Leaf::Server, "my-server"),
+            (Leaf::Client, "my-client"),
+        ]
+        .into_iter()
+        .map(|(leaf, name)| {
+            let issued = issue(&ca, &operator_names, leaf, at(0), YEAR).unwrap();
+            (
+                name.to_string(),
+                Arc::new(leaf_secret(&issued, &ca, &operator_names, leaf, &owner)),
+            )
+        })
+        .collect();
         (names, secrets)
     }
 
@@ -216,8 +247,16 @@ mod tests {
         let reason = |secrets: &BTreeMap<String, Arc<Secret>>, at| check(&names, secrets, at).unwrap();
         let expired = reason(&secrets, at(400));
         assert_eq!(expired.reason, "TlsSecretInvalid");
-        assert!(expired.message.contains("my-peer") && expired.message.contains("expired"), "{}", expired.message);
-        assert_eq!(reason(&secrets, at(401)), expired, "the same words every pass: no status churn");
+        assert!(
+            expired.message.contains("my-peer") && expired.message.contains("expired"),
+            "{}",
+            expired.message
+        );
+        assert_eq!(
+            reason(&secrets, at(401)),
+            expired,
+            "the same words every pass: no status churn"
+        );
 
         let mut swapped = (*secrets["my-peer"]).clone();
         let other_key = secrets["my-client"].data.as_ref().unwrap()["tls.key"].clone();
@@ -225,13 +264,23 @@ mod tests {
         let mut mismatched = secrets.clone();
         mismatched.insert("my-peer".into(), Arc::new(swapped));
         let wrong_key = reason(&mismatched, at(1));
-        assert!(wrong_key.message.contains("does not go with its tls.crt"), "{}", wrong_key.message);
+        assert!(
+            wrong_key.message.contains("does not go with its tls.crt"),
+            "{}",
+            wrong_key.message
+        );
 
         let mut keyless = (*secrets["my-server"]).clone();
         keyless.data.as_mut().unwrap().remove("tls.key");
         secrets.insert("my-server".into(), Arc::new(keyless));
         let no_key = reason(&secrets, at(1));
-        assert_eq!((no_key.reason, no_key.message.as_str()), ("TlsSecretInvalid", "Secret \"my-server\" (tls.secrets.server) has no tls.key"));
+        assert_eq!(
+            (no_key.reason, no_key.message.as_str()),
+            (
+                "TlsSecretInvalid",
+                "Secret \"my-server\" (tls.secrets.server) has no tls.key"
+            )
+        );
 
         secrets.remove("my-client");
         secrets.insert("my-server".into(), user_cluster().1["my-server"].clone());
@@ -251,9 +300,16 @@ mod tests {
         let ca = new_ca(&other_names, at(0)).unwrap();
         let issued = issue(&ca, &other_names, Leaf::Server, at(0), YEAR).unwrap();
         let owner = owner_reference("EtcdCluster", "other", "u2");
-        secrets.insert("my-server".into(), Arc::new(leaf_secret(&issued, &ca, &other_names, Leaf::Server, &owner)));
+        secrets.insert(
+            "my-server".into(),
+            Arc::new(leaf_secret(&issued, &ca, &other_names, Leaf::Server, &owner)),
+        );
         let wrong = check(&names, &secrets, at(1)).unwrap();
-        assert!(wrong.message.contains("tls.secrets.server") && wrong.message.contains("*.main.db.svc"), "{}", wrong.message);
+        assert!(
+            wrong.message.contains("tls.secrets.server") && wrong.message.contains("*.main.db.svc"),
+            "{}",
+            wrong.message
+        );
         // The right names, but from a CA the client Secret does not trust: the operator could
         // not check the members.
         let (_, elsewhere) = user_cluster();
@@ -275,7 +331,9 @@ mod tests {
         let wrong = check(&names, &secrets, at(1)).unwrap();
         assert!(
             wrong.message.starts_with("the certificate in Secret \"my-client\"")
-                && wrong.message.contains("not a client certificate the server Secret's CA accepts"),
+                && wrong
+                    .message
+                    .contains("not a client certificate the server Secret's CA accepts"),
             "{}",
             wrong.message
         );

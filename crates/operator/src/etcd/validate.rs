@@ -175,19 +175,48 @@ mod tests {
     #[test]
     fn owned_flags_downgrades_and_skipped_minors_are_refused_with_a_reason() {
         let plain = fixtures::cluster().build();
-        assert_eq!(validate(&plain, None, &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH), None, "nothing runs yet");
-        assert_eq!(validate(&plain, Some("3.5.35"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH), None, "same minor, any patch");
+        assert_eq!(
+            validate(&plain, None, &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH),
+            None,
+            "nothing runs yet"
+        );
+        assert_eq!(
+            validate(&plain, Some("3.5.35"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH),
+            None,
+            "same minor, any patch"
+        );
         let flags = fixtures::cluster().extra_args(&["--data-dir=/tmp"]).build();
-        assert_eq!(validate(&flags, None, &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH).unwrap().reason, "ForbiddenFlags");
-        assert_eq!(validate(&plain, Some("3.6.4"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH).unwrap().reason, "DowngradeRefused");
+        assert_eq!(
+            validate(&flags, None, &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH)
+                .unwrap()
+                .reason,
+            "ForbiddenFlags"
+        );
+        assert_eq!(
+            validate(&plain, Some("3.6.4"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH)
+                .unwrap()
+                .reason,
+            "DowngradeRefused"
+        );
         let mut far = fixtures::cluster().build();
         far.spec.version = "3.7.0".into();
-        assert_eq!(validate(&far, Some("3.5.21"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH).unwrap().reason, "SkippedMinorVersion");
+        assert_eq!(
+            validate(&far, Some("3.5.21"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH)
+                .unwrap()
+                .reason,
+            "SkippedMinorVersion"
+        );
         let mut next = fixtures::cluster().build();
         next.spec.version = "3.6.16".into();
-        assert_eq!(validate(&next, Some("3.5.35"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH), None, "one minor up is an upgrade");
         assert_eq!(
-            validate(&next, Some("3.5.21"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH).unwrap().reason,
+            validate(&next, Some("3.5.35"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH),
+            None,
+            "one minor up is an upgrade"
+        );
+        assert_eq!(
+            validate(&next, Some("3.5.21"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH)
+                .unwrap()
+                .reason,
             "UpgradeNeedsNewerPatch",
             "3.5 before 3.5.26 must take the patch first"
         );
@@ -206,12 +235,35 @@ mod tests {
         });
         let refused = validate(&bad_schedule, None, &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH).unwrap();
         assert_eq!(refused.reason, "InvalidSchedule");
-        assert!(!refused.stops_upgrade && !refused.stops_changes, "a bad schedule holds up nothing else");
+        assert!(
+            !refused.stops_upgrade && !refused.stops_changes,
+            "a bad schedule holds up nothing else"
+        );
         let mut ephemeral = fixtures::cluster().ephemeral().build();
         ephemeral.spec.version = "3.6.16".into();
-        assert_eq!(validate(&ephemeral, Some("3.5.35"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH).unwrap().reason, "UpgradeNeedsPersistentStorage");
+        assert_eq!(
+            validate(
+                &ephemeral,
+                Some("3.5.35"),
+                &BTreeMap::new(),
+                jiff::Timestamp::UNIX_EPOCH
+            )
+            .unwrap()
+            .reason,
+            "UpgradeNeedsPersistentStorage"
+        );
         let mut ephemeral_patch = fixtures::cluster().ephemeral().build();
         ephemeral_patch.spec.version = "3.5.36".into();
-        assert_eq!(validate(&ephemeral_patch, Some("3.5.35"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH).unwrap().reason, "UpgradeNeedsPersistentStorage");
+        assert_eq!(
+            validate(
+                &ephemeral_patch,
+                Some("3.5.35"),
+                &BTreeMap::new(),
+                jiff::Timestamp::UNIX_EPOCH
+            )
+            .unwrap()
+            .reason,
+            "UpgradeNeedsPersistentStorage"
+        );
     }
 }

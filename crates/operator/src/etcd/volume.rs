@@ -10,7 +10,12 @@ use noops_api::EtcdCluster;
 use super::names::Names;
 
 /// The PersistentVolumeClaim of `member` (none for ephemeral storage).
-pub fn member_volume(cluster: &EtcdCluster, names: &Names, member: &str, owner: &OwnerReference) -> Option<PersistentVolumeClaim> {
+pub fn member_volume(
+    cluster: &EtcdCluster,
+    names: &Names,
+    member: &str,
+    owner: &OwnerReference,
+) -> Option<PersistentVolumeClaim> {
     let storage = &cluster.spec.storage;
     (!storage.ephemeral).then(|| PersistentVolumeClaim {
         metadata: ObjectMeta {
@@ -24,7 +29,10 @@ pub fn member_volume(cluster: &EtcdCluster, names: &Names, member: &str, owner: 
             access_modes: Some(vec!["ReadWriteOnce".into()]),
             storage_class_name: storage.storage_class_name.clone(),
             resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([("storage".to_string(), Quantity(storage.size.clone()))])),
+                requests: Some(BTreeMap::from([(
+                    "storage".to_string(),
+                    Quantity(storage.size.clone()),
+                )])),
                 limits: None,
             }),
             ..Default::default()

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use object_store::{ObjectStore, ObjectStoreExt};
 use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
@@ -57,7 +57,12 @@ impl Source {
                 region,
                 access_key_id,
                 secret_access_key,
-            } => super::store::bucket(endpoint, region, bucket, &(access_key_id.clone(), secret_access_key.clone())),
+            } => super::store::bucket(
+                endpoint,
+                region,
+                bucket,
+                &(access_key_id.clone(), secret_access_key.clone()),
+            ),
             Source::Folder(path) => Ok(super::in_volume::volume(path)?),
         }
     }

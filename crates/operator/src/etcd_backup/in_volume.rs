@@ -81,7 +81,9 @@ pub fn volume(folder: &Path) -> Result<Arc<LocalFileSystem>, object_store::Error
 /// Refuses a key that would lead out of the volume (absolute, or with `..`): keys come from
 /// a status, which anyone allowed to write it could edit.
 pub fn inside(key: &str) -> Result<(), object_store::Error> {
-    let relative = Path::new(key).components().all(|c| matches!(c, std::path::Component::Normal(_)));
+    let relative = Path::new(key)
+        .components()
+        .all(|c| matches!(c, std::path::Component::Normal(_)));
     if relative && !key.is_empty() {
         Ok(())
     } else {

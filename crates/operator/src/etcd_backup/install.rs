@@ -68,9 +68,7 @@ fn copy_dir(from: &Path, to: &Path) -> Result<(), InstallError> {
                 .map_err(at("syncing", &target))?;
         }
     }
-    fs::File::open(to)
-        .and_then(|d| d.sync_all())
-        .map_err(at("syncing", to))
+    fs::File::open(to).and_then(|d| d.sync_all()).map_err(at("syncing", to))
 }
 
 #[cfg(test)]
@@ -93,7 +91,11 @@ mod tests {
         assert_eq!(fs::metadata(&to).unwrap().permissions().mode() & 0o777, 0o700);
         fs::write(from.join("member/snap/db"), b"other").unwrap();
         assert_eq!(install(&from, &to).unwrap(), Installed::AlreadyThere);
-        assert_eq!(fs::read(to.join("member/snap/db")).unwrap(), b"data", "existing data is never replaced");
+        assert_eq!(
+            fs::read(to.join("member/snap/db")).unwrap(),
+            b"data",
+            "existing data is never replaced"
+        );
         fs::remove_dir_all(root).unwrap();
     }
 }

@@ -25,8 +25,8 @@ use kube::runtime::controller::Controller;
 use kube::runtime::watcher;
 use noops_api::EtcdBackup;
 
-use crate::core::labels;
 use crate::core::controller::{ControllerCore, HasCore, Registration, Runtime, drive, scoped_api};
+use crate::core::labels;
 
 pub use reconcile::{BACKUP_DEADLINE, FINALIZER, restores_from};
 

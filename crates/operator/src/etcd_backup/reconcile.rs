@@ -14,18 +14,18 @@ use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Api, Resource, ResourceExt};
-use noops_api::etcd_backup::{EtcdBackup, EtcdBackupStatus};
 use noops_api::EtcdCluster;
 use noops_api::etcd::{S3Destination, VolumeDestination};
+use noops_api::etcd_backup::{EtcdBackup, EtcdBackupStatus};
 use tracing::{info, warn};
 
 use super::Context;
 use super::store::{self, Destination};
-use super::volume::{self, Job, Outcome};
 use super::take::{self, TakeError};
-use crate::core::events::Announcement;
+use super::volume::{self, Job, Outcome};
 use crate::core::apply::{apply_status_at, controller_reference, create_if_missing, delete_if_present};
 use crate::core::conditions::{Decided, merge};
+use crate::core::events::Announcement;
 use crate::core::schedule::elapsed;
 use crate::core::{Error, Result, crash};
 use crate::etcd::client::{Credentials, EtcdAccess};
@@ -62,9 +62,15 @@ enum Verdict {
     /// A pod is saving it (to a volume): looked at again when the pod changes.
     InProgress,
     /// Not this time; tried again unless past the deadline.
-    Retry { reason: &'static str, message: String },
+    Retry {
+        reason: &'static str,
+        message: String,
+    },
     /// Cannot be made as things stand.
-    Failed { reason: &'static str, message: String },
+    Failed {
+        reason: &'static str,
+        message: String,
+    },
 }
 
 async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
@@ -145,18 +151,30 @@ async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
             next.etcd_version = Some(taken.version);
             next.cluster_id = Some(format!("{:x}", taken.cluster_id));
             next.completed_at = Some(Time(now));
-            next.conditions = merge(&next.conditions, &[Decided::new(SUCCEEDED, true, "Stored", note.clone())], None, now);
+            next.conditions = merge(
+                &next.conditions,
+                &[Decided::new(SUCCEEDED, true, "Stored", note.clone())],
+                None,
+                now,
+            );
             if !write_status(backup, &mut version, ctx, &next).await? {
                 return Ok(Action::requeue(Duration::from_secs(1)));
             }
-            events.tell(&reference, Announcement::normal("BackupSucceeded", note)).await;
+            events
+                .tell(&reference, Announcement::normal("BackupSucceeded", note))
+                .await;
             remove_pod(backup, Job::Save, ctx).await?;
             Ok(Action::await_change())
         }
         Verdict::InProgress => Ok(Action::requeue(IN_PROGRESS_CHECK)),
         Verdict::Retry { reason, message } if elapsed(started, now) < BACKUP_DEADLINE => {
             next.phase = Some("Running".into());
-            next.conditions = merge(&next.conditions, &[Decided::new(SUCCEEDED, false, reason, message.clone())], None, now);
+            next.conditions = merge(
+                &next.conditions,
+                &[Decided::new(SUCCEEDED, false, reason, message.clone())],
+                None,
+                now,
+            );
             if status != next {
                 if !write_status(backup, &mut version, ctx, &next).await? {
                     return Ok(Action::requeue(Duration::from_secs(1)));
@@ -168,7 +186,12 @@ async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
         Verdict::Retry { reason, message } | Verdict::Failed { reason, message } => {
             next.phase = Some("Failed".into());
             next.completed_at = Some(Time(now));
-            next.conditions = merge(&next.conditions, &[Decided::new(SUCCEEDED, false, reason, message.clone())], None, now);
+            next.conditions = merge(
+                &next.conditions,
+                &[Decided::new(SUCCEEDED, false, reason, message.clone())],
+                None,
+                now,
+            );
             if !write_status(backup, &mut version, ctx, &next).await? {
                 return Ok(Action::requeue(Duration::from_secs(1)));
             }
@@ -199,7 +222,10 @@ async fn attempt_until_deadline(
 
 /// A healthy voting member to take a snapshot from (a follower first: a snapshot is work the
 /// leader is spared), and the client certificate; or why there is none.
-async fn source(cluster: &EtcdCluster, ctx: &Context) -> Result<std::result::Result<(String, Option<Credentials>), Verdict>> {
+async fn source(
+    cluster: &EtcdCluster,
+    ctx: &Context,
+) -> Result<std::result::Result<(String, Option<Credentials>), Verdict>> {
     let names = Names::of(cluster);
     let namespace = &names.namespace;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
@@ -214,7 +240,10 @@ async fn source(cluster: &EtcdCluster, ctx: &Context) -> Result<std::result::Res
         .collect();
     healthy.sort_by_key(|m| m.leader);
     let endpoint = healthy.iter().find_map(|m| {
-        let pod = members.items.iter().find(|p| p.metadata.name.as_deref() == Some(m.name.as_str()))?;
+        let pod = members
+            .items
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(m.name.as_str()))?;
         observe::pod_endpoint(pod, &names)
     });
     let Some(endpoint) = endpoint else {
@@ -257,21 +286,23 @@ async fn attempt_to_bucket(
             });
         }
     };
-    Ok(match take::take(&EtcdAccess::new(credentials), &endpoint, bucket, key, limit).await {
-        Ok(taken) => Verdict::Succeeded(taken),
-        Err(e @ TakeError::Stalled(_)) => Verdict::Retry {
-            reason: "SnapshotStalled",
-            message: e.to_string(),
+    Ok(
+        match take::take(&EtcdAccess::new(credentials), &endpoint, bucket, key, limit).await {
+            Ok(taken) => Verdict::Succeeded(taken),
+            Err(e @ TakeError::Stalled(_)) => Verdict::Retry {
+                reason: "SnapshotStalled",
+                message: e.to_string(),
+            },
+            Err(e @ (TakeError::Etcd(_) | TakeError::Stream(_) | TakeError::Empty)) => Verdict::Retry {
+                reason: "SnapshotFailed",
+                message: e.to_string(),
+            },
+            Err(e @ TakeError::Store(_)) => Verdict::Retry {
+                reason: "UploadFailed",
+                message: e.to_string(),
+            },
         },
-        Err(e @ (TakeError::Etcd(_) | TakeError::Stream(_) | TakeError::Empty)) => Verdict::Retry {
-            reason: "SnapshotFailed",
-            message: e.to_string(),
-        },
-        Err(e @ TakeError::Store(_)) => Verdict::Retry {
-            reason: "UploadFailed",
-            message: e.to_string(),
-        },
-    })
+    )
 }
 
 /// One look at the pod that saves a snapshot of `cluster` to `key` in a volume: it is made
@@ -391,9 +422,12 @@ async fn clean_up(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
     let namespace = backup.namespace().unwrap_or_default();
     let name = backup.name_any();
     let clusters: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &namespace);
-    let restoring = clusters.list(&ListParams::default()).await?.items.into_iter().find(|c| {
-        restores_from(c, &name)
-    });
+    let restoring = clusters
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .find(|c| restores_from(c, &name));
     if let Some(cluster) = restoring {
         let note = format!(
             "EtcdCluster {} is being restored from this backup: its snapshot is kept until that cluster has started",
@@ -425,11 +459,16 @@ async fn clean_up(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
     match deleted {
         Ok(()) => info!(location = %where_, "deleted the snapshot of a deleted backup"),
         Err((e, true)) if deleting_for < CLEANUP_DEADLINE => {
-            return Err(Error::Blocked(format!("could not delete the snapshot at {where_} yet: {e}")));
+            return Err(Error::Blocked(format!(
+                "could not delete the snapshot at {where_} yet: {e}"
+            )));
         }
         Err((e, _)) => {
             let note = format!("could not delete the snapshot at {where_}: {e}; it is left in the store");
-            ctx.core.events.tell(&backup.object_ref(&()), Announcement::warning("SnapshotKept", note)).await;
+            ctx.core
+                .events
+                .tell(&backup.object_ref(&()), Announcement::warning("SnapshotKept", note))
+                .await;
             remove_pod(backup, Job::Delete, ctx).await?;
         }
     }
@@ -451,7 +490,11 @@ async fn delete_from_volume(
     let namespace = backup.namespace().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let uid = backup.uid().unwrap_or_default();
-    if pods.get_opt(&volume::pod_name(&backup.name_any(), &uid, Job::Save)).await?.is_some() {
+    if pods
+        .get_opt(&volume::pod_name(&backup.name_any(), &uid, Job::Save))
+        .await?
+        .is_some()
+    {
         remove_pod(backup, Job::Save, ctx).await?;
         return Ok(None);
     }
@@ -484,9 +527,10 @@ async fn delete_from_volume(
             }
             None
         }
-        Outcome::Running if deleting_for >= CLEANUP_DEADLINE => {
-            Some(Err((format!("pod {name} did not finish within {}s", CLEANUP_DEADLINE.as_secs()), true)))
-        }
+        Outcome::Running if deleting_for >= CLEANUP_DEADLINE => Some(Err((
+            format!("pod {name} did not finish within {}s", CLEANUP_DEADLINE.as_secs()),
+            true,
+        ))),
         Outcome::Running => None,
         Outcome::Stuck(message) => Some(Err((message, true))),
         Outcome::Succeeded(_) => {

@@ -116,7 +116,10 @@ pub fn service_of(endpoint: &str) -> Option<(String, String)> {
     let host = host.strip_suffix(".cluster.local").unwrap_or(host);
     let mut parts = host.strip_suffix(".svc")?.split('.');
     let (service, namespace) = (parts.next()?, parts.next()?);
-    parts.next().is_none().then(|| (service.to_string(), namespace.to_string()))
+    parts
+        .next()
+        .is_none()
+        .then(|| (service.to_string(), namespace.to_string()))
 }
 
 /// `endpoint` with a Service host replaced by the Service's ClusterIP. Not for https: the
@@ -136,13 +139,24 @@ async fn resolve(client: &Client, endpoint: &str) -> Result<String, StoreError> 
     };
     let (scheme, rest) = endpoint.split_once("://").unwrap_or(("http", endpoint));
     let (host_port, path) = rest.split_once('/').map_or((rest, ""), |(h, p)| (h, p));
-    let port = host_port.rsplit_once(':').map(|(_, p)| format!(":{p}")).unwrap_or_default();
-    let path = if path.is_empty() { String::new() } else { format!("/{path}") };
+    let port = host_port
+        .rsplit_once(':')
+        .map(|(_, p)| format!(":{p}"))
+        .unwrap_or_default();
+    let path = if path.is_empty() {
+        String::new()
+    } else {
+        format!("/{path}")
+    };
     Ok(format!("{scheme}://{ip}{port}{path}"))
 }
 
 /// Opens the bucket of `destination`, with the keys from its Secret in `namespace`.
-pub async fn open(client: &Client, namespace: &str, destination: &S3Destination) -> Result<Arc<dyn ObjectStore>, StoreError> {
+pub async fn open(
+    client: &Client,
+    namespace: &str,
+    destination: &S3Destination,
+) -> Result<Arc<dyn ObjectStore>, StoreError> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let name = &destination.credentials_secret;
     let secret = secrets.get(name).await.map_err(|source| StoreError::Credentials {
@@ -180,10 +194,16 @@ mod tests {
 
     #[test]
     fn keys_name_the_namespace_cluster_and_backup() {
-        assert_eq!(key(&destination("etcd"), "db", "main", "main-1"), "etcd/db/main/main-1.db");
+        assert_eq!(
+            key(&destination("etcd"), "db", "main", "main-1"),
+            "etcd/db/main/main-1.db"
+        );
         assert_eq!(key(&destination("/a/b/"), "db", "main", "x"), "a/b/db/main/x.db");
         assert_eq!(key(&destination(""), "db", "main", "x"), "db/main/x.db");
-        assert_eq!(location(&destination("etcd"), "etcd/db/main/x.db"), "s3://backups/etcd/db/main/x.db");
+        assert_eq!(
+            location(&destination("etcd"), "etcd/db/main/x.db"),
+            "s3://backups/etcd/db/main/x.db"
+        );
     }
 
     #[test]
@@ -196,14 +216,23 @@ mod tests {
         };
         assert_eq!(volume("etcd").key("db", "main", "main-1"), "etcd/main/main-1.db");
         assert_eq!(volume("").key("db", "main", "x"), "main/x.db");
-        assert_eq!(volume("etcd").location("etcd/main/x.db"), "pvc://backups/etcd/main/x.db");
+        assert_eq!(
+            volume("etcd").location("etcd/main/x.db"),
+            "pvc://backups/etcd/main/x.db"
+        );
     }
 
     #[test]
     fn service_hosts_are_recognised() {
         let s = |svc: &str, ns: &str| Some((svc.to_string(), ns.to_string()));
-        assert_eq!(service_of("http://versitygw.object-store.svc:7070"), s("versitygw", "object-store"));
-        assert_eq!(service_of("https://minio.storage.svc.cluster.local/"), s("minio", "storage"));
+        assert_eq!(
+            service_of("http://versitygw.object-store.svc:7070"),
+            s("versitygw", "object-store")
+        );
+        assert_eq!(
+            service_of("https://minio.storage.svc.cluster.local/"),
+            s("minio", "storage")
+        );
         assert_eq!(service_of("https://s3.amazonaws.com"), None);
         assert_eq!(service_of("http://10.96.0.5:7070"), None);
         assert_eq!(service_of("http://a.b.c.svc:1"), None);

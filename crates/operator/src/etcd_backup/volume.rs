@@ -129,7 +129,16 @@ pub fn delete_pod(
         format!("--key={key}"),
     ];
     let volumes = vec![claim_volume(destination, false)];
-    pod(name, place, Job::Delete, args, vec![claim_mount(false)], volumes, image, owner)
+    pod(
+        name,
+        place,
+        Job::Delete,
+        args,
+        vec![claim_mount(false)],
+        volumes,
+        image,
+        owner,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -147,7 +156,12 @@ fn pod(
         metadata: ObjectMeta {
             name: Some(name.into()),
             namespace: Some(namespace.into()),
-            labels: Some(labels::child(cluster, "noops.dev/etcd-backup-job", job.verb(), Some(COMPONENT))),
+            labels: Some(labels::child(
+                cluster,
+                "noops.dev/etcd-backup-job",
+                job.verb(),
+                Some(COMPONENT),
+            )),
             owner_references: Some(vec![owner.clone()]),
             ..Default::default()
         },
@@ -210,7 +224,16 @@ mod tests {
     fn the_save_pod_mounts_the_claim_and_the_client_certificate() {
         let cluster = fixtures::cluster().build();
         let names = Names::of(&cluster);
-        let pod = save_pod("x-save", &names, &destination(), "etcd/main/x.db", "https://10.0.0.5:2379", 590, "noops:test", &fixtures::owner());
+        let pod = save_pod(
+            "x-save",
+            &names,
+            &destination(),
+            "etcd/main/x.db",
+            "https://10.0.0.5:2379",
+            590,
+            "noops:test",
+            &fixtures::owner(),
+        );
         let spec = pod.spec.unwrap();
         let container = &spec.containers[0];
         let args = container.args.clone().unwrap();
@@ -225,9 +248,19 @@ mod tests {
             assert!(args.contains(&expected.to_string()), "{expected} in {args:?}");
         }
         let volumes = spec.volumes.unwrap();
-        assert_eq!(volumes[0].persistent_volume_claim.as_ref().unwrap().claim_name, "backups");
-        assert_eq!(volumes[1].secret.as_ref().unwrap().secret_name.as_deref(), Some("main-client"));
-        assert_eq!(spec.restart_policy.as_deref(), Some("Never"), "a failed save is retried by the operator, with a fresh pod");
+        assert_eq!(
+            volumes[0].persistent_volume_claim.as_ref().unwrap().claim_name,
+            "backups"
+        );
+        assert_eq!(
+            volumes[1].secret.as_ref().unwrap().secret_name.as_deref(),
+            Some("main-client")
+        );
+        assert_eq!(
+            spec.restart_policy.as_deref(),
+            Some("Never"),
+            "a failed save is retried by the operator, with a fresh pod"
+        );
         assert_eq!(pod.metadata.labels.unwrap()[labels::COMPONENT], COMPONENT);
     }
 
@@ -250,13 +283,17 @@ mod tests {
     #[test]
     fn a_finished_pod_says_what_it_saved_or_why_it_failed() {
         let report = r#"{"size":20480,"sha256":"ab","revision":12,"version":"3.5.21","clusterId":"1f"}"#;
-        let Outcome::Succeeded(message) = outcome(Some(&finished("Succeeded", 0, report)), jiff::Timestamp::UNIX_EPOCH) else {
+        let Outcome::Succeeded(message) = outcome(Some(&finished("Succeeded", 0, report)), jiff::Timestamp::UNIX_EPOCH)
+        else {
             panic!("succeeded");
         };
         let saved = saved(&message).unwrap();
         assert_eq!((saved.size, saved.revision), (20480, 12));
         assert_eq!(saved.into_taken().unwrap().cluster_id, 0x1f);
-        match outcome(Some(&finished("Failed", 1, "etcd: connection refused\n")), jiff::Timestamp::UNIX_EPOCH) {
+        match outcome(
+            Some(&finished("Failed", 1, "etcd: connection refused\n")),
+            jiff::Timestamp::UNIX_EPOCH,
+        ) {
             Outcome::Failed(m) => assert_eq!(m, "pod x-save exited with code 1: etcd: connection refused"),
             other => panic!("{other:?}"),
         }

@@ -24,16 +24,25 @@ pub struct Applied {
 }
 
 /// Applies every child; `None` if one changed since it was observed (the reconcile looks again).
-pub async fn apply_children(client: &kube::Client, namespace: &str, desired: &Children, live: &Live) -> Result<Option<Applied>> {
+pub async fn apply_children(
+    client: &kube::Client,
+    namespace: &str,
+    desired: &Children,
+    live: &Live,
+) -> Result<Option<Applied>> {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
     let services: Api<Service> = Api::namespaced(client.clone(), namespace);
-    let Some(maintenance) = apply_unchanged(&deployments, &desired.maintenance, live.maintenance.as_ref()).await? else {
+    let Some(maintenance) = apply_unchanged(&deployments, &desired.maintenance, live.maintenance.as_ref()).await?
+    else {
         return Ok(None);
     };
     let Some(app) = apply_unchanged(&deployments, &desired.app, live.app.as_ref()).await? else {
         return Ok(None);
     };
-    if apply_unchanged(&services, &desired.service, live.service.as_ref()).await?.is_none() {
+    if apply_unchanged(&services, &desired.service, live.service.as_ref())
+        .await?
+        .is_none()
+    {
         return Ok(None);
     }
     Ok(Some(Applied { app, maintenance }))

@@ -186,7 +186,11 @@ mod tests {
 
     #[test]
     fn children_are_named_labelled_owned_selected_and_stamped() {
-        let c = build(&fixtures::maintpage().build(), &plan(Side::Maintenance, 1), &fixtures::owner());
+        let c = build(
+            &fixtures::maintpage().build(),
+            &plan(Side::Maintenance, 1),
+            &fixtures::owner(),
+        );
         assert_eq!(c.app.metadata.name.as_deref(), Some("shop"));
         assert_eq!(c.maintenance.metadata.name.as_deref(), Some("shop-maintenance"));
         assert_eq!(c.app.spec.as_ref().unwrap().replicas, Some(2));

@@ -27,11 +27,11 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::Client;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::Client;
 use noops_api::MaintPage;
 
 use crate::core::cache::shared_cache;

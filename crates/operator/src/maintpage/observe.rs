@@ -10,10 +10,10 @@ use noops_api::maintpage::{MaintPage, Side};
 
 use super::Context;
 use super::desired::{OWNER_LABEL, selector};
-use crate::core::stuck::{Stuck, stuck};
 use super::switch::Facts;
 use crate::core::Result;
 use crate::core::rollout::deployment_rolled_out;
+use crate::core::stuck::{Stuck, stuck};
 
 /// The live children of a MaintPage (any of them may not exist yet).
 #[derive(Debug, Clone, Default)]
@@ -158,6 +158,9 @@ mod tests {
             })
             .build();
         assert_eq!(facts(&waiting, &Live::default()).waiting_for, Some(Side::Maintenance));
-        assert_eq!(facts(&fixtures::maintpage().build(), &Live::default()).waiting_for, None);
+        assert_eq!(
+            facts(&fixtures::maintpage().build(), &Live::default()).waiting_for,
+            None
+        );
     }
 }

@@ -11,8 +11,8 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use super::{Context, apply, desired, observe, status, switch, validate};
-use crate::core::events::Announcement;
 use crate::core::apply::{apply_status, controller_reference};
+use crate::core::events::Announcement;
 use crate::core::{DuringStage, Error, Result, Stage};
 
 /// Reconciles one MaintPage (the caller's span names it).
@@ -24,13 +24,17 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
     let events = &ctx.core.events;
     let now = jiff::Timestamp::now();
 
-    let observation = observe::observe(&mp, &namespace, ctx, now).await.during(Stage::Observe)?;
+    let observation = observe::observe(&mp, &namespace, ctx, now)
+        .await
+        .during(Stage::Observe)?;
 
     if let Err(error) = validate::validate(&mp, &observation.live) {
         warn!(reason = error.reason(), %error, "cannot carry out the spec");
         let blocked = status::blocked(&mp, error.reason(), &error.to_string(), now);
         if mp.status.as_ref() != Some(&blocked) {
-            events.publish(&reference, Announcement::warning(error.reason(), error.to_string())).await;
+            events
+                .publish(&reference, Announcement::warning(error.reason(), error.to_string()))
+                .await;
             apply_status(&maintpages, &name, &status_body(&blocked))
                 .await
                 .during(Stage::Status)?;
@@ -84,7 +88,9 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
         };
         info!(published = ?plan.publish, "published a side for the first time");
         let note = format!("Service {} sends traffic to {to}", mp.spec.app.name);
-        events.publish(&reference, Announcement::normal("Published", note)).await;
+        events
+            .publish(&reference, Announcement::normal("Published", note))
+            .await;
     }
 
     let seen = status::Seen {
@@ -96,7 +102,12 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
     let status = status::build(&mp, &plan, &seen, now);
     if let Some(degraded) = status::newly_degraded(mp.status.as_ref(), &status) {
         warn!(reason = %degraded.reason, message = %degraded.message, "degraded");
-        events.publish(&reference, Announcement::warning(&degraded.reason, degraded.message.clone())).await;
+        events
+            .publish(
+                &reference,
+                Announcement::warning(&degraded.reason, degraded.message.clone()),
+            )
+            .await;
     }
     if mp.status.as_ref() != Some(&status) {
         apply_status(&maintpages, &name, &status_body(&status))
@@ -104,7 +115,10 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
             .during(Stage::Status)?;
     }
     // A pod that waits for a node is said to be stuck only after a while: look again then.
-    let requeue = [plan.requeue_after, observation.recheck_after].into_iter().flatten().min();
+    let requeue = [plan.requeue_after, observation.recheck_after]
+        .into_iter()
+        .flatten()
+        .min();
     Ok(requeue.map(Action::requeue).unwrap_or_else(Action::await_change))
 }
 

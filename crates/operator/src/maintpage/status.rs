@@ -5,10 +5,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use noops_api::condition::{DEGRADED, PROGRESSING, READY};
 use noops_api::maintpage::{MaintPage, MaintPageStatus, Side};
 
-use crate::core::stuck::Stuck;
 use super::switch::Plan;
 use crate::core::conditions::{Decided, merge};
-use crate::core::rollout::{deployment_ready_replicas as ready_replicas, deployment_rolled_out as rolled_out, deployment_stalled as stalled};
+use crate::core::rollout::{
+    deployment_ready_replicas as ready_replicas, deployment_rolled_out as rolled_out, deployment_stalled as stalled,
+};
+use crate::core::stuck::Stuck;
 
 fn side_name(side: Side) -> &'static str {
     match side {
@@ -198,7 +200,11 @@ mod tests {
     use crate::maintpage::fixtures::{self, plan};
 
     fn mp(enabled: bool) -> MaintPage {
-        fixtures::maintpage().enabled(enabled).app_replicas(1).generation(4).build()
+        fixtures::maintpage()
+            .enabled(enabled)
+            .app_replicas(1)
+            .generation(4)
+            .build()
     }
 
     fn waiting_for(publish: Side, side: Side) -> Plan {
@@ -244,19 +250,28 @@ mod tests {
             ready.message
         );
         assert!(is_true(&s.conditions, PROGRESSING));
-        assert_eq!(s.waiting_for, Some(Side::Maintenance), "recorded, so it is announced once");
+        assert_eq!(
+            s.waiting_for,
+            Some(Side::Maintenance),
+            "recorded, so it is announced once"
+        );
     }
 
     #[test]
     fn a_stalled_rollout_is_degraded() {
-        let app = deployment("shop").stalled("ReplicaSet has timed out progressing").build();
+        let app = deployment("shop")
+            .stalled("ReplicaSet has timed out progressing")
+            .build();
         let seen = Seen {
             app: Some(&app),
             ..Default::default()
         };
         let s = build(&mp(false), &plan(Side::App, 0), &seen, jiff::Timestamp::UNIX_EPOCH);
         let degraded = s.conditions.iter().find(|c| c.type_ == DEGRADED).unwrap();
-        assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", "RolloutStalled"));
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "RolloutStalled")
+        );
         assert!(degraded.message.contains("timed out"), "{}", degraded.message);
     }
 
@@ -275,8 +290,15 @@ mod tests {
         let plan = waiting_for(Side::App, Side::Maintenance);
         let s = build(&mp(true), &plan, &seen, jiff::Timestamp::UNIX_EPOCH);
         let degraded = s.conditions.iter().find(|c| c.type_ == DEGRADED).unwrap();
-        assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", "ImageNotMapped"));
-        assert!(degraded.message.contains("maintenance pods cannot start"), "{}", degraded.message);
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "ImageNotMapped")
+        );
+        assert!(
+            degraded.message.contains("maintenance pods cannot start"),
+            "{}",
+            degraded.message
+        );
         assert!(newly_degraded(None, &s).is_some(), "announced");
         assert!(newly_degraded(Some(&s), &s).is_none(), "once");
         let recovered = build(
@@ -288,7 +310,10 @@ mod tests {
             },
             jiff::Timestamp::UNIX_EPOCH,
         );
-        assert!(!is_true(&recovered.conditions, DEGRADED), "cleared when the pods recover");
+        assert!(
+            !is_true(&recovered.conditions, DEGRADED),
+            "cleared when the pods recover"
+        );
     }
 
     #[test]

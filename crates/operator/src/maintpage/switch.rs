@@ -124,7 +124,11 @@ mod tests {
     #[test]
     fn a_new_resource_publishes_the_app_once_ready_without_maintenance_pods() {
         let starting = plan(&spec(false), &observed(None, false, false), at(0));
-        assert_eq!((starting.publish, starting.published), (Side::App, None), "not yet published");
+        assert_eq!(
+            (starting.publish, starting.published),
+            (Side::App, None),
+            "not yet published"
+        );
         assert_eq!(starting.maintenance_replicas, 0);
         assert_eq!(starting.waiting_for, Some(Side::App));
         let ready = plan(&spec(false), &observed(None, true, false), at(1));
@@ -145,7 +149,10 @@ mod tests {
         assert_eq!((later.publish, later.switched), (Side::Maintenance, true));
         // Both Ready at once: the side asked for.
         let both = plan(&spec(true), &observed(None, true, true), at(0));
-        assert_eq!((both.publish, both.published), (Side::Maintenance, Some(Side::Maintenance)));
+        assert_eq!(
+            (both.publish, both.published),
+            (Side::Maintenance, Some(Side::Maintenance))
+        );
         // Neither: the Service selects the page, nothing is published.
         let neither = plan(&spec(true), &observed(None, false, false), at(0));
         assert_eq!((neither.publish, neither.published), (Side::Maintenance, None));

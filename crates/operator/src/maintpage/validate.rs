@@ -50,6 +50,9 @@ mod tests {
         };
         let error = validate(&mp, &theirs).unwrap_err();
         assert_eq!(error.reason(), "NameConflict");
-        assert!(error.to_string().contains("Deployment \"shop\" already exists"), "{error}");
+        assert!(
+            error.to_string().contains("Deployment \"shop\" already exists"),
+            "{error}"
+        );
     }
 }

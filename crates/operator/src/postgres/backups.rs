@@ -17,13 +17,13 @@ use noops_api::PostgreSQL;
 use noops_api::postgres_backup::{PostgresBackup, PostgresBackupSpec};
 
 use super::names::{Names, POSTGRES_LABEL};
-use super::store::Destination;
 use super::restore::PlanProblem;
-use crate::core::events::Announcement;
-use crate::core::{Result, crash};
+use super::store::Destination;
 use crate::core::apply::{create_if_missing, delete_if_present};
 use crate::core::conditions::Decided;
+use crate::core::events::Announcement;
 use crate::core::schedule::{self, Kept, SCHEDULED_LABEL};
+use crate::core::{Result, crash};
 
 /// The UID of the PostgreSQL a backup was made for (a database deleted and made again under
 /// the same name is another database).
@@ -110,7 +110,11 @@ pub fn first_backup_due(pg: &PostgreSQL, mine: &[&PostgresBackup], serving: bool
         .iter()
         .filter(|b| {
             // One not started yet goes to the destination of now.
-            let went = b.status.as_ref().and_then(|s| s.destination.as_ref()).and_then(Destination::of_location);
+            let went = b
+                .status
+                .as_ref()
+                .and_then(|s| s.destination.as_ref())
+                .and_then(Destination::of_location);
             went.is_none_or(|d| d == destination)
         })
         .collect();
@@ -151,7 +155,10 @@ fn scheduled_backup(pg: &PostgreSQL, names: &Names, at: jiff::Timestamp) -> Post
             labels: Some(
                 [
                     (POSTGRES_LABEL.to_string(), names.name.clone()),
-                    (POSTGRES_UID_LABEL.to_string(), pg.metadata.uid.clone().unwrap_or_default()),
+                    (
+                        POSTGRES_UID_LABEL.to_string(),
+                        pg.metadata.uid.clone().unwrap_or_default(),
+                    ),
                     (SCHEDULED_LABEL.to_string(), "true".to_string()),
                 ]
                 .into(),
@@ -212,7 +219,10 @@ pub async fn keep(
                 let backup = scheduled_backup(pg, names, at);
                 if create_if_missing(&api, &backup).await? {
                     crash::point("postgres: scheduled backup made, bookmark not written");
-                    pass.decisions.push(Announcement::normal("BackupScheduled", format!("made PostgresBackup {} for {at}", backup.name_any())));
+                    pass.decisions.push(Announcement::normal(
+                        "BackupScheduled",
+                        format!("made PostgresBackup {} for {at}", backup.name_any()),
+                    ));
                 }
             } else {
                 pass.decisions.push(Announcement::normal(
@@ -229,7 +239,11 @@ pub async fn keep(
     // Backups a new database is being restored from are never deleted under it.
     let databases: Api<PostgreSQL> = Api::namespaced(client.clone(), &names.namespace);
     let restoring = databases.list(&Default::default()).await?.items;
-    let in_use = |name: &str| restoring.iter().any(|pg| crate::postgres_backup::restores_from(pg, name));
+    let in_use = |name: &str| {
+        restoring
+            .iter()
+            .any(|pg| crate::postgres_backup::restores_from(pg, name))
+    };
     let scheduled: Vec<Kept> = mine
         .iter()
         .filter(|b| b.labels().get(SCHEDULED_LABEL).map(String::as_str) == Some("true"))
@@ -313,17 +327,29 @@ mod tests {
     fn a_first_backup_is_made_once_the_database_serves_and_not_again_while_one_exists() {
         let pg = serving("7");
         assert!(first_backup_due(&pg, &[], true, at(1000)));
-        assert!(!first_backup_due(&pg, &[], false, at(1000)), "a database that does not serve is not backed up");
-        assert!(!first_backup_due(&postgres("shop"), &[], true, at(1000)), "no destination, no backup");
+        assert!(
+            !first_backup_due(&pg, &[], false, at(1000)),
+            "a database that does not serve is not backed up"
+        );
+        assert!(
+            !first_backup_due(&postgres("shop"), &[], true, at(1000)),
+            "no destination, no backup"
+        );
         let running = backup("shop-1", "shop", "Running", "7", 900);
         assert!(!first_backup_due(&pg, &[&running], true, at(1000)));
         let stored = backup("shop-1", "shop", "Succeeded", "7", 900);
         assert!(!first_backup_due(&pg, &[&stored], true, at(1000)));
         let failed = backup("shop-1", "shop", "Failed", "7", 990);
-        assert!(!first_backup_due(&pg, &[&failed], true, at(1000)), "not at once after a failure");
+        assert!(
+            !first_backup_due(&pg, &[&failed], true, at(1000)),
+            "not at once after a failure"
+        );
         assert!(first_backup_due(&pg, &[&failed], true, at(1100)), "but a minute later");
         let again = backup("shop-2", "shop", "Failed", "7", 1100);
-        assert!(!first_backup_due(&pg, &[&failed, &again], true, at(1200)), "two minutes after a second one");
+        assert!(
+            !first_backup_due(&pg, &[&failed, &again], true, at(1200)),
+            "two minutes after a second one"
+        );
         assert!(first_backup_due(&pg, &[&failed, &again], true, at(1221)));
     }
 
@@ -366,7 +392,13 @@ mod tests {
         count(&mut book, &[&old, &failed, &newer]);
         let condition = book.condition.unwrap();
         assert_eq!((condition.status, condition.reason), (true, "BackupStored"));
-        assert!(condition.message.contains("newer stored a base backup ending at WAL 0/2000100"), "{}", condition.message);
+        assert!(
+            condition
+                .message
+                .contains("newer stored a base backup ending at WAL 0/2000100"),
+            "{}",
+            condition.message
+        );
         assert_eq!(book.last_backup.as_deref(), Some("newer"));
         assert_eq!(book.last_backup_time.map(|t| t.0), Some(at(250)));
     }

@@ -48,7 +48,11 @@ pub async fn instance_and_database(
     }
     let Some(ip) = pod.and_then(observe::ready_address) else {
         let why = match pod {
-            None => format!("waiting for pod {} (StatefulSet {})", names.instance(), names.statefulset()),
+            None => format!(
+                "waiting for pod {} (StatefulSet {})",
+                names.instance(),
+                names.statefulset()
+            ),
             Some(_) => format!("pod {} is starting: recovering its database", names.instance()),
         };
         return (InstanceState::Starting(why), Made::default());
@@ -84,11 +88,13 @@ async fn make_database(
     restore: Option<&RestoreStatus>,
 ) -> Result<Made, SqlError> {
     let (db, user) = (&pg.spec.db, &pg.spec.user);
-    let restored_anew = restore.is_some_and(|r| previous.restore.as_ref().map(|p| &p.completed_at) != Some(&r.completed_at));
+    let restored_anew =
+        restore.is_some_and(|r| previous.restore.as_ref().map(|p| &p.completed_at) != Some(&r.completed_at));
     let Ok(password) = password else {
         // The password cannot be read: nothing is changed; the database may still be there.
         let database_ready = instance.has_database_and_user(db, user).await?;
-        let same_database = previous.system_identifier.as_deref() == Some(facts.system_identifier.as_str()) && !restored_anew;
+        let same_database =
+            previous.system_identifier.as_deref() == Some(facts.system_identifier.as_str()) && !restored_anew;
         return Ok(Made {
             database_ready,
             password_version: previous.password_secret_version.clone().filter(|_| same_database),
@@ -96,7 +102,8 @@ async fn make_database(
         });
     };
     let user_created = instance.ensure_user(user, &password.value).await?;
-    let password_set = !user_created && (restored_anew || secrets::needs_setting(previous, password, &facts.system_identifier));
+    let password_set =
+        !user_created && (restored_anew || secrets::needs_setting(previous, password, &facts.system_identifier));
     if password_set {
         instance.set_password(user, &password.value).await?;
     }

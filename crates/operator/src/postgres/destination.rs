@@ -29,7 +29,11 @@ pub fn needed(destination: &Destination) -> Needed<'_> {
 
 /// Why the instance cannot be given `destination`, given the Secret or claim it needs as read
 /// (`None`: not there).
-pub fn problem(destination: &Destination, secret: Option<&Secret>, claim: Option<&PersistentVolumeClaim>) -> Option<PlanProblem> {
+pub fn problem(
+    destination: &Destination,
+    secret: Option<&Secret>,
+    claim: Option<&PersistentVolumeClaim>,
+) -> Option<PlanProblem> {
     match needed(destination) {
         Needed::Secret(name) => {
             let Some(secret) = secret else {
@@ -79,7 +83,11 @@ mod tests {
 
     fn secret(keys: &[(&str, &str)]) -> Secret {
         Secret {
-            data: Some(keys.iter().map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec()))).collect()),
+            data: Some(
+                keys.iter()
+                    .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                    .collect(),
+            ),
             ..Default::default()
         }
     }
@@ -102,7 +110,12 @@ mod tests {
         assert_eq!(half.reason, "BackupCredentialsInvalid");
         assert!(half.message.contains("no AWS_SECRET_ACCESS_KEY"), "{}", half.message);
         let empty = secret(&[("AWS_ACCESS_KEY_ID", ""), ("AWS_SECRET_ACCESS_KEY", "key")]);
-        assert!(problem(&destination, Some(&empty), None).unwrap().message.contains("no AWS_ACCESS_KEY_ID"));
+        assert!(
+            problem(&destination, Some(&empty), None)
+                .unwrap()
+                .message
+                .contains("no AWS_ACCESS_KEY_ID")
+        );
     }
 
     #[test]
@@ -115,7 +128,14 @@ mod tests {
         let mut claim = PersistentVolumeClaim::default();
         assert_eq!(problem(&destination, None, Some(&claim)), None);
         assert_eq!(problem(&destination, None, None).unwrap().reason, "BackupClaimNotFound");
-        claim.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()));
-        assert!(problem(&destination, None, Some(&claim)).unwrap().message.contains("being deleted"));
+        claim.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::now(),
+        ));
+        assert!(
+            problem(&destination, None, Some(&claim))
+                .unwrap()
+                .message
+                .contains("being deleted")
+        );
     }
 }

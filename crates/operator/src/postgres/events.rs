@@ -10,7 +10,12 @@ use super::status::restored_message;
 use crate::core::events::Announcement;
 
 /// The Events of a pass.
-pub fn announcements(pg: &PostgreSQL, previous: &PostgreSQLStatus, status: &PostgreSQLStatus, made: &Made) -> Vec<Announcement> {
+pub fn announcements(
+    pg: &PostgreSQL,
+    previous: &PostgreSQLStatus,
+    status: &PostgreSQLStatus,
+    made: &Made,
+) -> Vec<Announcement> {
     let (db, user) = (&pg.spec.db, &pg.spec.user);
     let mut out = Vec::new();
     if let (Some(was), Some(now)) = (&previous.system_identifier, &status.system_identifier)
@@ -27,16 +32,30 @@ pub fn announcements(pg: &PostgreSQL, previous: &PostgreSQLStatus, status: &Post
         out.push(Announcement::normal("Restored", restored_message(record)));
     }
     if made.user_created {
-        out.push(Announcement::normal("UserCreated", format!("made role {user}, with the password from the Secret")));
+        out.push(Announcement::normal(
+            "UserCreated",
+            format!("made role {user}, with the password from the Secret"),
+        ));
     }
     if made.database_created {
-        out.push(Announcement::normal("DatabaseCreated", format!("made database {db}, owned by {user}")));
+        out.push(Announcement::normal(
+            "DatabaseCreated",
+            format!("made database {db}, owned by {user}"),
+        ));
     }
     if made.password_set {
-        out.push(Announcement::normal("PasswordChanged", format!("set role {user}'s password from Secret {}", pg.spec.password_secret)));
+        out.push(Announcement::normal(
+            "PasswordChanged",
+            format!("set role {user}'s password from Secret {}", pg.spec.password_secret),
+        ));
     }
     // A problem is told once, when Degraded turns True or its reason changes.
-    let degraded = |s: &PostgreSQLStatus| s.conditions.iter().find(|c| c.type_ == "Degraded" && c.status == "True").cloned();
+    let degraded = |s: &PostgreSQLStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True")
+            .cloned()
+    };
     if let Some(now) = degraded(status)
         && degraded(previous).is_none_or(|was| was.reason != now.reason)
     {
@@ -44,7 +63,13 @@ pub fn announcements(pg: &PostgreSQL, previous: &PostgreSQLStatus, status: &Post
     }
     let ready = |s: &PostgreSQLStatus| s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
     if ready(status) && !ready(previous) {
-        out.push(Announcement::normal("Serving", format!("database {db} is ready at {}", status.endpoint.clone().unwrap_or_default())));
+        out.push(Announcement::normal(
+            "Serving",
+            format!(
+                "database {db} is ready at {}",
+                status.endpoint.clone().unwrap_or_default()
+            ),
+        ));
     }
     out
 }
@@ -52,9 +77,9 @@ pub fn announcements(pg: &PostgreSQL, previous: &PostgreSQLStatus, status: &Post
 #[cfg(test)]
 mod tests {
     use super::*;
-    use noops_api::postgres::RestoreStatus;
     use crate::core::conditions::{Decided, merge};
     use crate::postgres::fixtures::postgres;
+    use noops_api::postgres::RestoreStatus;
 
     fn with(conditions: &[Decided]) -> PostgreSQLStatus {
         PostgreSQLStatus {
@@ -77,7 +102,10 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(told(&fine, &missing), ["PasswordSecretMissing"]);
-        assert!(told(&missing, &missing).is_empty(), "the same problem again is not news");
+        assert!(
+            told(&missing, &missing).is_empty(),
+            "the same problem again is not news"
+        );
         assert_eq!(told(&missing, &no_key), ["PasswordKeyMissing"]);
         assert!(told(&missing, &fine).is_empty());
     }
@@ -94,7 +122,10 @@ mod tests {
             ..Default::default()
         };
         let told = announcements(&pg, &was, &now, &Made::default());
-        assert!(told.iter().any(|a| a.warning && a.reason == "DatabaseReplaced"), "{told:?}");
+        assert!(
+            told.iter().any(|a| a.warning && a.reason == "DatabaseReplaced"),
+            "{told:?}"
+        );
         assert!(announcements(&pg, &was, &was, &Made::default()).is_empty());
     }
 
@@ -111,7 +142,11 @@ mod tests {
             ..Default::default()
         };
         let told = announcements(&pg, &PostgreSQLStatus::default(), &restored, &Made::default());
-        assert!(told.iter().any(|a| !a.warning && a.reason == "Restored" && a.note.contains("2026-11-24T10:00:00Z")), "{told:?}");
+        assert!(
+            told.iter()
+                .any(|a| !a.warning && a.reason == "Restored" && a.note.contains("2026-11-24T10:00:00Z")),
+            "{told:?}"
+        );
         assert!(announcements(&pg, &restored, &restored, &Made::default()).is_empty());
     }
 }

@@ -21,6 +21,8 @@ pub mod backups;
 pub mod database;
 pub mod destination;
 pub mod events;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod instance;
 pub mod names;
 pub mod node_loss;
@@ -34,8 +36,6 @@ pub mod sql;
 pub mod statefulset;
 pub mod status;
 pub mod store;
-#[cfg(test)]
-pub(crate) mod fixtures;
 
 use std::sync::Arc;
 
@@ -43,9 +43,9 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::core::DeserializeGuard;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::ObjectRef;
-use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use noops_api::{PostgreSQL, PostgresBackup};
@@ -101,8 +101,11 @@ pub async fn run(runtime: Runtime) {
     let (secrets, _) = shared_cache(scoped_api::<Secret>(&client, &namespace), ours.clone()).await;
     let (config_maps, _) = shared_cache(scoped_api::<ConfigMap>(&client, &namespace), ours.clone()).await;
     let (claims, claim_changes) = shared_cache(scoped_api::<PersistentVolumeClaim>(&client, &namespace), ours).await;
-    let (backups, backup_changes) =
-        shared_cache(scoped_api::<PostgresBackup>(&client, &namespace), watcher::Config::default()).await;
+    let (backups, backup_changes) = shared_cache(
+        scoped_api::<PostgresBackup>(&client, &namespace),
+        watcher::Config::default(),
+    )
+    .await;
     let ctx = Arc::new(Context {
         core: ControllerCore::new(CONTROLLER.name, client.clone(), metrics),
         client: client.clone(),
@@ -125,9 +128,12 @@ pub async fn run(runtime: Runtime) {
     let databases = controller.store();
     // Only the metadata of Secrets: enough to see that a password Secret changed, without
     // holding every Secret's data in memory.
-    let secret_changes = watcher(scoped_api::<PartialObjectMeta<Secret>>(&client, &namespace), watcher::Config::default())
-        .default_backoff()
-        .touched_objects();
+    let secret_changes = watcher(
+        scoped_api::<PartialObjectMeta<Secret>>(&client, &namespace),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects();
     let controller = controller
         .owns_shared_stream(statefulset_changes)
         // The instance's pod is the StatefulSet's: its label names the database.
@@ -153,7 +159,12 @@ pub async fn run(runtime: Runtime) {
                     .filter(|pg| pg.namespace().as_deref() == Some(namespace.as_str()))
                     .filter(|pg| {
                         pg.name_any() == backup.spec.postgresql
-                            || pg.spec.bootstrap.as_ref().and_then(|b| b.from_backup.as_ref()).is_some_and(|b| b.name == name)
+                            || pg
+                                .spec
+                                .bootstrap
+                                .as_ref()
+                                .and_then(|b| b.from_backup.as_ref())
+                                .is_some_and(|b| b.name == name)
                     })
                     .map(|pg| ObjectRef::new(&pg.name_any()).within(&namespace))
                     .collect::<Vec<_>>()
@@ -168,7 +179,12 @@ pub async fn run(runtime: Runtime) {
                 .filter_map(|guard| guard.0.as_ref().ok().cloned())
                 .filter(|pg| pg.namespace().as_deref() == Some(namespace.as_str()))
                 .filter(|pg| {
-                    let credentials = pg.spec.backup.as_ref().and_then(|b| b.s3.as_ref()).map(|s3| &s3.credentials_secret);
+                    let credentials = pg
+                        .spec
+                        .backup
+                        .as_ref()
+                        .and_then(|b| b.s3.as_ref())
+                        .map(|s3| &s3.credentials_secret);
                     pg.spec.password_secret == name || credentials == Some(&name)
                 })
                 .map(|pg| ObjectRef::new(&pg.name_any()).within(&namespace))

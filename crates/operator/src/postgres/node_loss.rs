@@ -134,7 +134,13 @@ mod tests {
         let later = at(100 + 16);
         let volume = local_volume("node-2");
         assert_eq!(
-            decide(&stuck, Some(&node(false)), Some(&volume), Ok(&Elsewhere::Restore("shop-1".into())), later),
+            decide(
+                &stuck,
+                Some(&node(false)),
+                Some(&volume),
+                Ok(&Elsewhere::Restore("shop-1".into())),
+                later
+            ),
             NodeLoss::GiveUpVolume { node: "node-2".into() }
         );
         assert_eq!(
@@ -145,7 +151,13 @@ mod tests {
             }
         );
         assert_eq!(
-            decide(&stuck, None, Some(&volume), Ok(&Elsewhere::Restore("shop-1".into())), later),
+            decide(
+                &stuck,
+                None,
+                Some(&volume),
+                Ok(&Elsewhere::Restore("shop-1".into())),
+                later
+            ),
             NodeLoss::GiveUpVolume { node: "node-2".into() },
             "a Node object deleted is a dead node"
         );
@@ -169,8 +181,35 @@ mod tests {
     #[test]
     fn nothing_is_done_while_the_node_is_ready_or_the_pod_is_within_its_deadline() {
         let volume = local_volume("node-2");
-        assert_eq!(decide(&pod(Some(100)), Some(&node(true)), Some(&volume), Ok(&Elsewhere::Anew), at(200)), NodeLoss::Fine);
-        assert_eq!(decide(&pod(Some(100)), Some(&node(false)), Some(&volume), Ok(&Elsewhere::Anew), at(110)), NodeLoss::Fine);
-        assert_eq!(decide(&pod(None), Some(&node(false)), Some(&volume), Ok(&Elsewhere::Anew), at(200)), NodeLoss::Fine);
+        assert_eq!(
+            decide(
+                &pod(Some(100)),
+                Some(&node(true)),
+                Some(&volume),
+                Ok(&Elsewhere::Anew),
+                at(200)
+            ),
+            NodeLoss::Fine
+        );
+        assert_eq!(
+            decide(
+                &pod(Some(100)),
+                Some(&node(false)),
+                Some(&volume),
+                Ok(&Elsewhere::Anew),
+                at(110)
+            ),
+            NodeLoss::Fine
+        );
+        assert_eq!(
+            decide(
+                &pod(None),
+                Some(&node(false)),
+                Some(&volume),
+                Ok(&Elsewhere::Anew),
+                at(200)
+            ),
+            NodeLoss::Fine
+        );
     }
 }

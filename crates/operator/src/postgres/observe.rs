@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
-use noops_api::PostgresBackup;
 use kube::runtime::reflector::{ObjectRef, Store};
+use noops_api::PostgresBackup;
 
 use super::names::Names;
 
@@ -90,7 +90,10 @@ pub fn bootstrap(pod: &Pod) -> Bootstrap {
     let failed = |t: &k8s_openapi::api::core::v1::ContainerStateTerminated| {
         (t.exit_code != 0).then(|| {
             let said = t.message.as_deref().map(str::trim).filter(|m| !m.is_empty());
-            said.map_or_else(|| format!("exited with code {}", t.exit_code), |m| m.lines().last().unwrap_or(m).to_string())
+            said.map_or_else(
+                || format!("exited with code {}", t.exit_code),
+                |m| m.lines().last().unwrap_or(m).to_string(),
+            )
         })
     };
     if state.running.is_some() {
@@ -100,7 +103,11 @@ pub fn bootstrap(pod: &Pod) -> Bootstrap {
         return Bootstrap::Failed(message);
     }
     if state.waiting.is_some()
-        && let Some(message) = container.last_state.as_ref().and_then(|s| s.terminated.as_ref()).and_then(failed)
+        && let Some(message) = container
+            .last_state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .and_then(failed)
     {
         return Bootstrap::Failed(message);
     }
@@ -130,7 +137,10 @@ pub fn pod_without_its_claim(children: &Children) -> Option<String> {
     if pod.metadata.deletion_timestamp.is_some() || ready_address(pod).is_some() {
         return None;
     }
-    let claim_gone = children.data_claim.as_deref().is_none_or(|c| c.metadata.deletion_timestamp.is_some());
+    let claim_gone = children
+        .data_claim
+        .as_deref()
+        .is_none_or(|c| c.metadata.deletion_timestamp.is_some());
     claim_gone.then(|| pod.metadata.name.clone()).flatten()
 }
 
@@ -169,10 +179,28 @@ mod tests {
             data_claim: claim,
             ..Default::default()
         };
-        assert_eq!(pod_without_its_claim(&with(pod(false, false), None)).as_deref(), Some("shop-0"));
-        assert_eq!(pod_without_its_claim(&with(pod(false, false), Some(claim(true)))).as_deref(), Some("shop-0"));
-        assert_eq!(pod_without_its_claim(&with(pod(false, false), Some(claim(false)))), None, "it waits for its claim");
-        assert_eq!(pod_without_its_claim(&with(pod(true, false), Some(claim(true)))), None, "it serves on its volume still");
-        assert_eq!(pod_without_its_claim(&with(pod(false, true), None)), None, "it is going already");
+        assert_eq!(
+            pod_without_its_claim(&with(pod(false, false), None)).as_deref(),
+            Some("shop-0")
+        );
+        assert_eq!(
+            pod_without_its_claim(&with(pod(false, false), Some(claim(true)))).as_deref(),
+            Some("shop-0")
+        );
+        assert_eq!(
+            pod_without_its_claim(&with(pod(false, false), Some(claim(false)))),
+            None,
+            "it waits for its claim"
+        );
+        assert_eq!(
+            pod_without_its_claim(&with(pod(true, false), Some(claim(true)))),
+            None,
+            "it serves on its volume still"
+        );
+        assert_eq!(
+            pod_without_its_claim(&with(pod(false, true), None)),
+            None,
+            "it is going already"
+        );
     }
 }

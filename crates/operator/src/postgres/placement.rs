@@ -33,7 +33,10 @@ pub fn no_node_fits(resources: Option<&ResourceRequirements>, nodes: &[Node]) ->
     }
     let has = |node: &Node| {
         let status = node.status.as_ref();
-        status.and_then(|s| s.allocatable.clone()).or_else(|| status.and_then(|s| s.capacity.clone())).unwrap_or_default()
+        status
+            .and_then(|s| s.allocatable.clone())
+            .or_else(|| status.and_then(|s| s.capacity.clone()))
+            .unwrap_or_default()
     };
     let fits = |node: &Node| {
         let has = has(node);
@@ -56,7 +59,11 @@ pub fn no_node_fits(resources: Option<&ResourceRequirements>, nodes: &[Node]) ->
                 .iter()
                 .map(|(name, _, _)| format!("{name} {}", has.get(name.as_str()).map_or("none", |q| q.0.as_str())))
                 .collect();
-            format!("{} has {}", node.metadata.name.as_deref().unwrap_or_default(), amounts.join(", "))
+            format!(
+                "{} has {}",
+                node.metadata.name.as_deref().unwrap_or_default(),
+                amounts.join(", ")
+            )
         })
         .collect();
     Some(PlanProblem {
@@ -79,7 +86,11 @@ mod tests {
         node.metadata.name = Some(name.into());
         node.status = Some(NodeStatus {
             allocatable: Some(
-                [("cpu".to_string(), Quantity(cpu.into())), ("memory".to_string(), Quantity(memory.into()))].into(),
+                [
+                    ("cpu".to_string(), Quantity(cpu.into())),
+                    ("memory".to_string(), Quantity(memory.into())),
+                ]
+                .into(),
             ),
             ..Default::default()
         });
@@ -88,7 +99,12 @@ mod tests {
 
     fn asking(requests: &[(&str, &str)], limits: &[(&str, &str)]) -> ResourceRequirements {
         let map = |pairs: &[(&str, &str)]| {
-            (!pairs.is_empty()).then(|| pairs.iter().map(|(k, v)| (k.to_string(), Quantity(v.to_string()))).collect())
+            (!pairs.is_empty()).then(|| {
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                    .collect()
+            })
         };
         ResourceRequirements {
             requests: map(requests),
@@ -101,10 +117,25 @@ mod tests {
     fn a_pod_that_some_node_can_hold_is_fine() {
         let nodes = [node("small", "2", "4Gi"), node("big", "8", "32Gi")];
         assert_eq!(no_node_fits(None, &nodes), None);
-        assert_eq!(no_node_fits(Some(&asking(&[("cpu", "6"), ("memory", "16Gi")], &[])), &nodes), None);
-        assert_eq!(no_node_fits(Some(&asking(&[], &[("memory", "30Gi")])), &nodes), None, "a limit as request");
-        assert_eq!(no_node_fits(Some(&asking(&[("cpu", "500m")], &[])), &[]), None, "no nodes to tell");
-        assert_eq!(no_node_fits(Some(&asking(&[("cpu", "lots")], &[])), &nodes), None, "the API server says");
+        assert_eq!(
+            no_node_fits(Some(&asking(&[("cpu", "6"), ("memory", "16Gi")], &[])), &nodes),
+            None
+        );
+        assert_eq!(
+            no_node_fits(Some(&asking(&[], &[("memory", "30Gi")])), &nodes),
+            None,
+            "a limit as request"
+        );
+        assert_eq!(
+            no_node_fits(Some(&asking(&[("cpu", "500m")], &[])), &[]),
+            None,
+            "no nodes to tell"
+        );
+        assert_eq!(
+            no_node_fits(Some(&asking(&[("cpu", "lots")], &[])), &nodes),
+            None,
+            "the API server says"
+        );
     }
 
     #[test]
@@ -112,7 +143,11 @@ mod tests {
         let nodes = [node("small", "2", "4Gi"), node("big", "8", "32Gi")];
         let problem = no_node_fits(Some(&asking(&[("cpu", "64")], &[])), &nodes).unwrap();
         assert_eq!(problem.reason, "NoNodeFits");
-        assert!(problem.message.contains("cpu 64") && problem.message.contains("big has cpu 8"), "{}", problem.message);
+        assert!(
+            problem.message.contains("cpu 64") && problem.message.contains("big has cpu 8"),
+            "{}",
+            problem.message
+        );
         // Each resource fits some node, but no node holds both.
         let split = asking(&[("cpu", "6"), ("memory", "8Gi")], &[]);
         let nodes = [node("cpus", "8", "4Gi"), node("memory", "2", "32Gi")];
@@ -122,6 +157,11 @@ mod tests {
         assert_eq!(no_node_fits(Some(&bounded), &nodes), None);
         // A resource no node offers.
         let gpu = asking(&[("nvidia.com/gpu", "1")], &[]);
-        assert!(no_node_fits(Some(&gpu), &nodes).unwrap().message.contains("nvidia.com/gpu 1"));
+        assert!(
+            no_node_fits(Some(&gpu), &nodes)
+                .unwrap()
+                .message
+                .contains("nvidia.com/gpu 1")
+        );
     }
 }

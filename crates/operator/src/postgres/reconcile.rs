@@ -11,8 +11,8 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::runtime::controller::Action;
 use kube::api::DeleteParams;
+use kube::runtime::controller::Action;
 use kube::{Api, Resource};
 use noops_api::PostgreSQL;
 use serde_json::json;
@@ -29,8 +29,8 @@ use super::secrets::{self, Password};
 use super::status::{self, InstanceState, Seen};
 use super::store::Destination;
 use super::{Context, destination, observe, restore, services, statefulset};
-use crate::core::events::Announcement;
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
+use crate::core::events::Announcement;
 use crate::core::stamp::{stamp, up_to_date};
 use crate::core::stuck::stuck;
 use crate::core::{DuringStage, Error, Result, Stage, crash};
@@ -58,7 +58,10 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     // caches: read it (a watch on Secret metadata wakes the database when it changes).
     let children = observe::children(&ctx.caches, &names);
     let all_backups = observe::backups(&ctx.caches, &names);
-    let user_secret = secrets_api.get_opt(&pg.spec.password_secret).await.during(Stage::Observe)?;
+    let user_secret = secrets_api
+        .get_opt(&pg.spec.password_secret)
+        .await
+        .during(Stage::Observe)?;
 
     // Validate: the schema checked the spec; the password's Secret and the backup a new
     // database starts from are left.
@@ -80,7 +83,9 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
         stamp(&mut config);
         if !up_to_date(&config, children.instance_config.as_deref()) {
             let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &names.namespace);
-            apply(&api, &names.instance_config(), &config).await.during(Stage::Apply)?;
+            apply(&api, &names.instance_config(), &config)
+                .await
+                .during(Stage::Apply)?;
             crash::point("postgres: plan written");
             info!(restore_from = ?plan.restore.as_ref().map(|r| &r.backup), "an empty data directory now becomes what the plan says");
         }
@@ -110,7 +115,10 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
                     }
                 }
                 Some(problem) => {
-                    info!(reason = problem.reason, "the StatefulSet is left as it is: {}", problem.message);
+                    info!(
+                        reason = problem.reason,
+                        "the StatefulSet is left as it is: {}", problem.message
+                    );
                 }
             }
         }
@@ -133,8 +141,13 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     // waits for it to be Ready first): it is deleted, and the StatefulSet makes the new one.
     if let Some(pod) = outdated_stuck_pod(&children, now) {
         let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        delete_if_present(&api, &pod, &Default::default()).await.during(Stage::Apply)?;
-        info!(pod, "deleted the instance's pod, which cannot start, for one of the new spec");
+        delete_if_present(&api, &pod, &Default::default())
+            .await
+            .during(Stage::Apply)?;
+        info!(
+            pod,
+            "deleted the instance's pod, which cannot start, for one of the new spec"
+        );
     }
 
     if let Some(pod) = observe::pod_without_its_claim(&children) {
@@ -143,20 +156,28 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
         let claim = claims.get_opt(&names.data_claim()).await.during(Stage::Observe)?;
         if claim.is_none_or(|c| c.metadata.deletion_timestamp.is_some()) {
             let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
-            delete_if_present(&api, &pod, &Default::default()).await.during(Stage::Apply)?;
-            info!(pod, "deleted the instance's pod, which waited for a volume claim that is gone: the StatefulSet makes both anew");
+            delete_if_present(&api, &pod, &Default::default())
+                .await
+                .during(Stage::Apply)?;
+            info!(
+                pod,
+                "deleted the instance's pod, which waited for a volume claim that is gone: the StatefulSet makes both anew"
+            );
         }
     }
 
     // A node that died with the instance on it.
     let pod = children.instance.as_deref();
     let node_lost = match pod.filter(|p| node_loss::stuck_in_deletion(p, now)) {
-        Some(stuck) => handle_node_loss(&pg, &names, ctx, stuck, &plan, now).await.during(Stage::Apply)?,
+        Some(stuck) => handle_node_loss(&pg, &names, ctx, stuck, &plan, now)
+            .await
+            .during(Stage::Apply)?,
         None => None,
     };
 
     // The instance and the database in it.
-    let (mut instance, made) = database::instance_and_database(&pg, &names, &previous, pod, &superuser_password, &password).await;
+    let (mut instance, made) =
+        database::instance_and_database(&pg, &names, &previous, pod, &superuser_password, &password).await;
     if let InstanceState::Unreachable(why) = &instance {
         // The caches may be a moment behind a pod deleted (or no longer Ready) while the pass
         // talked to it: that one is being replaced, not unreachable, and worth no Warning.
@@ -192,7 +213,11 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
             .as_ref()
             .and_then(|s| s.spec.as_ref()?.ports.as_ref()?.first()?.node_port)
             .filter(|_| pg.spec.service.type_ == noops_api::postgres::ServiceType::NodePort),
-        restores_from: plan.as_ref().ok().and_then(|p| p.restore.as_ref()).map(|r| r.backup.clone()),
+        restores_from: plan
+            .as_ref()
+            .ok()
+            .and_then(|p| p.restore.as_ref())
+            .map(|r| r.backup.clone()),
         initdb_refused: plan.as_ref().is_ok_and(|p| p.initdb_refused.is_some()),
         plan_problem: plan.as_ref().err().cloned(),
         held_back: held_back.clone().or(refused),
@@ -260,7 +285,12 @@ async fn check_destination(pg: &PostgreSQL, names: &Names, ctx: &Context) -> Res
 /// Why no node could hold the instance's pod as the spec sizes it, if none could. The nodes
 /// are listed only when the spec sets resources and the StatefulSet is about to change.
 async fn check_placement(pg: &PostgreSQL, ctx: &Context) -> Result<Option<restore::PlanProblem>> {
-    let Some(resources) = pg.spec.resources.as_ref().filter(|r| !placement::requests(r).is_empty()) else {
+    let Some(resources) = pg
+        .spec
+        .resources
+        .as_ref()
+        .filter(|r| !placement::requests(r).is_empty())
+    else {
         return Ok(None);
     };
     let nodes = Api::<Node>::all(ctx.client.clone()).list(&Default::default()).await?;
@@ -271,7 +301,13 @@ async fn check_placement(pg: &PostgreSQL, ctx: &Context) -> Result<Option<restor
 fn outdated_stuck_pod(children: &observe::Children, now: jiff::Timestamp) -> Option<String> {
     let pod = children.instance.as_deref()?;
     stuck([pod], now)?;
-    let update = children.statefulset.as_deref()?.status.as_ref()?.update_revision.clone()?;
+    let update = children
+        .statefulset
+        .as_deref()?
+        .status
+        .as_ref()?
+        .update_revision
+        .clone()?;
     let revision = pod.metadata.labels.as_ref()?.get("controller-revision-hash")?;
     (*revision != update).then(|| pod.metadata.name.clone()).flatten()
 }
@@ -315,7 +351,12 @@ async fn handle_node_loss(
             status.last_failed_wal.clone().unwrap_or_default()
         )),
         Some(restore) => {
-            let backup_claim = pg.spec.backup.as_ref().and_then(Destination::of_spec).and_then(|d| d.claim().map(str::to_string));
+            let backup_claim = pg
+                .spec
+                .backup
+                .as_ref()
+                .and_then(Destination::of_spec)
+                .and_then(|d| d.claim().map(str::to_string));
             let backup_volume = match backup_claim {
                 Some(claim) => volume_of(claims.get_opt(&claim).await?).await?,
                 None => None,
@@ -345,8 +386,13 @@ async fn handle_node_loss(
         NodeLoss::Fine => Ok(None),
         NodeLoss::ForceDelete { node } => {
             delete_if_present(&pods, &pod_name, &force).await?;
-            let note = format!("node {node} is not ready and did not stop pod {pod_name}: deleted it, so that the StatefulSet starts it again, on its volume");
-            ctx.core.events.tell(&reference, Announcement::warning("PodForceDeleted", note)).await;
+            let note = format!(
+                "node {node} is not ready and did not stop pod {pod_name}: deleted it, so that the StatefulSet starts it again, on its volume"
+            );
+            ctx.core
+                .events
+                .tell(&reference, Announcement::warning("PodForceDeleted", note))
+                .await;
             Ok(None)
         }
         NodeLoss::GiveUpVolume { node } => {
@@ -356,14 +402,21 @@ async fn handle_node_loss(
                 if let Some(pv) = data_volume.as_ref().and_then(|pv| pv.metadata.name.clone()) {
                     let retain = serde_json::json!({ "spec": { "persistentVolumeReclaimPolicy": "Retain" } });
                     volumes
-                        .patch(&pv, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&retain))
+                        .patch(
+                            &pv,
+                            &kube::api::PatchParams::default(),
+                            &kube::api::Patch::Merge(&retain),
+                        )
                         .await?;
                 }
                 delete_if_present(&claims, &names.data_claim(), &DeleteParams::default()).await?;
                 crash::point("postgres node loss: volume given up, pod not deleted");
             }
             delete_if_present(&pods, &pod_name, &force).await?;
-            let kept = data_volume.as_ref().and_then(|pv| pv.metadata.name.clone()).unwrap_or_default();
+            let kept = data_volume
+                .as_ref()
+                .and_then(|pv| pv.metadata.name.clone())
+                .unwrap_or_default();
             let note = match restore_from {
                 Ok(Elsewhere::Restore(backup)) => format!(
                     "node {node} is not ready, with the instance's volume on its disk: gave the volume up; the instance starts on another node and restores backup {backup} and the archived WAL (commits after the last archived segment, {}, are lost). The volume {kept} is kept (Retain): delete it once nothing is to be salvaged from it",
@@ -373,7 +426,10 @@ async fn handle_node_loss(
                     "node {node} is not ready, with the instance's volume on its disk: the database never served, so nothing is lost; gave the volume up, and the instance is made anew on another node. The volume {kept} is kept (Retain): delete it"
                 ),
             };
-            ctx.core.events.tell(&reference, Announcement::warning("VolumeGivenUp", note)).await;
+            ctx.core
+                .events
+                .tell(&reference, Announcement::warning("VolumeGivenUp", note))
+                .await;
             Ok(None)
         }
         NodeLoss::WaitForNode { node, why } => Ok(Some(format!(
@@ -389,7 +445,11 @@ async fn ensure_superuser_secret(
     children: &observe::Children,
     api: &Api<Secret>,
 ) -> Result<String> {
-    if let Some(password) = children.superuser_secret.as_deref().and_then(secrets::superuser_password) {
+    if let Some(password) = children
+        .superuser_secret
+        .as_deref()
+        .and_then(secrets::superuser_password)
+    {
         return Ok(password);
     }
     let password = secrets::new_password().map_err(|e| Error::Blocked(format!("cannot draw a password: {e}")))?;
@@ -422,7 +482,9 @@ async fn finish(
         stamp(&mut secret);
         if !up_to_date(&secret, children.connection_secret.as_deref()) {
             let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
-            apply(&api, &names.connection_secret(), &secret).await.during(Stage::Apply)?;
+            apply(&api, &names.connection_secret(), &secret)
+                .await
+                .during(Stage::Apply)?;
         }
     }
     let previous = pg.status.clone().unwrap_or_default();

@@ -88,7 +88,9 @@ fn succeeded(backup: &PostgresBackup) -> bool {
 /// The newest successful base backup of `pg` (the same database, in its current destination).
 pub fn newest_own<'a>(pg: &PostgreSQL, backups: &'a [PostgresBackup]) -> Option<&'a PostgresBackup> {
     let destination = pg.spec.backup.as_ref().and_then(Destination::of_spec)?;
-    newest_restorable(pg, backups, |location| Destination::of_location(location).as_ref() == Some(&destination))
+    newest_restorable(pg, backups, |location| {
+        Destination::of_location(location).as_ref() == Some(&destination)
+    })
 }
 
 /// The newest successful base backup of this database (its system identifier) whose
@@ -107,7 +109,12 @@ fn newest_restorable<'a>(
             status.and_then(|s| s.system_identifier.as_deref()) == Some(system_id)
                 && status.and_then(|s| s.destination.as_ref()).is_some_and(&in_place)
         })
-        .max_by_key(|b| (b.status.as_ref().and_then(|s| s.completed_at.clone()).map(|t| t.0), b.name_any()))
+        .max_by_key(|b| {
+            (
+                b.status.as_ref().and_then(|s| s.completed_at.clone()).map(|t| t.0),
+                b.name_any(),
+            )
+        })
 }
 
 /// What an empty data directory of `pg` becomes, given the backups in its namespace.
@@ -138,7 +145,11 @@ pub fn plan(pg: &PostgreSQL, backups: &[PostgresBackup]) -> Result<InstancePlan,
             reason: "InvalidTargetTime",
             message: format!("bootstrap.fromBackup.targetTime {target:?} is not a time: {e}"),
         })?;
-        let ended = backup.status.as_ref().and_then(|s| s.completed_at.as_ref()).map(|t| t.0);
+        let ended = backup
+            .status
+            .as_ref()
+            .and_then(|s| s.completed_at.as_ref())
+            .map(|t| t.0);
         if let Some(ended) = ended.filter(|ended| target < *ended) {
             return Err(PlanProblem {
                 reason: "TargetBeforeBackup",
@@ -186,10 +197,13 @@ pub fn bootstrap_backup<'a>(pg: &PostgreSQL, backups: &'a [PostgresBackup]) -> R
         .and_then(|b| b.from_backup.as_ref())
         .map(|b| b.name.as_str())
         .unwrap_or_default();
-    let backup = backups.iter().find(|b| b.name_any() == name).ok_or_else(|| PlanProblem {
-        reason: "BootstrapBackupNotFound",
-        message: format!("PostgresBackup {name:?} (bootstrap.fromBackup) does not exist in this namespace"),
-    })?;
+    let backup = backups
+        .iter()
+        .find(|b| b.name_any() == name)
+        .ok_or_else(|| PlanProblem {
+            reason: "BootstrapBackupNotFound",
+            message: format!("PostgresBackup {name:?} (bootstrap.fromBackup) does not exist in this namespace"),
+        })?;
     match backup.status.as_ref().and_then(|s| s.phase.as_deref()) {
         Some("Succeeded") => Ok(backup),
         Some("Failed") => Err(PlanProblem {
@@ -265,7 +279,13 @@ mod tests {
             jiff::Timestamp::from_second(1000).unwrap(),
         ));
         let mut old = backup("shop-1", "shop", "Succeeded", "111", 500);
-        old.metadata.labels = Some([(super::super::backups::POSTGRES_UID_LABEL.to_string(), "uid-0".to_string())].into());
+        old.metadata.labels = Some(
+            [(
+                super::super::backups::POSTGRES_UID_LABEL.to_string(),
+                "uid-0".to_string(),
+            )]
+            .into(),
+        );
         let mut old_unlabelled = backup("shop-2", "shop", "Succeeded", "111", 600);
         old_unlabelled.metadata.labels = None;
         assert_eq!(plan(&pg, &[old, old_unlabelled]).unwrap(), InstancePlan::default());
@@ -307,12 +327,17 @@ mod tests {
         }
         let held = plan(&pg, std::slice::from_ref(&moved)).unwrap();
         assert_eq!(held.restore, None);
-        let why = held.initdb_refused.expect("a database with backups elsewhere is not made anew");
+        let why = held
+            .initdb_refused
+            .expect("a database with backups elsewhere is not made anew");
         assert!(why.contains("shop-1") && why.contains("s3://old-bucket/"), "{why}");
         // Without a destination at all, the same.
         let mut unset = pg.clone();
         unset.spec.backup = None;
-        let why = plan(&unset, std::slice::from_ref(&moved)).unwrap().initdb_refused.unwrap();
+        let why = plan(&unset, std::slice::from_ref(&moved))
+            .unwrap()
+            .initdb_refused
+            .unwrap();
         assert!(why.contains("spec.backup is not set"), "{why}");
         // Backups of another database (another system identifier) do not hold it back.
         assert_eq!(plan(&ran(pg, "222"), &[moved]).unwrap(), InstancePlan::default());
@@ -343,8 +368,14 @@ mod tests {
         assert_eq!(early.reason, "TargetBeforeBackup");
         let reason = |backups: &[PostgresBackup]| plan(&bootstrapped("shop-1", None), backups).unwrap_err().reason;
         assert_eq!(reason(&[]), "BootstrapBackupNotFound");
-        assert_eq!(reason(&[backup("shop-1", "shop", "Failed", "111", 100)]), "BootstrapBackupFailed");
-        assert_eq!(reason(&[backup("shop-1", "shop", "Running", "111", 100)]), "BootstrapBackupNotReady");
+        assert_eq!(
+            reason(&[backup("shop-1", "shop", "Failed", "111", 100)]),
+            "BootstrapBackupFailed"
+        );
+        assert_eq!(
+            reason(&[backup("shop-1", "shop", "Running", "111", 100)]),
+            "BootstrapBackupNotReady"
+        );
     }
 
     #[test]

@@ -39,7 +39,9 @@ pub struct Password {
 
 impl std::fmt::Debug for Password {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Password").field("version", &self.version).finish_non_exhaustive()
+        f.debug_struct("Password")
+            .field("version", &self.version)
+            .finish_non_exhaustive()
     }
 }
 
@@ -63,14 +65,18 @@ pub fn password(secret: Option<&Secret>, name: &str) -> Result<Password, Passwor
         [] => {
             return Err(PasswordProblem {
                 reason: "PasswordKeyMissing",
-                message: format!("Secret {name} has neither of the keys password and postgresql_password: put the user's password under one of them"),
+                message: format!(
+                    "Secret {name} has neither of the keys password and postgresql_password: put the user's password under one of them"
+                ),
             });
         }
         [one] => *one,
         _ => {
             return Err(PasswordProblem {
                 reason: "PasswordAmbiguous",
-                message: format!("Secret {name} has two different passwords, under password and postgresql_password: keep one of the keys"),
+                message: format!(
+                    "Secret {name} has two different passwords, under password and postgresql_password: keep one of the keys"
+                ),
             });
         }
     };
@@ -180,7 +186,11 @@ mod tests {
                 resource_version: Some("7".into()),
                 ..Default::default()
             },
-            data: Some(data.iter().map(|(k, v)| (k.to_string(), ByteString(v.to_vec()))).collect()),
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| (k.to_string(), ByteString(v.to_vec())))
+                    .collect(),
+            ),
             ..Default::default()
         }
     }
@@ -192,7 +202,10 @@ mod tests {
         assert_eq!(original.version, "u1/7");
         let plain = password(Some(&user_secret(&[("password", b"s3cret")])), "shop-db").unwrap();
         assert_eq!(plain.value, "s3cret");
-        let both_same = password(Some(&user_secret(&[("password", b"a"), ("postgresql_password", b"a")])), "x");
+        let both_same = password(
+            Some(&user_secret(&[("password", b"a"), ("postgresql_password", b"a")])),
+            "x",
+        );
         assert_eq!(both_same.unwrap().value, "a");
     }
 
@@ -206,7 +219,10 @@ mod tests {
             "PasswordAmbiguous"
         );
         assert_eq!(reason(Some(&user_secret(&[("password", b"")]))), "PasswordInvalid");
-        assert_eq!(reason(Some(&user_secret(&[("password", &[0xff, 0xfe])]))), "PasswordInvalid");
+        assert_eq!(
+            reason(Some(&user_secret(&[("password", &[0xff, 0xfe])]))),
+            "PasswordInvalid"
+        );
         let missing = password(None, "shop-db").unwrap_err();
         assert!(missing.message.contains("Secret shop-db"), "{}", missing.message);
     }

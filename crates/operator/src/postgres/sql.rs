@@ -115,7 +115,11 @@ impl Instance {
 
     /// Whether `query` (with `name` as its one parameter) finds a row.
     async fn exists(&self, query: &str, name: &str) -> Result<bool, SqlError> {
-        let row = self.client.query_opt(query, &[&name]).await.map_err(|e| self.failed(e))?;
+        let row = self
+            .client
+            .query_opt(query, &[&name])
+            .await
+            .map_err(|e| self.failed(e))?;
         Ok(row.is_some())
     }
 
@@ -146,7 +150,10 @@ impl Instance {
             identifier(user),
             literal(&verifier(password))
         );
-        self.client.batch_execute(&statement).await.map_err(|e| self.failed(e))?;
+        self.client
+            .batch_execute(&statement)
+            .await
+            .map_err(|e| self.failed(e))?;
         Ok(true)
     }
 
@@ -167,7 +174,10 @@ impl Instance {
         }
         // CREATE DATABASE cannot run in a transaction block, hence the simple query.
         let statement = format!("CREATE DATABASE {} OWNER {}", identifier(db), identifier(owner));
-        self.client.batch_execute(&statement).await.map_err(|e| self.failed(e))?;
+        self.client
+            .batch_execute(&statement)
+            .await
+            .map_err(|e| self.failed(e))?;
         Ok(true)
     }
 }
@@ -201,7 +211,11 @@ impl Instance {
 
     /// Whether the server still recovers.
     pub async fn in_recovery(&self) -> Result<bool, SqlError> {
-        let row = self.client.query_one("SELECT pg_is_in_recovery()", &[]).await.map_err(|e| self.failed(e))?;
+        let row = self
+            .client
+            .query_one("SELECT pg_is_in_recovery()", &[])
+            .await
+            .map_err(|e| self.failed(e))?;
         Ok(row.get(0))
     }
 
@@ -219,7 +233,10 @@ impl Instance {
     }
 
     pub async fn checkpoint(&self) -> Result<(), SqlError> {
-        self.client.batch_execute("CHECKPOINT").await.map_err(|e| self.failed(e))
+        self.client
+            .batch_execute("CHECKPOINT")
+            .await
+            .map_err(|e| self.failed(e))
     }
 
     /// The timeline of the last checkpoint.

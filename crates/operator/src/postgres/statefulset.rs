@@ -11,13 +11,11 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{
-    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
-};
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, ExecAction, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource,
-    Volume, VolumeMount, VolumeResourceRequirements,
+    PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, Volume,
+    VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -69,7 +67,10 @@ pub fn store_access(pg: &PostgreSQL, names: &Names, bootstrap_source: Option<&Ba
     {
         access = access.and(store::pod_access(&own, Role::Own, false));
         access.env.push(env(ROOT_ENV, &own.root(&names.namespace, &names.name)));
-        access.env.push(env("NOOPS_PG_ARCHIVE_TIMEOUT", &spec.archive_timeout_seconds.to_string()));
+        access.env.push(env(
+            "NOOPS_PG_ARCHIVE_TIMEOUT",
+            &spec.archive_timeout_seconds.to_string(),
+        ));
     }
     if let Some(source) = bootstrap_source.and_then(Destination::of_location) {
         access = access.and(store::pod_access(&source, Role::Source, true));
@@ -271,11 +272,26 @@ mod tests {
         let postgres = &pod.containers[0];
         assert_eq!(postgres.image.as_deref(), Some("postgres:15"));
         assert_eq!(postgres.command.as_ref().unwrap()[0], INSTANCE_MANAGER);
-        assert!(install.args.as_ref().unwrap().contains(&format!("--to={INSTANCE_MANAGER}")));
+        assert!(
+            install
+                .args
+                .as_ref()
+                .unwrap()
+                .contains(&format!("--to={INSTANCE_MANAGER}"))
+        );
         assert_eq!(pod.automount_service_account_token, Some(false));
         let claim = &spec.volume_claim_templates.unwrap()[0];
         assert_eq!(claim.metadata.name.as_deref(), Some(DATA_VOLUME));
-        let size = &claim.spec.as_ref().unwrap().resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"];
+        let size = &claim
+            .spec
+            .as_ref()
+            .unwrap()
+            .resources
+            .as_ref()
+            .unwrap()
+            .requests
+            .as_ref()
+            .unwrap()["storage"];
         assert_eq!(size.0, "1Gi");
         let selector = spec.selector.match_labels.unwrap();
         let pod_labels = spec.template.metadata.unwrap().labels.unwrap();
@@ -308,9 +324,18 @@ mod tests {
         let sts = build(&pg, &names, &owner(), "noops:dev", Some(&source));
         let pod = sts.spec.unwrap().template.spec.unwrap();
         let inits = pod.init_containers.unwrap();
-        assert_eq!(inits.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["install", "bootstrap"]);
+        assert_eq!(
+            inits.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+            ["install", "bootstrap"]
+        );
         for container in [&inits[1], &pod.containers[0]] {
-            let env: Vec<&str> = container.env.as_ref().unwrap().iter().map(|e| e.name.as_str()).collect();
+            let env: Vec<&str> = container
+                .env
+                .as_ref()
+                .unwrap()
+                .iter()
+                .map(|e| e.name.as_str())
+                .collect();
             for wanted in [
                 store::STORE_ENV,
                 "AWS_ACCESS_KEY_ID",
@@ -322,18 +347,46 @@ mod tests {
             ] {
                 assert!(env.contains(&wanted), "{} lacks {wanted}: {env:?}", container.name);
             }
-            let mounts: Vec<&str> = container.volume_mounts.as_ref().unwrap().iter().map(|m| m.mount_path.as_str()).collect();
-            assert!(mounts.contains(&PLAN_DIR) && mounts.contains(&store::SOURCE_MOUNT), "{mounts:?}");
+            let mounts: Vec<&str> = container
+                .volume_mounts
+                .as_ref()
+                .unwrap()
+                .iter()
+                .map(|m| m.mount_path.as_str())
+                .collect();
+            assert!(
+                mounts.contains(&PLAN_DIR) && mounts.contains(&store::SOURCE_MOUNT),
+                "{mounts:?}"
+            );
         }
-        let root = pod.containers[0].env.as_ref().unwrap().iter().find(|e| e.name == ROOT_ENV).unwrap();
+        let root = pod.containers[0]
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|e| e.name == ROOT_ENV)
+            .unwrap();
         assert_eq!(root.value.as_deref(), Some("postgres/prod/shop"));
         let volumes = pod.volumes.unwrap();
-        assert!(volumes.iter().any(|v| v.config_map.as_ref().is_some_and(|c| c.name == "shop-instance")));
+        assert!(
+            volumes
+                .iter()
+                .any(|v| v.config_map.as_ref().is_some_and(|c| c.name == "shop-instance"))
+        );
         let claim = volumes.iter().find_map(|v| v.persistent_volume_claim.as_ref()).unwrap();
-        assert_eq!((claim.claim_name.as_str(), claim.read_only), ("old-backups", Some(true)));
+        assert_eq!(
+            (claim.claim_name.as_str(), claim.read_only),
+            ("old-backups", Some(true))
+        );
 
         let without = build(&postgres("shop"), &names, &owner(), "noops:dev", None);
-        let env = without.spec.unwrap().template.spec.unwrap().containers[0].env.clone().unwrap();
-        assert!(!env.iter().any(|e| e.name == store::STORE_ENV), "no destination, no archiving");
+        let env = without.spec.unwrap().template.spec.unwrap().containers[0]
+            .env
+            .clone()
+            .unwrap();
+        assert!(
+            !env.iter().any(|e| e.name == store::STORE_ENV),
+            "no destination, no archiving"
+        );
     }
 }

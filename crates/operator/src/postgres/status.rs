@@ -106,13 +106,17 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
         Decided::new(READY, true, "Serving", message)
     } else {
         match (&seen.instance, &seen.password_problem, spec_problem) {
-            _ if seen.node_lost.is_some() => Decided::new(READY, false, "NodeLost", seen.node_lost.clone().unwrap_or_default()),
+            _ if seen.node_lost.is_some() => {
+                Decided::new(READY, false, "NodeLost", seen.node_lost.clone().unwrap_or_default())
+            }
             (_, _, Some(problem)) => Decided::new(READY, false, problem.reason, problem.message.clone()),
             (InstanceState::BootstrapFailed(message), _, _) => {
                 let (reason, message) = failed_bootstrap(message);
                 Decided::new(READY, false, reason, message)
             }
-            (InstanceState::Stuck(stuck), _, _) => Decided::new(READY, false, "InstancePodStuck", stuck.message.clone()),
+            (InstanceState::Stuck(stuck), _, _) => {
+                Decided::new(READY, false, "InstancePodStuck", stuck.message.clone())
+            }
             (InstanceState::Serving(_), Some(problem), _) => problem.condition(READY, false),
             (InstanceState::Serving(_), None, _) => {
                 Decided::new(READY, false, "CreatingDatabase", "making the database and its owner")
@@ -122,7 +126,9 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
                     READY,
                     false,
                     "Restoring",
-                    format!("restoring from backup {backup} and the WAL archived after it; the instance is not in the Service until it is done"),
+                    format!(
+                        "restoring from backup {backup} and the WAL archived after it; the instance is not in the Service until it is done"
+                    ),
                 ),
                 None => Decided::new(READY, false, "Initialising", "initialising a new database"),
             },
@@ -132,7 +138,9 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
     };
     let archiving = archiving(pg, seen, &previous);
     let degraded = match (&seen.instance, &seen.password_problem) {
-        _ if seen.node_lost.is_some() => Decided::new(DEGRADED, true, "NodeLost", seen.node_lost.clone().unwrap_or_default()),
+        _ if seen.node_lost.is_some() => {
+            Decided::new(DEGRADED, true, "NodeLost", seen.node_lost.clone().unwrap_or_default())
+        }
         (InstanceState::BootstrapFailed(message), _) => {
             let (reason, message) = failed_bootstrap(message);
             Decided::new(DEGRADED, true, reason, message)
@@ -141,11 +149,17 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
         (_, Some(problem)) => problem.condition(DEGRADED, true),
         (InstanceState::Unreachable(why), _) => Decided::new(DEGRADED, true, "Unreachable", why.clone()),
         _ if spec_problem.is_some() => {
-            let problem = spec_problem.cloned().unwrap_or(PlanProblem { reason: "", message: String::new() });
+            let problem = spec_problem.cloned().unwrap_or(PlanProblem {
+                reason: "",
+                message: String::new(),
+            });
             Decided::new(DEGRADED, true, problem.reason, problem.message)
         }
         _ if seen.schedule_problem.is_some() => {
-            let problem = seen.schedule_problem.clone().unwrap_or(PlanProblem { reason: "", message: String::new() });
+            let problem = seen.schedule_problem.clone().unwrap_or(PlanProblem {
+                reason: "",
+                message: String::new(),
+            });
             Decided::new(DEGRADED, true, problem.reason, problem.message)
         }
         _ if archiving.as_ref().is_some_and(|a| a.reason == "ArchiveFailing") => {
@@ -154,7 +168,11 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
         }
         _ => Decided::new(DEGRADED, false, "AsExpected", "nothing needs attention"),
     };
-    let restore = if serving.is_some() { seen.restore.clone() } else { previous.restore.clone() };
+    let restore = if serving.is_some() {
+        seen.restore.clone()
+    } else {
+        previous.restore.clone()
+    };
     let restored = match (&seen.instance, &restore) {
         (InstanceState::BootstrapFailed(message), _) if restore_due => {
             Decided::new(RESTORED, false, "RestoreFailed", message.clone())
@@ -171,11 +189,16 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
     decided.extend(archiving);
     decided.extend(seen.book.condition.clone());
     let was_serving = previous.system_identifier.is_some();
-    let phase = if ready && seen.password_problem.is_none() && spec_problem.is_none() && seen.schedule_problem.is_none() {
+    let phase = if ready && seen.password_problem.is_none() && spec_problem.is_none() && seen.schedule_problem.is_none()
+    {
         "Running"
     } else if ready || was_serving {
         "Degraded"
-    } else if matches!(seen.instance, InstanceState::Stuck(_) | InstanceState::BootstrapFailed(_)) || spec_problem.is_some() {
+    } else if matches!(
+        seen.instance,
+        InstanceState::Stuck(_) | InstanceState::BootstrapFailed(_)
+    ) || spec_problem.is_some()
+    {
         "Failed"
     } else if matches!(seen.instance, InstanceState::Bootstrapping) && seen.restores_from.is_some() {
         "Restoring"
@@ -200,16 +223,26 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
         instance: seen.instance_pod.clone(),
         node: seen.node.clone(),
         server_version: serving.map(|f| f.server_version.clone()).or(previous.server_version),
-        system_identifier: serving.map(|f| f.system_identifier.clone()).or(previous.system_identifier),
+        system_identifier: serving
+            .map(|f| f.system_identifier.clone())
+            .or(previous.system_identifier),
         password_secret_version: seen.password_version.clone(),
         last_backup: seen.book.last_backup.clone(),
         last_backup_time: seen.book.last_backup_time.clone(),
         stored_backups: seen.book.stored_backups,
         last_scheduled_time: seen.book.last_scheduled_time.clone(),
-        last_archived_wal: archiver.as_ref().map_or(previous.last_archived_wal, |a| a.last_archived_wal.clone()),
-        last_archived_time: archiver.as_ref().map_or(previous.last_archived_time, |a| time(a.last_archived_time.clone())),
-        last_failed_wal: archiver.as_ref().map_or(previous.last_failed_wal, |a| a.last_failed_wal.clone()),
-        last_failed_time: archiver.as_ref().map_or(previous.last_failed_time, |a| time(a.last_failed_time.clone())),
+        last_archived_wal: archiver
+            .as_ref()
+            .map_or(previous.last_archived_wal, |a| a.last_archived_wal.clone()),
+        last_archived_time: archiver
+            .as_ref()
+            .map_or(previous.last_archived_time, |a| time(a.last_archived_time.clone())),
+        last_failed_wal: archiver
+            .as_ref()
+            .map_or(previous.last_failed_wal, |a| a.last_failed_wal.clone()),
+        last_failed_time: archiver
+            .as_ref()
+            .map_or(previous.last_failed_time, |a| time(a.last_failed_time.clone())),
         restore,
         bootstrap_source: seen.bootstrap_source.clone(),
     }
@@ -246,7 +279,12 @@ fn archiving(pg: &PostgreSQL, seen: &Seen, previous: &PostgreSQLStatus) -> Optio
         let reason = ["WalArchived", "ArchiveFailing", "NotYetArchived"]
             .into_iter()
             .find(|r| *r == kept.reason)?;
-        return Some(Decided::new(CONTINUOUS_ARCHIVING, kept.status == "True", reason, kept.message.clone()));
+        return Some(Decided::new(
+            CONTINUOUS_ARCHIVING,
+            kept.status == "True",
+            reason,
+            kept.message.clone(),
+        ));
     };
     let failing_since = match (&archiver.last_failed_time, &archiver.last_archived_time) {
         (Some(failed), Some(archived)) if failed > archived => Some(failed),
@@ -273,7 +311,12 @@ fn archiving(pg: &PostgreSQL, seen: &Seen, previous: &PostgreSQLStatus) -> Optio
                 archiver.last_archived_time.as_deref().unwrap_or("?")
             ),
         ),
-        (None, None) => Decided::new(CONTINUOUS_ARCHIVING, false, "NotYetArchived", "no WAL segment has been archived yet"),
+        (None, None) => Decided::new(
+            CONTINUOUS_ARCHIVING,
+            false,
+            "NotYetArchived",
+            "no WAL segment has been archived yet",
+        ),
     })
 }
 
@@ -300,14 +343,22 @@ mod tests {
         }
     }
 
-    fn condition<'a>(status: &'a PostgreSQLStatus, type_: &str) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    fn condition<'a>(
+        status: &'a PostgreSQLStatus,
+        type_: &str,
+    ) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
         status.conditions.iter().find(|c| c.type_ == type_).unwrap()
     }
 
     #[test]
     fn serving_with_the_database_made_is_ready() {
         let pg = postgres("shop");
-        let status = build(&pg, &Names::of(&pg), &seen(InstanceState::Serving(facts())), jiff::Timestamp::now());
+        let status = build(
+            &pg,
+            &Names::of(&pg),
+            &seen(InstanceState::Serving(facts())),
+            jiff::Timestamp::now(),
+        );
         assert_eq!(condition(&status, READY).status, "True");
         assert_eq!(condition(&status, DEGRADED).status, "False");
         assert_eq!(status.phase.as_deref(), Some("Running"));
@@ -326,7 +377,12 @@ mod tests {
             reason: "ImagePullBackOff",
             message: "pod shop-0, container postgres: no such image".into(),
         };
-        let status = build(&pg, &Names::of(&pg), &seen(InstanceState::Stuck(stuck)), jiff::Timestamp::now());
+        let status = build(
+            &pg,
+            &Names::of(&pg),
+            &seen(InstanceState::Stuck(stuck)),
+            jiff::Timestamp::now(),
+        );
         assert_eq!(condition(&status, READY).reason, "InstancePodStuck");
         assert!(condition(&status, READY).message.contains("no such image"));
         assert_eq!(status.phase.as_deref(), Some("Failed"));
@@ -382,7 +438,9 @@ mod tests {
     #[test]
     fn a_database_held_from_initdb_is_a_failed_restore() {
         let pg = with_backups(postgres("shop"));
-        let mut held = seen(InstanceState::BootstrapFailed("its newest base backup, shop-1, is at pvc://old/".into()));
+        let mut held = seen(InstanceState::BootstrapFailed(
+            "its newest base backup, shop-1, is at pvc://old/".into(),
+        ));
         held.initdb_refused = true;
         let status = build(&pg, &Names::of(&pg), &held, jiff::Timestamp::now());
         for type_ in [READY, RESTORED, DEGRADED] {
@@ -404,9 +462,19 @@ mod tests {
         });
         let status = build(&pg, &Names::of(&pg), &restored, jiff::Timestamp::now());
         let condition = condition(&status, RESTORED);
-        assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("True", "Restored"));
-        assert!(condition.message.contains("shop-1") && condition.message.contains("2026-11-24T10:00:03.123456Z"), "{}", condition.message);
-        assert_eq!(status.restore.unwrap().recovered_to.as_deref(), Some("2026-11-24T10:00:03.123456Z"));
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("True", "Restored")
+        );
+        assert!(
+            condition.message.contains("shop-1") && condition.message.contains("2026-11-24T10:00:03.123456Z"),
+            "{}",
+            condition.message
+        );
+        assert_eq!(
+            status.restore.unwrap().recovered_to.as_deref(),
+            Some("2026-11-24T10:00:03.123456Z")
+        );
     }
 
     #[test]
@@ -459,7 +527,11 @@ mod tests {
         let mut serving = seen(InstanceState::Serving(facts()));
         serving.held_back = Some(refused.clone());
         let status = build(&pg, &Names::of(&pg), &serving, jiff::Timestamp::now());
-        assert_eq!(condition(&status, READY).status, "True", "the running database still serves");
+        assert_eq!(
+            condition(&status, READY).status,
+            "True",
+            "the running database still serves"
+        );
         assert_eq!(condition(&status, DEGRADED).reason, "SpecRejected");
         assert_eq!(status.phase.as_deref(), Some("Degraded"));
 
@@ -473,7 +545,11 @@ mod tests {
         no_service.held_back = Some(refused);
         no_service.service_missing = true;
         let status = build(&pg, &Names::of(&pg), &no_service, jiff::Timestamp::now());
-        assert_eq!(condition(&status, READY).reason, "SpecRejected", "no Service, not Ready");
+        assert_eq!(
+            condition(&status, READY).reason,
+            "SpecRejected",
+            "no Service, not Ready"
+        );
 
         let mut bad_schedule = seen(InstanceState::Serving(facts()));
         bad_schedule.schedule_problem = Some(PlanProblem {
@@ -488,7 +564,11 @@ mod tests {
         let mut starting = seen(InstanceState::Bootstrapping);
         starting.schedule_problem = bad_schedule.schedule_problem.clone();
         let status = build(&pg, &Names::of(&pg), &starting, jiff::Timestamp::now());
-        assert_eq!(condition(&status, READY).reason, "Initialising", "a bad schedule does not hold a new database back");
+        assert_eq!(
+            condition(&status, READY).reason,
+            "Initialising",
+            "a bad schedule does not hold a new database back"
+        );
         assert_eq!(condition(&status, DEGRADED).reason, "InvalidSchedule");
     }
 }

@@ -15,7 +15,9 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, PersistentVolumeClaimVolumeSource, SecretKeySelector, Volume, VolumeMount};
+use k8s_openapi::api::core::v1::{
+    EnvVar, EnvVarSource, PersistentVolumeClaimVolumeSource, SecretKeySelector, Volume, VolumeMount,
+};
 use noops_api::postgres::{BackupLocation, BackupSpec, S3Destination, VolumeDestination};
 use object_store::ObjectStore;
 use serde::{Deserialize, Serialize};
@@ -101,7 +103,11 @@ impl Destination {
 
 fn join(prefix: &str, rest: &str) -> String {
     let prefix = prefix.trim_matches('/');
-    if prefix.is_empty() { rest.to_string() } else { format!("{prefix}/{rest}") }
+    if prefix.is_empty() {
+        rest.to_string()
+    } else {
+        format!("{prefix}/{rest}")
+    }
 }
 
 /// The folder of base backup `backup`.
@@ -213,7 +219,11 @@ pub fn pod_access(destination: &Destination, role: Role, read_only: bool) -> Pod
             PodAccess {
                 env: vec![
                     plain_env(&access),
-                    secret_env(format!("{}AWS_ACCESS_KEY_ID", role.keys()), &s3.credentials_secret, "AWS_ACCESS_KEY_ID"),
+                    secret_env(
+                        format!("{}AWS_ACCESS_KEY_ID", role.keys()),
+                        &s3.credentials_secret,
+                        "AWS_ACCESS_KEY_ID",
+                    ),
                     secret_env(
                         format!("{}AWS_SECRET_ACCESS_KEY", role.keys()),
                         &s3.credentials_secret,
@@ -346,7 +356,14 @@ mod tests {
     fn a_pod_gets_a_bucket_by_its_keys_from_the_secret_and_a_volume_by_mounting_it() {
         let access = pod_access(&s3("p"), Role::Source, true);
         let names: Vec<&str> = access.env.iter().map(|e| e.name.as_str()).collect();
-        assert_eq!(names, [SOURCE_STORE_ENV, "NOOPS_SOURCE_AWS_ACCESS_KEY_ID", "NOOPS_SOURCE_AWS_SECRET_ACCESS_KEY"]);
+        assert_eq!(
+            names,
+            [
+                SOURCE_STORE_ENV,
+                "NOOPS_SOURCE_AWS_ACCESS_KEY_ID",
+                "NOOPS_SOURCE_AWS_SECRET_ACCESS_KEY"
+            ]
+        );
         let told: StoreAccess = serde_json::from_str(access.env[0].value.as_deref().unwrap()).unwrap();
         assert_eq!(
             told,
@@ -357,13 +374,31 @@ mod tests {
                 keys: "NOOPS_SOURCE_".into()
             }
         );
-        assert_eq!(access.env[1].value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap().name, "keys");
+        assert_eq!(
+            access.env[1]
+                .value_from
+                .as_ref()
+                .unwrap()
+                .secret_key_ref
+                .as_ref()
+                .unwrap()
+                .name,
+            "keys"
+        );
         assert!(access.volumes.is_empty());
 
         let access = pod_access(&volume(), Role::Own, false);
-        assert_eq!(access.volumes[0].persistent_volume_claim.as_ref().unwrap().claim_name, "pg-backups");
+        assert_eq!(
+            access.volumes[0].persistent_volume_claim.as_ref().unwrap().claim_name,
+            "pg-backups"
+        );
         assert_eq!(access.mounts[0].mount_path, BACKUP_MOUNT);
         let told: StoreAccess = serde_json::from_str(access.env[0].value.as_deref().unwrap()).unwrap();
-        assert_eq!(told, StoreAccess::Folder { path: BACKUP_MOUNT.into() });
+        assert_eq!(
+            told,
+            StoreAccess::Folder {
+                path: BACKUP_MOUNT.into()
+            }
+        );
     }
 }

@@ -75,7 +75,16 @@ pub fn base_pod(
         postgresql: &names.name,
         version,
     };
-    pod(name, place, Job::Base, args, vec![password], location, operator_image, owner)
+    pod(
+        name,
+        place,
+        Job::Base,
+        args,
+        vec![password],
+        location,
+        operator_image,
+        owner,
+    )
 }
 
 /// The pod that deletes the backup at `location`, and the WAL before segment `keep_wal_from`.
@@ -146,7 +155,11 @@ fn pod(
             init_containers: Some(vec![Container {
                 name: "install".into(),
                 image: Some(operator_image.into()),
-                args: Some(vec!["pg-instance".into(), "install".into(), format!("--to={INSTANCE_MANAGER}")]),
+                args: Some(vec![
+                    "pg-instance".into(),
+                    "install".into(),
+                    format!("--to={INSTANCE_MANAGER}"),
+                ]),
                 volume_mounts: Some(vec![controller]),
                 ..Default::default()
             }]),
@@ -185,7 +198,11 @@ mod tests {
     use crate::postgres::fixtures::{backup, owner};
 
     fn location() -> BackupLocation {
-        backup("shop-1", "shop", "Running", "7301", 100).status.unwrap().destination.unwrap()
+        backup("shop-1", "shop", "Running", "7301", 100)
+            .status
+            .unwrap()
+            .destination
+            .unwrap()
     }
 
     #[test]
@@ -194,19 +211,45 @@ mod tests {
             name: "shop".into(),
             namespace: "prod".into(),
         };
-        let pod = base_pod("shop-1-base", "shop-1", &names, "15", "10.0.0.7", &location(), "noops:dev", &owner()).unwrap();
+        let pod = base_pod(
+            "shop-1-base",
+            "shop-1",
+            &names,
+            "15",
+            "10.0.0.7",
+            &location(),
+            "noops:dev",
+            &owner(),
+        )
+        .unwrap();
         let spec = pod.spec.unwrap();
         let container = &spec.containers[0];
         assert_eq!(container.image.as_deref(), Some("postgres:15"));
         let args = container.args.clone().unwrap();
         assert_eq!(
             args,
-            ["pg-instance", "base-backup", "--host=10.0.0.7", "--label=shop-1", "--folder=postgres/prod/shop/base/shop-1"]
+            [
+                "pg-instance",
+                "base-backup",
+                "--host=10.0.0.7",
+                "--label=shop-1",
+                "--folder=postgres/prod/shop/base/shop-1"
+            ]
         );
         let env = container.env.clone().unwrap();
         let password = env.iter().find(|e| e.name == "PGPASSWORD").unwrap();
         assert_eq!(password.value, None, "never in the pod's spec");
-        assert_eq!(password.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap().name, "shop-superuser");
+        assert_eq!(
+            password
+                .value_from
+                .as_ref()
+                .unwrap()
+                .secret_key_ref
+                .as_ref()
+                .unwrap()
+                .name,
+            "shop-superuser"
+        );
         assert!(env.iter().any(|e| e.name == store::STORE_ENV));
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
         assert_eq!(pod.metadata.labels.unwrap()[labels::COMPONENT], COMPONENT);
@@ -220,14 +263,27 @@ mod tests {
             version: "15",
         };
         let args = |keep| {
-            delete_pod("x-delete", place, &location(), keep, "noops:dev", &owner()).unwrap().spec.unwrap().containers[0]
+            delete_pod("x-delete", place, &location(), keep, "noops:dev", &owner())
+                .unwrap()
+                .spec
+                .unwrap()
+                .containers[0]
                 .args
                 .clone()
                 .unwrap()
         };
-        assert_eq!(args(None), ["pg-instance", "remove-backup", "--base=postgres/prod/shop/base/shop-1"]);
+        assert_eq!(
+            args(None),
+            ["pg-instance", "remove-backup", "--base=postgres/prod/shop/base/shop-1"]
+        );
         let pruning = args(Some("000000010000000000000007"));
-        assert!(pruning.contains(&"--wal=postgres/prod/shop/wal/7301".to_string()), "{pruning:?}");
-        assert!(pruning.contains(&"--keep-wal-from=000000010000000000000007".to_string()), "{pruning:?}");
+        assert!(
+            pruning.contains(&"--wal=postgres/prod/shop/wal/7301".to_string()),
+            "{pruning:?}"
+        );
+        assert!(
+            pruning.contains(&"--keep-wal-from=000000010000000000000007".to_string()),
+            "{pruning:?}"
+        );
     }
 }

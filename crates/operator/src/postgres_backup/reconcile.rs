@@ -16,18 +16,18 @@ use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Api, Resource, ResourceExt};
+use noops_api::PostgreSQL;
 use noops_api::postgres::BackupLocation;
 use noops_api::postgres_backup::{PostgresBackup, PostgresBackupStatus};
-use noops_api::PostgreSQL;
 use tracing::{info, warn};
 
 use super::Context;
 use super::pods::{self, Job, Place};
-use crate::core::events::Announcement;
 use crate::core::apply::{apply_status_at, controller_reference, create_if_missing, delete_if_present};
 use crate::core::conditions::{Decided, merge};
-use crate::core::task_pod::{self, Outcome};
+use crate::core::events::Announcement;
 use crate::core::schedule::elapsed;
+use crate::core::task_pod::{self, Outcome};
 use crate::core::{Error, Result, crash};
 use crate::postgres::instance::base_backup::Taken;
 use crate::postgres::instance::wal::segment_name;
@@ -70,8 +70,14 @@ enum Verdict {
     /// Its pod is taking it.
     InProgress,
     /// Not yet: waits, up to the deadline.
-    Wait { reason: &'static str, message: String },
-    Failed { reason: &'static str, message: String },
+    Wait {
+        reason: &'static str,
+        message: String,
+    },
+    Failed {
+        reason: &'static str,
+        message: String,
+    },
 }
 
 fn pod_name(backup: &PostgresBackup, job: Job) -> String {
@@ -109,7 +115,10 @@ async fn make(cached: &PostgresBackup, ctx: &Context) -> Result<Action> {
             };
             under_way.unwrap_or_else(|| Verdict::Wait {
                 reason: "PostgreSQLNotFound",
-                message: format!("PostgreSQL {:?} does not exist in this namespace", backup.spec.postgresql),
+                message: format!(
+                    "PostgreSQL {:?} does not exist in this namespace",
+                    backup.spec.postgresql
+                ),
             })
         }
         // Once recorded, where it goes stays: a pass after the database's destination was
@@ -144,7 +153,10 @@ fn where_to(pg: &PostgreSQL, backup: &str) -> std::result::Result<(BackupLocatio
     let Some(destination) = pg.spec.backup.as_ref().and_then(Destination::of_spec) else {
         return Err(Verdict::Failed {
             reason: "NoDestination",
-            message: format!("PostgreSQL {} has no spec.backup: it does not say where backups go", names.name),
+            message: format!(
+                "PostgreSQL {} has no spec.backup: it does not say where backups go",
+                names.name
+            ),
         });
     };
     let Some(system_id) = pg.status.as_ref().and_then(|s| s.system_identifier.clone()) else {
@@ -199,18 +211,30 @@ async fn settle(
             next.system_identifier = Some(taken.system_identifier);
             next.server_version = Some(taken.server_version);
             next.completed_at = Some(Time(now));
-            next.conditions = merge(&next.conditions, &[Decided::new(SUCCEEDED, true, "Stored", note.clone())], None, now);
+            next.conditions = merge(
+                &next.conditions,
+                &[Decided::new(SUCCEEDED, true, "Stored", note.clone())],
+                None,
+                now,
+            );
             if !write_status(backup, version, ctx, &next).await? {
                 return Ok(Action::requeue(Duration::from_secs(1)));
             }
-            events.tell(&reference, Announcement::normal("BackupSucceeded", note)).await;
+            events
+                .tell(&reference, Announcement::normal("BackupSucceeded", note))
+                .await;
             crash::point("postgres backup: status written, pod not removed");
             remove_pod(backup, Job::Base, ctx).await
         }
         Verdict::InProgress => {
             let message = format!("pod {} takes the base backup", pod_name(backup, Job::Base));
             next.phase = Some("Running".into());
-            next.conditions = merge(&next.conditions, &[Decided::new(SUCCEEDED, false, "InProgress", message)], None, now);
+            next.conditions = merge(
+                &next.conditions,
+                &[Decided::new(SUCCEEDED, false, "InProgress", message)],
+                None,
+                now,
+            );
             if status != next && !write_status(backup, version, ctx, &next).await? {
                 return Ok(Action::requeue(Duration::from_secs(1)));
             }
@@ -218,7 +242,12 @@ async fn settle(
         }
         Verdict::Wait { reason, message } if elapsed(started, now) < WAIT_DEADLINE => {
             next.phase = Some("Running".into());
-            next.conditions = merge(&next.conditions, &[Decided::new(SUCCEEDED, false, reason, message.clone())], None, now);
+            next.conditions = merge(
+                &next.conditions,
+                &[Decided::new(SUCCEEDED, false, reason, message.clone())],
+                None,
+                now,
+            );
             if status != next {
                 if !write_status(backup, version, ctx, &next).await? {
                     return Ok(Action::requeue(Duration::from_secs(1)));
@@ -230,7 +259,12 @@ async fn settle(
         Verdict::Wait { reason, message } | Verdict::Failed { reason, message } => {
             next.phase = Some("Failed".into());
             next.completed_at = Some(Time(now));
-            next.conditions = merge(&next.conditions, &[Decided::new(SUCCEEDED, false, reason, message.clone())], None, now);
+            next.conditions = merge(
+                &next.conditions,
+                &[Decided::new(SUCCEEDED, false, reason, message.clone())],
+                None,
+                now,
+            );
             if !write_status(backup, version, ctx, &next).await? {
                 return Ok(Action::requeue(Duration::from_secs(1)));
             }
@@ -257,7 +291,10 @@ async fn attempt(
     let names = Names::of(pg);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let name = pod_name(backup, Job::Base);
-    if let Some(claim) = Destination::of_location(location).as_ref().and_then(|d| d.claim().map(str::to_string)) {
+    if let Some(claim) = Destination::of_location(location)
+        .as_ref()
+        .and_then(|d| d.claim().map(str::to_string))
+    {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
         if claims.get_opt(&claim).await?.is_none() {
             return Ok(Verdict::Wait {
@@ -272,7 +309,10 @@ async fn attempt(
     let Some(host) = instance.as_ref().and_then(observe::ready_address) else {
         return Ok(Verdict::Wait {
             reason: "InstanceNotReady",
-            message: format!("the instance {} is not serving: a base backup waits for it", names.instance()),
+            message: format!(
+                "the instance {} is not serving: a base backup waits for it",
+                names.instance()
+            ),
         });
     };
     let Some(owner) = controller_reference(backup) else {
@@ -282,8 +322,16 @@ async fn attempt(
         });
     };
     let version = &pg.spec.version;
-    let Some(pod) = pods::base_pod(&name, &backup.name_any(), &names, version, &host, location, &ctx.image, &owner)
-    else {
+    let Some(pod) = pods::base_pod(
+        &name,
+        &backup.name_any(),
+        &names,
+        version,
+        &host,
+        location,
+        &ctx.image,
+        &owner,
+    ) else {
         return Ok(Verdict::Failed {
             reason: "NoDestination",
             message: "the recorded destination names no store".into(),
@@ -383,7 +431,10 @@ pub fn keep_wal_from(backup: &PostgresBackup, all: &[PostgresBackup]) -> Option<
     let wal = backup.status.as_ref()?.destination.as_ref()?.wal.clone();
     let unfinished = all.iter().any(|b| {
         b.spec.postgresql == backup.spec.postgresql
-            && !matches!(b.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+            && !matches!(
+                b.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )
     });
     if unfinished {
         return None;
@@ -435,9 +486,16 @@ async fn clean_up(backup: &PostgresBackup, ctx: &Context) -> Result<Action> {
     let pod = pods.get_opt(&pod_name).await?;
     let deleted: std::result::Result<String, String> = match task_pod::outcome(pod.as_ref(), jiff::Timestamp::now()) {
         Outcome::NotStarted => {
-            if let Some(claim) = Destination::of_location(&location).as_ref().and_then(|d| d.claim().map(str::to_string)) {
+            if let Some(claim) = Destination::of_location(&location)
+                .as_ref()
+                .and_then(|d| d.claim().map(str::to_string))
+            {
                 let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-                if claims.get_opt(&claim).await?.is_none_or(|c| c.metadata.deletion_timestamp.is_some()) {
+                if claims
+                    .get_opt(&claim)
+                    .await?
+                    .is_none_or(|c| c.metadata.deletion_timestamp.is_some())
+                {
                     info!(location = %where_, "the backup's volume is gone, and the backup with it");
                     return Ok(Action::await_change());
                 }
@@ -445,7 +503,10 @@ async fn clean_up(backup: &PostgresBackup, ctx: &Context) -> Result<Action> {
             let backups: Api<PostgresBackup> = Api::namespaced(ctx.client.clone(), &namespace);
             let all = backups.list(&ListParams::default()).await?.items;
             // A pass on a stale copy, after the finalizer went: no new pod for a backup gone.
-            if !all.iter().any(|b| b.name_any() == name && b.finalizers().iter().any(|f| f == FINALIZER)) {
+            if !all
+                .iter()
+                .any(|b| b.name_any() == name && b.finalizers().iter().any(|f| f == FINALIZER))
+            {
                 return Ok(Action::await_change());
             }
             let keep_from = keep_wal_from(backup, &all);
@@ -461,7 +522,9 @@ async fn clean_up(backup: &PostgresBackup, ctx: &Context) -> Result<Action> {
                 version: &version,
             };
             let owner = controller_reference(backup);
-            let made = match owner.and_then(|o| pods::delete_pod(&pod_name, place, &location, keep_from.as_deref(), &ctx.image, &o)) {
+            let made = match owner
+                .and_then(|o| pods::delete_pod(&pod_name, place, &location, keep_from.as_deref(), &ctx.image, &o))
+            {
                 Some(pod) => {
                     let made = create_if_missing(&pods, &pod).await;
                     crash::point("postgres backup: delete pod made");
@@ -473,21 +536,29 @@ async fn clean_up(backup: &PostgresBackup, ctx: &Context) -> Result<Action> {
                 Ok(_) if deleting_for < CLEANUP_DEADLINE => {
                     return Err(Error::UnderWay(format!("a pod deletes the backup at {where_}")));
                 }
-                Ok(_) => Err(format!("pod {pod_name} did not finish within {}s", CLEANUP_DEADLINE.as_secs())),
+                Ok(_) => Err(format!(
+                    "pod {pod_name} did not finish within {}s",
+                    CLEANUP_DEADLINE.as_secs()
+                )),
                 Err(e) => Err(e),
             }
         }
         Outcome::Running | Outcome::Stuck(_) if deleting_for < CLEANUP_DEADLINE => {
             return Err(Error::UnderWay(format!("a pod deletes the backup at {where_}")));
         }
-        Outcome::Running => Err(format!("pod {pod_name} did not finish within {}s", CLEANUP_DEADLINE.as_secs())),
+        Outcome::Running => Err(format!(
+            "pod {pod_name} did not finish within {}s",
+            CLEANUP_DEADLINE.as_secs()
+        )),
         Outcome::Stuck(why) => Err(why),
         Outcome::Succeeded(said) => Ok(said),
         Outcome::Failed(why) => {
             // The next pass makes a fresh pod, until the deadline.
             remove_pod(backup, Job::Delete, ctx).await?;
             if deleting_for < CLEANUP_DEADLINE {
-                return Err(Error::Blocked(format!("could not delete the backup at {where_} yet: {why}")));
+                return Err(Error::Blocked(format!(
+                    "could not delete the backup at {where_} yet: {why}"
+                )));
             }
             Err(why)
         }
@@ -495,11 +566,16 @@ async fn clean_up(backup: &PostgresBackup, ctx: &Context) -> Result<Action> {
     match deleted {
         Ok(said) => info!(location = %where_, "deleted the backup of a deleted PostgresBackup: {said}"),
         Err(why) if deleting_for < CLEANUP_DEADLINE => {
-            return Err(Error::Blocked(format!("could not delete the backup at {where_} yet: {why}")));
+            return Err(Error::Blocked(format!(
+                "could not delete the backup at {where_} yet: {why}"
+            )));
         }
         Err(why) => {
             let note = format!("could not delete the backup at {where_}: {why}; it is left in the store");
-            ctx.core.events.tell(&backup.object_ref(&()), Announcement::warning("BackupKept", note)).await;
+            ctx.core
+                .events
+                .tell(&backup.object_ref(&()), Announcement::warning("BackupKept", note))
+                .await;
         }
     }
     crash::point("postgres backup: deleted, finalizer not removed");
@@ -530,10 +606,21 @@ mod tests {
             at("other", "0/1000028", "8"),
             backup("failed", "shop", "Failed", "7", 200),
         ];
-        assert_eq!(keep_wal_from(&deleted, &all).as_deref(), Some("000000010000000000000005"));
-        assert_eq!(keep_wal_from(&deleted, &all[..1]), None, "the last backup: no WAL is deleted");
+        assert_eq!(
+            keep_wal_from(&deleted, &all).as_deref(),
+            Some("000000010000000000000005")
+        );
+        assert_eq!(
+            keep_wal_from(&deleted, &all[..1]),
+            None,
+            "the last backup: no WAL is deleted"
+        );
         let mut busy = all.to_vec();
         busy.push(backup("running", "shop", "Running", "7", 300));
-        assert_eq!(keep_wal_from(&deleted, &busy), None, "one being taken may need any of it");
+        assert_eq!(
+            keep_wal_from(&deleted, &busy),
+            None,
+            "one being taken may need any of it"
+        );
     }
 }

@@ -48,7 +48,10 @@ pub enum BackupError {
     #[error("running pg_basebackup: {0}")]
     Spawn(std::io::Error),
     #[error("pg_basebackup failed ({status}): {said}")]
-    Failed { status: std::process::ExitStatus, said: String },
+    Failed {
+        status: std::process::ExitStatus,
+        said: String,
+    },
     #[error("reading pg_basebackup's output: {0}")]
     Read(std::io::Error),
     #[error("the store: {0}")]
@@ -67,7 +70,13 @@ const WANTED: [&str; 4] = ["backup_label", "backup_manifest", "global/pg_control
 pub async fn take(host: &str, label: &str, store: Arc<dyn ObjectStore>, folder: &str) -> Result<Taken, BackupError> {
     let mut child = Command::new("pg_basebackup")
         .args(["--host", host, "--port", &PORT.to_string(), "--username", SUPERUSER])
-        .args(["--pgdata=-", "--format=tar", "--wal-method=none", "--checkpoint=fast", "--no-password"])
+        .args([
+            "--pgdata=-",
+            "--format=tar",
+            "--wal-method=none",
+            "--checkpoint=fast",
+            "--no-password",
+        ])
         .arg(format!("--label={label}"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -140,7 +149,9 @@ pub async fn take(host: &str, label: &str, store: Arc<dyn ObjectStore>, folder: 
     };
     writer.finish().await?;
     let record = serde_json::to_vec_pretty(&taken).map_err(|e| BackupError::Unexpected(e.to_string()))?;
-    store.put(&Path::from(format!("{folder}/{RECORD}")), PutPayload::from(record)).await?;
+    store
+        .put(&Path::from(format!("{folder}/{RECORD}")), PutPayload::from(record))
+        .await?;
     Ok(taken)
 }
 
@@ -271,13 +282,20 @@ mod tests {
         assert_eq!(taken.start_time.as_deref(), Some("2026-11-24 16:35:24 UTC"));
         let mut without = files();
         without.remove("backup_manifest");
-        assert!(describe(&without, 1, "ab".into()).is_err(), "no end position, no backup");
+        assert!(
+            describe(&without, 1, "ab".into()).is_err(),
+            "no end position, no backup"
+        );
     }
 
     #[test]
     fn the_tar_is_read_to_its_end_keeping_only_the_files_that_describe_it() {
         let mut tar = tar::Builder::new(Vec::new());
-        for (name, content) in [("base/1/1259", &b"table"[..]), ("./backup_label", b"label"), ("PG_VERSION", b"15\n")] {
+        for (name, content) in [
+            ("base/1/1259", &b"table"[..]),
+            ("./backup_label", b"label"),
+            ("PG_VERSION", b"15\n"),
+        ] {
             let mut header = tar::Header::new_gnu();
             header.set_size(content.len() as u64);
             header.set_mode(0o600);

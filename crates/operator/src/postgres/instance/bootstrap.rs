@@ -77,7 +77,8 @@ pub async fn bootstrap(settings: &Settings) -> Result<Bootstrapped, InstanceErro
 
 fn read_plan(path: &Path) -> Result<InstancePlan, InstanceError> {
     let text = std::fs::read_to_string(path).map_err(io(format!("reading the plan {}", path.display())))?;
-    serde_json::from_str(&text).map_err(|e| InstanceError::Restore(format!("the plan {} cannot be read: {e}", path.display())))
+    serde_json::from_str(&text)
+        .map_err(|e| InstanceError::Restore(format!("the plan {} cannot be read: {e}", path.display())))
 }
 
 fn remove_if_there(path: &Path) -> Result<(), InstanceError> {
@@ -120,7 +121,12 @@ async fn initdb(settings: &Settings) -> Result<(), InstanceError> {
         .arg(format!("--username={SUPERUSER}"))
         .arg("--pwfile")
         .arg(&settings.superuser_password_file)
-        .args(["--auth-local=peer", "--auth-host=scram-sha-256", "--encoding=UTF8", "--locale=C.UTF-8"])
+        .args([
+            "--auth-local=peer",
+            "--auth-host=scram-sha-256",
+            "--encoding=UTF8",
+            "--locale=C.UTF-8",
+        ])
         .arg("--data-checksums")
         .status()
         .await
@@ -169,7 +175,8 @@ async fn restore_from(settings: &Settings, plan: &RestorePlan) -> Result<Restore
 
 fn set_mode(path: &Path, mode: u32) -> Result<(), InstanceError> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io(format!("setting the mode of {}", path.display())))
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(io(format!("setting the mode of {}", path.display())))
 }
 
 /// Streams the tar at `key` into `into`, checking its SHA-256; returns its size.
@@ -177,7 +184,9 @@ async fn unpack(store: Arc<dyn ObjectStore>, key: &str, sha256: &str, into: &Pat
     let found = match store.get(&Key::from(key)).await {
         Ok(found) => found,
         Err(object_store::Error::NotFound { .. }) => {
-            return Err(InstanceError::Restore(format!("the base backup {key} is not in the store: it was deleted or never finished")));
+            return Err(InstanceError::Restore(format!(
+                "the base backup {key} is not in the store: it was deleted or never finished"
+            )));
         }
         Err(e) => return Err(e.into()),
     };
@@ -210,7 +219,9 @@ async fn unpack(store: Arc<dyn ObjectStore>, key: &str, sha256: &str, into: &Pat
         }
     }
     drop(send);
-    let unpacked = unpacker.await.map_err(|e| InstanceError::Restore(format!("unpacking stopped: {e}")))?;
+    let unpacked = unpacker
+        .await
+        .map_err(|e| InstanceError::Restore(format!("unpacking stopped: {e}")))?;
     streamed?;
     let actual: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
     if actual != sha256 {
@@ -224,7 +235,12 @@ async fn unpack(store: Arc<dyn ObjectStore>, key: &str, sha256: &str, into: &Pat
 
 /// Runs the server on the restored folder until it has replayed the WAL and is promoted; then
 /// gives the superuser its password, stops it cleanly, and says what was recovered.
-async fn recover(settings: &Settings, plan: &RestorePlan, variable: &str, staged: &Path) -> Result<RestoreStatus, InstanceError> {
+async fn recover(
+    settings: &Settings,
+    plan: &RestorePlan,
+    variable: &str,
+    staged: &Path,
+) -> Result<RestoreStatus, InstanceError> {
     let private = settings.socket_dir.with_file_name("restore-socket");
     std::fs::create_dir_all(&private).map_err(io(format!("making {}", private.display())))?;
     let me = std::env::current_exe().map_err(io("finding this program"))?;
@@ -233,7 +249,11 @@ async fn recover(settings: &Settings, plan: &RestorePlan, variable: &str, staged
         ..settings.clone()
     };
     let mut args = server_args(&private_settings, staged, &plan.system_identifier);
-    let mut restore_command = format!("{} pg-instance wal-fetch --store-env={variable} --folder={}", me.display(), plan.wal);
+    let mut restore_command = format!(
+        "{} pg-instance wal-fetch --store-env={variable} --folder={}",
+        me.display(),
+        plan.wal
+    );
     // Another database's backup: timelines an earlier attempt of this one archived in its own
     // store are seen too, so that a new one is chosen (its files would clash otherwise).
     if let (From::Source, Some(archive)) = (plan.from, &settings.archive) {
@@ -281,18 +301,27 @@ async fn recover(settings: &Settings, plan: &RestorePlan, variable: &str, staged
     let facts = promoted.recovered().await?;
     let password = std::fs::read_to_string(&settings.superuser_password_file)
         .map_err(io(format!("reading {}", settings.superuser_password_file.display())))?;
-    promoted.set_password(SUPERUSER, password.trim_end_matches('\n')).await?;
+    promoted
+        .set_password(SUPERUSER, password.trim_end_matches('\n'))
+        .await?;
     promoted.checkpoint().await?;
     let timeline = promoted.timeline().await?;
     drop(promoted);
     super::fast_shutdown(&server);
     match tokio::time::timeout(STOP_GRACE, server.wait()).await {
         Ok(Ok(status)) if status.success() => {}
-        Ok(Ok(status)) => return Err(InstanceError::Restore(format!("the recovered server did not stop cleanly ({status})"))),
+        Ok(Ok(status)) => {
+            return Err(InstanceError::Restore(format!(
+                "the recovered server did not stop cleanly ({status})"
+            )));
+        }
         Ok(Err(e)) => return Err(io("waiting for postgres")(e)),
         Err(_) => {
             let _ = server.kill().await;
-            return Err(InstanceError::Restore(format!("the recovered server did not stop within {}s", STOP_GRACE.as_secs())));
+            return Err(InstanceError::Restore(format!(
+                "the recovered server did not stop within {}s",
+                STOP_GRACE.as_secs()
+            )));
         }
     }
     let _ = std::fs::remove_dir_all(&private);
@@ -320,8 +349,16 @@ async fn last_words(stderr: Option<tokio::process::ChildStderr>) -> String {
     let mut kept: Vec<String> = Vec::new();
     while let Ok(Some(line)) = lines.next_line().await {
         eprintln!("{line}");
-        if ["FATAL", "PANIC", "ERROR", "DETAIL", "HINT"].iter().any(|level| line.contains(&format!("{level}:"))) {
-            kept.push(line.split_once(": ").map_or(line.as_str(), |(_, rest)| rest).trim().to_string());
+        if ["FATAL", "PANIC", "ERROR", "DETAIL", "HINT"]
+            .iter()
+            .any(|level| line.contains(&format!("{level}:")))
+        {
+            kept.push(
+                line.split_once(": ")
+                    .map_or(line.as_str(), |(_, rest)| rest)
+                    .trim()
+                    .to_string(),
+            );
             if kept.len() > 4 {
                 kept.remove(0);
             }
@@ -359,14 +396,20 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let tar = tar_of(&[("PG_VERSION", b"15\n"), ("base/1/1259", b"rows")]);
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-        store.put(&Key::from("b/base.tar"), PutPayload::from(tar.clone())).await.unwrap();
+        store
+            .put(&Key::from("b/base.tar"), PutPayload::from(tar.clone()))
+            .await
+            .unwrap();
         let size = unpack(store.clone(), "b/base.tar", &sha(&tar), &dir).await.unwrap();
         assert_eq!(size, tar.len() as u64);
         assert_eq!(std::fs::read(dir.join("base/1/1259")).unwrap(), b"rows");
 
         let mut corrupt = tar.clone();
         corrupt[600] ^= 1;
-        store.put(&Key::from("c/base.tar"), PutPayload::from(corrupt)).await.unwrap();
+        store
+            .put(&Key::from("c/base.tar"), PutPayload::from(corrupt))
+            .await
+            .unwrap();
         let refused = unpack(store.clone(), "c/base.tar", &sha(&tar), &dir).await.unwrap_err();
         assert!(refused.to_string().contains("is corrupt"), "{refused}");
         let missing = unpack(store, "gone/base.tar", &sha(&tar), &dir).await.unwrap_err();
@@ -376,8 +419,14 @@ mod tests {
 
     #[test]
     fn a_target_time_is_given_to_the_server_in_its_own_words() {
-        assert_eq!(server_time("2026-11-24T17:09:07.150275Z").unwrap(), "2026-11-24 17:09:07.150275+00");
-        assert_eq!(server_time("2026-11-24T19:09:07+02:00").unwrap(), "2026-11-24 17:09:07.000000+00");
+        assert_eq!(
+            server_time("2026-11-24T17:09:07.150275Z").unwrap(),
+            "2026-11-24 17:09:07.150275+00"
+        );
+        assert_eq!(
+            server_time("2026-11-24T19:09:07+02:00").unwrap(),
+            "2026-11-24 17:09:07.000000+00"
+        );
         assert!(server_time("yesterday").is_err());
     }
 

@@ -122,16 +122,14 @@ pub async fn run(command: PgInstanceCommand) -> ! {
             Ok(()) => finish(0, &format!("installed the instance manager as {}", to.display())),
             Err(e) => finish(1, &e.to_string()),
         },
-        PgInstanceCommand::Bootstrap(args) => {
-            match bootstrap::bootstrap(&args.settings()).await {
-                Ok(Bootstrapped::AlreadyThere) => finish(0, "the volume holds the database"),
-                Ok(Bootstrapped::Initialised) => finish(0, "initialised a new database"),
-                Ok(Bootstrapped::Restored(record)) => {
-                    finish(0, &serde_json::to_string(&record).unwrap_or_else(|_| "restored".into()))
-                }
-                Err(e) => finish(1, &e.to_string()),
+        PgInstanceCommand::Bootstrap(args) => match bootstrap::bootstrap(&args.settings()).await {
+            Ok(Bootstrapped::AlreadyThere) => finish(0, "the volume holds the database"),
+            Ok(Bootstrapped::Initialised) => finish(0, "initialised a new database"),
+            Ok(Bootstrapped::Restored(record)) => {
+                finish(0, &serde_json::to_string(&record).unwrap_or_else(|_| "restored".into()))
             }
-        }
+            Err(e) => finish(1, &e.to_string()),
+        },
         PgInstanceCommand::Run(args) => match super::run(&args.settings()).await {
             Ok(status) => {
                 info!(%status, "the server stopped");
@@ -188,7 +186,9 @@ pub async fn run(command: PgInstanceCommand) -> ! {
         }
         PgInstanceCommand::BaseBackup { host, label, folder } => {
             let taken = match store::open_told(STORE_ENV) {
-                Ok(store) => base_backup::take(&host, &label, store, &folder).await.map_err(|e| e.to_string()),
+                Ok(store) => base_backup::take(&host, &label, store, &folder)
+                    .await
+                    .map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
             };
             match taken.and_then(|t| serde_json::to_string(&t).map_err(|e| e.to_string())) {
@@ -196,7 +196,11 @@ pub async fn run(command: PgInstanceCommand) -> ! {
                 Err(e) => finish(1, &e),
             }
         }
-        PgInstanceCommand::RemoveBackup { base, wal, keep_wal_from } => {
+        PgInstanceCommand::RemoveBackup {
+            base,
+            wal,
+            keep_wal_from,
+        } => {
             let removed = match store::open_told(STORE_ENV) {
                 Ok(store) => {
                     let wal = wal.as_deref().zip(keep_wal_from.as_deref());
@@ -207,7 +211,10 @@ pub async fn run(command: PgInstanceCommand) -> ! {
             match removed {
                 Ok(r) => finish(
                     0,
-                    &format!("deleted {} files of the backup and {} WAL files no backup needs", r.backup_files, r.wal_files),
+                    &format!(
+                        "deleted {} files of the backup and {} WAL files no backup needs",
+                        r.backup_files, r.wal_files
+                    ),
                 ),
                 Err(e) => finish(1, &e),
             }

@@ -135,7 +135,10 @@ impl Archive {
         let folder = store::wal_folder(&self.root, system_id);
         vec![
             ("archive_mode", "on".into()),
-            ("archive_command", format!("{me} pg-instance wal-push --folder={folder} %p %f")),
+            (
+                "archive_command",
+                format!("{me} pg-instance wal-push --folder={folder} %p %f"),
+            ),
             ("archive_timeout", self.timeout_seconds.to_string()),
         ]
     }
@@ -251,7 +254,9 @@ async fn wake_the_checkpointer(socket_dir: PathBuf) {
         }
         match instance.checkpoint().await {
             Ok(()) => info!("woke the checkpointer, so that archive_timeout holds from the start"),
-            Err(e) => warn!(error = %e, "could not wake the checkpointer: archive_timeout may wait for the first checkpoint"),
+            Err(e) => {
+                warn!(error = %e, "could not wake the checkpointer: archive_timeout may wait for the first checkpoint")
+            }
         }
         return;
     }

@@ -95,11 +95,31 @@ mod tests {
             "r/wal/7/00000002.history.gz",
         ];
         for key in keys {
-            store.put(&Path::from(key), PutPayload::from_static(b"x")).await.unwrap();
+            store
+                .put(&Path::from(key), PutPayload::from_static(b"x"))
+                .await
+                .unwrap();
         }
-        let removed = remove(store.clone(), "r/base/old", Some(("r/wal/7", "000000020000000000000004"))).await.unwrap();
-        assert_eq!(removed, Removed { backup_files: 1, wal_files: 2 });
-        let left: Vec<String> = store.list(None).map_ok(|m| m.location.to_string()).try_collect().await.unwrap();
+        let removed = remove(
+            store.clone(),
+            "r/base/old",
+            Some(("r/wal/7", "000000020000000000000004")),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            removed,
+            Removed {
+                backup_files: 1,
+                wal_files: 2
+            }
+        );
+        let left: Vec<String> = store
+            .list(None)
+            .map_ok(|m| m.location.to_string())
+            .try_collect()
+            .await
+            .unwrap();
         let mut left = left;
         left.sort();
         assert_eq!(

@@ -37,11 +37,15 @@ pub enum WalError {
     },
     #[error("the archive: {0}")]
     Store(#[from] object_store::Error),
-    #[error("{0} is in the archive already with other content: refusing to overwrite it (another server archives here?)")]
+    #[error(
+        "{0} is in the archive already with other content: refusing to overwrite it (another server archives here?)"
+    )]
     Conflict(String),
     #[error("{0} is not in the archive")]
     NotThere(String),
-    #[error("{missing} is missing from the archive, but {after} is there: the WAL has a hole, and a restore would stop there")]
+    #[error(
+        "{missing} is missing from the archive, but {after} is there: the WAL has a hole, and a restore would stop there"
+    )]
     Gap { missing: String, after: String },
     #[error("{0} in the archive is corrupt: {1}")]
     Corrupt(String, std::io::Error),
@@ -143,7 +147,11 @@ pub fn segment_name(lsn: &str, timeline: i64) -> Option<String> {
     let position = (u64::from_str_radix(high, 16).ok()? << 32) | u64::from_str_radix(low, 16).ok()?;
     let number = position / SEGMENT_SIZE;
     let per_log = (1u64 << 32) / SEGMENT_SIZE;
-    Some(format!("{timeline:08X}{:08X}{:08X}", number / per_log, number % per_log))
+    Some(format!(
+        "{timeline:08X}{:08X}{:08X}",
+        number / per_log,
+        number % per_log
+    ))
 }
 
 /// A WAL segment's name: (timeline, position), or None for another file (a history file).
@@ -228,13 +236,41 @@ mod tests {
         let mut segment = vec![0u8; 16 << 20];
         segment[..11].copy_from_slice(b"transaction");
         std::fs::write(dir.join("seg"), &segment).unwrap();
-        push(store.clone(), "root/wal/1", &dir.join("seg"), "000000010000000000000003").await.unwrap();
-        let stored = store.head(&key("root/wal/1", "000000010000000000000003")).await.unwrap();
-        assert!(stored.size < 1 << 20, "a mostly empty segment is stored small: {}", stored.size);
-        fetch(store.clone(), "root/wal/1", "000000010000000000000003", &dir.join("back")).await.unwrap();
+        push(
+            store.clone(),
+            "root/wal/1",
+            &dir.join("seg"),
+            "000000010000000000000003",
+        )
+        .await
+        .unwrap();
+        let stored = store
+            .head(&key("root/wal/1", "000000010000000000000003"))
+            .await
+            .unwrap();
+        assert!(
+            stored.size < 1 << 20,
+            "a mostly empty segment is stored small: {}",
+            stored.size
+        );
+        fetch(
+            store.clone(),
+            "root/wal/1",
+            "000000010000000000000003",
+            &dir.join("back"),
+        )
+        .await
+        .unwrap();
         assert_eq!(std::fs::read(dir.join("back")).unwrap(), segment);
         // PostgreSQL pushing the same file again (it never heard the answer) is fine.
-        push(store.clone(), "root/wal/1", &dir.join("seg"), "000000010000000000000003").await.unwrap();
+        push(
+            store.clone(),
+            "root/wal/1",
+            &dir.join("seg"),
+            "000000010000000000000003",
+        )
+        .await
+        .unwrap();
         std::fs::write(dir.join("other"), b"another server's segment").unwrap();
         let refused = push(store, "root/wal/1", &dir.join("other"), "000000010000000000000003").await;
         assert!(matches!(refused, Err(WalError::Conflict(_))), "{refused:?}");
@@ -246,34 +282,68 @@ mod tests {
         let dir = scratch("hole");
         let store = store();
         std::fs::write(dir.join("seg"), b"wal").unwrap();
-        for name in ["000000010000000000000001", "000000010000000000000002", "000000010000000000000004"] {
+        for name in [
+            "000000010000000000000001",
+            "000000010000000000000002",
+            "000000010000000000000004",
+        ] {
             push(store.clone(), "w", &dir.join("seg"), name).await.unwrap();
         }
-        let end = fetch(store.clone(), "w", "000000010000000000000005", &dir.join("x")).await.unwrap_err();
+        let end = fetch(store.clone(), "w", "000000010000000000000005", &dir.join("x"))
+            .await
+            .unwrap_err();
         assert_eq!(end.exit_code(), 1, "{end}");
-        let gap = fetch(store.clone(), "w", "000000010000000000000003", &dir.join("x")).await.unwrap_err();
-        assert!(matches!(&gap, WalError::Gap { after, .. } if after == "000000010000000000000004"), "{gap}");
+        let gap = fetch(store.clone(), "w", "000000010000000000000003", &dir.join("x"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&gap, WalError::Gap { after, .. } if after == "000000010000000000000004"),
+            "{gap}"
+        );
         assert_eq!(gap.exit_code(), 126);
         // The start of the archive pruned away is a hole too, not its end.
-        let pruned = fetch(store.clone(), "w", "000000010000000000000000", &dir.join("x")).await.unwrap_err();
+        let pruned = fetch(store.clone(), "w", "000000010000000000000000", &dir.join("x"))
+            .await
+            .unwrap_err();
         assert_eq!(pruned.exit_code(), 126, "{pruned}");
         // A timeline that starts later is asked for an earlier segment during recovery: not a hole.
-        let other_timeline = fetch(store.clone(), "w", "000000020000000000000003", &dir.join("x")).await.unwrap_err();
+        let other_timeline = fetch(store.clone(), "w", "000000020000000000000003", &dir.join("x"))
+            .await
+            .unwrap_err();
         assert_eq!(other_timeline.exit_code(), 1);
-        let history = fetch(store.clone(), "w", "00000002.history", &dir.join("x")).await.unwrap_err();
+        let history = fetch(store.clone(), "w", "00000002.history", &dir.join("x"))
+            .await
+            .unwrap_err();
         assert_eq!(history.exit_code(), 1);
-        store.put(&key("w", "000000010000000000000006"), PutPayload::from_static(b"not gzip")).await.unwrap();
-        let corrupt = fetch(store, "w", "000000010000000000000006", &dir.join("x")).await.unwrap_err();
+        store
+            .put(
+                &key("w", "000000010000000000000006"),
+                PutPayload::from_static(b"not gzip"),
+            )
+            .await
+            .unwrap();
+        let corrupt = fetch(store, "w", "000000010000000000000006", &dir.join("x"))
+            .await
+            .unwrap_err();
         assert!(matches!(corrupt, WalError::Corrupt(..)), "{corrupt}");
         assert_eq!(corrupt.exit_code(), 126);
-        assert!(!dir.join("x").exists(), "nothing half-written is left for recovery to read");
+        assert!(
+            !dir.join("x").exists(),
+            "nothing half-written is left for recovery to read"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn a_wal_position_is_in_the_segment_postgresql_names_for_it() {
-        assert_eq!(segment_name("0/2000028", 1).as_deref(), Some("000000010000000000000002"));
-        assert_eq!(segment_name("1/FF000000", 3).as_deref(), Some("0000000300000001000000FF"));
+        assert_eq!(
+            segment_name("0/2000028", 1).as_deref(),
+            Some("000000010000000000000002")
+        );
+        assert_eq!(
+            segment_name("1/FF000000", 3).as_deref(),
+            Some("0000000300000001000000FF")
+        );
         assert_eq!(segment_name("nonsense", 1), None);
     }
 
