@@ -9,24 +9,23 @@ pub mod core;
 pub mod leader;
 pub mod server;
 
-// Declared outside the macro below, so that rustfmt reaches them.
+// One wing per engine: its controller, its backup controller (`<engine>::backup`) and the
+// programs its pods run.
 pub mod etcd;
-pub mod etcd_backup;
 pub mod maintpage;
 pub mod postgres;
-pub mod postgres_backup;
 
-/// Declares [`CONTROLLERS`], the list `noops run` runs from: each
-/// module exports its [`core::controller::Registration`] as `CONTROLLER`.
+/// Declares [`CONTROLLERS`], the list `noops run` runs from: each controller module exports
+/// its [`core::controller::Registration`] as `CONTROLLER`.
 macro_rules! controllers {
-    ($($module:ident),+ $(,)?) => {
+    ($($($segment:ident)::+),+ $(,)?) => {
         /// Every controller of the operator, in the order they start.
-        pub const CONTROLLERS: &[&core::controller::Registration] = &[$(&$module::CONTROLLER),+];
+        pub const CONTROLLERS: &[&core::controller::Registration] = &[$(&$($segment::)+CONTROLLER),+];
     };
 }
 
 // Adding a controller is adding its module here.
-controllers!(etcd, etcd_backup, maintpage, postgres, postgres_backup);
+controllers!(etcd, etcd::backup, maintpage, postgres, postgres::backup);
 
 /// The controller registered under `name`.
 pub fn controller(name: &str) -> Option<&'static core::controller::Registration> {

@@ -4,9 +4,11 @@
 //!   named, with leader election on a Lease, `/metrics`, `/healthz` and `/readyz`, and a graceful
 //!   shutdown on SIGTERM.
 //! - `noops crds` prints every CRD as YAML.
-//! - `noops fetch-snapshot` fetches an etcd snapshot from a bucket, checked against its
-//!   SHA-256, and `noops install-restored` installs the restored data into a member's volume
-//!   (both run by a restore pod).
+//! - `noops fetch-snapshot | save-snapshot | delete-snapshot | install-restored` are what the
+//!   pods of etcd's backups and restores run (`noops::etcd::agent`), and `noops pg-instance`
+//!   what a PostgreSQL's pods run (`noops::postgres::instance`).
+//!
+//! This file only parses the command line and hands each command to its place.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -35,96 +37,12 @@ enum Command {
     Run(RunArgs),
     /// Print every CRD as YAML.
     Crds,
-    /// Fetch an etcd snapshot from an S3-compatible bucket into a file, checked against its
-    /// SHA-256 (the first step of a restore, run in the restore pod).
-    FetchSnapshot(FetchArgs),
-    /// Save an etcd snapshot into a mounted backup volume, all or nothing, and report what was
-    /// saved in the termination message (run by the pod of a volume backup).
-    SaveSnapshot(SaveArgs),
-    /// Delete an etcd snapshot from a mounted backup volume (run by the pod that deletes a
-    /// volume backup).
-    DeleteSnapshot {
-        /// Where the volume is mounted.
-        #[arg(long)]
-        folder: std::path::PathBuf,
-        /// The snapshot's path in the volume.
-        #[arg(long)]
-        key: String,
-        #[arg(long, default_value = "/dev/termination-log")]
-        termination_log: std::path::PathBuf,
-    },
+    /// The programs of etcd's backup and restore pods.
+    #[command(flatten)]
+    EtcdAgent(noops::etcd::agent::cli::EtcdAgentCommand),
     /// The PostgreSQL instance manager, run in the pod of a PostgreSQL.
     #[command(subcommand)]
     PgInstance(noops::postgres::instance::cli::PgInstanceCommand),
-    /// Install a restored etcd data directory into a member's volume, all or nothing (the
-    /// last step of a restore; a volume that has one already is left alone).
-    InstallRestored {
-        #[arg(long)]
-        from: std::path::PathBuf,
-        #[arg(long)]
-        to: std::path::PathBuf,
-    },
-}
-
-#[derive(Debug, clap::Args)]
-struct FetchArgs {
-    /// The store's URL (or `--folder`).
-    #[arg(long, required_unless_present = "folder")]
-    endpoint: Option<String>,
-    #[arg(long, required_unless_present = "folder")]
-    bucket: Option<String>,
-    /// A mounted backup volume holding the snapshot, instead of a bucket.
-    #[arg(long, conflicts_with_all = ["endpoint", "bucket"])]
-    folder: Option<std::path::PathBuf>,
-    /// The snapshot's key (its path in the folder).
-    #[arg(long)]
-    key: String,
-    #[arg(long, default_value = "us-east-1")]
-    region: String,
-    /// The SHA-256 (hex) the snapshot must have.
-    #[arg(long)]
-    sha256: String,
-    /// The file to write.
-    #[arg(long)]
-    out: std::path::PathBuf,
-    #[arg(long, env = "AWS_ACCESS_KEY_ID", hide_env_values = true)]
-    access_key_id: Option<String>,
-    #[arg(long, env = "AWS_SECRET_ACCESS_KEY", hide_env_values = true)]
-    secret_access_key: Option<String>,
-}
-
-#[derive(Debug, clap::Args)]
-struct SaveArgs {
-    /// The member's client URL.
-    #[arg(long)]
-    endpoint: String,
-    /// Where the volume is mounted.
-    #[arg(long)]
-    folder: std::path::PathBuf,
-    /// The snapshot's path in the volume.
-    #[arg(long)]
-    key: String,
-    /// Give up after this many seconds.
-    #[arg(long, default_value_t = 600)]
-    limit_seconds: u64,
-    /// A mounted client-certificate Secret (`ca.crt`, `tls.crt`, `tls.key`), when the cluster
-    /// serves TLS.
-    #[arg(long, requires = "server_name")]
-    tls_dir: Option<std::path::PathBuf>,
-    /// The name the members' server certificate carries.
-    #[arg(long)]
-    server_name: Option<String>,
-    #[arg(long, default_value = "/dev/termination-log")]
-    termination_log: std::path::PathBuf,
-}
-
-/// Writes what a helper pod has to say where the kubelet reads it; a failure to write it is
-/// only logged (the pod's exit code still tells).
-fn report(termination_log: &std::path::Path, message: &str) {
-    println!("{message}");
-    if let Err(e) = std::fs::write(termination_log, message) {
-        eprintln!("cannot write {}: {e}", termination_log.display());
-    }
 }
 
 /// The controllers `--controllers` accepts: every registered one.
@@ -199,86 +117,10 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => run(args).await,
-        Command::FetchSnapshot(args) => {
-            use noops::etcd_backup::fetch::{Fetch, Source, fetch};
-            let source = match (args.folder, args.endpoint, args.bucket) {
-                (Some(folder), _, _) => Source::Folder(folder),
-                (None, Some(endpoint), Some(bucket)) => Source::S3 {
-                    endpoint,
-                    bucket,
-                    region: args.region,
-                    access_key_id: args.access_key_id.context("AWS_ACCESS_KEY_ID is not set")?,
-                    secret_access_key: args.secret_access_key.context("AWS_SECRET_ACCESS_KEY is not set")?,
-                },
-                _ => anyhow::bail!("say where the snapshot is: --endpoint and --bucket, or --folder"),
-            };
-            let fetch_of = Fetch {
-                source,
-                key: args.key,
-                sha256: args.sha256,
-                out: args.out,
-            };
-            let size = fetch(&fetch_of).await?;
-            println!(
-                "fetched {size} bytes to {}, SHA-256 {}",
-                fetch_of.out.display(),
-                fetch_of.sha256
-            );
-            Ok(())
-        }
-        Command::SaveSnapshot(args) => {
-            use noops::etcd_backup::in_volume::{Save, credentials_in, save};
-            let _ = rustls::crypto::ring::default_provider().install_default();
-            let credentials = match (&args.tls_dir, &args.server_name) {
-                (Some(dir), Some(name)) => Some(
-                    credentials_in(dir, name)
-                        .with_context(|| format!("reading the client certificate in {}", dir.display()))?,
-                ),
-                _ => None,
-            };
-            let to_save = Save {
-                endpoint: args.endpoint,
-                credentials,
-                folder: args.folder,
-                key: args.key,
-                limit: std::time::Duration::from_secs(args.limit_seconds),
-            };
-            match save(&to_save).await {
-                Ok(saved) => {
-                    report(&args.termination_log, &serde_json::to_string(&saved)?);
-                    Ok(())
-                }
-                Err(e) => {
-                    report(&args.termination_log, &e.to_string());
-                    Err(e.into())
-                }
-            }
-        }
-        Command::DeleteSnapshot {
-            folder,
-            key,
-            termination_log,
-        } => match noops::etcd_backup::in_volume::delete(&folder, &key).await {
-            Ok(()) => {
-                report(&termination_log, &format!("deleted {key}"));
-                Ok(())
-            }
-            Err(e) => {
-                report(&termination_log, &e.to_string());
-                Err(e.into())
-            }
-        },
+        Command::EtcdAgent(command) => Ok(noops::etcd::agent::cli::run(command).await?),
         Command::PgInstance(command) => {
             init_logging(LogFormat::Text);
             noops::postgres::instance::cli::run(command).await
-        }
-        Command::InstallRestored { from, to } => {
-            use noops::etcd_backup::install::{Installed, install};
-            match install(&from, &to)? {
-                Installed::Installed => println!("installed {} as {}", from.display(), to.display()),
-                Installed::AlreadyThere => println!("{} is there already: left alone", to.display()),
-            }
-            Ok(())
         }
     }
 }

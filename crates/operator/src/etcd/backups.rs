@@ -112,7 +112,7 @@ pub async fn keep(
     // Backups a new cluster is being restored from are never deleted under it.
     let clusters: Api<EtcdCluster> = Api::namespaced(client.clone(), &names.namespace);
     let restoring: Vec<EtcdCluster> = clusters.list(&ListParams::default()).await?.items;
-    let in_use = |name: &str| restoring.iter().any(|c| crate::etcd_backup::restores_from(c, name));
+    let in_use = |name: &str| restoring.iter().any(|c| restores_from(c, name));
 
     let mut look_again = None;
     if let Some(cron) = spec.schedule.as_deref().and_then(|s| schedule::parse(s).ok()) {
@@ -207,6 +207,17 @@ fn count(book: &mut Book, backups: &[&EtcdBackup]) {
         };
         book.condition = Some(Decided::new(BACKUP_SUCCEEDED, stored, reason(stored), message));
     }
+}
+
+/// Whether `cluster` is a new cluster still starting from backup `name`.
+pub fn restores_from(cluster: &EtcdCluster, name: &str) -> bool {
+    cluster.status.as_ref().and_then(|s| s.cluster_id.as_ref()).is_none()
+        && cluster
+            .spec
+            .bootstrap
+            .as_ref()
+            .and_then(|b| b.from_backup.as_ref())
+            .is_some_and(|b| b.name == name)
 }
 
 #[cfg(test)]

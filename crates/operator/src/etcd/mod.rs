@@ -8,10 +8,17 @@
 //! - `membership.rs`: the next membership step, pure: bootstrap, learner join and promotion,
 //!   scale up and down, removal of a lost member before its successor is added;
 //! - `bootstrap.rs`, `tls.rs`, `pod.rs`, `volume.rs`, `services.rs`: the children, pure;
-//! - `status.rs`: the status, pure, written only if it changed.
+//! - `status.rs`: the status, pure, written only if it changed;
+//! - `backups.rs`, `restore.rs`: scheduled backups and retention, and a restore's pods;
+//!   `store.rs`, `snapshot.rs`: where snapshots live and how one is streamed there.
+//!
+//! Beside it, in this wing: `backup/`, the EtcdBackup controller, and `agent/`, the programs
+//! the backup and restore pods run (`noops save-snapshot`, `fetch-snapshot`, ...).
 //!
 //! All progress of a membership change is in the status: a restarted operator carries it on.
 
+pub mod agent;
+pub mod backup;
 pub mod backups;
 pub mod bootstrap;
 pub mod client;
@@ -25,7 +32,9 @@ pub mod pod;
 mod reconcile;
 pub mod restore;
 pub mod services;
+pub mod snapshot;
 pub mod status;
+pub mod store;
 pub mod tls;
 pub mod user_tls;
 pub mod validate;

@@ -24,9 +24,8 @@ use noops_api::etcd_backup::EtcdBackup;
 
 use super::names::Names;
 use super::pod::{DATA_DIR, image, spread, token};
+use super::store::{self, Destination};
 use crate::core::stuck::stuck;
-use crate::etcd_backup::store::Destination;
-use crate::etcd_backup::volume;
 
 /// The scratch space of a restore pod (an emptyDir): the snapshot and the restored data.
 const SCRATCH: &str = "/restore";
@@ -197,9 +196,9 @@ pub fn restore_pod(
             fetch_env = vec![secret("AWS_ACCESS_KEY_ID"), secret("AWS_SECRET_ACCESS_KEY")];
         }
         Destination::Volume(destination) => {
-            fetch_args.push(format!("--folder={}", volume::MOUNT));
-            fetch_mounts.push(volume::claim_mount(true));
-            backup_volume = Some(volume::claim_volume(&destination, true));
+            fetch_args.push(format!("--folder={}", store::MOUNT));
+            fetch_mounts.push(store::claim_mount(true));
+            backup_volume = Some(store::claim_volume(&destination, true));
         }
     }
     fetch_args.extend([

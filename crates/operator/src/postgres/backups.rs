@@ -17,7 +17,7 @@ use noops_api::PostgreSQL;
 use noops_api::postgres_backup::{PostgresBackup, PostgresBackupSpec};
 
 use super::names::{Names, POSTGRES_LABEL};
-use super::restore::PlanProblem;
+use super::problem::PlanProblem;
 use super::store::Destination;
 use crate::core::apply::{create_if_missing, delete_if_present};
 use crate::core::conditions::Decided;
@@ -239,11 +239,7 @@ pub async fn keep(
     // Backups a new database is being restored from are never deleted under it.
     let databases: Api<PostgreSQL> = Api::namespaced(client.clone(), &names.namespace);
     let restoring = databases.list(&Default::default()).await?.items;
-    let in_use = |name: &str| {
-        restoring
-            .iter()
-            .any(|pg| crate::postgres_backup::restores_from(pg, name))
-    };
+    let in_use = |name: &str| restoring.iter().any(|pg| restores_from(pg, name));
     let scheduled: Vec<Kept> = mine
         .iter()
         .filter(|b| b.labels().get(SCHEDULED_LABEL).map(String::as_str) == Some("true"))
@@ -303,6 +299,17 @@ pub fn count(book: &mut Book, backups: &[&PostgresBackup]) {
         };
         book.condition = Some(Decided::new(BACKUP_SUCCEEDED, stored, reason(stored), message));
     }
+}
+
+/// Whether `pg` is a new database still starting from backup `name`.
+pub fn restores_from(pg: &PostgreSQL, name: &str) -> bool {
+    pg.status.as_ref().and_then(|s| s.system_identifier.as_ref()).is_none()
+        && pg
+            .spec
+            .bootstrap
+            .as_ref()
+            .and_then(|b| b.from_backup.as_ref())
+            .is_some_and(|b| b.name == name)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
 
-use super::restore::PlanProblem;
+use super::problem::PlanProblem;
 use super::store::Destination;
 
 /// The keys a bucket's credentials Secret must hold.

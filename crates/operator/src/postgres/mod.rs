@@ -15,19 +15,25 @@
 //! - `backups.rs`: the first and the scheduled backups, and retention;
 //! - `node_loss.rs`: a node that died with the instance (and its volume) on it, pure;
 //! - `status.rs`, `events.rs`: the status and the Events, pure, written only on change;
-//! - `instance/`: the instance manager, which runs in the pods (`noops pg-instance`).
+//! - `image.rs`: the image and user of the instance and of the backup pods; `problem.rs`: why
+//!   the spec cannot be carried out, as the status says it;
+//! - `instance/`: the instance manager, which runs in the pods (`noops pg-instance`);
+//! - `backup/`: the PostgresBackup controller.
 
+pub mod backup;
 pub mod backups;
 pub mod database;
 pub mod destination;
 pub mod events;
 #[cfg(test)]
 pub(crate) mod fixtures;
+pub mod image;
 pub mod instance;
 pub mod names;
 pub mod node_loss;
 pub mod observe;
 pub mod placement;
+pub mod problem;
 mod reconcile;
 pub mod restore;
 pub mod secrets;

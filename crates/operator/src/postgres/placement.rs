@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Node, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use noops_api::quantity;
 
-use super::restore::PlanProblem;
+use super::problem::PlanProblem;
 
 /// What the pod asks for: its requests, and its limits where a request is not set (the API
 /// server makes such a limit the request).

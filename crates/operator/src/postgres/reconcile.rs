@@ -24,6 +24,7 @@ use super::events::announcements;
 use super::names::Names;
 use super::node_loss::{self, Elsewhere, NodeLoss};
 use super::placement;
+use super::problem::PlanProblem;
 use super::restore::InstancePlan;
 use super::secrets::{self, Password};
 use super::status::{self, InstanceState, Seen};
@@ -246,11 +247,11 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
 /// parse, requests above limits, a node port another Service holds) is a problem of the spec, told
 /// in the status, not a failed pass: the child is left as it was, and the rest of the pass (the
 /// password, backups, the status) goes on. Any other error is returned.
-fn refusal(kind: &str, error: kube::Error) -> std::result::Result<restore::PlanProblem, kube::Error> {
+fn refusal(kind: &str, error: kube::Error) -> std::result::Result<PlanProblem, kube::Error> {
     match &error {
         kube::Error::Api(response) if response.code == 400 || response.code == 422 => {
             warn!(kind, message = %response.message, "the API server refused the spec's {kind}; it is left as it was");
-            Ok(restore::PlanProblem {
+            Ok(PlanProblem {
                 reason: "SpecRejected",
                 message: format!(
                     "the API server refused the {kind} this spec makes, so it is left as it was: {}",
@@ -265,7 +266,7 @@ fn refusal(kind: &str, error: kube::Error) -> std::result::Result<restore::PlanP
 /// Why the instance cannot be given the backup destination of `pg`'s spec, if it cannot: its
 /// credentials Secret or its claim, read from the API (neither carries the operator's labels,
 /// so neither is in the caches). Read only when the StatefulSet is about to change.
-async fn check_destination(pg: &PostgreSQL, names: &Names, ctx: &Context) -> Result<Option<restore::PlanProblem>> {
+async fn check_destination(pg: &PostgreSQL, names: &Names, ctx: &Context) -> Result<Option<PlanProblem>> {
     let Some(wanted) = pg.spec.backup.as_ref().and_then(Destination::of_spec) else {
         return Ok(None);
     };
@@ -284,7 +285,7 @@ async fn check_destination(pg: &PostgreSQL, names: &Names, ctx: &Context) -> Res
 
 /// Why no node could hold the instance's pod as the spec sizes it, if none could. The nodes
 /// are listed only when the spec sets resources and the StatefulSet is about to change.
-async fn check_placement(pg: &PostgreSQL, ctx: &Context) -> Result<Option<restore::PlanProblem>> {
+async fn check_placement(pg: &PostgreSQL, ctx: &Context) -> Result<Option<PlanProblem>> {
     let Some(resources) = pg
         .spec
         .resources
@@ -319,7 +320,7 @@ async fn handle_node_loss(
     names: &Names,
     ctx: &Context,
     pod: &Pod,
-    plan: &std::result::Result<InstancePlan, restore::PlanProblem>,
+    plan: &std::result::Result<InstancePlan, PlanProblem>,
     now: jiff::Timestamp,
 ) -> Result<Option<String>> {
     let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();

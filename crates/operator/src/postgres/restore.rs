@@ -25,6 +25,7 @@ use noops_api::postgres_backup::PostgresBackup;
 use serde::{Deserialize, Serialize};
 
 use super::names::Names;
+use super::problem::PlanProblem;
 use super::store::Destination;
 
 /// Where the pod mounts the ConfigMap, and the file of the plan in it.
@@ -72,13 +73,6 @@ pub enum From {
     Own,
     /// The destination of the `bootstrap.fromBackup` backup.
     Source,
-}
-
-/// Why a database cannot start as its spec says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlanProblem {
-    pub reason: &'static str,
-    pub message: String,
 }
 
 fn succeeded(backup: &PostgresBackup) -> bool {

@@ -22,6 +22,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use noops_api::PostgreSQL;
 use noops_api::postgres::BackupLocation;
 
+use super::image::{POSTGRES_UID, image};
 use super::names::{
     CONTROLLER_DIR, DATA_VOLUME, INSTANCE_MANAGER, Names, PGDATA, PORT, ROOT_ENV, SOCKET_DIR, SUPERUSER_DIR,
     VOLUME_MOUNT,
@@ -29,17 +30,9 @@ use super::names::{
 use super::restore::{PLAN_DIR, PLAN_FILE};
 use super::store::{self, Destination, PodAccess, Role};
 
-/// The user and group of the official image's `postgres` (the local Kubernetes runs its
-/// image as its own `postgres` user).
-pub const POSTGRES_UID: i64 = 999;
 /// How long PostgreSQL has to shut down (fast: open transactions are rolled back) before it is
 /// killed (and recovers from its WAL at the next start).
 const SHUTDOWN_GRACE_SECONDS: i64 = 60;
-
-/// The image of a major version.
-pub fn image(version: &str) -> String {
-    format!("postgres:{version}")
-}
 
 fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     VolumeMount {

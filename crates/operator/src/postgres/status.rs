@@ -11,7 +11,7 @@ use noops_api::postgres::{BackupLocation, PostgreSQLStatus, RestoreStatus};
 
 use super::backups::Book;
 use super::names::{Names, PORT};
-use super::restore::PlanProblem;
+use super::problem::PlanProblem;
 use super::secrets::PasswordProblem;
 use super::sql::{Archiver, InstanceFacts};
 use crate::core::conditions::{Decided, merge};

@@ -5,8 +5,7 @@
 //! reads how they ended.
 
 use k8s_openapi::api::core::v1::{
-    Container, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, SecretVolumeSource, Volume,
-    VolumeMount,
+    Container, Pod, PodSecurityContext, PodSpec, SecretVolumeSource, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use noops_api::etcd::VolumeDestination;
@@ -16,10 +15,9 @@ use crate::core::task_pod;
 pub use crate::core::task_pod::{Outcome, outcome};
 use crate::etcd::names::Names;
 
-use super::in_volume::Saved;
+use crate::etcd::agent::save::Saved;
+use crate::etcd::store::{MOUNT, claim_mount, claim_volume};
 
-/// Where the backup volume is mounted in these pods (and in a restore pod).
-pub const MOUNT: &str = "/backup";
 /// Where the client certificate is mounted.
 const TLS_MOUNT: &str = "/tls";
 /// The component label of these pods: the controller watches them by it.
@@ -45,28 +43,6 @@ impl Job {
 /// uid's start when the name is too long for a pod.
 pub fn pod_name(backup: &str, uid: &str, job: Job) -> String {
     task_pod::name(backup, uid, job.verb())
-}
-
-/// The claim as a pod volume named `backup`.
-pub fn claim_volume(destination: &VolumeDestination, read_only: bool) -> Volume {
-    Volume {
-        name: "backup".into(),
-        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-            claim_name: destination.claim_name.clone(),
-            read_only: read_only.then_some(true),
-        }),
-        ..Default::default()
-    }
-}
-
-/// The mount of [`claim_volume`] at [`MOUNT`].
-pub fn claim_mount(read_only: bool) -> VolumeMount {
-    VolumeMount {
-        name: "backup".into(),
-        mount_path: MOUNT.into(),
-        read_only: read_only.then_some(true),
-        ..Default::default()
-    }
 }
 
 /// The pod that saves a snapshot of the member at `endpoint` to `key` in the volume, within

@@ -25,7 +25,7 @@ use noops_api::PostgresBackup;
 use crate::core::controller::{ControllerCore, HasCore, Registration, Runtime, drive, scoped_api};
 use crate::core::labels;
 
-pub use reconcile::{FINALIZER, keep_wal_from, restores_from};
+pub use reconcile::{FINALIZER, keep_wal_from};
 
 /// The controller's registration (`noops run --controllers postgresbackup`).
 pub const CONTROLLER: Registration = Registration {

@@ -412,17 +412,6 @@ async fn write_status(
     Ok(apply_status_at(&api, &backup.name_any(), version, status).await?)
 }
 
-/// Whether `pg` is a new database still starting from backup `name`.
-pub fn restores_from(pg: &PostgreSQL, name: &str) -> bool {
-    pg.status.as_ref().and_then(|s| s.system_identifier.as_ref()).is_none()
-        && pg
-            .spec
-            .bootstrap
-            .as_ref()
-            .and_then(|b| b.from_backup.as_ref())
-            .is_some_and(|b| b.name == name)
-}
-
 /// The WAL segment from which the other backups kept in the same archive as `backup` need
 /// the WAL: where the oldest of them starts. None (no WAL is deleted) if no other backup is
 /// kept there, or one of the same database is still being taken (it needs the WAL from where
@@ -463,7 +452,10 @@ async fn clean_up(backup: &PostgresBackup, ctx: &Context) -> Result<Action> {
     let name = backup.name_any();
     let databases: Api<PostgreSQL> = Api::namespaced(ctx.client.clone(), &namespace);
     let all_databases = databases.list(&ListParams::default()).await?.items;
-    if let Some(pg) = all_databases.iter().find(|pg| restores_from(pg, &name)) {
+    if let Some(pg) = all_databases
+        .iter()
+        .find(|pg| crate::postgres::backups::restores_from(pg, &name))
+    {
         // An error keeps the finalizer (and the backup); the deletion is tried again.
         return Err(Error::Blocked(format!(
             "PostgreSQL {} is being restored from this backup: it is kept until that database has started",

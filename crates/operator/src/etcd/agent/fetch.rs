@@ -57,13 +57,13 @@ impl Source {
                 region,
                 access_key_id,
                 secret_access_key,
-            } => super::store::bucket(
+            } => crate::core::stores::bucket(
                 endpoint,
                 region,
                 bucket,
                 &(access_key_id.clone(), secret_access_key.clone()),
             ),
-            Source::Folder(path) => Ok(super::in_volume::volume(path)?),
+            Source::Folder(path) => Ok(super::save::volume(path)?),
         }
     }
 }
@@ -104,7 +104,7 @@ pub async fn fetch(f: &Fetch) -> Result<u64, FetchError> {
 
 async fn fetch_once(f: &Fetch) -> Result<u64, FetchError> {
     if let Source::Folder(_) = f.source {
-        super::in_volume::inside(&f.key)?;
+        super::save::inside(&f.key)?;
     }
     let store = f.source.open()?;
     let partial = f.out.with_extension("partial");

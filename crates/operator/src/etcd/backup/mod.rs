@@ -2,17 +2,13 @@
 //! S3-compatible bucket or backup volume, with its size, revision and SHA-256 in status.
 //!
 //! Pipeline of one reconcile (`reconcile.rs`): read the backup and its cluster → check there is
-//! somewhere to put it → stream a snapshot from a healthy follower into the bucket (`take.rs`,
-//! `store.rs`), or have a pod save it into the volume (`volume.rs`, `in_volume.rs`) → status
-//! and Event. The cluster controller makes scheduled EtcdBackups and
-//! applies retention (`crate::etcd::backups`, `crate::core::schedule`).
+//! somewhere to put it → stream a snapshot from a healthy follower into the bucket
+//! (`crate::etcd::snapshot`, `crate::etcd::store`), or have a pod save it into the volume
+//! (`volume.rs`, which runs `crate::etcd::agent::save`) → status and Event. The cluster
+//! controller makes scheduled EtcdBackups and applies retention (`crate::etcd::backups`,
+//! `crate::core::schedule`).
 
-pub mod fetch;
-pub mod in_volume;
-pub mod install;
 mod reconcile;
-pub mod store;
-pub mod take;
 pub mod volume;
 
 use std::sync::Arc;
@@ -28,7 +24,7 @@ use noops_api::EtcdBackup;
 use crate::core::controller::{ControllerCore, HasCore, Registration, Runtime, drive, scoped_api};
 use crate::core::labels;
 
-pub use reconcile::{BACKUP_DEADLINE, FINALIZER, restores_from};
+pub use reconcile::{BACKUP_DEADLINE, FINALIZER};
 
 /// The controller's registration (`noops run --controllers etcdbackup`).
 pub const CONTROLLER: Registration = Registration {

@@ -1,8 +1,8 @@
 //! What the pods of a volume backup run, inside the pod, with the backup volume mounted:
 //! `noops save-snapshot` streams a snapshot from a member into the volume (the same stream,
-//! hash and atomic publication as a bucket upload, `take.rs`, plus an fsync), and `noops
-//! delete-snapshot` deletes one. Each reports through its container's termination message,
-//! which the operator reads (`volume.rs`).
+//! hash and atomic publication as a bucket upload, `crate::etcd::snapshot`, plus an fsync), and
+//! `noops delete-snapshot` deletes one. Each reports through its container's termination
+//! message, which the operator reads (`crate::etcd::backup::volume`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,8 +11,8 @@ use std::time::Duration;
 use object_store::local::LocalFileSystem;
 use serde::{Deserialize, Serialize};
 
-use super::take::{self, TakeError, Taken};
 use crate::etcd::client::{Credentials, EtcdAccess};
+use crate::etcd::snapshot::{self, TakeError, Taken};
 
 /// One snapshot to save.
 #[derive(Debug, Clone)]
@@ -100,7 +100,7 @@ pub async fn save(s: &Save) -> Result<Saved, TakeError> {
     inside(&s.key)?;
     remove_unfinished(&s.folder.join(&s.key));
     let access = EtcdAccess::new(s.credentials.clone());
-    let taken = take::take(&access, &s.endpoint, volume(&s.folder)?, &s.key, s.limit).await?;
+    let taken = snapshot::take(&access, &s.endpoint, volume(&s.folder)?, &s.key, s.limit).await?;
     Ok(Saved::from_taken(&taken))
 }
 
@@ -108,7 +108,7 @@ pub async fn save(s: &Save) -> Result<Saved, TakeError> {
 pub async fn delete(folder: &Path, key: &str) -> Result<(), object_store::Error> {
     inside(key)?;
     remove_unfinished(&folder.join(key));
-    take::delete(volume(folder)?, key).await
+    snapshot::delete(volume(folder)?, key).await
 }
 
 /// Removes `<file>#<n>`: the staged copies of uploads that never finished (a pod killed

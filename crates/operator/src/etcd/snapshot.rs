@@ -1,4 +1,5 @@
-//! Taking one snapshot: streamed from a member straight into a multipart upload, hashed on
+//! Taking one snapshot (by the operator into a bucket, or by a backup pod into its volume:
+//! `agent/save.rs`): streamed from a member straight into a multipart upload, hashed on
 //! the way, so memory stays bounded whatever the database size. The object appears in the
 //! bucket only once the upload completes: a backup cut short leaves no partial snapshot
 //! under its key (an upload that fails or stalls is aborted; one cut by an operator crash

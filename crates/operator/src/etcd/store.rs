@@ -1,5 +1,7 @@
 //! Where snapshots go: an S3-compatible bucket, with the keys from a Secret, or a volume (a
-//! PersistentVolumeClaim that pods of the operator's image write to, `volume.rs`).
+//! PersistentVolumeClaim that pods of the operator's image mount: `backup/volume.rs` saves
+//! and deletes through them, `restore.rs` fetches through one). Both the backup controller
+//! and the cluster's restore read it.
 //!
 //! An http endpoint whose host is a Service of this cluster (`<service>.<namespace>.svc`, with
 //! or without `.cluster.local`) is reached at that Service's ClusterIP, read through the API:
@@ -9,7 +11,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaimVolumeSource, Secret, Service, Volume, VolumeMount};
 use kube::{Api, Client};
 use noops_api::etcd::{BackupSpec, S3Destination, VolumeDestination};
 use noops_api::etcd_backup::EtcdBackupStatus;
@@ -17,6 +19,8 @@ use object_store::ObjectStore;
 
 pub use crate::core::stores::bucket;
 
+/// Where the backup volume is mounted in the pods that read or write it (save, delete, restore).
+pub const MOUNT: &str = "/backup";
 /// Why the store cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -176,6 +180,28 @@ pub async fn open(
     let endpoint = resolve(client, &destination.endpoint).await?;
     let keys = (read("AWS_ACCESS_KEY_ID")?, read("AWS_SECRET_ACCESS_KEY")?);
     Ok(bucket(&endpoint, &destination.region, &destination.bucket, &keys)?)
+}
+
+/// The claim as a pod volume named `backup`.
+pub fn claim_volume(destination: &VolumeDestination, read_only: bool) -> Volume {
+    Volume {
+        name: "backup".into(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: destination.claim_name.clone(),
+            read_only: read_only.then_some(true),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The mount of [`claim_volume`] at [`MOUNT`].
+pub fn claim_mount(read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: "backup".into(),
+        mount_path: MOUNT.into(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
 }
 
 #[cfg(test)]

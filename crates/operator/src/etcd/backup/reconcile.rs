@@ -20,8 +20,6 @@ use noops_api::etcd_backup::{EtcdBackup, EtcdBackupStatus};
 use tracing::{info, warn};
 
 use super::Context;
-use super::store::{self, Destination};
-use super::take::{self, TakeError};
 use super::volume::{self, Job, Outcome};
 use crate::core::apply::{apply_status_at, controller_reference, create_if_missing, delete_if_present};
 use crate::core::conditions::{Decided, merge};
@@ -31,6 +29,8 @@ use crate::core::{Error, Result, crash};
 use crate::etcd::client::{Credentials, EtcdAccess};
 use crate::etcd::names::{CLUSTER_LABEL, Names};
 use crate::etcd::observe;
+use crate::etcd::snapshot::{self, TakeError};
+use crate::etcd::store::{self, Destination};
 
 /// The finalizer that deletes the snapshot with the EtcdBackup.
 pub const FINALIZER: &str = "noops.dev/etcd-backup-snapshot";
@@ -58,7 +58,7 @@ pub async fn reconcile(backup: Arc<EtcdBackup>, ctx: &Context) -> Result<Action>
 
 /// Where a backup stands after this pass.
 enum Verdict {
-    Succeeded(take::Taken),
+    Succeeded(snapshot::Taken),
     /// A pod is saving it (to a volume): looked at again when the pod changes.
     InProgress,
     /// Not this time; tried again unless past the deadline.
@@ -287,7 +287,7 @@ async fn attempt_to_bucket(
         }
     };
     Ok(
-        match take::take(&EtcdAccess::new(credentials), &endpoint, bucket, key, limit).await {
+        match snapshot::take(&EtcdAccess::new(credentials), &endpoint, bucket, key, limit).await {
             Ok(taken) => Verdict::Succeeded(taken),
             Err(e @ TakeError::Stalled(_)) => Verdict::Retry {
                 reason: "SnapshotStalled",
@@ -427,7 +427,7 @@ async fn clean_up(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
         .await?
         .items
         .into_iter()
-        .find(|c| restores_from(c, &name));
+        .find(|c| crate::etcd::backups::restores_from(c, &name));
     if let Some(cluster) = restoring {
         let note = format!(
             "EtcdCluster {} is being restored from this backup: its snapshot is kept until that cluster has started",
@@ -444,7 +444,7 @@ async fn clean_up(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
         .map_or(Duration::ZERO, |t| elapsed(t.0, jiff::Timestamp::now()));
     let deleted = match &destination {
         Destination::S3(s3) => match store::open(&ctx.client, &namespace, s3).await {
-            Ok(bucket) => take::delete(bucket, &key).await.map_err(|e| (e.to_string(), true)),
+            Ok(bucket) => snapshot::delete(bucket, &key).await.map_err(|e| (e.to_string(), true)),
             // Without its keys it will never be deleted: no use waiting.
             Err(e @ (store::StoreError::Credentials { .. } | store::StoreError::MissingKey { .. })) => {
                 Err((e.to_string(), false))
@@ -543,15 +543,4 @@ async fn delete_from_volume(
             Some(Err((message, true)))
         }
     })
-}
-
-/// Whether `cluster` is a new cluster still starting from backup `name`.
-pub fn restores_from(cluster: &EtcdCluster, name: &str) -> bool {
-    cluster.status.as_ref().and_then(|s| s.cluster_id.as_ref()).is_none()
-        && cluster
-            .spec
-            .bootstrap
-            .as_ref()
-            .and_then(|b| b.from_backup.as_ref())
-            .is_some_and(|b| b.name == name)
 }

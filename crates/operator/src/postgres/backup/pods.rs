@@ -12,8 +12,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use noops_api::postgres::BackupLocation;
 
 use crate::core::labels;
+use crate::postgres::image::{POSTGRES_UID, image};
 use crate::postgres::names::{CONTROLLER_DIR, INSTANCE_MANAGER, Names};
-use crate::postgres::statefulset::{POSTGRES_UID, image};
 use crate::postgres::store::{self, Destination, Role};
 
 /// The component label of these pods: the controller watches them by it.

@@ -1,0 +1,11 @@
+//! Why a database cannot be made or changed as its spec says: a bad destination, no node that
+//! fits, a refused restore, a schedule the parser refuses. The plan holds what it cannot do
+//! and the status says it (a condition's reason and message, and an Event).
+
+/// Why a database cannot start, or change, as its spec says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanProblem {
+    /// The condition reason, such as `NoNodeFits`.
+    pub reason: &'static str,
+    pub message: String,
+}
