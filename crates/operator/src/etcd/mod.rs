@@ -17,6 +17,7 @@
 //!
 //! All progress of a membership change is in the status: a restarted operator carries it on.
 
+mod act;
 pub mod agent;
 pub mod backup;
 pub mod backups;

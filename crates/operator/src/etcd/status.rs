@@ -343,6 +343,11 @@ pub fn describe(op: &Operation) -> String {
     }
 }
 
+/// Whether `conditions` hold one that is True with `reason`.
+pub fn has_reason(conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition], reason: &str) -> bool {
+    conditions.iter().any(|c| c.reason == reason && c.status == "True")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
