@@ -135,9 +135,15 @@ fn identity() -> String {
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = kube::Client::try_default()
+    let metrics = Arc::new(Metrics::new());
+    let config = kube::Config::infer()
         .await
         .context("no Kubernetes client configuration (KUBECONFIG or in-cluster)")?;
+    // Every request is counted (noops_api_requests_total): a settled cluster should cost none.
+    let client = kube::client::ClientBuilder::try_from(config)
+        .context("cannot make a Kubernetes client")?
+        .with_layer(&metrics.count_requests())
+        .build();
     let version = client
         .apiserver_version()
         .await
@@ -150,7 +156,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let names: Vec<&str> = controllers.iter().map(|c| c.name).collect();
     info!(server = %version.git_version, controllers = ?names, namespaces = ?args.namespaces, "noops operator starting");
 
-    let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health {
         metrics: metrics.clone(),
         ready: Default::default(),

@@ -311,6 +311,65 @@ impl Operator {
             .and_then(|v| v.parse().ok())
     }
 
+    /// The API requests the operator has sent so far (`noops_api_requests_total`), by
+    /// (verb, resource).
+    pub async fn api_requests(&self) -> std::collections::BTreeMap<(String, String), f64> {
+        let text = http_get(&self.http, "/metrics").await.unwrap_or_default();
+        text.lines()
+            .filter_map(|l| l.strip_prefix("noops_api_requests_total{"))
+            .filter_map(|l| {
+                let (labels, value) = l.rsplit_once("} ")?;
+                let label = |name: &str| {
+                    let start = labels.find(&format!("{name}=\""))? + name.len() + 2;
+                    Some(labels[start..].split('"').next()?.to_string())
+                };
+                Some(((label("verb")?, label("resource")?), value.parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// The requests of an idle `minute` (it waits that long): (those beyond the leader lease's
+    /// renewals by verb and resource, the renewals).
+    pub async fn idle_requests(&self, minute: Duration) -> (Vec<(String, f64)>, f64) {
+        let before = self.api_requests().await;
+        tokio::time::sleep(minute).await;
+        beyond_lease(&before, &self.api_requests().await)
+    }
+
+    /// The API requests, beyond the lease's renewals, of `controller`'s passes over `object`
+    /// (`kind/name`) when it has nothing to do: an annotation touched three times wakes a pass
+    /// each, and what the operator sent meanwhile is counted. A settled object costs none.
+    pub async fn requests_of_settled_passes(
+        &self,
+        ns: &TestNamespace,
+        object: &str,
+        controller: &str,
+    ) -> Vec<(String, f64)> {
+        let passes = format!("noops_reconciles_total{{controller=\"{controller}\",result=\"success\"}}");
+        let before = self.api_requests().await;
+        let passes_before = self.metric(&passes).await.unwrap_or(0.0);
+        for touch in 0..3 {
+            kubectl_ok(
+                &[
+                    "annotate",
+                    "--overwrite",
+                    "-n",
+                    &ns.name,
+                    object,
+                    &format!("noops.dev/test-touch={touch}"),
+                ],
+                None,
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        wait_until("the passes the touches woke", Duration::from_secs(30), || async {
+            self.metric(&passes).await.unwrap_or(0.0) >= passes_before + 2.0
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        beyond_lease(&before, &self.api_requests().await).0
+    }
+
     /// The operator's log so far (for failure messages).
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
@@ -321,6 +380,28 @@ impl Drop for Operator {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The requests made between two counts: (those beyond the leader lease's renewals, as
+/// "verb resource" and how many, the renewals).
+fn beyond_lease(
+    before: &std::collections::BTreeMap<(String, String), f64>,
+    after: &std::collections::BTreeMap<(String, String), f64>,
+) -> (Vec<(String, f64)>, f64) {
+    let mut beyond = Vec::new();
+    let mut lease = 0.0;
+    for ((verb, resource), count) in after {
+        let made = count - before.get(&(verb.clone(), resource.clone())).copied().unwrap_or(0.0);
+        if made <= 0.0 {
+            continue;
+        }
+        if resource == "leases" {
+            lease += made;
+        } else {
+            beyond.push((format!("{verb} {resource}"), made));
+        }
+    }
+    (beyond, lease)
 }
 
 /// Installs (or updates) the noops CRDs from `deploy/crds`.

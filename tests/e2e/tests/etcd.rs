@@ -98,6 +98,16 @@ async fn a_cluster_bootstraps_scales_heals_and_goes_away_without_losing_a_write(
     assert_eq!(status.current_version.as_deref(), Some(version.as_str()));
     assert_eq!(status.client_secret.as_deref(), Some("main-client"));
     assert!(status.cluster_id.is_some());
+    // Settled, a pass reads its children from the caches and writes nothing: no API request
+    // but the lease's.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let requests = operator
+        .requests_of_settled_passes(&ns, "etcdcluster/main", "etcd")
+        .await;
+    assert!(
+        requests.is_empty(),
+        "a settled cluster's passes made API requests: {requests:?}"
+    );
     assert!(!status.endpoints.is_empty(), "client endpoints in status");
     assert_eq!(status.ready.as_deref(), Some("3/3"));
     assert_eq!(status.phase.as_deref(), Some("Running"));

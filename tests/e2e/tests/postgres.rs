@@ -58,6 +58,15 @@ async fn the_original_walkthrough_keeps_every_row_across_a_pod_deletion_and_take
     .unwrap();
     let listed = kubectl_get(&ns);
     assert!(listed.contains("READY") && listed.contains("ENDPOINT"), "{listed}");
+    // Settled, a pass reads its children from the caches and the user's Secret from memory
+    // (unchanged since it was read), and writes nothing: no API request but the lease's.
+    let requests = operator
+        .requests_of_settled_passes(&ns, "postgresql/shop", "postgres")
+        .await;
+    assert!(
+        requests.is_empty(),
+        "a settled database's passes made API requests: {requests:?}"
+    );
     assert!(
         listed.contains("True") && listed.contains("Running") && listed.contains(&format!("shop.{}.svc:5432", ns.name)),
         "{listed}"

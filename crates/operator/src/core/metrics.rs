@@ -1,5 +1,5 @@
 //! Prometheus metrics of every controller: reconciles by result, errors by reason, reconcile
-//! duration, and whether this replica leads.
+//! duration, whether this replica leads, and the requests it sends to the API server.
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
@@ -12,6 +12,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use super::api_requests::{CountRequests, RequestCounts};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
@@ -45,6 +47,7 @@ pub struct Metrics {
     errors: Family<ErrorLabels, Counter>,
     duration: HistogramFamily,
     leader: Gauge<i64, AtomicI64>,
+    api_requests: RequestCounts,
     etcd_healthy_members: Family<ClusterLabels, Gauge>,
     etcd_quorum_lost: Family<ClusterLabels, Gauge>,
     /// The clusters that have series, so that those of deleted clusters can be dropped.
@@ -81,6 +84,12 @@ impl Metrics {
             duration.clone(),
         );
         registry.register("leader", "1 while this replica holds the leader lease", leader.clone());
+        let api_requests = RequestCounts::default();
+        registry.register(
+            "api_requests",
+            "Requests sent to the API server, by verb and resource",
+            api_requests.clone(),
+        );
         let etcd_healthy_members = Family::<ClusterLabels, Gauge>::default();
         let etcd_quorum_lost = Family::<ClusterLabels, Gauge>::default();
         registry.register(
@@ -99,6 +108,7 @@ impl Metrics {
             errors,
             duration,
             leader,
+            api_requests,
             etcd_healthy_members,
             etcd_quorum_lost,
             etcd_clusters: Mutex::new(BTreeSet::new()),
@@ -161,6 +171,11 @@ impl Metrics {
                 controller: controller.into(),
             })
             .observe(took.as_secs_f64());
+    }
+
+    /// A layer for the operator's client that counts its requests into these metrics.
+    pub fn count_requests(&self) -> CountRequests {
+        CountRequests::new(self.api_requests.clone())
     }
 
     /// Records whether this replica leads.

@@ -1,9 +1,11 @@
-//! What every controller shares: registration and the reconcile wrapper (`controller`),
+//! What every controller shares: registration and the reconcile wrapper (`controller`), the
+//! count of its API requests,
 //! conditions, Events, server-side apply and the desired-state stamp, labels, rollout checks,
 //! pruning of children no longer wanted, per-object back-off, error classification, metrics,
 //! backup schedules and retention, nodes and the volumes pinned to them, the short-lived pods that do a job and report how it went,
 //! and the crash points of the crash-safety tests.
 
+pub mod api_requests;
 pub mod apply;
 pub mod backoff;
 pub mod cache;
@@ -24,5 +26,6 @@ pub mod stamp;
 pub mod stores;
 pub mod stuck;
 pub mod task_pod;
+pub mod user_secrets;
 
 pub use error::{DuringStage, Error, Result, Stage};

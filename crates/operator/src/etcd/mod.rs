@@ -46,15 +46,16 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
-use kube::Client;
-use kube::core::DeserializeGuard;
+use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
 use noops_api::EtcdCluster;
 
 use crate::core::cache::shared_cache;
 use crate::core::controller::{ControllerCore, HasCore, Registration, Runtime, drive, scoped_api};
+use crate::core::user_secrets::UserSecrets;
 
 /// The controller's registration (`noops run --controllers etcd`).
 pub const CONTROLLER: Registration = Registration {
@@ -72,6 +73,8 @@ pub struct Context {
     pub client: Client,
     /// The children of every cluster, kept by watches.
     pub caches: observe::Caches,
+    /// The certificate Secrets users name.
+    pub user_secrets: UserSecrets,
     /// The operator's own image, for the container of a restore pod that fetches a snapshot.
     pub image: String,
     /// How long the member and client certificates it issues are valid.
@@ -105,6 +108,13 @@ pub async fn run(runtime: Runtime) {
     let (secrets, _) = shared_cache(scoped_api::<Secret>(&client, &namespace), ours.clone()).await;
     let (services, _) = shared_cache(scoped_api::<Service>(&client, &namespace), ours.clone()).await;
     let (config_maps, _) = shared_cache(scoped_api::<ConfigMap>(&client, &namespace), ours).await;
+    // The metadata of every Secret: a user's certificate Secret is read only when it changed,
+    // and its change wakes the clusters that name it.
+    let (secret_metadata, secret_changes) = shared_cache(
+        scoped_api::<PartialObjectMeta<Secret>>(&client, &namespace),
+        watcher::Config::default(),
+    )
+    .await;
     let ctx = Arc::new(Context {
         core: ControllerCore::new(CONTROLLER.name, client.clone(), metrics.clone()),
         caches: observe::Caches {
@@ -114,6 +124,7 @@ pub async fn run(runtime: Runtime) {
             services,
             config_maps,
         },
+        user_secrets: UserSecrets::new(client.clone(), secret_metadata),
         client: client.clone(),
         image,
         certificate_lifetime,
@@ -125,10 +136,26 @@ pub async fn run(runtime: Runtime) {
     .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
     // A member's pod or volume that changes wakes its cluster once the cache holds it.
     .owns_shared_stream(pod_changes)
-    .owns_shared_stream(volume_changes)
-    .graceful_shutdown_on(shutdown.fired());
-    // The health series of a deleted cluster go with it.
+    .owns_shared_stream(volume_changes);
     let clusters = controller.store();
+    let controller = controller
+        .watches_shared_stream(secret_changes, {
+            let clusters = clusters.clone();
+            move |secret: Arc<PartialObjectMeta<Secret>>| {
+                let namespace = secret.namespace().unwrap_or_default();
+                let name = secret.name_any();
+                clusters
+                    .state()
+                    .into_iter()
+                    .filter_map(|guard| guard.0.as_ref().ok().cloned())
+                    .filter(|cluster| cluster.namespace().as_deref() == Some(namespace.as_str()))
+                    .filter(|cluster| names::Names::of(cluster).user_secret_names().contains(&name))
+                    .map(|cluster| ObjectRef::new(&cluster.name_any()).within(&namespace))
+                    .collect::<Vec<_>>()
+            }
+        })
+        .graceful_shutdown_on(shutdown.fired());
+    // The health series of a deleted cluster go with it.
     let janitor = tokio::spawn(async move {
         loop {
             tokio::time::sleep(Duration::from_secs(30)).await;

@@ -42,6 +42,14 @@ impl Names {
         }
     }
 
+    /// The user's own certificate Secrets (peer, server, client), if the cluster names them.
+    pub fn user_secret_names(&self) -> Vec<String> {
+        self.user_secrets
+            .iter()
+            .flat_map(|u| [u.peer.clone(), u.server.clone(), u.client.clone()])
+            .collect()
+    }
+
     /// The name of the member with `index`: `<cluster>-<index>`. Indexes only grow, so a name
     /// (and the volume named after it) is never given to a second member.
     pub fn member(&self, index: i64) -> String {

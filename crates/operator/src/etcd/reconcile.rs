@@ -43,14 +43,16 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
     let previous = cluster.status.clone().unwrap_or_default();
 
     let mut children = observe::children(&ctx.caches, &names);
-    if let Some(user) = &names.user_secrets {
-        // The user's own certificate Secrets carry none of the operator's labels, so they are
-        // not in its caches: read them.
-        let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        for name in [&user.peer, &user.server, &user.client] {
-            if let Some(secret) = secrets.get_opt(name).await.during(Stage::Observe)? {
-                children.secrets.insert(name.clone(), Arc::new(secret));
-            }
+    // The user's own certificate Secrets carry none of the operator's labels, so they are not
+    // in its caches: they are read again only when they changed (`core::user_secrets`).
+    for name in names.user_secret_names() {
+        if let Some(secret) = ctx
+            .user_secrets
+            .get(&names.namespace, &name)
+            .await
+            .during(Stage::Observe)?
+        {
+            children.secrets.insert(name, secret);
         }
     }
     let children = children;

@@ -8,6 +8,7 @@
 //! leads to a backup of something else, and retention deletes successful backups only once
 //! `maxBackups` newer ones have succeeded.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -172,6 +173,13 @@ fn scheduled_backup(pg: &PostgreSQL, names: &Names, at: jiff::Timestamp) -> Post
     }
 }
 
+/// The PostgresBackups and the PostgreSQLs of a database's namespace, from the caches: its
+/// backups, and the databases that may still be starting from one.
+pub struct NamespaceView<'a> {
+    pub backups: &'a [PostgresBackup],
+    pub databases: &'a [Arc<PostgreSQL>],
+}
+
 /// What a pass did with the backups: when to look again, and what it decided (reason, note),
 /// for Events.
 #[derive(Debug, Default)]
@@ -187,7 +195,7 @@ pub async fn keep(
     pg: &PostgreSQL,
     names: &Names,
     client: &Client,
-    all: &[PostgresBackup],
+    namespace: &NamespaceView<'_>,
     serving: bool,
     book: &mut Book,
     now: jiff::Timestamp,
@@ -197,7 +205,7 @@ pub async fn keep(
         return Ok(pass);
     };
     let api: Api<PostgresBackup> = Api::namespaced(client.clone(), &names.namespace);
-    let mine = mine(pg, all);
+    let mine = mine(pg, namespace.backups);
     let mut look_again = None;
     if first_backup_due(pg, &mine, serving, now) {
         let backup = scheduled_backup(pg, names, now);
@@ -237,9 +245,7 @@ pub async fn keep(
     }
 
     // Backups a new database is being restored from are never deleted under it.
-    let databases: Api<PostgreSQL> = Api::namespaced(client.clone(), &names.namespace);
-    let restoring = databases.list(&Default::default()).await?.items;
-    let in_use = |name: &str| restoring.iter().any(|pg| restores_from(pg, name));
+    let in_use = |name: &str| namespace.databases.iter().any(|pg| restores_from(pg, name));
     let scheduled: Vec<Kept> = mine
         .iter()
         .filter(|b| b.labels().get(SCHEDULED_LABEL).map(String::as_str) == Some("true"))

@@ -51,13 +51,14 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, 
 use kube::core::DeserializeGuard;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Controller;
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use noops_api::{PostgreSQL, PostgresBackup};
 
 use crate::core::cache::shared_cache;
 use crate::core::controller::{ControllerCore, HasCore, Registration, Runtime, drive, scoped_api};
+use crate::core::user_secrets::UserSecrets;
 
 /// The controller's registration (`noops run --controllers postgres`).
 pub const CONTROLLER: Registration = Registration {
@@ -74,6 +75,10 @@ pub struct Context {
     pub core: ControllerCore,
     pub client: Client,
     pub caches: observe::Caches,
+    /// The password and bucket-key Secrets users name.
+    pub user_secrets: UserSecrets,
+    /// Every PostgreSQL, as the controller's own watch keeps them.
+    pub databases: Store<DeserializeGuard<PostgreSQL>>,
     /// The operator's own image: the instance's init container copies the instance manager
     /// from it.
     pub image: String,
@@ -112,9 +117,23 @@ pub async fn run(runtime: Runtime) {
         watcher::Config::default(),
     )
     .await;
+    // Only the metadata of Secrets: enough to see that a password Secret changed (and to read
+    // it only then), without holding every Secret's data in memory.
+    let (secret_metadata, secret_changes) = shared_cache(
+        scoped_api::<PartialObjectMeta<Secret>>(&client, &namespace),
+        watcher::Config::default(),
+    )
+    .await;
+    let controller = Controller::new(
+        scoped_api::<DeserializeGuard<PostgreSQL>>(&client, &namespace),
+        watcher::Config::default().any_semantic(),
+    )
+    .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES));
+    let databases = controller.store();
     let ctx = Arc::new(Context {
         core: ControllerCore::new(CONTROLLER.name, client.clone(), metrics),
         client: client.clone(),
+        user_secrets: UserSecrets::new(client.clone(), secret_metadata),
         caches: observe::Caches {
             statefulsets,
             pods,
@@ -124,22 +143,9 @@ pub async fn run(runtime: Runtime) {
             claims,
             backups,
         },
+        databases: databases.clone(),
         image,
     });
-    let controller = Controller::new(
-        scoped_api::<DeserializeGuard<PostgreSQL>>(&client, &namespace),
-        watcher::Config::default().any_semantic(),
-    )
-    .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES));
-    let databases = controller.store();
-    // Only the metadata of Secrets: enough to see that a password Secret changed, without
-    // holding every Secret's data in memory.
-    let secret_changes = watcher(
-        scoped_api::<PartialObjectMeta<Secret>>(&client, &namespace),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects();
     let controller = controller
         .owns_shared_stream(statefulset_changes)
         // The instance's pod is the StatefulSet's: its label names the database.
@@ -176,7 +182,7 @@ pub async fn run(runtime: Runtime) {
                     .collect::<Vec<_>>()
             }
         })
-        .watches_stream(secret_changes, move |secret| {
+        .watches_shared_stream(secret_changes, move |secret: Arc<PartialObjectMeta<Secret>>| {
             let namespace = secret.namespace().unwrap_or_default();
             let name = secret.name_any();
             databases

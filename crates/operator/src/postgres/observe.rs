@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
-use noops_api::PostgresBackup;
+use noops_api::{PostgreSQL, PostgresBackup};
 
 use super::names::Names;
 
@@ -62,6 +63,18 @@ pub fn backups(caches: &Caches, names: &Names) -> Vec<PostgresBackup> {
         .iter()
         .filter(|b| b.metadata.namespace.as_deref() == Some(names.namespace.as_str()))
         .map(|b| (**b).clone())
+        .collect()
+}
+
+/// The PostgreSQLs of the namespace (from the controller's own cache): a backup one of them
+/// is still starting from is not deleted under it.
+pub fn databases(store: &Store<DeserializeGuard<PostgreSQL>>, names: &Names) -> Vec<Arc<PostgreSQL>> {
+    store
+        .state()
+        .iter()
+        .filter_map(|guard| guard.0.as_ref().ok())
+        .filter(|pg| pg.metadata.namespace.as_deref() == Some(names.namespace.as_str()))
+        .map(|pg| Arc::new(pg.clone()))
         .collect()
 }
 

@@ -56,17 +56,19 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
 
     // Observe. The user's Secret carries none of the operator's labels, so it is not in the
-    // caches: read it (a watch on Secret metadata wakes the database when it changes).
+    // caches: it is read again only when it changed (`core::user_secrets`).
     let children = observe::children(&ctx.caches, &names);
     let all_backups = observe::backups(&ctx.caches, &names);
-    let user_secret = secrets_api
-        .get_opt(&pg.spec.password_secret)
+    let databases = observe::databases(&ctx.databases, &names);
+    let user_secret = ctx
+        .user_secrets
+        .get(&names.namespace, &pg.spec.password_secret)
         .await
         .during(Stage::Observe)?;
 
     // Validate: the schema checked the spec; the password's Secret and the backup a new
     // database starts from are left.
-    let password = secrets::password(user_secret.as_ref(), &pg.spec.password_secret);
+    let password = secrets::password(user_secret.as_deref(), &pg.spec.password_secret);
     let plan = restore::plan(&pg, &all_backups);
     let schedule_problem = backups::schedule_problem(&pg);
     // Where a bootstrap backup is, recorded once: the pod is built to reach it.
@@ -195,7 +197,11 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
 
     // Backups.
     let mut book = Book::of(&pg);
-    let pass = backups::keep(&pg, &names, &ctx.client, &all_backups, serving, &mut book, now)
+    let namespace = backups::NamespaceView {
+        backups: &all_backups,
+        databases: &databases,
+    };
+    let pass = backups::keep(&pg, &names, &ctx.client, &namespace, serving, &mut book, now)
         .await
         .during(Stage::Apply)?;
     let reference = pg.object_ref(&());
@@ -271,16 +277,13 @@ async fn check_destination(pg: &PostgreSQL, names: &Names, ctx: &Context) -> Res
         return Ok(None);
     };
     let (secret, claim) = match destination::needed(&wanted) {
-        destination::Needed::Secret(name) => {
-            let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
-            (api.get_opt(name).await?, None)
-        }
+        destination::Needed::Secret(name) => (ctx.user_secrets.get(&names.namespace, name).await?, None),
         destination::Needed::Claim(name) => {
             let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
             (None, api.get_opt(name).await?)
         }
     };
-    Ok(destination::problem(&wanted, secret.as_ref(), claim.as_ref()))
+    Ok(destination::problem(&wanted, secret.as_deref(), claim.as_ref()))
 }
 
 /// Why no node could hold the instance's pod as the spec sizes it, if none could. The nodes

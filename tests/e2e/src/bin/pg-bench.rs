@@ -7,7 +7,9 @@
 //!   were lost, against `archiveTimeoutSeconds`;
 //! - a base backup of a database of at least 200 MB into the object store, against
 //!   `pg_basebackup` to a local folder, and its restore into a lost volume → serving again,
-//!   against unpacking that local backup and starting a server on it.
+//!   against unpacking that local backup and starting a server on it;
+//! - the API requests the operator makes in an idle minute with 20 settled, backed-up
+//!   databases, beyond its leader lease's renewals (its own count, `noops_api_requests_total`).
 //!
 //! Usage: pg-bench <noops binary> [runs]; prints a Markdown table.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -24,6 +26,8 @@ const MINUTE: Duration = Duration::from_secs(60);
 const BIN: &str = "/usr/lib/postgresql/15/bin";
 /// pgbench's scale for the big database: 15 × 100 000 accounts, about 220 MB.
 const BIG_SCALE: &str = "15";
+/// The databases of the idle-requests row.
+const MANY_DATABASES: usize = 20;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -245,7 +249,7 @@ async fn main() {
     } else {
         "noops:dev"
     };
-    let _operator = Operator::start_binary(
+    let operator = Operator::start_binary(
         &binary,
         &ns.name,
         &["--controllers", "postgres,postgresbackup", "--image", image],
@@ -424,6 +428,10 @@ async fn main() {
         "the big database was restored"
     );
 
+    // Many settled databases, backed up (so a pass looks at each every minute): the API
+    // requests of an idle minute beyond the leader lease's renewals.
+    let (idle_beyond, idle_lease) = idle_minute(&ns, &operator).await;
+
     println!(
         "| PostgreSQL (release operator) | median of {runs} | what the PostgreSQL tools alone take | bound | ratio | runs |"
     );
@@ -485,6 +493,36 @@ async fn main() {
         "untar that backup + server start (s)",
         tools_restore,
     );
+    row(
+        &format!("operator API requests per idle minute beyond lease renewals, {MANY_DATABASES} backed-up databases"),
+        &[idle_beyond],
+        "lease renewals that minute",
+        idle_lease,
+    );
     println!();
     println!("{kept} of {acked} rows kept when the volume was lost; the client committed one every 20 ms.");
+}
+
+/// Makes [`MANY_DATABASES`] databases backed up to the bucket, waits until each is Ready with a
+/// first backup, then counts the operator's API requests over an idle minute: (those beyond
+/// the lease renewals, the renewals). What they were is printed to standard error.
+async fn idle_minute(ns: &TestNamespace, operator: &Operator) -> (f64, f64) {
+    let names: Vec<String> = (0..MANY_DATABASES).map(|i| format!("idle{i:02}")).collect();
+    for name in &names {
+        ns.apply(&manifest(name, "pw", &backup_to_bucket(ns, "pg-backups", "")));
+    }
+    for name in &names {
+        wait_ready(ns, name, 10 * MINUTE).await;
+        wait_condition(ns, name, "BackupSucceeded", "True", 10 * MINUTE).await;
+    }
+    // Settled: every status written, every first backup recorded.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let (beyond, lease) = operator.idle_requests(MINUTE).await;
+    for (what, count) in &beyond {
+        eprintln!("idle minute, {MANY_DATABASES} databases: {count} {what}");
+    }
+    for name in &names {
+        kubectl_ok(&["delete", "pg", "-n", &ns.name, name, "--wait=false"], None);
+    }
+    (beyond.iter().map(|(_, c)| c).sum(), lease)
 }
