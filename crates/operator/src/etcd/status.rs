@@ -54,7 +54,8 @@ pub struct Outcome {
     pub unavailable_version: Option<String>,
 }
 
-/// The status after a reconcile.
+/// The status after a reconcile: the members as they stand, then one builder per condition
+/// and the phase, from what the pass saw ([`Standing`]) and what it found wrong.
 pub fn build(
     cluster: &EtcdCluster,
     names: &Names,
@@ -64,10 +65,77 @@ pub fn build(
     outcome: &Outcome,
     now: jiff::Timestamp,
 ) -> EtcdClusterStatus {
-    let (operation, problems) = (outcome.operation.clone(), &outcome.problems);
-    let (next_member_index, cluster_id) = (outcome.next_member_index, outcome.cluster_id.clone());
     let previous = cluster.status.clone().unwrap_or_default();
-    let members: Vec<MemberStatus> = facts
+    let members = member_statuses(&previous, facts, children, etcd, outcome.defragmented.as_deref(), now);
+    let standing = Standing::of(cluster, facts, &members, outcome);
+    let problems = &outcome.problems;
+    let mut decided = vec![
+        ready(&standing, problems, outcome.operation.as_ref()),
+        availability(&standing, problems),
+        progressing(&standing, outcome.operation.as_ref()),
+        degraded(&standing, problems),
+    ];
+    decided.extend(
+        outcome
+            .backups
+            .condition
+            .clone()
+            .filter(|_| cluster.spec.backup.is_some()),
+    );
+    let mut conditions = merge(&previous.conditions, &decided, cluster.metadata.generation, now);
+    // A cluster that no longer says where backups go has nothing to report on them.
+    if cluster.spec.backup.is_none() {
+        conditions.retain(|c| c.type_ != super::backups::BACKUP_SUCCEEDED);
+    }
+    let mut endpoints = vec![names.client_url()];
+    endpoints.extend(
+        members
+            .iter()
+            .filter(|m| m.id.is_some() && !m.learner)
+            .map(|m| names.member_client_url(&m.name)),
+    );
+    let current_version = members
+        .iter()
+        .filter_map(|m| m.version.clone())
+        .min_by_key(|v| version_key(v))
+        .or(previous.current_version.clone());
+    EtcdClusterStatus {
+        observed_generation: cluster.metadata.generation,
+        conditions,
+        phase: Some(phase(&standing, problems, outcome.operation.as_ref()).into()),
+        ready: Some(format!("{}/{}", standing.healthy_voters, standing.replicas)),
+        ready_members: i32::try_from(standing.healthy_voters).unwrap_or(i32::MAX),
+        leader: members.iter().find(|m| m.leader).map(|m| m.name.clone()),
+        members,
+        current_version,
+        cluster_id: outcome.cluster_id.clone(),
+        endpoints,
+        client_secret: names.tls.then(|| names.client_secret()),
+        operation: outcome.operation.clone(),
+        next_member_index: outcome.next_member_index,
+        last_scheduled_time: outcome.backups.last_scheduled_time.clone(),
+        last_backup_time: outcome.backups.last_backup_time.clone(),
+        stored_backups: outcome.backups.stored_backups,
+        restored_from: outcome.restored_from.clone(),
+        // Forgotten once the spec names another version.
+        unavailable_version: outcome
+            .unavailable_version
+            .clone()
+            .filter(|v| *v == cluster.spec.version),
+    }
+}
+
+/// Each member as the status shows it: what etcd says of it now, or the last it said while it
+/// does not answer.
+fn member_statuses(
+    previous: &EtcdClusterStatus,
+    facts: &ClusterFacts,
+    children: &Children,
+    etcd: &EtcdView,
+    defragmented: Option<&str>,
+    now: jiff::Timestamp,
+) -> Vec<MemberStatus> {
+    facts
         .members
         .iter()
         .filter(|m| m.id.is_some() || m.pod != super::membership::PodState::Missing)
@@ -95,136 +163,176 @@ pub fn build(
                 // on every pass would wake the controller again on every pass.
                 db_size: etcd.health.get(&m.name).map(|h| to_mib_above(h.db_size)),
                 db_size_in_use: etcd.health.get(&m.name).map(|h| to_mib_above(h.db_size_in_use)),
-                defragmented_at: if outcome.defragmented.as_deref() == Some(m.name.as_str()) {
+                defragmented_at: if defragmented == Some(m.name.as_str()) {
                     Some(Time(now))
                 } else {
                     known.and_then(|k| k.defragmented_at.clone())
                 },
             }
         })
-        .collect();
-    let voters = members.iter().filter(|m| m.id.is_some() && !m.learner).count();
-    let healthy_voters = members
-        .iter()
-        .filter(|m| m.id.is_some() && !m.learner && m.healthy)
-        .count();
-    let replicas = usize::try_from(cluster.spec.replicas).unwrap_or(1);
-    let bootstrapped = cluster_id.is_some();
-    let quorum = voters / 2 + 1;
-    let available = bootstrapped && voters > 0 && healthy_voters >= quorum && problems.quorum_lost.is_none();
-    let settled = bootstrapped
-        && operation.is_none()
-        && healthy_voters == replicas
-        && voters == replicas
-        && members.iter().all(|m| m.healthy && !m.learner);
-    // While a version change rolls, members on the old version are not as asked.
-    let outdated: Vec<&str> = facts
-        .members
-        .iter()
-        .filter(|m| facts.upgrade_to.is_some() && m.id.is_some() && m.outdated)
-        .map(|m| m.name.as_str())
-        .collect();
-    // Ready also means the client Service sends to every member: their pods pass readiness.
-    let pods_not_ready: Vec<&str> = facts
-        .members
-        .iter()
-        .filter(|m| m.id.is_some() && m.pod != super::membership::PodState::Ready)
-        .map(|m| m.name.as_str())
-        .collect();
-    // Members coming back on their own data (their pods gone or starting): a repair that
-    // needs no membership change.
-    let coming_back = super::membership::coming_back(facts);
-    let current_version = members
-        .iter()
-        .filter_map(|m| m.version.clone())
-        .min_by_key(|v| version_key(v))
-        .or(previous.current_version.clone());
+        .collect()
+}
 
+/// How the cluster stands, as every condition and the phase read it.
+struct Standing<'a> {
+    voters: usize,
+    healthy_voters: usize,
+    replicas: usize,
+    quorum: usize,
+    /// It has a cluster ID: the first member started it.
+    bootstrapped: bool,
+    /// A quorum of voting members is healthy.
+    available: bool,
+    /// As many healthy voting members as asked for, no learner, nothing in progress.
+    settled: bool,
+    /// Members on an older version than the one a version change rolls to.
+    outdated: Vec<&'a str>,
+    /// Members whose pods do not pass readiness (the client Service does not send to them).
+    pods_not_ready: Vec<&'a str>,
+    unhealthy: Vec<String>,
+    /// Members coming back on their own data (their pods gone or starting): a repair that
+    /// needs no membership change.
+    coming_back: Option<String>,
+    paused: bool,
+    upgrade_to: Option<&'a str>,
+}
+
+impl<'a> Standing<'a> {
+    fn of(cluster: &EtcdCluster, facts: &'a ClusterFacts, members: &[MemberStatus], outcome: &Outcome) -> Self {
+        let voters = members.iter().filter(|m| m.id.is_some() && !m.learner).count();
+        let healthy_voters = members
+            .iter()
+            .filter(|m| m.id.is_some() && !m.learner && m.healthy)
+            .count();
+        let replicas = usize::try_from(cluster.spec.replicas).unwrap_or(1);
+        let bootstrapped = outcome.cluster_id.is_some();
+        let quorum = voters / 2 + 1;
+        Standing {
+            voters,
+            healthy_voters,
+            replicas,
+            quorum,
+            bootstrapped,
+            available: bootstrapped && voters > 0 && healthy_voters >= quorum && outcome.problems.quorum_lost.is_none(),
+            settled: bootstrapped
+                && outcome.operation.is_none()
+                && healthy_voters == replicas
+                && voters == replicas
+                && members.iter().all(|m| m.healthy && !m.learner),
+            outdated: facts
+                .members
+                .iter()
+                .filter(|m| facts.upgrade_to.is_some() && m.id.is_some() && m.outdated)
+                .map(|m| m.name.as_str())
+                .collect(),
+            pods_not_ready: facts
+                .members
+                .iter()
+                .filter(|m| m.id.is_some() && m.pod != super::membership::PodState::Ready)
+                .map(|m| m.name.as_str())
+                .collect(),
+            unhealthy: members.iter().filter(|m| !m.healthy).map(|m| m.name.clone()).collect(),
+            coming_back: super::membership::coming_back(facts),
+            paused: cluster.spec.paused,
+            upgrade_to: facts.upgrade_to.as_deref(),
+        }
+    }
+
+    fn members_healthy(&self) -> String {
+        format!("{} of {} members healthy", self.healthy_voters, self.replicas)
+    }
+
+    fn quorum_note(&self) -> String {
+        format!(
+            "{} of {} voting members healthy; a quorum is {}",
+            self.healthy_voters, self.voters, self.quorum
+        )
+    }
+}
+
+/// Ready: every member healthy, as asked, and its pod Ready (the client Service sends to it).
+fn ready(standing: &Standing, problems: &Problems, operation: Option<&Operation>) -> Decided {
     let stops_everything = |r: &&super::validate::Refusal| r.stops_changes && problems.quorum_lost.is_none();
-    let ready = if let Some(refusal) = problems.invalid.as_ref().filter(|r| settled || stops_everything(r)) {
+    if let Some(refusal) = problems
+        .invalid
+        .as_ref()
+        .filter(|r| standing.settled || stops_everything(r))
+    {
         // Healthy but not as asked; or nothing moves until the spec is fixed.
         Decided::new(READY, false, refusal.reason, refusal.message.clone())
-    } else if settled && !outdated.is_empty() {
+    } else if standing.settled && !standing.outdated.is_empty() {
         Decided::new(
             READY,
             false,
             "Upgrading",
             format!(
                 "{} still run an older version than {}",
-                outdated.join(", "),
-                facts.upgrade_to.as_deref().unwrap_or_default()
+                standing.outdated.join(", "),
+                standing.upgrade_to.unwrap_or_default()
             ),
         )
-    } else if settled && !pods_not_ready.is_empty() {
+    } else if standing.settled && !standing.pods_not_ready.is_empty() {
         Decided::new(
             READY,
             false,
             "PodsNotReady",
             format!(
                 "healthy in etcd, but the pods of {} are not Ready yet",
-                pods_not_ready.join(", ")
+                standing.pods_not_ready.join(", ")
             ),
         )
-    } else if settled {
-        Decided::new(
-            READY,
-            true,
-            "MembersHealthy",
-            format!("{healthy_voters} of {replicas} members healthy"),
-        )
+    } else if standing.settled {
+        Decided::new(READY, true, "MembersHealthy", standing.members_healthy())
     } else if let Some(why) = &problems.quorum_lost {
         Decided::new(READY, false, "QuorumLost", why.clone())
     } else if let Some((reason, message)) = &problems.restore_blocked {
         Decided::new(READY, false, reason, message.clone())
     } else if let Some(stuck) = &problems.stuck_pod {
         Decided::new(READY, false, MEMBER_POD_STUCK, stuck.message.clone())
-    } else if !bootstrapped {
+    } else if !standing.bootstrapped {
         Decided::new(
             READY,
             false,
             "Bootstrapping",
             "the first member is starting the cluster",
         )
-    } else if let Some(op) = &operation {
+    } else if let Some(op) = operation {
         Decided::new(READY, false, "MembershipChanging", describe(op))
-    } else if let Some(note) = &coming_back {
+    } else if let Some(note) = &standing.coming_back {
         Decided::new(READY, false, RESTARTING_MEMBERS, note.clone())
     } else {
-        Decided::new(
-            READY,
-            false,
-            "MembersUnhealthy",
-            format!("{healthy_voters} of {replicas} members healthy"),
-        )
-    };
-    let availability = if available {
-        Decided::new(
-            AVAILABLE,
-            true,
-            "QuorumHealthy",
-            format!("{healthy_voters} of {voters} voting members healthy; a quorum is {quorum}"),
-        )
-    } else if !bootstrapped {
+        Decided::new(READY, false, "MembersUnhealthy", standing.members_healthy())
+    }
+}
+
+/// Available: a quorum of voting members is healthy, so the cluster serves clients.
+fn availability(standing: &Standing, problems: &Problems) -> Decided {
+    if standing.available {
+        Decided::new(AVAILABLE, true, "QuorumHealthy", standing.quorum_note())
+    } else if !standing.bootstrapped {
         Decided::new(AVAILABLE, false, "Bootstrapping", "the cluster is not started yet")
     } else {
         Decided::new(
             AVAILABLE,
             false,
             "QuorumLost",
-            problems.quorum_lost.clone().unwrap_or_else(|| {
-                format!("{healthy_voters} of {voters} voting members healthy; a quorum is {quorum}")
-            }),
+            problems.quorum_lost.clone().unwrap_or_else(|| standing.quorum_note()),
         )
-    };
-    let progressing = match &operation {
-        Some(op) => Decided::new(PROGRESSING, true, kind_reason(op.kind), describe(op)),
-        None => match &coming_back {
-            Some(note) => Decided::new(PROGRESSING, true, RESTARTING_MEMBERS, note.clone()),
-            None => Decided::new(PROGRESSING, false, "Stable", "no change in progress"),
-        },
-    };
-    let unhealthy: Vec<&str> = members.iter().filter(|m| !m.healthy).map(|m| m.name.as_str()).collect();
-    let degraded = if let Some(why) = &problems.quorum_lost {
+    }
+}
+
+/// Progressing: a membership operation, or members coming back on their own volumes.
+fn progressing(standing: &Standing, operation: Option<&Operation>) -> Decided {
+    match (operation, &standing.coming_back) {
+        (Some(op), _) => Decided::new(PROGRESSING, true, kind_reason(op.kind), describe(op)),
+        (None, Some(note)) => Decided::new(PROGRESSING, true, RESTARTING_MEMBERS, note.clone()),
+        (None, None) => Decided::new(PROGRESSING, false, "Stable", "no change in progress"),
+    }
+}
+
+/// Degraded: the gravest of what is wrong.
+fn degraded(standing: &Standing, problems: &Problems) -> Decided {
+    if let Some(why) = &problems.quorum_lost {
         Decided::new(DEGRADED, true, "QuorumLost", why.clone())
     } else if let Some(refusal) = &problems.invalid {
         Decided::new(DEGRADED, true, refusal.reason, refusal.message.clone())
@@ -232,82 +340,40 @@ pub fn build(
         Decided::new(DEGRADED, true, reason, message.clone())
     } else if let Some(stuck) = &problems.stuck_pod {
         Decided::new(DEGRADED, true, MEMBER_POD_STUCK, stuck.message.clone())
-    } else if bootstrapped && !unhealthy.is_empty() {
+    } else if standing.bootstrapped && !standing.unhealthy.is_empty() {
         Decided::new(
             DEGRADED,
             true,
             "MembersUnhealthy",
-            format!("unhealthy: {}", unhealthy.join(", ")),
+            format!("unhealthy: {}", standing.unhealthy.join(", ")),
         )
     } else {
         Decided::new(DEGRADED, false, "AsExpected", "no problems found")
-    };
-    let phase = if cluster.spec.paused {
+    }
+}
+
+/// The phase `kubectl get` shows.
+fn phase(standing: &Standing, problems: &Problems, operation: Option<&Operation>) -> &'static str {
+    if standing.paused {
         "Paused"
     } else if problems.quorum_lost.is_some() {
         "QuorumLost"
-    } else if !bootstrapped {
+    } else if !standing.bootstrapped {
         "Creating"
-    } else if operation.is_none() && !outdated.is_empty() && unhealthy.is_empty() {
+    } else if operation.is_none() && !standing.outdated.is_empty() && standing.unhealthy.is_empty() {
         "Upgrading"
-    } else if let Some(op) = &operation {
+    } else if let Some(op) = operation {
         match op.kind {
             OperationKind::Upgrade => "Upgrading",
             _ if op.reason.starts_with("scale") => "Scaling",
             _ => "Repairing",
         }
-    } else if coming_back.is_some() {
+    } else if standing.coming_back.is_some() {
         "Repairing"
-    } else if !unhealthy.is_empty() {
+    } else if !standing.unhealthy.is_empty() {
         "Degraded"
     } else {
         "Running"
-    };
-    let mut endpoints = vec![names.client_url()];
-    endpoints.extend(
-        members
-            .iter()
-            .filter(|m| m.id.is_some() && !m.learner)
-            .map(|m| names.member_client_url(&m.name)),
-    );
-    EtcdClusterStatus {
-        observed_generation: cluster.metadata.generation,
-        conditions: {
-            let mut decided = vec![ready, availability, progressing, degraded];
-            decided.extend(
-                outcome
-                    .backups
-                    .condition
-                    .clone()
-                    .filter(|_| cluster.spec.backup.is_some()),
-            );
-            let mut conditions = merge(&previous.conditions, &decided, cluster.metadata.generation, now);
-            // A cluster that no longer says where backups go has nothing to report on them.
-            if cluster.spec.backup.is_none() {
-                conditions.retain(|c| c.type_ != super::backups::BACKUP_SUCCEEDED);
-            }
-            conditions
-        },
-        phase: Some(phase.into()),
-        ready: Some(format!("{healthy_voters}/{replicas}")),
-        ready_members: i32::try_from(healthy_voters).unwrap_or(i32::MAX),
-        leader: members.iter().find(|m| m.leader).map(|m| m.name.clone()),
-        members,
-        current_version,
-        cluster_id,
-        endpoints,
-        client_secret: names.tls.then(|| names.client_secret()),
-        operation,
-        next_member_index,
-        last_scheduled_time: outcome.backups.last_scheduled_time.clone(),
-        last_backup_time: outcome.backups.last_backup_time.clone(),
-        stored_backups: outcome.backups.stored_backups,
-        restored_from: outcome.restored_from.clone(),
-        // Forgotten once the spec names another version.
-        unavailable_version: outcome
-            .unavailable_version
-            .clone()
-            .filter(|v| *v == cluster.spec.version),
     }
 }
 

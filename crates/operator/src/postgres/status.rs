@@ -82,6 +82,7 @@ impl Default for InstanceState {
     }
 }
 
+/// The status after a pass: one builder per condition and the phase, from what the pass saw.
 pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) -> PostgreSQLStatus {
     let previous = pg.status.clone().unwrap_or_default();
     let serving = match &seen.instance {
@@ -89,122 +90,20 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
         _ => None,
     };
     let ready = serving.is_some() && seen.database_ready && !seen.service_missing;
-    // What keeps the spec from being applied: its bootstrap backup, its backup destination, or
-    // the API server's refusal.
-    let spec_problem = seen.plan_problem.as_ref().or(seen.held_back.as_ref());
-    // A data directory that should have come from a backup and did not: a failed restore.
-    let restore_due = seen.restores_from.is_some() || seen.initdb_refused;
-    let failed_bootstrap = |message: &String| {
-        if restore_due {
-            ("RestoreFailed", message.clone())
-        } else {
-            ("BootstrapFailed", message.clone())
-        }
-    };
-    let ready_condition = if ready {
-        let message = format!("serving database {} at {}:{PORT}", pg.spec.db, names.host());
-        Decided::new(READY, true, "Serving", message)
-    } else {
-        match (&seen.instance, &seen.password_problem, spec_problem) {
-            _ if seen.node_lost.is_some() => {
-                Decided::new(READY, false, "NodeLost", seen.node_lost.clone().unwrap_or_default())
-            }
-            (_, _, Some(problem)) => Decided::new(READY, false, problem.reason, problem.message.clone()),
-            (InstanceState::BootstrapFailed(message), _, _) => {
-                let (reason, message) = failed_bootstrap(message);
-                Decided::new(READY, false, reason, message)
-            }
-            (InstanceState::Stuck(stuck), _, _) => {
-                Decided::new(READY, false, "InstancePodStuck", stuck.message.clone())
-            }
-            (InstanceState::Serving(_), Some(problem), _) => problem.condition(READY, false),
-            (InstanceState::Serving(_), None, _) => {
-                Decided::new(READY, false, "CreatingDatabase", "making the database and its owner")
-            }
-            (InstanceState::Bootstrapping, _, _) => match &seen.restores_from {
-                Some(backup) => Decided::new(
-                    READY,
-                    false,
-                    "Restoring",
-                    format!(
-                        "restoring from backup {backup} and the WAL archived after it; the instance is not in the Service until it is done"
-                    ),
-                ),
-                None => Decided::new(READY, false, "Initialising", "initialising a new database"),
-            },
-            (InstanceState::Starting(why), _, _) => Decided::new(READY, false, "Starting", why.clone()),
-            (InstanceState::Unreachable(why), _, _) => Decided::new(READY, false, "Unreachable", why.clone()),
-        }
-    };
     let archiving = archiving(pg, seen, &previous);
-    let degraded = match (&seen.instance, &seen.password_problem) {
-        _ if seen.node_lost.is_some() => {
-            Decided::new(DEGRADED, true, "NodeLost", seen.node_lost.clone().unwrap_or_default())
-        }
-        (InstanceState::BootstrapFailed(message), _) => {
-            let (reason, message) = failed_bootstrap(message);
-            Decided::new(DEGRADED, true, reason, message)
-        }
-        (InstanceState::Stuck(stuck), _) => Decided::new(DEGRADED, true, "InstancePodStuck", stuck.message.clone()),
-        (_, Some(problem)) => problem.condition(DEGRADED, true),
-        (InstanceState::Unreachable(why), _) => Decided::new(DEGRADED, true, "Unreachable", why.clone()),
-        _ if spec_problem.is_some() => {
-            let problem = spec_problem.cloned().unwrap_or(PlanProblem {
-                reason: "",
-                message: String::new(),
-            });
-            Decided::new(DEGRADED, true, problem.reason, problem.message)
-        }
-        _ if seen.schedule_problem.is_some() => {
-            let problem = seen.schedule_problem.clone().unwrap_or(PlanProblem {
-                reason: "",
-                message: String::new(),
-            });
-            Decided::new(DEGRADED, true, problem.reason, problem.message)
-        }
-        _ if archiving.as_ref().is_some_and(|a| a.reason == "ArchiveFailing") => {
-            let message = archiving.as_ref().map(|a| a.message.clone()).unwrap_or_default();
-            Decided::new(DEGRADED, true, "ArchiveFailing", message)
-        }
-        _ => Decided::new(DEGRADED, false, "AsExpected", "nothing needs attention"),
-    };
     let restore = if serving.is_some() {
         seen.restore.clone()
     } else {
         previous.restore.clone()
     };
-    let restored = match (&seen.instance, &restore) {
-        (InstanceState::BootstrapFailed(message), _) if restore_due => {
-            Decided::new(RESTORED, false, "RestoreFailed", message.clone())
-        }
-        (_, Some(record)) => Decided::new(RESTORED, true, "Restored", restored_message(record)),
-        (_, None) => Decided::new(
-            RESTORED,
-            false,
-            "NotRestored",
-            "the data directory was made new (initdb), not restored from a backup",
-        ),
-    };
-    let mut decided = vec![ready_condition, degraded, restored];
+    let mut decided = vec![
+        ready_condition(pg, names, seen, ready),
+        degraded(seen, archiving.as_ref()),
+        restored(seen, restore.as_ref()),
+    ];
     decided.extend(archiving);
     decided.extend(seen.book.condition.clone());
-    let was_serving = previous.system_identifier.is_some();
-    let phase = if ready && seen.password_problem.is_none() && spec_problem.is_none() && seen.schedule_problem.is_none()
-    {
-        "Running"
-    } else if ready || was_serving {
-        "Degraded"
-    } else if matches!(
-        seen.instance,
-        InstanceState::Stuck(_) | InstanceState::BootstrapFailed(_)
-    ) || spec_problem.is_some()
-    {
-        "Failed"
-    } else if matches!(seen.instance, InstanceState::Bootstrapping) && seen.restores_from.is_some() {
-        "Restoring"
-    } else {
-        "Creating"
-    };
+    let phase = phase(seen, &previous, ready);
     let archiver = seen.archiver.clone();
     // Cut to the second, as a stored `Time` is: a status that kept the server's microseconds
     // would differ from the stored one at every pass, and be written again each time.
@@ -260,6 +159,122 @@ pub fn restored_message(record: &RestoreStatus) -> String {
         record.end_wal.as_deref().unwrap_or("?"),
         record.timeline.map_or("?".into(), |t| t.to_string())
     )
+}
+
+/// What keeps the spec from being applied: its bootstrap backup, its backup destination, or
+/// the API server's refusal.
+fn spec_problem(seen: &Seen) -> Option<&PlanProblem> {
+    seen.plan_problem.as_ref().or(seen.held_back.as_ref())
+}
+
+/// A data directory that should have come from a backup and did not: a failed restore.
+fn restore_due(seen: &Seen) -> bool {
+    seen.restores_from.is_some() || seen.initdb_refused
+}
+
+/// The reason and message of a failed bootstrap: a failed restore, or a failed initdb.
+fn failed_bootstrap(seen: &Seen, message: &str) -> (&'static str, String) {
+    if restore_due(seen) {
+        ("RestoreFailed", message.to_string())
+    } else {
+        ("BootstrapFailed", message.to_string())
+    }
+}
+
+/// Ready: the instance serves the database, in the Service; otherwise the gravest reason not.
+fn ready_condition(pg: &PostgreSQL, names: &Names, seen: &Seen, ready: bool) -> Decided {
+    if ready {
+        let message = format!("serving database {} at {}:{PORT}", pg.spec.db, names.host());
+        return Decided::new(READY, true, "Serving", message);
+    }
+    match (&seen.instance, &seen.password_problem, spec_problem(seen)) {
+        _ if seen.node_lost.is_some() => {
+            Decided::new(READY, false, "NodeLost", seen.node_lost.clone().unwrap_or_default())
+        }
+        (_, _, Some(problem)) => Decided::new(READY, false, problem.reason, problem.message.clone()),
+        (InstanceState::BootstrapFailed(message), _, _) => {
+            let (reason, message) = failed_bootstrap(seen, message);
+            Decided::new(READY, false, reason, message)
+        }
+        (InstanceState::Stuck(stuck), _, _) => Decided::new(READY, false, "InstancePodStuck", stuck.message.clone()),
+        (InstanceState::Serving(_), Some(problem), _) => problem.condition(READY, false),
+        (InstanceState::Serving(_), None, _) => {
+            Decided::new(READY, false, "CreatingDatabase", "making the database and its owner")
+        }
+        (InstanceState::Bootstrapping, _, _) => match &seen.restores_from {
+            Some(backup) => Decided::new(
+                READY,
+                false,
+                "Restoring",
+                format!(
+                    "restoring from backup {backup} and the WAL archived after it; the instance is not in the Service until it is done"
+                ),
+            ),
+            None => Decided::new(READY, false, "Initialising", "initialising a new database"),
+        },
+        (InstanceState::Starting(why), _, _) => Decided::new(READY, false, "Starting", why.clone()),
+        (InstanceState::Unreachable(why), _, _) => Decided::new(READY, false, "Unreachable", why.clone()),
+    }
+}
+
+/// Degraded: the gravest of what needs attention.
+fn degraded(seen: &Seen, archiving: Option<&Decided>) -> Decided {
+    match (&seen.instance, &seen.password_problem) {
+        _ if seen.node_lost.is_some() => {
+            Decided::new(DEGRADED, true, "NodeLost", seen.node_lost.clone().unwrap_or_default())
+        }
+        (InstanceState::BootstrapFailed(message), _) => {
+            let (reason, message) = failed_bootstrap(seen, message);
+            Decided::new(DEGRADED, true, reason, message)
+        }
+        (InstanceState::Stuck(stuck), _) => Decided::new(DEGRADED, true, "InstancePodStuck", stuck.message.clone()),
+        (_, Some(problem)) => problem.condition(DEGRADED, true),
+        (InstanceState::Unreachable(why), _) => Decided::new(DEGRADED, true, "Unreachable", why.clone()),
+        _ => match spec_problem(seen).or(seen.schedule_problem.as_ref()) {
+            Some(problem) => Decided::new(DEGRADED, true, problem.reason, problem.message.clone()),
+            None => match archiving.filter(|a| a.reason == "ArchiveFailing") {
+                Some(failing) => Decided::new(DEGRADED, true, "ArchiveFailing", failing.message.clone()),
+                None => Decided::new(DEGRADED, false, "AsExpected", "nothing needs attention"),
+            },
+        },
+    }
+}
+
+/// Restored: whether the data directory came from a backup, and what it recovered.
+fn restored(seen: &Seen, restore: Option<&RestoreStatus>) -> Decided {
+    match (&seen.instance, restore) {
+        (InstanceState::BootstrapFailed(message), _) if restore_due(seen) => {
+            Decided::new(RESTORED, false, "RestoreFailed", message.clone())
+        }
+        (_, Some(record)) => Decided::new(RESTORED, true, "Restored", restored_message(record)),
+        (_, None) => Decided::new(
+            RESTORED,
+            false,
+            "NotRestored",
+            "the data directory was made new (initdb), not restored from a backup",
+        ),
+    }
+}
+
+/// The phase `kubectl get` shows.
+fn phase(seen: &Seen, previous: &PostgreSQLStatus, ready: bool) -> &'static str {
+    let spec_problem = spec_problem(seen);
+    let was_serving = previous.system_identifier.is_some();
+    if ready && seen.password_problem.is_none() && spec_problem.is_none() && seen.schedule_problem.is_none() {
+        "Running"
+    } else if ready || was_serving {
+        "Degraded"
+    } else if matches!(
+        seen.instance,
+        InstanceState::Stuck(_) | InstanceState::BootstrapFailed(_)
+    ) || spec_problem.is_some()
+    {
+        "Failed"
+    } else if matches!(seen.instance, InstanceState::Bootstrapping) && seen.restores_from.is_some() {
+        "Restoring"
+    } else {
+        "Creating"
+    }
 }
 
 /// `ContinuousArchiving`, from what the archiver says (kept as it was while the server does
