@@ -180,7 +180,9 @@ pub fn member_pod(
                 port: IntOrString::String("metrics".into()),
                 ..Default::default()
             }),
-            period_seconds: Some(2),
+            // Each second: a member made again is in the Service a second after it serves,
+            // not two (the first probe, at its start, finds etcd not listening yet).
+            period_seconds: Some(1),
             failure_threshold: Some(3),
             timeout_seconds: Some(2),
             ..Default::default()

@@ -524,5 +524,5 @@ async fn idle_minute(ns: &TestNamespace, operator: &Operator) -> (f64, f64) {
     for name in &names {
         kubectl_ok(&["delete", "pg", "-n", &ns.name, name, "--wait=false"], None);
     }
-    (beyond.iter().map(|(_, c)| c).sum(), lease)
+    (beyond.iter().map(|(_, c)| c).sum::<f64>() + 0.0, lease)
 }
