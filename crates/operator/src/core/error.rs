@@ -40,6 +40,14 @@ pub enum Error {
     /// The spec asks for something that cannot be done as it stands (caught after the schema).
     #[error("{0}")]
     InvalidSpec(String),
+    /// A certificate the operator keeps cannot be read or made (a CA Secret edited by hand, a
+    /// key the library refuses): not the spec's fault, and not fixed by waiting.
+    #[error("certificates: {0}")]
+    Certificate(String),
+    /// What should not happen to an object the API server sent (it has no uid), or a misuse of
+    /// a library by the operator itself (a finalizer name it refuses).
+    #[error("internal: {0}")]
+    Internal(String),
     /// A child object the operator would create already exists and belongs to someone else.
     #[error("{kind} {name:?} already exists and is not owned by this {owner}: rename the app or remove the {kind}")]
     NameConflict {
@@ -83,7 +91,7 @@ pub fn from_finalizer(
         }
         Err(Failed::ApplyFailed(e) | Failed::CleanupFailed(e)) => Err(e),
         Err(Failed::AddFinalizer(e) | Failed::RemoveFinalizer(e)) => Err(Error::Kube(e)),
-        Err(other) => Err(Error::InvalidSpec(other.to_string())),
+        Err(other) => Err(Error::Internal(other.to_string())),
     }
 }
 
@@ -97,6 +105,8 @@ impl Error {
             Error::Kube(kube::Error::Api(e)) if e.code == 422 => "Rejected",
             Error::Kube(_) => "ApiError",
             Error::InvalidSpec(_) => "InvalidSpec",
+            Error::Certificate(_) => "CertificateError",
+            Error::Internal(_) => "InternalError",
             Error::NameConflict { .. } => "NameConflict",
             Error::Malformed { .. } => "Malformed",
             Error::Etcd(_) => "EtcdError",
@@ -160,6 +170,8 @@ mod tests {
         assert!(conflict.to_string().contains("Deployment \"shop\" already exists"));
         assert!(!conflict.is_transient());
         assert_eq!(Error::InvalidSpec("x".into()).reason(), "InvalidSpec");
+        assert_eq!(Error::Certificate("x".into()).reason(), "CertificateError");
+        assert_eq!(Error::Internal("x".into()).reason(), "InternalError");
     }
 
     #[test]

@@ -38,7 +38,7 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
     let names = Names::of(&cluster);
     let now = jiff::Timestamp::now();
     let owner = controller_reference(cluster.as_ref())
-        .ok_or_else(|| Error::InvalidSpec("the EtcdCluster has no uid yet".into()))
+        .ok_or_else(|| Error::Internal("the EtcdCluster has no uid yet".into()))
         .during(Stage::Validate)?;
     let previous = cluster.status.clone().unwrap_or_default();
 
@@ -282,9 +282,9 @@ async fn ensure_fixed_children(
     // With the user's own certificates there is nothing to issue (validation checks them).
     if names.tls && names.user_secrets.is_none() {
         let ca = match children.secrets.get(&names.ca_secret()) {
-            Some(secret) => tls::ca_of(secret).map_err(|e| Error::InvalidSpec(e.to_string()))?,
+            Some(secret) => tls::ca_of(secret).map_err(|e| Error::Certificate(e.to_string()))?,
             None => {
-                let ca = tls::new_ca(names, now).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+                let ca = tls::new_ca(names, now).map_err(|e| Error::Certificate(e.to_string()))?;
                 match secrets
                     .create(&PostParams::default(), &tls::ca_secret(&ca, names, owner))
                     .await
@@ -305,7 +305,7 @@ async fn ensure_fixed_children(
                 lifetime,
             ) {
                 let issued =
-                    tls::issue(&ca, names, leaf, now, lifetime).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+                    tls::issue(&ca, names, leaf, now, lifetime).map_err(|e| Error::Certificate(e.to_string()))?;
                 let secret = tls::leaf_secret(&issued, &ca, names, leaf, owner);
                 apply(&secrets, &leaf.secret(names), &secret).await?;
                 info!(secret = leaf.secret(names), not_after = %issued.not_after, "issued a certificate");

@@ -44,7 +44,7 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
 
     let plan = switch::plan(&mp.spec, &observation.facts, now);
     let owner = controller_reference(mp.as_ref())
-        .ok_or_else(|| Error::InvalidSpec("the MaintPage has no uid yet".into()))
+        .ok_or_else(|| Error::Internal("the MaintPage has no uid yet".into()))
         .during(Stage::Validate)?;
     let children = desired::build(&mp, &plan, &owner);
     let hand_edits = apply::hand_edits(&children, &observation.live);

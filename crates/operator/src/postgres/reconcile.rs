@@ -50,7 +50,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     let names = Names::of(&pg);
     let now = jiff::Timestamp::now();
     let owner = controller_reference(pg.as_ref())
-        .ok_or_else(|| Error::InvalidSpec("the PostgreSQL has no uid yet".into()))
+        .ok_or_else(|| Error::Internal("the PostgreSQL has no uid yet".into()))
         .during(Stage::Validate)?;
     let previous = pg.status.clone().unwrap_or_default();
     let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);

@@ -477,5 +477,10 @@ async fn many_clusters(binary: &Path, version: &str) -> (f64, f64, f64, f64) {
     for (what, count) in &beyond {
         eprintln!("idle minute, {MANY_CLUSTERS} clusters: {count} {what}");
     }
-    (rss_none, rss_many, beyond.iter().map(|(_, c)| c).sum::<f64>() + 0.0, lease)
+    (
+        rss_none,
+        rss_many,
+        beyond.iter().map(|(_, c)| c).sum::<f64>() + 0.0,
+        lease,
+    )
 }
