@@ -14,7 +14,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::DeleteParams;
 use kube::runtime::controller::Action;
 use kube::{Api, Resource};
-use noops_api::PostgreSQL;
+use noops_api::postgres::BackupLocation;
+use noops_api::{PostgreSQL, PostgresBackup};
 use serde_json::json;
 use tracing::{info, warn};
 
@@ -26,7 +27,7 @@ use super::node_loss::{self, Elsewhere, NodeLoss};
 use super::placement;
 use super::problem::PlanProblem;
 use super::restore::InstancePlan;
-use super::secrets::{self, Password};
+use super::secrets::{self, Password, PasswordProblem};
 use super::status::{self, InstanceState, Seen};
 use super::store::Destination;
 use super::{Context, destination, observe, restore, services, statefulset};
@@ -45,208 +46,369 @@ const LOOK_AGAIN_ARCHIVING: Duration = Duration::from_secs(60);
 /// How soon a database that is not serving yet is looked at again, if nothing wakes it first.
 const NOT_YET: Duration = Duration::from_secs(5);
 
-/// Reconciles one PostgreSQL (the caller's span names it).
+/// Reconciles one PostgreSQL (the caller's span names it), stage by stage.
 pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
-    let names = Names::of(&pg);
-    let now = jiff::Timestamp::now();
-    let owner = controller_reference(pg.as_ref())
-        .ok_or_else(|| Error::Internal("the PostgreSQL has no uid yet".into()))
-        .during(Stage::Validate)?;
-    let previous = pg.status.clone().unwrap_or_default();
-    let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let pass = Pass::new(&pg, ctx).during(Stage::Validate)?;
+    let observed = pass.observe().await.during(Stage::Observe)?;
+    let checked = pass.validate(&observed);
+    let applied = pass.apply_children(&observed, &checked).await?;
+    let (instance, made) = pass.in_database(&observed, &checked, &applied).await?;
+    let serving = matches!(instance, InstanceState::Serving(_)) && made.database_ready;
+    let (book, kept) = pass.keep_backups(&observed, serving).await?;
+    let look_again = pass.look_again(serving, &applied, kept.look_again);
+    let seen = seen(&pass, instance, &observed, checked.clone(), applied, &made, book);
+    finish(&pass, &observed.children, seen, &made, &checked.password).await?;
+    Ok(Action::requeue(look_again))
+}
 
-    // Observe. The user's Secret carries none of the operator's labels, so it is not in the
-    // caches: it is read again only when it changed (`core::user_secrets`).
-    let children = observe::children(&ctx.caches, &names);
-    let all_backups = observe::backups(&ctx.caches, &names);
-    let databases = observe::databases(&ctx.databases, &names);
-    let user_secret = ctx
-        .user_secrets
-        .get(&names.namespace, &pg.spec.password_secret)
-        .await
-        .during(Stage::Observe)?;
+/// What every stage of one pass knows of the database.
+struct Pass<'a> {
+    pg: &'a PostgreSQL,
+    names: Names,
+    owner: OwnerReference,
+    ctx: &'a Context,
+    now: jiff::Timestamp,
+}
 
-    // Validate: the schema checked the spec; the password's Secret and the backup a new
-    // database starts from are left.
-    let password = secrets::password(user_secret.as_deref(), &pg.spec.password_secret);
-    let plan = restore::plan(&pg, &all_backups);
-    let schedule_problem = backups::schedule_problem(&pg);
-    // Where a bootstrap backup is, recorded once: the pod is built to reach it.
-    let bootstrap_source = previous
-        .bootstrap_source
-        .clone()
-        .or_else(|| restore::bootstrap_location(&pg, &all_backups));
+/// What the pass read: from the caches, and the user's Secret (`core::user_secrets`).
+struct Observed {
+    children: observe::Children,
+    backups: Vec<PostgresBackup>,
+    databases: Vec<Arc<PostgreSQL>>,
+    user_secret: Option<Arc<Secret>>,
+}
 
-    // Apply.
-    let superuser_password = ensure_superuser_secret(&names, &owner, &children, &secrets_api)
-        .await
-        .during(Stage::Apply)?;
-    if let Ok(plan) = &plan {
-        let mut config = restore::config_map(&names, &owner, plan);
+/// What validation concluded: the schema checked the spec; the password's Secret and the
+/// backup a new database starts from are left.
+#[derive(Clone)]
+struct Checked {
+    password: std::result::Result<Password, PasswordProblem>,
+    /// What an empty data directory becomes.
+    plan: std::result::Result<InstancePlan, PlanProblem>,
+    schedule_problem: Option<PlanProblem>,
+    /// Where a bootstrap backup is, recorded once: the pod is built to reach it.
+    bootstrap_source: Option<BackupLocation>,
+}
+
+/// What applying the children left.
+struct Applied {
+    superuser_password: String,
+    /// Why the StatefulSet is left as it is (a destination the pod cannot reach, no node
+    /// that fits).
+    held_back: Option<PlanProblem>,
+    /// The API server refused the StatefulSet or the Service as the spec makes them.
+    refused: Option<PlanProblem>,
+    live_service: Option<Service>,
+    /// Why the instance waits for its dead node, if it does.
+    node_lost: Option<String>,
+}
+
+impl<'a> Pass<'a> {
+    fn new(pg: &'a PostgreSQL, ctx: &'a Context) -> Result<Self> {
+        let owner = controller_reference(pg).ok_or_else(|| Error::Internal("the PostgreSQL has no uid yet".into()))?;
+        Ok(Self {
+            pg,
+            names: Names::of(pg),
+            owner,
+            ctx,
+            now: jiff::Timestamp::now(),
+        })
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.ctx.client.clone(), &self.names.namespace)
+    }
+
+    /// Observe: the children and the namespace's backups and databases from the caches, and the
+    /// user's Secret, which carries none of the operator's labels (read again only when it
+    /// changed).
+    async fn observe(&self) -> Result<Observed> {
+        Ok(Observed {
+            children: observe::children(&self.ctx.caches, &self.names),
+            backups: observe::backups(&self.ctx.caches, &self.names),
+            databases: observe::databases(&self.ctx.databases, &self.names),
+            user_secret: self
+                .ctx
+                .user_secrets
+                .get(&self.names.namespace, &self.pg.spec.password_secret)
+                .await?,
+        })
+    }
+
+    /// Validate (pure).
+    fn validate(&self, observed: &Observed) -> Checked {
+        let previous = self.pg.status.clone().unwrap_or_default();
+        Checked {
+            password: secrets::password(observed.user_secret.as_deref(), &self.pg.spec.password_secret),
+            plan: restore::plan(self.pg, &observed.backups),
+            schedule_problem: backups::schedule_problem(self.pg),
+            bootstrap_source: previous
+                .bootstrap_source
+                .or_else(|| restore::bootstrap_location(self.pg, &observed.backups)),
+        }
+    }
+
+    /// Apply the children: the superuser's Secret once, the plan's ConfigMap, the StatefulSet
+    /// (unless held back), the Service; then what the pods need (a stuck pod of an old spec
+    /// deleted, a pod whose claim is gone replaced, a dead node's instance handled).
+    async fn apply_children(&self, observed: &Observed, checked: &Checked) -> Result<Applied> {
+        let children = &observed.children;
+        let superuser_password = ensure_superuser_secret(&self.names, &self.owner, children, &self.api())
+            .await
+            .during(Stage::Apply)?;
+        if let Ok(plan) = &checked.plan {
+            self.write_plan(children, plan).await.during(Stage::Apply)?;
+        }
+        let (held_back, mut refused) = self.apply_statefulset(children, checked).await?;
+        let mut service = services::build(self.pg, &self.names, &self.owner);
+        stamp(&mut service);
+        let live_service = if up_to_date(&service, children.service.as_deref()) {
+            children.service.as_deref().cloned()
+        } else {
+            match apply(&self.api::<Service>(), &self.names.service(), &service).await {
+                Ok(applied) => Some(applied),
+                Err(error) => {
+                    refused = refused.or(Some(refusal("Service", error).during(Stage::Apply)?));
+                    children.service.as_deref().cloned()
+                }
+            }
+        };
+        self.replace_pods_that_cannot_start(children).await?;
+        // A node that died with the instance on it.
+        let node_lost = match children
+            .instance
+            .as_deref()
+            .filter(|p| node_loss::stuck_in_deletion(p, self.now))
+        {
+            Some(stuck) => handle_node_loss(self.pg, &self.names, self.ctx, stuck, &checked.plan, self.now)
+                .await
+                .during(Stage::Apply)?,
+            None => None,
+        };
+        Ok(Applied {
+            superuser_password,
+            held_back,
+            refused,
+            live_service,
+            node_lost,
+        })
+    }
+
+    /// The plan's ConfigMap, which the pod's bootstrap reads, written before the StatefulSet.
+    async fn write_plan(&self, children: &observe::Children, plan: &InstancePlan) -> Result<()> {
+        let mut config = restore::config_map(&self.names, &self.owner, plan);
         stamp(&mut config);
         if !up_to_date(&config, children.instance_config.as_deref()) {
-            let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &names.namespace);
-            apply(&api, &names.instance_config(), &config)
-                .await
-                .during(Stage::Apply)?;
+            apply(&self.api::<ConfigMap>(), &self.names.instance_config(), &config).await?;
             crash::point("postgres: plan written");
             info!(restore_from = ?plan.restore.as_ref().map(|r| &r.backup), "an empty data directory now becomes what the plan says");
         }
-    }
-    // A new database whose bootstrap backup cannot be used yet gets no pod: it would have
-    // nothing to start from.
-    // A pod given a backup destination it cannot reach cannot start: the StatefulSet is left
-    // as it is until the destination is there, so that a bad edit never stops a database
-    // that serves.
-    // A spec no node could ever hold (`placement.rs`) is left out the same way.
-    let mut held_back = None;
-    let mut refused = None;
-    if plan.is_ok() || children.statefulset.is_some() {
-        let mut sts = statefulset::build(&pg, &names, &owner, &ctx.image, bootstrap_source.as_ref());
-        stamp(&mut sts);
-        if !up_to_date(&sts, children.statefulset.as_deref()) {
-            held_back = check_destination(&pg, &names, ctx).await.during(Stage::Validate)?;
-            if held_back.is_none() {
-                held_back = check_placement(&pg, ctx).await.during(Stage::Validate)?;
-            }
-            match &held_back {
-                None => {
-                    let api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &names.namespace);
-                    match apply(&api, &names.statefulset(), &sts).await {
-                        Ok(_) => info!("applied the StatefulSet"),
-                        Err(error) => refused = Some(refusal("StatefulSet", error).during(Stage::Apply)?),
-                    }
-                }
-                Some(problem) => {
-                    info!(
-                        reason = problem.reason,
-                        "the StatefulSet is left as it is: {}", problem.message
-                    );
-                }
-            }
-        }
-    }
-    let mut service = services::build(&pg, &names, &owner);
-    stamp(&mut service);
-    let live_service = if up_to_date(&service, children.service.as_deref()) {
-        children.service.as_deref().cloned()
-    } else {
-        let api: Api<Service> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        match apply(&api, &names.service(), &service).await {
-            Ok(applied) => Some(applied),
-            Err(error) => {
-                refused = refused.or(Some(refusal("Service", error).during(Stage::Apply)?));
-                children.service.as_deref().cloned()
-            }
-        }
-    };
-    // A pod that cannot start never makes way for a corrected one by itself (the StatefulSet
-    // waits for it to be Ready first): it is deleted, and the StatefulSet makes the new one.
-    if let Some(pod) = outdated_stuck_pod(&children, now) {
-        let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        delete_if_present(&api, &pod, &Default::default())
-            .await
-            .during(Stage::Apply)?;
-        info!(
-            pod,
-            "deleted the instance's pod, which cannot start, for one of the new spec"
-        );
+        Ok(())
     }
 
-    if let Some(pod) = observe::pod_without_its_claim(&children) {
-        // The caches may have seen a new pod before its new claim: the API server says.
-        let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        let claim = claims.get_opt(&names.data_claim()).await.during(Stage::Observe)?;
-        if claim.is_none_or(|c| c.metadata.deletion_timestamp.is_some()) {
-            let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
-            delete_if_present(&api, &pod, &Default::default())
+    /// The StatefulSet, unless it must be left as it is: a new database whose bootstrap backup
+    /// cannot be used yet gets no pod (it would have nothing to start from); a pod given a
+    /// backup destination it cannot reach cannot start, so the StatefulSet is left as it is
+    /// until the destination is there (a bad edit never stops a database that serves); a spec
+    /// no node could ever hold (`placement.rs`) is left out the same way. Returns (why it is
+    /// held back, why the API server refused it).
+    async fn apply_statefulset(
+        &self,
+        children: &observe::Children,
+        checked: &Checked,
+    ) -> Result<(Option<PlanProblem>, Option<PlanProblem>)> {
+        if checked.plan.is_err() && children.statefulset.is_none() {
+            return Ok((None, None));
+        }
+        let mut sts = statefulset::build(
+            self.pg,
+            &self.names,
+            &self.owner,
+            &self.ctx.image,
+            checked.bootstrap_source.as_ref(),
+        );
+        stamp(&mut sts);
+        if up_to_date(&sts, children.statefulset.as_deref()) {
+            return Ok((None, None));
+        }
+        let mut held_back = check_destination(self.pg, &self.names, self.ctx)
+            .await
+            .during(Stage::Validate)?;
+        if held_back.is_none() {
+            held_back = check_placement(self.pg, self.ctx).await.during(Stage::Validate)?;
+        }
+        if let Some(problem) = &held_back {
+            info!(
+                reason = problem.reason,
+                "the StatefulSet is left as it is: {}", problem.message
+            );
+            return Ok((held_back, None));
+        }
+        match apply(&self.api::<StatefulSet>(), &self.names.statefulset(), &sts).await {
+            Ok(_) => {
+                info!("applied the StatefulSet");
+                Ok((None, None))
+            }
+            Err(error) => Ok((None, Some(refusal("StatefulSet", error).during(Stage::Apply)?))),
+        }
+    }
+
+    /// A pod that cannot start never makes way for a corrected one by itself (the StatefulSet
+    /// waits for it to be Ready first): it is deleted, and the StatefulSet makes the new one.
+    /// A pod that waits for a volume claim that is gone is deleted too: the StatefulSet makes
+    /// both anew.
+    async fn replace_pods_that_cannot_start(&self, children: &observe::Children) -> Result<()> {
+        let pods = self.api::<Pod>();
+        if let Some(pod) = outdated_stuck_pod(children, self.now) {
+            delete_if_present(&pods, &pod, &Default::default())
                 .await
                 .during(Stage::Apply)?;
             info!(
                 pod,
-                "deleted the instance's pod, which waited for a volume claim that is gone: the StatefulSet makes both anew"
+                "deleted the instance's pod, which cannot start, for one of the new spec"
             );
         }
-    }
-
-    // A node that died with the instance on it.
-    let pod = children.instance.as_deref();
-    let node_lost = match pod.filter(|p| node_loss::stuck_in_deletion(p, now)) {
-        Some(stuck) => handle_node_loss(&pg, &names, ctx, stuck, &plan, now)
-            .await
-            .during(Stage::Apply)?,
-        None => None,
-    };
-
-    // The instance and the database in it.
-    let (mut instance, made) =
-        database::instance_and_database(&pg, &names, &previous, pod, &superuser_password, &password).await;
-    if let InstanceState::Unreachable(why) = &instance {
-        // The caches may be a moment behind a pod deleted (or no longer Ready) while the pass
-        // talked to it: that one is being replaced, not unreachable, and worth no Warning.
-        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        let latest = pods.get_opt(&names.instance()).await.during(Stage::Observe)?;
-        if latest.as_ref().and_then(observe::ready_address).is_none() {
-            info!(error = %why, "the instance's pod stopped serving while this pass talked to it");
-            instance = InstanceState::Starting(format!("pod {} is stopping or starting", names.instance()));
-        } else {
-            warn!(error = %why, "cannot talk to the instance");
+        if let Some(pod) = observe::pod_without_its_claim(children) {
+            // The caches may have seen a new pod before its new claim: the API server says.
+            let claim = self
+                .api::<PersistentVolumeClaim>()
+                .get_opt(&self.names.data_claim())
+                .await
+                .during(Stage::Observe)?;
+            if claim.is_none_or(|c| c.metadata.deletion_timestamp.is_some()) {
+                delete_if_present(&pods, &pod, &Default::default())
+                    .await
+                    .during(Stage::Apply)?;
+                info!(
+                    pod,
+                    "deleted the instance's pod, which waited for a volume claim that is gone: the StatefulSet makes both anew"
+                );
+            }
         }
+        Ok(())
     }
-    let serving = matches!(instance, InstanceState::Serving(_)) && made.database_ready;
 
-    // Backups.
-    let mut book = Book::of(&pg);
-    let namespace = backups::NamespaceView {
-        backups: &all_backups,
-        databases: &databases,
-    };
-    let pass = backups::keep(&pg, &names, &ctx.client, &namespace, serving, &mut book, now)
+    /// The instance and the database in it: as the superuser, its owner, the password, the
+    /// database; what it says of its WAL archiving and of a restore.
+    async fn in_database(
+        &self,
+        observed: &Observed,
+        checked: &Checked,
+        applied: &Applied,
+    ) -> Result<(InstanceState, Made)> {
+        let previous = self.pg.status.clone().unwrap_or_default();
+        let pod = observed.children.instance.as_deref();
+        let (mut instance, made) = database::instance_and_database(
+            self.pg,
+            &self.names,
+            &previous,
+            pod,
+            &applied.superuser_password,
+            &checked.password,
+        )
+        .await;
+        if let InstanceState::Unreachable(why) = &instance {
+            // The caches may be a moment behind a pod deleted (or no longer Ready) while the
+            // pass talked to it: that one is being replaced, not unreachable, and worth no
+            // Warning.
+            let latest = self
+                .api::<Pod>()
+                .get_opt(&self.names.instance())
+                .await
+                .during(Stage::Observe)?;
+            if latest.as_ref().and_then(observe::ready_address).is_none() {
+                info!(error = %why, "the instance's pod stopped serving while this pass talked to it");
+                instance = InstanceState::Starting(format!("pod {} is stopping or starting", self.names.instance()));
+            } else {
+                warn!(error = %why, "cannot talk to the instance");
+            }
+        }
+        Ok((instance, made))
+    }
+
+    /// Backups: the first, the scheduled, retention; an Event for each decision.
+    async fn keep_backups(&self, observed: &Observed, serving: bool) -> Result<(Book, backups::Pass)> {
+        let mut book = Book::of(self.pg);
+        let namespace = backups::NamespaceView {
+            backups: &observed.backups,
+            databases: &observed.databases,
+        };
+        let mut kept = backups::keep(
+            self.pg,
+            &self.names,
+            &self.ctx.client,
+            &namespace,
+            serving,
+            &mut book,
+            self.now,
+        )
         .await
         .during(Stage::Apply)?;
-    let reference = pg.object_ref(&());
-    for announcement in pass.decisions {
-        ctx.core.events.tell(&reference, announcement).await;
+        let reference = self.pg.object_ref(&());
+        for announcement in std::mem::take(&mut kept.decisions) {
+            self.ctx.core.events.tell(&reference, announcement).await;
+        }
+        Ok((book, kept))
     }
 
-    let seen = Seen {
+    /// When to look again without a change.
+    fn look_again(&self, serving: bool, applied: &Applied, backups_due: Option<Duration>) -> Duration {
+        let look = if !serving || applied.held_back.is_some() {
+            // (Nothing watches the user's backup claim, nor the nodes: a problem with them is
+            // looked at again.)
+            NOT_YET
+        } else if self.pg.spec.backup.is_some() {
+            LOOK_AGAIN_ARCHIVING
+        } else {
+            LOOK_AGAIN
+        };
+        backups_due.map_or(look, |next| next.min(look))
+    }
+}
+
+/// What the status is built from.
+fn seen(
+    pass: &Pass,
+    instance: InstanceState,
+    observed: &Observed,
+    checked: Checked,
+    applied: Applied,
+    made: &Made,
+    book: Book,
+) -> Seen {
+    let pod = observed.children.instance.as_deref();
+    Seen {
         instance,
         instance_pod: pod.and_then(|p| p.metadata.name.clone()),
         node: pod.and_then(observe::node),
-        password_problem: password.as_ref().err().cloned(),
+        password_problem: checked.password.as_ref().err().cloned(),
         password_version: made.password_version.clone(),
         database_ready: made.database_ready,
-        node_port: live_service
+        node_port: applied
+            .live_service
             .as_ref()
             .and_then(|s| s.spec.as_ref()?.ports.as_ref()?.first()?.node_port)
-            .filter(|_| pg.spec.service.type_ == noops_api::postgres::ServiceType::NodePort),
-        restores_from: plan
+            .filter(|_| pass.pg.spec.service.type_ == noops_api::postgres::ServiceType::NodePort),
+        restores_from: checked
+            .plan
             .as_ref()
             .ok()
             .and_then(|p| p.restore.as_ref())
             .map(|r| r.backup.clone()),
-        initdb_refused: plan.as_ref().is_ok_and(|p| p.initdb_refused.is_some()),
-        plan_problem: plan.as_ref().err().cloned(),
-        held_back: held_back.clone().or(refused),
-        schedule_problem,
-        service_missing: live_service.is_none(),
+        initdb_refused: checked.plan.as_ref().is_ok_and(|p| p.initdb_refused.is_some()),
+        plan_problem: checked.plan.as_ref().err().cloned(),
+        held_back: applied.held_back.or(applied.refused),
+        schedule_problem: checked.schedule_problem,
+        service_missing: applied.live_service.is_none(),
         archiver: made.archiver.clone(),
         restore: made.restore.clone(),
         book,
-        bootstrap_source,
-        node_lost,
-    };
-    finish(&pg, &names, ctx, &owner, &children, seen, &made, &password, now).await?;
-    let look = if !serving || held_back.is_some() {
-        // (Nothing watches the user's backup claim, nor the nodes: a problem with them is
-        // looked at again.)
-        NOT_YET
-    } else if pg.spec.backup.is_some() {
-        LOOK_AGAIN_ARCHIVING
-    } else {
-        LOOK_AGAIN
-    };
-    Ok(Action::requeue(pass.look_again.map_or(look, |next| next.min(look))))
+        bootstrap_source: checked.bootstrap_source,
+        node_lost: applied.node_lost,
+    }
 }
 
 /// A child the API server refuses to take as this spec makes it (a resource quantity it cannot
@@ -469,18 +631,14 @@ async fn ensure_superuser_secret(
 }
 
 /// The connection Secret, the status and the Events, once the instance is known.
-#[allow(clippy::too_many_arguments)]
 async fn finish(
-    pg: &PostgreSQL,
-    names: &Names,
-    ctx: &Context,
-    owner: &OwnerReference,
+    pass: &Pass<'_>,
     children: &observe::Children,
     seen: Seen,
     made: &Made,
-    password: &Result<Password, secrets::PasswordProblem>,
-    now: jiff::Timestamp,
+    password: &std::result::Result<Password, PasswordProblem>,
 ) -> Result<()> {
+    let (pg, names, ctx, owner, now) = (pass.pg, &pass.names, pass.ctx, &pass.owner, pass.now);
     if let Ok(password) = password {
         let mut secret = secrets::connection_secret(names, owner, &pg.spec.db, &pg.spec.user, password);
         stamp(&mut secret);
