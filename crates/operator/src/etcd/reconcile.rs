@@ -33,237 +33,334 @@ impl From<EtcdError> for Error {
     }
 }
 
-/// Reconciles one EtcdCluster (the caller's span names it).
+/// Reconciles one EtcdCluster (the caller's span names it), stage by stage. One membership
+/// step per pass; the pass comes back at once for the next one.
 pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Action> {
-    let names = Names::of(&cluster);
-    let now = jiff::Timestamp::now();
-    let owner = controller_reference(cluster.as_ref())
-        .ok_or_else(|| Error::Internal("the EtcdCluster has no uid yet".into()))
-        .during(Stage::Validate)?;
-    let previous = cluster.status.clone().unwrap_or_default();
-
-    let mut children = observe::children(&ctx.caches, &names);
-    // The user's own certificate Secrets carry none of the operator's labels, so they are not
-    // in its caches: they are read again only when they changed (`core::user_secrets`).
-    for name in names.user_secret_names() {
-        if let Some(secret) = ctx
-            .user_secrets
-            .get(&names.namespace, &name)
-            .await
-            .during(Stage::Observe)?
-        {
-            children.secrets.insert(name, secret);
-        }
-    }
-    let children = children;
-    ensure_fixed_children(&cluster, &names, &children, &owner, ctx, now)
+    let pass = Pass::new(&cluster, ctx).during(Stage::Validate)?;
+    let children = pass.observe_children().await.during(Stage::Observe)?;
+    // The certificates come first: without the client's, etcd cannot be asked anything.
+    ensure_fixed_children(&cluster, &pass.names, &children, &pass.owner, ctx, pass.now)
         .await
         .during(Stage::Apply)?;
-    let credentials = observe::credentials(&children, &names);
-    let etcd = if names.tls && credentials.is_none() {
-        EtcdView::default()
-    } else {
-        observe::ask_etcd(&EtcdAccess::new(credentials.clone()), &children, &names).await
-    };
-    let nodes_down = observe::nodes_down(&ctx.client, &children, &etcd)
-        .await
-        .during(Stage::Observe)?;
-    let facts = observe::facts(&cluster, &names, &children, &etcd, &nodes_down, now);
-
-    let mut outcome = Outcome {
-        operation: previous.operation.clone(),
-        next_member_index: previous.next_member_index,
-        cluster_id: previous.cluster_id.clone(),
-        problems: Problems {
-            invalid: validate::validate(&cluster, previous.current_version.as_deref(), &children.secrets, now),
-            quorum_lost: None,
-            restore_blocked: None,
-            // Said at once: the pod knows long before a grace period or a deadline passes.
-            stuck_pod: stuck(observe::pods_that_serve(&children, &facts), now),
-        },
-        backups: backups::Book::of(&cluster),
-        defragmented: None,
-        unavailable_version: previous.unavailable_version.clone(),
-        restored_from: previous.restored_from.clone().or_else(|| {
-            previous
-                .cluster_id
-                .is_none()
-                .then(|| {
-                    cluster
-                        .spec
-                        .bootstrap
-                        .as_ref()?
-                        .from_backup
-                        .as_ref()
-                        .map(|b| b.name.clone())
-                })
-                .flatten()
-        }),
-    };
-    // What only changes the status is told once the status is written: a pass that read a
-    // stale copy writes nothing and tells nothing.
-    let mut later = Vec::new();
-    if let Some(refusal) = &outcome.problems.invalid
-        && !status::has_reason(&previous.conditions, refusal.reason)
-    {
-        later.push(Announcement::warning(refusal.reason, refusal.message.clone()));
-    }
-
-    let mut facts = facts;
-    if outcome.problems.invalid.as_ref().is_some_and(|r| r.stops_upgrade) {
-        // A refused version (or spec) changes no version.
-        facts.upgrade_to = None;
-    }
-    // A cluster (new, or recovering) started from a backup: the backup, and how its restore
-    // stands.
-    let restore_from = match outcome.restored_from.clone() {
-        Some(name) if previous.cluster_id.is_none() => {
-            let backups: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &names.namespace);
-            let backup = backups.get_opt(&name).await.during(Stage::Observe)?;
-            let member = previous
-                .operation
-                .as_ref()
-                .map_or(facts.next_member.clone(), |op| op.member.clone());
-            facts.restore = Some(match restore::usable(backup.as_ref(), &name, &cluster.spec.version) {
-                Err(blocked) => blocked,
-                Ok(()) => restore::state(
-                    children
-                        .restore_pods
-                        .get(&restore::pod_name(&member))
-                        .map(AsRef::as_ref),
-                    now,
-                ),
-            });
-            backup
-        }
-        _ => None,
-    };
-    let step = if cluster.spec.paused {
-        Step::Wait {
-            reason: "paused".into(),
-        }
-    } else if outcome.problems.invalid.as_ref().is_some_and(|r| r.stops_changes) {
-        Step::Wait {
-            reason: "the spec is refused".into(),
-        }
-    } else {
-        membership::next_step(&facts)
-    };
-    // A recovery from a backup, asked for with an annotation, happens only over a lost quorum;
-    // the request is used once either way (the annotation is removed once the status says
-    // what was done).
-    let asked_recovery = cluster
-        .annotations()
-        .get(RECOVER_ANNOTATION)
-        .cloned()
-        .filter(|_| !cluster.spec.paused);
-    let mut recovery_request_used = asked_recovery.is_some();
-    let step = match (&asked_recovery, step) {
-        // Members are being started again: the request waits until that is done, then is
-        // used (over a quorum still lost) or dropped (over one that came back).
-        (Some(_), step @ Step::RestartMembers { .. }) => {
-            recovery_request_used = false;
-            step
-        }
-        (Some(asked), Step::QuorumLost { reason }) => match recovery_backup(&cluster, &names, asked, ctx).await? {
-            Ok(backup) => Step::RecoverFromBackup { backup },
-            Err(why) => {
-                later.push(Announcement::warning("RecoveryRefused", why));
-                Step::QuorumLost { reason }
-            }
-        },
-        (Some(_), step) => {
-            later.push(Announcement::warning(
-                "RecoveryNotNeeded",
-                format!("{RECOVER_ANNOTATION} asks for a recovery from a backup, but the cluster has not lost its quorum: nothing is done, and the request is dropped"),
-            ));
-            step
-        }
-        (None, step) => step,
-    };
+    let (etcd, credentials, facts) = pass.observe_etcd(&children).await.during(Stage::Observe)?;
+    let (mut outcome, mut facts, mut later) = pass.validate(&children, facts);
+    let restore_from = pass.restore_source(&children, &outcome, &mut facts).await?;
+    let (step, recovery_request_used) = pass.plan(&facts, &outcome, &mut later).await?;
     let runner = Runner {
         cluster: &cluster,
-        names: &names,
-        owner: &owner,
+        names: &pass.names,
+        owner: &pass.owner,
         children: &children,
         etcd: &etcd,
         access: EtcdAccess::new(credentials),
         ctx,
         upgrade_to: facts.upgrade_to.clone(),
         restore_from,
-        now,
+        now: pass.now,
     };
     let mut after = runner.take(step, &mut outcome, &mut later).await.during(Stage::Apply)?;
-    let busy = outcome.operation.is_some();
-    if outcome.cluster_id.is_some() && backups::worth_a_look(&cluster, &outcome.backups, busy, now) {
-        // Backups are bookkeeping beside the cluster: a failure here is logged and tried again,
-        // and never holds up the cluster's own progress or status.
-        match backups::keep(&cluster, &names, &ctx.client, &mut outcome.backups, now).await {
-            Ok(Some(next_backup)) => after = after.min(next_backup),
-            Ok(None) => {}
+    if let Some(next_backup) = pass.keep_backups(&mut outcome).await {
+        after = after.min(next_backup);
+    }
+    let status = status::build(&cluster, &pass.names, &facts, &children, &etcd, &outcome, pass.now);
+    if !pass.write_status(&status, &outcome, &mut later).await? {
+        return Ok(Action::requeue(NEXT_STEP));
+    }
+    pass.tell(later, recovery_request_used).await;
+    Ok(Action::requeue(after))
+}
+
+/// What every stage of one pass knows of the cluster.
+struct Pass<'a> {
+    cluster: &'a EtcdCluster,
+    names: Names,
+    owner: k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
+    previous: noops_api::etcd::EtcdClusterStatus,
+    ctx: &'a Context,
+    now: jiff::Timestamp,
+}
+
+impl<'a> Pass<'a> {
+    fn new(cluster: &'a EtcdCluster, ctx: &'a Context) -> Result<Self> {
+        let owner =
+            controller_reference(cluster).ok_or_else(|| Error::Internal("the EtcdCluster has no uid yet".into()))?;
+        Ok(Self {
+            cluster,
+            names: Names::of(cluster),
+            owner,
+            previous: cluster.status.clone().unwrap_or_default(),
+            ctx,
+            now: jiff::Timestamp::now(),
+        })
+    }
+
+    /// Observe the children, from the caches. The user's own certificate Secrets carry none
+    /// of the operator's labels, so they are not in its caches: they are read again only when
+    /// they changed (`core::user_secrets`).
+    async fn observe_children(&self) -> Result<Children> {
+        let mut children = observe::children(&self.ctx.caches, &self.names);
+        for name in self.names.user_secret_names() {
+            if let Some(secret) = self.ctx.user_secrets.get(&self.names.namespace, &name).await? {
+                children.secrets.insert(name, secret);
+            }
+        }
+        Ok(children)
+    }
+
+    /// Observe etcd: what each member says of itself, the nodes of those that do not answer,
+    /// and the facts the planner reads. Returns the client credentials too.
+    async fn observe_etcd(
+        &self,
+        children: &Children,
+    ) -> Result<(EtcdView, Option<super::client::Credentials>, membership::ClusterFacts)> {
+        let credentials = observe::credentials(children, &self.names);
+        let etcd = if self.names.tls && credentials.is_none() {
+            EtcdView::default()
+        } else {
+            observe::ask_etcd(&EtcdAccess::new(credentials.clone()), children, &self.names).await
+        };
+        let nodes_down = observe::nodes_down(&self.ctx.client, children, &etcd).await?;
+        let facts = observe::facts(self.cluster, &self.names, children, &etcd, &nodes_down, self.now);
+        Ok((etcd, credentials, facts))
+    }
+
+    /// Validate (pure): what the schema cannot check, and the outcome the pass starts from.
+    /// A refused spec is told (once the status is written) and, if it refuses the version,
+    /// changes no version.
+    fn validate(
+        &self,
+        children: &Children,
+        mut facts: membership::ClusterFacts,
+    ) -> (Outcome, membership::ClusterFacts, Vec<Announcement>) {
+        let (cluster, previous, now) = (self.cluster, &self.previous, self.now);
+        let outcome = Outcome {
+            operation: previous.operation.clone(),
+            next_member_index: previous.next_member_index,
+            cluster_id: previous.cluster_id.clone(),
+            problems: Problems {
+                invalid: validate::validate(cluster, previous.current_version.as_deref(), &children.secrets, now),
+                quorum_lost: None,
+                restore_blocked: None,
+                // Said at once: the pod knows long before a grace period or a deadline passes.
+                stuck_pod: stuck(observe::pods_that_serve(children, &facts), now),
+            },
+            backups: backups::Book::of(cluster),
+            defragmented: None,
+            unavailable_version: previous.unavailable_version.clone(),
+            restored_from: previous.restored_from.clone().or_else(|| {
+                previous
+                    .cluster_id
+                    .is_none()
+                    .then(|| {
+                        cluster
+                            .spec
+                            .bootstrap
+                            .as_ref()?
+                            .from_backup
+                            .as_ref()
+                            .map(|b| b.name.clone())
+                    })
+                    .flatten()
+            }),
+        };
+        // What only changes the status is told once the status is written: a pass that read a
+        // stale copy writes nothing and tells nothing.
+        let mut later = Vec::new();
+        if let Some(refusal) = &outcome.problems.invalid
+            && !status::has_reason(&previous.conditions, refusal.reason)
+        {
+            later.push(Announcement::warning(refusal.reason, refusal.message.clone()));
+        }
+        if outcome.problems.invalid.as_ref().is_some_and(|r| r.stops_upgrade) {
+            facts.upgrade_to = None;
+        }
+        (outcome, facts, later)
+    }
+
+    /// A cluster (new, or recovering) started from a backup: the backup, and how its restore
+    /// stands (in `facts`).
+    async fn restore_source(
+        &self,
+        children: &Children,
+        outcome: &Outcome,
+        facts: &mut membership::ClusterFacts,
+    ) -> Result<Option<EtcdBackup>> {
+        let Some(name) = outcome
+            .restored_from
+            .clone()
+            .filter(|_| self.previous.cluster_id.is_none())
+        else {
+            return Ok(None);
+        };
+        let backups: Api<EtcdBackup> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
+        let backup = backups.get_opt(&name).await.during(Stage::Observe)?;
+        let member = self
+            .previous
+            .operation
+            .as_ref()
+            .map_or(facts.next_member.clone(), |op| op.member.clone());
+        facts.restore = Some(
+            match restore::usable(backup.as_ref(), &name, &self.cluster.spec.version) {
+                Err(blocked) => blocked,
+                Ok(()) => restore::state(
+                    children
+                        .restore_pods
+                        .get(&restore::pod_name(&member))
+                        .map(AsRef::as_ref),
+                    self.now,
+                ),
+            },
+        );
+        Ok(backup)
+    }
+
+    /// Plan the next membership step (`membership.rs`, pure), and whether a recovery asked for
+    /// with the annotation is used by this pass. A recovery from a backup happens only over a
+    /// lost quorum; the request is used once either way (the annotation is removed once the
+    /// status says what was done).
+    async fn plan(
+        &self,
+        facts: &membership::ClusterFacts,
+        outcome: &Outcome,
+        later: &mut Vec<Announcement>,
+    ) -> Result<(Step, bool)> {
+        let cluster = self.cluster;
+        let step = if cluster.spec.paused {
+            Step::Wait {
+                reason: "paused".into(),
+            }
+        } else if outcome.problems.invalid.as_ref().is_some_and(|r| r.stops_changes) {
+            Step::Wait {
+                reason: "the spec is refused".into(),
+            }
+        } else {
+            membership::next_step(facts)
+        };
+        let asked_recovery = cluster
+            .annotations()
+            .get(RECOVER_ANNOTATION)
+            .cloned()
+            .filter(|_| !cluster.spec.paused);
+        Ok(match (&asked_recovery, step) {
+            // Members are being started again: the request waits until that is done, then is
+            // used (over a quorum still lost) or dropped (over one that came back).
+            (Some(_), step @ Step::RestartMembers { .. }) => (step, false),
+            (Some(asked), Step::QuorumLost { reason }) => {
+                match recovery_backup(cluster, &self.names, asked, self.ctx).await? {
+                    Ok(backup) => (Step::RecoverFromBackup { backup }, true),
+                    Err(why) => {
+                        later.push(Announcement::warning("RecoveryRefused", why));
+                        (Step::QuorumLost { reason }, true)
+                    }
+                }
+            }
+            (Some(_), step) => {
+                later.push(Announcement::warning(
+                    "RecoveryNotNeeded",
+                    format!("{RECOVER_ANNOTATION} asks for a recovery from a backup, but the cluster has not lost its quorum: nothing is done, and the request is dropped"),
+                ));
+                (step, true)
+            }
+            (None, step) => (step, false),
+        })
+    }
+
+    /// Scheduled backups and retention, when one is due; returns when the next is due.
+    /// Backups are bookkeeping beside the cluster: a failure here is logged and tried again,
+    /// and never holds up the cluster's own progress or status.
+    async fn keep_backups(&self, outcome: &mut Outcome) -> Option<Duration> {
+        let busy = outcome.operation.is_some();
+        if outcome.cluster_id.is_none() || !backups::worth_a_look(self.cluster, &outcome.backups, busy, self.now) {
+            return None;
+        }
+        match backups::keep(
+            self.cluster,
+            &self.names,
+            &self.ctx.client,
+            &mut outcome.backups,
+            self.now,
+        )
+        .await
+        {
+            Ok(next_backup) => next_backup,
             Err(e) => {
                 warn!(error = %e, "could not keep the backup schedule this time");
-                after = after.min(Duration::from_secs(10));
+                Some(Duration::from_secs(10))
             }
         }
     }
 
-    let status = status::build(&cluster, &names, &facts, &children, &etcd, &outcome, now);
-    // Told when the status starts saying it (it says it only while nothing graver is said).
-    let says_stuck = |conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]| {
-        conditions.iter().any(|c| c.reason == status::MEMBER_POD_STUCK)
-    };
-    if let Some(stuck) = &outcome.problems.stuck_pod
-        && says_stuck(&status.conditions)
-        && !says_stuck(&previous.conditions)
-    {
-        later.push(Announcement::warning(
-            status::MEMBER_POD_STUCK,
-            format!("{}: {}", stuck.reason, stuck.message),
-        ));
-    }
-    ctx.core.metrics.set_etcd_cluster(
-        &names.namespace,
-        &names.cluster,
-        i64::from(status.ready_members),
-        outcome.problems.quorum_lost.is_some(),
-    );
-    if cluster.status.as_ref() != Some(&status) {
-        // The status carries the operation in progress: it is written only over the version
-        // this pass read, so a pass that read a stale copy cannot undo a newer step.
+    /// Writes the status if it changed, only over the version this pass read (it carries the
+    /// operation in progress, so a pass that read a stale copy cannot undo a newer step);
+    /// false if the cluster changed since. A member pod that cannot start is told when the
+    /// status starts saying it (it says it only while nothing graver is said).
+    async fn write_status(
+        &self,
+        status: &noops_api::etcd::EtcdClusterStatus,
+        outcome: &Outcome,
+        later: &mut Vec<Announcement>,
+    ) -> Result<bool> {
+        let says_stuck = |conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]| {
+            conditions.iter().any(|c| c.reason == status::MEMBER_POD_STUCK)
+        };
+        if let Some(stuck) = &outcome.problems.stuck_pod
+            && says_stuck(&status.conditions)
+            && !says_stuck(&self.previous.conditions)
+        {
+            later.push(Announcement::warning(
+                status::MEMBER_POD_STUCK,
+                format!("{}: {}", stuck.reason, stuck.message),
+            ));
+        }
+        self.ctx.core.metrics.set_etcd_cluster(
+            &self.names.namespace,
+            &self.names.cluster,
+            i64::from(status.ready_members),
+            outcome.problems.quorum_lost.is_some(),
+        );
+        if self.cluster.status.as_ref() == Some(status) {
+            return Ok(true);
+        }
         let body = json!({
             "apiVersion": "noops.dev/v1alpha1",
             "kind": "EtcdCluster",
-            "metadata": { "resourceVersion": cluster.resource_version() },
+            "metadata": { "resourceVersion": self.cluster.resource_version() },
             "status": status,
         });
-        let clusters: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        match apply_status(&clusters, &cluster.name_any(), &body).await {
-            Ok(_) => {}
+        let clusters: Api<EtcdCluster> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
+        match apply_status(&clusters, &self.cluster.name_any(), &body).await {
+            Ok(_) => Ok(true),
             Err(kube::Error::Api(e)) if e.code == 409 => {
                 debug!("the cluster changed since this pass read it; looking again");
-                return Ok(Action::requeue(NEXT_STEP));
+                Ok(false)
             }
-            Err(e) => return Err(Error::from(e)).during(Stage::Status),
+            Err(e) => Err(Error::from(e)).during(Stage::Status),
         }
     }
-    if !later.is_empty() {
-        crash::point("status written, its Events not yet told");
-    }
-    for announcement in later {
-        ctx.core.events.tell(&cluster.object_ref(&()), announcement).await;
-    }
-    if recovery_request_used {
-        let api: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        let drop = json!({ "metadata": { "annotations": { RECOVER_ANNOTATION: null } } });
-        if let Err(e) = api
-            .patch(&names.cluster, &PatchParams::default(), &Patch::Merge(&drop))
-            .await
-        {
-            warn!(error = %e, "could not remove the recovery request annotation");
+
+    /// Tells what the written status now says, and drops a recovery request this pass used.
+    async fn tell(&self, later: Vec<Announcement>, recovery_request_used: bool) {
+        if !later.is_empty() {
+            crash::point("status written, its Events not yet told");
+        }
+        for announcement in later {
+            self.ctx
+                .core
+                .events
+                .tell(&self.cluster.object_ref(&()), announcement)
+                .await;
+        }
+        if recovery_request_used {
+            let api: Api<EtcdCluster> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
+            let drop = json!({ "metadata": { "annotations": { RECOVER_ANNOTATION: null } } });
+            if let Err(e) = api
+                .patch(&self.names.cluster, &PatchParams::default(), &Patch::Merge(&drop))
+                .await
+            {
+                warn!(error = %e, "could not remove the recovery request annotation");
+            }
         }
     }
-    Ok(Action::requeue(after))
 }
 
 /// Makes sure the children every cluster has exist as they should: the CA (created once,
