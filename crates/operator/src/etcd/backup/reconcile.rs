@@ -93,14 +93,31 @@ async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
     }
     let now = jiff::Timestamp::now();
     let started = status.started_at.as_ref().map_or(now, |t| t.0);
+    let Some(verdict) = take_or_go_on(backup, &mut status, &mut version, started, ctx).await? else {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    };
+    conclude(backup, &status, &mut version, verdict, started, now, ctx).await
+}
+
+/// The snapshot taken (or one more attempt at it), recorded where it goes first: what came of
+/// it, or `None` if the backup changed since it was read (its status is written only over the
+/// version read).
+async fn take_or_go_on(
+    backup: &EtcdBackup,
+    status: &mut EtcdBackupStatus,
+    version: &mut Option<String>,
+    started: jiff::Timestamp,
+    ctx: &Context,
+) -> Result<Option<Verdict>> {
+    let namespace = backup.namespace().unwrap_or_default();
     let clusters: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &namespace);
-    let verdict = match clusters.get_opt(&backup.spec.cluster).await? {
+    Ok(Some(match clusters.get_opt(&backup.spec.cluster).await? {
         None => Verdict::Failed {
             reason: "ClusterNotFound",
             message: format!("EtcdCluster {:?} does not exist in this namespace", backup.spec.cluster),
         },
         Some(cluster) => {
-            let recorded = Destination::of_status(&status).zip(status.key.clone());
+            let recorded = Destination::of_status(status).zip(status.key.clone());
             match (recorded, cluster.spec.backup.as_ref().and_then(Destination::of_spec)) {
                 // Once recorded, where it goes stays: a retry after the cluster's destination
                 // was edited (or removed) still goes where the status says.
@@ -120,18 +137,31 @@ async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
                     // whatever happens next.
                     status.phase = Some("Running".into());
                     status.started_at = Some(Time(started));
-                    destination.record(&mut status);
+                    destination.record(status);
                     status.key = Some(key.clone());
                     status.location = Some(destination.location(&key));
-                    if !write_status(backup, &mut version, ctx, &status).await? {
-                        return Ok(Action::requeue(Duration::from_secs(1)));
+                    if !write_status(backup, version, ctx, status).await? {
+                        return Ok(None);
                     }
                     info!(cluster = %backup.spec.cluster, location = %destination.location(&key), "backing up");
                     attempt_until_deadline(backup, &cluster, &destination, &key, started, ctx).await?
                 }
             }
         }
-    };
+    }))
+}
+
+/// The status and the Event of what came of an attempt: stored, still going, to be tried
+/// again (until the deadline), or failed. The save pod of a volume backup goes once it ended.
+async fn conclude(
+    backup: &EtcdBackup,
+    status: &EtcdBackupStatus,
+    version: &mut Option<String>,
+    verdict: Verdict,
+    started: jiff::Timestamp,
+    now: jiff::Timestamp,
+    ctx: &Context,
+) -> Result<Action> {
     let mut next = status.clone();
     next.started_at = Some(Time(started));
     let reference = backup.object_ref(&());
@@ -157,7 +187,7 @@ async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
                 None,
                 now,
             );
-            if !write_status(backup, &mut version, ctx, &next).await? {
+            if !write_status(backup, version, ctx, &next).await? {
                 return Ok(Action::requeue(Duration::from_secs(1)));
             }
             events
@@ -175,8 +205,8 @@ async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
                 None,
                 now,
             );
-            if status != next {
-                if !write_status(backup, &mut version, ctx, &next).await? {
+            if *status != next {
+                if !write_status(backup, version, ctx, &next).await? {
                     return Ok(Action::requeue(Duration::from_secs(1)));
                 }
                 info!(reason, "the backup waits: {message}");
@@ -192,7 +222,7 @@ async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
                 None,
                 now,
             );
-            if !write_status(backup, &mut version, ctx, &next).await? {
+            if !write_status(backup, version, ctx, &next).await? {
                 return Ok(Action::requeue(Duration::from_secs(1)));
             }
             warn!(reason, "the backup failed: {message}");
