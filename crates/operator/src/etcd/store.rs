@@ -17,7 +17,7 @@ use noops_api::etcd::{BackupSpec, S3Destination, VolumeDestination};
 use noops_api::etcd_backup::EtcdBackupStatus;
 use object_store::ObjectStore;
 
-pub use crate::core::stores::bucket;
+use crate::core::stores::bucket;
 
 /// Where the backup volume is mounted in the pods that read or write it (save, delete, restore).
 pub const MOUNT: &str = "/backup";

@@ -63,7 +63,7 @@ impl Source {
                 bucket,
                 &(access_key_id.clone(), secret_access_key.clone()),
             ),
-            Source::Folder(path) => Ok(super::save::volume(path)?),
+            Source::Folder(path) => Ok(crate::core::stores::folder(path)?),
         }
     }
 }

@@ -5,10 +5,8 @@
 //! message, which the operator reads (`crate::etcd::backup::volume`).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
-use object_store::local::LocalFileSystem;
 use serde::{Deserialize, Serialize};
 
 use crate::etcd::client::{Credentials, EtcdAccess};
@@ -73,11 +71,6 @@ pub fn credentials_in(dir: &Path, server_name: &str) -> std::io::Result<Credenti
     })
 }
 
-/// The mounted volume as a store (also what a restore reads a snapshot from).
-pub fn volume(folder: &Path) -> Result<Arc<LocalFileSystem>, object_store::Error> {
-    crate::core::stores::folder(folder)
-}
-
 /// Refuses a key that would lead out of the volume (absolute, or with `..`): keys come from
 /// a status, which anyone allowed to write it could edit.
 pub fn inside(key: &str) -> Result<(), object_store::Error> {
@@ -100,7 +93,14 @@ pub async fn save(s: &Save) -> Result<Saved, TakeError> {
     inside(&s.key)?;
     remove_unfinished(&s.folder.join(&s.key));
     let access = EtcdAccess::new(s.credentials.clone());
-    let taken = snapshot::take(&access, &s.endpoint, volume(&s.folder)?, &s.key, s.limit).await?;
+    let taken = snapshot::take(
+        &access,
+        &s.endpoint,
+        crate::core::stores::folder(&s.folder)?,
+        &s.key,
+        s.limit,
+    )
+    .await?;
     Ok(Saved::from_taken(&taken))
 }
 
@@ -108,7 +108,7 @@ pub async fn save(s: &Save) -> Result<Saved, TakeError> {
 pub async fn delete(folder: &Path, key: &str) -> Result<(), object_store::Error> {
     inside(key)?;
     remove_unfinished(&folder.join(key));
-    snapshot::delete(volume(folder)?, key).await
+    snapshot::delete(crate::core::stores::folder(folder)?, key).await
 }
 
 /// Removes `<file>#<n>`: the staged copies of uploads that never finished (a pod killed
