@@ -8,7 +8,7 @@
 //! leads to a backup of something else, and retention deletes successful backups only once
 //! `maxBackups` newer ones have succeeded.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -177,7 +177,8 @@ fn scheduled_backup(pg: &PostgreSQL, names: &Names, at: jiff::Timestamp) -> Post
 /// backups, and the databases that may still be starting from one.
 pub struct NamespaceView<'a> {
     pub backups: &'a [PostgresBackup],
-    pub databases: &'a [Arc<PostgreSQL>],
+    /// The backups a new database is still starting from.
+    pub being_restored: &'a BTreeSet<String>,
 }
 
 /// What a pass did with the backups: when to look again, and what it decided (reason, note),
@@ -245,7 +246,7 @@ pub async fn keep(
     }
 
     // Backups a new database is being restored from are never deleted under it.
-    let in_use = |name: &str| namespace.databases.iter().any(|pg| restores_from(pg, name));
+    let in_use = |name: &str| namespace.being_restored.contains(name);
     let scheduled: Vec<Kept> = mine
         .iter()
         .filter(|b| b.labels().get(SCHEDULED_LABEL).map(String::as_str) == Some("true"))
@@ -307,20 +308,41 @@ pub fn count(book: &mut Book, backups: &[&PostgresBackup]) {
     }
 }
 
+/// The backup `pg` is a new database still starting from, if it is one.
+pub fn starting_from(pg: &PostgreSQL) -> Option<&str> {
+    if pg.status.as_ref().and_then(|s| s.system_identifier.as_ref()).is_some() {
+        return None;
+    }
+    Some(pg.spec.bootstrap.as_ref()?.from_backup.as_ref()?.name.as_str())
+}
+
 /// Whether `pg` is a new database still starting from backup `name`.
 pub fn restores_from(pg: &PostgreSQL, name: &str) -> bool {
-    pg.status.as_ref().and_then(|s| s.system_identifier.as_ref()).is_none()
-        && pg
-            .spec
-            .bootstrap
-            .as_ref()
-            .and_then(|b| b.from_backup.as_ref())
-            .is_some_and(|b| b.name == name)
+    starting_from(pg) == Some(name)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_database_starts_from_its_bootstrap_backup_until_it_has_run() {
+        let mut pg = crate::postgres::fixtures::postgres("copy");
+        assert_eq!(starting_from(&pg), None, "no bootstrap backup");
+        pg.spec.bootstrap = Some(noops_api::postgres::BootstrapSpec {
+            from_backup: Some(noops_api::postgres::BackupSource {
+                name: "shop-1".into(),
+                target_time: None,
+            }),
+        });
+        assert_eq!(starting_from(&pg), Some("shop-1"));
+        assert!(restores_from(&pg, "shop-1") && !restores_from(&pg, "shop-2"));
+        pg.status = Some(noops_api::postgres::PostgreSQLStatus {
+            system_identifier: Some("7301".into()),
+            ..Default::default()
+        });
+        assert_eq!(starting_from(&pg), None, "it ran: the backup is no longer in use");
+    }
     use crate::postgres::fixtures::{backup, postgres, with_backups};
 
     fn at(seconds: i64) -> jiff::Timestamp {

@@ -1,5 +1,6 @@
 //! What a PostgreSQL reconcile sees of its children, from the watch caches.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -66,15 +67,15 @@ pub fn backups(caches: &Caches, names: &Names) -> Vec<PostgresBackup> {
         .collect()
 }
 
-/// The PostgreSQLs of the namespace (from the controller's own cache): a backup one of them
-/// is still starting from is not deleted under it.
-pub fn databases(store: &Store<DeserializeGuard<PostgreSQL>>, names: &Names) -> Vec<Arc<PostgreSQL>> {
+/// The backups a new database of the namespace is still starting from (read from the
+/// controller's own cache of PostgreSQLs): retention never deletes one under it.
+pub fn backups_being_restored(store: &Store<DeserializeGuard<PostgreSQL>>, names: &Names) -> BTreeSet<String> {
     store
         .state()
         .iter()
         .filter_map(|guard| guard.0.as_ref().ok())
         .filter(|pg| pg.metadata.namespace.as_deref() == Some(names.namespace.as_str()))
-        .map(|pg| Arc::new(pg.clone()))
+        .filter_map(|pg| super::backups::starting_from(pg).map(String::from))
         .collect()
 }
 

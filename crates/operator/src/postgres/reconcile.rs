@@ -5,6 +5,7 @@
 //! database; what it says of its WAL archiving and of a restore) → backups (the first, the
 //! scheduled, retention) → the connection Secret → status, and an Event for each decision.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,7 +57,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     let serving = matches!(instance, InstanceState::Serving(_)) && made.database_ready;
     let (book, kept) = pass.keep_backups(&observed, serving).await?;
     let look_again = pass.look_again(serving, &applied, kept.look_again);
-    let seen = seen(&pass, instance, &observed, checked.clone(), applied, &made, book);
+    let seen = seen(&pass, instance, &observed, &checked, applied, &made, book);
     finish(&pass, &observed.children, seen, &made, &checked.password).await?;
     Ok(Action::requeue(look_again))
 }
@@ -74,13 +75,13 @@ struct Pass<'a> {
 struct Observed {
     children: observe::Children,
     backups: Vec<PostgresBackup>,
-    databases: Vec<Arc<PostgreSQL>>,
+    /// The backups a new database of the namespace still starts from.
+    backups_being_restored: BTreeSet<String>,
     user_secret: Option<Arc<Secret>>,
 }
 
 /// What validation concluded: the schema checked the spec; the password's Secret and the
 /// backup a new database starts from are left.
-#[derive(Clone)]
 struct Checked {
     password: std::result::Result<Password, PasswordProblem>,
     /// What an empty data directory becomes.
@@ -129,7 +130,7 @@ impl<'a> Pass<'a> {
         Ok(Observed {
             children: observe::children(&self.ctx.caches, &self.names),
             backups: observe::backups(&self.ctx.caches, &self.names),
-            databases: observe::databases(&self.ctx.databases, &self.names),
+            backups_being_restored: observe::backups_being_restored(&self.ctx.databases, &self.names),
             user_secret: self
                 .ctx
                 .user_secrets
@@ -334,7 +335,7 @@ impl<'a> Pass<'a> {
         let mut book = Book::of(self.pg);
         let namespace = backups::NamespaceView {
             backups: &observed.backups,
-            databases: &observed.databases,
+            being_restored: &observed.backups_being_restored,
         };
         let mut kept = backups::keep(
             self.pg,
@@ -374,7 +375,7 @@ fn seen(
     pass: &Pass,
     instance: InstanceState,
     observed: &Observed,
-    checked: Checked,
+    checked: &Checked,
     applied: Applied,
     made: &Made,
     book: Book,
@@ -401,12 +402,12 @@ fn seen(
         initdb_refused: checked.plan.as_ref().is_ok_and(|p| p.initdb_refused.is_some()),
         plan_problem: checked.plan.as_ref().err().cloned(),
         held_back: applied.held_back.or(applied.refused),
-        schedule_problem: checked.schedule_problem,
+        schedule_problem: checked.schedule_problem.clone(),
         service_missing: applied.live_service.is_none(),
         archiver: made.archiver.clone(),
         restore: made.restore.clone(),
         book,
-        bootstrap_source: checked.bootstrap_source,
+        bootstrap_source: checked.bootstrap_source.clone(),
         node_lost: applied.node_lost,
     }
 }
