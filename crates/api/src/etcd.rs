@@ -151,45 +151,19 @@ pub struct BackupSpec {
     pub volume: Option<VolumeDestination>,
 }
 
-/// A PersistentVolumeClaim snapshots are written to, by a short-lived pod of the operator's
-/// image that mounts it. Snapshots are stored at `<prefix>/<cluster>/<backup>.db` in it.
-#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeDestination {
-    /// The claim, in the cluster's namespace (it must exist). A claim on a node's own disk
-    /// ties backups, and restores from them, to that node.
-    #[schemars(length(min = 1, max = 253))]
-    pub claim_name: String,
-    /// The folder in the volume.
-    #[serde(default = "default_prefix")]
-    #[schemars(length(max = 256))]
-    #[x_kube(validation = Rule::new("!self.startsWith('/') && !self.split('/').exists(p, p == '..')").message("backup.volume.prefix must be a relative path inside the volume, without '..'"))]
-    pub prefix: String,
+/// The engine marker of etcd's backup destinations: snapshots go under `etcd/` by default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Etcd;
+
+impl crate::backup::Engine for Etcd {
+    const DEFAULT_PREFIX: &'static str = "etcd";
 }
 
-/// A bucket in an S3-compatible object store.
-#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct S3Destination {
-    /// The store's URL, such as `http://versitygw.object-store.svc:7070`. Path-style requests.
-    #[schemars(length(max = 512))]
-    #[x_kube(validation = Rule::new("self.startsWith('http://') || self.startsWith('https://')").message("backup.s3.endpoint must be an http:// or https:// URL"))]
-    pub endpoint: String,
-    /// The bucket (it must exist).
-    #[schemars(length(min = 3, max = 63))]
-    pub bucket: String,
-    /// The key prefix: snapshots are stored at `<prefix>/<namespace>/<cluster>/<backup>.db`.
-    #[serde(default = "default_prefix")]
-    #[schemars(length(max = 256))]
-    pub prefix: String,
-    /// The region the store signs requests for.
-    #[serde(default = "default_region")]
-    pub region: String,
-    /// A Secret in the cluster's namespace with keys `AWS_ACCESS_KEY_ID` and
-    /// `AWS_SECRET_ACCESS_KEY`.
-    #[schemars(length(min = 1, max = 253))]
-    pub credentials_secret: String,
-}
+/// A bucket snapshots are streamed to, at `<prefix>/<namespace>/<cluster>/<backup>.db`.
+pub type S3Destination = crate::backup::S3Destination<Etcd>;
+/// A claim snapshots are saved into, at `<prefix>/<cluster>/<backup>.db`, by a short-lived pod
+/// of the operator's image.
+pub type VolumeDestination = crate::backup::VolumeDestination<Etcd>;
 
 /// Where members keep their data.
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
@@ -437,14 +411,6 @@ fn default_min_database_size() -> String {
 
 fn default_max_backups() -> i32 {
     5
-}
-
-fn default_prefix() -> String {
-    "etcd".into()
-}
-
-fn default_region() -> String {
-    "us-east-1".into()
 }
 
 fn default_storage_size() -> String {

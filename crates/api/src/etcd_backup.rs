@@ -1,11 +1,12 @@
 //! EtcdBackup: one snapshot of an etcd cluster in an object store, made on demand (apply one)
 //! or by the cluster's backup schedule.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
 use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use crate::backup::BackupProgress;
 
 /// One backup of an EtcdCluster.
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
@@ -36,15 +37,9 @@ pub struct EtcdBackupSpec {
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct EtcdBackupStatus {
-    /// Running, Succeeded or Failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
-    /// `Succeeded`: True once the snapshot is stored; False with the reason while it is not.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
-    /// Where the snapshot is: `s3://<bucket>/<key>` or `pvc://<claim>/<path>`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub location: Option<String>,
+    /// Phase, conditions, location, size, SHA-256 and times.
+    #[serde(flatten)]
+    pub progress: BackupProgress,
     /// The store it went to, as the cluster said when the backup began: deleting this
     /// EtcdBackup deletes the snapshot there, even once the cluster is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -55,23 +50,13 @@ pub struct EtcdBackupStatus {
     /// The snapshot's key in the bucket, or its path in the volume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
-    /// The snapshot's size in bytes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub size: Option<i64>,
     /// The etcd revision the snapshot holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<i64>,
-    /// The snapshot's SHA-256 (hex), checked again before a restore.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sha256: Option<String>,
     /// The etcd version of the member it was taken from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd_version: Option<String>,
     /// The cluster's ID, so that a restore can tell where the data came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<Time>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub completed_at: Option<Time>,
 }

@@ -6,6 +6,7 @@
 //! rejected at `kubectl apply` with a message that says what to fix.
 #![forbid(unsafe_code)]
 
+pub mod backup;
 pub mod condition;
 pub mod etcd;
 pub mod etcd_backup;

@@ -126,49 +126,23 @@ pub struct BackupSpec {
     pub volume: Option<VolumeDestination>,
 }
 
-/// A bucket in an S3-compatible object store. A database's backups are under
-/// `<prefix>/<namespace>/<name>/`: base backups in `base/<backup>/`, WAL in `wal/<system id>/`.
-#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct S3Destination {
-    /// The store's URL, such as `http://versitygw.object-store.svc:7070`. Path-style requests.
-    /// The instance's pod reaches it (WAL archiving), so a Service name must resolve in pods.
-    #[schemars(length(max = 512))]
-    #[x_kube(validation = Rule::new("self.startsWith('http://') || self.startsWith('https://')").message("backup.s3.endpoint must be an http:// or https:// URL"))]
-    pub endpoint: String,
-    /// The bucket (it must exist).
-    #[schemars(length(min = 3, max = 63))]
-    pub bucket: String,
-    /// The key prefix.
-    #[serde(default = "default_prefix")]
-    #[schemars(length(max = 256))]
-    #[x_kube(validation = Rule::new("!self.startsWith('/') && !self.split('/').exists(p, p == '..')").message("backup.s3.prefix must be a relative key prefix, without '..'"))]
-    pub prefix: String,
-    /// The region the store signs requests for.
-    #[serde(default = "default_region")]
-    #[schemars(length(max = 64))]
-    pub region: String,
-    /// A Secret in the database's namespace with keys `AWS_ACCESS_KEY_ID` and
-    /// `AWS_SECRET_ACCESS_KEY`.
-    #[schemars(length(min = 1, max = 253))]
-    pub credentials_secret: String,
+/// The engine marker of PostgreSQL's backup destinations: backups go under `postgres/` by
+/// default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Postgres;
+
+impl crate::backup::Engine for Postgres {
+    const DEFAULT_PREFIX: &'static str = "postgres";
 }
 
-/// A PersistentVolumeClaim the instance archives WAL into and backup pods write base backups
-/// into, under `<prefix>/<name>/`. The instance mounts it: with a claim on one node's disk
-/// (local-path), the instance runs on that node, and a lost node cannot be recovered from it.
-#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeDestination {
-    /// The claim, in the database's namespace (it must exist).
-    #[schemars(length(min = 1, max = 253))]
-    pub claim_name: String,
-    /// The folder in the volume.
-    #[serde(default = "default_prefix")]
-    #[schemars(length(max = 256))]
-    #[x_kube(validation = Rule::new("!self.startsWith('/') && !self.split('/').exists(p, p == '..')").message("backup.volume.prefix must be a relative path inside the volume, without '..'"))]
-    pub prefix: String,
-}
+/// A bucket: a database's base backups are in `<prefix>/<namespace>/<name>/base/<backup>/`,
+/// its WAL in `<prefix>/<namespace>/<name>/wal/<system id>/`. The instance's pod reaches it
+/// (WAL archiving).
+pub type S3Destination = crate::backup::S3Destination<Postgres>;
+/// A claim the instance archives WAL into and backup pods write base backups into, under
+/// `<prefix>/<name>/`. The instance mounts it: with a claim on one node's disk, the instance
+/// runs on that node, and a lost node cannot be recovered from it.
+pub type VolumeDestination = crate::backup::VolumeDestination<Postgres>;
 
 /// How a new database starts.
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
@@ -359,14 +333,6 @@ fn default_max_backups() -> i32 {
 
 fn default_archive_timeout_seconds() -> i32 {
     5
-}
-
-fn default_prefix() -> String {
-    "postgres".into()
-}
-
-fn default_region() -> String {
-    "us-east-1".into()
 }
 
 #[cfg(test)]

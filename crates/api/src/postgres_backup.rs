@@ -2,11 +2,12 @@
 //! database's backup schedule, into the database's backup destination. With the WAL archived
 //! after it, it restores the database to any moment from its end on.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
 use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use crate::backup::BackupProgress;
 
 /// One base backup of a PostgreSQL.
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
@@ -37,26 +38,15 @@ pub struct PostgresBackupSpec {
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PostgresBackupStatus {
-    /// Running, Succeeded or Failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
-    /// `Succeeded`: True once the base backup is stored; False with the reason while it is not.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
-    /// Where it is: `s3://<bucket>/<folder>` or `pvc://<claim>/<folder>`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub location: Option<String>,
+    /// Phase, conditions, location, size, SHA-256 and times. `completedAt` is when the base
+    /// backup ended: a restore from it recovers to this moment or later.
+    #[serde(flatten)]
+    pub progress: BackupProgress,
     /// The store and folders it went to, as the database said when the backup began: a
     /// restore reads it from there, and deleting this PostgresBackup deletes it there, even
     /// once the PostgreSQL is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub destination: Option<crate::postgres::BackupLocation>,
-    /// The size of the base backup in bytes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub size: Option<i64>,
-    /// The base backup's SHA-256 (hex), checked again before a restore.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sha256: Option<String>,
     /// The WAL positions the backup starts and ends at: a restore replays at least to the end
     /// one, and can stop at any later moment the archive holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -75,11 +65,6 @@ pub struct PostgresBackupStatus {
     /// The pod that takes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<Time>,
-    /// When the base backup ended: a restore from it recovers to this moment or later.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub completed_at: Option<Time>,
 }
 
 #[cfg(test)]

@@ -363,7 +363,7 @@ pub async fn wait_backup_done(ns: &TestNamespace, name: &str) -> EtcdBackup {
         || async {
             api.get_opt(name).await.ok().flatten().filter(|b| {
                 matches!(
-                    b.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    b.status.as_ref().and_then(|s| s.progress.phase.as_deref()),
                     Some("Succeeded" | "Failed")
                 )
             })
@@ -377,7 +377,7 @@ pub async fn back_up(ns: &TestNamespace, name: &str, cluster: &str) -> EtcdBacku
     ns.apply(&backup_manifest(name, cluster));
     let backup = wait_backup_done(ns, name).await;
     assert_eq!(
-        backup.status.as_ref().and_then(|s| s.phase.as_deref()),
+        backup.status.as_ref().and_then(|s| s.progress.phase.as_deref()),
         Some("Succeeded"),
         "{backup:?}"
     );

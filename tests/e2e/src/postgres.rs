@@ -308,7 +308,7 @@ pub fn phase(backup: &PostgresBackup) -> &str {
     backup
         .status
         .as_ref()
-        .and_then(|s| s.phase.as_deref())
+        .and_then(|s| s.progress.phase.as_deref())
         .unwrap_or_default()
 }
 

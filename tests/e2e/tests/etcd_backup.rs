@@ -61,7 +61,10 @@ async fn backups_are_stored_checked_scheduled_kept_and_deleted() {
     let manual = wait_backup_done(&ns, "manual").await;
     let status = manual.status.clone().unwrap();
     let key = format!("etcd/{}/main/manual.db", ns.name);
-    assert_eq!(status.location.as_deref(), Some(format!("s3://backups/{key}").as_str()));
+    assert_eq!(
+        status.progress.location.as_deref(),
+        Some(format!("s3://backups/{key}").as_str())
+    );
     assert!(status.revision.unwrap() >= written_at, "{status:?}");
     // The stored snapshot is the one described, and etcd's own tool reads it.
     let bytes = store
@@ -71,8 +74,8 @@ async fn backups_are_stored_checked_scheduled_kept_and_deleted() {
         .bytes()
         .await
         .unwrap();
-    assert_eq!(i64::try_from(bytes.len()).unwrap(), status.size.unwrap());
-    assert_eq!(Some(sha256_of(&bytes)), status.sha256);
+    assert_eq!(i64::try_from(bytes.len()).unwrap(), status.progress.size.unwrap());
+    assert_eq!(Some(sha256_of(&bytes)), status.progress.sha256);
     let file = std::env::temp_dir().join(format!("{}-manual.db", ns.name));
     std::fs::write(&file, &bytes).unwrap();
     let checked = std::process::Command::new(upstream_bin("etcd-3.5/etcdutl"))
@@ -132,7 +135,7 @@ async fn backups_are_stored_checked_scheduled_kept_and_deleted() {
         let list = backups.list(&Default::default()).await.unwrap().items;
         let done = list.iter().all(|b| {
             matches!(
-                b.status.as_ref().and_then(|s| s.phase.as_deref()),
+                b.status.as_ref().and_then(|s| s.progress.phase.as_deref()),
                 Some("Succeeded" | "Failed")
             )
         });
@@ -171,8 +174,13 @@ async fn backups_that_cannot_be_made_fail_with_a_reason() {
     for (name, reason) in [("orphan", "ClusterNotFound"), ("homeless", "NoDestination")] {
         let done = wait_backup_done(&ns, name).await;
         let status = done.status.unwrap();
-        assert_eq!(status.phase.as_deref(), Some("Failed"));
-        let condition = status.conditions.iter().find(|c| c.type_ == "Succeeded").unwrap();
+        assert_eq!(status.progress.phase.as_deref(), Some("Failed"));
+        let condition = status
+            .progress
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Succeeded")
+            .unwrap();
         assert_eq!(
             (condition.status.as_str(), condition.reason.as_str()),
             ("False", reason)
@@ -210,8 +218,8 @@ async fn backups_that_cannot_be_made_fail_with_a_reason() {
     wait_until("StoreUnavailable naming the missing Secret", MINUTE, || async {
         backups.get("keyless-1").await.ok().is_some_and(|b| {
             let status = b.status.unwrap_or_default();
-            status.phase.as_deref() == Some("Running")
-                && status.conditions.iter().any(|c| {
+            status.progress.phase.as_deref() == Some("Running")
+                && status.progress.conditions.iter().any(|c| {
                     c.type_ == "Succeeded"
                         && c.status == "False"
                         && c.reason == "StoreUnavailable"
@@ -252,7 +260,10 @@ async fn a_new_cluster_starts_from_a_backup_and_a_tampered_backup_is_refused() {
     }
     ns.apply(&backup_manifest("snap", "source"));
     let snap = wait_backup_done(&ns, "snap").await;
-    assert_eq!(snap.status.as_ref().unwrap().phase.as_deref(), Some("Succeeded"));
+    assert_eq!(
+        snap.status.as_ref().unwrap().progress.phase.as_deref(),
+        Some("Succeeded")
+    );
 
     // A new three-member cluster from it: the data is there, under a cluster ID of its own.
     ns.apply(&restore_manifest("copy", 3, &version, "snap"));
@@ -371,7 +382,13 @@ async fn a_cluster_that_lost_its_quorum_is_recovered_from_a_backup_only_when_ask
     client.put("kept", "in the backup", None).await.unwrap();
     ns.apply(&backup_manifest("good", "main"));
     assert_eq!(
-        wait_backup_done(&ns, "good").await.status.unwrap().phase.as_deref(),
+        wait_backup_done(&ns, "good")
+            .await
+            .status
+            .unwrap()
+            .progress
+            .phase
+            .as_deref(),
         Some("Succeeded")
     );
     client.put("lost", "after the backup", None).await.unwrap();
@@ -535,16 +552,16 @@ async fn backups_to_a_volume_are_saved_scheduled_kept_restored_and_deleted() {
     ns.apply(&backup_manifest("manual", "main"));
     let manual = wait_backup_done(&ns, "manual").await;
     let status = manual.status.clone().unwrap();
-    assert_eq!(status.phase.as_deref(), Some("Succeeded"), "{status:?}");
+    assert_eq!(status.progress.phase.as_deref(), Some("Succeeded"), "{status:?}");
     assert_eq!(
-        status.location.as_deref(),
+        status.progress.location.as_deref(),
         Some("pvc://etcd-backups/etcd/main/manual.db")
     );
     assert!(status.revision.unwrap() >= written_at, "{status:?}");
     let folder = claim_folder(&ns, "etcd-backups").await;
     let bytes = std::fs::read(folder.join("etcd/main/manual.db")).unwrap();
-    assert_eq!(i64::try_from(bytes.len()).unwrap(), status.size.unwrap());
-    assert_eq!(Some(sha256_of(&bytes)), status.sha256);
+    assert_eq!(i64::try_from(bytes.len()).unwrap(), status.progress.size.unwrap());
+    assert_eq!(Some(sha256_of(&bytes)), status.progress.sha256);
     let checked = std::process::Command::new(upstream_bin("etcd-3.5/etcdutl"))
         .args(["snapshot", "status", "-w", "json"])
         .arg(folder.join("etcd/main/manual.db"))
@@ -608,7 +625,7 @@ async fn backups_to_a_volume_are_saved_scheduled_kept_restored_and_deleted() {
     let kept = wait_for("retention to settle at two scheduled backups", 2 * MINUTE, || async {
         let list = backups.list(&Default::default()).await.unwrap().items;
         let done = list.iter().all(|b| {
-            b.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
+            b.status.as_ref().and_then(|s| s.progress.phase.as_deref()) == Some("Succeeded")
                 && b.metadata.deletion_timestamp.is_none()
         });
         let names: BTreeSet<String> = list.iter().filter_map(|b| b.metadata.name.clone()).collect();
@@ -670,7 +687,7 @@ async fn backups_to_a_volume_are_saved_scheduled_kept_restored_and_deleted() {
     ns.apply(&backup_manifest("claimless-1", "claimless"));
     wait_until("ClaimNotFound naming the claim", MINUTE, || async {
         backups.get("claimless-1").await.ok().is_some_and(|b| {
-            b.status.unwrap_or_default().conditions.iter().any(|c| {
+            b.status.unwrap_or_default().progress.conditions.iter().any(|c| {
                 c.type_ == "Succeeded"
                     && c.status == "False"
                     && c.reason == "ClaimNotFound"

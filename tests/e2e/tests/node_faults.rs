@@ -825,6 +825,7 @@ async fn a_base_backup_whose_node_dies_fails_says_why_and_the_next_one_is_stored
     let said = failed
         .status
         .unwrap()
+        .progress
         .conditions
         .into_iter()
         .find(|c| c.type_ == "Succeeded")

@@ -50,9 +50,9 @@ async fn a_lost_volume_is_restored_from_the_base_backup_and_the_archived_wal_whi
         .expect("the first backup is named in status");
     let backup = ns.api::<PostgresBackup>().get(&first).await.unwrap();
     let stored = backup.status.clone().unwrap();
-    assert_eq!(stored.phase.as_deref(), Some("Succeeded"));
+    assert_eq!(stored.progress.phase.as_deref(), Some("Succeeded"));
     assert!(
-        stored.size.unwrap() > 1 << 20 && stored.sha256.is_some() && stored.end_wal.is_some(),
+        stored.progress.size.unwrap() > 1 << 20 && stored.progress.sha256.is_some() && stored.end_wal.is_some(),
         "{stored:?}"
     );
     assert_eq!(stored.system_identifier, pg.status.clone().unwrap().system_identifier);
@@ -247,6 +247,7 @@ async fn a_new_database_is_restored_to_a_point_in_time_between_two_batches() {
     assert!(
         own.status
             .unwrap()
+            .progress
             .location
             .unwrap()
             .contains(&format!("/{}/copy/base/", ns.name))
@@ -255,7 +256,7 @@ async fn a_new_database_is_restored_to_a_point_in_time_between_two_batches() {
     // A time before the backup ended, and a backup that does not exist, are refused with the
     // reason; neither gets a pod.
     let source = ns.api::<PostgresBackup>().get(&base).await.unwrap();
-    let ended = source.status.unwrap().completed_at.unwrap().0;
+    let ended = source.status.unwrap().progress.completed_at.unwrap().0;
     let too_early = (ended - jiff::SignedDuration::from_secs(3600)).to_string();
     ns.apply(&manifest(
         "early",
@@ -433,7 +434,7 @@ async fn a_corrupt_or_missing_backup_fails_the_restore_visibly_and_replaces_no_g
         .filter(|b| phase(b) == "Succeeded")
         .max_by_key(|b| {
             (
-                b.status.as_ref().unwrap().completed_at.clone().map(|t| t.0),
+                b.status.as_ref().unwrap().progress.completed_at.clone().map(|t| t.0),
                 b.metadata.name.clone(),
             )
         })

@@ -2,12 +2,13 @@
 //! count of its API requests,
 //! conditions, Events, server-side apply and the desired-state stamp, labels, rollout checks,
 //! pruning of children no longer wanted, per-object back-off, error classification, metrics,
-//! backup schedules and retention, nodes and the volumes pinned to them, the short-lived pods that do a job and report how it went,
-//! and the crash points of the crash-safety tests.
+//! nodes and the volumes pinned to them, and the crash points of the crash-safety tests.
+//! `backup/` is the backup kit every engine's backups are made of.
 
 pub mod api_requests;
 pub mod apply;
 pub mod backoff;
+pub mod backup;
 pub mod cache;
 pub mod conditions;
 pub mod controller;
@@ -21,11 +22,8 @@ pub mod metrics;
 pub mod nodes;
 pub mod prune;
 pub mod rollout;
-pub mod schedule;
 pub mod stamp;
-pub mod stores;
 pub mod stuck;
-pub mod task_pod;
 pub mod user_secrets;
 
 pub use error::{DuringStage, Error, Result, Stage};

@@ -14,8 +14,8 @@ use tracing::info;
 use super::names::{CLUSTER_LABEL, Names};
 use crate::core::Result;
 use crate::core::apply::{create_if_missing, delete_if_present};
+use crate::core::backup::schedule::{self, Kept, SCHEDULED_LABEL};
 use crate::core::conditions::Decided;
-use crate::core::schedule::{self, Kept, SCHEDULED_LABEL};
 
 /// The UID of the EtcdCluster a scheduled backup was made for (a cluster deleted and made
 /// again under the same name is another cluster).
@@ -56,7 +56,7 @@ fn reason(stored: bool) -> &'static str {
 }
 
 fn succeeded(backup: &EtcdBackup) -> bool {
-    backup.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
+    backup.status.as_ref().and_then(|s| s.progress.phase.as_deref()) == Some("Succeeded")
 }
 
 /// Whether this pass looks at the backups. While a membership operation is in progress passes
@@ -180,8 +180,8 @@ fn count(book: &mut Book, backups: &[&EtcdBackup]) {
             let status = b.status.as_ref();
             schedule::Counted {
                 name: b.name_any(),
-                phase: status.and_then(|s| s.phase.clone()),
-                completed: status.and_then(|s| s.completed_at.as_ref()).map(|t| t.0),
+                phase: status.and_then(|s| s.progress.phase.clone()),
+                completed: status.and_then(|s| s.progress.completed_at.as_ref()).map(|t| t.0),
                 deleting: b.metadata.deletion_timestamp.is_some(),
             }
         })
@@ -200,10 +200,10 @@ fn count(book: &mut Book, backups: &[&EtcdBackup]) {
                 "EtcdBackup {} stored revision {} at {}",
                 backup.name_any(),
                 status.revision.unwrap_or_default(),
-                status.location.unwrap_or_default()
+                status.progress.location.unwrap_or_default()
             )
         } else {
-            schedule::failure("EtcdBackup", &backup.name_any(), &status.conditions)
+            schedule::failure("EtcdBackup", &backup.name_any(), &status.progress.conditions)
         };
         book.condition = Some(Decided::new(BACKUP_SUCCEEDED, stored, reason(stored), message));
     }
@@ -239,6 +239,7 @@ mod tests {
             volume: Some(VolumeDestination {
                 claim_name: "etcd-backups".into(),
                 prefix: "etcd".into(),
+                engine: std::marker::PhantomData,
             }),
         });
         cluster

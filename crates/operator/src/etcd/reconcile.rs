@@ -448,11 +448,16 @@ async fn recovery_backup(
             .filter(|b| b.spec.cluster == names.cluster)
             .filter(|b| {
                 let status = b.status.clone().unwrap_or_default();
-                status.phase.as_deref() == Some("Succeeded")
+                status.progress.phase.as_deref() == Some("Succeeded")
                     && status.cluster_id.is_some()
                     && status.cluster_id == cluster_id
             })
-            .max_by_key(|b| b.status.as_ref().and_then(|s| s.completed_at.as_ref()).map(|t| t.0))
+            .max_by_key(|b| {
+                b.status
+                    .as_ref()
+                    .and_then(|s| s.progress.completed_at.as_ref())
+                    .map(|t| t.0)
+            })
     } else {
         api.get_opt(asked).await.during(Stage::Observe)?
     };

@@ -24,7 +24,8 @@ use noops_api::etcd_backup::EtcdBackup;
 
 use super::names::Names;
 use super::pod::{DATA_DIR, image, spread, token};
-use super::store::{self, Destination};
+use super::store::{self, Destination, SnapshotDestination};
+use crate::core::backup::destination::claim_volume;
 use crate::core::stuck::stuck;
 
 /// The scratch space of a restore pod (an emptyDir): the snapshot and the restored data.
@@ -85,9 +86,11 @@ pub fn usable(backup: Option<&EtcdBackup>, name: &str, version: &str) -> Result<
             ),
         });
     }
-    match status.phase.as_deref() {
+    match status.progress.phase.as_deref() {
         Some("Succeeded")
-            if Destination::of_status(&status).is_some() && status.key.is_some() && status.sha256.is_some() =>
+            if Destination::of_status(&status).is_some()
+                && status.key.is_some()
+                && status.progress.sha256.is_some() =>
         {
             Ok(())
         }
@@ -159,7 +162,7 @@ pub fn restore_pod(
     owner: &OwnerReference,
 ) -> Option<Pod> {
     let status = backup.status.as_ref()?;
-    let (key, sha256) = (status.key.as_ref()?, status.sha256.as_ref()?);
+    let (key, sha256) = (status.key.as_ref()?, status.progress.sha256.as_ref()?);
     let data = VolumeMount {
         name: "data".into(),
         mount_path: "/var/lib/etcd".into(),
@@ -197,8 +200,9 @@ pub fn restore_pod(
         }
         Destination::Volume(destination) => {
             fetch_args.push(format!("--folder={}", store::MOUNT));
-            fetch_mounts.push(store::claim_mount(true));
-            backup_volume = Some(store::claim_volume(&destination, true));
+            let (volume, mount) = claim_volume(&destination.claim_name, "backup", store::MOUNT, true);
+            fetch_mounts.push(mount);
+            backup_volume = Some(volume);
         }
     }
     fetch_args.extend([
@@ -297,16 +301,20 @@ mod tests {
     fn backup(phase: &str) -> EtcdBackup {
         let mut b = EtcdBackup::new("nightly", EtcdBackupSpec { cluster: "old".into() });
         b.status = Some(EtcdBackupStatus {
-            phase: Some(phase.into()),
+            progress: noops_api::backup::BackupProgress {
+                phase: Some(phase.into()),
+                sha256: Some("ab".repeat(32)),
+                ..Default::default()
+            },
             store: Some(S3Destination {
                 endpoint: "http://store.db.svc:7070".into(),
                 bucket: "backups".into(),
                 prefix: "etcd".into(),
                 region: "us-east-1".into(),
                 credentials_secret: "keys".into(),
+                engine: std::marker::PhantomData,
             }),
             key: Some("etcd/db/old/nightly.db".into()),
-            sha256: Some("ab".repeat(32)),
             ..Default::default()
         });
         b
@@ -401,6 +409,7 @@ mod tests {
         status.volume = Some(noops_api::etcd::VolumeDestination {
             claim_name: "etcd-backups".into(),
             prefix: "etcd".into(),
+            engine: std::marker::PhantomData,
         });
         status.key = Some("etcd/old/nightly.db".into());
         assert_eq!(usable(Some(&from_volume), "nightly", "3.5.21"), Ok(()));

@@ -11,13 +11,13 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaimVolumeSource, Secret, Service, Volume, VolumeMount};
+use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::{Api, Client};
-use noops_api::etcd::{BackupSpec, S3Destination, VolumeDestination};
+use noops_api::etcd::{BackupSpec, Etcd, S3Destination};
 use noops_api::etcd_backup::EtcdBackupStatus;
 use object_store::ObjectStore;
 
-use crate::core::stores::bucket;
+use crate::core::backup::stores::bucket;
 
 /// Where the backup volume is mounted in the pods that read or write it (save, delete, restore).
 pub const MOUNT: &str = "/backup";
@@ -44,74 +44,37 @@ pub enum StoreError {
 }
 
 /// Where a backup goes, or went.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Destination {
-    S3(S3Destination),
-    Volume(VolumeDestination),
-}
+pub type Destination = crate::core::backup::Destination<Etcd>;
 
-impl Destination {
+/// etcd's words for a destination: where the spec and a backup's status keep it, and the key
+/// of a snapshot in it.
+pub trait SnapshotDestination: Sized {
     /// Where the cluster's backups go now.
-    pub fn of_spec(spec: &BackupSpec) -> Option<Self> {
-        match (&spec.s3, &spec.volume) {
-            (Some(s3), _) => Some(Self::S3(s3.clone())),
-            (None, Some(volume)) => Some(Self::Volume(volume.clone())),
-            (None, None) => None,
-        }
-    }
-
+    fn of_spec(spec: &BackupSpec) -> Option<Self>;
     /// Where a backup went, as its status recorded.
-    pub fn of_status(status: &EtcdBackupStatus) -> Option<Self> {
-        match (&status.store, &status.volume) {
-            (Some(s3), _) => Some(Self::S3(s3.clone())),
-            (None, Some(volume)) => Some(Self::Volume(volume.clone())),
-            (None, None) => None,
-        }
-    }
-
+    fn of_status(status: &EtcdBackupStatus) -> Option<Self>;
     /// Records it in `status`.
-    pub fn record(&self, status: &mut EtcdBackupStatus) {
-        match self {
-            Self::S3(s3) => status.store = Some(s3.clone()),
-            Self::Volume(volume) => status.volume = Some(volume.clone()),
-        }
-    }
-
+    fn record(&self, status: &mut EtcdBackupStatus);
     /// The key (or path in the volume) of backup `backup` of `cluster` in `namespace`.
-    pub fn key(&self, namespace: &str, cluster: &str, backup: &str) -> String {
-        match self {
-            Self::S3(s3) => key(s3, namespace, cluster, backup),
-            // The claim is in the cluster's namespace already.
-            Self::Volume(volume) => join(&volume.prefix, &format!("{cluster}/{backup}.db")),
-        }
-    }
-
-    /// `s3://<bucket>/<key>` or `pvc://<claim>/<path>`, for status and Events.
-    pub fn location(&self, key: &str) -> String {
-        match self {
-            Self::S3(s3) => location(s3, key),
-            Self::Volume(volume) => format!("pvc://{}/{key}", volume.claim_name),
-        }
-    }
+    fn key(&self, namespace: &str, cluster: &str, backup: &str) -> String;
 }
 
-fn join(prefix: &str, rest: &str) -> String {
-    let prefix = prefix.trim_matches('/');
-    if prefix.is_empty() {
-        rest.to_string()
-    } else {
-        format!("{prefix}/{rest}")
+impl SnapshotDestination for Destination {
+    fn of_spec(spec: &BackupSpec) -> Option<Self> {
+        Self::of(spec.s3.as_ref(), spec.volume.as_ref())
     }
-}
 
-/// The key of backup `backup` of `cluster` in `namespace`.
-pub fn key(destination: &S3Destination, namespace: &str, cluster: &str, backup: &str) -> String {
-    join(&destination.prefix, &format!("{namespace}/{cluster}/{backup}.db"))
-}
+    fn of_status(status: &EtcdBackupStatus) -> Option<Self> {
+        Self::of(status.store.as_ref(), status.volume.as_ref())
+    }
 
-/// `s3://<bucket>/<key>`, for status and Events.
-pub fn location(destination: &S3Destination, key: &str) -> String {
-    format!("s3://{}/{key}", destination.bucket)
+    fn record(&self, status: &mut EtcdBackupStatus) {
+        (status.store, status.volume) = self.clone().into_fields();
+    }
+
+    fn key(&self, namespace: &str, cluster: &str, backup: &str) -> String {
+        format!("{}/{backup}.db", self.folder(namespace, cluster))
+    }
 }
 
 /// The Service a URL's host names, as (service, namespace), if it names one.
@@ -182,70 +145,32 @@ pub async fn open(
     Ok(bucket(&endpoint, &destination.region, &destination.bucket, &keys)?)
 }
 
-/// The claim as a pod volume named `backup`.
-pub fn claim_volume(destination: &VolumeDestination, read_only: bool) -> Volume {
-    Volume {
-        name: "backup".into(),
-        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-            claim_name: destination.claim_name.clone(),
-            read_only: read_only.then_some(true),
-        }),
-        ..Default::default()
-    }
-}
-
-/// The mount of [`claim_volume`] at [`MOUNT`].
-pub fn claim_mount(read_only: bool) -> VolumeMount {
-    VolumeMount {
-        name: "backup".into(),
-        mount_path: MOUNT.into(),
-        read_only: read_only.then_some(true),
-        ..Default::default()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn destination(prefix: &str) -> S3Destination {
-        S3Destination {
+    fn bucket(prefix: &str) -> Destination {
+        Destination::S3(S3Destination {
             endpoint: "http://versitygw.object-store.svc:7070".into(),
             bucket: "backups".into(),
             prefix: prefix.into(),
             region: "us-east-1".into(),
             credentials_secret: "keys".into(),
-        }
+            engine: std::marker::PhantomData,
+        })
     }
 
     #[test]
-    fn keys_name_the_namespace_cluster_and_backup() {
-        assert_eq!(
-            key(&destination("etcd"), "db", "main", "main-1"),
-            "etcd/db/main/main-1.db"
-        );
-        assert_eq!(key(&destination("/a/b/"), "db", "main", "x"), "a/b/db/main/x.db");
-        assert_eq!(key(&destination(""), "db", "main", "x"), "db/main/x.db");
-        assert_eq!(
-            location(&destination("etcd"), "etcd/db/main/x.db"),
-            "s3://backups/etcd/db/main/x.db"
-        );
-    }
-
-    #[test]
-    fn volume_paths_name_the_cluster_and_backup() {
-        let volume = |prefix: &str| {
-            Destination::Volume(VolumeDestination {
-                claim_name: "backups".into(),
-                prefix: prefix.into(),
-            })
-        };
-        assert_eq!(volume("etcd").key("db", "main", "main-1"), "etcd/main/main-1.db");
-        assert_eq!(volume("").key("db", "main", "x"), "main/x.db");
-        assert_eq!(
-            volume("etcd").location("etcd/main/x.db"),
-            "pvc://backups/etcd/main/x.db"
-        );
+    fn keys_name_the_namespace_cluster_and_backup_in_a_bucket_and_the_cluster_in_a_volume() {
+        assert_eq!(bucket("etcd").key("db", "main", "main-1"), "etcd/db/main/main-1.db");
+        assert_eq!(bucket("/a/b/").key("db", "main", "x"), "a/b/db/main/x.db");
+        assert_eq!(bucket("").key("db", "main", "x"), "db/main/x.db");
+        let volume = Destination::Volume(noops_api::etcd::VolumeDestination {
+            claim_name: "backups".into(),
+            prefix: "etcd".into(),
+            engine: std::marker::PhantomData,
+        });
+        assert_eq!(volume.key("db", "main", "main-1"), "etcd/main/main-1.db");
     }
 
     #[test]

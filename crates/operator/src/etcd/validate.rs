@@ -147,7 +147,7 @@ fn schedule_refusal(cluster: &EtcdCluster) -> Option<Refusal> {
         .backup
         .as_ref()
         .and_then(|b| b.schedule.as_deref())
-        .map(crate::core::schedule::parse)
+        .map(crate::core::backup::schedule::parse)
     {
         return Some(Refusal::aside(
             "InvalidSchedule",
@@ -230,6 +230,7 @@ mod tests {
                 prefix: "etcd".into(),
                 region: "us-east-1".into(),
                 credentials_secret: "keys".into(),
+                engine: std::marker::PhantomData,
             }),
             volume: None,
         });

@@ -19,11 +19,11 @@ use noops_api::postgres_backup::{PostgresBackup, PostgresBackupSpec};
 
 use super::names::{Names, POSTGRES_LABEL};
 use super::problem::PlanProblem;
-use super::store::Destination;
+use super::store::{BaseBackupDestination, Destination};
 use crate::core::apply::{create_if_missing, delete_if_present};
+use crate::core::backup::schedule::{self, Kept, SCHEDULED_LABEL};
 use crate::core::conditions::Decided;
 use crate::core::events::Announcement;
-use crate::core::schedule::{self, Kept, SCHEDULED_LABEL};
 use crate::core::{Result, crash};
 
 /// The UID of the PostgreSQL a backup was made for (a database deleted and made again under
@@ -70,7 +70,7 @@ fn reason(stored: bool) -> &'static str {
 }
 
 fn phase(backup: &PostgresBackup) -> Option<&str> {
-    backup.status.as_ref().and_then(|s| s.phase.as_deref())
+    backup.status.as_ref().and_then(|s| s.progress.phase.as_deref())
 }
 
 /// The backups of this database: of this PostgreSQL (by its UID, which the operator's own
@@ -129,9 +129,9 @@ pub fn first_backup_due(pg: &PostgreSQL, mine: &[&PostgresBackup], serving: bool
         .min(FIRST_AGAIN_AT_MOST);
     let last = here
         .iter()
-        .filter_map(|b| b.status.as_ref()?.completed_at.as_ref().map(|t| t.0))
+        .filter_map(|b| b.status.as_ref()?.progress.completed_at.as_ref().map(|t| t.0))
         .max();
-    last.is_none_or(|at| crate::core::schedule::elapsed(at, now) >= pause)
+    last.is_none_or(|at| crate::core::backup::schedule::elapsed(at, now) >= pause)
 }
 
 /// Why `backup.schedule` cannot be followed, if it cannot: the schema counts its fields, but
@@ -281,7 +281,11 @@ pub fn count(book: &mut Book, backups: &[&PostgresBackup]) {
         .map(|b| schedule::Counted {
             name: b.name_any(),
             phase: phase(b).map(str::to_string),
-            completed: b.status.as_ref().and_then(|s| s.completed_at.as_ref()).map(|t| t.0),
+            completed: b
+                .status
+                .as_ref()
+                .and_then(|s| s.progress.completed_at.as_ref())
+                .map(|t| t.0),
             deleting: b.metadata.deletion_timestamp.is_some(),
         })
         .collect();
@@ -299,10 +303,10 @@ pub fn count(book: &mut Book, backups: &[&PostgresBackup]) {
                 "PostgresBackup {} stored a base backup ending at WAL {} at {}",
                 backup.name_any(),
                 status.end_wal.unwrap_or_default(),
-                status.location.unwrap_or_default()
+                status.progress.location.unwrap_or_default()
             )
         } else {
-            schedule::failure("PostgresBackup", &backup.name_any(), &status.conditions)
+            schedule::failure("PostgresBackup", &backup.name_any(), &status.progress.conditions)
         };
         book.condition = Some(Decided::new(BACKUP_SUCCEEDED, stored, reason(stored), message));
     }

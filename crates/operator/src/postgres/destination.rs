@@ -78,6 +78,7 @@ pub fn problem(
 mod tests {
     use super::*;
     use crate::postgres::fixtures::{postgres, with_backups};
+    use crate::postgres::store::BaseBackupDestination;
     use k8s_openapi::ByteString;
     use noops_api::postgres::VolumeDestination;
 
@@ -123,6 +124,7 @@ mod tests {
         let destination = Destination::Volume(VolumeDestination {
             claim_name: "pg-backups".into(),
             prefix: "postgres".into(),
+            engine: std::marker::PhantomData,
         });
         assert_eq!(needed(&destination), Needed::Claim("pg-backups"));
         let mut claim = PersistentVolumeClaim::default();

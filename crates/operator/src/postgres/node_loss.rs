@@ -48,7 +48,7 @@ pub fn stuck_in_deletion(pod: &Pod, now: jiff::Timestamp) -> bool {
     };
     let grace = jiff::SignedDuration::from_secs(pod.metadata.deletion_grace_period_seconds.unwrap_or(0));
     let asked = deadline.0.checked_sub(grace).unwrap_or(deadline.0);
-    now > asked && crate::core::schedule::elapsed(asked, now) >= STUCK_AFTER
+    now > asked && crate::core::backup::schedule::elapsed(asked, now) >= STUCK_AFTER
 }
 
 /// Whether volume `pv` lives on node `node` only (a local volume: its node affinity names it).

@@ -30,7 +30,7 @@ use super::problem::PlanProblem;
 use super::restore::InstancePlan;
 use super::secrets::{self, Password, PasswordProblem};
 use super::status::{self, InstanceState, Seen};
-use super::store::Destination;
+use super::store::{BaseBackupDestination, Destination};
 use super::{Context, destination, observe, restore, services, statefulset};
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
 use crate::core::events::Announcement;

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::names::Names;
 use super::problem::PlanProblem;
-use super::store::Destination;
+use super::store::{BaseBackupDestination, Destination};
 
 /// Where the pod mounts the ConfigMap, and the file of the plan in it.
 pub const PLAN_DIR: &str = "/etc/noops/instance";
@@ -76,7 +76,7 @@ pub enum From {
 }
 
 fn succeeded(backup: &PostgresBackup) -> bool {
-    backup.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
+    backup.status.as_ref().and_then(|s| s.progress.phase.as_deref()) == Some("Succeeded")
 }
 
 /// The newest successful base backup of `pg` (the same database, in its current destination).
@@ -105,7 +105,10 @@ fn newest_restorable<'a>(
         })
         .max_by_key(|b| {
             (
-                b.status.as_ref().and_then(|s| s.completed_at.clone()).map(|t| t.0),
+                b.status
+                    .as_ref()
+                    .and_then(|s| s.progress.completed_at.clone())
+                    .map(|t| t.0),
                 b.name_any(),
             )
         })
@@ -142,7 +145,7 @@ pub fn plan(pg: &PostgreSQL, backups: &[PostgresBackup]) -> Result<InstancePlan,
         let ended = backup
             .status
             .as_ref()
-            .and_then(|s| s.completed_at.as_ref())
+            .and_then(|s| s.progress.completed_at.as_ref())
             .map(|t| t.0);
         if let Some(ended) = ended.filter(|ended| target < *ended) {
             return Err(PlanProblem {
@@ -198,7 +201,7 @@ pub fn bootstrap_backup<'a>(pg: &PostgreSQL, backups: &'a [PostgresBackup]) -> R
             reason: "BootstrapBackupNotFound",
             message: format!("PostgresBackup {name:?} (bootstrap.fromBackup) does not exist in this namespace"),
         })?;
-    match backup.status.as_ref().and_then(|s| s.phase.as_deref()) {
+    match backup.status.as_ref().and_then(|s| s.progress.phase.as_deref()) {
         Some("Succeeded") => Ok(backup),
         Some("Failed") => Err(PlanProblem {
             reason: "BootstrapBackupFailed",
@@ -224,7 +227,7 @@ fn restore_from(backup: &PostgresBackup, from: From, target_time: Option<String>
         from,
         base: location.base.clone(),
         wal: location.wal.clone(),
-        sha256: status.sha256.clone()?,
+        sha256: status.progress.sha256.clone()?,
         system_identifier: status.system_identifier.clone()?,
         target_time,
     })

@@ -28,7 +28,7 @@ use super::names::{
     VOLUME_MOUNT,
 };
 use super::restore::{PLAN_DIR, PLAN_FILE};
-use super::store::{self, Destination, PodAccess, Role};
+use super::store::{self, BaseBackupDestination, Destination, PodAccess, Role};
 
 /// How long PostgreSQL has to shut down (fast: open transactions are rolled back) before it is
 /// killed (and recovers from its WAL at the next start).
@@ -59,7 +59,9 @@ pub fn store_access(pg: &PostgreSQL, names: &Names, bootstrap_source: Option<&Ba
         && let Some(own) = Destination::of_spec(spec)
     {
         access = access.and(store::pod_access(&own, Role::Own, false));
-        access.env.push(env(ROOT_ENV, &own.root(&names.namespace, &names.name)));
+        access
+            .env
+            .push(env(ROOT_ENV, &own.folder(&names.namespace, &names.name)));
         access.env.push(env(
             "NOOPS_PG_ARCHIVE_TIMEOUT",
             &spec.archive_timeout_seconds.to_string(),
@@ -309,6 +311,7 @@ mod tests {
             volume: Some(noops_api::postgres::VolumeDestination {
                 claim_name: "old-backups".into(),
                 prefix: "postgres".into(),
+                engine: std::marker::PhantomData,
             }),
             base: "postgres/old/base/old-1".into(),
             wal: "postgres/old/wal/1".into(),

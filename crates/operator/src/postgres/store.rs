@@ -15,10 +15,8 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{
-    EnvVar, EnvVarSource, PersistentVolumeClaimVolumeSource, SecretKeySelector, Volume, VolumeMount,
-};
-use noops_api::postgres::{BackupLocation, BackupSpec, S3Destination, VolumeDestination};
+use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, SecretKeySelector, Volume, VolumeMount};
+use noops_api::postgres::{BackupLocation, BackupSpec, Postgres};
 use object_store::ObjectStore;
 use serde::{Deserialize, Serialize};
 
@@ -36,77 +34,37 @@ pub const RECORD: &str = "backup.json";
 pub const WAL_SUFFIX: &str = ".gz";
 
 /// Where backups go.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Destination {
-    S3(S3Destination),
-    Volume(VolumeDestination),
+pub type Destination = crate::core::backup::Destination<Postgres>;
+
+/// PostgreSQL's words for a destination: where the spec and a backup's location keep it, and
+/// the location of one base backup in it.
+pub trait BaseBackupDestination: Sized {
+    /// Where a database's backups go now.
+    fn of_spec(spec: &BackupSpec) -> Option<Self>;
+    /// Where a backup went, as its status recorded it.
+    fn of_location(location: &BackupLocation) -> Option<Self>;
+    /// The location of backup `backup` of a database whose folder is `root` and whose system
+    /// identifier is `system_id`.
+    fn location(&self, root: &str, backup: &str, system_id: &str) -> BackupLocation;
 }
 
-impl Destination {
-    /// Where a database's backups go now.
-    pub fn of_spec(spec: &BackupSpec) -> Option<Self> {
-        match (&spec.s3, &spec.volume) {
-            (Some(s3), _) => Some(Self::S3(s3.clone())),
-            (None, Some(volume)) => Some(Self::Volume(volume.clone())),
-            (None, None) => None,
-        }
+impl BaseBackupDestination for Destination {
+    fn of_spec(spec: &BackupSpec) -> Option<Self> {
+        Self::of(spec.s3.as_ref(), spec.volume.as_ref())
     }
 
-    /// Where a backup went, as its status recorded it.
-    pub fn of_location(location: &BackupLocation) -> Option<Self> {
-        match (&location.s3, &location.volume) {
-            (Some(s3), _) => Some(Self::S3(s3.clone())),
-            (None, Some(volume)) => Some(Self::Volume(volume.clone())),
-            (None, None) => None,
-        }
+    fn of_location(location: &BackupLocation) -> Option<Self> {
+        Self::of(location.s3.as_ref(), location.volume.as_ref())
     }
 
-    /// The root folder of database `name` in `namespace`.
-    pub fn root(&self, namespace: &str, name: &str) -> String {
-        match self {
-            Self::S3(s3) => join(&s3.prefix, &format!("{namespace}/{name}")),
-            Self::Volume(volume) => join(&volume.prefix, name),
-        }
-    }
-
-    /// The location of backup `backup` of a database whose root is `root` and whose system
-    /// identifier is `system_id`.
-    pub fn location(&self, root: &str, backup: &str, system_id: &str) -> BackupLocation {
-        let (s3, volume) = match self {
-            Self::S3(s3) => (Some(s3.clone()), None),
-            Self::Volume(volume) => (None, Some(volume.clone())),
-        };
+    fn location(&self, root: &str, backup: &str, system_id: &str) -> BackupLocation {
+        let (s3, volume) = self.clone().into_fields();
         BackupLocation {
             s3,
             volume,
             base: base_folder(root, backup),
             wal: wal_folder(root, system_id),
         }
-    }
-
-    /// `s3://<bucket>/<key>` or `pvc://<claim>/<key>`, for status and Events.
-    pub fn url(&self, key: &str) -> String {
-        match self {
-            Self::S3(s3) => format!("s3://{}/{key}", s3.bucket),
-            Self::Volume(volume) => format!("pvc://{}/{key}", volume.claim_name),
-        }
-    }
-
-    /// The claim, for a volume.
-    pub fn claim(&self) -> Option<&str> {
-        match self {
-            Self::S3(_) => None,
-            Self::Volume(volume) => Some(&volume.claim_name),
-        }
-    }
-}
-
-fn join(prefix: &str, rest: &str) -> String {
-    let prefix = prefix.trim_matches('/');
-    if prefix.is_empty() {
-        rest.to_string()
-    } else {
-        format!("{prefix}/{rest}")
     }
 }
 
@@ -233,24 +191,13 @@ pub fn pod_access(destination: &Destination, role: Role, read_only: bool) -> Pod
                 ..Default::default()
             }
         }
-        Destination::Volume(volume) => {
+        Destination::Volume(_) => {
             let (name, path) = role.volume();
+            let (volume, mount) = destination.pod_volume(name, path, read_only).into_iter().unzip();
             PodAccess {
                 env: vec![plain_env(&StoreAccess::Folder { path: path.to_string() })],
-                volumes: vec![Volume {
-                    name: name.to_string(),
-                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                        claim_name: volume.claim_name.clone(),
-                        read_only: read_only.then_some(true),
-                    }),
-                    ..Default::default()
-                }],
-                mounts: vec![VolumeMount {
-                    name: name.to_string(),
-                    mount_path: path.to_string(),
-                    read_only: read_only.then_some(true),
-                    ..Default::default()
-                }],
+                volumes: volume,
+                mounts: mount,
             }
         }
     }
@@ -300,14 +247,19 @@ pub fn open(access: &StoreAccess) -> Result<Arc<dyn ObjectStore>, OpenError> {
                 std::env::var(&variable).map_err(|_| OpenError::NoKey(variable))
             };
             let credentials = (read("AWS_ACCESS_KEY_ID")?, read("AWS_SECRET_ACCESS_KEY")?);
-            Ok(crate::core::stores::bucket(endpoint, region, bucket, &credentials)?)
+            Ok(crate::core::backup::stores::bucket(
+                endpoint,
+                region,
+                bucket,
+                &credentials,
+            )?)
         }
         StoreAccess::Folder { path } => {
             std::fs::create_dir_all(path).map_err(|e| object_store::Error::Generic {
                 store: "volume",
                 source: Box::new(e),
             })?;
-            Ok(crate::core::stores::folder(std::path::Path::new(path))?)
+            Ok(crate::core::backup::stores::folder(std::path::Path::new(path))?)
         }
     }
 }
@@ -322,28 +274,30 @@ mod tests {
     use super::*;
 
     fn s3(prefix: &str) -> Destination {
-        Destination::S3(S3Destination {
+        Destination::S3(noops_api::postgres::S3Destination {
             endpoint: "http://versitygw.store.svc:7070".into(),
             bucket: "backups".into(),
             prefix: prefix.into(),
             region: "us-east-1".into(),
             credentials_secret: "keys".into(),
+            engine: std::marker::PhantomData,
         })
     }
 
     fn volume() -> Destination {
-        Destination::Volume(VolumeDestination {
+        Destination::Volume(noops_api::postgres::VolumeDestination {
             claim_name: "pg-backups".into(),
             prefix: "postgres".into(),
+            engine: std::marker::PhantomData,
         })
     }
 
     #[test]
     fn a_database_has_one_root_with_its_base_backups_and_its_wal_by_system_identifier() {
-        assert_eq!(s3("postgres").root("prod", "shop"), "postgres/prod/shop");
-        assert_eq!(s3("/a/b/").root("prod", "shop"), "a/b/prod/shop");
-        assert_eq!(s3("").root("prod", "shop"), "prod/shop");
-        assert_eq!(volume().root("prod", "shop"), "postgres/shop");
+        assert_eq!(s3("postgres").folder("prod", "shop"), "postgres/prod/shop");
+        assert_eq!(s3("/a/b/").folder("prod", "shop"), "a/b/prod/shop");
+        assert_eq!(s3("").folder("prod", "shop"), "prod/shop");
+        assert_eq!(volume().folder("prod", "shop"), "postgres/shop");
         let location = s3("postgres").location("postgres/prod/shop", "shop-1", "7301");
         assert_eq!(location.base, "postgres/prod/shop/base/shop-1");
         assert_eq!(location.wal, "postgres/prod/shop/wal/7301");

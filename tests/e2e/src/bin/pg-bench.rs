@@ -356,7 +356,7 @@ async fn main() {
             .await
             .ok()
             .flatten()
-            .and_then(|b| b.status?.phase)
+            .and_then(|b| b.status?.progress.phase)
             .as_deref()
             == Some("Succeeded")
     })

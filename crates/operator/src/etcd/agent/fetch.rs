@@ -57,13 +57,13 @@ impl Source {
                 region,
                 access_key_id,
                 secret_access_key,
-            } => crate::core::stores::bucket(
+            } => crate::core::backup::stores::bucket(
                 endpoint,
                 region,
                 bucket,
                 &(access_key_id.clone(), secret_access_key.clone()),
             ),
-            Source::Folder(path) => Ok(crate::core::stores::folder(path)?),
+            Source::Folder(path) => Ok(crate::core::backup::stores::folder(path)?),
         }
     }
 }

@@ -96,7 +96,7 @@ pub async fn save(s: &Save) -> Result<Saved, TakeError> {
     let taken = snapshot::take(
         &access,
         &s.endpoint,
-        crate::core::stores::folder(&s.folder)?,
+        crate::core::backup::stores::folder(&s.folder)?,
         &s.key,
         s.limit,
     )
@@ -108,7 +108,7 @@ pub async fn save(s: &Save) -> Result<Saved, TakeError> {
 pub async fn delete(folder: &Path, key: &str) -> Result<(), object_store::Error> {
     inside(key)?;
     remove_unfinished(&folder.join(key));
-    snapshot::delete(crate::core::stores::folder(folder)?, key).await
+    snapshot::delete(crate::core::backup::stores::folder(folder)?, key).await
 }
 
 /// Removes `<file>#<n>`: the staged copies of uploads that never finished (a pod killed

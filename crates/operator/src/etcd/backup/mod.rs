@@ -6,7 +6,7 @@
 //! (`crate::etcd::snapshot`, `crate::etcd::store`), or have a pod save it into the volume
 //! (`volume.rs`, which runs `crate::etcd::agent::save`) → status and Event. The cluster
 //! controller makes scheduled EtcdBackups and applies retention (`crate::etcd::backups`,
-//! `crate::core::schedule`).
+//! `crate::core::backup::schedule`).
 
 mod reconcile;
 pub mod volume;

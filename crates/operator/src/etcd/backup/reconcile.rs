@@ -22,15 +22,15 @@ use tracing::{info, warn};
 use super::Context;
 use super::volume::{self, Job, Outcome};
 use crate::core::apply::{apply_status_at, controller_reference, create_if_missing, delete_if_present};
+use crate::core::backup::schedule::elapsed;
 use crate::core::conditions::{Decided, merge};
 use crate::core::events::Announcement;
-use crate::core::schedule::elapsed;
 use crate::core::{Error, Result, crash};
 use crate::etcd::client::{Credentials, EtcdAccess};
 use crate::etcd::names::{CLUSTER_LABEL, Names};
 use crate::etcd::observe;
 use crate::etcd::snapshot::{self, TakeError};
-use crate::etcd::store::{self, Destination};
+use crate::etcd::store::{self, Destination, SnapshotDestination};
 
 /// The finalizer that deletes the snapshot with the EtcdBackup.
 pub const FINALIZER: &str = "noops.dev/etcd-backup-snapshot";
@@ -84,7 +84,7 @@ async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
     let backup = &backup;
     let mut version = backup.resource_version();
     let mut status = backup.status.clone().unwrap_or_default();
-    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+    if matches!(status.progress.phase.as_deref(), Some("Succeeded" | "Failed")) {
         if status.volume.is_some() {
             // An operator stopped between the last status write and removing its pod.
             remove_pod(backup, Job::Save, ctx).await?;
@@ -92,7 +92,7 @@ async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
         return Ok(Action::await_change());
     }
     let now = jiff::Timestamp::now();
-    let started = status.started_at.as_ref().map_or(now, |t| t.0);
+    let started = status.progress.started_at.as_ref().map_or(now, |t| t.0);
     let Some(verdict) = take_or_go_on(backup, &mut status, &mut version, started, ctx).await? else {
         return Ok(Action::requeue(Duration::from_secs(1)));
     };
@@ -135,15 +135,15 @@ async fn take_or_go_on(
                     let key = destination.key(&namespace, &backup.spec.cluster, &backup.name_any());
                     // Recorded before anything is written, so that a deletion finds it
                     // whatever happens next.
-                    status.phase = Some("Running".into());
-                    status.started_at = Some(Time(started));
+                    status.progress.phase = Some("Running".into());
+                    status.progress.started_at = Some(Time(started));
                     destination.record(status);
                     status.key = Some(key.clone());
-                    status.location = Some(destination.location(&key));
+                    status.progress.location = Some(destination.url(&key));
                     if !write_status(backup, version, ctx, status).await? {
                         return Ok(None);
                     }
-                    info!(cluster = %backup.spec.cluster, location = %destination.location(&key), "backing up");
+                    info!(cluster = %backup.spec.cluster, location = %destination.url(&key), "backing up");
                     attempt_until_deadline(backup, &cluster, &destination, &key, started, ctx).await?
                 }
             }
@@ -163,26 +163,26 @@ async fn conclude(
     ctx: &Context,
 ) -> Result<Action> {
     let mut next = status.clone();
-    next.started_at = Some(Time(started));
+    next.progress.started_at = Some(Time(started));
     let reference = backup.object_ref(&());
     let events = &ctx.core.events;
     match verdict {
         Verdict::Succeeded(taken) => {
             crash::point("backup: snapshot stored, status not written");
-            let where_ = next.location.clone().unwrap_or_default();
+            let where_ = next.progress.location.clone().unwrap_or_default();
             let note = format!(
                 "stored revision {} of cluster {:x} ({} bytes, etcd {}) at {where_}",
                 taken.revision, taken.cluster_id, taken.size, taken.version
             );
-            next.phase = Some("Succeeded".into());
-            next.size = Some(taken.size);
+            next.progress.phase = Some("Succeeded".into());
+            next.progress.size = Some(taken.size);
             next.revision = Some(taken.revision);
-            next.sha256 = Some(taken.sha256);
+            next.progress.sha256 = Some(taken.sha256);
             next.etcd_version = Some(taken.version);
             next.cluster_id = Some(format!("{:x}", taken.cluster_id));
-            next.completed_at = Some(Time(now));
-            next.conditions = merge(
-                &next.conditions,
+            next.progress.completed_at = Some(Time(now));
+            next.progress.conditions = merge(
+                &next.progress.conditions,
                 &[Decided::new(SUCCEEDED, true, "Stored", note.clone())],
                 None,
                 now,
@@ -198,9 +198,9 @@ async fn conclude(
         }
         Verdict::InProgress => Ok(Action::requeue(IN_PROGRESS_CHECK)),
         Verdict::Retry { reason, message } if elapsed(started, now) < BACKUP_DEADLINE => {
-            next.phase = Some("Running".into());
-            next.conditions = merge(
-                &next.conditions,
+            next.progress.phase = Some("Running".into());
+            next.progress.conditions = merge(
+                &next.progress.conditions,
                 &[Decided::new(SUCCEEDED, false, reason, message.clone())],
                 None,
                 now,
@@ -214,10 +214,10 @@ async fn conclude(
             Ok(Action::requeue(RETRY))
         }
         Verdict::Retry { reason, message } | Verdict::Failed { reason, message } => {
-            next.phase = Some("Failed".into());
-            next.completed_at = Some(Time(now));
-            next.conditions = merge(
-                &next.conditions,
+            next.progress.phase = Some("Failed".into());
+            next.progress.completed_at = Some(Time(now));
+            next.progress.conditions = merge(
+                &next.progress.conditions,
                 &[Decided::new(SUCCEEDED, false, reason, message.clone())],
                 None,
                 now,
@@ -421,7 +421,7 @@ async fn remove_pod(backup: &EtcdBackup, job: Job, ctx: &Context) -> Result<()> 
     let Some(pod) = pods.get_opt(&name).await? else {
         return Ok(());
     };
-    let params = crate::core::task_pod::delete_params(Some(&pod), jiff::Timestamp::now());
+    let params = crate::core::backup::task_pod::delete_params(Some(&pod), jiff::Timestamp::now());
     delete_if_present(&pods, &name, &params).await?;
     Ok(())
 }
@@ -466,7 +466,7 @@ async fn clean_up(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
         // An error keeps the finalizer (and the snapshot); the deletion is tried again.
         return Err(Error::Blocked(note));
     }
-    let where_ = destination.location(&key);
+    let where_ = destination.url(&key);
     let deleting_for = backup
         .metadata
         .deletion_timestamp

@@ -10,13 +10,14 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use noops_api::etcd::VolumeDestination;
 
+use crate::core::backup::task_pod;
+pub use crate::core::backup::task_pod::{Outcome, outcome};
 use crate::core::labels;
-use crate::core::task_pod;
-pub use crate::core::task_pod::{Outcome, outcome};
 use crate::etcd::names::Names;
 
+use crate::core::backup::destination::claim_volume;
 use crate::etcd::agent::save::Saved;
-use crate::etcd::store::{MOUNT, claim_mount, claim_volume};
+use crate::etcd::store::MOUNT;
 
 /// Where the client certificate is mounted.
 const TLS_MOUNT: &str = "/tls";
@@ -65,8 +66,9 @@ pub fn save_pod(
         format!("--key={key}"),
         format!("--limit-seconds={limit_seconds}"),
     ];
-    let mut mounts = vec![claim_mount(false)];
-    let mut volumes = vec![claim_volume(destination, false)];
+    let (volume, mount) = claim_volume(&destination.claim_name, "backup", MOUNT, false);
+    let mut mounts = vec![mount];
+    let mut volumes = vec![volume];
     if names.tls {
         args.push(format!("--tls-dir={TLS_MOUNT}"));
         args.push(format!("--server-name={}", names.tls_name()));
@@ -104,17 +106,8 @@ pub fn delete_pod(
         format!("--folder={MOUNT}"),
         format!("--key={key}"),
     ];
-    let volumes = vec![claim_volume(destination, false)];
-    pod(
-        name,
-        place,
-        Job::Delete,
-        args,
-        vec![claim_mount(false)],
-        volumes,
-        image,
-        owner,
-    )
+    let (volume, mount) = claim_volume(&destination.claim_name, "backup", MOUNT, false);
+    pod(name, place, Job::Delete, args, vec![mount], vec![volume], image, owner)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -184,6 +177,7 @@ mod tests {
         VolumeDestination {
             claim_name: "backups".into(),
             prefix: "etcd".into(),
+            engine: std::marker::PhantomData,
         }
     }
 

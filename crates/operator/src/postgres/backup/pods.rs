@@ -14,7 +14,7 @@ use noops_api::postgres::BackupLocation;
 use crate::core::labels;
 use crate::postgres::image::{POSTGRES_UID, image};
 use crate::postgres::names::{CONTROLLER_DIR, INSTANCE_MANAGER, Names};
-use crate::postgres::store::{self, Destination, Role};
+use crate::postgres::store::{self, BaseBackupDestination, Destination, Role};
 
 /// The component label of these pods: the controller watches them by it.
 pub const COMPONENT: &str = "postgres-backup";

@@ -24,16 +24,16 @@ use tracing::{info, warn};
 use super::Context;
 use super::pods::{self, Job, Place};
 use crate::core::apply::{apply_status_at, controller_reference, create_if_missing, delete_if_present};
+use crate::core::backup::schedule::elapsed;
+use crate::core::backup::task_pod::{self, Outcome};
 use crate::core::conditions::{Decided, merge};
 use crate::core::events::Announcement;
-use crate::core::schedule::elapsed;
-use crate::core::task_pod::{self, Outcome};
 use crate::core::{Error, Result, crash};
 use crate::postgres::instance::base_backup::Taken;
 use crate::postgres::instance::wal::segment_name;
 use crate::postgres::names::Names;
 use crate::postgres::observe;
-use crate::postgres::store::Destination;
+use crate::postgres::store::{BaseBackupDestination, Destination};
 
 /// The finalizer that deletes the base backup with the PostgresBackup.
 pub const FINALIZER: &str = "noops.dev/postgres-backup";
@@ -95,13 +95,13 @@ async fn make(cached: &PostgresBackup, ctx: &Context) -> Result<Action> {
     let backup = &backup;
     let mut version = backup.resource_version();
     let mut status = backup.status.clone().unwrap_or_default();
-    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+    if matches!(status.progress.phase.as_deref(), Some("Succeeded" | "Failed")) {
         // An operator stopped between the last status write and removing the pod (or a pod
         // left on a dead node, removed once its grace has passed).
         return remove_pod(backup, Job::Base, ctx).await;
     }
     let now = jiff::Timestamp::now();
-    let started = status.started_at.as_ref().map_or(now, |t| t.0);
+    let started = status.progress.started_at.as_ref().map_or(now, |t| t.0);
     let databases: Api<PostgreSQL> = Api::namespaced(ctx.client.clone(), &namespace);
     let pg = databases.get_opt(&backup.spec.postgresql).await?;
     let verdict = match (&pg, status.destination.clone()) {
@@ -129,10 +129,10 @@ async fn make(cached: &PostgresBackup, ctx: &Context) -> Result<Action> {
             Ok((location, url)) => {
                 // Recorded before anything is written, so that a deletion finds it whatever
                 // happens next.
-                status.phase = Some("Running".into());
-                status.started_at = Some(Time(started));
+                status.progress.phase = Some("Running".into());
+                status.progress.started_at = Some(Time(started));
                 status.destination = Some(location.clone());
-                status.location = Some(url.clone());
+                status.progress.location = Some(url.clone());
                 status.pod = Some(pod_name(backup, Job::Base));
                 if !write_status(backup, &mut version, ctx, &status).await? {
                     return Ok(Action::requeue(Duration::from_secs(1)));
@@ -165,7 +165,7 @@ fn where_to(pg: &PostgreSQL, backup: &str) -> std::result::Result<(BackupLocatio
             message: format!("PostgreSQL {} has not served yet", names.name),
         });
     };
-    let root = destination.root(&names.namespace, &names.name);
+    let root = destination.folder(&names.namespace, &names.name);
     let location = destination.location(&root, backup, &system_id);
     let url = destination.url(&location.base);
     Ok((location, url))
@@ -183,13 +183,13 @@ async fn settle(
     ctx: &Context,
 ) -> Result<Action> {
     let mut next = status.clone();
-    next.started_at = Some(Time(started));
+    next.progress.started_at = Some(Time(started));
     let reference = backup.object_ref(&());
     let events = &ctx.core.events;
     match verdict {
         Verdict::Succeeded(taken) => {
             crash::point("postgres backup: stored, status not written");
-            let where_ = next.location.clone().unwrap_or_default();
+            let where_ = next.progress.location.clone().unwrap_or_default();
             let note = format!(
                 "stored a base backup of {} bytes at {where_}: WAL {} to {} on timeline {}",
                 taken.size, taken.start_wal, taken.end_wal, taken.timeline
@@ -202,17 +202,17 @@ async fn settle(
                     location.wal = crate::postgres::store::wal_folder(&root, &taken.system_identifier);
                 }
             }
-            next.phase = Some("Succeeded".into());
-            next.size = Some(taken.size);
-            next.sha256 = Some(taken.sha256);
+            next.progress.phase = Some("Succeeded".into());
+            next.progress.size = Some(taken.size);
+            next.progress.sha256 = Some(taken.sha256);
             next.start_wal = Some(taken.start_wal);
             next.end_wal = Some(taken.end_wal);
             next.timeline = Some(taken.timeline);
             next.system_identifier = Some(taken.system_identifier);
             next.server_version = Some(taken.server_version);
-            next.completed_at = Some(Time(now));
-            next.conditions = merge(
-                &next.conditions,
+            next.progress.completed_at = Some(Time(now));
+            next.progress.conditions = merge(
+                &next.progress.conditions,
                 &[Decided::new(SUCCEEDED, true, "Stored", note.clone())],
                 None,
                 now,
@@ -228,9 +228,9 @@ async fn settle(
         }
         Verdict::InProgress => {
             let message = format!("pod {} takes the base backup", pod_name(backup, Job::Base));
-            next.phase = Some("Running".into());
-            next.conditions = merge(
-                &next.conditions,
+            next.progress.phase = Some("Running".into());
+            next.progress.conditions = merge(
+                &next.progress.conditions,
                 &[Decided::new(SUCCEEDED, false, "InProgress", message)],
                 None,
                 now,
@@ -241,9 +241,9 @@ async fn settle(
             Ok(Action::requeue(IN_PROGRESS_CHECK))
         }
         Verdict::Wait { reason, message } if elapsed(started, now) < WAIT_DEADLINE => {
-            next.phase = Some("Running".into());
-            next.conditions = merge(
-                &next.conditions,
+            next.progress.phase = Some("Running".into());
+            next.progress.conditions = merge(
+                &next.progress.conditions,
                 &[Decided::new(SUCCEEDED, false, reason, message.clone())],
                 None,
                 now,
@@ -257,10 +257,10 @@ async fn settle(
             Ok(Action::requeue(RETRY))
         }
         Verdict::Wait { reason, message } | Verdict::Failed { reason, message } => {
-            next.phase = Some("Failed".into());
-            next.completed_at = Some(Time(now));
-            next.conditions = merge(
-                &next.conditions,
+            next.progress.phase = Some("Failed".into());
+            next.progress.completed_at = Some(Time(now));
+            next.progress.conditions = merge(
+                &next.progress.conditions,
                 &[Decided::new(SUCCEEDED, false, reason, message.clone())],
                 None,
                 now,
@@ -421,7 +421,7 @@ pub fn keep_wal_from(backup: &PostgresBackup, all: &[PostgresBackup]) -> Option<
     let unfinished = all.iter().any(|b| {
         b.spec.postgresql == backup.spec.postgresql
             && !matches!(
-                b.status.as_ref().and_then(|s| s.phase.as_deref()),
+                b.status.as_ref().and_then(|s| s.progress.phase.as_deref()),
                 Some("Succeeded" | "Failed")
             )
     });
@@ -432,7 +432,7 @@ pub fn keep_wal_from(backup: &PostgresBackup, all: &[PostgresBackup]) -> Option<
         .filter(|b| b.name_any() != backup.name_any() && b.metadata.deletion_timestamp.is_none())
         .filter_map(|b| {
             let status = b.status.as_ref()?;
-            if status.phase.as_deref() != Some("Succeeded") || status.destination.as_ref()?.wal != wal {
+            if status.progress.phase.as_deref() != Some("Succeeded") || status.destination.as_ref()?.wal != wal {
                 return None;
             }
             segment_name(status.start_wal.as_deref()?, status.timeline?)
@@ -468,7 +468,7 @@ async fn clean_up(backup: &PostgresBackup, ctx: &Context) -> Result<Action> {
         remove_pod(backup, Job::Base, ctx).await?;
         return Err(Error::UnderWay(format!("stopping the pod taking backup {name}")));
     }
-    let where_ = status.location.clone().unwrap_or_default();
+    let where_ = status.progress.location.clone().unwrap_or_default();
     let deleting_for = backup
         .metadata
         .deletion_timestamp

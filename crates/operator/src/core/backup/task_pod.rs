@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::DeleteParams;
 
-use super::stuck::stuck;
+use crate::core::stuck::stuck;
 
 /// The name of the pod that does `job` for `owner` (uid `uid`): `<owner>-<job>`, shortened
 /// with the uid's start when that is too long for a pod.
