@@ -9,7 +9,9 @@
 //!
 //! The API types beside it are in `noops_api::backup` (the destinations, `BackupProgress`).
 
+pub mod controller;
 pub mod destination;
+pub mod progress;
 pub mod schedule;
 pub mod stores;
 pub mod task_pod;

@@ -12,19 +12,21 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::ListParams;
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 use noops_api::EtcdCluster;
+use noops_api::backup::BackupProgress;
 use noops_api::etcd::{S3Destination, VolumeDestination};
 use noops_api::etcd_backup::{EtcdBackup, EtcdBackupStatus};
-use tracing::{info, warn};
+use tracing::info;
 
-use super::Context;
 use super::volume::{self, Job, Outcome};
-use crate::core::apply::{apply_status_at, controller_reference, create_if_missing, delete_if_present};
+use crate::core::apply::{controller_reference, create_if_missing};
+use crate::core::backup::controller::{
+    BackupResource, Context, Deletion, conclude, deleting_for, finish_clean_up, latest, remove_pod, with_finalizer,
+    write_status,
+};
+use crate::core::backup::progress::{self, Timing};
 use crate::core::backup::schedule::elapsed;
-use crate::core::conditions::{Decided, merge};
-use crate::core::events::Announcement;
 use crate::core::{Error, Result, crash};
 use crate::etcd::client::{Credentials, EtcdAccess};
 use crate::etcd::names::{CLUSTER_LABEL, Names};
@@ -36,67 +38,85 @@ use crate::etcd::store::{self, Destination, SnapshotDestination};
 pub const FINALIZER: &str = "noops.dev/etcd-backup-snapshot";
 /// How long a backup is tried before it fails.
 pub const BACKUP_DEADLINE: Duration = Duration::from_secs(600);
-/// How soon an interrupted backup is tried again.
-const RETRY: Duration = Duration::from_secs(5);
-/// How often a pod saving a backup is looked at, besides when it changes.
-const IN_PROGRESS_CHECK: Duration = Duration::from_secs(10);
+/// How soon an interrupted backup is tried again, and how often a pod saving one is looked at
+/// besides when it changes.
+const TIMING: Timing = Timing {
+    wait_deadline: BACKUP_DEADLINE,
+    retry: Duration::from_secs(5),
+    in_progress_check: Duration::from_secs(10),
+};
 
-const SUCCEEDED: &str = "Succeeded";
+impl BackupResource for EtcdBackup {
+    type Status = EtcdBackupStatus;
+
+    fn progress_mut(status: &mut EtcdBackupStatus) -> &mut BackupProgress {
+        &mut status.progress
+    }
+}
 
 pub async fn reconcile(backup: Arc<EtcdBackup>, ctx: &Context) -> Result<Action> {
-    let namespace = backup.namespace().unwrap_or_default();
-    let api: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &namespace);
-    let result = finalizer(&api, FINALIZER, backup, |event| async {
-        match event {
-            Finalizer::Apply(backup) => make(&backup, ctx).await,
-            Finalizer::Cleanup(backup) => clean_up(&backup, ctx).await,
-        }
-    })
-    .await;
-    crate::core::error::from_finalizer(result)
+    with_finalizer(
+        backup,
+        &ctx.client,
+        FINALIZER,
+        |backup| async move { make(&backup, ctx).await },
+        |backup| async move { clean_up(&backup, ctx).await },
+    )
+    .await
 }
 
 /// Where a backup stands after this pass.
-enum Verdict {
-    Succeeded(snapshot::Taken),
-    /// A pod is saving it (to a volume): looked at again when the pod changes.
-    InProgress,
-    /// Not this time; tried again unless past the deadline.
-    Retry {
-        reason: &'static str,
-        message: String,
-    },
-    /// Cannot be made as things stand.
-    Failed {
-        reason: &'static str,
-        message: String,
-    },
+type Verdict = progress::Verdict<snapshot::Taken>;
+
+fn pod_name(backup: &EtcdBackup, job: Job) -> String {
+    volume::pod_name(&backup.name_any(), &backup.uid().unwrap_or_default(), job)
 }
 
 async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
-    let namespace = cached.namespace().unwrap_or_default();
-    // The watch cache may not have seen the last status yet: a snapshot is taken only on the
-    // latest word, and every status write below is made over that version.
-    let api: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &namespace);
-    let Some(backup) = api.get_opt(&cached.name_any()).await? else {
+    let Some(backup) = latest(&ctx.client, cached).await? else {
         return Ok(Action::await_change());
     };
     let backup = &backup;
     let mut version = backup.resource_version();
     let mut status = backup.status.clone().unwrap_or_default();
-    if matches!(status.progress.phase.as_deref(), Some("Succeeded" | "Failed")) {
-        if status.volume.is_some() {
-            // An operator stopped between the last status write and removing its pod.
-            remove_pod(backup, Job::Save, ctx).await?;
-        }
-        return Ok(Action::await_change());
+    if status.progress.is_done() {
+        // An operator stopped between the last status write and removing its pod.
+        return remove_pod(&ctx.client, backup, &pod_name(backup, Job::Save)).await;
     }
     let now = jiff::Timestamp::now();
     let started = status.progress.started_at.as_ref().map_or(now, |t| t.0);
     let Some(verdict) = take_or_go_on(backup, &mut status, &mut version, started, ctx).await? else {
         return Ok(Action::requeue(Duration::from_secs(1)));
     };
-    conclude(backup, &status, &mut version, verdict, started, now, ctx).await
+    let mut next = status.clone();
+    let verdict = verdict.map_succeeded(|taken| {
+        crash::point("backup: snapshot stored, status not written");
+        let note = format!(
+            "stored revision {} of cluster {:x} ({} bytes, etcd {}) at {}",
+            taken.revision,
+            taken.cluster_id,
+            taken.size,
+            taken.version,
+            next.progress.location.clone().unwrap_or_default()
+        );
+        next.progress.size = Some(taken.size);
+        next.progress.sha256 = Some(taken.sha256);
+        next.revision = Some(taken.revision);
+        next.etcd_version = Some(taken.version);
+        next.cluster_id = Some(format!("{:x}", taken.cluster_id));
+        note
+    });
+    let settled = progress::settle(&next.progress, verdict, started, now, TIMING);
+    conclude(
+        ctx,
+        backup,
+        &mut version,
+        &status,
+        next,
+        settled,
+        &pod_name(backup, Job::Save),
+    )
+    .await
 }
 
 /// The snapshot taken (or one more attempt at it), recorded where it goes first: what came of
@@ -140,7 +160,7 @@ async fn take_or_go_on(
                     destination.record(status);
                     status.key = Some(key.clone());
                     status.progress.location = Some(destination.url(&key));
-                    if !write_status(backup, version, ctx, status).await? {
+                    if !write_status(&ctx.client, backup, version, status).await? {
                         return Ok(None);
                     }
                     info!(cluster = %backup.spec.cluster, location = %destination.url(&key), "backing up");
@@ -149,88 +169,6 @@ async fn take_or_go_on(
             }
         }
     }))
-}
-
-/// The status and the Event of what came of an attempt: stored, still going, to be tried
-/// again (until the deadline), or failed. The save pod of a volume backup goes once it ended.
-async fn conclude(
-    backup: &EtcdBackup,
-    status: &EtcdBackupStatus,
-    version: &mut Option<String>,
-    verdict: Verdict,
-    started: jiff::Timestamp,
-    now: jiff::Timestamp,
-    ctx: &Context,
-) -> Result<Action> {
-    let mut next = status.clone();
-    next.progress.started_at = Some(Time(started));
-    let reference = backup.object_ref(&());
-    let events = &ctx.core.events;
-    match verdict {
-        Verdict::Succeeded(taken) => {
-            crash::point("backup: snapshot stored, status not written");
-            let where_ = next.progress.location.clone().unwrap_or_default();
-            let note = format!(
-                "stored revision {} of cluster {:x} ({} bytes, etcd {}) at {where_}",
-                taken.revision, taken.cluster_id, taken.size, taken.version
-            );
-            next.progress.phase = Some("Succeeded".into());
-            next.progress.size = Some(taken.size);
-            next.revision = Some(taken.revision);
-            next.progress.sha256 = Some(taken.sha256);
-            next.etcd_version = Some(taken.version);
-            next.cluster_id = Some(format!("{:x}", taken.cluster_id));
-            next.progress.completed_at = Some(Time(now));
-            next.progress.conditions = merge(
-                &next.progress.conditions,
-                &[Decided::new(SUCCEEDED, true, "Stored", note.clone())],
-                None,
-                now,
-            );
-            if !write_status(backup, version, ctx, &next).await? {
-                return Ok(Action::requeue(Duration::from_secs(1)));
-            }
-            events
-                .tell(&reference, Announcement::normal("BackupSucceeded", note))
-                .await;
-            remove_pod(backup, Job::Save, ctx).await?;
-            Ok(Action::await_change())
-        }
-        Verdict::InProgress => Ok(Action::requeue(IN_PROGRESS_CHECK)),
-        Verdict::Retry { reason, message } if elapsed(started, now) < BACKUP_DEADLINE => {
-            next.progress.phase = Some("Running".into());
-            next.progress.conditions = merge(
-                &next.progress.conditions,
-                &[Decided::new(SUCCEEDED, false, reason, message.clone())],
-                None,
-                now,
-            );
-            if *status != next {
-                if !write_status(backup, version, ctx, &next).await? {
-                    return Ok(Action::requeue(Duration::from_secs(1)));
-                }
-                info!(reason, "the backup waits: {message}");
-            }
-            Ok(Action::requeue(RETRY))
-        }
-        Verdict::Retry { reason, message } | Verdict::Failed { reason, message } => {
-            next.progress.phase = Some("Failed".into());
-            next.progress.completed_at = Some(Time(now));
-            next.progress.conditions = merge(
-                &next.progress.conditions,
-                &[Decided::new(SUCCEEDED, false, reason, message.clone())],
-                None,
-                now,
-            );
-            if !write_status(backup, version, ctx, &next).await? {
-                return Ok(Action::requeue(Duration::from_secs(1)));
-            }
-            warn!(reason, "the backup failed: {message}");
-            events.publish(&reference, Announcement::warning(reason, message)).await;
-            remove_pod(backup, Job::Save, ctx).await?;
-            Ok(Action::await_change())
-        }
-    }
 }
 
 /// One attempt with what is left of the backup's deadline: a snapshot stream that stalls (a
@@ -277,7 +215,7 @@ async fn source(
         observe::pod_endpoint(pod, &names)
     });
     let Some(endpoint) = endpoint else {
-        return Ok(Err(Verdict::Retry {
+        return Ok(Err(Verdict::Wait {
             reason: "NoHealthyMember",
             message: format!("no healthy member of {} to take a snapshot from", names.cluster),
         }));
@@ -287,7 +225,7 @@ async fn source(
     }
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
     let Some(secret) = secrets.get_opt(&names.client_secret()).await? else {
-        return Ok(Err(Verdict::Retry {
+        return Ok(Err(Verdict::Wait {
             reason: "NoClientCertificate",
             message: format!("Secret {} is not there yet", names.client_secret()),
         }));
@@ -310,7 +248,7 @@ async fn attempt_to_bucket(
     let bucket = match store::open(&ctx.client, &Names::of(cluster).namespace, destination).await {
         Ok(bucket) => bucket,
         Err(e) => {
-            return Ok(Verdict::Retry {
+            return Ok(Verdict::Wait {
                 reason: "StoreUnavailable",
                 message: e.to_string(),
             });
@@ -319,15 +257,15 @@ async fn attempt_to_bucket(
     Ok(
         match snapshot::take(&EtcdAccess::new(credentials), &endpoint, bucket, key, limit).await {
             Ok(taken) => Verdict::Succeeded(taken),
-            Err(e @ TakeError::Stalled(_)) => Verdict::Retry {
+            Err(e @ TakeError::Stalled(_)) => Verdict::Wait {
                 reason: "SnapshotStalled",
                 message: e.to_string(),
             },
-            Err(e @ (TakeError::Etcd(_) | TakeError::Stream(_) | TakeError::Empty)) => Verdict::Retry {
+            Err(e @ (TakeError::Etcd(_) | TakeError::Stream(_) | TakeError::Empty)) => Verdict::Wait {
                 reason: "SnapshotFailed",
                 message: e.to_string(),
             },
-            Err(e @ TakeError::Store(_)) => Verdict::Retry {
+            Err(e @ TakeError::Store(_)) => Verdict::Wait {
                 reason: "UploadFailed",
                 message: e.to_string(),
             },
@@ -354,7 +292,7 @@ async fn attempt_to_volume(
         Outcome::NotStarted => {
             let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
             if claims.get_opt(&destination.claim_name).await?.is_none() {
-                return Ok(Verdict::Retry {
+                return Ok(Verdict::Wait {
                     reason: "ClaimNotFound",
                     message: format!(
                         "PersistentVolumeClaim {:?} (backup.volume.claimName) does not exist in this namespace",
@@ -367,7 +305,7 @@ async fn attempt_to_volume(
                 Err(verdict) => return Ok(verdict),
             };
             let Some(owner) = controller_reference(backup) else {
-                return Ok(Verdict::Retry {
+                return Ok(Verdict::Wait {
                     reason: "NotStored",
                     message: "the EtcdBackup has no uid yet".into(),
                 });
@@ -379,33 +317,33 @@ async fn attempt_to_volume(
             if create_if_missing(&pods, &pod).await? {
                 info!(pod = %name, %endpoint, "a pod saves the snapshot into the volume");
             }
-            Ok(Verdict::InProgress)
+            Ok(saving(&name))
         }
         Outcome::Running if limit.is_zero() => {
-            remove_pod(backup, Job::Save, ctx).await?;
-            Ok(Verdict::Retry {
+            remove_pod(&ctx.client, backup, &pod_name(backup, Job::Save)).await?;
+            Ok(Verdict::Wait {
                 reason: "SnapshotStalled",
                 message: format!("pod {name} did not save the snapshot in time"),
             })
         }
-        Outcome::Running => Ok(Verdict::InProgress),
-        Outcome::Stuck(message) => Ok(Verdict::Retry {
+        Outcome::Running => Ok(saving(&name)),
+        Outcome::Stuck(message) => Ok(Verdict::Wait {
             reason: "BackupPodStuck",
             message,
         }),
         Outcome::Succeeded(message) => match volume::saved(&message).and_then(|s| s.into_taken()) {
             Some(taken) => Ok(Verdict::Succeeded(taken)),
             None => {
-                remove_pod(backup, Job::Save, ctx).await?;
-                Ok(Verdict::Retry {
+                remove_pod(&ctx.client, backup, &pod_name(backup, Job::Save)).await?;
+                Ok(Verdict::Wait {
                     reason: "SnapshotFailed",
                     message: format!("pod {name} ended without saying what it saved: {message:?}"),
                 })
             }
         },
         Outcome::Failed(message) => {
-            remove_pod(backup, Job::Save, ctx).await?;
-            Ok(Verdict::Retry {
+            remove_pod(&ctx.client, backup, &pod_name(backup, Job::Save)).await?;
+            Ok(Verdict::Wait {
                 reason: "SnapshotFailed",
                 message,
             })
@@ -413,28 +351,10 @@ async fn attempt_to_volume(
     }
 }
 
-/// Deletes the pod of `job` for `backup`, if there is one (at once if it was deleted already
-/// and its node never confirmed it: a dead node).
-async fn remove_pod(backup: &EtcdBackup, job: Job, ctx: &Context) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
-    let name = volume::pod_name(&backup.name_any(), &backup.uid().unwrap_or_default(), job);
-    let Some(pod) = pods.get_opt(&name).await? else {
-        return Ok(());
-    };
-    let params = crate::core::backup::task_pod::delete_params(Some(&pod), jiff::Timestamp::now());
-    delete_if_present(&pods, &name, &params).await?;
-    Ok(())
-}
-
-/// Writes the status over `version` of `backup` (see [`apply_status_at`]).
-async fn write_status(
-    backup: &EtcdBackup,
-    version: &mut Option<String>,
-    ctx: &Context,
-    status: &EtcdBackupStatus,
-) -> Result<bool> {
-    let api: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
-    Ok(apply_status_at(&api, &backup.name_any(), version, status).await?)
+fn saving(pod: &str) -> Verdict {
+    Verdict::InProgress {
+        message: format!("pod {pod} saves the snapshot into the volume"),
+    }
 }
 
 /// How long the deletion of a snapshot is tried (the store away for a moment) before it is
@@ -466,43 +386,29 @@ async fn clean_up(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
         // An error keeps the finalizer (and the snapshot); the deletion is tried again.
         return Err(Error::Blocked(note));
     }
-    let where_ = destination.url(&key);
-    let deleting_for = backup
-        .metadata
-        .deletion_timestamp
-        .as_ref()
-        .map_or(Duration::ZERO, |t| elapsed(t.0, jiff::Timestamp::now()));
+    let what = format!("the snapshot at {}", destination.url(&key));
     let deleted = match &destination {
         Destination::S3(s3) => match store::open(&ctx.client, &namespace, s3).await {
-            Ok(bucket) => snapshot::delete(bucket, &key).await.map_err(|e| (e.to_string(), true)),
+            Ok(bucket) => snapshot::delete(bucket, &key)
+                .await
+                .map(|()| "deleted".to_string())
+                .map_err(|e| (e.to_string(), true)),
             // Without its keys it will never be deleted: no use waiting.
             Err(e @ (store::StoreError::Credentials { .. } | store::StoreError::MissingKey { .. })) => {
                 Err((e.to_string(), false))
             }
             Err(e) => Err((e.to_string(), true)),
         },
-        Destination::Volume(volume) => match delete_from_volume(backup, volume, &key, deleting_for, ctx).await? {
-            Some(deleted) => deleted,
-            None => return Err(Error::UnderWay(format!("a pod is deleting the snapshot at {where_}"))),
-        },
+        Destination::Volume(volume) => {
+            let deleting_for = deleting_for(backup, jiff::Timestamp::now());
+            match delete_from_volume(backup, volume, &key, deleting_for, ctx).await? {
+                Some(deleted) => deleted,
+                None => return Err(Error::UnderWay(format!("a pod is deleting {what}"))),
+            }
+        }
     };
-    match deleted {
-        Ok(()) => info!(location = %where_, "deleted the snapshot of a deleted backup"),
-        Err((e, true)) if deleting_for < CLEANUP_DEADLINE => {
-            return Err(Error::Blocked(format!(
-                "could not delete the snapshot at {where_} yet: {e}"
-            )));
-        }
-        Err((e, _)) => {
-            let note = format!("could not delete the snapshot at {where_}: {e}; it is left in the store");
-            ctx.core
-                .events
-                .tell(&backup.object_ref(&()), Announcement::warning("SnapshotKept", note))
-                .await;
-            remove_pod(backup, Job::Delete, ctx).await?;
-        }
-    }
-    Ok(Action::await_change())
+    let pod = pod_name(backup, Job::Delete);
+    finish_clean_up(ctx, backup, deleted, CLEANUP_DEADLINE, &what, "SnapshotKept", &pod).await
 }
 
 /// One look at the deletion of a snapshot in a volume, by a pod: `None` while it is under
@@ -516,19 +422,14 @@ async fn delete_from_volume(
     key: &str,
     deleting_for: Duration,
     ctx: &Context,
-) -> Result<Option<std::result::Result<(), (String, bool)>>> {
+) -> Result<Option<Deletion>> {
     let namespace = backup.namespace().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    let uid = backup.uid().unwrap_or_default();
-    if pods
-        .get_opt(&volume::pod_name(&backup.name_any(), &uid, Job::Save))
-        .await?
-        .is_some()
-    {
-        remove_pod(backup, Job::Save, ctx).await?;
+    if pods.get_opt(&pod_name(backup, Job::Save)).await?.is_some() {
+        remove_pod(&ctx.client, backup, &pod_name(backup, Job::Save)).await?;
         return Ok(None);
     }
-    let name = volume::pod_name(&backup.name_any(), &uid, Job::Delete);
+    let name = pod_name(backup, Job::Delete);
     let pod = pods.get_opt(&name).await?;
     Ok(match volume::outcome(pod.as_ref(), jiff::Timestamp::now()) {
         Outcome::NotStarted => {
@@ -539,13 +440,13 @@ async fn delete_from_volume(
                 .await?
                 .is_some_and(|b| b.finalizers().iter().any(|f| f == FINALIZER));
             if !still_ours {
-                return Ok(Some(Ok(())));
+                return Ok(Some(Ok("its finalizer was gone already".to_string())));
             }
             let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
             let claim = claims.get_opt(&destination.claim_name).await?;
             if claim.is_none_or(|c| c.metadata.deletion_timestamp.is_some()) {
                 // The volume went (or is going), and the snapshot with it.
-                return Ok(Some(Ok(())));
+                return Ok(Some(Ok("the volume is gone".to_string())));
             }
             let Some(owner) = controller_reference(backup) else {
                 return Ok(Some(Err(("the EtcdBackup has no uid".into(), false))));
@@ -563,13 +464,10 @@ async fn delete_from_volume(
         ))),
         Outcome::Running => None,
         Outcome::Stuck(message) => Some(Err((message, true))),
-        Outcome::Succeeded(_) => {
-            remove_pod(backup, Job::Delete, ctx).await?;
-            Some(Ok(()))
-        }
+        Outcome::Succeeded(_) => Some(Ok("deleted".to_string())),
         Outcome::Failed(message) => {
             // The next pass makes a fresh pod.
-            remove_pod(backup, Job::Delete, ctx).await?;
+            remove_pod(&ctx.client, backup, &pod_name(backup, Job::Delete)).await?;
             Some(Err((message, true)))
         }
     })

@@ -14,20 +14,22 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::ListParams;
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 use noops_api::PostgreSQL;
+use noops_api::backup::BackupProgress;
 use noops_api::postgres::BackupLocation;
 use noops_api::postgres_backup::{PostgresBackup, PostgresBackupStatus};
-use tracing::{info, warn};
+use tracing::info;
 
-use super::Context;
 use super::pods::{self, Job, Place};
-use crate::core::apply::{apply_status_at, controller_reference, create_if_missing, delete_if_present};
+use crate::core::apply::{controller_reference, create_if_missing};
+use crate::core::backup::controller::{
+    BackupResource, Context, Deletion, conclude, deleting_for, finish_clean_up, latest, remove_pod, with_finalizer,
+    write_status,
+};
+use crate::core::backup::progress::{self, Timing};
 use crate::core::backup::schedule::elapsed;
 use crate::core::backup::task_pod::{self, Outcome};
-use crate::core::conditions::{Decided, merge};
-use crate::core::events::Announcement;
 use crate::core::{Error, Result, crash};
 use crate::postgres::instance::base_backup::Taken;
 use crate::postgres::instance::wal::segment_name;
@@ -41,67 +43,58 @@ pub const FINALIZER: &str = "noops.dev/postgres-backup";
 pub const WAIT_DEADLINE: Duration = Duration::from_secs(600);
 /// How long a base backup pod may run before it is stopped and the backup fails.
 pub const RUN_DEADLINE: Duration = Duration::from_secs(6 * 3600);
-/// How soon a waiting backup is looked at again.
-const RETRY: Duration = Duration::from_secs(5);
-/// How often a running base backup pod is looked at, besides when it changes.
-const IN_PROGRESS_CHECK: Duration = Duration::from_secs(30);
+/// How soon a waiting backup is looked at again, and how often a running base backup pod is
+/// looked at besides when it changes.
+const TIMING: Timing = Timing {
+    wait_deadline: WAIT_DEADLINE,
+    retry: Duration::from_secs(5),
+    in_progress_check: Duration::from_secs(30),
+};
 /// How long the deletion of a backup is tried before it is given up, and the PostgresBackup
 /// goes anyway (its files are left in the store, with a Warning).
 const CLEANUP_DEADLINE: Duration = Duration::from_secs(300);
 
-const SUCCEEDED: &str = "Succeeded";
+impl BackupResource for PostgresBackup {
+    type Status = PostgresBackupStatus;
+
+    fn progress_mut(status: &mut PostgresBackupStatus) -> &mut BackupProgress {
+        &mut status.progress
+    }
+}
 
 pub async fn reconcile(backup: Arc<PostgresBackup>, ctx: &Context) -> Result<Action> {
-    let namespace = backup.namespace().unwrap_or_default();
-    let api: Api<PostgresBackup> = Api::namespaced(ctx.client.clone(), &namespace);
-    let result = finalizer(&api, FINALIZER, backup, |event| async {
-        match event {
-            Finalizer::Apply(backup) => make(&backup, ctx).await,
-            Finalizer::Cleanup(backup) => clean_up(&backup, ctx).await,
-        }
-    })
-    .await;
-    crate::core::error::from_finalizer(result)
+    with_finalizer(
+        backup,
+        &ctx.client,
+        FINALIZER,
+        |backup| async move { make(&backup, ctx).await },
+        |backup| async move { clean_up(&backup, ctx).await },
+    )
+    .await
 }
 
 /// Where a backup stands after this pass.
-enum Verdict {
-    Succeeded(Box<Taken>),
-    /// Its pod is taking it.
-    InProgress,
-    /// Not yet: waits, up to the deadline.
-    Wait {
-        reason: &'static str,
-        message: String,
-    },
-    Failed {
-        reason: &'static str,
-        message: String,
-    },
-}
+type Verdict = progress::Verdict<Box<Taken>>;
 
 fn pod_name(backup: &PostgresBackup, job: Job) -> String {
     task_pod::name(&backup.name_any(), &backup.uid().unwrap_or_default(), job.verb())
 }
 
 async fn make(cached: &PostgresBackup, ctx: &Context) -> Result<Action> {
-    let namespace = cached.namespace().unwrap_or_default();
-    // The watch cache may not have seen the last status yet: the work is decided on the
-    // latest word, and every status write below is made over that version.
-    let api: Api<PostgresBackup> = Api::namespaced(ctx.client.clone(), &namespace);
-    let Some(backup) = api.get_opt(&cached.name_any()).await? else {
+    let Some(backup) = latest(&ctx.client, cached).await? else {
         return Ok(Action::await_change());
     };
     let backup = &backup;
     let mut version = backup.resource_version();
     let mut status = backup.status.clone().unwrap_or_default();
-    if matches!(status.progress.phase.as_deref(), Some("Succeeded" | "Failed")) {
+    if status.progress.is_done() {
         // An operator stopped between the last status write and removing the pod (or a pod
         // left on a dead node, removed once its grace has passed).
-        return remove_pod(backup, Job::Base, ctx).await;
+        return remove_pod(&ctx.client, backup, &pod_name(backup, Job::Base)).await;
     }
     let now = jiff::Timestamp::now();
     let started = status.progress.started_at.as_ref().map_or(now, |t| t.0);
+    let namespace = backup.namespace().unwrap_or_default();
     let databases: Api<PostgreSQL> = Api::namespaced(ctx.client.clone(), &namespace);
     let pg = databases.get_opt(&backup.spec.postgresql).await?;
     let verdict = match (&pg, status.destination.clone()) {
@@ -110,7 +103,7 @@ async fn make(cached: &PostgresBackup, ctx: &Context) -> Result<Action> {
         // (a backup it stored is whole, and is kept as such).
         (None, destination) => {
             let under_way = match destination {
-                Some(_) => progress(backup, started, now, ctx).await?,
+                Some(_) => pod_progress(backup, started, now, ctx).await?,
                 None => None,
             };
             under_way.unwrap_or_else(|| Verdict::Wait {
@@ -134,7 +127,7 @@ async fn make(cached: &PostgresBackup, ctx: &Context) -> Result<Action> {
                 status.destination = Some(location.clone());
                 status.progress.location = Some(url.clone());
                 status.pod = Some(pod_name(backup, Job::Base));
-                if !write_status(backup, &mut version, ctx, &status).await? {
+                if !write_status(&ctx.client, backup, &mut version, &status).await? {
                     return Ok(Action::requeue(Duration::from_secs(1)));
                 }
                 crash::point("postgres backup: destination recorded, no pod made");
@@ -143,7 +136,50 @@ async fn make(cached: &PostgresBackup, ctx: &Context) -> Result<Action> {
             }
         },
     };
-    settle(backup, &mut version, status, verdict, started, now, ctx).await
+    let mut next = status.clone();
+    let verdict = verdict.map_succeeded(|taken| {
+        crash::point("postgres backup: stored, status not written");
+        record_taken(&mut next, *taken)
+    });
+    let settled = progress::settle(&next.progress, verdict, started, now, TIMING);
+    conclude(
+        ctx,
+        backup,
+        &mut version,
+        &status,
+        next,
+        settled,
+        &pod_name(backup, Job::Base),
+    )
+    .await
+}
+
+/// Records what a base backup pod stored in `status`, and says it.
+fn record_taken(status: &mut PostgresBackupStatus, taken: Taken) -> String {
+    let note = format!(
+        "stored a base backup of {} bytes at {}: WAL {} to {} on timeline {}",
+        taken.size,
+        status.progress.location.clone().unwrap_or_default(),
+        taken.start_wal,
+        taken.end_wal,
+        taken.timeline
+    );
+    if let Some(location) = status.destination.as_mut() {
+        // Taken from the database that serves now (a new one since it began, if its volume
+        // was lost meanwhile): its WAL is that database's.
+        let root = location.wal.rsplit_once("/wal/").map(|(root, _)| root.to_string());
+        if let Some(root) = root {
+            location.wal = crate::postgres::store::wal_folder(&root, &taken.system_identifier);
+        }
+    }
+    status.progress.size = Some(taken.size);
+    status.progress.sha256 = Some(taken.sha256);
+    status.start_wal = Some(taken.start_wal);
+    status.end_wal = Some(taken.end_wal);
+    status.timeline = Some(taken.timeline);
+    status.system_identifier = Some(taken.system_identifier);
+    status.server_version = Some(taken.server_version);
+    note
 }
 
 /// Where the backup of `pg` named `backup` goes: its location and URL; or why it cannot be
@@ -171,110 +207,6 @@ fn where_to(pg: &PostgreSQL, backup: &str) -> std::result::Result<(BackupLocatio
     Ok((location, url))
 }
 
-/// The status a verdict leaves, with its Event.
-#[allow(clippy::too_many_arguments)]
-async fn settle(
-    backup: &PostgresBackup,
-    version: &mut Option<String>,
-    status: PostgresBackupStatus,
-    verdict: Verdict,
-    started: jiff::Timestamp,
-    now: jiff::Timestamp,
-    ctx: &Context,
-) -> Result<Action> {
-    let mut next = status.clone();
-    next.progress.started_at = Some(Time(started));
-    let reference = backup.object_ref(&());
-    let events = &ctx.core.events;
-    match verdict {
-        Verdict::Succeeded(taken) => {
-            crash::point("postgres backup: stored, status not written");
-            let where_ = next.progress.location.clone().unwrap_or_default();
-            let note = format!(
-                "stored a base backup of {} bytes at {where_}: WAL {} to {} on timeline {}",
-                taken.size, taken.start_wal, taken.end_wal, taken.timeline
-            );
-            if let Some(location) = next.destination.as_mut() {
-                // Taken from the database that serves now (a new one since it began, if its
-                // volume was lost meanwhile): its WAL is that database's.
-                let root = location.wal.rsplit_once("/wal/").map(|(root, _)| root.to_string());
-                if let Some(root) = root {
-                    location.wal = crate::postgres::store::wal_folder(&root, &taken.system_identifier);
-                }
-            }
-            next.progress.phase = Some("Succeeded".into());
-            next.progress.size = Some(taken.size);
-            next.progress.sha256 = Some(taken.sha256);
-            next.start_wal = Some(taken.start_wal);
-            next.end_wal = Some(taken.end_wal);
-            next.timeline = Some(taken.timeline);
-            next.system_identifier = Some(taken.system_identifier);
-            next.server_version = Some(taken.server_version);
-            next.progress.completed_at = Some(Time(now));
-            next.progress.conditions = merge(
-                &next.progress.conditions,
-                &[Decided::new(SUCCEEDED, true, "Stored", note.clone())],
-                None,
-                now,
-            );
-            if !write_status(backup, version, ctx, &next).await? {
-                return Ok(Action::requeue(Duration::from_secs(1)));
-            }
-            events
-                .tell(&reference, Announcement::normal("BackupSucceeded", note))
-                .await;
-            crash::point("postgres backup: status written, pod not removed");
-            remove_pod(backup, Job::Base, ctx).await
-        }
-        Verdict::InProgress => {
-            let message = format!("pod {} takes the base backup", pod_name(backup, Job::Base));
-            next.progress.phase = Some("Running".into());
-            next.progress.conditions = merge(
-                &next.progress.conditions,
-                &[Decided::new(SUCCEEDED, false, "InProgress", message)],
-                None,
-                now,
-            );
-            if status != next && !write_status(backup, version, ctx, &next).await? {
-                return Ok(Action::requeue(Duration::from_secs(1)));
-            }
-            Ok(Action::requeue(IN_PROGRESS_CHECK))
-        }
-        Verdict::Wait { reason, message } if elapsed(started, now) < WAIT_DEADLINE => {
-            next.progress.phase = Some("Running".into());
-            next.progress.conditions = merge(
-                &next.progress.conditions,
-                &[Decided::new(SUCCEEDED, false, reason, message.clone())],
-                None,
-                now,
-            );
-            if status != next {
-                if !write_status(backup, version, ctx, &next).await? {
-                    return Ok(Action::requeue(Duration::from_secs(1)));
-                }
-                info!(reason, "the backup waits: {message}");
-            }
-            Ok(Action::requeue(RETRY))
-        }
-        Verdict::Wait { reason, message } | Verdict::Failed { reason, message } => {
-            next.progress.phase = Some("Failed".into());
-            next.progress.completed_at = Some(Time(now));
-            next.progress.conditions = merge(
-                &next.progress.conditions,
-                &[Decided::new(SUCCEEDED, false, reason, message.clone())],
-                None,
-                now,
-            );
-            if !write_status(backup, version, ctx, &next).await? {
-                return Ok(Action::requeue(Duration::from_secs(1)));
-            }
-            warn!(reason, "the backup failed: {message}");
-            events.publish(&reference, Announcement::warning(reason, message)).await;
-            remove_pod(backup, Job::Base, ctx).await
-        }
-    }
-}
-
 /// One look at the pod that takes the backup: made if there is none (once the instance
 /// serves), read once it has ended, stopped past [`RUN_DEADLINE`].
 async fn attempt(
@@ -285,7 +217,7 @@ async fn attempt(
     now: jiff::Timestamp,
     ctx: &Context,
 ) -> Result<Verdict> {
-    if let Some(verdict) = progress(backup, started, now, ctx).await? {
+    if let Some(verdict) = pod_progress(backup, started, now, ctx).await? {
         return Ok(verdict);
     }
     let names = Names::of(pg);
@@ -341,11 +273,17 @@ async fn attempt(
         crash::point("postgres backup: pod made");
         info!(pod = %name, %host, "a pod takes the base backup");
     }
-    Ok(Verdict::InProgress)
+    Ok(taking(&name))
+}
+
+fn taking(pod: &str) -> Verdict {
+    Verdict::InProgress {
+        message: format!("pod {pod} takes the base backup"),
+    }
 }
 
 /// How the backup's pod is doing, once it was made (None: it was not).
-async fn progress(
+async fn pod_progress(
     backup: &PostgresBackup,
     started: jiff::Timestamp,
     now: jiff::Timestamp,
@@ -357,13 +295,13 @@ async fn progress(
     Ok(Some(match task_pod::outcome(pod.as_ref(), now) {
         Outcome::NotStarted => return Ok(None),
         Outcome::Running if elapsed(started, now) >= RUN_DEADLINE => {
-            remove_pod(backup, Job::Base, ctx).await?;
+            remove_pod(&ctx.client, backup, &pod_name(backup, Job::Base)).await?;
             Verdict::Failed {
                 reason: "BackupTooLong",
                 message: format!("pod {name} did not finish within {}s", RUN_DEADLINE.as_secs()),
             }
         }
-        Outcome::Running => Verdict::InProgress,
+        Outcome::Running => taking(&name),
         Outcome::Stuck(message) => Verdict::Wait {
             reason: "BackupPodStuck",
             message,
@@ -380,36 +318,6 @@ async fn progress(
             message,
         },
     }))
-}
-
-/// Deletes the pod of `job` for `backup`, if there is one (at once if it was deleted already
-/// and its node never confirmed it: a dead node). Returns what to do next: look again while
-/// the pod lingers, to force it out once its grace has passed.
-async fn remove_pod(backup: &PostgresBackup, job: Job, ctx: &Context) -> Result<Action> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
-    let name = pod_name(backup, job);
-    let Some(pod) = pods.get_opt(&name).await? else {
-        return Ok(Action::await_change());
-    };
-    let params = task_pod::delete_params(Some(&pod), jiff::Timestamp::now());
-    let forced = params.grace_period_seconds == Some(0);
-    delete_if_present(&pods, &name, &params).await?;
-    Ok(if forced || pod.metadata.deletion_timestamp.is_none() {
-        Action::await_change()
-    } else {
-        Action::requeue(task_pod::ABANDONED_AFTER)
-    })
-}
-
-/// Writes the status over `version` of `backup` (see [`apply_status_at`]).
-async fn write_status(
-    backup: &PostgresBackup,
-    version: &mut Option<String>,
-    ctx: &Context,
-    status: &PostgresBackupStatus,
-) -> Result<bool> {
-    let api: Api<PostgresBackup> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
-    Ok(apply_status_at(&api, &backup.name_any(), version, status).await?)
 }
 
 /// The WAL segment from which the other backups kept in the same archive as `backup` need
@@ -465,114 +373,96 @@ async fn clean_up(backup: &PostgresBackup, ctx: &Context) -> Result<Action> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     if pods.get_opt(&pod_name(backup, Job::Base)).await?.is_some() {
         // A pod still taking it would put it back after: stopped first.
-        remove_pod(backup, Job::Base, ctx).await?;
+        remove_pod(&ctx.client, backup, &pod_name(backup, Job::Base)).await?;
         return Err(Error::UnderWay(format!("stopping the pod taking backup {name}")));
     }
-    let where_ = status.progress.location.clone().unwrap_or_default();
-    let deleting_for = backup
-        .metadata
-        .deletion_timestamp
-        .as_ref()
-        .map_or(Duration::ZERO, |t| elapsed(t.0, jiff::Timestamp::now()));
-    let pod_name = pod_name(backup, Job::Delete);
-    let pod = pods.get_opt(&pod_name).await?;
-    let deleted: std::result::Result<String, String> = match task_pod::outcome(pod.as_ref(), jiff::Timestamp::now()) {
+    let what = format!("the backup at {}", status.progress.location.clone().unwrap_or_default());
+    let deleting_for = deleting_for(backup, jiff::Timestamp::now());
+    let under_way = || Error::UnderWay(format!("a pod deletes {what}"));
+    let delete_pod = pod_name(backup, Job::Delete);
+    let pod = pods.get_opt(&delete_pod).await?;
+    let too_long = || format!("pod {delete_pod} did not finish within {}s", CLEANUP_DEADLINE.as_secs());
+    let deleted: Deletion = match task_pod::outcome(pod.as_ref(), jiff::Timestamp::now()) {
         Outcome::NotStarted => {
-            if let Some(claim) = Destination::of_location(&location)
-                .as_ref()
-                .and_then(|d| d.claim().map(str::to_string))
-            {
-                let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-                if claims
-                    .get_opt(&claim)
-                    .await?
-                    .is_none_or(|c| c.metadata.deletion_timestamp.is_some())
-                {
-                    info!(location = %where_, "the backup's volume is gone, and the backup with it");
-                    return Ok(Action::await_change());
-                }
-            }
-            let backups: Api<PostgresBackup> = Api::namespaced(ctx.client.clone(), &namespace);
-            let all = backups.list(&ListParams::default()).await?.items;
-            // A pass on a stale copy, after the finalizer went: no new pod for a backup gone.
-            if !all
-                .iter()
-                .any(|b| b.name_any() == name && b.finalizers().iter().any(|f| f == FINALIZER))
-            {
-                return Ok(Action::await_change());
-            }
-            let keep_from = keep_wal_from(backup, &all);
             let database = all_databases.iter().find(|pg| pg.name_any() == backup.spec.postgresql);
-            let version = status
-                .server_version
-                .clone()
-                .or_else(|| database.map(|pg| pg.spec.version.clone()))
-                .unwrap_or_else(|| "15".into());
-            let place = Place {
-                namespace: &namespace,
-                postgresql: &backup.spec.postgresql,
-                version: &version,
-            };
-            let owner = controller_reference(backup);
-            let made = match owner
-                .and_then(|o| pods::delete_pod(&pod_name, place, &location, keep_from.as_deref(), &ctx.image, &o))
-            {
-                Some(pod) => {
-                    let made = create_if_missing(&pods, &pod).await;
-                    crash::point("postgres backup: delete pod made");
-                    made.map_err(|e| format!("pod {pod_name} cannot be made: {e}"))
-                }
-                None => Err("the recorded destination names no store".to_string()),
-            };
-            match made {
-                Ok(_) if deleting_for < CLEANUP_DEADLINE => {
-                    return Err(Error::UnderWay(format!("a pod deletes the backup at {where_}")));
-                }
-                Ok(_) => Err(format!(
-                    "pod {pod_name} did not finish within {}s",
-                    CLEANUP_DEADLINE.as_secs()
-                )),
-                Err(e) => Err(e),
+            match start_deletion(backup, &location, database, ctx).await? {
+                Some(deleted) => deleted,
+                None if deleting_for < CLEANUP_DEADLINE => return Err(under_way()),
+                None => Err((too_long(), true)),
             }
         }
-        Outcome::Running | Outcome::Stuck(_) if deleting_for < CLEANUP_DEADLINE => {
-            return Err(Error::UnderWay(format!("a pod deletes the backup at {where_}")));
-        }
-        Outcome::Running => Err(format!(
-            "pod {pod_name} did not finish within {}s",
-            CLEANUP_DEADLINE.as_secs()
-        )),
-        Outcome::Stuck(why) => Err(why),
-        Outcome::Succeeded(said) => Ok(said),
+        Outcome::Running | Outcome::Stuck(_) if deleting_for < CLEANUP_DEADLINE => return Err(under_way()),
+        Outcome::Running => Err((too_long(), true)),
+        Outcome::Stuck(why) => Err((why, true)),
+        Outcome::Succeeded(said) => Ok(format!("deleted: {said}")),
         Outcome::Failed(why) => {
             // The next pass makes a fresh pod, until the deadline.
-            remove_pod(backup, Job::Delete, ctx).await?;
-            if deleting_for < CLEANUP_DEADLINE {
-                return Err(Error::Blocked(format!(
-                    "could not delete the backup at {where_} yet: {why}"
-                )));
-            }
-            Err(why)
+            remove_pod(&ctx.client, backup, &delete_pod).await?;
+            Err((why, true))
         }
     };
-    match deleted {
-        Ok(said) => info!(location = %where_, "deleted the backup of a deleted PostgresBackup: {said}"),
-        Err(why) if deleting_for < CLEANUP_DEADLINE => {
-            return Err(Error::Blocked(format!(
-                "could not delete the backup at {where_} yet: {why}"
-            )));
-        }
-        Err(why) => {
-            let note = format!("could not delete the backup at {where_}: {why}; it is left in the store");
-            ctx.core
-                .events
-                .tell(&backup.object_ref(&()), Announcement::warning("BackupKept", note))
-                .await;
+    if deleted.is_ok() {
+        crash::point("postgres backup: deleted, finalizer not removed");
+    }
+    finish_clean_up(ctx, backup, deleted, CLEANUP_DEADLINE, &what, "BackupKept", &delete_pod).await
+}
+
+/// Makes the pod that deletes `backup` at `location` (with the WAL only it needed): `None`
+/// once it is made, or what came of it when there is nothing to delete or no pod can be made.
+async fn start_deletion(
+    backup: &PostgresBackup,
+    location: &BackupLocation,
+    database: Option<&PostgreSQL>,
+    ctx: &Context,
+) -> Result<Option<Deletion>> {
+    let namespace = backup.namespace().unwrap_or_default();
+    if let Some(claim) = Destination::of_location(location)
+        .as_ref()
+        .and_then(|d| d.claim().map(str::to_string))
+    {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+        if claims
+            .get_opt(&claim)
+            .await?
+            .is_none_or(|c| c.metadata.deletion_timestamp.is_some())
+        {
+            return Ok(Some(Ok("the volume is gone, and the backup with it".into())));
         }
     }
-    crash::point("postgres backup: deleted, finalizer not removed");
-    remove_pod(backup, Job::Delete, ctx).await?;
-    Ok(Action::await_change())
+    let backups: Api<PostgresBackup> = Api::namespaced(ctx.client.clone(), &namespace);
+    let all = backups.list(&ListParams::default()).await?.items;
+    // A pass on a stale copy, after the finalizer went: no new pod for a backup gone.
+    if !all
+        .iter()
+        .any(|b| b.name_any() == backup.name_any() && b.finalizers().iter().any(|f| f == FINALIZER))
+    {
+        return Ok(Some(Ok("nothing to do: its finalizer was gone already".into())));
+    }
+    let keep_from = keep_wal_from(backup, &all);
+    let version = backup
+        .status
+        .as_ref()
+        .and_then(|s| s.server_version.clone())
+        .or_else(|| database.map(|pg| pg.spec.version.clone()))
+        .unwrap_or_else(|| "15".into());
+    let place = Place {
+        namespace: &namespace,
+        postgresql: &backup.spec.postgresql,
+        version: &version,
+    };
+    let name = pod_name(backup, Job::Delete);
+    let Some(pod) = controller_reference(backup)
+        .and_then(|owner| pods::delete_pod(&name, place, location, keep_from.as_deref(), &ctx.image, &owner))
+    else {
+        return Ok(Some(Err(("the recorded destination names no store".into(), true))));
+    };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let made = create_if_missing(&pods, &pod).await;
+    crash::point("postgres backup: delete pod made");
+    Ok(match made {
+        Ok(_) => None,
+        Err(e) => Some(Err((format!("pod {name} cannot be made: {e}"), true))),
+    })
 }
 
 #[cfg(test)]

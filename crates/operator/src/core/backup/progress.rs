@@ -1,0 +1,224 @@
+//! How one backup moves: what a look at it found (a [`Verdict`]) and the progress that leaves
+//! in its status, with the Event to send. Pure: the time is a parameter.
+//!
+//! A backup is Running until it is Succeeded or Failed, and never taken again after that. One
+//! that waits (its database not serving, its volume not there yet, a member away for a moment)
+//! waits until its deadline, then fails.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use noops_api::backup::BackupProgress;
+
+use super::schedule::elapsed;
+use crate::core::conditions::{Decided, merge};
+use crate::core::events::Announcement;
+
+/// The condition of a backup: True once it is stored.
+pub const SUCCEEDED: &str = "Succeeded";
+
+/// Where a backup stands after one look at it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict<T> {
+    /// Stored; `T` is what the engine learnt of it.
+    Succeeded(T),
+    /// A pod is at work on it; `message` says which, for the condition.
+    InProgress { message: String },
+    /// Not yet: looked at again, up to the deadline.
+    Wait { reason: &'static str, message: String },
+    /// Cannot be made as things stand.
+    Failed { reason: &'static str, message: String },
+}
+
+impl<T> Verdict<T> {
+    /// The same verdict with what a success learnt turned into `U` (an engine records its own
+    /// fields and says what was stored).
+    pub fn map_succeeded<U>(self, f: impl FnOnce(T) -> U) -> Verdict<U> {
+        match self {
+            Verdict::Succeeded(taken) => Verdict::Succeeded(f(taken)),
+            Verdict::InProgress { message } => Verdict::InProgress { message },
+            Verdict::Wait { reason, message } => Verdict::Wait { reason, message },
+            Verdict::Failed { reason, message } => Verdict::Failed { reason, message },
+        }
+    }
+}
+
+/// How soon a backup is looked at again.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    /// How long a backup may wait before it fails.
+    pub wait_deadline: Duration,
+    /// How soon a waiting backup is looked at again.
+    pub retry: Duration,
+    /// How often a pod at work is looked at, besides when it changes.
+    pub in_progress_check: Duration,
+}
+
+/// What a verdict leaves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settled {
+    /// The backup's progress from now on (written only if it changed).
+    pub progress: BackupProgress,
+    /// The Event to send once it is written.
+    pub announcement: Option<Announcement>,
+    /// Succeeded or Failed: its pod goes.
+    pub done: bool,
+    /// When to look again if it is not done.
+    pub look_again: Option<Duration>,
+}
+
+/// The progress `verdict` leaves, for a backup started at `started`; a success says `note`
+/// of what was stored.
+pub fn settle(
+    progress: &BackupProgress,
+    verdict: Verdict<String>,
+    started: jiff::Timestamp,
+    now: jiff::Timestamp,
+    timing: Timing,
+) -> Settled {
+    let mut next = progress.clone();
+    next.started_at = Some(Time(started));
+    let (stored, reason, message) = match &verdict {
+        Verdict::Succeeded(note) => (true, "Stored", note.clone()),
+        Verdict::InProgress { message } => (false, "InProgress", message.clone()),
+        Verdict::Wait { reason, message } | Verdict::Failed { reason, message } => (false, *reason, message.clone()),
+    };
+    next.conditions = merge(
+        &next.conditions,
+        &[Decided::new(SUCCEEDED, stored, reason, message.clone())],
+        None,
+        now,
+    );
+    let waited_too_long = elapsed(started, now) >= timing.wait_deadline;
+    let (phase, announcement, look_again) = match verdict {
+        Verdict::Succeeded(_) => (
+            "Succeeded",
+            Some(Announcement::normal("BackupSucceeded", message)),
+            None,
+        ),
+        Verdict::InProgress { .. } => ("Running", None, Some(timing.in_progress_check)),
+        Verdict::Wait { .. } if !waited_too_long => ("Running", None, Some(timing.retry)),
+        Verdict::Wait { .. } | Verdict::Failed { .. } => ("Failed", Some(Announcement::warning(reason, message)), None),
+    };
+    let done = look_again.is_none();
+    next.phase = Some(phase.into());
+    if done {
+        next.completed_at = Some(Time(now));
+    }
+    Settled {
+        progress: next,
+        announcement,
+        done,
+        look_again,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMING: Timing = Timing {
+        wait_deadline: Duration::from_secs(600),
+        retry: Duration::from_secs(5),
+        in_progress_check: Duration::from_secs(30),
+    };
+
+    fn at(seconds: i64) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(seconds).unwrap()
+    }
+
+    fn condition(settled: &Settled) -> (String, String, String) {
+        let c = &settled.progress.conditions[0];
+        (c.type_.clone(), c.status.clone(), c.reason.clone())
+    }
+
+    #[test]
+    fn a_stored_backup_succeeds_and_says_so_in_an_event() {
+        let settled = settle(
+            &BackupProgress::default(),
+            Verdict::Succeeded("stored 3 bytes".into()),
+            at(100),
+            at(160),
+            TIMING,
+        );
+        assert_eq!(settled.progress.phase.as_deref(), Some("Succeeded"));
+        assert_eq!(settled.progress.started_at, Some(Time(at(100))));
+        assert_eq!(settled.progress.completed_at, Some(Time(at(160))));
+        assert_eq!(
+            condition(&settled),
+            ("Succeeded".into(), "True".into(), "Stored".into())
+        );
+        assert!(settled.done);
+        let event = settled.announcement.unwrap();
+        assert_eq!(
+            (event.reason.as_str(), event.note.as_str()),
+            ("BackupSucceeded", "stored 3 bytes")
+        );
+    }
+
+    #[test]
+    fn a_waiting_backup_runs_until_its_deadline_then_fails_with_the_reason_it_waited_for() {
+        let waiting = || Verdict::Wait {
+            reason: "ClaimNotFound",
+            message: "no claim".into(),
+        };
+        let settled = settle(&BackupProgress::default(), waiting(), at(0), at(599), TIMING);
+        assert_eq!(settled.progress.phase.as_deref(), Some("Running"));
+        assert_eq!(settled.look_again, Some(TIMING.retry));
+        assert!(!settled.done && settled.announcement.is_none());
+        assert_eq!(settled.progress.completed_at, None);
+        assert_eq!(condition(&settled).2, "ClaimNotFound");
+
+        let settled = settle(&settled.progress, waiting(), at(0), at(600), TIMING);
+        assert_eq!(settled.progress.phase.as_deref(), Some("Failed"));
+        assert!(settled.done);
+        assert_eq!(settled.announcement.unwrap().reason, "ClaimNotFound");
+    }
+
+    #[test]
+    fn a_backup_at_work_is_looked_at_again_and_a_failed_one_is_done_at_once() {
+        let settled = settle(
+            &BackupProgress::default(),
+            Verdict::InProgress {
+                message: "pod x saves it".into(),
+            },
+            at(0),
+            at(5000),
+            TIMING,
+        );
+        assert_eq!(settled.progress.phase.as_deref(), Some("Running"));
+        assert_eq!(settled.look_again, Some(TIMING.in_progress_check));
+        assert_eq!(condition(&settled).2, "InProgress");
+
+        let settled = settle(
+            &BackupProgress::default(),
+            Verdict::Failed {
+                reason: "NoDestination",
+                message: "nowhere".into(),
+            },
+            at(0),
+            at(1),
+            TIMING,
+        );
+        assert_eq!(settled.progress.phase.as_deref(), Some("Failed"));
+        assert!(settled.done);
+        assert!(settled.announcement.unwrap().warning);
+    }
+
+    #[test]
+    fn a_success_maps_what_it_learnt_and_the_rest_stays() {
+        let learnt: Verdict<u32> = Verdict::Succeeded(3);
+        assert_eq!(learnt.map_succeeded(|n| n * 2), Verdict::Succeeded(6));
+        let waiting: Verdict<u32> = Verdict::Wait {
+            reason: "R",
+            message: "m".into(),
+        };
+        assert_eq!(
+            waiting.map_succeeded(|n| n * 2),
+            Verdict::Wait {
+                reason: "R",
+                message: "m".into()
+            }
+        );
+    }
+}
