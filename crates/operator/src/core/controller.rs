@@ -4,6 +4,7 @@
 //!   one as `CONTROLLER`, and `lib.rs` lists the modules once (`controllers!`): that list is
 //!   what `noops run --controllers` accepts and runs.
 //! - [`Runtime`]: what `noops run` gives a controller (client, namespace, metrics, shutdown).
+//! - [`Context`]: what every pass shares (the core, the client, the controller's own state).
 //! - [`ControllerCore`]: the wrapper around each reconcile: a tracing span naming the controller
 //!   and the object (so log lines need not repeat them), metrics, a growing back-off per object,
 //!   a Warning Event for failures, and objects that cannot be read (one malformed object gets
@@ -71,31 +72,53 @@ impl Shutdown {
     }
 }
 
-/// A controller's context: whatever else it holds, it has the core.
-pub trait HasCore {
-    fn core(&self) -> &ControllerCore;
+/// What every pass of a controller shares: the core, the client, and the controller's own
+/// state `S` (its watch caches and settings), whose fields read as the context's own.
+pub struct Context<S> {
+    pub core: ControllerCore,
+    pub client: Client,
+    pub state: S,
+}
+
+impl<S> Context<S> {
+    /// The context of controller `name`, with `state`.
+    pub fn new(name: &'static str, client: &Client, metrics: Arc<Metrics>, state: S) -> Arc<Self> {
+        Arc::new(Self {
+            core: ControllerCore::new(name, client.clone(), metrics),
+            client: client.clone(),
+            state,
+        })
+    }
+}
+
+impl<S> std::ops::Deref for Context<S> {
+    type Target = S;
+
+    fn deref(&self) -> &S {
+        &self.state
+    }
 }
 
 /// Runs `controller` until it stops (its shutdown fired), each reconcile passed through the
 /// core (span, metrics, back-off, malformed objects), each failure through its error policy.
 /// `reconcile` is the controller's own pass over one object.
-pub async fn drive<K, C, R, Fut>(controller: Controller<DeserializeGuard<K>>, ctx: Arc<C>, reconcile: R)
+pub async fn drive<K, S, R, Fut>(controller: Controller<DeserializeGuard<K>>, ctx: Arc<Context<S>>, reconcile: R)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-    C: HasCore + Send + Sync + 'static,
-    R: Fn(Arc<K>, Arc<C>) -> Fut + Clone + Send + Sync + 'static,
+    S: Send + Sync + 'static,
+    R: Fn(Arc<K>, Arc<Context<S>>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<Action>> + Send + 'static,
 {
     controller
         .run(
-            move |obj, ctx: Arc<C>| {
+            move |obj, ctx: Arc<Context<S>>| {
                 let reconcile = reconcile.clone();
                 async move {
                     let pass = ctx.clone();
-                    ctx.core().reconcile(&obj, |object| reconcile(object, pass)).await
+                    ctx.core.reconcile(&obj, |object| reconcile(object, pass)).await
                 }
             },
-            |obj, error, ctx| ctx.core().error_policy(&obj, error),
+            |obj, error, ctx| ctx.core.error_policy(&obj, error),
             ctx,
         )
         .for_each(|result| async move {

@@ -44,33 +44,30 @@ pub mod volume;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use kube::ResourceExt;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
 use noops_api::EtcdCluster;
 
 use crate::core::cache::shared_cache;
-use crate::core::controller::{ControllerCore, HasCore, Registration, Runtime, drive, scoped_api};
+use crate::core::controller::{Registration, Runtime, drive, scoped_api};
 use crate::core::user_secrets::UserSecrets;
 
 /// The controller's registration (`noops run --controllers etcd`).
 pub const CONTROLLER: Registration = Registration {
     name: "etcd",
     about: "EtcdCluster: etcd clusters that keep their quorum and their data",
-    run: start,
+    run: |runtime| Box::pin(run(runtime)),
 };
 
 /// At most this many clusters are reconciled at once.
 const MAX_CONCURRENT_RECONCILES: u16 = 8;
 
-/// What every reconcile of this controller shares.
-pub struct Context {
-    pub core: ControllerCore,
-    pub client: Client,
+/// What this controller keeps beside the core: its watch caches and settings.
+pub struct State {
     /// The children of every cluster, kept by watches.
     pub caches: observe::Caches,
     /// The certificate Secrets users name.
@@ -81,15 +78,8 @@ pub struct Context {
     pub certificate_lifetime: std::time::Duration,
 }
 
-impl HasCore for Context {
-    fn core(&self) -> &ControllerCore {
-        &self.core
-    }
-}
-
-fn start(runtime: Runtime) -> BoxFuture<'static, ()> {
-    Box::pin(run(runtime))
-}
+/// What every reconcile of this controller shares.
+pub type Context = crate::core::controller::Context<State>;
 
 /// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
 pub async fn run(runtime: Runtime) {
@@ -115,20 +105,23 @@ pub async fn run(runtime: Runtime) {
         watcher::Config::default(),
     )
     .await;
-    let ctx = Arc::new(Context {
-        core: ControllerCore::new(CONTROLLER.name, client.clone(), metrics.clone()),
-        caches: observe::Caches {
-            pods,
-            volumes,
-            secrets,
-            services,
-            config_maps,
+    let ctx = Context::new(
+        CONTROLLER.name,
+        &client,
+        metrics.clone(),
+        State {
+            caches: observe::Caches {
+                pods,
+                volumes,
+                secrets,
+                services,
+                config_maps,
+            },
+            user_secrets: UserSecrets::new(client.clone(), secret_metadata),
+            image,
+            certificate_lifetime,
         },
-        user_secrets: UserSecrets::new(client.clone(), secret_metadata),
-        client: client.clone(),
-        image,
-        certificate_lifetime,
-    });
+    );
     let controller = Controller::new(
         scoped_api::<DeserializeGuard<EtcdCluster>>(&client, &namespace),
         watcher::Config::default().any_semantic(),

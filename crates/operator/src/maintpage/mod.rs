@@ -24,10 +24,8 @@ mod validate;
 
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::Client;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -35,23 +33,21 @@ use kube::runtime::watcher;
 use noops_api::MaintPage;
 
 use crate::core::cache::shared_cache;
-use crate::core::controller::{ControllerCore, HasCore, Registration, Runtime, drive, scoped_api};
+use crate::core::controller::{Registration, Runtime, drive, scoped_api};
 use crate::core::labels;
 
 /// The controller's registration (`noops run --controllers maintpage`).
 pub const CONTROLLER: Registration = Registration {
     name: "maintpage",
     about: "MaintPage: an app behind a Service that switches to a maintenance page and back",
-    run: start,
+    run: |runtime| Box::pin(run(runtime)),
 };
 
 /// At most this many MaintPages are reconciled at once.
 const MAX_CONCURRENT_RECONCILES: u16 = 16;
 
-/// What every reconcile of this controller shares.
-pub struct Context {
-    pub core: ControllerCore,
-    pub client: Client,
+/// What this controller keeps beside the core: its watch caches and settings.
+pub struct State {
     /// The Deployments and Services the operator manages, kept by watches: reconciles read
     /// children from here, not from the API server.
     pub deployments: Store<Deployment>,
@@ -60,15 +56,8 @@ pub struct Context {
     pub pods: Store<Pod>,
 }
 
-impl HasCore for Context {
-    fn core(&self) -> &ControllerCore {
-        &self.core
-    }
-}
-
-fn start(runtime: Runtime) -> BoxFuture<'static, ()> {
-    Box::pin(run(runtime))
-}
+/// What every reconcile of this controller shares.
+pub type Context = crate::core::controller::Context<State>;
 
 /// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
 pub async fn run(runtime: Runtime) {
@@ -87,13 +76,16 @@ pub async fn run(runtime: Runtime) {
     let (deployment_store, deployment_changes) = shared_cache(deployments, ours.clone()).await;
     let (service_store, service_changes) = shared_cache(services, ours.clone()).await;
     let (pod_store, pod_changes) = shared_cache(pods, ours).await;
-    let ctx = Arc::new(Context {
-        core: ControllerCore::new(CONTROLLER.name, client.clone(), metrics),
-        client,
-        deployments: deployment_store,
-        services: service_store,
-        pods: pod_store,
-    });
+    let ctx = Context::new(
+        CONTROLLER.name,
+        &client,
+        metrics,
+        State {
+            deployments: deployment_store,
+            services: service_store,
+            pods: pod_store,
+        },
+    );
     let controller = Controller::new(maintpages, watcher::Config::default().any_semantic())
         // Reconciles mostly wait on the API server; a bound keeps a burst of thousands of
         // objects from queueing all at once there and in memory.

@@ -45,35 +45,32 @@ pub mod store;
 
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use kube::ResourceExt;
 use kube::core::DeserializeGuard;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
 use noops_api::{PostgreSQL, PostgresBackup};
 
 use crate::core::cache::shared_cache;
-use crate::core::controller::{ControllerCore, HasCore, Registration, Runtime, drive, scoped_api};
+use crate::core::controller::{Registration, Runtime, drive, scoped_api};
 use crate::core::user_secrets::UserSecrets;
 
 /// The controller's registration (`noops run --controllers postgres`).
 pub const CONTROLLER: Registration = Registration {
     name: "postgres",
     about: "PostgreSQL: a database, its owner and password, behind a Service; WAL archiving, backups and restores",
-    run: start,
+    run: |runtime| Box::pin(run(runtime)),
 };
 
 /// At most this many databases are reconciled at once.
 const MAX_CONCURRENT_RECONCILES: u16 = 8;
 
-/// What every reconcile of this controller shares.
-pub struct Context {
-    pub core: ControllerCore,
-    pub client: Client,
+/// What this controller keeps beside the core: its watch caches and settings.
+pub struct State {
     pub caches: observe::Caches,
     /// The password and bucket-key Secrets users name.
     pub user_secrets: UserSecrets,
@@ -84,15 +81,8 @@ pub struct Context {
     pub image: String,
 }
 
-impl HasCore for Context {
-    fn core(&self) -> &ControllerCore {
-        &self.core
-    }
-}
-
-fn start(runtime: Runtime) -> BoxFuture<'static, ()> {
-    Box::pin(run(runtime))
-}
+/// What every reconcile of this controller shares.
+pub type Context = crate::core::controller::Context<State>;
 
 /// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
 pub async fn run(runtime: Runtime) {
@@ -130,22 +120,25 @@ pub async fn run(runtime: Runtime) {
     )
     .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES));
     let databases = controller.store();
-    let ctx = Arc::new(Context {
-        core: ControllerCore::new(CONTROLLER.name, client.clone(), metrics),
-        client: client.clone(),
-        user_secrets: UserSecrets::new(client.clone(), secret_metadata),
-        caches: observe::Caches {
-            statefulsets,
-            pods,
-            services,
-            secrets,
-            config_maps,
-            claims,
-            backups,
+    let ctx = Context::new(
+        CONTROLLER.name,
+        &client,
+        metrics,
+        State {
+            user_secrets: UserSecrets::new(client.clone(), secret_metadata),
+            caches: observe::Caches {
+                statefulsets,
+                pods,
+                services,
+                secrets,
+                config_maps,
+                claims,
+                backups,
+            },
+            databases: databases.clone(),
+            image,
         },
-        databases: databases.clone(),
-        image,
-    });
+    );
     let controller = controller
         .owns_shared_stream(statefulset_changes)
         // The instance's pod is the StatefulSet's: its label names the database.

@@ -24,25 +24,20 @@ use super::schedule::elapsed;
 use super::task_pod;
 use crate::core::Result;
 use crate::core::apply::{apply_status_at, delete_if_present};
-use crate::core::controller::{ControllerCore, HasCore, Runtime, drive, scoped_api};
+use crate::core::controller::{Runtime, drive, scoped_api};
 use crate::core::labels;
 
 /// At most this many backups are looked at once.
 const MAX_CONCURRENT_RECONCILES: u16 = 2;
 
-/// What every pass of a backup controller shares.
-pub struct Context {
-    pub core: ControllerCore,
-    pub client: Client,
+/// What a backup controller keeps beside the core.
+pub struct TaskPods {
     /// The operator's own image, which task pods run (or copy a program from).
     pub image: String,
 }
 
-impl HasCore for Context {
-    fn core(&self) -> &ControllerCore {
-        &self.core
-    }
-}
+/// What every pass of a backup controller shares.
+pub type Context = crate::core::controller::Context<TaskPods>;
 
 /// A backup resource, as the kit sees it: an object whose status has a [`BackupProgress`].
 pub trait BackupResource:
@@ -56,17 +51,49 @@ pub trait BackupResource:
     + 'static
 {
     type Status: Clone + Default + PartialEq + Serialize + std::fmt::Debug + Send + Sync;
+    /// The finalizer that deletes a backup's files with it.
+    const FINALIZER: &'static str;
+    /// Its status, if it has one yet.
+    fn status(&self) -> Option<&Self::Status>;
     /// The progress part of a status.
+    fn progress(status: &Self::Status) -> &BackupProgress;
     fn progress_mut(status: &mut Self::Status) -> &mut BackupProgress;
 }
 
+/// Implements [`BackupResource`] for backup type `$kind`, whose status `$status` keeps its
+/// progress in a `progress` field, with finalizer `$finalizer`.
+macro_rules! backup_resource {
+    ($kind:ty, $status:ty, $finalizer:expr) => {
+        impl $crate::core::backup::controller::BackupResource for $kind {
+            type Status = $status;
+            const FINALIZER: &'static str = $finalizer;
+
+            fn status(&self) -> Option<&$status> {
+                self.status.as_ref()
+            }
+
+            fn progress(status: &$status) -> &noops_api::backup::BackupProgress {
+                &status.progress
+            }
+
+            fn progress_mut(status: &mut $status) -> &mut noops_api::backup::BackupProgress {
+                &mut status.progress
+            }
+        }
+    };
+}
+pub(crate) use backup_resource;
+
 /// Runs the controller of backups `K` named `name` until shutdown: each backup, and its task
-/// pods (labelled with `component`) waking it when they change.
-pub async fn run<K, R, Fut>(runtime: Runtime, name: &'static str, component: &str, reconcile: R)
+/// pods (labelled with `component`) waking it when they change. A pass is `make` while the
+/// backup lives, `clean_up` once it is being deleted (its finalizer goes when that succeeds).
+pub async fn run<K, M, MF, C, CF>(runtime: Runtime, name: &'static str, component: &str, make: M, clean_up: C)
 where
     K: BackupResource,
-    R: Fn(Arc<K>, Arc<Context>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Result<Action>> + Send + 'static,
+    M: Fn(Arc<K>, Arc<Context>) -> MF + Clone + Send + Sync + 'static,
+    MF: Future<Output = Result<Action>> + Send + 'static,
+    C: Fn(Arc<K>, Arc<Context>) -> CF + Clone + Send + Sync + 'static,
+    CF: Future<Output = Result<Action>> + Send + 'static,
 {
     let Runtime {
         client,
@@ -76,11 +103,7 @@ where
         image,
         ..
     } = runtime;
-    let ctx = Arc::new(Context {
-        core: ControllerCore::new(name, client.clone(), metrics),
-        client: client.clone(),
-        image,
-    });
+    let ctx = Context::new(name, &client, metrics, TaskPods { image });
     let controller = Controller::new(
         scoped_api::<DeserializeGuard<K>>(&client, &namespace),
         watcher::Config::default().any_semantic(),
@@ -91,34 +114,61 @@ where
     )
     .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
     .graceful_shutdown_on(shutdown.fired());
-    drive(controller, ctx, reconcile).await;
-}
-
-/// One pass under `finalizer_name`: `make` while the backup lives, `clean_up` once it is being
-/// deleted (the finalizer goes when it succeeds).
-pub async fn with_finalizer<K, M, MF, C, CF>(
-    backup: Arc<K>,
-    client: &Client,
-    finalizer_name: &str,
-    make: M,
-    clean_up: C,
-) -> Result<Action>
-where
-    K: BackupResource,
-    M: FnOnce(Arc<K>) -> MF,
-    MF: Future<Output = Result<Action>>,
-    C: FnOnce(Arc<K>) -> CF,
-    CF: Future<Output = Result<Action>>,
-{
-    let api: Api<K> = Api::namespaced(client.clone(), &backup.namespace().unwrap_or_default());
-    let result = finalizer(&api, finalizer_name, backup, |event| async {
-        match event {
-            Finalizer::Apply(backup) => make(backup).await,
-            Finalizer::Cleanup(backup) => clean_up(backup).await,
+    drive(controller, ctx, move |backup: Arc<K>, ctx: Arc<Context>| {
+        let (make, clean_up) = (make.clone(), clean_up.clone());
+        async move {
+            let api: Api<K> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
+            let result = finalizer(&api, K::FINALIZER, backup, |event| async {
+                match event {
+                    Finalizer::Apply(backup) => make(backup, ctx.clone()).await,
+                    Finalizer::Cleanup(backup) => clean_up(backup, ctx.clone()).await,
+                }
+            })
+            .await;
+            crate::core::error::from_finalizer(result)
         }
     })
     .await;
-    crate::core::error::from_finalizer(result)
+}
+
+/// A backup still to be made, as the API has it now.
+pub struct Begun<K: BackupResource> {
+    pub backup: K,
+    /// The version read: every status write of the pass is made over it.
+    pub version: Option<String>,
+    pub status: K::Status,
+    /// When the backup began (now, for one not begun yet), and the time of this pass.
+    pub started: jiff::Timestamp,
+    pub now: jiff::Timestamp,
+}
+
+/// The start of a pass: the backup as the API has it now (the watch cache may not have seen
+/// the last status yet, and the work is decided on the latest word), or what to do instead:
+/// nothing for a backup gone, and for one done (Succeeded or Failed, never taken again) only
+/// its task pod `pod` removed, left by an operator stopped between the last status write and
+/// removing it.
+pub async fn begin<K: BackupResource>(
+    ctx: &Context,
+    cached: &K,
+    pod: impl Fn(&K) -> String,
+) -> Result<std::result::Result<Begun<K>, Action>> {
+    let Some(backup) = latest(&ctx.client, cached).await? else {
+        return Ok(Err(Action::await_change()));
+    };
+    let status = backup.status().cloned().unwrap_or_default();
+    let progress = K::progress(&status);
+    if progress.is_done() {
+        return Ok(Err(remove_pod(&ctx.client, &backup, &pod(&backup)).await?));
+    }
+    let now = jiff::Timestamp::now();
+    let started = progress.started_at.as_ref().map_or(now, |t| t.0);
+    Ok(Ok(Begun {
+        version: backup.resource_version(),
+        backup,
+        status,
+        started,
+        now,
+    }))
 }
 
 /// The backup as the API has it now: the watch cache may not have seen the last status yet,

@@ -1,10 +1,11 @@
 //! Short-lived pods that do one job for a controller (save a snapshot, take a base backup,
-//! delete a backup) and report how it went in their termination message: their names, how one
-//! stands, and how to remove one. Pure.
+//! delete a backup) and report how it went in their termination message: their names, what
+//! every one of them is, how one stands, and how to remove one. Pure.
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::DeleteParams;
 
 use crate::core::stuck::stuck;
@@ -18,6 +19,38 @@ pub fn name(owner: &str, uid: &str, job: &str) -> String {
     let uid: String = uid.chars().take(8).collect();
     let head: String = owner.chars().take(253 - job.len() - uid.len() - 2).collect();
     format!("{}-{uid}-{job}", head.trim_end_matches(['-', '.']))
+}
+
+/// Where a task pod is and whose it is.
+pub struct Owned<'a> {
+    pub name: &'a str,
+    pub namespace: &'a str,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub owner: &'a OwnerReference,
+}
+
+/// A task pod running `spec`: owned by the object it works for (it goes with it), run once
+/// (never restarted: a failure is read and a fresh pod made), without Service links or an API
+/// token (it never calls the API), its volumes' files given to its security context's
+/// `fsGroup` only when they are not its already.
+pub fn build(owned: Owned, mut spec: PodSpec) -> Pod {
+    spec.restart_policy = Some("Never".into());
+    spec.enable_service_links = Some(false);
+    spec.automount_service_account_token = Some(false);
+    if let Some(security) = spec.security_context.as_mut() {
+        security.fs_group_change_policy = Some("OnRootMismatch".into());
+    }
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(owned.name.into()),
+            namespace: Some(owned.namespace.into()),
+            labels: Some(owned.labels),
+            owner_references: Some(vec![owned.owner.clone()]),
+            ..Default::default()
+        },
+        spec: Some(spec),
+        status: None,
+    }
 }
 
 /// How a task pod stands.

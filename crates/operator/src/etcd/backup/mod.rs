@@ -13,7 +13,7 @@ mod reconcile;
 pub mod volume;
 
 use crate::core::backup::controller;
-use crate::core::controller::{Registration, Runtime};
+use crate::core::controller::Registration;
 
 pub use reconcile::{BACKUP_DEADLINE, FINALIZER};
 
@@ -21,13 +21,13 @@ pub use reconcile::{BACKUP_DEADLINE, FINALIZER};
 pub const CONTROLLER: Registration = Registration {
     name: "etcdbackup",
     about: "EtcdBackup: snapshots of EtcdClusters in an S3-compatible store",
-    run: |runtime| Box::pin(run(runtime)),
+    run: |runtime| {
+        Box::pin(controller::run(
+            runtime,
+            CONTROLLER.name,
+            volume::COMPONENT,
+            reconcile::make,
+            reconcile::clean_up,
+        ))
+    },
 };
-
-/// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
-pub async fn run(runtime: Runtime) {
-    controller::run(runtime, CONTROLLER.name, volume::COMPONENT, |backup, ctx| async move {
-        reconcile::reconcile(backup, &ctx).await
-    })
-    .await;
-}

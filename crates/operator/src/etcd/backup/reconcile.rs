@@ -14,7 +14,6 @@ use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use noops_api::EtcdCluster;
-use noops_api::backup::BackupProgress;
 use noops_api::etcd::{S3Destination, VolumeDestination};
 use noops_api::etcd_backup::{EtcdBackup, EtcdBackupStatus};
 use tracing::info;
@@ -22,8 +21,7 @@ use tracing::info;
 use super::volume::{self, Job, Outcome};
 use crate::core::apply::{controller_reference, create_if_missing};
 use crate::core::backup::controller::{
-    BackupResource, Context, Deletion, conclude, deleting_for, finish_clean_up, latest, remove_pod, with_finalizer,
-    write_status,
+    Begun, Context, Deletion, backup_resource, begin, conclude, deleting_for, finish_clean_up, remove_pod, write_status,
 };
 use crate::core::backup::progress::{self, Timing};
 use crate::core::backup::schedule::elapsed;
@@ -46,24 +44,7 @@ const TIMING: Timing = Timing {
     in_progress_check: Duration::from_secs(10),
 };
 
-impl BackupResource for EtcdBackup {
-    type Status = EtcdBackupStatus;
-
-    fn progress_mut(status: &mut EtcdBackupStatus) -> &mut BackupProgress {
-        &mut status.progress
-    }
-}
-
-pub async fn reconcile(backup: Arc<EtcdBackup>, ctx: &Context) -> Result<Action> {
-    with_finalizer(
-        backup,
-        &ctx.client,
-        FINALIZER,
-        |backup| async move { make(&backup, ctx).await },
-        |backup| async move { clean_up(&backup, ctx).await },
-    )
-    .await
-}
+backup_resource!(EtcdBackup, EtcdBackupStatus, FINALIZER);
 
 /// Where a backup stands after this pass.
 type Verdict = progress::Verdict<snapshot::Taken>;
@@ -72,19 +53,20 @@ fn pod_name(backup: &EtcdBackup, job: Job) -> String {
     volume::pod_name(&backup.name_any(), &backup.uid().unwrap_or_default(), job)
 }
 
-async fn make(cached: &EtcdBackup, ctx: &Context) -> Result<Action> {
-    let Some(backup) = latest(&ctx.client, cached).await? else {
-        return Ok(Action::await_change());
+pub async fn make(cached: Arc<EtcdBackup>, ctx: Arc<Context>) -> Result<Action> {
+    let ctx = &*ctx;
+    let cached = &*cached;
+    let Begun {
+        backup,
+        mut version,
+        mut status,
+        started,
+        now,
+    } = match begin(ctx, cached, |b| pod_name(b, Job::Save)).await? {
+        Ok(begun) => begun,
+        Err(action) => return Ok(action),
     };
     let backup = &backup;
-    let mut version = backup.resource_version();
-    let mut status = backup.status.clone().unwrap_or_default();
-    if status.progress.is_done() {
-        // An operator stopped between the last status write and removing its pod.
-        return remove_pod(&ctx.client, backup, &pod_name(backup, Job::Save)).await;
-    }
-    let now = jiff::Timestamp::now();
-    let started = status.progress.started_at.as_ref().map_or(now, |t| t.0);
     let Some(verdict) = take_or_go_on(backup, &mut status, &mut version, started, ctx).await? else {
         return Ok(Action::requeue(Duration::from_secs(1)));
     };
@@ -364,7 +346,9 @@ const CLEANUP_DEADLINE: Duration = Duration::from_secs(300);
 /// Deletes the snapshot of a deleted EtcdBackup. While a new cluster is being restored from it,
 /// it waits. One that cannot be deleted (its keys gone, or the store away past the deadline)
 /// is reported and left: the EtcdBackup still goes.
-async fn clean_up(backup: &EtcdBackup, ctx: &Context) -> Result<Action> {
+pub async fn clean_up(backup: Arc<EtcdBackup>, ctx: Arc<Context>) -> Result<Action> {
+    let ctx = &*ctx;
+    let backup = &*backup;
     let status = backup.status.clone().unwrap_or_default();
     let (Some(destination), Some(key)) = (Destination::of_status(&status), status.key) else {
         return Ok(Action::await_change());

@@ -7,7 +7,7 @@
 use k8s_openapi::api::core::v1::{
     Container, Pod, PodSecurityContext, PodSpec, SecretVolumeSource, Volume, VolumeMount,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use noops_api::etcd::VolumeDestination;
 
 use crate::core::backup::task_pod;
@@ -121,43 +121,30 @@ fn pod(
     image: &str,
     owner: &OwnerReference,
 ) -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(namespace.into()),
-            labels: Some(labels::child(
-                cluster,
-                "noops.dev/etcd-backup-job",
-                job.verb(),
-                Some(COMPONENT),
-            )),
-            owner_references: Some(vec![owner.clone()]),
+    let owned = task_pod::Owned {
+        name,
+        namespace,
+        labels: labels::child(cluster, "noops.dev/etcd-backup-job", job.verb(), Some(COMPONENT)),
+        owner,
+    };
+    let spec = PodSpec {
+        containers: vec![Container {
+            name: job.verb().into(),
+            image: Some(image.into()),
+            args: Some(args),
+            volume_mounts: Some(mounts),
+            termination_message_policy: Some("File".into()),
             ..Default::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![Container {
-                name: job.verb().into(),
-                image: Some(image.into()),
-                args: Some(args),
-                volume_mounts: Some(mounts),
-                termination_message_policy: Some("File".into()),
-                ..Default::default()
-            }],
-            volumes: Some(volumes),
-            restart_policy: Some("Never".into()),
-            enable_service_links: Some(false),
-            // They never call the API.
-            automount_service_account_token: Some(false),
-            // The operator's image runs as 65532: the volume's files are made its group's.
-            security_context: Some(PodSecurityContext {
-                fs_group: Some(OPERATOR_GROUP),
-                fs_group_change_policy: Some("OnRootMismatch".into()),
-                ..Default::default()
-            }),
+        }],
+        volumes: Some(volumes),
+        // The operator's image runs as 65532: the volume's files are made its group's.
+        security_context: Some(PodSecurityContext {
+            fs_group: Some(OPERATOR_GROUP),
             ..Default::default()
         }),
-        status: None,
-    }
+        ..Default::default()
+    };
+    task_pod::build(owned, spec)
 }
 
 /// The group the operator's image runs as (`USER 65532:65532`).

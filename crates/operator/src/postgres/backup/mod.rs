@@ -15,7 +15,7 @@ pub mod pods;
 mod reconcile;
 
 use crate::core::backup::controller;
-use crate::core::controller::{Registration, Runtime};
+use crate::core::controller::Registration;
 
 pub use reconcile::{FINALIZER, keep_wal_from};
 
@@ -23,13 +23,13 @@ pub use reconcile::{FINALIZER, keep_wal_from};
 pub const CONTROLLER: Registration = Registration {
     name: "postgresbackup",
     about: "PostgresBackup: base backups of PostgreSQLs in an S3-compatible store or a volume",
-    run: |runtime| Box::pin(run(runtime)),
+    run: |runtime| {
+        Box::pin(controller::run(
+            runtime,
+            CONTROLLER.name,
+            pods::COMPONENT,
+            reconcile::make,
+            reconcile::clean_up,
+        ))
+    },
 };
-
-/// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
-pub async fn run(runtime: Runtime) {
-    controller::run(runtime, CONTROLLER.name, pods::COMPONENT, |backup, ctx| async move {
-        reconcile::reconcile(backup, &ctx).await
-    })
-    .await;
-}

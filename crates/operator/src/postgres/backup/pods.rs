@@ -8,7 +8,9 @@ use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, Pod, PodSecurityContext, PodSpec, SecretKeySelector, Volume,
     VolumeMount,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+use crate::core::backup::task_pod;
 use noops_api::postgres::BackupLocation;
 
 use crate::core::labels;
@@ -143,53 +145,45 @@ fn pod(
     let mut all_args = vec!["pg-instance".to_string()];
     all_args.extend(args);
     let labels = labels::child(place.postgresql, JOB_LABEL, job.verb(), Some(COMPONENT));
-    Some(Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(place.namespace.into()),
-            labels: Some(labels),
-            owner_references: Some(vec![owner.clone()]),
+    let owned = task_pod::Owned {
+        name,
+        namespace: place.namespace,
+        labels,
+        owner,
+    };
+    let spec = PodSpec {
+        init_containers: Some(vec![Container {
+            name: "install".into(),
+            image: Some(operator_image.into()),
+            args: Some(vec![
+                "pg-instance".into(),
+                "install".into(),
+                format!("--to={INSTANCE_MANAGER}"),
+            ]),
+            volume_mounts: Some(vec![controller]),
             ..Default::default()
-        },
-        spec: Some(PodSpec {
-            init_containers: Some(vec![Container {
-                name: "install".into(),
-                image: Some(operator_image.into()),
-                args: Some(vec![
-                    "pg-instance".into(),
-                    "install".into(),
-                    format!("--to={INSTANCE_MANAGER}"),
-                ]),
-                volume_mounts: Some(vec![controller]),
-                ..Default::default()
-            }]),
-            containers: vec![Container {
-                name: job.verb().into(),
-                image: Some(image(place.version)),
-                command: Some(vec![INSTANCE_MANAGER.into()]),
-                args: Some(all_args),
-                env: Some(env),
-                volume_mounts: Some(mounts),
-                termination_message_policy: Some("FallbackToLogsOnError".into()),
-                ..Default::default()
-            }],
-            volumes: Some(volumes),
-            restart_policy: Some("Never".into()),
-            enable_service_links: Some(false),
-            // They never call the API.
-            automount_service_account_token: Some(false),
-            security_context: Some(PodSecurityContext {
-                run_as_user: Some(POSTGRES_UID),
-                run_as_group: Some(POSTGRES_UID),
-                fs_group: Some(POSTGRES_UID),
-                run_as_non_root: Some(true),
-                fs_group_change_policy: Some("OnRootMismatch".into()),
-                ..Default::default()
-            }),
+        }]),
+        containers: vec![Container {
+            name: job.verb().into(),
+            image: Some(image(place.version)),
+            command: Some(vec![INSTANCE_MANAGER.into()]),
+            args: Some(all_args),
+            env: Some(env),
+            volume_mounts: Some(mounts),
+            termination_message_policy: Some("FallbackToLogsOnError".into()),
+            ..Default::default()
+        }],
+        volumes: Some(volumes),
+        security_context: Some(PodSecurityContext {
+            run_as_user: Some(POSTGRES_UID),
+            run_as_group: Some(POSTGRES_UID),
+            fs_group: Some(POSTGRES_UID),
+            run_as_non_root: Some(true),
             ..Default::default()
         }),
-        status: None,
-    })
+        ..Default::default()
+    };
+    Some(task_pod::build(owned, spec))
 }
 
 #[cfg(test)]

@@ -16,7 +16,6 @@ use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use noops_api::PostgreSQL;
-use noops_api::backup::BackupProgress;
 use noops_api::postgres::BackupLocation;
 use noops_api::postgres_backup::{PostgresBackup, PostgresBackupStatus};
 use tracing::info;
@@ -24,8 +23,7 @@ use tracing::info;
 use super::pods::{self, Job, Place};
 use crate::core::apply::{controller_reference, create_if_missing};
 use crate::core::backup::controller::{
-    BackupResource, Context, Deletion, conclude, deleting_for, finish_clean_up, latest, remove_pod, with_finalizer,
-    write_status,
+    Begun, Context, Deletion, backup_resource, begin, conclude, deleting_for, finish_clean_up, remove_pod, write_status,
 };
 use crate::core::backup::progress::{self, Timing};
 use crate::core::backup::schedule::elapsed;
@@ -54,24 +52,7 @@ const TIMING: Timing = Timing {
 /// goes anyway (its files are left in the store, with a Warning).
 const CLEANUP_DEADLINE: Duration = Duration::from_secs(300);
 
-impl BackupResource for PostgresBackup {
-    type Status = PostgresBackupStatus;
-
-    fn progress_mut(status: &mut PostgresBackupStatus) -> &mut BackupProgress {
-        &mut status.progress
-    }
-}
-
-pub async fn reconcile(backup: Arc<PostgresBackup>, ctx: &Context) -> Result<Action> {
-    with_finalizer(
-        backup,
-        &ctx.client,
-        FINALIZER,
-        |backup| async move { make(&backup, ctx).await },
-        |backup| async move { clean_up(&backup, ctx).await },
-    )
-    .await
-}
+backup_resource!(PostgresBackup, PostgresBackupStatus, FINALIZER);
 
 /// Where a backup stands after this pass.
 type Verdict = progress::Verdict<Box<Taken>>;
@@ -80,20 +61,20 @@ fn pod_name(backup: &PostgresBackup, job: Job) -> String {
     task_pod::name(&backup.name_any(), &backup.uid().unwrap_or_default(), job.verb())
 }
 
-async fn make(cached: &PostgresBackup, ctx: &Context) -> Result<Action> {
-    let Some(backup) = latest(&ctx.client, cached).await? else {
-        return Ok(Action::await_change());
+pub async fn make(cached: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result<Action> {
+    let ctx = &*ctx;
+    let cached = &*cached;
+    let Begun {
+        backup,
+        mut version,
+        mut status,
+        started,
+        now,
+    } = match begin(ctx, cached, |b| pod_name(b, Job::Base)).await? {
+        Ok(begun) => begun,
+        Err(action) => return Ok(action),
     };
     let backup = &backup;
-    let mut version = backup.resource_version();
-    let mut status = backup.status.clone().unwrap_or_default();
-    if status.progress.is_done() {
-        // An operator stopped between the last status write and removing the pod (or a pod
-        // left on a dead node, removed once its grace has passed).
-        return remove_pod(&ctx.client, backup, &pod_name(backup, Job::Base)).await;
-    }
-    let now = jiff::Timestamp::now();
-    let started = status.progress.started_at.as_ref().map_or(now, |t| t.0);
     let namespace = backup.namespace().unwrap_or_default();
     let databases: Api<PostgreSQL> = Api::namespaced(ctx.client.clone(), &namespace);
     let pg = databases.get_opt(&backup.spec.postgresql).await?;
@@ -351,7 +332,9 @@ pub fn keep_wal_from(backup: &PostgresBackup, all: &[PostgresBackup]) -> Option<
 /// Deletes the base backup of a deleted PostgresBackup. While a new database is being
 /// restored from it, it waits. One that cannot be deleted (its keys gone, its pod unable to
 /// start, the store away past the deadline) is reported and left: the PostgresBackup still goes.
-async fn clean_up(backup: &PostgresBackup, ctx: &Context) -> Result<Action> {
+pub async fn clean_up(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result<Action> {
+    let ctx = &*ctx;
+    let backup = &*backup;
     let status = backup.status.clone().unwrap_or_default();
     let Some(location) = status.destination.clone() else {
         return Ok(Action::await_change());
