@@ -82,3 +82,36 @@ where
     let _ = reader.wait_until_ready().await;
     (reader, Changes { receiver })
 }
+
+/// The objects of `store` in `namespace`.
+pub fn in_namespace<K>(store: &Store<K>, namespace: &str) -> Vec<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone,
+{
+    store
+        .state()
+        .iter()
+        .filter(|o| o.meta().namespace.as_deref() == Some(namespace))
+        .map(|o| (**o).clone())
+        .collect()
+}
+
+/// The controller's own objects (from its store) in `namespace` for which `concerned` holds,
+/// as the references a change wakes: how a change of an object they name (a user Secret, a
+/// backup) reaches them.
+pub fn concerned<K>(
+    store: &Store<kube::core::DeserializeGuard<K>>,
+    namespace: &str,
+    concerned: impl Fn(&K) -> bool,
+) -> Vec<reflector::ObjectRef<kube::core::DeserializeGuard<K>>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone,
+{
+    store
+        .state()
+        .iter()
+        .filter_map(|guard| guard.0.as_ref().ok())
+        .filter(|o| o.meta().namespace.as_deref() == Some(namespace) && concerned(o))
+        .map(|o| reflector::ObjectRef::new(&o.name_any()).within(namespace))
+        .collect()
+}

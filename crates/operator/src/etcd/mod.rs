@@ -48,11 +48,11 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, 
 use kube::ResourceExt;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::controller::Controller;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use noops_api::EtcdCluster;
+use noops_api::{EtcdBackup, EtcdCluster};
 
-use crate::core::cache::shared_cache;
+use crate::core::cache::{concerned, shared_cache};
 use crate::core::controller::{Registration, Runtime, drive, scoped_api};
 use crate::core::user_secrets::UserSecrets;
 
@@ -76,6 +76,8 @@ pub struct State {
     pub image: String,
     /// How long the member and client certificates it issues are valid.
     pub certificate_lifetime: std::time::Duration,
+    /// Every EtcdCluster, as the controller's own watch keeps them.
+    pub clusters: Store<DeserializeGuard<EtcdCluster>>,
 }
 
 /// What every reconcile of this controller shares.
@@ -98,6 +100,11 @@ pub async fn run(runtime: Runtime) {
     let (secrets, _) = shared_cache(scoped_api::<Secret>(&client, &namespace), ours.clone()).await;
     let (services, _) = shared_cache(scoped_api::<Service>(&client, &namespace), ours.clone()).await;
     let (config_maps, _) = shared_cache(scoped_api::<ConfigMap>(&client, &namespace), ours).await;
+    let (backups, backup_changes) = shared_cache(
+        scoped_api::<EtcdBackup>(&client, &namespace),
+        watcher::Config::default(),
+    )
+    .await;
     // The metadata of every Secret: a user's certificate Secret is read only when it changed,
     // and its change wakes the clusters that name it.
     let (secret_metadata, secret_changes) = shared_cache(
@@ -105,6 +112,15 @@ pub async fn run(runtime: Runtime) {
         watcher::Config::default(),
     )
     .await;
+    let controller = Controller::new(
+        scoped_api::<DeserializeGuard<EtcdCluster>>(&client, &namespace),
+        watcher::Config::default().any_semantic(),
+    )
+    .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
+    // A member's pod or volume that changes wakes its cluster once the cache holds it.
+    .owns_shared_stream(pod_changes)
+    .owns_shared_stream(volume_changes);
+    let clusters = controller.store();
     let ctx = Context::new(
         CONTROLLER.name,
         &client,
@@ -116,35 +132,33 @@ pub async fn run(runtime: Runtime) {
                 secrets,
                 services,
                 config_maps,
+                backups,
             },
             user_secrets: UserSecrets::new(client.clone(), secret_metadata),
             image,
             certificate_lifetime,
+            clusters: clusters.clone(),
         },
     );
-    let controller = Controller::new(
-        scoped_api::<DeserializeGuard<EtcdCluster>>(&client, &namespace),
-        watcher::Config::default().any_semantic(),
-    )
-    .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
-    // A member's pod or volume that changes wakes its cluster once the cache holds it.
-    .owns_shared_stream(pod_changes)
-    .owns_shared_stream(volume_changes);
-    let clusters = controller.store();
     let controller = controller
+        // A backup wakes the cluster it is of, and one that starts from it.
+        .watches_shared_stream(backup_changes, {
+            let clusters = clusters.clone();
+            move |backup: Arc<EtcdBackup>| {
+                let name = backup.name_any();
+                concerned(&clusters, &backup.namespace().unwrap_or_default(), |cluster| {
+                    cluster.name_any() == backup.spec.cluster || backups::starting_from(cluster) == Some(&name)
+                })
+            }
+        })
+        // A user's certificate Secret wakes the clusters that name it.
         .watches_shared_stream(secret_changes, {
             let clusters = clusters.clone();
             move |secret: Arc<PartialObjectMeta<Secret>>| {
-                let namespace = secret.namespace().unwrap_or_default();
                 let name = secret.name_any();
-                clusters
-                    .state()
-                    .into_iter()
-                    .filter_map(|guard| guard.0.as_ref().ok().cloned())
-                    .filter(|cluster| cluster.namespace().as_deref() == Some(namespace.as_str()))
-                    .filter(|cluster| names::Names::of(cluster).user_secret_names().contains(&name))
-                    .map(|cluster| ObjectRef::new(&cluster.name_any()).within(&namespace))
-                    .collect::<Vec<_>>()
+                concerned(&clusters, &secret.namespace().unwrap_or_default(), |cluster| {
+                    names::Names::of(cluster).user_secret_names().contains(&name)
+                })
             }
         })
         .graceful_shutdown_on(shutdown.fired());

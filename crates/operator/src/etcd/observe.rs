@@ -35,6 +35,8 @@ pub struct Caches {
     pub secrets: Store<Secret>,
     pub services: Store<Service>,
     pub config_maps: Store<ConfigMap>,
+    /// Every EtcdBackup (they carry no cluster label until scheduled, and outlive clusters).
+    pub backups: Store<noops_api::etcd_backup::EtcdBackup>,
 }
 
 fn of_cluster<K: kube::Resource>(objects: Vec<Arc<K>>, names: &Names) -> impl Iterator<Item = Arc<K>> {

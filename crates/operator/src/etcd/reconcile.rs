@@ -22,6 +22,8 @@ use super::observe::{self, Children, EtcdView};
 use super::status::{self, Outcome, Problems};
 use super::{Context, backups, bootstrap, restore, services, tls, validate};
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing};
+use crate::core::backup::retention::being_restored;
+use crate::core::cache::in_namespace;
 use crate::core::events::Announcement;
 use crate::core::stamp::{stamp, up_to_date};
 use crate::core::stuck::stuck;
@@ -144,7 +146,7 @@ impl<'a> Pass<'a> {
                 // Said at once: the pod knows long before a grace period or a deadline passes.
                 stuck_pod: stuck(observe::pods_that_serve(children, &facts), now),
             },
-            backups: backups::Book::of(cluster),
+            backups: backups::summary(cluster),
             defragmented: None,
             unavailable_version: previous.unavailable_version.clone(),
             restored_from: previous.restored_from.clone().or_else(|| {
@@ -265,18 +267,19 @@ impl<'a> Pass<'a> {
         })
     }
 
-    /// Scheduled backups and retention, when one is due; returns when the next is due.
-    /// Backups are bookkeeping beside the cluster: a failure here is logged and tried again,
-    /// and never holds up the cluster's own progress or status.
+    /// Scheduled backups and retention; returns when the next is due. Backups are bookkeeping
+    /// beside the cluster: a failure here is logged and tried again, and never holds up the
+    /// cluster's own progress or status.
     async fn keep_backups(&self, outcome: &mut Outcome) -> Option<Duration> {
-        let busy = outcome.operation.is_some();
-        if outcome.cluster_id.is_none() || !backups::worth_a_look(self.cluster, &outcome.backups, busy, self.now) {
-            return None;
-        }
+        // A cluster not bootstrapped yet has nothing to back up.
+        outcome.cluster_id.as_ref()?;
+        let backups = in_namespace(&self.ctx.caches.backups, &self.names.namespace);
+        let being_restored = being_restored(&self.ctx.clusters, &self.names.namespace, backups::starting_from);
         match backups::keep(
             self.cluster,
             &self.names,
             &self.ctx.client,
+            (&backups, &being_restored),
             &mut outcome.backups,
             self.now,
         )

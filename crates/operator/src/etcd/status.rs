@@ -45,7 +45,7 @@ pub struct Outcome {
     pub next_member_index: i64,
     pub cluster_id: Option<String>,
     pub problems: Problems,
-    pub backups: super::backups::Book,
+    pub backups: crate::core::backup::retention::BackupsSummary,
     /// The backup the cluster was (or is being) started from.
     pub restored_from: Option<String>,
     /// The member defragmented in this pass, if any.
@@ -85,7 +85,7 @@ pub fn build(
     let mut conditions = merge(&previous.conditions, &decided, cluster.metadata.generation, now);
     // A cluster that no longer says where backups go has nothing to report on them.
     if cluster.spec.backup.is_none() {
-        conditions.retain(|c| c.type_ != super::backups::BACKUP_SUCCEEDED);
+        conditions.retain(|c| c.type_ != crate::core::backup::retention::BACKUP_SUCCEEDED);
     }
     let mut endpoints = vec![names.client_url()];
     endpoints.extend(

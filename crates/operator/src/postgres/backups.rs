@@ -11,7 +11,6 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::DeleteParams;
 use kube::{Api, Client, ResourceExt};
 use noops_api::PostgreSQL;
@@ -21,52 +20,29 @@ use super::names::{Names, POSTGRES_LABEL};
 use super::problem::PlanProblem;
 use super::store::{BaseBackupDestination, Destination};
 use crate::core::apply::{create_if_missing, delete_if_present};
-use crate::core::backup::schedule::{self, Kept, SCHEDULED_LABEL};
-use crate::core::conditions::Decided;
+use crate::core::backup::retention::{self, BackupsSummary};
+use crate::core::backup::schedule;
 use crate::core::events::Announcement;
 use crate::core::{Result, crash};
 
 /// The UID of the PostgreSQL a backup was made for (a database deleted and made again under
 /// the same name is another database).
 pub const POSTGRES_UID_LABEL: &str = "noops.dev/postgresql-uid";
-/// The condition that says how the newest finished backup went.
-pub const BACKUP_SUCCEEDED: &str = "BackupSucceeded";
 /// How long after a first backup failed another first one is made; it doubles with each
 /// failure in a row, up to [`FIRST_AGAIN_AT_MOST`].
 const FIRST_AGAIN_AFTER: Duration = Duration::from_secs(60);
 const FIRST_AGAIN_AT_MOST: Duration = Duration::from_secs(3600);
 
-/// The backup bookkeeping kept in the database's status.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Book {
-    pub last_scheduled_time: Option<Time>,
-    pub last_backup: Option<String>,
-    pub last_backup_time: Option<Time>,
-    pub stored_backups: Option<i32>,
-    /// [`BACKUP_SUCCEEDED`]: the newest finished backup succeeded, or why it failed.
-    pub condition: Option<Decided>,
-}
-
-impl Book {
-    /// As the last status left it.
-    pub fn of(pg: &PostgreSQL) -> Self {
-        let status = pg.status.clone().unwrap_or_default();
-        let condition = status.conditions.iter().find(|c| c.type_ == BACKUP_SUCCEEDED).map(|c| {
-            let stored = c.status == "True";
-            Decided::new(BACKUP_SUCCEEDED, stored, reason(stored), c.message.clone())
-        });
-        Self {
-            last_scheduled_time: status.last_scheduled_time,
-            last_backup: status.last_backup,
-            last_backup_time: status.last_backup_time,
-            stored_backups: status.stored_backups,
-            condition,
-        }
-    }
-}
-
-fn reason(stored: bool) -> &'static str {
-    if stored { "BackupStored" } else { "BackupFailed" }
+/// What the database's last status said of its backups.
+pub fn summary(pg: &PostgreSQL) -> BackupsSummary {
+    let status = pg.status.clone().unwrap_or_default();
+    BackupsSummary::of(
+        &status.conditions,
+        status.last_scheduled_time,
+        status.last_backup,
+        status.last_backup_time,
+        status.stored_backups,
+    )
 }
 
 fn phase(backup: &PostgresBackup) -> Option<&str> {
@@ -148,24 +124,14 @@ pub fn schedule_problem(pg: &PostgreSQL) -> Option<PlanProblem> {
 
 /// A backup of `pg` made by the operator (first or scheduled), for `at`.
 fn scheduled_backup(pg: &PostgreSQL, names: &Names, at: jiff::Timestamp) -> PostgresBackup {
+    let uid = pg.metadata.uid.clone().unwrap_or_default();
     PostgresBackup {
-        metadata: ObjectMeta {
-            name: Some(schedule::backup_name(&names.name, at)),
-            namespace: Some(names.namespace.clone()),
-            // Not owned by the database: backups outlive it (to restore from).
-            labels: Some(
-                [
-                    (POSTGRES_LABEL.to_string(), names.name.clone()),
-                    (
-                        POSTGRES_UID_LABEL.to_string(),
-                        pg.metadata.uid.clone().unwrap_or_default(),
-                    ),
-                    (SCHEDULED_LABEL.to_string(), "true".to_string()),
-                ]
-                .into(),
-            ),
-            ..Default::default()
-        },
+        metadata: retention::scheduled_metadata(
+            schedule::backup_name(&names.name, at),
+            &names.namespace,
+            (POSTGRES_LABEL, &names.name),
+            (POSTGRES_UID_LABEL, &uid),
+        ),
         spec: PostgresBackupSpec {
             postgresql: names.name.clone(),
         },
@@ -198,7 +164,7 @@ pub async fn keep(
     client: &Client,
     namespace: &NamespaceView<'_>,
     serving: bool,
-    book: &mut Book,
+    book: &mut BackupsSummary,
     now: jiff::Timestamp,
 ) -> Result<Pass> {
     let mut pass = Pass::default();
@@ -219,10 +185,11 @@ pub async fn keep(
         }
         look_again = Some(FIRST_AGAIN_AFTER);
     }
-    if let Some(cron) = spec.schedule.as_deref().and_then(|s| schedule::parse(s).ok()) {
-        // A schedule first seen now makes its first backup at its next time.
-        let last = book.last_scheduled_time.as_ref().map_or(now, |t| t.0);
-        let due = schedule::due(&cron, last, now).map_err(|e| crate::core::Error::InvalidSpec(e.to_string()))?;
+    // A schedule the parser refuses is told as a plan problem; the rest goes on.
+    if let Some(pattern) = spec.schedule.as_deref().filter(|p| schedule::parse(p).is_ok()) {
+        let due = book
+            .follow_schedule(pattern, now)
+            .map_err(|e| crate::core::Error::InvalidSpec(e.to_string()))?;
         if let Some(at) = due.now {
             if serving {
                 let backup = scheduled_backup(pg, names, at);
@@ -240,25 +207,13 @@ pub async fn keep(
                 ));
             }
         }
-        book.last_scheduled_time = Some(Time(due.now.unwrap_or(last)));
-        let next = Duration::try_from(due.next.duration_since(now)).unwrap_or_default();
-        look_again = Some(look_again.map_or(next, |l: Duration| l.min(next)));
+        look_again = Some(look_again.map_or(due.next_in, |l: Duration| l.min(due.next_in)));
     }
 
     // Backups a new database is being restored from are never deleted under it.
     let in_use = |name: &str| namespace.being_restored.contains(name);
-    let scheduled: Vec<Kept> = mine
-        .iter()
-        .filter(|b| b.labels().get(SCHEDULED_LABEL).map(String::as_str) == Some("true"))
-        .filter(|b| b.metadata.deletion_timestamp.is_none() && !in_use(&b.name_any()))
-        .map(|b| Kept {
-            name: b.name_any(),
-            created: b.creation_timestamp().map_or(now, |t| t.0),
-            succeeded: phase(b) == Some("Succeeded"),
-        })
-        .collect();
-    let max = usize::try_from(spec.max_backups).unwrap_or(1).max(1);
-    let gone = schedule::to_delete(&scheduled, max);
+    let gone = retention::beyond_max(&mine, in_use, spec.max_backups, now);
+    let max = spec.max_backups;
     for name in &gone {
         if delete_if_present(&api, name, &DeleteParams::default()).await? {
             crash::point("postgres: a backup deleted by retention");
@@ -269,47 +224,20 @@ pub async fn keep(
         }
     }
     let left: Vec<&PostgresBackup> = mine.into_iter().filter(|b| !gone.contains(&b.name_any())).collect();
-    count(book, &left);
+    book.count(&left, stored);
     pass.look_again = look_again;
     Ok(pass)
 }
 
-/// Counts the successful backups, the newest, and how the newest finished one went. Pure.
-pub fn count(book: &mut Book, backups: &[&PostgresBackup]) {
-    let counted: Vec<schedule::Counted> = backups
-        .iter()
-        .map(|b| schedule::Counted {
-            name: b.name_any(),
-            phase: phase(b).map(str::to_string),
-            completed: b
-                .status
-                .as_ref()
-                .and_then(|s| s.progress.completed_at.as_ref())
-                .map(|t| t.0),
-            deleting: b.metadata.deletion_timestamp.is_some(),
-        })
-        .collect();
-    let tally = schedule::tally(&counted);
-    book.stored_backups = Some(tally.stored);
-    if let Some((name, at)) = tally.newest_stored {
-        book.last_backup = Some(name);
-        book.last_backup_time = Some(Time(at));
-    }
-    if let Some((index, stored)) = tally.newest_finished {
-        let backup = backups[index];
-        let status = backup.status.clone().unwrap_or_default();
-        let message = if stored {
-            format!(
-                "PostgresBackup {} stored a base backup ending at WAL {} at {}",
-                backup.name_any(),
-                status.end_wal.unwrap_or_default(),
-                status.progress.location.unwrap_or_default()
-            )
-        } else {
-            schedule::failure("PostgresBackup", &backup.name_any(), &status.progress.conditions)
-        };
-        book.condition = Some(Decided::new(BACKUP_SUCCEEDED, stored, reason(stored), message));
-    }
+/// What a successful backup stored, for the database's condition.
+fn stored(backup: &PostgresBackup) -> String {
+    let status = backup.status.clone().unwrap_or_default();
+    format!(
+        "PostgresBackup {} stored a base backup ending at WAL {} at {}",
+        backup.name_any(),
+        status.end_wal.unwrap_or_default(),
+        status.progress.location.unwrap_or_default()
+    )
 }
 
 /// The backup `pg` is a new database still starting from, if it is one.
@@ -421,14 +349,14 @@ mod tests {
             backup("new", "shop", "Failed", "7", 200),
             backup("running", "shop", "Running", "7", 300),
         );
-        let mut book = Book::default();
-        count(&mut book, &[&old, &failed, &running]);
+        let mut book = BackupsSummary::default();
+        book.count(&[&old, &failed, &running], stored);
         let condition = book.condition.clone().unwrap();
         assert_eq!((condition.status, condition.reason), (false, "BackupFailed"));
         assert_eq!(book.stored_backups, Some(1), "a failure still leaves the older backup");
         assert_eq!(book.last_backup.as_deref(), Some("old"));
         let newer = backup("newer", "shop", "Succeeded", "7", 250);
-        count(&mut book, &[&old, &failed, &newer]);
+        book.count(&[&old, &failed, &newer], stored);
         let condition = book.condition.unwrap();
         assert_eq!((condition.status, condition.reason), (true, "BackupStored"));
         assert!(

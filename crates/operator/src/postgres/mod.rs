@@ -55,7 +55,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use noops_api::{PostgreSQL, PostgresBackup};
 
-use crate::core::cache::shared_cache;
+use crate::core::cache::{concerned, shared_cache};
 use crate::core::controller::{Registration, Runtime, drive, scoped_api};
 use crate::core::user_secrets::UserSecrets;
 
@@ -155,45 +155,24 @@ pub async fn run(runtime: Runtime) {
         .watches_shared_stream(backup_changes, {
             let databases = databases.clone();
             move |backup: Arc<PostgresBackup>| {
-                let namespace = backup.namespace().unwrap_or_default();
                 let name = backup.name_any();
-                databases
-                    .state()
-                    .into_iter()
-                    .filter_map(|guard| guard.0.as_ref().ok().cloned())
-                    .filter(|pg| pg.namespace().as_deref() == Some(namespace.as_str()))
-                    .filter(|pg| {
-                        pg.name_any() == backup.spec.postgresql
-                            || pg
-                                .spec
-                                .bootstrap
-                                .as_ref()
-                                .and_then(|b| b.from_backup.as_ref())
-                                .is_some_and(|b| b.name == name)
-                    })
-                    .map(|pg| ObjectRef::new(&pg.name_any()).within(&namespace))
-                    .collect::<Vec<_>>()
+                concerned(&databases, &backup.namespace().unwrap_or_default(), |pg| {
+                    pg.name_any() == backup.spec.postgresql || backups::starting_from(pg) == Some(&name)
+                })
             }
         })
+        // So does a password or bucket-key Secret the databases that name it.
         .watches_shared_stream(secret_changes, move |secret: Arc<PartialObjectMeta<Secret>>| {
-            let namespace = secret.namespace().unwrap_or_default();
             let name = secret.name_any();
-            databases
-                .state()
-                .into_iter()
-                .filter_map(|guard| guard.0.as_ref().ok().cloned())
-                .filter(|pg| pg.namespace().as_deref() == Some(namespace.as_str()))
-                .filter(|pg| {
-                    let credentials = pg
-                        .spec
-                        .backup
-                        .as_ref()
-                        .and_then(|b| b.s3.as_ref())
-                        .map(|s3| &s3.credentials_secret);
-                    pg.spec.password_secret == name || credentials == Some(&name)
-                })
-                .map(|pg| ObjectRef::new(&pg.name_any()).within(&namespace))
-                .collect::<Vec<_>>()
+            concerned(&databases, &secret.namespace().unwrap_or_default(), |pg| {
+                let credentials = pg
+                    .spec
+                    .backup
+                    .as_ref()
+                    .and_then(|b| b.s3.as_ref())
+                    .map(|s3| &s3.credentials_secret);
+                pg.spec.password_secret == name || credentials == Some(&name)
+            })
         })
         .graceful_shutdown_on(shutdown.fired());
     drive(controller, ctx, |pg, ctx: Arc<Context>| async move {

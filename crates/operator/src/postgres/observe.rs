@@ -1,13 +1,11 @@
 //! What a PostgreSQL reconcile sees of its children, from the watch caches.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
-use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
-use noops_api::{PostgreSQL, PostgresBackup};
+use noops_api::PostgresBackup;
 
 use super::names::Names;
 
@@ -54,29 +52,6 @@ pub fn children(caches: &Caches, names: &Names) -> Children {
         instance_config: get(&caches.config_maps, &names.instance_config(), ns),
         data_claim: get(&caches.claims, &names.data_claim(), ns),
     }
-}
-
-/// The PostgresBackups of the namespace.
-pub fn backups(caches: &Caches, names: &Names) -> Vec<PostgresBackup> {
-    caches
-        .backups
-        .state()
-        .iter()
-        .filter(|b| b.metadata.namespace.as_deref() == Some(names.namespace.as_str()))
-        .map(|b| (**b).clone())
-        .collect()
-}
-
-/// The backups a new database of the namespace is still starting from (read from the
-/// controller's own cache of PostgreSQLs): retention never deletes one under it.
-pub fn backups_being_restored(store: &Store<DeserializeGuard<PostgreSQL>>, names: &Names) -> BTreeSet<String> {
-    store
-        .state()
-        .iter()
-        .filter_map(|guard| guard.0.as_ref().ok())
-        .filter(|pg| pg.metadata.namespace.as_deref() == Some(names.namespace.as_str()))
-        .filter_map(|pg| super::backups::starting_from(pg).map(String::from))
-        .collect()
 }
 
 /// How the pod's `bootstrap` init container (which makes the data directory) stands.

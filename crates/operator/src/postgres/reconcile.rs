@@ -20,7 +20,7 @@ use noops_api::{PostgreSQL, PostgresBackup};
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::backups::{self, Book};
+use super::backups;
 use super::database::{self, Made};
 use super::events::announcements;
 use super::names::Names;
@@ -33,6 +33,8 @@ use super::status::{self, InstanceState, Seen};
 use super::store::{BaseBackupDestination, Destination};
 use super::{Context, destination, observe, restore, services, statefulset};
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
+use crate::core::backup::retention::{BackupsSummary, being_restored};
+use crate::core::cache::in_namespace;
 use crate::core::events::Announcement;
 use crate::core::stamp::{stamp, up_to_date};
 use crate::core::stuck::stuck;
@@ -129,8 +131,8 @@ impl<'a> Pass<'a> {
     async fn observe(&self) -> Result<Observed> {
         Ok(Observed {
             children: observe::children(&self.ctx.caches, &self.names),
-            backups: observe::backups(&self.ctx.caches, &self.names),
-            backups_being_restored: observe::backups_being_restored(&self.ctx.databases, &self.names),
+            backups: in_namespace(&self.ctx.caches.backups, &self.names.namespace),
+            backups_being_restored: being_restored(&self.ctx.databases, &self.names.namespace, backups::starting_from),
             user_secret: self
                 .ctx
                 .user_secrets
@@ -331,8 +333,8 @@ impl<'a> Pass<'a> {
     }
 
     /// Backups: the first, the scheduled, retention; an Event for each decision.
-    async fn keep_backups(&self, observed: &Observed, serving: bool) -> Result<(Book, backups::Pass)> {
-        let mut book = Book::of(self.pg);
+    async fn keep_backups(&self, observed: &Observed, serving: bool) -> Result<(BackupsSummary, backups::Pass)> {
+        let mut book = backups::summary(self.pg);
         let namespace = backups::NamespaceView {
             backups: &observed.backups,
             being_restored: &observed.backups_being_restored,
@@ -378,7 +380,7 @@ fn seen(
     checked: &Checked,
     applied: Applied,
     made: &Made,
-    book: Book,
+    book: BackupsSummary,
 ) -> Seen {
     let pod = observed.children.instance.as_deref();
     Seen {

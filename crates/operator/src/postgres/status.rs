@@ -9,11 +9,11 @@ use noops_api::PostgreSQL;
 use noops_api::condition::{DEGRADED, READY};
 use noops_api::postgres::{BackupLocation, PostgreSQLStatus, RestoreStatus};
 
-use super::backups::Book;
 use super::names::{Names, PORT};
 use super::problem::PlanProblem;
 use super::secrets::PasswordProblem;
 use super::sql::{Archiver, InstanceFacts};
+use crate::core::backup::retention::BackupsSummary;
 use crate::core::conditions::{Decided, merge};
 use crate::core::stuck::Stuck;
 
@@ -70,7 +70,7 @@ pub struct Seen {
     /// What the restore that made the data directory recovered, as the instance says (when it
     /// serves).
     pub restore: Option<RestoreStatus>,
-    pub book: Book,
+    pub book: BackupsSummary,
     pub bootstrap_source: Option<BackupLocation>,
     /// Why the instance waits for its dead node, if it does.
     pub node_lost: Option<String>,

@@ -84,13 +84,26 @@ macro_rules! backup_resource {
 }
 pub(crate) use backup_resource;
 
-/// Runs the controller of backups `K` named `name` until shutdown: each backup, and its task
-/// pods (labelled with `component`) waking it when they change. A pass is `make` while the
-/// backup lives, `clean_up` once it is being deleted (its finalizer goes when that succeeds).
-pub async fn run<K, M, MF, C, CF>(runtime: Runtime, name: &'static str, component: &str, make: M, clean_up: C)
+/// How a backup controller is made: its name, its task pods, and its two passes.
+pub struct BackupController<M, C> {
+    pub name: &'static str,
+    /// The component label of its task pods: a change of one wakes its backup.
+    pub component: &'static str,
+    /// The job of the task pod that makes a backup (`save`, `base`): it goes once the backup
+    /// is done.
+    pub maker_job: &'static str,
+    /// A pass over a backup not done yet ([`begin`] read it).
+    pub make: M,
+    /// A pass over a backup being deleted: its files go (its finalizer goes when this succeeds).
+    pub clean_up: C,
+}
+
+/// Runs a backup controller of backups `K` until shutdown: each backup, and its task pods
+/// waking it when they change.
+pub async fn run<K, M, MF, C, CF>(runtime: Runtime, made_of: BackupController<M, C>)
 where
     K: BackupResource,
-    M: Fn(Arc<K>, Arc<Context>) -> MF + Clone + Send + Sync + 'static,
+    M: Fn(Begun<K>, Arc<Context>) -> MF + Clone + Send + Sync + 'static,
     MF: Future<Output = Result<Action>> + Send + 'static,
     C: Fn(Arc<K>, Arc<Context>) -> CF + Clone + Send + Sync + 'static,
     CF: Future<Output = Result<Action>> + Send + 'static,
@@ -103,6 +116,13 @@ where
         image,
         ..
     } = runtime;
+    let BackupController {
+        name,
+        component,
+        maker_job,
+        make,
+        clean_up,
+    } = made_of;
     let ctx = Context::new(name, &client, metrics, TaskPods { image });
     let controller = Controller::new(
         scoped_api::<DeserializeGuard<K>>(&client, &namespace),
@@ -120,7 +140,13 @@ where
             let api: Api<K> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
             let result = finalizer(&api, K::FINALIZER, backup, |event| async {
                 match event {
-                    Finalizer::Apply(backup) => make(backup, ctx.clone()).await,
+                    Finalizer::Apply(backup) => {
+                        let pod = |b: &K| task_pod::name(&b.name_any(), &b.uid().unwrap_or_default(), maker_job);
+                        match begin(&ctx, &*backup, pod).await? {
+                            Ok(begun) => make(begun, ctx.clone()).await,
+                            Err(action) => Ok(action),
+                        }
+                    }
                     Finalizer::Cleanup(backup) => clean_up(backup, ctx.clone()).await,
                 }
             })
@@ -147,7 +173,7 @@ pub struct Begun<K: BackupResource> {
 /// nothing for a backup gone, and for one done (Succeeded or Failed, never taken again) only
 /// its task pod `pod` removed, left by an operator stopped between the last status write and
 /// removing it.
-pub async fn begin<K: BackupResource>(
+async fn begin<K: BackupResource>(
     ctx: &Context,
     cached: &K,
     pod: impl Fn(&K) -> String,
@@ -173,7 +199,7 @@ pub async fn begin<K: BackupResource>(
 
 /// The backup as the API has it now: the watch cache may not have seen the last status yet,
 /// and the work is decided on the latest word (every status write is made over its version).
-pub async fn latest<K: BackupResource>(client: &Client, cached: &K) -> Result<Option<K>> {
+async fn latest<K: BackupResource>(client: &Client, cached: &K) -> Result<Option<K>> {
     let api: Api<K> = Api::namespaced(client.clone(), &cached.namespace().unwrap_or_default());
     Ok(api.get_opt(&cached.name_any()).await?)
 }

@@ -12,6 +12,7 @@
 pub mod controller;
 pub mod destination;
 pub mod progress;
+pub mod retention;
 pub mod schedule;
 pub mod stores;
 pub mod task_pod;

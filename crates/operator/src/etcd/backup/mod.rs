@@ -12,7 +12,7 @@
 mod reconcile;
 pub mod volume;
 
-use crate::core::backup::controller;
+use crate::core::backup::controller::{self, BackupController};
 use crate::core::controller::Registration;
 
 pub use reconcile::{BACKUP_DEADLINE, FINALIZER};
@@ -24,10 +24,13 @@ pub const CONTROLLER: Registration = Registration {
     run: |runtime| {
         Box::pin(controller::run(
             runtime,
-            CONTROLLER.name,
-            volume::COMPONENT,
-            reconcile::make,
-            reconcile::clean_up,
+            BackupController {
+                name: CONTROLLER.name,
+                component: volume::COMPONENT,
+                maker_job: "save",
+                make: reconcile::make,
+                clean_up: reconcile::clean_up,
+            },
         ))
     },
 };

@@ -21,7 +21,7 @@ use tracing::info;
 use super::volume::{self, Job, Outcome};
 use crate::core::apply::{controller_reference, create_if_missing};
 use crate::core::backup::controller::{
-    Begun, Context, Deletion, backup_resource, begin, conclude, deleting_for, finish_clean_up, remove_pod, write_status,
+    Begun, Context, Deletion, backup_resource, conclude, deleting_for, finish_clean_up, remove_pod, write_status,
 };
 use crate::core::backup::progress::{self, Timing};
 use crate::core::backup::schedule::elapsed;
@@ -53,19 +53,15 @@ fn pod_name(backup: &EtcdBackup, job: Job) -> String {
     volume::pod_name(&backup.name_any(), &backup.uid().unwrap_or_default(), job)
 }
 
-pub async fn make(cached: Arc<EtcdBackup>, ctx: Arc<Context>) -> Result<Action> {
+pub async fn make(begun: Begun<EtcdBackup>, ctx: Arc<Context>) -> Result<Action> {
     let ctx = &*ctx;
-    let cached = &*cached;
     let Begun {
         backup,
         mut version,
         mut status,
         started,
         now,
-    } = match begin(ctx, cached, |b| pod_name(b, Job::Save)).await? {
-        Ok(begun) => begun,
-        Err(action) => return Ok(action),
-    };
+    } = begun;
     let backup = &backup;
     let Some(verdict) = take_or_go_on(backup, &mut status, &mut version, started, ctx).await? else {
         return Ok(Action::requeue(Duration::from_secs(1)));

@@ -14,7 +14,7 @@
 pub mod pods;
 mod reconcile;
 
-use crate::core::backup::controller;
+use crate::core::backup::controller::{self, BackupController};
 use crate::core::controller::Registration;
 
 pub use reconcile::{FINALIZER, keep_wal_from};
@@ -26,10 +26,13 @@ pub const CONTROLLER: Registration = Registration {
     run: |runtime| {
         Box::pin(controller::run(
             runtime,
-            CONTROLLER.name,
-            pods::COMPONENT,
-            reconcile::make,
-            reconcile::clean_up,
+            BackupController {
+                name: CONTROLLER.name,
+                component: pods::COMPONENT,
+                maker_job: "base",
+                make: reconcile::make,
+                clean_up: reconcile::clean_up,
+            },
         ))
     },
 };

@@ -23,7 +23,7 @@ use tracing::info;
 use super::pods::{self, Job, Place};
 use crate::core::apply::{controller_reference, create_if_missing};
 use crate::core::backup::controller::{
-    Begun, Context, Deletion, backup_resource, begin, conclude, deleting_for, finish_clean_up, remove_pod, write_status,
+    Begun, Context, Deletion, backup_resource, conclude, deleting_for, finish_clean_up, remove_pod, write_status,
 };
 use crate::core::backup::progress::{self, Timing};
 use crate::core::backup::schedule::elapsed;
@@ -61,19 +61,15 @@ fn pod_name(backup: &PostgresBackup, job: Job) -> String {
     task_pod::name(&backup.name_any(), &backup.uid().unwrap_or_default(), job.verb())
 }
 
-pub async fn make(cached: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result<Action> {
+pub async fn make(begun: Begun<PostgresBackup>, ctx: Arc<Context>) -> Result<Action> {
     let ctx = &*ctx;
-    let cached = &*cached;
     let Begun {
         backup,
         mut version,
         mut status,
         started,
         now,
-    } = match begin(ctx, cached, |b| pod_name(b, Job::Base)).await? {
-        Ok(begun) => begun,
-        Err(action) => return Ok(action),
-    };
+    } = begun;
     let backup = &backup;
     let namespace = backup.namespace().unwrap_or_default();
     let databases: Api<PostgreSQL> = Api::namespaced(ctx.client.clone(), &namespace);
