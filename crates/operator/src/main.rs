@@ -132,6 +132,42 @@ fn identity() -> String {
     format!("{host}-{}", std::process::id())
 }
 
+/// A flag that flips on SIGTERM or Ctrl-C.
+fn stop_on_signal() -> watch::Receiver<bool> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "cannot listen for SIGTERM");
+                return;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => info!("SIGTERM: shutting down"),
+            _ = tokio::signal::ctrl_c() => info!("interrupted: shutting down"),
+        }
+        let _ = stop_tx.send(true);
+    });
+    stop_rx
+}
+
+/// The leader election `args` ask for.
+fn elector(args: &RunArgs, client: &kube::Client) -> Elector {
+    let namespace = args
+        .leader_election_namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
+        .unwrap_or_else(|| "default".into());
+    let timing = Timing {
+        lease_duration: std::time::Duration::from_secs(args.lease_duration_seconds.max(2)),
+        ..Timing::default()
+    };
+    let elector = Elector::new(client.clone(), &namespace, &args.lease_name, identity(), timing);
+    info!(lease = %format!("{namespace}/{}", args.lease_name), identity = %elector.identity(), "campaigning for leadership");
+    elector
+}
+
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -162,37 +198,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     });
     let server = tokio::spawn(serve(args.http_addr, health.clone()));
 
-    // `stop` flips on SIGTERM or Ctrl-C.
-    let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(async move {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(e) => {
-                warn!(error = %e, "cannot listen for SIGTERM");
-                return;
-            }
-        };
-        tokio::select! {
-            _ = term.recv() => info!("SIGTERM: shutting down"),
-            _ = tokio::signal::ctrl_c() => info!("interrupted: shutting down"),
-        }
-        let _ = stop_tx.send(true);
-    });
-
-    let elector = args.leader_elect.then(|| {
-        let namespace = args
-            .leader_election_namespace
-            .clone()
-            .or_else(|| std::env::var("POD_NAMESPACE").ok())
-            .unwrap_or_else(|| "default".into());
-        let timing = Timing {
-            lease_duration: std::time::Duration::from_secs(args.lease_duration_seconds.max(2)),
-            ..Timing::default()
-        };
-        let elector = Elector::new(client.clone(), &namespace, &args.lease_name, identity(), timing);
-        info!(lease = %format!("{namespace}/{}", args.lease_name), identity = %elector.identity(), "campaigning for leadership");
-        elector
-    });
+    let stop_rx = stop_on_signal();
+    let elector = args.leader_elect.then(|| elector(&args, &client));
     health.ready.store(true, Ordering::Relaxed);
 
     let namespaces: Vec<Option<String>> = if args.namespaces.is_empty() {

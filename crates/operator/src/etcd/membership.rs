@@ -260,6 +260,17 @@ pub fn next_step(facts: &ClusterFacts) -> Step {
             reason: "the leader has not answered; membership decisions wait for its member list".into(),
         };
     }
+    if let Some(step) = repair(facts, &voters, healthy_voters) {
+        return step;
+    }
+    change_asked(facts, &voters).unwrap_or_else(|| Step::Wait {
+        reason: "the cluster is as asked".into(),
+    })
+}
+
+/// A repair of the membership, if one is due: a member lost for good removed (its successor
+/// is added by the scaling rule), what is left of an add or a removal that did not finish.
+fn repair(facts: &ClusterFacts, voters: &[&MemberFacts], healthy_voters: usize) -> Option<Step> {
     // A member gone for good is removed first (its successor is added by the scaling rule).
     if let Some((m, why)) = facts
         .members
@@ -270,27 +281,33 @@ pub fn next_step(facts: &ClusterFacts) -> Step {
         let voters_after = voters.len() - usize::from(m.voter());
         let healthy_after = healthy_voters - usize::from(m.voter() && m.healthy);
         if healthy_after < quorum(voters_after) {
-            return Step::Wait {
+            return Some(Step::Wait {
                 reason: format!("{} is lost ({why}) but removing it now would leave no quorum", m.name),
-            };
+            });
         }
-        return operation(facts, OperationKind::RemoveMember, &m.name, why);
+        return Some(operation(facts, OperationKind::RemoveMember, &m.name, why));
     }
     // Pods and volumes of members etcd does not know (a removal or an add that did not
     // finish) go; pods already on their way out do not hold anything up.
     if let Some(step) = facts.members.iter().filter(|m| !m.in_etcd()).find_map(clean_up) {
-        return step;
+        return Some(step);
     }
     // A learner that no operation covers is what is left of an add that did not finish: it
     // goes (learners do not vote, so this never touches the quorum).
     if let Some(m) = facts.members.iter().find(|m| m.in_etcd() && m.learner) {
-        return operation(
+        return Some(operation(
             facts,
             OperationKind::RemoveMember,
             &m.name,
             "a learner left over from an add that did not finish",
-        );
+        ));
     }
+    None
+}
+
+/// The change the spec asks for, if any: a version rolled one member at a time, a scale up or
+/// down, a defragmentation; each only while every member is healthy.
+fn change_asked(facts: &ClusterFacts, voters: &[&MemberFacts]) -> Option<Step> {
     let all_healthy = facts
         .members
         .iter()
@@ -307,30 +324,35 @@ pub fn next_step(facts: &ClusterFacts) -> Step {
             .or(outdated.first());
         if let Some(m) = next {
             if !all_healthy {
-                return Step::Wait {
+                return Some(Step::Wait {
                     reason: "upgrading waits until every member is healthy".into(),
-                };
+                });
             }
             let mut step = operation(facts, OperationKind::Upgrade, &m.name, "upgrade");
             if let Step::Begin(op) = &mut step {
                 op.version = Some(version.clone());
             }
-            return step;
+            return Some(step);
         }
     }
     if voters.len() < facts.replicas {
         if !all_healthy {
-            return Step::Wait {
+            return Some(Step::Wait {
                 reason: "scaling up waits until every member is healthy".into(),
-            };
+            });
         }
-        return operation(facts, OperationKind::AddMember, &facts.next_member, "scale up");
+        return Some(operation(
+            facts,
+            OperationKind::AddMember,
+            &facts.next_member,
+            "scale up",
+        ));
     }
     if voters.len() > facts.replicas {
         if !all_healthy {
-            return Step::Wait {
+            return Some(Step::Wait {
                 reason: "scaling down waits until every member is healthy".into(),
-            };
+            });
         }
         // The newest member that does not lead: there are at least two voters, one leads.
         if let Some(m) = voters
@@ -338,7 +360,7 @@ pub fn next_step(facts: &ClusterFacts) -> Step {
             .filter(|m| !m.leader)
             .max_by(|a, b| index_order(&a.name, &b.name))
         {
-            return operation(facts, OperationKind::RemoveMember, &m.name, "scale down");
+            return Some(operation(facts, OperationKind::RemoveMember, &m.name, "scale down"));
         }
     }
     // Defragmentation: only while every member is healthy (the one being defragmented stops
@@ -351,12 +373,10 @@ pub fn next_step(facts: &ClusterFacts) -> Step {
             .min_by(|a, b| index_order(&a.name, &b.name))
             .or(fragmented.first());
         if let Some(m) = next {
-            return Step::Defragment { member: m.name.clone() };
+            return Some(Step::Defragment { member: m.name.clone() });
         }
     }
-    Step::Wait {
-        reason: "the cluster is as asked".into(),
-    }
+    None
 }
 
 /// Voting members whose pods are gone while their data is on their volumes: they come back

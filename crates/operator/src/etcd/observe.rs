@@ -332,13 +332,6 @@ pub fn facts(
         .flatten()
         .filter_map(|m| Some((listed_name(m, names)?, m)))
         .collect();
-    // The leader is the member that says it leads; another member's view may be behind.
-    let leader_id = etcd
-        .health
-        .values()
-        .find(|h| h.leader != 0 && h.id == h.leader)
-        .or_else(|| etcd.health.values().find(|h| h.leader != 0))
-        .map(|h| h.leader);
     let mut member_names: BTreeSet<String> = listed.keys().cloned().collect();
     member_names.extend(children.pods.keys().cloned());
     member_names.extend(children.volumes.keys().cloned());
@@ -349,66 +342,28 @@ pub fn facts(
     if etcd.listed.is_none() {
         member_names.extend(status.members.iter().map(|m| m.name.clone()));
     }
-    let previous: BTreeMap<&str, &noops_api::etcd::MemberStatus> =
-        status.members.iter().map(|m| (m.name.as_str(), m)).collect();
-    let wanted_image = super::pod::image(&cluster.spec.version);
-    let defrag_policy = defrag::policy(&cluster.spec.defragmentation);
+    let seen = Seen {
+        cluster,
+        children,
+        etcd,
+        nodes_down,
+        now,
+        // The leader is the member that says it leads; another member's view may be behind.
+        leader_id: etcd
+            .health
+            .values()
+            .find(|h| h.leader != 0 && h.id == h.leader)
+            .or_else(|| etcd.health.values().find(|h| h.leader != 0))
+            .map(|h| h.leader),
+        previous: status.members.iter().map(|m| (m.name.as_str(), m)).collect(),
+        listed,
+        wanted_image: super::pod::image(&cluster.spec.version),
+        defrag_policy: defrag::policy(&cluster.spec.defragmentation),
+    };
     let members = member_names
         .into_iter()
         .filter(|n| names.member_index(n).is_some())
-        .map(|name| {
-            let pod = children.pods.get(&name);
-            let listed_member = listed.get(&name);
-            let known = previous.get(name.as_str());
-            let id = listed_member.map(|m| m.id).or_else(|| {
-                // Unreachable etcd: keep the ID the last status recorded.
-                etcd.listed
-                    .is_none()
-                    .then(|| {
-                        known
-                            .and_then(|k| k.id.as_deref())
-                            .and_then(|i| u64::from_str_radix(i, 16).ok())
-                    })
-                    .flatten()
-            });
-            let healthy = etcd.health.get(&name).is_some_and(MemberHealth::healthy);
-            let unhealthy_since = known.and_then(|k| k.unhealthy_since.as_ref()).map(|t| &t.0);
-            let unhealthy_for = (!healthy).then(|| unhealthy_time(unhealthy_since, pod, now));
-            let pod_made = pod.and_then(|p| p.metadata.creation_timestamp.as_ref()).map(|t| &t.0);
-            MemberFacts {
-                learner: listed_member
-                    .map(|m| m.learner)
-                    .unwrap_or_else(|| known.is_some_and(|k| k.learner)),
-                leader: id.is_some() && id == leader_id,
-                pod: pod_state(pod, now),
-                volume: if cluster.spec.storage.ephemeral {
-                    pod.is_some()
-                } else {
-                    children
-                        .volumes
-                        .get(&name)
-                        .is_some_and(|v| v.metadata.deletion_timestamp.is_none())
-                },
-                healthy,
-                unhealthy_for,
-                outdated: pod.is_some_and(|p| pod_image(p) != Some(wanted_image.as_str())),
-                node_down: nodes_down.get(&name).cloned(),
-                fresh_pod: matches!((pod_made, unhealthy_since), (Some(made), Some(since)) if made >= since),
-                leaving_live_node: pod.is_some_and(|p| leaving_live_node(p, nodes_down.contains_key(&name), now)),
-                image_unavailable: pod
-                    .filter(|p| image_missing_for(p, now) >= super::membership::IMAGE_PULL_PATIENCE)
-                    .and_then(|p| pod_image(p).map(String::from)),
-                fragmented: etcd.health.get(&name).is_some_and(|h| {
-                    let defragmented_lately = known.and_then(|k| k.defragmented_at.as_ref()).is_some_and(|t| {
-                        Duration::try_from(now.duration_since(t.0)).unwrap_or_default() < defrag::AGAIN_AFTER
-                    });
-                    defrag_policy.is_some_and(|p| defrag::fragmented(p, h.db_size, h.db_size_in_use))
-                        && !defragmented_lately
-                }),
-                id,
-                name,
-            }
-        })
+        .map(|name| member_facts(name, &seen))
         .collect();
     let operation_age = status
         .operation
@@ -429,6 +384,73 @@ pub fn facts(
         // Known only to the reconcile, which reads the backup.
         restore: None,
         now,
+    }
+}
+
+/// What [`facts`] has seen of the whole cluster, for the facts of each member.
+struct Seen<'a> {
+    cluster: &'a EtcdCluster,
+    children: &'a Children,
+    etcd: &'a EtcdView,
+    nodes_down: &'a BTreeMap<String, String>,
+    now: jiff::Timestamp,
+    leader_id: Option<u64>,
+    /// The members etcd lists, by name, and those the last status recorded.
+    listed: BTreeMap<String, &'a ListedMember>,
+    previous: BTreeMap<&'a str, &'a noops_api::etcd::MemberStatus>,
+    wanted_image: String,
+    defrag_policy: Option<defrag::Policy>,
+}
+
+/// The facts of member `name`. Pure.
+fn member_facts(name: String, seen: &Seen) -> MemberFacts {
+    let now = seen.now;
+    let pod = seen.children.pods.get(&name);
+    let listed_member = seen.listed.get(&name);
+    let known = seen.previous.get(name.as_str());
+    let id = listed_member.map(|m| m.id).or_else(|| {
+        // Unreachable etcd: keep the ID the last status recorded.
+        let recorded = known
+            .and_then(|k| k.id.as_deref())
+            .and_then(|i| u64::from_str_radix(i, 16).ok());
+        seen.etcd.listed.is_none().then_some(recorded).flatten()
+    });
+    let health = seen.etcd.health.get(&name);
+    let healthy = health.is_some_and(MemberHealth::healthy);
+    let unhealthy_since = known.and_then(|k| k.unhealthy_since.as_ref()).map(|t| &t.0);
+    let pod_made = pod.and_then(|p| p.metadata.creation_timestamp.as_ref()).map(|t| &t.0);
+    let defragmented_lately = known
+        .and_then(|k| k.defragmented_at.as_ref())
+        .is_some_and(|t| Duration::try_from(now.duration_since(t.0)).unwrap_or_default() < defrag::AGAIN_AFTER);
+    MemberFacts {
+        learner: listed_member
+            .map(|m| m.learner)
+            .unwrap_or_else(|| known.is_some_and(|k| k.learner)),
+        leader: id.is_some() && id == seen.leader_id,
+        pod: pod_state(pod, now),
+        volume: if seen.cluster.spec.storage.ephemeral {
+            pod.is_some()
+        } else {
+            seen.children
+                .volumes
+                .get(&name)
+                .is_some_and(|v| v.metadata.deletion_timestamp.is_none())
+        },
+        healthy,
+        unhealthy_for: (!healthy).then(|| unhealthy_time(unhealthy_since, pod, now)),
+        outdated: pod.is_some_and(|p| pod_image(p) != Some(seen.wanted_image.as_str())),
+        node_down: seen.nodes_down.get(&name).cloned(),
+        fresh_pod: matches!((pod_made, unhealthy_since), (Some(made), Some(since)) if made >= since),
+        leaving_live_node: pod.is_some_and(|p| leaving_live_node(p, seen.nodes_down.contains_key(&name), now)),
+        image_unavailable: pod
+            .filter(|p| image_missing_for(p, now) >= super::membership::IMAGE_PULL_PATIENCE)
+            .and_then(|p| pod_image(p).map(String::from)),
+        fragmented: health.is_some_and(|h| {
+            let policy = seen.defrag_policy.as_ref();
+            policy.is_some_and(|p| defrag::fragmented(*p, h.db_size, h.db_size_in_use)) && !defragmented_lately
+        }),
+        id,
+        name,
     }
 }
 

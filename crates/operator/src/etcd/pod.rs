@@ -64,6 +64,93 @@ pub fn forbidden_extra_args(cluster: &EtcdCluster) -> Vec<String> {
         .collect()
 }
 
+/// The flags, mounts and volumes of a member's TLS: its serving and peer certificates.
+fn tls(names: &Names) -> (Vec<String>, Vec<VolumeMount>, Vec<Volume>) {
+    let args = vec![
+        format!("--cert-file={SERVER_TLS_DIR}/tls.crt"),
+        format!("--key-file={SERVER_TLS_DIR}/tls.key"),
+        format!("--trusted-ca-file={SERVER_TLS_DIR}/ca.crt"),
+        "--client-cert-auth=true".into(),
+        format!("--peer-cert-file={PEER_TLS_DIR}/tls.crt"),
+        format!("--peer-key-file={PEER_TLS_DIR}/tls.key"),
+        format!("--peer-trusted-ca-file={PEER_TLS_DIR}/ca.crt"),
+        "--peer-client-cert-auth=true".into(),
+        // Peers share one certificate from the cluster's own CA: the CA check is what
+        // authenticates them. Without this, etcd also matches the peer's address against
+        // the certificate's names by reverse DNS, which not every cluster DNS answers.
+        // (3.6 accepts the 3.5 name of the flag.)
+        "--experimental-peer-skip-client-san-verification=true".into(),
+    ];
+    let (mut mounts, mut volumes) = (vec![], vec![]);
+    for (volume, dir, secret) in [
+        ("peer-tls", PEER_TLS_DIR, names.peer_secret()),
+        ("server-tls", SERVER_TLS_DIR, names.server_secret()),
+    ] {
+        mounts.push(VolumeMount {
+            name: volume.into(),
+            mount_path: dir.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+        volumes.push(Volume {
+            name: volume.into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret),
+                default_mode: Some(0o400),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+    (args, mounts, volumes)
+}
+
+/// Ready means it serves with a leader: only then does the client Service send to it.
+fn readiness() -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some("/health".into()),
+            port: IntOrString::String("metrics".into()),
+            ..Default::default()
+        }),
+        // Each second: a member made again is in the Service a second after it serves, not
+        // two (the first probe, at its start, finds etcd not listening yet).
+        period_seconds: Some(1),
+        failure_threshold: Some(3),
+        timeout_seconds: Some(2),
+        ..Default::default()
+    }
+}
+
+/// The flags of member `member`'s etcd, but for TLS and the user's own.
+fn member_args(
+    cluster: &EtcdCluster,
+    names: &Names,
+    member: &str,
+    initial_cluster: &[(String, String)],
+) -> Vec<String> {
+    let listen = |port: i32| {
+        let scheme = if names.tls { "https" } else { "http" };
+        format!("{scheme}://0.0.0.0:{port}")
+    };
+    let initial = initial_cluster
+        .iter()
+        .map(|(name, url)| format!("{name}={url}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    vec![
+        format!("--name={member}"),
+        format!("--data-dir={DATA_DIR}"),
+        format!("--listen-peer-urls={}", listen(PEER_PORT)),
+        format!("--listen-client-urls={}", listen(CLIENT_PORT)),
+        format!("--advertise-client-urls={}", names.member_client_url(member)),
+        format!("--initial-advertise-peer-urls={}", names.peer_url(member)),
+        format!("--initial-cluster={initial}"),
+        format!("--initial-cluster-token={}", token(cluster, names)),
+        format!("--listen-metrics-urls=http://0.0.0.0:{METRICS_PORT}"),
+    ]
+}
+
 /// The pod of `member`. `initial_cluster` lists every member etcd knows, this one included, as
 /// (name, peer URL); a member that has data ignores it.
 pub fn member_pod(
@@ -74,26 +161,7 @@ pub fn member_pod(
     initial_cluster: &[(String, String)],
     owner: &OwnerReference,
 ) -> Pod {
-    let listen = |port: i32| {
-        let scheme = if names.tls { "https" } else { "http" };
-        format!("{scheme}://0.0.0.0:{port}")
-    };
-    let initial = initial_cluster
-        .iter()
-        .map(|(name, url)| format!("{name}={url}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut args = vec![
-        format!("--name={member}"),
-        format!("--data-dir={DATA_DIR}"),
-        format!("--listen-peer-urls={}", listen(PEER_PORT)),
-        format!("--listen-client-urls={}", listen(CLIENT_PORT)),
-        format!("--advertise-client-urls={}", names.member_client_url(member)),
-        format!("--initial-advertise-peer-urls={}", names.peer_url(member)),
-        format!("--initial-cluster={initial}"),
-        format!("--initial-cluster-token={}", token(cluster, names)),
-        format!("--listen-metrics-urls=http://0.0.0.0:{METRICS_PORT}"),
-    ];
+    let mut args = member_args(cluster, names, member, initial_cluster);
     let mut mounts = vec![VolumeMount {
         name: "data".into(),
         mount_path: "/var/lib/etcd".into(),
@@ -109,41 +177,10 @@ pub fn member_pod(
         ..Default::default()
     }];
     if names.tls {
-        args.extend([
-            format!("--cert-file={SERVER_TLS_DIR}/tls.crt"),
-            format!("--key-file={SERVER_TLS_DIR}/tls.key"),
-            format!("--trusted-ca-file={SERVER_TLS_DIR}/ca.crt"),
-            "--client-cert-auth=true".into(),
-            format!("--peer-cert-file={PEER_TLS_DIR}/tls.crt"),
-            format!("--peer-key-file={PEER_TLS_DIR}/tls.key"),
-            format!("--peer-trusted-ca-file={PEER_TLS_DIR}/ca.crt"),
-            "--peer-client-cert-auth=true".into(),
-            // Peers share one certificate from the cluster's own CA: the CA check is what
-            // authenticates them. Without this, etcd also matches the peer's address against
-            // the certificate's names by reverse DNS, which not every cluster DNS answers.
-            // (3.6 accepts the 3.5 name of the flag.)
-            "--experimental-peer-skip-client-san-verification=true".into(),
-        ]);
-        for (volume, dir, secret) in [
-            ("peer-tls", PEER_TLS_DIR, names.peer_secret()),
-            ("server-tls", SERVER_TLS_DIR, names.server_secret()),
-        ] {
-            mounts.push(VolumeMount {
-                name: volume.into(),
-                mount_path: dir.into(),
-                read_only: Some(true),
-                ..Default::default()
-            });
-            volumes.push(Volume {
-                name: volume.into(),
-                secret: Some(SecretVolumeSource {
-                    secret_name: Some(secret),
-                    default_mode: Some(0o400),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            });
-        }
+        let (tls_args, tls_mounts, tls_volumes) = tls(names);
+        args.extend(tls_args);
+        mounts.extend(tls_mounts);
+        volumes.extend(tls_volumes);
     }
     args.extend(cluster.spec.pod.extra_args.iter().cloned());
     let port = |name: &str, port: i32| ContainerPort {
@@ -173,20 +210,7 @@ pub fn member_pod(
             port("peer", PEER_PORT),
             port("metrics", METRICS_PORT),
         ]),
-        // Ready means it serves with a leader: only then does the client Service send to it.
-        readiness_probe: Some(Probe {
-            http_get: Some(HTTPGetAction {
-                path: Some("/health".into()),
-                port: IntOrString::String("metrics".into()),
-                ..Default::default()
-            }),
-            // Each second: a member made again is in the Service a second after it serves,
-            // not two (the first probe, at its start, finds etcd not listening yet).
-            period_seconds: Some(1),
-            failure_threshold: Some(3),
-            timeout_seconds: Some(2),
-            ..Default::default()
-        }),
+        readiness_probe: Some(readiness()),
         resources: cluster.spec.pod.resources.clone(),
         volume_mounts: Some(mounts),
         ..Default::default()

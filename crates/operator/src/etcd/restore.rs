@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use noops_api::EtcdCluster;
-use noops_api::etcd_backup::EtcdBackup;
+use noops_api::etcd_backup::{EtcdBackup, EtcdBackupStatus};
 
 use super::names::Names;
 use super::pod::{DATA_DIR, image, spread, token};
@@ -150,29 +150,15 @@ pub fn state(pod: Option<&Pod>, now: jiff::Timestamp) -> Restore {
     }
 }
 
-/// The restore pod for `member`, restoring `backup` (which [`usable`] accepted) with the etcd
-/// of `version`; `noops_image` is the operator's own image.
-pub fn restore_pod(
-    cluster: &EtcdCluster,
-    names: &Names,
-    member: &str,
-    version: &str,
-    backup: &EtcdBackup,
+/// The container that fetches snapshot `key` (checked against `sha256`) from where backup
+/// `status` went into the scratch volume, and the backup volume it mounts, for a volume.
+fn fetch_container(
+    status: &EtcdBackupStatus,
+    key: &str,
+    sha256: &str,
     noops_image: &str,
-    owner: &OwnerReference,
-) -> Option<Pod> {
-    let status = backup.status.as_ref()?;
-    let (key, sha256) = (status.key.as_ref()?, status.progress.sha256.as_ref()?);
-    let data = VolumeMount {
-        name: "data".into(),
-        mount_path: "/var/lib/etcd".into(),
-        ..Default::default()
-    };
-    let scratch = VolumeMount {
-        name: "scratch".into(),
-        mount_path: SCRATCH.into(),
-        ..Default::default()
-    };
+    scratch: &VolumeMount,
+) -> Option<(Container, Option<Volume>)> {
     let mut fetch_args = vec!["fetch-snapshot".to_string()];
     let mut fetch_env = vec![];
     let mut fetch_mounts = vec![scratch.clone()];
@@ -218,6 +204,33 @@ pub fn restore_pod(
         volume_mounts: Some(fetch_mounts),
         ..Default::default()
     };
+    Some((fetch, backup_volume))
+}
+
+/// The restore pod for `member`, restoring `backup` (which [`usable`] accepted) with the etcd
+/// of `version`; `noops_image` is the operator's own image.
+pub fn restore_pod(
+    cluster: &EtcdCluster,
+    names: &Names,
+    member: &str,
+    version: &str,
+    backup: &EtcdBackup,
+    noops_image: &str,
+    owner: &OwnerReference,
+) -> Option<Pod> {
+    let status = backup.status.as_ref()?;
+    let (key, sha256) = (status.key.as_ref()?, status.progress.sha256.as_ref()?);
+    let data = VolumeMount {
+        name: "data".into(),
+        mount_path: "/var/lib/etcd".into(),
+        ..Default::default()
+    };
+    let scratch = VolumeMount {
+        name: "scratch".into(),
+        mount_path: SCRATCH.into(),
+        ..Default::default()
+    };
+    let (fetch, backup_volume) = fetch_container(status, key, sha256, noops_image, &scratch)?;
     let peer_url = names.peer_url(member);
     let restore = Container {
         name: "restore".into(),

@@ -8,7 +8,7 @@ use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use noops_api::maintpage::{MaintPage, Side};
 use serde_json::json;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::{Context, apply, desired, observe, status, switch, validate};
 use crate::core::apply::{apply_status, controller_reference};
@@ -56,41 +56,8 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
         debug!("a child changed while reconciling; looking again");
         return Ok(Action::requeue(Duration::from_millis(50)));
     };
-    // Event reasons differ by what happened: the recorder folds events with the same reason
-    // into one series, keeping the first note.
-    for (reason, note) in hand_edits {
-        info!("reverted a hand edit: {note}");
-        events.publish(&reference, Announcement::warning(reason, note)).await;
-    }
-    if plan.switched {
-        let (reason, to) = match plan.publish {
-            Side::App => ("SwitchedToApp", "the app"),
-            Side::Maintenance => ("SwitchedToMaintenance", "the maintenance page"),
-        };
-        info!(published = ?plan.publish, "switched the Service");
-        let note = format!("Service {} now sends traffic to {to}", mp.spec.app.name);
-        events.publish(&reference, Announcement::normal(reason, note)).await;
-    }
-    if let Some(side) = plan.waiting_for.filter(|_| plan.started_waiting) {
-        let (reason, pods) = match side {
-            Side::App => ("WaitingForApp", "app"),
-            Side::Maintenance => ("WaitingForMaintenance", "maintenance"),
-        };
-        info!(waiting_for = pods, "holding the switch until the pods are Ready");
-        let note = format!("the Service switches once the {pods} pods are Ready");
-        events.publish(&reference, Announcement::normal(reason, note)).await;
-    }
-
-    if plan.first_publish {
-        let to = match plan.publish {
-            Side::App => "the app",
-            Side::Maintenance => "the maintenance page",
-        };
-        info!(published = ?plan.publish, "published a side for the first time");
-        let note = format!("Service {} sends traffic to {to}", mp.spec.app.name);
-        events
-            .publish(&reference, Announcement::normal("Published", note))
-            .await;
+    for announcement in announcements(&mp, &plan, hand_edits) {
+        events.tell(&reference, announcement).await;
     }
 
     let seen = status::Seen {
@@ -120,6 +87,43 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
         .flatten()
         .min();
     Ok(requeue.map(Action::requeue).unwrap_or_else(Action::await_change))
+}
+
+/// What the pass did that is worth an Event: hand edits reverted, a switch, a switch held
+/// until the pods are Ready, a side published for the first time. Event reasons differ by
+/// what happened: the recorder folds events with the same reason into one series, keeping the
+/// first note. Pure.
+fn announcements(mp: &MaintPage, plan: &switch::Plan, hand_edits: Vec<(&'static str, String)>) -> Vec<Announcement> {
+    let mut out: Vec<Announcement> = hand_edits
+        .into_iter()
+        .map(|(reason, note)| Announcement::warning(reason, note))
+        .collect();
+    let side = |side: Side| match side {
+        Side::App => "the app",
+        Side::Maintenance => "the maintenance page",
+    };
+    let service = &mp.spec.app.name;
+    if plan.switched {
+        let reason = match plan.publish {
+            Side::App => "SwitchedToApp",
+            Side::Maintenance => "SwitchedToMaintenance",
+        };
+        let note = format!("Service {service} now sends traffic to {}", side(plan.publish));
+        out.push(Announcement::normal(reason, note));
+    }
+    if let Some(waiting) = plan.waiting_for.filter(|_| plan.started_waiting) {
+        let (reason, pods) = match waiting {
+            Side::App => ("WaitingForApp", "app"),
+            Side::Maintenance => ("WaitingForMaintenance", "maintenance"),
+        };
+        let note = format!("the Service switches once the {pods} pods are Ready");
+        out.push(Announcement::normal(reason, note));
+    }
+    if plan.first_publish {
+        let note = format!("Service {service} sends traffic to {}", side(plan.publish));
+        out.push(Announcement::normal("Published", note));
+    }
+    out
 }
 
 fn status_body(status: &noops_api::MaintPageStatus) -> serde_json::Value {

@@ -29,132 +29,41 @@ pub struct Seen<'a> {
     pub maintenance_stuck: Option<&'a Stuck>,
 }
 
-/// Builds the status after a reconcile that carried out `plan`.
+/// What the conditions are built from: the published side's rollout, in words.
+struct Published<'a> {
+    service: &'a str,
+    desired: Side,
+    replicas: i32,
+    ready: bool,
+    /// `<ready>/<wanted> pods ready`.
+    counts: String,
+}
+
+/// Builds the status after a reconcile that carried out `plan`: one builder per condition.
 pub fn build(mp: &MaintPage, plan: &Plan, seen: &Seen, now: jiff::Timestamp) -> MaintPageStatus {
     let (app, maintenance) = (seen.app, seen.maintenance);
     let spec = &mp.spec;
-    let desired = spec.desired_side();
-    let service = &spec.app.name;
-    let (published_deployment, published_replicas) = match plan.publish {
+    let (published_deployment, replicas) = match plan.publish {
         Side::App => (app, spec.app.replicas),
         Side::Maintenance => (maintenance, spec.maintenance.replicas),
     };
-    let published_ready = rolled_out(published_deployment, published_replicas);
-    let counts = format!(
-        "{}/{} pods ready",
-        ready_replicas(published_deployment),
-        published_replicas
-    );
-
-    let ready = if plan.publish != desired {
-        let waited = plan.waiting_for.unwrap_or(desired);
-        Decided::new(
-            READY,
-            false,
-            "Switching",
-            format!(
-                "Service {service} still sends traffic to {} until {} is Ready",
-                side_name(plan.publish),
-                side_name(waited)
-            ),
-        )
-    } else if published_ready {
-        let reason = match plan.publish {
-            Side::App => "AppPublished",
-            Side::Maintenance => "MaintenancePublished",
-        };
-        Decided::new(
-            READY,
-            true,
-            reason,
-            format!(
-                "Service {service} sends traffic to {} ({counts})",
-                side_name(plan.publish)
-            ),
-        )
-    } else if plan.publish == Side::App && spec.app.replicas == 0 {
-        Decided::new(
-            READY,
-            false,
-            "ScaledToZero",
-            format!("app {service} has 0 replicas: nothing answers"),
-        )
-    } else {
-        let reason = match plan.publish {
-            Side::App => "AppNotReady",
-            Side::Maintenance => "MaintenanceNotReady",
-        };
-        Decided::new(
-            READY,
-            false,
-            reason,
-            format!(
-                "Service {service} sends traffic to {} ({counts})",
-                side_name(plan.publish)
-            ),
-        )
+    let published = Published {
+        service: &spec.app.name,
+        desired: spec.desired_side(),
+        replicas,
+        ready: rolled_out(published_deployment, replicas),
+        counts: format!("{}/{replicas} pods ready", ready_replicas(published_deployment)),
     };
-
-    let progressing = if plan.publish != desired {
-        let reason = match desired {
-            Side::App => "SwitchingToApp",
-            Side::Maintenance => "SwitchingToMaintenance",
-        };
-        Decided::new(
-            PROGRESSING,
-            true,
-            reason,
-            format!("waiting for {} to be Ready before switching", side_name(desired)),
-        )
-    } else if !published_ready && published_replicas > 0 {
-        Decided::new(
-            PROGRESSING,
-            true,
-            "RollingOut",
-            format!("{} is rolling out ({counts})", side_name(plan.publish)),
-        )
-    } else {
-        Decided::new(
-            PROGRESSING,
-            false,
-            "Stable",
-            format!("{} is published", side_name(plan.publish)),
-        )
-    };
-
-    // Pods that cannot start say so at once; a stalled rollout only after its deadline.
-    let degraded = if let Some((which, stuck)) = seen
-        .app_stuck
-        .map(|s| ("app", s))
-        .or(seen.maintenance_stuck.map(|s| ("maintenance", s)))
-    {
-        Decided::new(
-            DEGRADED,
-            true,
-            stuck.reason,
-            format!("{which} pods cannot start ({}): {}", stuck.reason, stuck.message),
-        )
-    } else {
-        match stalled(app)
-            .map(|m| ("app", m))
-            .or_else(|| stalled(maintenance).map(|m| ("maintenance", m)))
-        {
-            Some((which, message)) => Decided::new(
-                DEGRADED,
-                true,
-                "RolloutStalled",
-                format!("{which} Deployment: {message}"),
-            ),
-            None => Decided::new(DEGRADED, false, "AsExpected", "no problems found"),
-        }
-    };
-
     let previous = mp.status.clone().unwrap_or_default();
     MaintPageStatus {
         observed_generation: mp.metadata.generation,
         conditions: merge(
             &previous.conditions,
-            &[ready, progressing, degraded],
+            &[
+                ready_condition(plan, &published, spec.app.replicas),
+                progressing(plan, &published),
+                degraded(seen),
+            ],
             mp.metadata.generation,
             now,
         ),
@@ -163,7 +72,87 @@ pub fn build(mp: &MaintPage, plan: &Plan, seen: &Seen, now: jiff::Timestamp) -> 
         waiting_for: plan.waiting_for,
         app_ready_replicas: ready_replicas(app),
         maintenance_ready_replicas: ready_replicas(maintenance),
-        service_name: Some(service.clone()),
+        service_name: Some(spec.app.name.clone()),
+    }
+}
+
+/// Ready: the side asked for is published, and its pods are Ready.
+fn ready_condition(plan: &Plan, published: &Published, app_replicas: i32) -> Decided {
+    let Published { service, counts, .. } = published;
+    let sends = || {
+        format!(
+            "Service {service} sends traffic to {} ({counts})",
+            side_name(plan.publish)
+        )
+    };
+    if plan.publish != published.desired {
+        let waited = plan.waiting_for.unwrap_or(published.desired);
+        let message = format!(
+            "Service {service} still sends traffic to {} until {} is Ready",
+            side_name(plan.publish),
+            side_name(waited)
+        );
+        Decided::new(READY, false, "Switching", message)
+    } else if published.ready {
+        let reason = match plan.publish {
+            Side::App => "AppPublished",
+            Side::Maintenance => "MaintenancePublished",
+        };
+        Decided::new(READY, true, reason, sends())
+    } else if plan.publish == Side::App && app_replicas == 0 {
+        let message = format!("app {service} has 0 replicas: nothing answers");
+        Decided::new(READY, false, "ScaledToZero", message)
+    } else {
+        let reason = match plan.publish {
+            Side::App => "AppNotReady",
+            Side::Maintenance => "MaintenanceNotReady",
+        };
+        Decided::new(READY, false, reason, sends())
+    }
+}
+
+/// Progressing: a switch waits for the other side, or the published side rolls out.
+fn progressing(plan: &Plan, published: &Published) -> Decided {
+    if plan.publish != published.desired {
+        let reason = match published.desired {
+            Side::App => "SwitchingToApp",
+            Side::Maintenance => "SwitchingToMaintenance",
+        };
+        let message = format!(
+            "waiting for {} to be Ready before switching",
+            side_name(published.desired)
+        );
+        Decided::new(PROGRESSING, true, reason, message)
+    } else if !published.ready && published.replicas > 0 {
+        let message = format!("{} is rolling out ({})", side_name(plan.publish), published.counts);
+        Decided::new(PROGRESSING, true, "RollingOut", message)
+    } else {
+        let message = format!("{} is published", side_name(plan.publish));
+        Decided::new(PROGRESSING, false, "Stable", message)
+    }
+}
+
+/// Degraded: pods that cannot start say so at once; a stalled rollout only after its deadline.
+fn degraded(seen: &Seen) -> Decided {
+    let stuck = seen
+        .app_stuck
+        .map(|s| ("app", s))
+        .or(seen.maintenance_stuck.map(|s| ("maintenance", s)));
+    if let Some((which, stuck)) = stuck {
+        let message = format!("{which} pods cannot start ({}): {}", stuck.reason, stuck.message);
+        return Decided::new(DEGRADED, true, stuck.reason, message);
+    }
+    let stalled = stalled(seen.app)
+        .map(|m| ("app", m))
+        .or_else(|| stalled(seen.maintenance).map(|m| ("maintenance", m)));
+    match stalled {
+        Some((which, message)) => Decided::new(
+            DEGRADED,
+            true,
+            "RolloutStalled",
+            format!("{which} Deployment: {message}"),
+        ),
+        None => Decided::new(DEGRADED, false, "AsExpected", "no problems found"),
     }
 }
 

@@ -503,40 +503,19 @@ async fn handle_node_loss(
     };
     let data_claim = claims.get_opt(&names.data_claim()).await?;
     let data_volume = volume_of(data_claim.clone()).await?;
-    // What could restore the database elsewhere: a backup the plan names, not on that node,
-    // with the WAL archived up to the moment the node died.
-    let status = pg.status.clone().unwrap_or_default();
-    let archiving_failed = match (&status.last_failed_time, &status.last_archived_time) {
-        (Some(failed), Some(archived)) => failed.0 > archived.0,
-        (Some(_), None) => true,
-        _ => false,
+    let backup_claim = pg
+        .spec
+        .backup
+        .as_ref()
+        .and_then(Destination::of_spec)
+        .and_then(|d| d.claim().map(str::to_string));
+    let backups_pinned = match backup_claim {
+        Some(claim) => volume_of(claims.get_opt(&claim).await?)
+            .await?
+            .is_some_and(|pv| node_loss::pinned_to(&pv, &node_name)),
+        None => false,
     };
-    let restore_from = match plan.as_ref().ok().and_then(|p| p.restore.as_ref()) {
-        // It never served (the node died during its first initdb): nothing on the volume to lose.
-        None if status.system_identifier.is_none() => Ok(Elsewhere::Anew),
-        None => Err("the database has no base backup to restore from elsewhere".to_string()),
-        Some(_) if archiving_failed => Err(format!(
-            "its WAL archiving was failing (segment {}): a restore would lose the commits since",
-            status.last_failed_wal.clone().unwrap_or_default()
-        )),
-        Some(restore) => {
-            let backup_claim = pg
-                .spec
-                .backup
-                .as_ref()
-                .and_then(Destination::of_spec)
-                .and_then(|d| d.claim().map(str::to_string));
-            let backup_volume = match backup_claim {
-                Some(claim) => volume_of(claims.get_opt(&claim).await?).await?,
-                None => None,
-            };
-            if backup_volume.is_some_and(|pv| node_loss::pinned_to(&pv, &node_name)) {
-                Err(format!("its backups are on node {node_name}'s disk too"))
-            } else {
-                Ok(Elsewhere::Restore(restore.backup.clone()))
-            }
-        }
-    };
+    let restore_from = elsewhere(pg, plan, backups_pinned.then_some(node_name.as_str()));
     let decision = node_loss::decide(
         pod,
         node.as_ref(),
@@ -549,20 +528,22 @@ async fn handle_node_loss(
         grace_period_seconds: Some(0),
         ..Default::default()
     };
-    let reference = pg.object_ref(&());
     let pod_name = names.instance();
-    match decision {
-        NodeLoss::Fine => Ok(None),
+    let note = match decision {
+        NodeLoss::Fine => return Ok(None),
+        NodeLoss::WaitForNode { node, why } => {
+            return Ok(Some(format!(
+                "node {node} is not ready, with the instance's volume on its disk; {why}, so the instance waits for the node to come back"
+            )));
+        }
         NodeLoss::ForceDelete { node } => {
             delete_if_present(&pods, &pod_name, &force).await?;
-            let note = format!(
-                "node {node} is not ready and did not stop pod {pod_name}: deleted it, so that the StatefulSet starts it again, on its volume"
-            );
-            ctx.core
-                .events
-                .tell(&reference, Announcement::warning("PodForceDeleted", note))
-                .await;
-            Ok(None)
+            Announcement::warning(
+                "PodForceDeleted",
+                format!(
+                    "node {node} is not ready and did not stop pod {pod_name}: deleted it, so that the StatefulSet starts it again, on its volume"
+                ),
+            )
         }
         NodeLoss::GiveUpVolume { node } => {
             if data_claim.is_some_and(|c| c.metadata.deletion_timestamp.is_none()) {
@@ -570,40 +551,72 @@ async fn handle_node_loss(
                 // commits not archived yet) can still be salvaged by hand.
                 if let Some(pv) = data_volume.as_ref().and_then(|pv| pv.metadata.name.clone()) {
                     let retain = serde_json::json!({ "spec": { "persistentVolumeReclaimPolicy": "Retain" } });
-                    volumes
-                        .patch(
-                            &pv,
-                            &kube::api::PatchParams::default(),
-                            &kube::api::Patch::Merge(&retain),
-                        )
-                        .await?;
+                    let merge = kube::api::Patch::Merge(&retain);
+                    volumes.patch(&pv, &kube::api::PatchParams::default(), &merge).await?;
                 }
                 delete_if_present(&claims, &names.data_claim(), &DeleteParams::default()).await?;
                 crash::point("postgres node loss: volume given up, pod not deleted");
             }
             delete_if_present(&pods, &pod_name, &force).await?;
-            let kept = data_volume
-                .as_ref()
-                .and_then(|pv| pv.metadata.name.clone())
-                .unwrap_or_default();
-            let note = match restore_from {
-                Ok(Elsewhere::Restore(backup)) => format!(
-                    "node {node} is not ready, with the instance's volume on its disk: gave the volume up; the instance starts on another node and restores backup {backup} and the archived WAL (commits after the last archived segment, {}, are lost). The volume {kept} is kept (Retain): delete it once nothing is to be salvaged from it",
-                    status.last_archived_wal.clone().unwrap_or_else(|| "none".into()),
-                ),
-                _ => format!(
-                    "node {node} is not ready, with the instance's volume on its disk: the database never served, so nothing is lost; gave the volume up, and the instance is made anew on another node. The volume {kept} is kept (Retain): delete it"
-                ),
-            };
-            ctx.core
-                .events
-                .tell(&reference, Announcement::warning("VolumeGivenUp", note))
-                .await;
-            Ok(None)
+            let kept = data_volume.as_ref().and_then(|pv| pv.metadata.name.clone());
+            Announcement::warning("VolumeGivenUp", volume_given_up(pg, &node, &restore_from, kept))
         }
-        NodeLoss::WaitForNode { node, why } => Ok(Some(format!(
-            "node {node} is not ready, with the instance's volume on its disk; {why}, so the instance waits for the node to come back"
-        ))),
+    };
+    ctx.core.events.tell(&pg.object_ref(&()), note).await;
+    Ok(None)
+}
+
+/// What could make the database again away from its lost node: a restore of the backup the
+/// plan names (not on that node's disk: `backups_on` names the node if they are), with the WAL
+/// archived up to the moment the node died; or a new database, for one that never served.
+/// Otherwise why not. Pure.
+fn elsewhere(
+    pg: &PostgreSQL,
+    plan: &std::result::Result<InstancePlan, PlanProblem>,
+    backups_on: Option<&str>,
+) -> std::result::Result<Elsewhere, String> {
+    let status = pg.status.clone().unwrap_or_default();
+    let archiving_failed = match (&status.last_failed_time, &status.last_archived_time) {
+        (Some(failed), Some(archived)) => failed.0 > archived.0,
+        (Some(_), None) => true,
+        _ => false,
+    };
+    match plan.as_ref().ok().and_then(|p| p.restore.as_ref()) {
+        // It never served (the node died during its first initdb): nothing on the volume to lose.
+        None if status.system_identifier.is_none() => Ok(Elsewhere::Anew),
+        None => Err("the database has no base backup to restore from elsewhere".to_string()),
+        Some(_) if archiving_failed => Err(format!(
+            "its WAL archiving was failing (segment {}): a restore would lose the commits since",
+            status.last_failed_wal.clone().unwrap_or_default()
+        )),
+        Some(_) if backups_on.is_some() => Err(format!(
+            "its backups are on node {}'s disk too",
+            backups_on.unwrap_or_default()
+        )),
+        Some(restore) => Ok(Elsewhere::Restore(restore.backup.clone())),
+    }
+}
+
+/// The Event note of a volume given up on lost node `node`: what the new instance starts from,
+/// what is lost, and the volume `kept` for salvage.
+fn volume_given_up(
+    pg: &PostgreSQL,
+    node: &str,
+    restore_from: &std::result::Result<Elsewhere, String>,
+    kept: Option<String>,
+) -> String {
+    let kept = kept.unwrap_or_default();
+    match restore_from {
+        Ok(Elsewhere::Restore(backup)) => format!(
+            "node {node} is not ready, with the instance's volume on its disk: gave the volume up; the instance starts on another node and restores backup {backup} and the archived WAL (commits after the last archived segment, {}, are lost). The volume {kept} is kept (Retain): delete it once nothing is to be salvaged from it",
+            pg.status
+                .as_ref()
+                .and_then(|s| s.last_archived_wal.clone())
+                .unwrap_or_else(|| "none".into()),
+        ),
+        _ => format!(
+            "node {node} is not ready, with the instance's volume on its disk: the database never served, so nothing is lost; gave the volume up, and the instance is made anew on another node. The volume {kept} is kept (Retain): delete it"
+        ),
     }
 }
 

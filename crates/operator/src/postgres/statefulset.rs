@@ -22,7 +22,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use noops_api::PostgreSQL;
 use noops_api::postgres::BackupLocation;
 
-use super::image::{POSTGRES_UID, image};
+use super::image::{POSTGRES_UID, image, install_container};
 use super::names::{
     CONTROLLER_DIR, DATA_VOLUME, INSTANCE_MANAGER, Names, PGDATA, PORT, ROOT_ENV, SOCKET_DIR, SUPERUSER_DIR,
     VOLUME_MOUNT,
@@ -85,46 +85,8 @@ pub fn build(
     let labels = names.labels();
     let mut pod_labels: BTreeMap<String, String> = labels.clone();
     pod_labels.extend(names.selector());
-    let install = Container {
-        name: "install".into(),
-        image: Some(operator_image.into()),
-        args: Some(vec![
-            "pg-instance".into(),
-            "install".into(),
-            format!("--to={INSTANCE_MANAGER}"),
-        ]),
-        volume_mounts: Some(vec![mount("controller", CONTROLLER_DIR, false)]),
-        ..Default::default()
-    };
-    let readiness = Probe {
-        exec: Some(ExecAction {
-            command: Some(vec![
-                "pg_isready".into(),
-                "--quiet".into(),
-                format!("--host={SOCKET_DIR}"),
-                format!("--port={PORT}"),
-            ]),
-        }),
-        period_seconds: Some(2),
-        timeout_seconds: Some(5),
-        failure_threshold: Some(3),
-        ..Default::default()
-    };
     let access = store_access(pg, names, bootstrap_source);
-    let mut instance_env = vec![
-        env("PGDATA", PGDATA),
-        env("NOOPS_SOCKET_DIR", SOCKET_DIR),
-        env("NOOPS_SUPERUSER_PASSWORD_FILE", &format!("{SUPERUSER_DIR}/password")),
-        env("NOOPS_PLAN_FILE", &format!("{PLAN_DIR}/{PLAN_FILE}")),
-    ];
-    instance_env.extend(access.env.iter().cloned());
-    let mut instance_mounts = vec![
-        mount(DATA_VOLUME, VOLUME_MOUNT, false),
-        mount("controller", CONTROLLER_DIR, false),
-        mount("superuser", SUPERUSER_DIR, true),
-        mount("plan", PLAN_DIR, true),
-    ];
-    instance_mounts.extend(access.mounts.iter().cloned());
+    let (instance_env, instance_mounts) = instance_env_and_mounts(&access);
     // Makes the data directory if the volume has none (initdb, or a restore): while it works
     // the pod is not Ready, and its failure is the container's, with the reason.
     let bootstrap = Container {
@@ -148,13 +110,130 @@ pub fn build(
             protocol: Some("TCP".into()),
             ..Default::default()
         }]),
-        readiness_probe: Some(readiness),
+        readiness_probe: Some(readiness()),
         resources: pg.spec.resources.clone(),
         volume_mounts: Some(instance_mounts),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
-    let mut volumes = vec![
+    let mut volumes = pod_volumes(names);
+    volumes.extend(access.volumes);
+    StatefulSet {
+        metadata: ObjectMeta {
+            name: Some(names.statefulset()),
+            namespace: Some(names.namespace.clone()),
+            labels: Some(labels.clone()),
+            owner_references: Some(vec![owner.clone()]),
+            ..Default::default()
+        },
+        spec: Some(StatefulSetSpec {
+            replicas: Some(1),
+            service_name: Some(names.service()),
+            selector: LabelSelector {
+                match_labels: Some(names.selector()),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    init_containers: Some(vec![install_container(operator_image), bootstrap]),
+                    containers: vec![postgres],
+                    volumes: Some(volumes),
+                    // The instance needs nothing from the API server.
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    termination_grace_period_seconds: Some(SHUTDOWN_GRACE_SECONDS),
+                    security_context: Some(PodSecurityContext {
+                        run_as_user: Some(POSTGRES_UID),
+                        run_as_group: Some(POSTGRES_UID),
+                        fs_group: Some(POSTGRES_UID),
+                        run_as_non_root: Some(true),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+            },
+            volume_claim_templates: Some(vec![data_claim(pg, &labels)]),
+            // The volume goes with the PostgreSQL (backups stay), not when scaled.
+            persistent_volume_claim_retention_policy: Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
+                when_deleted: Some("Delete".into()),
+                when_scaled: Some("Retain".into()),
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// What the instance manager's containers (bootstrap, postgres) are given: where the data
+/// directory, the socket, the password and the plan are, and how to reach the stores.
+fn instance_env_and_mounts(access: &PodAccess) -> (Vec<EnvVar>, Vec<VolumeMount>) {
+    let mut env_vars = vec![
+        env("PGDATA", PGDATA),
+        env("NOOPS_SOCKET_DIR", SOCKET_DIR),
+        env("NOOPS_SUPERUSER_PASSWORD_FILE", &format!("{SUPERUSER_DIR}/password")),
+        env("NOOPS_PLAN_FILE", &format!("{PLAN_DIR}/{PLAN_FILE}")),
+    ];
+    env_vars.extend(access.env.iter().cloned());
+    let mut mounts = vec![
+        mount(DATA_VOLUME, VOLUME_MOUNT, false),
+        mount("controller", CONTROLLER_DIR, false),
+        mount("superuser", SUPERUSER_DIR, true),
+        mount("plan", PLAN_DIR, true),
+    ];
+    mounts.extend(access.mounts.iter().cloned());
+    (env_vars, mounts)
+}
+
+/// Ready: the server accepts connections.
+fn readiness() -> Probe {
+    Probe {
+        exec: Some(ExecAction {
+            command: Some(vec![
+                "pg_isready".into(),
+                "--quiet".into(),
+                format!("--host={SOCKET_DIR}"),
+                format!("--port={PORT}"),
+            ]),
+        }),
+        period_seconds: Some(2),
+        timeout_seconds: Some(5),
+        failure_threshold: Some(3),
+        ..Default::default()
+    }
+}
+
+/// The instance's data volume, asked for by the StatefulSet.
+fn data_claim(pg: &PostgreSQL, labels: &BTreeMap<String, String>) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(DATA_VOLUME.into()),
+            labels: Some(labels.clone()),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            storage_class_name: pg.spec.storage.storage_class_name.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_string(),
+                    Quantity(pg.spec.storage.size.clone()),
+                )])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The pod's own volumes: where the instance manager is installed, the superuser's password,
+/// the plan.
+fn pod_volumes(names: &Names) -> Vec<Volume> {
+    vec![
         Volume {
             name: "controller".into(),
             empty_dir: Some(EmptyDirVolumeSource::default()),
@@ -177,76 +256,7 @@ pub fn build(
             }),
             ..Default::default()
         },
-    ];
-    volumes.extend(access.volumes);
-    let claim = PersistentVolumeClaim {
-        metadata: ObjectMeta {
-            name: Some(DATA_VOLUME.into()),
-            labels: Some(labels.clone()),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeClaimSpec {
-            access_modes: Some(vec!["ReadWriteOnce".into()]),
-            storage_class_name: pg.spec.storage.storage_class_name.clone(),
-            resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([(
-                    "storage".to_string(),
-                    Quantity(pg.spec.storage.size.clone()),
-                )])),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        status: None,
-    };
-    StatefulSet {
-        metadata: ObjectMeta {
-            name: Some(names.statefulset()),
-            namespace: Some(names.namespace.clone()),
-            labels: Some(labels),
-            owner_references: Some(vec![owner.clone()]),
-            ..Default::default()
-        },
-        spec: Some(StatefulSetSpec {
-            replicas: Some(1),
-            service_name: Some(names.service()),
-            selector: LabelSelector {
-                match_labels: Some(names.selector()),
-                ..Default::default()
-            },
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(pod_labels),
-                    ..Default::default()
-                }),
-                spec: Some(PodSpec {
-                    init_containers: Some(vec![install, bootstrap]),
-                    containers: vec![postgres],
-                    volumes: Some(volumes),
-                    // The instance needs nothing from the API server.
-                    automount_service_account_token: Some(false),
-                    enable_service_links: Some(false),
-                    termination_grace_period_seconds: Some(SHUTDOWN_GRACE_SECONDS),
-                    security_context: Some(PodSecurityContext {
-                        run_as_user: Some(POSTGRES_UID),
-                        run_as_group: Some(POSTGRES_UID),
-                        fs_group: Some(POSTGRES_UID),
-                        run_as_non_root: Some(true),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-            },
-            volume_claim_templates: Some(vec![claim]),
-            // The volume goes with the PostgreSQL (backups stay), not when scaled.
-            persistent_volume_claim_retention_policy: Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
-                when_deleted: Some("Delete".into()),
-                when_scaled: Some("Retain".into()),
-            }),
-            ..Default::default()
-        }),
-        status: None,
-    }
+    ]
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::info;
 
-use super::progress::Settled;
+use super::progress::{self, Timing, Verdict};
 use super::schedule::elapsed;
 use super::task_pod;
 use crate::core::Result;
@@ -166,6 +166,8 @@ pub struct Begun<K: BackupResource> {
     /// When the backup began (now, for one not begun yet), and the time of this pass.
     pub started: jiff::Timestamp,
     pub now: jiff::Timestamp,
+    /// The task pod that makes it: it goes once the backup is done.
+    pub pod: String,
 }
 
 /// The start of a pass: the backup as the API has it now (the watch cache may not have seen
@@ -189,6 +191,7 @@ async fn begin<K: BackupResource>(
     let now = jiff::Timestamp::now();
     let started = progress.started_at.as_ref().map_or(now, |t| t.0);
     Ok(Ok(Begun {
+        pod: pod(&backup),
         version: backup.resource_version(),
         backup,
         status,
@@ -234,25 +237,34 @@ pub async fn remove_pod<K: BackupResource>(client: &Client, backup: &K, name: &s
     })
 }
 
-/// The end of a pass: `next` (the engine's fields of the status, over `read`) with the
-/// progress `settled` left is written if it changed, its Event sent, and the task pod `pod`
-/// removed once the backup is done.
-pub async fn conclude<K: BackupResource>(
+/// The end of a pass over `begun`, whose status is as written so far: what `verdict` leaves
+/// (a success recorded in the status by `record`, which says what was stored) is written if
+/// it changed, its Event sent, and the task pod removed once the backup is done.
+pub async fn conclude<K: BackupResource, T>(
     ctx: &Context,
-    backup: &K,
-    version: &mut Option<String>,
-    read: &K::Status,
-    mut next: K::Status,
-    settled: Settled,
-    pod: &str,
+    begun: Begun<K>,
+    verdict: Verdict<T>,
+    record: impl FnOnce(&mut K::Status, T) -> String,
+    timing: Timing,
 ) -> Result<Action> {
+    let Begun {
+        backup,
+        mut version,
+        status,
+        started,
+        now,
+        pod,
+    } = begun;
+    let mut next = status.clone();
+    let verdict = verdict.map_succeeded(|taken| record(&mut next, taken));
+    let settled = progress::settle(K::progress(&next), verdict, started, now, timing);
     let waits = settled.look_again.is_some() && settled.progress.phase.as_deref() == Some("Running");
     *K::progress_mut(&mut next) = settled.progress;
-    if next != *read {
-        if !write_status(&ctx.client, backup, version, &next).await? {
+    if next != status {
+        if !write_status(&ctx.client, &backup, &mut version, &next).await? {
             return Ok(Action::requeue(Duration::from_secs(1)));
         }
-        if waits && let Some(condition) = K::progress_mut(&mut next).conditions.first() {
+        if waits && let Some(condition) = K::progress(&next).conditions.first() {
             info!(reason = %condition.reason, "the backup waits: {}", condition.message);
         }
     }
@@ -261,7 +273,7 @@ pub async fn conclude<K: BackupResource>(
     }
     match settled.look_again {
         Some(after) => Ok(Action::requeue(after)),
-        None => remove_pod(&ctx.client, backup, pod).await,
+        None => remove_pod(&ctx.client, &backup, &pod).await,
     }
 }
 

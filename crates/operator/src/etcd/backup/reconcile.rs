@@ -53,48 +53,37 @@ fn pod_name(backup: &EtcdBackup, job: Job) -> String {
     volume::pod_name(&backup.name_any(), &backup.uid().unwrap_or_default(), job)
 }
 
-pub async fn make(begun: Begun<EtcdBackup>, ctx: Arc<Context>) -> Result<Action> {
-    let ctx = &*ctx;
+pub async fn make(mut begun: Begun<EtcdBackup>, ctx: Arc<Context>) -> Result<Action> {
     let Begun {
         backup,
-        mut version,
-        mut status,
+        version,
+        status,
         started,
-        now,
-    } = begun;
-    let backup = &backup;
-    let Some(verdict) = take_or_go_on(backup, &mut status, &mut version, started, ctx).await? else {
+        ..
+    } = &mut begun;
+    let Some(verdict) = take_or_go_on(backup, status, version, *started, &ctx).await? else {
         return Ok(Action::requeue(Duration::from_secs(1)));
     };
-    let mut next = status.clone();
-    let verdict = verdict.map_succeeded(|taken| {
-        crash::point("backup: snapshot stored, status not written");
-        let note = format!(
-            "stored revision {} of cluster {:x} ({} bytes, etcd {}) at {}",
-            taken.revision,
-            taken.cluster_id,
-            taken.size,
-            taken.version,
-            next.progress.location.clone().unwrap_or_default()
-        );
-        next.progress.size = Some(taken.size);
-        next.progress.sha256 = Some(taken.sha256);
-        next.revision = Some(taken.revision);
-        next.etcd_version = Some(taken.version);
-        next.cluster_id = Some(format!("{:x}", taken.cluster_id));
-        note
-    });
-    let settled = progress::settle(&next.progress, verdict, started, now, TIMING);
-    conclude(
-        ctx,
-        backup,
-        &mut version,
-        &status,
-        next,
-        settled,
-        &pod_name(backup, Job::Save),
-    )
-    .await
+    conclude(&ctx, begun, verdict, record_snapshot, TIMING).await
+}
+
+/// Records what a snapshot stored in `status`, and says it.
+fn record_snapshot(status: &mut EtcdBackupStatus, taken: snapshot::Taken) -> String {
+    crash::point("backup: snapshot stored, status not written");
+    let note = format!(
+        "stored revision {} of cluster {:x} ({} bytes, etcd {}) at {}",
+        taken.revision,
+        taken.cluster_id,
+        taken.size,
+        taken.version,
+        status.progress.location.clone().unwrap_or_default()
+    );
+    status.progress.size = Some(taken.size);
+    status.progress.sha256 = Some(taken.sha256);
+    status.revision = Some(taken.revision);
+    status.etcd_version = Some(taken.version);
+    status.cluster_id = Some(format!("{:x}", taken.cluster_id));
+    note
 }
 
 /// The snapshot taken (or one more attempt at it), recorded where it goes first: what came of

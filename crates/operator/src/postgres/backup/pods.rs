@@ -14,7 +14,7 @@ use crate::core::backup::task_pod;
 use noops_api::postgres::BackupLocation;
 
 use crate::core::labels;
-use crate::postgres::image::{POSTGRES_UID, image};
+use crate::postgres::image::{POSTGRES_UID, image, install_container};
 use crate::postgres::names::{CONTROLLER_DIR, INSTANCE_MANAGER, Names};
 use crate::postgres::store::{self, BaseBackupDestination, Destination, Role};
 
@@ -152,17 +152,7 @@ fn pod(
         owner,
     };
     let spec = PodSpec {
-        init_containers: Some(vec![Container {
-            name: "install".into(),
-            image: Some(operator_image.into()),
-            args: Some(vec![
-                "pg-instance".into(),
-                "install".into(),
-                format!("--to={INSTANCE_MANAGER}"),
-            ]),
-            volume_mounts: Some(vec![controller]),
-            ..Default::default()
-        }]),
+        init_containers: Some(vec![install_container(operator_image)]),
         containers: vec![Container {
             name: job.verb().into(),
             image: Some(image(place.version)),

@@ -61,16 +61,32 @@ fn pod_name(backup: &PostgresBackup, job: Job) -> String {
     task_pod::name(&backup.name_any(), &backup.uid().unwrap_or_default(), job.verb())
 }
 
-pub async fn make(begun: Begun<PostgresBackup>, ctx: Arc<Context>) -> Result<Action> {
-    let ctx = &*ctx;
+pub async fn make(mut begun: Begun<PostgresBackup>, ctx: Arc<Context>) -> Result<Action> {
+    let Some(verdict) = look(&mut begun, &ctx).await? else {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    };
+    conclude(
+        &ctx,
+        begun,
+        verdict,
+        |status, taken| record_taken(status, *taken),
+        TIMING,
+    )
+    .await
+}
+
+/// One look at the backup: its database, where it goes (recorded first), its pod; `None` if
+/// the backup changed since it was read (its status is written only over the version read).
+async fn look(begun: &mut Begun<PostgresBackup>, ctx: &Context) -> Result<Option<Verdict>> {
     let Begun {
         backup,
-        mut version,
-        mut status,
+        version,
+        status,
         started,
         now,
+        ..
     } = begun;
-    let backup = &backup;
+    let (backup, started, now) = (&*backup, *started, *now);
     let namespace = backup.namespace().unwrap_or_default();
     let databases: Api<PostgreSQL> = Api::namespaced(ctx.client.clone(), &namespace);
     let pg = databases.get_opt(&backup.spec.postgresql).await?;
@@ -104,8 +120,8 @@ pub async fn make(begun: Begun<PostgresBackup>, ctx: Arc<Context>) -> Result<Act
                 status.destination = Some(location.clone());
                 status.progress.location = Some(url.clone());
                 status.pod = Some(pod_name(backup, Job::Base));
-                if !write_status(&ctx.client, backup, &mut version, &status).await? {
-                    return Ok(Action::requeue(Duration::from_secs(1)));
+                if !write_status(&ctx.client, backup, version, status).await? {
+                    return Ok(None);
                 }
                 crash::point("postgres backup: destination recorded, no pod made");
                 info!(postgresql = %backup.spec.postgresql, location = %url, "backing up");
@@ -113,26 +129,12 @@ pub async fn make(begun: Begun<PostgresBackup>, ctx: Arc<Context>) -> Result<Act
             }
         },
     };
-    let mut next = status.clone();
-    let verdict = verdict.map_succeeded(|taken| {
-        crash::point("postgres backup: stored, status not written");
-        record_taken(&mut next, *taken)
-    });
-    let settled = progress::settle(&next.progress, verdict, started, now, TIMING);
-    conclude(
-        ctx,
-        backup,
-        &mut version,
-        &status,
-        next,
-        settled,
-        &pod_name(backup, Job::Base),
-    )
-    .await
+    Ok(Some(verdict))
 }
 
 /// Records what a base backup pod stored in `status`, and says it.
 fn record_taken(status: &mut PostgresBackupStatus, taken: Taken) -> String {
+    crash::point("postgres backup: stored, status not written");
     let note = format!(
         "stored a base backup of {} bytes at {}: WAL {} to {} on timeline {}",
         taken.size,

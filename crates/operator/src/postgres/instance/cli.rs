@@ -115,6 +115,43 @@ fn finish(code: i32, message: &str) -> ! {
     std::process::exit(code)
 }
 
+/// Fetches `file` from `folder` of the store `variable` names into `path`; exits with 126
+/// if the store cannot be opened.
+async fn fetch_from(variable: &str, folder: &str, file: &str, path: &std::path::Path) -> Result<(), wal::WalError> {
+    match store::open_told(variable) {
+        Ok(store) => wal::fetch(store, folder, file, path).await,
+        Err(e) => {
+            eprintln!("restoring {file}: {e}");
+            std::process::exit(126)
+        }
+    }
+}
+
+/// `restore_command`: fetches WAL file `file` from `folder` of the store `store_env` names
+/// into `path` (a history file missing there is looked for in `own_history_folder` of the
+/// database's own store too); exits as PostgreSQL expects (126: the store cannot be opened).
+async fn wal_fetch(
+    store_env: &str,
+    folder: &str,
+    own_history_folder: Option<&str>,
+    file: &str,
+    path: &std::path::Path,
+) -> ! {
+    let mut fetched = fetch_from(store_env, folder, file, path).await;
+    if let (Err(wal::WalError::NotThere(_)), Some(own)) = (&fetched, own_history_folder)
+        && file.ends_with(".history")
+    {
+        fetched = fetch_from(STORE_ENV, own, file, path).await;
+    }
+    match fetched {
+        Ok(()) => std::process::exit(0),
+        Err(e) => {
+            eprintln!("restoring {file}: {e}");
+            std::process::exit(e.exit_code())
+        }
+    }
+}
+
 /// Runs one command; never returns.
 pub async fn run(command: PgInstanceCommand) -> ! {
     match command {
@@ -157,33 +194,7 @@ pub async fn run(command: PgInstanceCommand) -> ! {
             own_history_folder,
             file,
             path,
-        } => {
-            let mut fetched = match store::open_told(&store_env) {
-                Ok(store) => wal::fetch(store, &folder, &file, &path).await,
-                Err(e) => {
-                    eprintln!("restoring {file}: {e}");
-                    std::process::exit(126)
-                }
-            };
-            if let (Err(wal::WalError::NotThere(_)), Some(own)) = (&fetched, &own_history_folder)
-                && file.ends_with(".history")
-            {
-                fetched = match store::open_told(STORE_ENV) {
-                    Ok(store) => wal::fetch(store, own, &file, &path).await,
-                    Err(e) => {
-                        eprintln!("restoring {file}: {e}");
-                        std::process::exit(126)
-                    }
-                };
-            }
-            match fetched {
-                Ok(()) => std::process::exit(0),
-                Err(e) => {
-                    eprintln!("restoring {file}: {e}");
-                    std::process::exit(e.exit_code())
-                }
-            }
-        }
+        } => wal_fetch(&store_env, &folder, own_history_folder.as_deref(), &file, &path).await,
         PgInstanceCommand::BaseBackup { host, label, folder } => {
             let taken = match store::open_told(STORE_ENV) {
                 Ok(store) => base_backup::take(&host, &label, store, &folder)
