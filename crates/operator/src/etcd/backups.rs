@@ -100,14 +100,14 @@ pub async fn keep(
         }
         look_again = Some(due.next_in);
     }
-    let mine = of_cluster(cluster, backups);
-    let gone = retention::beyond_max(&mine, |name| being_restored.contains(name), spec.max_backups, now);
+    let ours = of_cluster(cluster, backups);
+    let gone = retention::beyond_max(&ours, |name| being_restored.contains(name), spec.max_backups, now);
     for name in &gone {
         if delete_if_present(&api, name, &DeleteParams::default()).await? {
             info!(backup = %name, max_backups = spec.max_backups, "deleted a scheduled backup beyond maxBackups");
         }
     }
-    let kept: Vec<&EtcdBackup> = mine.into_iter().filter(|b| !gone.contains(&b.name_any())).collect();
+    let kept: Vec<&EtcdBackup> = ours.into_iter().filter(|b| !gone.contains(&b.name_any())).collect();
     summary.count(&kept, stored);
     Ok(look_again)
 }
@@ -235,15 +235,19 @@ mod tests {
             finished("new", "Failed", 200),
             finished("running", "Running", 300),
         );
-        let mut book = BackupsSummary::default();
-        book.count(&[&old, &failed, &running], stored);
-        let condition = book.condition.clone().unwrap();
+        let mut summary = BackupsSummary::default();
+        summary.count(&[&old, &failed, &running], stored);
+        let condition = summary.condition.clone().unwrap();
         assert_eq!((condition.status, condition.reason), (false, "BackupFailed"));
         assert_eq!(condition.message, "EtcdBackup new failed: ClaimNotFound: why");
-        assert_eq!(book.stored_backups, Some(1), "a failure still leaves the older backup");
+        assert_eq!(
+            summary.stored_backups,
+            Some(1),
+            "a failure still leaves the older backup"
+        );
         let newer = finished("newer", "Succeeded", 250);
-        book.count(&[&old, &failed, &newer], stored);
-        let condition = book.condition.unwrap();
+        summary.count(&[&old, &failed, &newer], stored);
+        let condition = summary.condition.unwrap();
         assert_eq!((condition.status, condition.reason), (true, "BackupStored"));
         assert!(
             condition.message.contains("newer stored revision 42 at pvc://"),

@@ -342,7 +342,7 @@ pub fn facts(
     if etcd.listed.is_none() {
         member_names.extend(status.members.iter().map(|m| m.name.clone()));
     }
-    let seen = Seen {
+    let seen = ClusterView {
         cluster,
         children,
         etcd,
@@ -388,7 +388,7 @@ pub fn facts(
 }
 
 /// What [`facts`] has seen of the whole cluster, for the facts of each member.
-struct Seen<'a> {
+struct ClusterView<'a> {
     cluster: &'a EtcdCluster,
     children: &'a Children,
     etcd: &'a EtcdView,
@@ -403,7 +403,7 @@ struct Seen<'a> {
 }
 
 /// The facts of member `name`. Pure.
-fn member_facts(name: String, seen: &Seen) -> MemberFacts {
+fn member_facts(name: String, seen: &ClusterView) -> MemberFacts {
     let now = seen.now;
     let pod = seen.children.pods.get(&name);
     let listed_member = seen.listed.get(&name);

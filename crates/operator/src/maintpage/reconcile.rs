@@ -8,7 +8,7 @@ use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use noops_api::maintpage::{MaintPage, Side};
 use serde_json::json;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::{Context, apply, desired, observe, status, switch, validate};
 use crate::core::apply::{apply_status, controller_reference};
@@ -29,11 +29,10 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
         .during(Stage::Observe)?;
 
     if let Err(error) = validate::validate(&mp, &observation.live) {
-        warn!(reason = error.reason(), %error, "cannot carry out the spec");
         let blocked = status::blocked(&mp, error.reason(), &error.to_string(), now);
         if mp.status.as_ref() != Some(&blocked) {
             events
-                .publish(&reference, Announcement::warning(error.reason(), error.to_string()))
+                .tell(&reference, Announcement::warning(error.reason(), error.to_string()))
                 .await;
             apply_status(&maintpages, &name, &status_body(&blocked))
                 .await
@@ -60,7 +59,7 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
         events.tell(&reference, announcement).await;
     }
 
-    let seen = status::Seen {
+    let seen = status::StatusFacts {
         app: Some(&applied.app),
         maintenance: Some(&applied.maintenance),
         app_stuck: observation.app_stuck.as_ref(),
@@ -68,9 +67,8 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
     };
     let status = status::build(&mp, &plan, &seen, now);
     if let Some(degraded) = status::newly_degraded(mp.status.as_ref(), &status) {
-        warn!(reason = %degraded.reason, message = %degraded.message, "degraded");
         events
-            .publish(
+            .tell(
                 &reference,
                 Announcement::warning(&degraded.reason, degraded.message.clone()),
             )

@@ -22,7 +22,7 @@ fn side_name(side: Side) -> &'static str {
 /// What the status says about the children: the Deployments as the apply returned them, and
 /// whether the pods of a side cannot start.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Seen<'a> {
+pub struct StatusFacts<'a> {
     pub app: Option<&'a Deployment>,
     pub maintenance: Option<&'a Deployment>,
     pub app_stuck: Option<&'a Stuck>,
@@ -40,7 +40,7 @@ struct Published<'a> {
 }
 
 /// Builds the status after a reconcile that carried out `plan`: one builder per condition.
-pub fn build(mp: &MaintPage, plan: &Plan, seen: &Seen, now: jiff::Timestamp) -> MaintPageStatus {
+pub fn build(mp: &MaintPage, plan: &Plan, seen: &StatusFacts, now: jiff::Timestamp) -> MaintPageStatus {
     let (app, maintenance) = (seen.app, seen.maintenance);
     let spec = &mp.spec;
     let (published_deployment, replicas) = match plan.publish {
@@ -133,7 +133,7 @@ fn progressing(plan: &Plan, published: &Published) -> Decided {
 }
 
 /// Degraded: pods that cannot start say so at once; a stalled rollout only after its deadline.
-fn degraded(seen: &Seen) -> Decided {
+fn degraded(seen: &StatusFacts) -> Decided {
     let stuck = seen
         .app_stuck
         .map(|s| ("app", s))
@@ -206,7 +206,7 @@ mod tests {
     #[test]
     fn published_and_ready() {
         let d = deployment("shop").ready(1).build();
-        let seen = Seen {
+        let seen = StatusFacts {
             app: Some(&d),
             ..Default::default()
         };
@@ -221,7 +221,7 @@ mod tests {
     #[test]
     fn switching_is_not_ready_and_says_what_it_waits_for() {
         let d = deployment("shop").ready(1).build();
-        let seen = Seen {
+        let seen = StatusFacts {
             app: Some(&d),
             ..Default::default()
         };
@@ -251,7 +251,7 @@ mod tests {
         let app = deployment("shop")
             .stalled("ReplicaSet has timed out progressing")
             .build();
-        let seen = Seen {
+        let seen = StatusFacts {
             app: Some(&app),
             ..Default::default()
         };
@@ -271,7 +271,7 @@ mod tests {
             reason: "ImageNotMapped",
             message: "pod shop-maintenance-1, container maintenance: not mapped".into(),
         };
-        let seen = Seen {
+        let seen = StatusFacts {
             app: Some(&app),
             maintenance_stuck: Some(&stuck),
             ..Default::default()
@@ -293,7 +293,7 @@ mod tests {
         let recovered = build(
             &mp(true),
             &plan,
-            &Seen {
+            &StatusFacts {
                 app: Some(&app),
                 ..Default::default()
             },

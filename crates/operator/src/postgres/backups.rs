@@ -53,7 +53,7 @@ fn phase(backup: &PostgresBackup) -> Option<&str> {
 /// backups carry; a user's are taken as this one's if made after it), of this data (by the
 /// system identifier they were taken from, once taken). An earlier PostgreSQL of the same name,
 /// even one this one was restored from, is another database. Pure.
-pub fn mine<'a>(pg: &PostgreSQL, backups: &'a [PostgresBackup]) -> Vec<&'a PostgresBackup> {
+pub fn of_database<'a>(pg: &PostgreSQL, backups: &'a [PostgresBackup]) -> Vec<&'a PostgresBackup> {
     let uid = pg.metadata.uid.clone().unwrap_or_default();
     let created = pg.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let system_id = pg.status.as_ref().and_then(|s| s.system_identifier.clone());
@@ -76,14 +76,14 @@ pub fn mine<'a>(pg: &PostgreSQL, backups: &'a [PostgresBackup]) -> Vec<&'a Postg
 
 /// Whether a first backup is to be made now: the database serves with a destination, and no
 /// backup of it there has succeeded, runs, or failed a moment ago. Pure.
-pub fn first_backup_due(pg: &PostgreSQL, mine: &[&PostgresBackup], serving: bool, now: jiff::Timestamp) -> bool {
+pub fn first_backup_due(pg: &PostgreSQL, of_database: &[&PostgresBackup], serving: bool, now: jiff::Timestamp) -> bool {
     let Some(destination) = pg.spec.backup.as_ref().and_then(Destination::of_spec) else {
         return false;
     };
     if !serving {
         return false;
     }
-    let here: Vec<&&PostgresBackup> = mine
+    let here: Vec<&&PostgresBackup> = of_database
         .iter()
         .filter(|b| {
             // One not started yet goes to the destination of now.
@@ -150,7 +150,7 @@ pub struct NamespaceView<'a> {
 /// What a pass did with the backups: when to look again, and what it decided (reason, note),
 /// for Events.
 #[derive(Debug, Default)]
-pub struct Pass {
+pub struct BackupDecisions {
     pub look_again: Option<Duration>,
     pub decisions: Vec<Announcement>,
 }
@@ -164,17 +164,17 @@ pub async fn keep(
     client: &Client,
     namespace: &NamespaceView<'_>,
     serving: bool,
-    book: &mut BackupsSummary,
+    summary: &mut BackupsSummary,
     now: jiff::Timestamp,
-) -> Result<Pass> {
-    let mut pass = Pass::default();
+) -> Result<BackupDecisions> {
+    let mut pass = BackupDecisions::default();
     let Some(spec) = pg.spec.backup.as_ref() else {
         return Ok(pass);
     };
     let api: Api<PostgresBackup> = Api::namespaced(client.clone(), &names.namespace);
-    let mine = mine(pg, namespace.backups);
+    let ours = of_database(pg, namespace.backups);
     let mut look_again = None;
-    if first_backup_due(pg, &mine, serving, now) {
+    if first_backup_due(pg, &ours, serving, now) {
         let backup = scheduled_backup(pg, names, now);
         if create_if_missing(&api, &backup).await? {
             crash::point("postgres: first backup made");
@@ -187,7 +187,7 @@ pub async fn keep(
     }
     // A schedule the parser refuses is told as a plan problem; the rest goes on.
     if let Some(pattern) = spec.schedule.as_deref().filter(|p| schedule::parse(p).is_ok()) {
-        let due = book
+        let due = summary
             .follow_schedule(pattern, now)
             .map_err(|e| crate::core::Error::InvalidSpec(e.to_string()))?;
         if let Some(at) = due.now {
@@ -212,7 +212,7 @@ pub async fn keep(
 
     // Backups a new database is being restored from are never deleted under it.
     let in_use = |name: &str| namespace.being_restored.contains(name);
-    let gone = retention::beyond_max(&mine, in_use, spec.max_backups, now);
+    let gone = retention::beyond_max(&ours, in_use, spec.max_backups, now);
     let max = spec.max_backups;
     for name in &gone {
         if delete_if_present(&api, name, &DeleteParams::default()).await? {
@@ -223,8 +223,8 @@ pub async fn keep(
             ));
         }
     }
-    let left: Vec<&PostgresBackup> = mine.into_iter().filter(|b| !gone.contains(&b.name_any())).collect();
-    book.count(&left, stored);
+    let left: Vec<&PostgresBackup> = ours.into_iter().filter(|b| !gone.contains(&b.name_any())).collect();
+    summary.count(&left, stored);
     pass.look_again = look_again;
     Ok(pass)
 }
@@ -338,7 +338,7 @@ mod tests {
             backup("shop-2", "shop", "Succeeded", "7", 200),
             backup("other-1", "other", "Succeeded", "7", 300),
         ];
-        let names: Vec<String> = mine(&pg, &all).iter().map(|b| b.name_any()).collect();
+        let names: Vec<String> = of_database(&pg, &all).iter().map(|b| b.name_any()).collect();
         assert_eq!(names, ["shop-2"]);
     }
 
@@ -349,15 +349,19 @@ mod tests {
             backup("new", "shop", "Failed", "7", 200),
             backup("running", "shop", "Running", "7", 300),
         );
-        let mut book = BackupsSummary::default();
-        book.count(&[&old, &failed, &running], stored);
-        let condition = book.condition.clone().unwrap();
+        let mut summary = BackupsSummary::default();
+        summary.count(&[&old, &failed, &running], stored);
+        let condition = summary.condition.clone().unwrap();
         assert_eq!((condition.status, condition.reason), (false, "BackupFailed"));
-        assert_eq!(book.stored_backups, Some(1), "a failure still leaves the older backup");
-        assert_eq!(book.last_backup.as_deref(), Some("old"));
+        assert_eq!(
+            summary.stored_backups,
+            Some(1),
+            "a failure still leaves the older backup"
+        );
+        assert_eq!(summary.last_backup.as_deref(), Some("old"));
         let newer = backup("newer", "shop", "Succeeded", "7", 250);
-        book.count(&[&old, &failed, &newer], stored);
-        let condition = book.condition.unwrap();
+        summary.count(&[&old, &failed, &newer], stored);
+        let condition = summary.condition.unwrap();
         assert_eq!((condition.status, condition.reason), (true, "BackupStored"));
         assert!(
             condition
@@ -366,8 +370,8 @@ mod tests {
             "{}",
             condition.message
         );
-        assert_eq!(book.last_backup.as_deref(), Some("newer"));
-        assert_eq!(book.last_backup_time.map(|t| t.0), Some(at(250)));
+        assert_eq!(summary.last_backup.as_deref(), Some("newer"));
+        assert_eq!(summary.last_backup_time.map(|t| t.0), Some(at(250)));
     }
 
     #[test]

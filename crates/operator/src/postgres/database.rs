@@ -15,7 +15,7 @@ use crate::core::stuck::stuck;
 
 /// What a pass did in the database, and what it learnt there.
 #[derive(Debug, Default)]
-pub struct Made {
+pub struct InDatabase {
     /// The database and its owner are there.
     pub database_ready: bool,
     pub user_created: bool,
@@ -37,14 +37,14 @@ pub async fn instance_and_database(
     pod: Option<&k8s_openapi::api::core::v1::Pod>,
     superuser_password: &str,
     password: &Result<Password, PasswordProblem>,
-) -> (InstanceState, Made) {
+) -> (InstanceState, InDatabase) {
     match pod.map(observe::bootstrap) {
-        Some(Bootstrap::Failed(message)) => return (InstanceState::BootstrapFailed(message), Made::default()),
-        Some(Bootstrap::Working) => return (InstanceState::Bootstrapping, Made::default()),
+        Some(Bootstrap::Failed(message)) => return (InstanceState::BootstrapFailed(message), InDatabase::default()),
+        Some(Bootstrap::Working) => return (InstanceState::Bootstrapping, InDatabase::default()),
         _ => {}
     }
     if let Some(stuck) = pod.and_then(|p| stuck([p], jiff::Timestamp::now())) {
-        return (InstanceState::Stuck(stuck), Made::default());
+        return (InstanceState::Stuck(stuck), InDatabase::default());
     }
     let Some(ip) = pod.and_then(observe::ready_address) else {
         let why = match pod {
@@ -55,7 +55,7 @@ pub async fn instance_and_database(
             ),
             Some(_) => format!("pod {} is starting: recovering its database", names.instance()),
         };
-        return (InstanceState::Starting(why), Made::default());
+        return (InstanceState::Starting(why), InDatabase::default());
     };
     let served = async {
         let instance = Instance::connect(&ip, superuser_password).await?;
@@ -73,7 +73,7 @@ pub async fn instance_and_database(
     };
     match served.await {
         Ok((facts, made)) => (InstanceState::Serving(facts), made),
-        Err(e) => (InstanceState::Unreachable(e.to_string()), Made::default()),
+        Err(e) => (InstanceState::Unreachable(e.to_string()), InDatabase::default()),
     }
 }
 
@@ -86,7 +86,7 @@ async fn make_database(
     facts: &InstanceFacts,
     password: &Result<Password, PasswordProblem>,
     restore: Option<&RestoreStatus>,
-) -> Result<Made, SqlError> {
+) -> Result<InDatabase, SqlError> {
     let (db, user) = (&pg.spec.db, &pg.spec.user);
     let restored_anew =
         restore.is_some_and(|r| previous.restore.as_ref().map(|p| &p.completed_at) != Some(&r.completed_at));
@@ -95,7 +95,7 @@ async fn make_database(
         let database_ready = instance.has_database_and_user(db, user).await?;
         let same_database =
             previous.system_identifier.as_deref() == Some(facts.system_identifier.as_str()) && !restored_anew;
-        return Ok(Made {
+        return Ok(InDatabase {
             database_ready,
             password_version: previous.password_secret_version.clone().filter(|_| same_database),
             ..Default::default()
@@ -108,7 +108,7 @@ async fn make_database(
         instance.set_password(user, &password.value).await?;
     }
     let database_created = instance.ensure_database(db, user).await?;
-    Ok(Made {
+    Ok(InDatabase {
         database_ready: true,
         user_created,
         database_created,

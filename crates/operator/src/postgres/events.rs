@@ -4,7 +4,7 @@
 use noops_api::PostgreSQL;
 use noops_api::postgres::PostgreSQLStatus;
 
-use super::database::Made;
+use super::database::InDatabase;
 use super::status::restored_message;
 
 use crate::core::events::Announcement;
@@ -14,7 +14,7 @@ pub fn announcements(
     pg: &PostgreSQL,
     previous: &PostgreSQLStatus,
     status: &PostgreSQLStatus,
-    made: &Made,
+    made: &InDatabase,
 ) -> Vec<Announcement> {
     let (db, user) = (&pg.spec.db, &pg.spec.user);
     let mut out = Vec::new();
@@ -95,7 +95,7 @@ mod tests {
         let missing = with(&[Decided::new("Degraded", true, "PasswordSecretMissing", "no Secret")]);
         let no_key = with(&[Decided::new("Degraded", true, "PasswordKeyMissing", "no key")]);
         let told = |before: &PostgreSQLStatus, after: &PostgreSQLStatus| {
-            announcements(&pg, before, after, &Made::default())
+            announcements(&pg, before, after, &InDatabase::default())
                 .into_iter()
                 .filter(|a| a.warning)
                 .map(|a| a.reason)
@@ -121,12 +121,12 @@ mod tests {
             system_identifier: Some("2".into()),
             ..Default::default()
         };
-        let told = announcements(&pg, &was, &now, &Made::default());
+        let told = announcements(&pg, &was, &now, &InDatabase::default());
         assert!(
             told.iter().any(|a| a.warning && a.reason == "DatabaseReplaced"),
             "{told:?}"
         );
-        assert!(announcements(&pg, &was, &was, &Made::default()).is_empty());
+        assert!(announcements(&pg, &was, &was, &InDatabase::default()).is_empty());
     }
 
     #[test]
@@ -141,12 +141,12 @@ mod tests {
             }),
             ..Default::default()
         };
-        let told = announcements(&pg, &PostgreSQLStatus::default(), &restored, &Made::default());
+        let told = announcements(&pg, &PostgreSQLStatus::default(), &restored, &InDatabase::default());
         assert!(
             told.iter()
                 .any(|a| !a.warning && a.reason == "Restored" && a.note.contains("2026-11-24T10:00:00Z")),
             "{told:?}"
         );
-        assert!(announcements(&pg, &restored, &restored, &Made::default()).is_empty());
+        assert!(announcements(&pg, &restored, &restored, &InDatabase::default()).is_empty());
     }
 }

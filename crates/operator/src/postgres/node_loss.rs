@@ -61,8 +61,8 @@ pub fn pinned_to(pv: &PersistentVolume, node: &str) -> bool {
 pub enum Elsewhere {
     /// Restored from this base backup and the WAL archived since.
     Restore(String),
-    /// Made anew by `initdb`: it never served, so its volume holds nothing to lose.
-    Anew,
+    /// InDatabase anew by `initdb`: it never served, so its volume holds nothing to lose.
+    NewDatabase,
 }
 
 /// What to do, given the instance's pod, its node (None: the Node object is gone), its data
@@ -162,7 +162,13 @@ mod tests {
             "a Node object deleted is a dead node"
         );
         assert_eq!(
-            decide(&stuck, Some(&node(false)), Some(&volume), Ok(&Elsewhere::Anew), later),
+            decide(
+                &stuck,
+                Some(&node(false)),
+                Some(&volume),
+                Ok(&Elsewhere::NewDatabase),
+                later
+            ),
             NodeLoss::GiveUpVolume { node: "node-2".into() },
             "a database that never served is made anew elsewhere"
         );
@@ -186,7 +192,7 @@ mod tests {
                 &pod(Some(100)),
                 Some(&node(true)),
                 Some(&volume),
-                Ok(&Elsewhere::Anew),
+                Ok(&Elsewhere::NewDatabase),
                 at(200)
             ),
             NodeLoss::Fine
@@ -196,7 +202,7 @@ mod tests {
                 &pod(Some(100)),
                 Some(&node(false)),
                 Some(&volume),
-                Ok(&Elsewhere::Anew),
+                Ok(&Elsewhere::NewDatabase),
                 at(110)
             ),
             NodeLoss::Fine
@@ -206,7 +212,7 @@ mod tests {
                 &pod(None),
                 Some(&node(false)),
                 Some(&volume),
-                Ok(&Elsewhere::Anew),
+                Ok(&Elsewhere::NewDatabase),
                 at(200)
             ),
             NodeLoss::Fine

@@ -21,7 +21,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::backups;
-use super::database::{self, Made};
+use super::database::{self, InDatabase};
 use super::events::announcements;
 use super::names::Names;
 use super::node_loss::{self, Elsewhere, NodeLoss};
@@ -29,7 +29,7 @@ use super::placement;
 use super::problem::PlanProblem;
 use super::restore::InstancePlan;
 use super::secrets::{self, Password, PasswordProblem};
-use super::status::{self, InstanceState, Seen};
+use super::status::{self, InstanceState, StatusFacts};
 use super::store::{BaseBackupDestination, Destination};
 use super::{Context, destination, observe, restore, services, statefulset};
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
@@ -57,9 +57,9 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     let applied = pass.apply_children(&observed, &checked).await?;
     let (instance, made) = pass.in_database(&observed, &checked, &applied).await?;
     let serving = matches!(instance, InstanceState::Serving(_)) && made.database_ready;
-    let (book, kept) = pass.keep_backups(&observed, serving).await?;
+    let (summary, kept) = pass.keep_backups(&observed, serving).await?;
     let look_again = pass.look_again(serving, &applied, kept.look_again);
-    let seen = seen(&pass, instance, &observed, &checked, applied, &made, book);
+    let seen = seen(&pass, instance, &observed, &checked, applied, &made, summary);
     finish(&pass, &observed.children, seen, &made, &checked.password).await?;
     Ok(Action::requeue(look_again))
 }
@@ -301,7 +301,7 @@ impl<'a> Pass<'a> {
         observed: &Observed,
         checked: &Checked,
         applied: &Applied,
-    ) -> Result<(InstanceState, Made)> {
+    ) -> Result<(InstanceState, InDatabase)> {
         let previous = self.pg.status.clone().unwrap_or_default();
         let pod = observed.children.instance.as_deref();
         let (mut instance, made) = database::instance_and_database(
@@ -333,8 +333,12 @@ impl<'a> Pass<'a> {
     }
 
     /// Backups: the first, the scheduled, retention; an Event for each decision.
-    async fn keep_backups(&self, observed: &Observed, serving: bool) -> Result<(BackupsSummary, backups::Pass)> {
-        let mut book = backups::summary(self.pg);
+    async fn keep_backups(
+        &self,
+        observed: &Observed,
+        serving: bool,
+    ) -> Result<(BackupsSummary, backups::BackupDecisions)> {
+        let mut summary = backups::summary(self.pg);
         let namespace = backups::NamespaceView {
             backups: &observed.backups,
             being_restored: &observed.backups_being_restored,
@@ -345,7 +349,7 @@ impl<'a> Pass<'a> {
             &self.ctx.client,
             &namespace,
             serving,
-            &mut book,
+            &mut summary,
             self.now,
         )
         .await
@@ -354,7 +358,7 @@ impl<'a> Pass<'a> {
         for announcement in std::mem::take(&mut kept.decisions) {
             self.ctx.core.events.tell(&reference, announcement).await;
         }
-        Ok((book, kept))
+        Ok((summary, kept))
     }
 
     /// When to look again without a change.
@@ -379,11 +383,11 @@ fn seen(
     observed: &Observed,
     checked: &Checked,
     applied: Applied,
-    made: &Made,
-    book: BackupsSummary,
-) -> Seen {
+    made: &InDatabase,
+    summary: BackupsSummary,
+) -> StatusFacts {
     let pod = observed.children.instance.as_deref();
-    Seen {
+    StatusFacts {
         instance,
         instance_pod: pod.and_then(|p| p.metadata.name.clone()),
         node: pod.and_then(observe::node),
@@ -408,7 +412,7 @@ fn seen(
         service_missing: applied.live_service.is_none(),
         archiver: made.archiver.clone(),
         restore: made.restore.clone(),
-        book,
+        backups: summary,
         bootstrap_source: checked.bootstrap_source.clone(),
         node_lost: applied.node_lost,
     }
@@ -583,7 +587,7 @@ fn elsewhere(
     };
     match plan.as_ref().ok().and_then(|p| p.restore.as_ref()) {
         // It never served (the node died during its first initdb): nothing on the volume to lose.
-        None if status.system_identifier.is_none() => Ok(Elsewhere::Anew),
+        None if status.system_identifier.is_none() => Ok(Elsewhere::NewDatabase),
         None => Err("the database has no base backup to restore from elsewhere".to_string()),
         Some(_) if archiving_failed => Err(format!(
             "its WAL archiving was failing (segment {}): a restore would lose the commits since",
@@ -640,7 +644,7 @@ async fn ensure_superuser_secret(
         info!(secret = names.superuser_secret(), "made the superuser's Secret");
         return Ok(password);
     }
-    // Made by an earlier pass the cache has not seen yet: use the one that is there.
+    // InDatabase by an earlier pass the cache has not seen yet: use the one that is there.
     let made = api.get(&names.superuser_secret()).await?;
     secrets::superuser_password(&made)
         .ok_or_else(|| Error::Blocked(format!("Secret {} has no password", names.superuser_secret())))
@@ -650,8 +654,8 @@ async fn ensure_superuser_secret(
 async fn finish(
     pass: &Pass<'_>,
     children: &observe::Children,
-    seen: Seen,
-    made: &Made,
+    seen: StatusFacts,
+    made: &InDatabase,
     password: &std::result::Result<Password, PasswordProblem>,
 ) -> Result<()> {
     let (pg, names, ctx, owner, now) = (pass.pg, &pass.names, pass.ctx, &pass.owner, pass.now);

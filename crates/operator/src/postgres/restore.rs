@@ -95,7 +95,7 @@ fn newest_restorable<'a>(
     in_place: impl Fn(&BackupLocation) -> bool,
 ) -> Option<&'a PostgresBackup> {
     let system_id = pg.status.as_ref()?.system_identifier.as_deref()?;
-    super::backups::mine(pg, backups)
+    super::backups::of_database(pg, backups)
         .into_iter()
         .filter(|b| succeeded(b) && b.metadata.deletion_timestamp.is_none())
         .filter(|b| {
@@ -270,7 +270,7 @@ mod tests {
 
     #[test]
     fn backups_of_an_earlier_postgresql_of_the_same_name_and_data_are_not_restored() {
-        // Made again from one of its own old backups: the same system identifier.
+        // InDatabase again from one of its own old backups: the same system identifier.
         let mut pg = ran(with_backups(postgres("shop")), "111");
         pg.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             jiff::Timestamp::from_second(1000).unwrap(),

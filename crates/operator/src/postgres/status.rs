@@ -40,7 +40,7 @@ pub enum InstanceState {
 
 /// What one pass saw and did.
 #[derive(Debug, Clone, Default)]
-pub struct Seen {
+pub struct StatusFacts {
     pub instance: InstanceState,
     pub instance_pod: Option<String>,
     pub node: Option<String>,
@@ -70,7 +70,7 @@ pub struct Seen {
     /// What the restore that made the data directory recovered, as the instance says (when it
     /// serves).
     pub restore: Option<RestoreStatus>,
-    pub book: BackupsSummary,
+    pub backups: BackupsSummary,
     pub bootstrap_source: Option<BackupLocation>,
     /// Why the instance waits for its dead node, if it does.
     pub node_lost: Option<String>,
@@ -83,7 +83,7 @@ impl Default for InstanceState {
 }
 
 /// The status after a pass: one builder per condition and the phase, from what the pass saw.
-pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) -> PostgreSQLStatus {
+pub fn build(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, now: jiff::Timestamp) -> PostgreSQLStatus {
     let previous = pg.status.clone().unwrap_or_default();
     let serving = match &seen.instance {
         InstanceState::Serving(facts) => Some(facts),
@@ -102,7 +102,7 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
         restored(seen, restore.as_ref()),
     ];
     decided.extend(archiving);
-    decided.extend(seen.book.condition.clone());
+    decided.extend(seen.backups.condition.clone());
     let phase = phase(seen, &previous, ready);
     let archiver = seen.archiver.clone();
     // Cut to the second, as a stored `Time` is: a status that kept the server's microseconds
@@ -126,10 +126,10 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &Seen, now: jiff::Timestamp) 
             .map(|f| f.system_identifier.clone())
             .or(previous.system_identifier),
         password_secret_version: seen.password_version.clone(),
-        last_backup: seen.book.last_backup.clone(),
-        last_backup_time: seen.book.last_backup_time.clone(),
-        stored_backups: seen.book.stored_backups,
-        last_scheduled_time: seen.book.last_scheduled_time.clone(),
+        last_backup: seen.backups.last_backup.clone(),
+        last_backup_time: seen.backups.last_backup_time.clone(),
+        stored_backups: seen.backups.stored_backups,
+        last_scheduled_time: seen.backups.last_scheduled_time.clone(),
         last_archived_wal: archiver
             .as_ref()
             .map_or(previous.last_archived_wal, |a| a.last_archived_wal.clone()),
@@ -163,17 +163,17 @@ pub fn restored_message(record: &RestoreStatus) -> String {
 
 /// What keeps the spec from being applied: its bootstrap backup, its backup destination, or
 /// the API server's refusal.
-fn spec_problem(seen: &Seen) -> Option<&PlanProblem> {
+fn spec_problem(seen: &StatusFacts) -> Option<&PlanProblem> {
     seen.plan_problem.as_ref().or(seen.held_back.as_ref())
 }
 
 /// A data directory that should have come from a backup and did not: a failed restore.
-fn restore_due(seen: &Seen) -> bool {
+fn restore_due(seen: &StatusFacts) -> bool {
     seen.restores_from.is_some() || seen.initdb_refused
 }
 
 /// The reason and message of a failed bootstrap: a failed restore, or a failed initdb.
-fn failed_bootstrap(seen: &Seen, message: &str) -> (&'static str, String) {
+fn failed_bootstrap(seen: &StatusFacts, message: &str) -> (&'static str, String) {
     if restore_due(seen) {
         ("RestoreFailed", message.to_string())
     } else {
@@ -182,7 +182,7 @@ fn failed_bootstrap(seen: &Seen, message: &str) -> (&'static str, String) {
 }
 
 /// Ready: the instance serves the database, in the Service; otherwise the gravest reason not.
-fn ready_condition(pg: &PostgreSQL, names: &Names, seen: &Seen, ready: bool) -> Decided {
+fn ready_condition(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, ready: bool) -> Decided {
     if ready {
         let message = format!("serving database {} at {}:{PORT}", pg.spec.db, names.host());
         return Decided::new(READY, true, "Serving", message);
@@ -218,7 +218,7 @@ fn ready_condition(pg: &PostgreSQL, names: &Names, seen: &Seen, ready: bool) -> 
 }
 
 /// Degraded: the gravest of what needs attention.
-fn degraded(seen: &Seen, archiving: Option<&Decided>) -> Decided {
+fn degraded(seen: &StatusFacts, archiving: Option<&Decided>) -> Decided {
     match (&seen.instance, &seen.password_problem) {
         _ if seen.node_lost.is_some() => {
             Decided::new(DEGRADED, true, "NodeLost", seen.node_lost.clone().unwrap_or_default())
@@ -241,7 +241,7 @@ fn degraded(seen: &Seen, archiving: Option<&Decided>) -> Decided {
 }
 
 /// Restored: whether the data directory came from a backup, and what it recovered.
-fn restored(seen: &Seen, restore: Option<&RestoreStatus>) -> Decided {
+fn restored(seen: &StatusFacts, restore: Option<&RestoreStatus>) -> Decided {
     match (&seen.instance, restore) {
         (InstanceState::BootstrapFailed(message), _) if restore_due(seen) => {
             Decided::new(RESTORED, false, "RestoreFailed", message.clone())
@@ -257,7 +257,7 @@ fn restored(seen: &Seen, restore: Option<&RestoreStatus>) -> Decided {
 }
 
 /// The phase `kubectl get` shows.
-fn phase(seen: &Seen, previous: &PostgreSQLStatus, ready: bool) -> &'static str {
+fn phase(seen: &StatusFacts, previous: &PostgreSQLStatus, ready: bool) -> &'static str {
     let spec_problem = spec_problem(seen);
     let was_serving = previous.system_identifier.is_some();
     if ready && seen.password_problem.is_none() && spec_problem.is_none() && seen.schedule_problem.is_none() {
@@ -279,7 +279,7 @@ fn phase(seen: &Seen, previous: &PostgreSQLStatus, ready: bool) -> &'static str 
 
 /// `ContinuousArchiving`, from what the archiver says (kept as it was while the server does
 /// not answer).
-fn archiving(pg: &PostgreSQL, seen: &Seen, previous: &PostgreSQLStatus) -> Option<Decided> {
+fn archiving(pg: &PostgreSQL, seen: &StatusFacts, previous: &PostgreSQLStatus) -> Option<Decided> {
     if pg.spec.backup.is_none() {
         return Some(Decided::new(
             CONTINUOUS_ARCHIVING,
@@ -347,8 +347,8 @@ mod tests {
         }
     }
 
-    fn seen(instance: InstanceState) -> Seen {
-        Seen {
+    fn seen(instance: InstanceState) -> StatusFacts {
+        StatusFacts {
             instance,
             instance_pod: Some("shop-0".into()),
             node: Some("node-1".into()),

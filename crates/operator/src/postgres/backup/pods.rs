@@ -72,7 +72,7 @@ pub fn base_pod(
         }),
         ..Default::default()
     };
-    let place = Place {
+    let place = BackupOf {
         namespace: &names.namespace,
         postgresql: &names.name,
         version,
@@ -92,7 +92,7 @@ pub fn base_pod(
 /// The pod that deletes the backup at `location`, and the WAL before segment `keep_wal_from`.
 pub fn delete_pod(
     name: &str,
-    place: Place,
+    place: BackupOf,
     location: &BackupLocation,
     keep_wal_from: Option<&str>,
     operator_image: &str,
@@ -109,7 +109,7 @@ pub fn delete_pod(
 /// Where a backup's pods run: the namespace, the PostgreSQL (which may be gone) and the
 /// major version whose programs they use.
 #[derive(Debug, Clone, Copy)]
-pub struct Place<'a> {
+pub struct BackupOf<'a> {
     pub namespace: &'a str,
     pub postgresql: &'a str,
     pub version: &'a str,
@@ -118,7 +118,7 @@ pub struct Place<'a> {
 #[allow(clippy::too_many_arguments)]
 fn pod(
     name: &str,
-    place: Place,
+    place: BackupOf,
     job: Job,
     args: Vec<String>,
     mut env: Vec<EnvVar>,
@@ -241,7 +241,7 @@ mod tests {
 
     #[test]
     fn the_delete_pod_prunes_wal_only_when_told_where_the_kept_backups_start() {
-        let place = Place {
+        let place = BackupOf {
             namespace: "prod",
             postgresql: "shop",
             version: "15",

@@ -20,7 +20,7 @@ use noops_api::postgres::BackupLocation;
 use noops_api::postgres_backup::{PostgresBackup, PostgresBackupStatus};
 use tracing::info;
 
-use super::pods::{self, Job, Place};
+use super::pods::{self, BackupOf, Job};
 use crate::core::apply::{controller_reference, create_if_missing};
 use crate::core::backup::controller::{
     Begun, Context, Deletion, backup_resource, conclude, deleting_for, finish_clean_up, remove_pod, write_status,
@@ -426,7 +426,7 @@ async fn start_deletion(
         .and_then(|s| s.server_version.clone())
         .or_else(|| database.map(|pg| pg.spec.version.clone()))
         .unwrap_or_else(|| "15".into());
-    let place = Place {
+    let place = BackupOf {
         namespace: &namespace,
         postgresql: &backup.spec.postgresql,
         version: &version,
