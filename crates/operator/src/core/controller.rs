@@ -132,6 +132,31 @@ where
         .await;
 }
 
+/// A controller of `K` in `namespace` (every namespace for `None`), woken by every change of
+/// an object's spec, labels or annotations, with at most `concurrency` passes at once (most
+/// passes wait on the API server; a bound keeps a burst of thousands of objects from queueing
+/// all at once there and in memory).
+pub fn controller_of<K>(
+    client: &Client,
+    namespace: &Option<String>,
+    concurrency: u16,
+) -> Controller<DeserializeGuard<K>>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    Controller::new(
+        scoped_api::<DeserializeGuard<K>>(client, namespace),
+        kube::runtime::watcher::Config::default().any_semantic(),
+    )
+    .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
+}
+
 /// The API of `K` in `namespace`, or in every namespace for `None` (a controller's scope).
 pub fn scoped_api<K>(client: &Client, namespace: &Option<String>) -> Api<K>
 where

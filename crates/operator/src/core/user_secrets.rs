@@ -33,6 +33,21 @@ impl UserSecrets {
         }
     }
 
+    /// The user Secrets of a controller watching `namespace` (all if `None`): the metadata of
+    /// every Secret is watched (its first full list is in memory when this returns), and the
+    /// changes come out to wake the objects that name them.
+    pub async fn watch(
+        client: &Client,
+        namespace: &Option<String>,
+    ) -> (Self, crate::core::cache::Changes<PartialObjectMeta<Secret>>) {
+        let (metadata, changes) = crate::core::cache::shared_cache(
+            crate::core::controller::scoped_api::<PartialObjectMeta<Secret>>(client, namespace),
+            kube::runtime::watcher::Config::default(),
+        )
+        .await;
+        (Self::new(client.clone(), metadata), changes)
+    }
+
     /// Secret `name` in `namespace`, or `None` if there is none: from memory if it has not
     /// changed since it was last read, otherwise through the API.
     pub async fn get(&self, namespace: &str, name: &str) -> Result<Option<Arc<Secret>>, kube::Error> {

@@ -47,13 +47,12 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::ResourceExt;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
-use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use noops_api::{EtcdBackup, EtcdCluster};
 
 use crate::core::cache::{concerned, shared_cache};
-use crate::core::controller::{Registration, Runtime, drive, scoped_api};
+use crate::core::controller::{Registration, Runtime, controller_of, drive, scoped_api};
 use crate::core::user_secrets::UserSecrets;
 
 /// The controller's registration (`noops run --controllers etcd`).
@@ -105,21 +104,11 @@ pub async fn run(runtime: Runtime) {
         watcher::Config::default(),
     )
     .await;
-    // The metadata of every Secret: a user's certificate Secret is read only when it changed,
-    // and its change wakes the clusters that name it.
-    let (secret_metadata, secret_changes) = shared_cache(
-        scoped_api::<PartialObjectMeta<Secret>>(&client, &namespace),
-        watcher::Config::default(),
-    )
-    .await;
-    let controller = Controller::new(
-        scoped_api::<DeserializeGuard<EtcdCluster>>(&client, &namespace),
-        watcher::Config::default().any_semantic(),
-    )
-    .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
-    // A member's pod or volume that changes wakes its cluster once the cache holds it.
-    .owns_shared_stream(pod_changes)
-    .owns_shared_stream(volume_changes);
+    let (user_secrets, secret_changes) = UserSecrets::watch(&client, &namespace).await;
+    let controller = controller_of::<EtcdCluster>(&client, &namespace, MAX_CONCURRENT_RECONCILES)
+        // A member's pod or volume that changes wakes its cluster once the cache holds it.
+        .owns_shared_stream(pod_changes)
+        .owns_shared_stream(volume_changes);
     let clusters = controller.store();
     let ctx = Context::new(
         CONTROLLER.name,
@@ -134,7 +123,7 @@ pub async fn run(runtime: Runtime) {
                 config_maps,
                 backups,
             },
-            user_secrets: UserSecrets::new(client.clone(), secret_metadata),
+            user_secrets,
             image,
             certificate_lifetime,
             clusters: clusters.clone(),

@@ -26,14 +26,12 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::core::DeserializeGuard;
-use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use noops_api::MaintPage;
 
 use crate::core::cache::shared_cache;
-use crate::core::controller::{Registration, Runtime, drive, scoped_api};
+use crate::core::controller::{Registration, Runtime, controller_of, drive, scoped_api};
 use crate::core::labels;
 
 /// The controller's registration (`noops run --controllers maintpage`).
@@ -68,7 +66,6 @@ pub async fn run(runtime: Runtime) {
         shutdown,
         ..
     } = runtime;
-    let maintpages = scoped_api::<DeserializeGuard<MaintPage>>(&client, &namespace);
     let deployments = scoped_api::<Deployment>(&client, &namespace);
     let services = scoped_api::<Service>(&client, &namespace);
     let pods = scoped_api::<Pod>(&client, &namespace);
@@ -86,10 +83,7 @@ pub async fn run(runtime: Runtime) {
             pods: pod_store,
         },
     );
-    let controller = Controller::new(maintpages, watcher::Config::default().any_semantic())
-        // Reconciles mostly wait on the API server; a bound keeps a burst of thousands of
-        // objects from queueing all at once there and in memory.
-        .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
+    let controller = controller_of::<MaintPage>(&client, &namespace, MAX_CONCURRENT_RECONCILES)
         // A child change wakes its MaintPage only after the cache holds it.
         .owns_shared_stream(deployment_changes)
         .owns_shared_stream(service_changes)

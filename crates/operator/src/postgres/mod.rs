@@ -50,13 +50,12 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, 
 use kube::ResourceExt;
 use kube::core::DeserializeGuard;
 use kube::core::PartialObjectMeta;
-use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use noops_api::{PostgreSQL, PostgresBackup};
 
 use crate::core::cache::{concerned, shared_cache};
-use crate::core::controller::{Registration, Runtime, drive, scoped_api};
+use crate::core::controller::{Registration, Runtime, controller_of, drive, scoped_api};
 use crate::core::user_secrets::UserSecrets;
 
 /// The controller's registration (`noops run --controllers postgres`).
@@ -107,25 +106,15 @@ pub async fn run(runtime: Runtime) {
         watcher::Config::default(),
     )
     .await;
-    // Only the metadata of Secrets: enough to see that a password Secret changed (and to read
-    // it only then), without holding every Secret's data in memory.
-    let (secret_metadata, secret_changes) = shared_cache(
-        scoped_api::<PartialObjectMeta<Secret>>(&client, &namespace),
-        watcher::Config::default(),
-    )
-    .await;
-    let controller = Controller::new(
-        scoped_api::<DeserializeGuard<PostgreSQL>>(&client, &namespace),
-        watcher::Config::default().any_semantic(),
-    )
-    .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES));
+    let (user_secrets, secret_changes) = UserSecrets::watch(&client, &namespace).await;
+    let controller = controller_of::<PostgreSQL>(&client, &namespace, MAX_CONCURRENT_RECONCILES);
     let databases = controller.store();
     let ctx = Context::new(
         CONTROLLER.name,
         &client,
         metrics,
         State {
-            user_secrets: UserSecrets::new(client.clone(), secret_metadata),
+            user_secrets,
             caches: observe::Caches {
                 statefulsets,
                 pods,

@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Pod;
-use kube::core::DeserializeGuard;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -24,7 +23,7 @@ use super::schedule::elapsed;
 use super::task_pod;
 use crate::core::Result;
 use crate::core::apply::{apply_status_at, delete_if_present};
-use crate::core::controller::{Runtime, drive, scoped_api};
+use crate::core::controller::{Runtime, controller_of, drive, scoped_api};
 use crate::core::labels;
 
 /// At most this many backups are looked at once.
@@ -124,16 +123,12 @@ where
         clean_up,
     } = made_of;
     let ctx = Context::new(name, &client, metrics, TaskPods { image });
-    let controller = Controller::new(
-        scoped_api::<DeserializeGuard<K>>(&client, &namespace),
-        watcher::Config::default().any_semantic(),
-    )
-    .owns(
-        scoped_api::<Pod>(&client, &namespace),
-        watcher::Config::default().labels(&format!("{}={component}", labels::COMPONENT)),
-    )
-    .with_config(kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
-    .graceful_shutdown_on(shutdown.fired());
+    let controller = controller_of::<K>(&client, &namespace, MAX_CONCURRENT_RECONCILES)
+        .owns(
+            scoped_api::<Pod>(&client, &namespace),
+            watcher::Config::default().labels(&format!("{}={component}", labels::COMPONENT)),
+        )
+        .graceful_shutdown_on(shutdown.fired());
     drive(controller, ctx, move |backup: Arc<K>, ctx: Arc<Context>| {
         let (make, clean_up) = (make.clone(), clean_up.clone());
         async move {
