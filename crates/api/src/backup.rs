@@ -17,6 +17,33 @@ pub trait Engine: Clone + Debug + PartialEq + Send + Sync + 'static {
     const DEFAULT_PREFIX: &'static str;
 }
 
+/// The engine marker of etcd's backups: snapshots go under `etcd/` by default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Etcd;
+impl Engine for Etcd {
+    const DEFAULT_PREFIX: &'static str = "etcd";
+}
+
+/// The engine marker of PostgreSQL's backups: they go under `postgres/` by default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Postgres;
+impl Engine for Postgres {
+    const DEFAULT_PREFIX: &'static str = "postgres";
+}
+
+/// Where backups go: a bucket or a volume (the resource's schema asks for exactly one).
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", bound = "E: Engine")]
+#[schemars(bound = "E: Engine")]
+pub struct BackupDestination<E: Engine> {
+    /// The S3-compatible bucket backups go to (or `volume`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Destination<E>>,
+    /// The volume backups go to (or `s3`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<VolumeDestination<E>>,
+}
+
 /// A bucket in an S3-compatible object store. An engine's backups are under
 /// `<prefix>/<namespace>/<name>/`.
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]

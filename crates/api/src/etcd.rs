@@ -143,23 +143,13 @@ pub struct BackupSpec {
     #[serde(default = "default_max_backups")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 1000").message("backup.maxBackups must be between 1 and 1000"))]
     pub max_backups: i32,
-    /// The S3-compatible object store snapshots go to (or `volume`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub s3: Option<S3Destination>,
-    /// The volume snapshots go to (or `s3`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub volume: Option<VolumeDestination>,
+    /// Where backups go: `s3` (an S3-compatible bucket) or `volume` (a PersistentVolumeClaim).
+    #[serde(flatten)]
+    pub destination: crate::backup::BackupDestination<Etcd>,
 }
 
-/// The engine marker of etcd's backup destinations: snapshots go under `etcd/` by default.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Etcd;
+pub use crate::backup::Etcd;
 
-impl crate::backup::Engine for Etcd {
-    const DEFAULT_PREFIX: &'static str = "etcd";
-}
-
-/// A bucket snapshots are streamed to, at `<prefix>/<namespace>/<cluster>/<backup>.db`.
 pub type S3Destination = crate::backup::S3Destination<Etcd>;
 /// A claim snapshots are saved into, at `<prefix>/<cluster>/<backup>.db`, by a short-lived pod
 /// of the operator's image.

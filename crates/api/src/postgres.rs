@@ -118,26 +118,13 @@ pub struct BackupSpec {
     #[serde(default = "default_archive_timeout_seconds")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 3600").message("backup.archiveTimeoutSeconds must be between 1 and 3600"))]
     pub archive_timeout_seconds: i32,
-    /// The S3-compatible bucket backups go to (or `volume`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub s3: Option<S3Destination>,
-    /// The volume backups go to (or `s3`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub volume: Option<VolumeDestination>,
+    /// Where backups go: `s3` (an S3-compatible bucket) or `volume` (a PersistentVolumeClaim).
+    #[serde(flatten)]
+    pub destination: crate::backup::BackupDestination<Postgres>,
 }
 
-/// The engine marker of PostgreSQL's backup destinations: backups go under `postgres/` by
-/// default.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Postgres;
+pub use crate::backup::Postgres;
 
-impl crate::backup::Engine for Postgres {
-    const DEFAULT_PREFIX: &'static str = "postgres";
-}
-
-/// A bucket: a database's base backups are in `<prefix>/<namespace>/<name>/base/<backup>/`,
-/// its WAL in `<prefix>/<namespace>/<name>/wal/<system id>/`. The instance's pod reaches it
-/// (WAL archiving).
 pub type S3Destination = crate::backup::S3Destination<Postgres>;
 /// A claim the instance archives WAL into and backup pods write base backups into, under
 /// `<prefix>/<name>/`. The instance mounts it: with a claim on one node's disk, the instance

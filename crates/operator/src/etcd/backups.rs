@@ -151,12 +151,14 @@ mod tests {
         cluster.spec.backup = Some(BackupSpec {
             schedule: Some("0 * * * *".into()),
             max_backups: 3,
-            s3: None,
-            volume: Some(VolumeDestination {
-                claim_name: "etcd-backups".into(),
-                prefix: "etcd".into(),
-                engine: std::marker::PhantomData,
-            }),
+            destination: noops_api::backup::BackupDestination {
+                s3: None,
+                volume: Some(VolumeDestination {
+                    claim_name: "etcd-backups".into(),
+                    prefix: "etcd".into(),
+                    engine: std::marker::PhantomData,
+                }),
+            },
         });
         cluster
     }

@@ -61,7 +61,7 @@ pub trait SnapshotDestination: Sized {
 
 impl SnapshotDestination for Destination {
     fn of_spec(spec: &BackupSpec) -> Option<Self> {
-        Self::of(spec.s3.as_ref(), spec.volume.as_ref())
+        Self::chosen(&spec.destination)
     }
 
     fn of_status(status: &EtcdBackupStatus) -> Option<Self> {

@@ -224,15 +224,17 @@ mod tests {
         bad_schedule.spec.backup = Some(noops_api::etcd::BackupSpec {
             schedule: Some("61 * * * *".into()),
             max_backups: 3,
-            s3: Some(noops_api::etcd::S3Destination {
-                endpoint: "http://store.db.svc:7070".into(),
-                bucket: "backups".into(),
-                prefix: "etcd".into(),
-                region: "us-east-1".into(),
-                credentials_secret: "keys".into(),
-                engine: std::marker::PhantomData,
-            }),
-            volume: None,
+            destination: noops_api::backup::BackupDestination {
+                s3: Some(noops_api::etcd::S3Destination {
+                    endpoint: "http://store.db.svc:7070".into(),
+                    bucket: "backups".into(),
+                    prefix: "etcd".into(),
+                    region: "us-east-1".into(),
+                    credentials_secret: "keys".into(),
+                    engine: std::marker::PhantomData,
+                }),
+                volume: None,
+            },
         });
         let refused = validate(&bad_schedule, None, &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH).unwrap();
         assert_eq!(refused.reason, "InvalidSchedule");

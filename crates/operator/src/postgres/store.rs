@@ -50,7 +50,7 @@ pub trait BaseBackupDestination: Sized {
 
 impl BaseBackupDestination for Destination {
     fn of_spec(spec: &BackupSpec) -> Option<Self> {
-        Self::of(spec.s3.as_ref(), spec.volume.as_ref())
+        Self::chosen(&spec.destination)
     }
 
     fn of_location(location: &BackupLocation) -> Option<Self> {

@@ -6,7 +6,7 @@
 //! namespace already). What an engine keeps in that folder is its own.
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaimVolumeSource, Volume, VolumeMount};
-use noops_api::backup::{Engine, S3Destination, VolumeDestination};
+use noops_api::backup::{BackupDestination, Engine, S3Destination, VolumeDestination};
 
 /// Where a backup goes, or went.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,6 +23,11 @@ impl<E: Engine> Destination<E> {
             (None, Some(volume)) => Some(Self::Volume(volume.clone())),
             (None, None) => None,
         }
+    }
+
+    /// The one a spec chose.
+    pub fn chosen(destination: &BackupDestination<E>) -> Option<Self> {
+        Self::of(destination.s3.as_ref(), destination.volume.as_ref())
     }
 
     /// As the two optional fields a spec or a status records it in.
