@@ -156,6 +156,38 @@ pub fn pod_ready(pod: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// The reasons of the Events about `kind` `name`.
+pub async fn event_reasons(ns: &TestNamespace, kind: &str, name: &str) -> Vec<String> {
+    let events = ns
+        .api::<k8s_openapi::api::core::v1::Event>()
+        .list(&Default::default())
+        .await
+        .unwrap();
+    events
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.kind.as_deref() == Some(kind) && e.involved_object.name.as_deref() == Some(name))
+        .filter_map(|e| e.reason)
+        .collect()
+}
+
+/// Waits for an Event `reason` about `kind` `name`: an operator tells its Events once the
+/// status that says the same is written, so a moment after it.
+pub async fn wait_event(ns: &TestNamespace, kind: &str, name: &str, reason: &str) {
+    wait_for(
+        &format!("an Event {reason} about {kind} {name}"),
+        Duration::from_secs(30),
+        || async {
+            event_reasons(ns, kind, name)
+                .await
+                .iter()
+                .any(|r| r == reason)
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 /// Polls `check` every 250 ms until it returns `Some`, or panics after `timeout` naming `what`.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
 where

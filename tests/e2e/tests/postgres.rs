@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use noops_api::PostgreSQL;
 use noops_e2e::postgres::{
     condition, database_manifest, instance_ip, kubectl_get, manifest, psql, secret_value, wait_not_ready, wait_ready,
@@ -14,17 +14,8 @@ use noops_e2e::{Operator, TestNamespace, apply_error, install_crds, kubectl_ok, 
 
 const MINUTE: Duration = Duration::from_secs(60);
 
-/// The reasons of the Events about PostgreSQL `name`.
 async fn event_reasons(ns: &TestNamespace, name: &str) -> Vec<String> {
-    let events = ns.api::<Event>().list(&Default::default()).await.unwrap();
-    events
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.involved_object.kind.as_deref() == Some("PostgreSQL") && e.involved_object.name.as_deref() == Some(name)
-        })
-        .filter_map(|e| e.reason)
-        .collect()
+    noops_e2e::event_reasons(ns, "PostgreSQL", name).await
 }
 
 #[tokio::test]
@@ -457,8 +448,7 @@ async fn a_missing_password_or_image_is_reported_and_fixed_by_the_user() {
         psql(&ip, "app", "now-Pa55", "shop", "SELECT current_user").unwrap(),
         "app"
     );
-    let reasons = event_reasons(&ns, "shop").await;
-    assert!(reasons.iter().any(|r| r == "PasswordSecretMissing"), "{reasons:?}");
+    noops_e2e::wait_event(&ns, "PostgreSQL", "shop", "PasswordSecretMissing").await;
 
     // A major version the local Kubernetes has no image for: said at once, and a corrected
     // version (the database never ran) starts.
@@ -505,7 +495,7 @@ async fn a_spec_the_api_server_refuses_is_reported_and_never_stops_a_serving_dat
         condition(&pg, "Ready").is_some_and(|(s, _, _)| s == "True"),
         "it still serves"
     );
-    assert!(event_reasons(&ns, "shop").await.iter().any(|r| r == "SpecRejected"));
+    noops_e2e::wait_event(&ns, "PostgreSQL", "shop", "SpecRejected").await;
     // The rest of the pass goes on: a password changed meanwhile is still applied.
     ns.apply("apiVersion: v1\nkind: Secret\nmetadata: { name: shop-db }\nstringData: { postgresql_password: pw-2 }\n");
     wait_until("the new password while the spec is refused", MINUTE, || async {
@@ -556,7 +546,7 @@ async fn a_spec_the_api_server_refuses_is_reported_and_never_stops_a_serving_dat
         condition(&pg, "Ready").is_some_and(|(s, _, _)| s == "True"),
         "it still serves"
     );
-    assert!(event_reasons(&ns, "shop").await.iter().any(|r| r == "NoNodeFits"));
+    noops_e2e::wait_event(&ns, "PostgreSQL", "shop", "NoNodeFits").await;
     ns.apply(&manifest("shop", "pw-2", corrected));
     wait_reason(&ns, "shop", "Degraded", "False", "AsExpected").await;
     assert_eq!(

@@ -8,27 +8,18 @@
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::Event;
 use noops_api::{PostgreSQL, PostgresBackup};
 use noops_e2e::etcd::claim_manifest;
 use noops_e2e::postgres::*;
-use noops_e2e::{Operator, TestNamespace, claim_folder, install_crds, kubectl_ok, pod_ready, s3, wait_for, wait_until};
+use noops_e2e::{
+    Operator, TestNamespace, claim_folder, event_reasons, install_crds, kubectl_ok, pod_ready, s3, wait_event,
+    wait_for, wait_until,
+};
 use object_store::path::Path as Key;
 use object_store::{ObjectStoreExt, PutPayload};
 
 const MINUTE: Duration = Duration::from_secs(60);
 const CONTROLLERS: [&str; 2] = ["--controllers", "postgres,postgresbackup"];
-
-/// The reasons of the Events about `kind` `name`.
-async fn event_reasons(ns: &TestNamespace, kind: &str, name: &str) -> Vec<String> {
-    let events = ns.api::<Event>().list(&Default::default()).await.unwrap();
-    events
-        .items
-        .into_iter()
-        .filter(|e| e.involved_object.kind.as_deref() == Some(kind) && e.involved_object.name.as_deref() == Some(name))
-        .filter_map(|e| e.reason)
-        .collect()
-}
 
 #[tokio::test]
 async fn a_lost_volume_is_restored_from_the_base_backup_and_the_archived_wal_while_a_client_commits() {
@@ -124,12 +115,7 @@ async fn a_lost_volume_is_restored_from_the_base_backup_and_the_archived_wal_whi
         listed.contains("RESTORED TO") && listed.contains(&recovered_to),
         "{listed}"
     );
-    assert!(
-        event_reasons(&ns, "PostgreSQL", "shop")
-            .await
-            .iter()
-            .any(|r| r == "Restored")
-    );
+    wait_event(&ns, "PostgreSQL", "shop", "Restored").await;
     let committed_last = psql(
         &ip,
         "app",
@@ -279,12 +265,7 @@ async fn a_new_database_is_restored_to_a_point_in_time_between_two_batches() {
         statefulsets.get_opt("early").await.unwrap().is_none()
             && statefulsets.get_opt("ghost").await.unwrap().is_none()
     );
-    assert!(
-        event_reasons(&ns, "PostgreSQL", "ghost")
-            .await
-            .iter()
-            .any(|r| r == "BootstrapBackupNotFound")
-    );
+    wait_event(&ns, "PostgreSQL", "ghost", "BootstrapBackupNotFound").await;
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }
 
@@ -323,12 +304,7 @@ async fn backups_to_a_volume_run_on_schedule_keep_max_backups_and_restore_a_lost
     assert!(condition(&pg, "Ready").is_some_and(|(s, _, _)| s == "True"));
     let (_, _, message) = condition(&pg, "Degraded").unwrap();
     assert!(message.contains("99 * * * *"), "{message}");
-    assert!(
-        event_reasons(&ns, "PostgreSQL", "shop")
-            .await
-            .iter()
-            .any(|r| r == "InvalidSchedule")
-    );
+    wait_event(&ns, "PostgreSQL", "shop", "InvalidSchedule").await;
     // The schedule off, what is left settles: two backups, and their folders.
     ns.apply(&manifest(
         "shop",
@@ -454,12 +430,7 @@ async fn a_corrupt_or_missing_backup_fails_the_restore_visibly_and_replaces_no_g
     assert!(message.contains("corrupt"), "{message}");
     assert_eq!(condition(&failed, "Restored").unwrap().1, "RestoreFailed");
     assert_eq!(condition(&failed, "Degraded").unwrap().1, "RestoreFailed");
-    assert!(
-        event_reasons(&ns, "PostgreSQL", "shop")
-            .await
-            .iter()
-            .any(|r| r == "RestoreFailed")
-    );
+    wait_event(&ns, "PostgreSQL", "shop", "RestoreFailed").await;
     let pod = ns.pods().get("shop-0").await.unwrap();
     assert!(
         pod.metadata.uid != old && !pod_ready(&pod),
@@ -531,12 +502,7 @@ async fn a_bad_backup_destination_never_stops_a_serving_database_and_a_missing_b
     let pg = wait_reason(&ns, "shop", "Degraded", "True", "BackupCredentialsMissing").await;
     still_serving(&pg);
     assert!(condition(&pg, "Degraded").unwrap().2.contains("no-such-keys"));
-    assert!(
-        event_reasons(&ns, "PostgreSQL", "shop")
-            .await
-            .iter()
-            .any(|r| r == "BackupCredentialsMissing")
-    );
+    wait_event(&ns, "PostgreSQL", "shop", "BackupCredentialsMissing").await;
     // A Secret with one key of two: also refused.
     ns.apply(
         "apiVersion: v1\nkind: Secret\nmetadata: { name: half-keys }\nstringData: { AWS_ACCESS_KEY_ID: someone }\n",
