@@ -14,11 +14,12 @@ use noops_api::etcd_backup::EtcdBackup;
 use tracing::{debug, info, warn};
 
 use super::client::{EtcdAccess, EtcdError};
+use super::context::Context;
 use super::membership::Step;
 use super::names::{Names, RECOVER_ANNOTATION};
 use super::observe::{self, Children, EtcdView};
 use super::status::{self, Outcome};
-use super::{Context, bootstrap, pod, restore, volume};
+use super::{bootstrap, pod, restore, volume};
 use crate::core::apply::{apply, create_if_missing, delete_if_present};
 use crate::core::events::Announcement;
 use crate::core::{Result, crash};

@@ -23,6 +23,7 @@ pub mod backup;
 pub mod backups;
 pub mod bootstrap;
 pub mod client;
+mod context;
 pub mod defrag;
 #[cfg(test)]
 pub(crate) mod fixtures;
@@ -47,13 +48,14 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::ResourceExt;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::{EtcdBackup, EtcdCluster};
 
 use crate::core::cache::{concerned, shared_cache};
 use crate::core::controller::{Registration, Runtime, controller_of, drive, scoped_api};
 use crate::core::user_secrets::UserSecrets;
+use context::{Context, State};
 
 /// The controller's registration (`noops run --controllers etcd`).
 pub const CONTROLLER: Registration = Registration {
@@ -64,23 +66,6 @@ pub const CONTROLLER: Registration = Registration {
 
 /// At most this many clusters are reconciled at once.
 const MAX_CONCURRENT_RECONCILES: u16 = 8;
-
-/// What this controller keeps beside the core: its watch caches and settings.
-pub struct State {
-    /// The children of every cluster, kept by watches.
-    pub caches: observe::Caches,
-    /// The certificate Secrets users name.
-    pub user_secrets: UserSecrets,
-    /// The operator's own image, for the container of a restore pod that fetches a snapshot.
-    pub image: String,
-    /// How long the member and client certificates it issues are valid.
-    pub certificate_lifetime: std::time::Duration,
-    /// Every EtcdCluster, as the controller's own watch keeps them.
-    pub clusters: Store<DeserializeGuard<EtcdCluster>>,
-}
-
-/// What every reconcile of this controller shares.
-pub type Context = crate::core::controller::Context<State>;
 
 /// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
 pub async fn run(runtime: Runtime) {

@@ -16,11 +16,12 @@ use tracing::{debug, info, warn};
 
 use super::act::{NEXT_STEP, Runner};
 use super::client::{EtcdAccess, EtcdError};
+use super::context::Context;
 use super::membership::{self, Step};
 use super::names::{Names, RECOVER_ANNOTATION};
 use super::observe::{self, Children, EtcdView};
 use super::status::{self, Outcome, Problems};
-use super::{Context, backups, bootstrap, restore, services, tls, validate};
+use super::{backups, bootstrap, restore, services, tls, validate};
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing};
 use crate::core::backup::retention::being_restored;
 use crate::core::cache::in_namespace;

@@ -13,6 +13,7 @@
 //! 6. `status.rs`: the status (pure), written only if it changed.
 
 mod apply;
+mod context;
 mod desired;
 #[cfg(test)]
 mod fixtures;
@@ -26,13 +27,14 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::MaintPage;
 
 use crate::core::cache::shared_cache;
 use crate::core::controller::{Registration, Runtime, controller_of, drive, scoped_api};
 use crate::core::labels;
+use context::{Context, State};
 
 /// The controller's registration (`noops run --controllers maintpage`).
 pub const CONTROLLER: Registration = Registration {
@@ -43,19 +45,6 @@ pub const CONTROLLER: Registration = Registration {
 
 /// At most this many MaintPages are reconciled at once.
 const MAX_CONCURRENT_RECONCILES: u16 = 16;
-
-/// What this controller keeps beside the core: its watch caches and settings.
-pub struct State {
-    /// The Deployments and Services the operator manages, kept by watches: reconciles read
-    /// children from here, not from the API server.
-    pub deployments: Store<Deployment>,
-    pub services: Store<Service>,
-    /// The pods of both sides (to tell pods that cannot start, before the Deployment does).
-    pub pods: Store<Pod>,
-}
-
-/// What every reconcile of this controller shares.
-pub type Context = crate::core::controller::Context<State>;
 
 /// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
 pub async fn run(runtime: Runtime) {

@@ -8,7 +8,7 @@ use kube::Api;
 use kube::runtime::reflector::ObjectRef;
 use noops_api::maintpage::{MaintPage, Side};
 
-use super::Context;
+use super::context::Context;
 use super::desired::{OWNER_LABEL, selector};
 use super::switch::Facts;
 use crate::core::Result;

@@ -10,7 +10,8 @@ use noops_api::maintpage::{MaintPage, Side};
 use serde_json::json;
 use tracing::debug;
 
-use super::{Context, apply, desired, observe, status, switch, validate};
+use super::context::Context;
+use super::{apply, desired, observe, status, switch, validate};
 use crate::core::apply::{apply_status, controller_reference};
 use crate::core::events::Announcement;
 use crate::core::{DuringStage, Error, Result, Stage};

@@ -22,6 +22,7 @@
 
 pub mod backup;
 pub mod backups;
+mod context;
 pub mod database;
 pub mod destination;
 pub mod events;
@@ -48,15 +49,15 @@ use std::sync::Arc;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::ResourceExt;
-use kube::core::DeserializeGuard;
 use kube::core::PartialObjectMeta;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::{PostgreSQL, PostgresBackup};
 
 use crate::core::cache::{concerned, shared_cache};
 use crate::core::controller::{Registration, Runtime, controller_of, drive, scoped_api};
 use crate::core::user_secrets::UserSecrets;
+use context::{Context, State};
 
 /// The controller's registration (`noops run --controllers postgres`).
 pub const CONTROLLER: Registration = Registration {
@@ -67,21 +68,6 @@ pub const CONTROLLER: Registration = Registration {
 
 /// At most this many databases are reconciled at once.
 const MAX_CONCURRENT_RECONCILES: u16 = 8;
-
-/// What this controller keeps beside the core: its watch caches and settings.
-pub struct State {
-    pub caches: observe::Caches,
-    /// The password and bucket-key Secrets users name.
-    pub user_secrets: UserSecrets,
-    /// Every PostgreSQL, as the controller's own watch keeps them.
-    pub databases: Store<DeserializeGuard<PostgreSQL>>,
-    /// The operator's own image: the instance's init container copies the instance manager
-    /// from it.
-    pub image: String,
-}
-
-/// What every reconcile of this controller shares.
-pub type Context = crate::core::controller::Context<State>;
 
 /// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
 pub async fn run(runtime: Runtime) {

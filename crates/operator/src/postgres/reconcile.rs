@@ -21,6 +21,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::backups;
+use super::context::Context;
 use super::database::{self, InDatabase};
 use super::events::announcements;
 use super::names::Names;
@@ -31,7 +32,7 @@ use super::restore::InstancePlan;
 use super::secrets::{self, Password, PasswordProblem};
 use super::status::{self, InstanceState, StatusFacts};
 use super::store::{BaseBackupDestination, Destination};
-use super::{Context, destination, observe, restore, services, statefulset};
+use super::{destination, observe, restore, services, statefulset};
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
 use crate::core::backup::retention::{BackupsSummary, being_restored};
 use crate::core::cache::in_namespace;

@@ -1,0 +1,24 @@
+//! What every pass of the PostgreSQL controller shares: the core, and the controller's own
+//! watch caches and settings.
+
+use kube::core::DeserializeGuard;
+use kube::runtime::reflector::Store;
+use noops_api::PostgreSQL;
+
+use super::observe;
+use crate::core::user_secrets::UserSecrets;
+
+/// What this controller keeps beside the core: its watch caches and settings.
+pub struct State {
+    pub caches: observe::Caches,
+    /// The password and bucket-key Secrets users name.
+    pub user_secrets: UserSecrets,
+    /// Every PostgreSQL, as the controller's own watch keeps them.
+    pub databases: Store<DeserializeGuard<PostgreSQL>>,
+    /// The operator's own image: the instance's init container copies the instance manager
+    /// from it.
+    pub image: String,
+}
+
+/// What every reconcile of this controller shares.
+pub type Context = crate::core::controller::Context<State>;
