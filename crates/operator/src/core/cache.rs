@@ -96,6 +96,20 @@ where
         .collect()
 }
 
+/// The controller's own objects (from its store) in `namespace`, those that could be read.
+pub fn own_in_namespace<K>(store: &Store<kube::core::DeserializeGuard<K>>, namespace: &str) -> Vec<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone,
+{
+    store
+        .state()
+        .iter()
+        .filter_map(|guard| guard.0.as_ref().ok())
+        .filter(|o| o.meta().namespace.as_deref() == Some(namespace))
+        .cloned()
+        .collect()
+}
+
 /// The controller's own objects (from its store) in `namespace` for which `concerned` holds,
 /// as the references a change wakes: how a change of an object they name (a user Secret, a
 /// backup) reaches them.
@@ -107,11 +121,9 @@ pub fn concerned<K>(
 where
     K: kube::Resource<DynamicType = ()> + Clone,
 {
-    store
-        .state()
+    own_in_namespace(store, namespace)
         .iter()
-        .filter_map(|guard| guard.0.as_ref().ok())
-        .filter(|o| o.meta().namespace.as_deref() == Some(namespace) && concerned(o))
+        .filter(|o| concerned(o))
         .map(|o| reflector::ObjectRef::new(&o.name_any()).within(namespace))
         .collect()
 }

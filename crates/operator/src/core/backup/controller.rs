@@ -107,14 +107,7 @@ where
     C: Fn(Arc<K>, Arc<Context>) -> CF + Clone + Send + Sync + 'static,
     CF: Future<Output = Result<Action>> + Send + 'static,
 {
-    let Runtime {
-        client,
-        namespace,
-        metrics,
-        shutdown,
-        image,
-        ..
-    } = runtime;
+    let (client, namespace) = (&runtime.client, &runtime.namespace);
     let BackupController {
         name,
         component,
@@ -122,13 +115,20 @@ where
         make,
         clean_up,
     } = made_of;
-    let ctx = Context::new(name, &client, metrics, TaskPods { image });
-    let controller = controller_of::<K>(&client, &namespace, MAX_CONCURRENT_RECONCILES)
+    let ctx = Context::new(
+        name,
+        client,
+        runtime.metrics.clone(),
+        TaskPods {
+            image: runtime.image.clone(),
+        },
+    );
+    let controller = controller_of::<K>(client, namespace, MAX_CONCURRENT_RECONCILES)
         .owns(
-            scoped_api::<Pod>(&client, &namespace),
+            scoped_api::<Pod>(client, namespace),
             watcher::Config::default().labels(&format!("{}={component}", labels::COMPONENT)),
         )
-        .graceful_shutdown_on(shutdown.fired());
+        .graceful_shutdown_on(runtime.shutdown.clone().fired());
     drive(controller, ctx, move |backup: Arc<K>, ctx: Arc<Context>| {
         let (make, clean_up) = (make.clone(), clean_up.clone());
         async move {

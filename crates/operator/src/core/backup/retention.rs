@@ -173,11 +173,8 @@ pub fn being_restored<K>(
 where
     K: kube::Resource<DynamicType = ()> + Clone,
 {
-    store
-        .state()
+    crate::core::cache::own_in_namespace(store, namespace)
         .iter()
-        .filter_map(|guard| guard.0.as_ref().ok())
-        .filter(|o| o.meta().namespace.as_deref() == Some(namespace))
         .filter_map(|o| starting_from(o).map(String::from))
         .collect()
 }
