@@ -253,14 +253,19 @@ pub async fn conclude<K: BackupResource, T>(
     let mut next = status.clone();
     let verdict = verdict.map_succeeded(|taken| record(&mut next, taken));
     let settled = progress::settle(K::progress(&next), verdict, started, now, timing);
-    let waits = settled.look_again.is_some() && settled.progress.phase.as_deref() == Some("Running");
+    let running = settled.look_again.is_some();
     *K::progress_mut(&mut next) = settled.progress;
     if next != status {
         if !write_status(&ctx.client, &backup, &mut version, &next).await? {
             return Ok(Action::requeue(Duration::from_secs(1)));
         }
-        if waits && let Some(condition) = K::progress(&next).conditions.first() {
-            info!(reason = %condition.reason, "the backup waits: {}", condition.message);
+        // A backup done says so in its Event; one still running says why in the log.
+        let succeeded = K::progress(&next)
+            .conditions
+            .iter()
+            .find(|c| c.type_ == progress::SUCCEEDED);
+        if running && let Some(condition) = succeeded {
+            info!(reason = %condition.reason, "the backup is not stored yet: {}", condition.message);
         }
     }
     if let Some(announcement) = settled.announcement {
