@@ -10,11 +10,14 @@ use std::marker::PhantomData;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 
 /// An engine whose backups go to a destination: what it calls its default folder.
 pub trait Engine: Clone + Debug + PartialEq + Send + Sync + 'static {
     /// The prefix (key prefix or folder) its backups go under unless the spec says another.
     const DEFAULT_PREFIX: &'static str;
+    /// How many scheduled backups retention keeps unless the spec says another.
+    const DEFAULT_MAX_BACKUPS: i32;
 }
 
 /// The engine marker of etcd's backups: snapshots go under `etcd/` by default.
@@ -22,6 +25,7 @@ pub trait Engine: Clone + Debug + PartialEq + Send + Sync + 'static {
 pub struct Etcd;
 impl Engine for Etcd {
     const DEFAULT_PREFIX: &'static str = "etcd";
+    const DEFAULT_MAX_BACKUPS: i32 = 5;
 }
 
 /// The engine marker of PostgreSQL's backups: they go under `postgres/` by default.
@@ -29,18 +33,44 @@ impl Engine for Etcd {
 pub struct Postgres;
 impl Engine for Postgres {
     const DEFAULT_PREFIX: &'static str = "postgres";
+    const DEFAULT_MAX_BACKUPS: i32 = 7;
+}
+
+/// When scheduled backups are made, how many are kept, and where every backup goes: a
+/// resource's `backup` (PostgreSQL's adds WAL archiving).
+#[skip_serializing_none]
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", bound = "E: Engine")]
+#[schemars(bound = "E: Engine")]
+#[schemars(extend("x-kubernetes-validations" = [{"rule": "has(self.s3) != has(self.volume)", "message": "backup needs exactly one destination: s3 (an S3-compatible bucket) or volume (a PersistentVolumeClaim)"}]))]
+pub struct BackupPlan<E: Engine> {
+    /// When to make a scheduled backup, as a cron expression in UTC: five fields (minute hour
+    /// day month weekday, such as `0 3 * * *`), or six with seconds first. Without it, backups
+    /// are made on demand (apply an EtcdBackup or a PostgresBackup; a PostgreSQL also takes a
+    /// first base backup as soon as it serves).
+    #[schemars(length(max = 128))]
+    #[schemars(extend("x-kubernetes-validations" = [{"rule": "self.trim().split(' ').filter(f, f != '').size() in [5, 6]", "message": "backup.schedule must be a cron expression of five fields (minute hour day month weekday, such as \"0 3 * * *\") or six (seconds first)"}]))]
+    pub schedule: Option<String>,
+    /// How many scheduled backups to keep: once a new one has succeeded, the oldest beyond
+    /// this many are deleted with what only they need (a snapshot; a base backup and the WAL
+    /// only it needed). On-demand backups are never deleted by it.
+    #[serde(default = "default_max_backups::<E>")]
+    #[schemars(extend("x-kubernetes-validations" = [{"rule": "self >= 1 && self <= 1000", "message": "backup.maxBackups must be between 1 and 1000"}]))]
+    pub max_backups: i32,
+    /// Where backups go: `s3` (an S3-compatible bucket) or `volume` (a PersistentVolumeClaim).
+    #[serde(flatten)]
+    pub destination: BackupDestination<E>,
 }
 
 /// Where backups go: a bucket or a volume (the resource's schema asks for exactly one).
+#[skip_serializing_none]
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase", bound = "E: Engine")]
 #[schemars(bound = "E: Engine")]
 pub struct BackupDestination<E: Engine> {
     /// The S3-compatible bucket backups go to (or `volume`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub s3: Option<S3Destination<E>>,
     /// The volume backups go to (or `s3`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<VolumeDestination<E>>,
 }
 
@@ -96,29 +126,40 @@ pub struct VolumeDestination<E: Engine> {
     pub engine: PhantomData<E>,
 }
 
+/// What a resource's status says of its backups (an EtcdCluster's, a PostgreSQL's), the part
+/// every engine has.
+#[skip_serializing_none]
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupsStatus {
+    /// The schedule's bookmark: the scheduled time of the last scheduled backup made.
+    pub last_scheduled_time: Option<Time>,
+    /// The newest successful backup.
+    pub last_backup: Option<String>,
+    /// When the newest successful backup completed.
+    pub last_backup_time: Option<Time>,
+    /// How many successful backups are kept.
+    pub stored_backups: Option<i32>,
+}
+
 /// How one backup is doing, the part of a backup's status every engine has.
+#[skip_serializing_none]
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct BackupProgress {
     /// Running, Succeeded or Failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
     /// `Succeeded`: True once the backup is stored; False with the reason while it is not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Where it is: `s3://<bucket>/<key>` or `pvc://<claim>/<path>`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub location: Option<String>,
     /// Its size in bytes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<i64>,
     /// Its SHA-256 (hex), checked again before a restore.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,
     /// When it was stored (or failed).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<Time>,
 }
 
@@ -132,6 +173,10 @@ impl BackupProgress {
     pub fn succeeded(&self) -> bool {
         self.phase.as_deref() == Some("Succeeded")
     }
+}
+
+fn default_max_backups<E: Engine>() -> i32 {
+    E::DEFAULT_MAX_BACKUPS
 }
 
 fn default_prefix<E: Engine>() -> String {

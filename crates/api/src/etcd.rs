@@ -20,8 +20,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
+
+use crate::backup::BackupsStatus;
 
 /// The desired state of an etcd cluster.
+#[skip_serializing_none]
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "noops.dev",
@@ -71,10 +75,8 @@ pub struct EtcdClusterSpec {
     pub pod: PodSpec,
     /// Where backups go, and when the scheduled ones are made. Without it, EtcdBackups of this
     /// cluster fail (they have nowhere to go).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupSpec>,
     /// How a new cluster starts: empty (the default), or from a backup. Immutable.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<BootstrapSpec>,
     /// When members are defragmented (on by default).
     #[serde(default)]
@@ -109,12 +111,12 @@ impl Default for DefragmentationSpec {
 }
 
 /// How a new cluster starts.
+#[skip_serializing_none]
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct BootstrapSpec {
     /// Start from this backup: its snapshot, checked against its SHA-256, is restored into
     /// the first member (a new cluster, with a cluster ID of its own); the others join it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_backup: Option<BackupReference>,
 }
 
@@ -126,27 +128,8 @@ pub struct BackupReference {
     pub name: String,
 }
 
-/// Backups of a cluster.
-#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
-#[x_kube(validation = Rule::new("has(self.s3) != has(self.volume)").message("backup needs exactly one destination: s3 (an S3-compatible bucket) or volume (a PersistentVolumeClaim)"))]
-#[serde(rename_all = "camelCase")]
-pub struct BackupSpec {
-    /// When to make a backup, as a cron expression in UTC: five fields (minute hour day month
-    /// weekday, such as `0 */6 * * *`), or six with seconds first. Without it, backups are
-    /// made on demand only (apply an EtcdBackup).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 128))]
-    #[x_kube(validation = Rule::new("self.trim().split(' ').filter(f, f != '').size() in [5, 6]").message("backup.schedule must be a cron expression of five fields (minute hour day month weekday, such as \"0 */6 * * *\") or six (seconds first)"))]
-    pub schedule: Option<String>,
-    /// How many scheduled backups to keep: once a new one has succeeded, the oldest beyond
-    /// this many are deleted, snapshot and all. On-demand backups are never deleted by it.
-    #[serde(default = "default_max_backups")]
-    #[x_kube(validation = Rule::new("self >= 1 && self <= 1000").message("backup.maxBackups must be between 1 and 1000"))]
-    pub max_backups: i32,
-    /// Where backups go: `s3` (an S3-compatible bucket) or `volume` (a PersistentVolumeClaim).
-    #[serde(flatten)]
-    pub destination: crate::backup::BackupDestination<Etcd>,
-}
+/// Backups of a cluster: when scheduled ones are made, how many are kept, where they go.
+pub type BackupSpec = crate::backup::BackupPlan<Etcd>;
 
 pub use crate::backup::Etcd;
 
@@ -156,6 +139,7 @@ pub type S3Destination = crate::backup::S3Destination<Etcd>;
 pub type VolumeDestination = crate::backup::VolumeDestination<Etcd>;
 
 /// Where members keep their data.
+#[skip_serializing_none]
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct StorageSpec {
@@ -164,7 +148,6 @@ pub struct StorageSpec {
     #[x_kube(validation = Rule::new("self.matches('^[0-9]+(\\\\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$')").message("storage.size must be a quantity such as 1Gi or 500Mi"))]
     pub size: String,
     /// The StorageClass of the volumes; the cluster's default if unset.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub storage_class_name: Option<String>,
     /// Keep data in the pod only (emptyDir): a member whose pod goes loses its data and is
@@ -184,6 +167,7 @@ impl Default for StorageSpec {
 }
 
 /// TLS between members and for clients.
+#[skip_serializing_none]
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[x_kube(validation = Rule::new("!has(self.secrets) || self.enabled").message("tls.secrets needs tls.enabled: true"))]
 #[serde(rename_all = "camelCase")]
@@ -195,7 +179,6 @@ pub struct TlsSpec {
     pub enabled: bool,
     /// Your own certificates instead of the operator's CA: it issues and renews nothing, and
     /// members read the Secrets again when you renew them.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secrets: Option<TlsSecrets>,
 }
 
@@ -230,14 +213,13 @@ pub struct TlsSecrets {
 }
 
 /// What every member pod gets.
+#[skip_serializing_none]
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct PodSpec {
     /// CPU and memory of the etcd container.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     /// Scheduling constraints, added to the operator's own spreading of members over nodes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Affinity>,
     /// Taints the member pods tolerate.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -251,20 +233,18 @@ pub struct PodSpec {
 }
 
 /// The observed state of an etcd cluster.
+#[skip_serializing_none]
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct EtcdClusterStatus {
     /// The generation of the spec this status describes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Ready, Available, Progressing and Degraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Creating, Running, Scaling, Repairing, Degraded, QuorumLost or Paused.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
     /// Healthy voting members out of those asked for, as `3/3`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<String>,
     /// Healthy voting members.
     #[serde(default)]
@@ -273,60 +253,46 @@ pub struct EtcdClusterStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub members: Vec<MemberStatus>,
     /// The member that leads.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leader: Option<String>,
     /// The version the members run (the lowest, during an upgrade).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_version: Option<String>,
     /// The etcd cluster ID (hex), set once it is bootstrapped: from then on the operator never
     /// bootstraps again, whatever it finds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_id: Option<String>,
     /// Where clients connect.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub endpoints: Vec<String>,
     /// The Secret with the client certificate, key and CA (`tls.crt`, `tls.key`, `ca.crt`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_secret: Option<String>,
     /// The membership change in progress: a restarted operator finishes it from here.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation: Option<Operation>,
     /// The index the next new member's name gets (`<cluster>-<index>`); names are never
     /// reused, so a member's old volume is never taken for a new member's.
     #[serde(default)]
     pub next_member_index: i64,
-    /// The time of the last backup the schedule asked for (its EtcdBackup is named after it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_scheduled_time: Option<Time>,
-    /// When the newest successful backup was completed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_backup_time: Option<Time>,
-    /// Successful backups of this cluster that are kept.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stored_backups: Option<i32>,
+    /// Its EtcdBackups: the schedule's bookmark, the newest, how many are kept.
+    #[serde(flatten)]
+    pub backups: BackupsStatus,
     /// The EtcdBackup the cluster was started from (`bootstrap.fromBackup`, or the backup a
     /// recovery from quorum loss was asked to use).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_from: Option<String>,
     /// A version whose image could not be pulled when a member was upgraded to it: the member
     /// went back to the version it ran, and the version is refused while `spec.version` names
     /// it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unavailable_version: Option<String>,
 }
 
 /// One member, as last seen.
+#[skip_serializing_none]
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct MemberStatus {
     /// The member's name, also its pod's.
     pub name: String,
     /// The etcd member ID (hex).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// The etcd version it runs (while it does not answer, the last it said: a member whose
     /// pod is made again starts on it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
     /// It answered, and is part of a cluster with a leader.
     #[serde(default)]
@@ -338,23 +304,19 @@ pub struct MemberStatus {
     #[serde(default)]
     pub leader: bool,
     /// The node its pod runs on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
     /// Since when it has not been healthy (a member unhealthy for too long is replaced).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unhealthy_since: Option<Time>,
     /// Its database file's size, and how much of it is in use (bytes, rounded up to the MiB
     /// so that the status does not change with every write).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub db_size: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub db_size_in_use: Option<i64>,
     /// When it was last defragmented.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub defragmented_at: Option<Time>,
 }
 
 /// A change in progress (membership or version).
+#[skip_serializing_none]
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Operation {
@@ -362,12 +324,10 @@ pub struct Operation {
     /// The member it is about.
     pub member: String,
     /// The member's etcd ID (hex), once etcd has given it one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member_id: Option<String>,
     /// Why (scale up, a dead member's replacement, ...).
     pub reason: String,
     /// The version the member moves to (upgrades).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
     /// When it started.
     pub started_at: Time,
@@ -397,10 +357,6 @@ fn default_fragmented_percent() -> i32 {
 
 fn default_min_database_size() -> String {
     "64Mi".into()
-}
-
-fn default_max_backups() -> i32 {
-    5
 }
 
 fn default_storage_size() -> String {

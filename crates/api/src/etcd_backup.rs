@@ -5,6 +5,7 @@ use kube::CustomResource;
 use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 
 use crate::backup::BackupProgress;
 
@@ -34,6 +35,7 @@ pub struct EtcdBackupSpec {
 }
 
 /// What happened to a backup.
+#[skip_serializing_none]
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct EtcdBackupStatus {
@@ -42,21 +44,15 @@ pub struct EtcdBackupStatus {
     pub progress: BackupProgress,
     /// The store it went to, as the cluster said when the backup began: deleting this
     /// EtcdBackup deletes the snapshot there, even once the cluster is gone.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store: Option<crate::etcd::S3Destination>,
     /// The volume it went to (instead of `store`), as the cluster said when the backup began.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<crate::etcd::VolumeDestination>,
     /// The snapshot's key in the bucket, or its path in the volume.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
     /// The etcd revision the snapshot holds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<i64>,
     /// The etcd version of the member it was taken from.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd_version: Option<String>,
     /// The cluster's ID, so that a restore can tell where the data came from.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_id: Option<String>,
 }

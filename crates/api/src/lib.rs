@@ -4,6 +4,10 @@
 //! printer columns) is generated from the type by `noops crds` and committed under `deploy/crds`.
 //! Validation lives in the schema wherever the API server can enforce it, so a bad spec is
 //! rejected at `kubectl apply` with a message that says what to fix.
+//!
+//! Structs with optional fields carry `#[skip_serializing_none]`: an unset field is left out
+//! of what the operator writes rather than sent as `null`, so a server-side apply never takes
+//! ownership of fields it does not set.
 #![forbid(unsafe_code)]
 
 pub mod backup;

@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 
 /// The desired state of a MaintPage.
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
@@ -47,6 +48,7 @@ pub struct MaintPageSpec {
 }
 
 /// The application.
+#[skip_serializing_none]
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct AppSpec {
@@ -63,7 +65,6 @@ pub struct AppSpec {
     #[x_kube(validation = Rule::new("self.matches('^[^\\\\s]+$')").message("app.image must be a container image reference such as hashicorp/http-echo:1.0 (not empty, no spaces)"))]
     pub image: String,
     /// Arguments for the app's container (its image's default command gets them).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32), inner(length(max = 1024)))]
     pub args: Option<Vec<String>>,
     /// The port the app's container listens on.
@@ -77,6 +78,7 @@ pub struct AppSpec {
 }
 
 /// The maintenance page.
+#[skip_serializing_none]
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct MaintenanceSpec {
@@ -85,7 +87,6 @@ pub struct MaintenanceSpec {
     #[x_kube(validation = Rule::new("self.matches('^[^\\\\s]+$')").message("maintenance.image must be a container image reference such as hashicorp/http-echo:1.0 (not empty, no spaces)"))]
     pub image: String,
     /// Arguments for the maintenance page's container.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32), inner(length(max = 1024)))]
     pub args: Option<Vec<String>>,
     /// The port the maintenance page's container listens on.
@@ -102,6 +103,7 @@ pub struct MaintenanceSpec {
 }
 
 /// The Service in front of the app.
+#[skip_serializing_none]
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.nodePort) || self.type == 'NodePort'").message("service.nodePort is only allowed with service.type NodePort"))]
@@ -114,7 +116,6 @@ pub struct ServiceSpec {
     #[serde(default, rename = "type")]
     pub type_: ServiceType,
     /// With `type: NodePort`, a fixed node port (30000-32767); chosen by Kubernetes if unset.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 30000, max = 32767))]
     pub node_port: Option<i32>,
 }
@@ -156,23 +157,20 @@ impl Side {
 }
 
 /// The observed state of a MaintPage.
+#[skip_serializing_none]
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct MaintPageStatus {
     /// The generation of the spec this status describes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Ready, Progressing and Degraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The side the Service sends traffic to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub published: Option<Side>,
     /// When the Service last switched sides.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub switched_at: Option<Time>,
     /// The side the Service waits to move to, until that side's pods are Ready.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_for: Option<Side>,
     /// Ready app pods.
     #[serde(default)]
@@ -181,7 +179,6 @@ pub struct MaintPageStatus {
     #[serde(default)]
     pub maintenance_ready_replicas: i32,
     /// The Service clients use.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_name: Option<String>,
 }
 

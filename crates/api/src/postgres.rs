@@ -26,12 +26,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
+
+use crate::backup::BackupsStatus;
 
 /// The keys of the password Secret the password is read from: `password`, or the key of the
 /// shell-script operator this one replaces.
 pub const PASSWORD_KEYS: [&str; 2] = ["password", "postgresql_password"];
 
 /// The desired state of one PostgreSQL database.
+#[skip_serializing_none]
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "noops.dev",
@@ -82,45 +86,27 @@ pub struct PostgreSQLSpec {
     #[serde(default)]
     pub service: ServiceSpec,
     /// CPU and memory of the PostgreSQL container.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     /// Backups: continuous WAL archiving and base backups (PostgresBackup), to an S3-compatible
     /// bucket or a volume. Without it, a lost volume loses the database.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupSpec>,
     /// How a new database starts: empty (the default), or from a backup. Immutable.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<BootstrapSpec>,
 }
 
 /// Where backups go and when base backups are taken. WAL archiving is on whenever this is set.
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
-#[x_kube(validation = Rule::new("has(self.s3) != has(self.volume)").message("backup needs exactly one destination: s3 (an S3-compatible bucket) or volume (a PersistentVolumeClaim)"))]
 #[serde(rename_all = "camelCase")]
 pub struct BackupSpec {
-    /// When to take a base backup, as a cron expression in UTC: five fields (minute hour day
-    /// month weekday, such as `0 3 * * *`), or six with seconds first. A first base backup is
-    /// taken as soon as the database serves, whatever the schedule; without a schedule, later
-    /// ones are taken on demand (apply a PostgresBackup).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 128))]
-    #[x_kube(validation = Rule::new("self.trim().split(' ').filter(f, f != '').size() in [5, 6]").message("backup.schedule must be a cron expression of five fields (minute hour day month weekday, such as \"0 3 * * *\") or six (seconds first)"))]
-    pub schedule: Option<String>,
-    /// How many scheduled base backups to keep: once a new one has succeeded, the oldest beyond
-    /// this many are deleted, with the WAL only they needed. On-demand backups are never
-    /// deleted by it.
-    #[serde(default = "default_max_backups")]
-    #[x_kube(validation = Rule::new("self >= 1 && self <= 1000").message("backup.maxBackups must be between 1 and 1000"))]
-    pub max_backups: i32,
+    /// When scheduled base backups are made, how many are kept, and where backups and WAL go.
+    #[serde(flatten)]
+    pub plan: crate::backup::BackupPlan<Postgres>,
     /// The most seconds a committed transaction waits before its WAL segment is archived
     /// (PostgreSQL's `archive_timeout`): what a lost volume can cost. Each forced segment is
     /// stored compressed, so a short timeout costs little space.
     #[serde(default = "default_archive_timeout_seconds")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 3600").message("backup.archiveTimeoutSeconds must be between 1 and 3600"))]
     pub archive_timeout_seconds: i32,
-    /// Where backups go: `s3` (an S3-compatible bucket) or `volume` (a PersistentVolumeClaim).
-    #[serde(flatten)]
-    pub destination: crate::backup::BackupDestination<Postgres>,
 }
 
 pub use crate::backup::Postgres;
@@ -132,16 +118,17 @@ pub type S3Destination = crate::backup::S3Destination<Postgres>;
 pub type VolumeDestination = crate::backup::VolumeDestination<Postgres>;
 
 /// How a new database starts.
+#[skip_serializing_none]
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct BootstrapSpec {
     /// Start from this backup (of this or another PostgreSQL in the namespace): its base
     /// backup and the WAL archived after it are restored, to their end or to `targetTime`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_backup: Option<BackupSource>,
 }
 
 /// A PostgresBackup to start from, and how far to replay the WAL after it.
+#[skip_serializing_none]
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct BackupSource {
@@ -151,13 +138,13 @@ pub struct BackupSource {
     /// Recover to this moment (RFC 3339, such as `2026-11-24T10:00:00Z`): transactions that
     /// committed after it are not replayed. It must be after the end of the base backup.
     /// Without it, every archived transaction is replayed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     #[x_kube(validation = Rule::new("self.matches('^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\\\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$')").message("bootstrap.fromBackup.targetTime must be an RFC 3339 time such as 2026-11-24T10:00:00Z"))]
     pub target_time: Option<String>,
 }
 
 /// The instance's volume.
+#[skip_serializing_none]
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct StorageSpec {
@@ -166,7 +153,6 @@ pub struct StorageSpec {
     #[x_kube(validation = Rule::new("self.matches('^[0-9]+(\\\\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$')").message("storage.size must be a quantity such as 1Gi or 500Mi"))]
     pub size: String,
     /// The StorageClass of the volume; the cluster's default if unset.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub storage_class_name: Option<String>,
 }
@@ -181,6 +167,7 @@ impl Default for StorageSpec {
 }
 
 /// The Service clients connect to, `<name>` on port 5432.
+#[skip_serializing_none]
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Default)]
 #[x_kube(validation = Rule::new("!has(self.nodePort) || self.type == 'NodePort'").message("service.nodePort needs service.type: NodePort"))]
 #[serde(rename_all = "camelCase")]
@@ -189,7 +176,6 @@ pub struct ServiceSpec {
     #[serde(default, rename = "type")]
     pub type_: ServiceType,
     /// The node port to use with NodePort; one is chosen if unset.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 30000 && self <= 32767").message("service.nodePort must be in the node port range, 30000 to 32767"))]
     pub node_port: Option<i32>,
 }
@@ -203,74 +189,53 @@ pub enum ServiceType {
 }
 
 /// The observed state of a PostgreSQL.
+#[skip_serializing_none]
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PostgreSQLStatus {
     /// The generation of the spec this status describes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Ready, Progressing and Degraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Creating, Running, Degraded or Failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
     /// Where clients connect: `<name>.<namespace>.svc:5432`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
     /// The node port, with `service.type: NodePort`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_port: Option<i32>,
     /// The Secret with `host`, `port`, `database`, `user`, `password` and `uri`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connection_secret: Option<String>,
     /// The pod running the instance, and its node.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
     /// The version the server reports, such as `15.14`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_version: Option<String>,
     /// The database system identifier (from `initdb`): a new one means a new data directory.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_identifier: Option<String>,
     /// The version (`<uid>/<resourceVersion>`) of the password Secret whose password the
     /// database has: when the Secret changes, the password is set again.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password_secret_version: Option<String>,
-    /// The newest successful base backup (a PostgresBackup), and when it completed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_backup: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_backup_time: Option<Time>,
-    /// How many successful base backups of this database are kept.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stored_backups: Option<i32>,
-    /// The scheduled time of the last scheduled backup made (the schedule's bookmark).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_scheduled_time: Option<Time>,
+    /// Its PostgresBackups (base backups): the schedule's bookmark, the newest, how many are
+    /// kept.
+    #[serde(flatten)]
+    pub backups: BackupsStatus,
     /// The last WAL segment archived, and when (as the server reports it): a lost volume
     /// keeps every transaction up to the end of this segment.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_archived_wal: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_archived_time: Option<Time>,
     /// The last WAL segment whose archiving failed, and when.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failed_wal: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failed_time: Option<Time>,
     /// The restore the data directory came from, if it was restored from a backup.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<RestoreStatus>,
     /// Where a `bootstrap.fromBackup` restore reads from, as the backup's status said when the
     /// database was first seen (recorded once: the instance's pod is built from it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap_source: Option<BackupLocation>,
 }
 
 /// What a restore recovered.
+#[skip_serializing_none]
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RestoreStatus {
@@ -278,27 +243,22 @@ pub struct RestoreStatus {
     pub backup: String,
     /// The commit time of the last transaction replayed: every transaction committed up to it
     /// is in the database, none after it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovered_to: Option<String>,
     /// The last WAL position replayed, and the timeline the database continued on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_wal: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<i64>,
     /// When the restore finished.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<String>,
 }
 
 /// Where a base backup is, and the WAL archived with it.
+#[skip_serializing_none]
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct BackupLocation {
     /// The bucket (or `volume`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub s3: Option<S3Destination>,
     /// The volume (or `s3`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<VolumeDestination>,
     /// The base backup's folder (key prefix) in it.
     pub base: String,
@@ -312,10 +272,6 @@ fn default_version() -> String {
 
 fn default_storage_size() -> String {
     "1Gi".into()
-}
-
-fn default_max_backups() -> i32 {
-    7
 }
 
 fn default_archive_timeout_seconds() -> i32 {

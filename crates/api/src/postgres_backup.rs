@@ -6,6 +6,7 @@ use kube::CustomResource;
 use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 
 use crate::backup::BackupProgress;
 
@@ -35,6 +36,7 @@ pub struct PostgresBackupSpec {
 }
 
 /// What happened to a backup.
+#[skip_serializing_none]
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PostgresBackupStatus {
@@ -45,25 +47,18 @@ pub struct PostgresBackupStatus {
     /// The store and folders it went to, as the database said when the backup began: a
     /// restore reads it from there, and deleting this PostgresBackup deletes it there, even
     /// once the PostgreSQL is gone.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub destination: Option<crate::postgres::BackupLocation>,
     /// The WAL positions the backup starts and ends at: a restore replays at least to the end
     /// one, and can stop at any later moment the archive holds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_wal: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_wal: Option<String>,
     /// The timeline it was taken on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<i64>,
     /// The database system identifier it was taken from.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_identifier: Option<String>,
     /// The PostgreSQL major version of the server it was taken from.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_version: Option<String>,
     /// The pod that takes it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
 }
 

@@ -149,8 +149,8 @@ async fn backups_are_stored_checked_scheduled_kept_and_deleted() {
     assert_eq!(keys.len(), 3);
     let cluster = clusters.get("main").await.unwrap();
     let status = cluster.status.unwrap();
-    assert_eq!(status.stored_backups, Some(3));
-    assert!(status.last_backup_time.is_some());
+    assert_eq!(status.backups.stored_backups, Some(3));
+    assert!(status.backups.last_backup_time.is_some());
 
     // Deleting a backup deletes its snapshot.
     backups.delete("manual", &DeleteParams::default()).await.unwrap();

@@ -37,6 +37,7 @@ async fn a_lost_volume_is_restored_from_the_base_backup_and_the_archived_wal_whi
         .status
         .clone()
         .unwrap()
+        .backups
         .last_backup
         .expect("the first backup is named in status");
     let backup = ns.api::<PostgresBackup>().get(&first).await.unwrap();
@@ -176,7 +177,7 @@ async fn a_new_database_is_restored_to_a_point_in_time_between_two_batches() {
     ns.apply(&manifest("shop", "first-pw", &backup_to_bucket(&ns, "pg-backups", "")));
     wait_ready(&ns, "shop", 3 * MINUTE).await;
     let pg = wait_condition(&ns, "shop", "BackupSucceeded", "True", 2 * MINUTE).await;
-    let base = pg.status.unwrap().last_backup.unwrap();
+    let base = pg.status.unwrap().backups.last_backup.unwrap();
     let ip = instance_ip(&ns, "shop").await;
     let superuser = superuser_password(&ns, "shop").await;
     make_items(&ip, "first-pw", 100);
@@ -227,7 +228,7 @@ async fn a_new_database_is_restored_to_a_point_in_time_between_two_batches() {
     let copy = wait_condition(&ns, "copy", "BackupSucceeded", "True", 2 * MINUTE).await;
     let own = ns
         .api::<PostgresBackup>()
-        .get(&copy.status.unwrap().last_backup.unwrap())
+        .get(&copy.status.unwrap().backups.last_backup.unwrap())
         .await
         .unwrap();
     assert!(
@@ -315,7 +316,7 @@ async fn backups_to_a_volume_run_on_schedule_keep_max_backups_and_restore_a_lost
     wait_backups_finished(&ns, "shop", MINUTE).await;
     let pg = wait_for("two backups kept", MINUTE, || async {
         let pg = ns.api::<PostgreSQL>().get("shop").await.ok()?;
-        (pg.status.as_ref()?.stored_backups == Some(2)).then_some(pg)
+        (pg.status.as_ref()?.backups.stored_backups == Some(2)).then_some(pg)
     })
     .await;
     assert!(condition(&pg, "BackupSucceeded").is_some_and(|(s, _, _)| s == "True"));
@@ -389,7 +390,7 @@ async fn a_corrupt_or_missing_backup_fails_the_restore_visibly_and_replaces_no_g
     wait_archived(&ip, &superuser, &segment, MINUTE).await;
     wait_until("a scheduled backup newer than the table", 2 * MINUTE, || async {
         let pg = ns.api::<PostgreSQL>().get("shop").await.unwrap();
-        pg.status.is_some_and(|s| s.stored_backups >= Some(2))
+        pg.status.is_some_and(|s| s.backups.stored_backups >= Some(2))
     })
     .await;
     // The schedule is turned off now, so that the backups are the ones there are.

@@ -37,7 +37,7 @@ async fn the_operator_killed_during_backups_and_a_restore_converges_and_loses_no
     ns.apply(&manifest("shop", "pw", &backup_to_bucket(&ns, "pg-backups", schedule)));
     wait_ready(&ns, "shop", 4 * MINUTE).await;
     let pg = wait_condition(&ns, "shop", "BackupSucceeded", "True", 3 * MINUTE).await;
-    let first = pg.status.unwrap().last_backup.unwrap();
+    let first = pg.status.unwrap().backups.last_backup.unwrap();
     let ip = instance_ip(&ns, "shop").await;
     let superuser = superuser_password(&ns, "shop").await;
     psql(&ip, "app", "pw", "shop", "CREATE TABLE items (id bigint PRIMARY KEY)").unwrap();

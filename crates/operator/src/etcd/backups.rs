@@ -26,13 +26,7 @@ pub const CLUSTER_UID_LABEL: &str = "noops.dev/etcdcluster-uid";
 /// What the cluster's last status said of its backups.
 pub fn summary(cluster: &EtcdCluster) -> BackupsSummary {
     let status = cluster.status.clone().unwrap_or_default();
-    BackupsSummary::of(
-        &status.conditions,
-        status.last_scheduled_time,
-        None,
-        status.last_backup_time,
-        status.stored_backups,
-    )
+    BackupsSummary::of(&status.conditions, &status.backups)
 }
 
 /// The backups of this cluster, not those of an earlier cluster of the same name: by the etcd
@@ -165,17 +159,15 @@ mod tests {
 
     #[test]
     fn the_schedule_says_what_is_due_and_moves_its_bookmark() {
-        let mut summary = BackupsSummary {
-            last_scheduled_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(3600))),
-            ..Default::default()
-        };
+        let mut summary = BackupsSummary::default();
+        summary.status.last_scheduled_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(3600)));
         let pattern = hourly().spec.backup.unwrap().schedule.unwrap();
         let due = summary.follow_schedule(&pattern, at(3700)).unwrap();
         assert_eq!(due.now, None);
         assert_eq!(due.next_in, Duration::from_secs(3500));
         let due = summary.follow_schedule(&pattern, at(7201)).unwrap();
         assert_eq!(due.now, Some(at(7200)), "the 02:00 backup is due");
-        assert_eq!(summary.last_scheduled_time.as_ref().map(|t| t.0), Some(at(7200)));
+        assert_eq!(summary.status.last_scheduled_time.as_ref().map(|t| t.0), Some(at(7200)));
         assert!(summary.follow_schedule("99 * * * *", at(7201)).is_err());
     }
 
@@ -243,7 +235,7 @@ mod tests {
         assert_eq!((condition.status, condition.reason), (false, "BackupFailed"));
         assert_eq!(condition.message, "EtcdBackup new failed: ClaimNotFound: why");
         assert_eq!(
-            summary.stored_backups,
+            summary.status.stored_backups,
             Some(1),
             "a failure still leaves the older backup"
         );

@@ -113,9 +113,7 @@ pub fn build(
         client_secret: names.tls.then(|| names.client_secret()),
         operation: outcome.operation.clone(),
         next_member_index: outcome.next_member_index,
-        last_scheduled_time: outcome.backups.last_scheduled_time.clone(),
-        last_backup_time: outcome.backups.last_backup_time.clone(),
-        stored_backups: outcome.backups.stored_backups,
+        backups: outcome.backups.status.clone(),
         restored_from: outcome.restored_from.clone(),
         // Forgotten once the spec names another version.
         unavailable_version: outcome

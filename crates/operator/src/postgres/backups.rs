@@ -36,13 +36,7 @@ const FIRST_AGAIN_AT_MOST: Duration = Duration::from_secs(3600);
 /// What the database's last status said of its backups.
 pub fn summary(pg: &PostgreSQL) -> BackupsSummary {
     let status = pg.status.clone().unwrap_or_default();
-    BackupsSummary::of(
-        &status.conditions,
-        status.last_scheduled_time,
-        status.last_backup,
-        status.last_backup_time,
-        status.stored_backups,
-    )
+    BackupsSummary::of(&status.conditions, &status.backups)
 }
 
 fn phase(backup: &PostgresBackup) -> Option<&str> {
@@ -114,7 +108,7 @@ pub fn first_backup_due(pg: &PostgreSQL, of_database: &[&PostgresBackup], servin
 /// only the parser knows a minute of 99. No scheduled backup is made until it is fixed; the
 /// first backup and WAL archiving go on.
 pub fn schedule_problem(pg: &PostgreSQL) -> Option<PlanProblem> {
-    let pattern = pg.spec.backup.as_ref()?.schedule.as_deref()?;
+    let pattern = pg.spec.backup.as_ref()?.plan.schedule.as_deref()?;
     let bad = schedule::parse(pattern).err()?;
     Some(PlanProblem {
         reason: "InvalidSchedule",
@@ -186,7 +180,7 @@ pub async fn keep(
         look_again = Some(FIRST_AGAIN_AFTER);
     }
     // A schedule the parser refuses is told as a plan problem; the rest goes on.
-    if let Some(pattern) = spec.schedule.as_deref().filter(|p| schedule::parse(p).is_ok()) {
+    if let Some(pattern) = spec.plan.schedule.as_deref().filter(|p| schedule::parse(p).is_ok()) {
         let due = summary
             .follow_schedule(pattern, now)
             .map_err(|e| crate::core::Error::InvalidSpec(e.to_string()))?;
@@ -212,8 +206,8 @@ pub async fn keep(
 
     // Backups a new database is being restored from are never deleted under it.
     let in_use = |name: &str| namespace.being_restored.contains(name);
-    let gone = retention::beyond_max(&ours, in_use, spec.max_backups, now);
-    let max = spec.max_backups;
+    let gone = retention::beyond_max(&ours, in_use, spec.plan.max_backups, now);
+    let max = spec.plan.max_backups;
     for name in &gone {
         if delete_if_present(&api, name, &DeleteParams::default()).await? {
             crash::point("postgres: a backup deleted by retention");
@@ -354,11 +348,11 @@ mod tests {
         let condition = summary.condition.clone().unwrap();
         assert_eq!((condition.status, condition.reason), (false, "BackupFailed"));
         assert_eq!(
-            summary.stored_backups,
+            summary.status.stored_backups,
             Some(1),
             "a failure still leaves the older backup"
         );
-        assert_eq!(summary.last_backup.as_deref(), Some("old"));
+        assert_eq!(summary.status.last_backup.as_deref(), Some("old"));
         let newer = backup("newer", "shop", "Succeeded", "7", 250);
         summary.count(&[&old, &failed, &newer], stored);
         let condition = summary.condition.unwrap();
@@ -370,8 +364,8 @@ mod tests {
             "{}",
             condition.message
         );
-        assert_eq!(summary.last_backup.as_deref(), Some("newer"));
-        assert_eq!(summary.last_backup_time.map(|t| t.0), Some(at(250)));
+        assert_eq!(summary.status.last_backup.as_deref(), Some("newer"));
+        assert_eq!(summary.status.last_backup_time.map(|t| t.0), Some(at(250)));
     }
 
     #[test]
@@ -379,11 +373,11 @@ mod tests {
         let mut pg = with_backups(postgres("shop"));
         assert_eq!(schedule_problem(&pg), None, "no schedule");
         if let Some(backup) = pg.spec.backup.as_mut() {
-            backup.schedule = Some("0 3 * * *".into());
+            backup.plan.schedule = Some("0 3 * * *".into());
         }
         assert_eq!(schedule_problem(&pg), None);
         if let Some(backup) = pg.spec.backup.as_mut() {
-            backup.schedule = Some("99 * * * *".into());
+            backup.plan.schedule = Some("99 * * * *".into());
         }
         let problem = schedule_problem(&pg).unwrap();
         assert_eq!(problem.reason, "InvalidSchedule");

@@ -144,7 +144,7 @@ pub async fn run(runtime: Runtime) {
                     .spec
                     .backup
                     .as_ref()
-                    .and_then(|b| b.destination.s3.as_ref())
+                    .and_then(|b| b.plan.destination.s3.as_ref())
                     .map(|s3| &s3.credentials_secret);
                 pg.spec.password_secret == name || credentials == Some(&name)
             })

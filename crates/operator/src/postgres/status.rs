@@ -126,10 +126,7 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, now: jiff::Time
             .map(|f| f.system_identifier.clone())
             .or(previous.system_identifier),
         password_secret_version: seen.password_version.clone(),
-        last_backup: seen.backups.last_backup.clone(),
-        last_backup_time: seen.backups.last_backup_time.clone(),
-        stored_backups: seen.backups.stored_backups,
-        last_scheduled_time: seen.backups.last_scheduled_time.clone(),
+        backups: seen.backups.status.clone(),
         last_archived_wal: archiver
             .as_ref()
             .map_or(previous.last_archived_wal, |a| a.last_archived_wal.clone()),

@@ -50,7 +50,7 @@ pub trait BaseBackupDestination: Sized {
 
 impl BaseBackupDestination for Destination {
     fn of_spec(spec: &BackupSpec) -> Option<Self> {
-        Self::chosen(&spec.destination)
+        Self::chosen(&spec.plan.destination)
     }
 
     fn of_location(location: &BackupLocation) -> Option<Self> {

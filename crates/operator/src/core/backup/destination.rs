@@ -106,6 +106,7 @@ mod tests {
     struct Test;
     impl Engine for Test {
         const DEFAULT_PREFIX: &'static str = "test";
+        const DEFAULT_MAX_BACKUPS: i32 = 3;
     }
 
     fn s3(prefix: &str) -> Destination<Test> {

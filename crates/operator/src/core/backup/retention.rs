@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time
 use kube::ResourceExt;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::Store;
+use noops_api::backup::BackupsStatus;
 
 use super::controller::BackupResource;
 use super::schedule::{self, BadSchedule, Counted, Kept, SCHEDULED_LABEL};
@@ -22,35 +23,21 @@ pub const BACKUP_SUCCEEDED: &str = "BackupSucceeded";
 /// What a resource's status says of its backups.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BackupsSummary {
-    /// The time of the last scheduled backup made: the schedule's bookmark.
-    pub last_scheduled_time: Option<Time>,
-    /// The newest successful backup, and when it completed.
-    pub last_backup: Option<String>,
-    pub last_backup_time: Option<Time>,
-    /// How many successful backups are kept.
-    pub stored_backups: Option<i32>,
+    /// The fields of the status (the schedule's bookmark, the newest, how many are kept).
+    pub status: BackupsStatus,
     /// [`BACKUP_SUCCEEDED`]: the newest finished backup succeeded, or why it failed.
     pub condition: Option<Decided>,
 }
 
 impl BackupsSummary {
     /// As the last status left it (`conditions` are the resource's).
-    pub fn of(
-        conditions: &[Condition],
-        last_scheduled_time: Option<Time>,
-        last_backup: Option<String>,
-        last_backup_time: Option<Time>,
-        stored_backups: Option<i32>,
-    ) -> Self {
+    pub fn of(conditions: &[Condition], status: &BackupsStatus) -> Self {
         let condition = conditions.iter().find(|c| c.type_ == BACKUP_SUCCEEDED).map(|c| {
             let stored = c.status == "True";
             Decided::new(BACKUP_SUCCEEDED, stored, reason(stored), c.message.clone())
         });
         Self {
-            last_scheduled_time,
-            last_backup,
-            last_backup_time,
-            stored_backups,
+            status: status.clone(),
             condition,
         }
     }
@@ -71,10 +58,10 @@ impl BackupsSummary {
             })
             .collect();
         let tally = schedule::tally(&counted);
-        self.stored_backups = Some(tally.stored);
+        self.status.stored_backups = Some(tally.stored);
         if let Some((name, at)) = tally.newest_stored {
-            self.last_backup = Some(name);
-            self.last_backup_time = Some(Time(at));
+            self.status.last_backup = Some(name);
+            self.status.last_backup_time = Some(Time(at));
         }
         if let Some((index, succeeded)) = tally.newest_finished {
             let backup = backups[index];
@@ -93,9 +80,9 @@ impl BackupsSummary {
     /// backup at its next time).
     pub fn follow_schedule(&mut self, pattern: &str, now: jiff::Timestamp) -> Result<Due, BadSchedule> {
         let cron = schedule::parse(pattern)?;
-        let last = self.last_scheduled_time.as_ref().map_or(now, |t| t.0);
+        let last = self.status.last_scheduled_time.as_ref().map_or(now, |t| t.0);
         let due = schedule::due(&cron, last, now)?;
-        self.last_scheduled_time = Some(Time(due.now.unwrap_or(last)));
+        self.status.last_scheduled_time = Some(Time(due.now.unwrap_or(last)));
         Ok(Due {
             now: due.now,
             next_in: Duration::try_from(due.next.duration_since(now)).unwrap_or_default(),
