@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the upstream binaries (Kubernetes control plane, kubectl, kube-proxy, etcd 3.5 and 3.6,
+# Builds the upstream binaries (Kubernetes control plane 1.34 and 1.33, kubectl, kube-proxy, etcd 3.5 and 3.6,
 # versitygw, helm) from the wrapper Go modules under tools/, once. Results are cached outside the clone, keyed by
 # a hash of each wrapper's module files and the build recipe, so a fresh clone (CI) reuses them and a
 # change of version rebuilds. `.noops/bin` gets symlinks to the cached binaries.
@@ -34,18 +34,22 @@ build() {
     # Older builds of the same module are of no further use.
     for old in "$cache/upstream/$mod"-*; do [ "$old" = "$out" ] || rm -rf "$old"; done
   fi
-  local dest=$bin; case $mod in etcd-*) dest="$bin/$mod";; esac
+  local dest=$bin; case $mod in etcd-* | k8s-*) dest="$bin/$mod";; esac
   mkdir -p "$dest"
   for pair in "$@"; do ln -sfn "$out/${pair%%=*}" "$dest/${pair%%=*}"; done
 }
 
-k8s_version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }' "$root/tools/k8s/go.mod")
-k8s_minor=$(echo "$k8s_version" | cut -d. -f2)
-ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_minor"
-  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-done
+# k8s_ldflags <module dir>: the version stamps of a Kubernetes build, from its module's require.
+k8s_ldflags() {
+  local version minor flags="-s -w" pkg
+  version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }' "$root/tools/$1/go.mod")
+  minor=$(echo "$version" | cut -d. -f2)
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$flags"
+}
 
 what=${1:-all}
 if [ "$what" = all ] || [ "$what" = etcd ]; then
@@ -65,6 +69,9 @@ if [ "$what" = all ] || [ "$what" = helm ]; then
 fi
 if [ "$what" = all ] || [ "$what" = k8s ]; then
   k=k8s.io/kubernetes/cmd
-  build k8s "$ldflags" kube-apiserver=$k/kube-apiserver kube-controller-manager=$k/kube-controller-manager \
+  build k8s "$(k8s_ldflags k8s)" kube-apiserver=$k/kube-apiserver kube-controller-manager=$k/kube-controller-manager \
     kube-scheduler=$k/kube-scheduler kube-proxy=$k/kube-proxy kubectl=$k/kubectl
+  # The previous minor, for hosted control planes (and later machines) to upgrade from.
+  build k8s-1.33 "$(k8s_ldflags k8s-1.33)" kube-apiserver=$k/kube-apiserver \
+    kube-controller-manager=$k/kube-controller-manager kube-scheduler=$k/kube-scheduler kube-proxy=$k/kube-proxy
 fi

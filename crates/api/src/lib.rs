@@ -12,6 +12,7 @@
 
 pub mod backup;
 pub mod condition;
+pub mod control_plane;
 pub mod etcd;
 pub mod etcd_backup;
 pub mod maintpage;
@@ -19,6 +20,7 @@ pub mod postgres;
 pub mod postgres_backup;
 pub mod quantity;
 
+pub use control_plane::{KubernetesControlPlane, KubernetesControlPlaneSpec, KubernetesControlPlaneStatus};
 pub use etcd::{EtcdCluster, EtcdClusterSpec, EtcdClusterStatus};
 pub use etcd_backup::{EtcdBackup, EtcdBackupSpec, EtcdBackupStatus};
 pub use maintpage::{MaintPage, MaintPageSpec, MaintPageStatus};
@@ -36,6 +38,7 @@ pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensi
     vec![
         EtcdBackup::crd(),
         EtcdCluster::crd(),
+        KubernetesControlPlane::crd(),
         MaintPage::crd(),
         PostgreSQL::crd(),
         PostgresBackup::crd(),

@@ -1,0 +1,255 @@
+//! KubernetesControlPlane: a tenant's Kubernetes control plane, run as pods of this cluster.
+//!
+//! ```yaml
+//! apiVersion: noops.dev/v1alpha1
+//! kind: KubernetesControlPlane
+//! metadata: { name: team-a }
+//! spec:
+//!   version: "1.34"        # a minor (its newest patch the operator knows) or an exact 1.34.4
+//!   replicas: 3            # API servers: 1 or 3
+//!   etcd: { replicas: 3 }  # the tenant's datastore, an EtcdCluster of this operator
+//! ```
+//!
+//! The operator keeps the tenant's etcd in an EtcdCluster (`<name>-etcd`), issues the tenant's
+//! certificates from CAs of its own, runs `kube-apiserver`, `kube-controller-manager` and
+//! `kube-scheduler` as Deployments behind a Service (`<name>`), and writes kubeconfigs into
+//! Secrets (`<name>-admin-kubeconfig` for you). A new `version` is rolled out one minor at a
+//! time: etcd first when its version must change, then the API servers one by one, then the
+//! controller-manager and the scheduler.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
+
+use crate::etcd;
+
+/// The desired state of a tenant's control plane.
+#[skip_serializing_none]
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "noops.dev",
+    version = "v1alpha1",
+    kind = "KubernetesControlPlane",
+    plural = "kubernetescontrolplanes",
+    shortname = "kcp",
+    category = "noops",
+    namespaced,
+    status = "KubernetesControlPlaneStatus",
+    validation = Rule::new("self.metadata.name.size() <= 40").message("a KubernetesControlPlane name is at most 40 characters: the names of its etcd, Deployments and Secrets add to it"),
+    validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("a KubernetesControlPlane name must be a DNS label: lower-case letters, digits and '-', starting with a letter"),
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.version"}"#,
+    printcolumn = r#"{"name":"Endpoint","type":"string","jsonPath":".status.endpoint"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.ready"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Etcd","type":"string","priority":1,"jsonPath":".status.etcd"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = Rule::new("int(self.version.split('.')[1]) >= int(oldSelf.version.split('.')[1])").message("version: downgrades are refused; Kubernetes cannot go back to an older minor version"))]
+#[x_kube(validation = Rule::new("int(self.version.split('.')[1]) <= int(oldSelf.version.split('.')[1]) + 1").message("version: upgrade one minor version at a time (1.33 to 1.34), as Kubernetes requires"))]
+#[x_kube(validation = Rule::new("has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)").message("bootstrap is immutable: it says how the control plane started"))]
+#[x_kube(validation = Rule::new("!has(self.bootstrap) || !self.etcd.storage.ephemeral").message("bootstrap.fromBackup needs persistent etcd storage: the backup is restored into the first member's volume"))]
+#[x_kube(validation = Rule::new("!isCIDR(self.networking.podCIDR) || !isCIDR(self.networking.serviceCIDR) || (!cidr(self.networking.podCIDR).containsCIDR(self.networking.serviceCIDR) && !cidr(self.networking.serviceCIDR).containsCIDR(self.networking.podCIDR))").message("networking.podCIDR and networking.serviceCIDR must not overlap"))]
+#[serde(rename_all = "camelCase")]
+pub struct KubernetesControlPlaneSpec {
+    /// The Kubernetes version: a minor such as `"1.34"` (the newest patch of it the operator
+    /// knows) or an exact version such as `"1.34.4"`. A change moves one minor at a time.
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self.matches('^1\\\\.[0-9]{1,2}(\\\\.[0-9]{1,3})?$')").message("version must be a Kubernetes version such as \"1.34\" or \"1.34.4\""))]
+    #[x_kube(validation = Rule::new("!self.matches('^1\\\\.[0-9]{1,2}(\\\\.[0-9]{1,3})?$') || int(self.split('.')[1]) >= 33").message("version must be 1.33 or later: older Kubernetes versions are out of support"))]
+    pub version: String,
+    /// How many API servers run: 1, or 3 for a control plane that survives the loss of a node.
+    /// The controller-manager and the scheduler run 2 replicas (with leader election) when
+    /// this is 3.
+    #[serde(default = "default_replicas")]
+    #[x_kube(validation = Rule::new("self == 1 || self == 3").message("replicas must be 1 or 3 (API servers)"))]
+    pub replicas: i32,
+    /// The tenant's etcd, an EtcdCluster `<name>-etcd` run by this operator.
+    #[serde(default)]
+    pub etcd: TenantEtcdSpec,
+    /// How clients reach the API server.
+    #[serde(default)]
+    pub service: ApiServerServiceSpec,
+    /// The tenant's address ranges. Immutable.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("networking is immutable: the tenant's addresses are handed out from these ranges"))]
+    pub networking: NetworkingSpec,
+    /// Extra flags per component. Flags the operator sets (addresses, certificates, etcd,
+    /// service ranges, kubeconfigs, leader election) are refused.
+    #[serde(default)]
+    pub extra_args: ExtraArgsSpec,
+    /// Stop reconciling: nothing is changed (an upgrade under way waits) until this is false.
+    #[serde(default)]
+    pub paused: bool,
+    /// How a new control plane starts: empty (the default), or with its etcd restored from an
+    /// EtcdBackup (every tenant object back). Immutable.
+    pub bootstrap: Option<etcd::BootstrapSpec>,
+}
+
+fn default_replicas() -> i32 {
+    1
+}
+
+/// The tenant's etcd cluster.
+#[skip_serializing_none]
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantEtcdSpec {
+    /// Members: 1, 3 or 5.
+    #[serde(default = "default_etcd_replicas")]
+    #[x_kube(validation = Rule::new("self in [1, 3, 5]").message("etcd.replicas must be 1, 3 or 5"))]
+    pub replicas: i32,
+    /// Where members keep their data. Immutable.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("etcd.storage is immutable: create a new control plane (from a backup) to change it"))]
+    pub storage: etcd::StorageSpec,
+    /// Scheduled backups of the tenant's etcd, with retention, as an EtcdCluster has them.
+    pub backup: Option<etcd::BackupSpec>,
+}
+
+fn default_etcd_replicas() -> i32 {
+    3
+}
+
+impl Default for TenantEtcdSpec {
+    fn default() -> Self {
+        Self {
+            replicas: default_etcd_replicas(),
+            storage: etcd::StorageSpec::default(),
+            backup: None,
+        }
+    }
+}
+
+/// The Service in front of the API servers, `<name>` on port 6443.
+#[skip_serializing_none]
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Default)]
+#[x_kube(validation = Rule::new("!has(self.nodePort) || self.type == 'NodePort'").message("service.nodePort needs service.type: NodePort"))]
+#[serde(rename_all = "camelCase")]
+pub struct ApiServerServiceSpec {
+    /// `ClusterIP` (the default): reached from pods and from this cluster's nodes; `NodePort`:
+    /// also on every node's address.
+    #[serde(default, rename = "type")]
+    pub type_: ApiServerServiceType,
+    /// The node port with `NodePort`; one is chosen if unset.
+    #[x_kube(validation = Rule::new("self >= 30000 && self <= 32767").message("service.nodePort must be in the node port range, 30000 to 32767"))]
+    pub node_port: Option<i32>,
+}
+
+/// How the API server's Service is published.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ApiServerServiceType {
+    #[default]
+    ClusterIP,
+    NodePort,
+}
+
+/// The tenant's address ranges (IPv4).
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkingSpec {
+    /// The range tenant pods get their addresses from (each node a /24 of it).
+    #[serde(default = "default_pod_cidr", rename = "podCIDR")]
+    #[schemars(length(max = 18))]
+    #[x_kube(validation = Rule::new("isCIDR(self) && cidr(self).ip().family() == 4 && cidr(self).prefixLength() >= 8 && cidr(self).prefixLength() <= 20").message("networking.podCIDR must be an IPv4 range from /8 to /20, such as 10.200.0.0/16"))]
+    #[x_kube(validation = Rule::new("!isCIDR(self) || cidr(self) == cidr(self).masked()").message("networking.podCIDR must be a range's first address, such as 10.200.0.0/16"))]
+    pub pod_cidr: String,
+    /// The range tenant Services get their ClusterIPs from; its first address is the tenant's
+    /// `kubernetes` Service.
+    #[serde(default = "default_service_cidr", rename = "serviceCIDR")]
+    #[schemars(length(max = 18))]
+    #[x_kube(validation = Rule::new("isCIDR(self) && cidr(self).ip().family() == 4 && cidr(self).prefixLength() >= 12 && cidr(self).prefixLength() <= 24").message("networking.serviceCIDR must be an IPv4 range from /12 to /24, such as 10.100.0.0/16"))]
+    #[x_kube(validation = Rule::new("!isCIDR(self) || cidr(self) == cidr(self).masked()").message("networking.serviceCIDR must be a range's first address, such as 10.100.0.0/16"))]
+    pub service_cidr: String,
+    /// The tenant's DNS domain.
+    #[serde(default = "default_dns_domain")]
+    #[schemars(length(max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("networking.dnsDomain must be a DNS name such as cluster.local"))]
+    pub dns_domain: String,
+}
+
+fn default_pod_cidr() -> String {
+    "10.200.0.0/16".into()
+}
+
+fn default_service_cidr() -> String {
+    "10.100.0.0/16".into()
+}
+
+fn default_dns_domain() -> String {
+    "cluster.local".into()
+}
+
+impl Default for NetworkingSpec {
+    fn default() -> Self {
+        Self {
+            pod_cidr: default_pod_cidr(),
+            service_cidr: default_service_cidr(),
+            dns_domain: default_dns_domain(),
+        }
+    }
+}
+
+/// Extra flags of each component, as `--flag=value`.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ExtraArgsSpec {
+    /// Flags of `kube-apiserver`, such as `--audit-log-maxage=7`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(max = 1024)))]
+    #[x_kube(validation = Rule::new("self.all(a, a.matches('^--[a-z0-9][-a-z0-9]*(=.*)?$'))").message("extraArgs.apiServer must be flags such as --audit-log-maxage=7"))]
+    #[x_kube(validation = Rule::new("self.all(a, !(a.split('=')[0] in ['--advertise-address', '--bind-address', '--secure-port', '--etcd-servers', '--etcd-cafile', '--etcd-certfile', '--etcd-keyfile', '--tls-cert-file', '--tls-private-key-file', '--client-ca-file', '--service-account-issuer', '--service-account-key-file', '--service-account-signing-key-file', '--service-cluster-ip-range', '--kubelet-client-certificate', '--kubelet-client-key', '--proxy-client-cert-file', '--proxy-client-key-file', '--requestheader-client-ca-file', '--requestheader-allowed-names', '--authorization-mode', '--shutdown-delay-duration']))").message("extraArgs.apiServer cannot set a flag the operator sets (addresses, certificates, etcd, service accounts, the service range, authorization, shutdown delay)"))]
+    pub api_server: Vec<String>,
+    /// Flags of `kube-controller-manager`, such as `--node-monitor-grace-period=20s`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(max = 1024)))]
+    #[x_kube(validation = Rule::new("self.all(a, a.matches('^--[a-z0-9][-a-z0-9]*(=.*)?$'))").message("extraArgs.controllerManager must be flags such as --node-monitor-grace-period=20s"))]
+    #[x_kube(validation = Rule::new("self.all(a, !(a.split('=')[0] in ['--kubeconfig', '--authentication-kubeconfig', '--authorization-kubeconfig', '--bind-address', '--secure-port', '--leader-elect', '--cluster-signing-cert-file', '--cluster-signing-key-file', '--root-ca-file', '--service-account-private-key-file', '--service-cluster-ip-range', '--cluster-cidr', '--cluster-name', '--use-service-account-credentials']))").message("extraArgs.controllerManager cannot set a flag the operator sets (kubeconfigs, addresses, leader election, signing keys, ranges)"))]
+    pub controller_manager: Vec<String>,
+    /// Flags of `kube-scheduler`, such as `--v=2`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(max = 1024)))]
+    #[x_kube(validation = Rule::new("self.all(a, a.matches('^--[a-z0-9][-a-z0-9]*(=.*)?$'))").message("extraArgs.scheduler must be flags such as --v=2"))]
+    #[x_kube(validation = Rule::new("self.all(a, !(a.split('=')[0] in ['--kubeconfig', '--authentication-kubeconfig', '--authorization-kubeconfig', '--bind-address', '--secure-port', '--leader-elect']))").message("extraArgs.scheduler cannot set a flag the operator sets (kubeconfigs, addresses, leader election)"))]
+    pub scheduler: Vec<String>,
+}
+
+/// The observed state of a tenant's control plane.
+#[skip_serializing_none]
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct KubernetesControlPlaneStatus {
+    /// The generation of the spec this status describes.
+    pub observed_generation: Option<i64>,
+    /// Ready, Available, Progressing and Degraded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Creating, Running, Upgrading, Degraded, Stalled or Paused.
+    pub phase: Option<String>,
+    /// The Kubernetes version every API server runs (the lowest, during an upgrade).
+    pub version: Option<String>,
+    /// Ready API servers out of those asked for, as `3/3`.
+    pub ready: Option<String>,
+    /// Where clients connect: `https://<address>:6443`.
+    pub endpoint: Option<String>,
+    /// The Secret with the admin kubeconfig (key `kubeconfig`).
+    pub admin_kubeconfig_secret: Option<String>,
+    /// The tenant's etcd in one line: ready members, version, phase.
+    pub etcd: Option<String>,
+    /// The upgrade under way: a restarted operator finishes it from here.
+    pub upgrade: Option<UpgradeStatus>,
+}
+
+/// A version change in progress.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeStatus {
+    /// The version it moves from, and to (exact versions).
+    pub from: String,
+    pub to: String,
+    /// The component being moved now: `Etcd`, `APIServer`, `ControllerManager`, `Scheduler`.
+    pub step: String,
+    /// When it started.
+    pub started_at: Time,
+}
