@@ -13,6 +13,7 @@ mod kubelet_api;
 mod network;
 mod node;
 mod pods;
+mod probe_tls;
 mod probes;
 mod process;
 mod provisioner;

@@ -1,4 +1,4 @@
-//! Startup, liveness and readiness probes (exec, httpGet, tcpSocket), with the kubelet's
+//! Startup, liveness and readiness probes (exec, httpGet over HTTP or HTTPS, tcpSocket), with the kubelet's
 //! threshold rules. Network probes go only to the pod's own IP (or loopback for host-network
 //! pods): a probe can never send a packet off this machine.
 
@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
@@ -187,9 +187,7 @@ pub async fn run_once(probe: &Probe, container: &Container, target: &ProbeTarget
     if let Some(http) = &probe.http_get {
         let port = resolve_port(&http.port, container)?;
         let addr = probe_address(http.host.as_deref(), target, port)?;
-        if http.scheme.as_deref().unwrap_or("HTTP").eq_ignore_ascii_case("HTTPS") {
-            return Err("HTTPS probes are not supported on the local Kubernetes".into());
-        }
+        let https = http.scheme.as_deref().unwrap_or("HTTP").eq_ignore_ascii_case("HTTPS");
         let path = http.path.clone().unwrap_or_else(|| "/".into());
         let headers: Vec<(String, String)> = http
             .http_headers
@@ -197,7 +195,7 @@ pub async fn run_once(probe: &Probe, container: &Container, target: &ProbeTarget
             .flatten()
             .map(|h| (h.name.clone(), h.value.clone()))
             .collect();
-        return tokio::time::timeout(timeout, http_get(target, addr, &path, &headers))
+        return tokio::time::timeout(timeout, http_get(target, addr, https, &path, &headers))
             .await
             .map_err(|_| format!("GET {path} on {addr} timed out after {timeout:?}"))?;
     }
@@ -262,14 +260,15 @@ async fn connect(target: &ProbeTarget, addr: SocketAddr) -> std::io::Result<TcpS
     socket.connect(addr).await
 }
 
-/// A minimal HTTP/1.1 GET: success is a status from 200 to 399.
+/// A minimal HTTP/1.1 GET (over TLS with `https`): success is a status from 200 to 399.
 async fn http_get(
     target: &ProbeTarget,
     addr: SocketAddr,
+    https: bool,
     path: &str,
     headers: &[(String, String)],
 ) -> Result<(), String> {
-    let mut stream = connect(target, addr)
+    let stream = connect(target, addr)
         .await
         .map_err(|e| format!("GET {path} on {addr}: {e}"))?;
     let mut request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: kube-probe/noops\r\n");
@@ -277,6 +276,26 @@ async fn http_get(
         request.push_str(&format!("{k}: {v}\r\n"));
     }
     request.push_str("Accept: */*\r\nConnection: close\r\n\r\n");
+    let status = if https {
+        let connector = tokio_rustls::TlsConnector::from(crate::probe_tls::probe_client_config()?);
+        let name = rustls_pki_types::ServerName::IpAddress(addr.ip().into());
+        let tls = connector
+            .connect(name, stream)
+            .await
+            .map_err(|e| format!("GET {path} on {addr}: TLS handshake: {e}"))?;
+        exchange(tls, &request, path).await?
+    } else {
+        exchange(stream, &request, path).await?
+    };
+    if (200..400).contains(&status) {
+        Ok(())
+    } else {
+        Err(format!("HTTP probe failed with statuscode: {status}"))
+    }
+}
+
+/// Sends `request` and reads the status code of the answer.
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, request: &str, path: &str) -> Result<u16, String> {
     stream
         .write_all(request.as_bytes())
         .await
@@ -293,12 +312,7 @@ async fn http_get(
         }
         read += n;
     }
-    let status = parse_status(&head[..read]).ok_or_else(|| format!("GET {path}: malformed HTTP response"))?;
-    if (200..400).contains(&status) {
-        Ok(())
-    } else {
-        Err(format!("HTTP probe failed with statuscode: {status}"))
-    }
+    parse_status(&head[..read]).ok_or_else(|| format!("GET {path}: malformed HTTP response"))
 }
 
 fn parse_status(head: &[u8]) -> Option<u16> {
@@ -373,5 +387,77 @@ mod tests {
     fn status_line() {
         assert_eq!(parse_status(b"HTTP/1.1 204 No Content\r\n"), Some(204));
         assert_eq!(parse_status(b"garbage"), None);
+    }
+
+    /// A TLS server on loopback with a self-signed certificate that answers `200` on
+    /// `/readyz` and `500` elsewhere; its port.
+    async fn tls_server() -> u16 {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["somewhere.else".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let der = rustls_pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+        let config =
+            rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(vec![cert.der().clone()], der)
+                .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let mut buf = [0u8; 1024];
+                    let n = tls.read(&mut buf).await.unwrap_or(0);
+                    let ok = String::from_utf8_lossy(&buf[..n]).starts_with("GET /readyz ");
+                    let status = if ok { "200 OK" } else { "500 Internal Server Error" };
+                    let answer = format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n");
+                    let _ = tls.write_all(answer.as_bytes()).await;
+                    let _ = tls.shutdown().await;
+                });
+            }
+        });
+        port
+    }
+
+    fn http_probe(scheme: &str, path: &str, port: u16) -> Probe {
+        Probe {
+            http_get: Some(k8s_openapi::api::core::v1::HTTPGetAction {
+                scheme: Some(scheme.into()),
+                path: Some(path.into()),
+                port: IntOrString::Int(port.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn an_https_probe_asks_whatever_certificate_the_pod_has_and_reads_the_status() {
+        let port = tls_server().await;
+        let target = ProbeTarget {
+            source: Ipv4Addr::LOCALHOST,
+            pod_ip: Ipv4Addr::LOCALHOST,
+            host_network: true,
+            pid: 0,
+            env: Vec::new(),
+        };
+        let container = Container::default();
+        let run = |scheme: &'static str, path: &'static str| {
+            let (target, container) = (target.clone(), container.clone());
+            async move { run_once(&http_probe(scheme, path, port), &container, &target).await }
+        };
+        assert_eq!(run("HTTPS", "/readyz").await, Ok(()));
+        let failed = run("HTTPS", "/livez").await.unwrap_err();
+        assert!(failed.contains("statuscode: 500"), "{failed}");
+        assert!(run("HTTP", "/readyz").await.is_err(), "plain HTTP to a TLS port fails");
     }
 }
