@@ -2,7 +2,8 @@
 //! count of its API requests,
 //! conditions, Events, server-side apply and the desired-state stamp, labels, rollout checks,
 //! pruning of children no longer wanted, per-object back-off, error classification, metrics,
-//! nodes and the volumes pinned to them, and the crash points of the crash-safety tests.
+//! nodes and the volumes pinned to them, certificates from the operator's own CAs (`pki`), and
+//! the crash points of the crash-safety tests.
 //! `backup/` is the backup kit every engine's backups are made of.
 
 pub mod api_requests;
@@ -20,6 +21,7 @@ pub mod fixtures;
 pub mod labels;
 pub mod metrics;
 pub mod nodes;
+pub mod pki;
 pub mod prune;
 pub mod rollout;
 pub mod stamp;

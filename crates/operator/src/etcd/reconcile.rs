@@ -383,7 +383,7 @@ async fn ensure_fixed_children(
     // With the user's own certificates there is nothing to issue (validation checks them).
     if names.tls && names.user_secrets.is_none() {
         let ca = match children.secrets.get(&names.ca_secret()) {
-            Some(secret) => tls::ca_of(secret).map_err(|e| Error::Certificate(e.to_string()))?,
+            Some(secret) => tls::ca_of(secret, names).map_err(|e| Error::Certificate(e.to_string()))?,
             None => {
                 let ca = tls::new_ca(names, now).map_err(|e| Error::Certificate(e.to_string()))?;
                 match secrets
