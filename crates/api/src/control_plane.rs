@@ -37,7 +37,7 @@ use crate::etcd;
     category = "noops",
     namespaced,
     status = "KubernetesControlPlaneStatus",
-    validation = Rule::new("self.metadata.name.size() <= 40").message("a KubernetesControlPlane name is at most 40 characters: the names of its etcd, Deployments and Secrets add to it"),
+    validation = Rule::new("self.metadata.name.size() <= 35").message("a KubernetesControlPlane name is at most 35 characters: its EtcdCluster is <name>-etcd, and the names of its Deployments and Secrets add to it"),
     validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("a KubernetesControlPlane name must be a DNS label: lower-case letters, digits and '-', starting with a letter"),
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.version"}"#,
     printcolumn = r#"{"name":"Endpoint","type":"string","jsonPath":".status.endpoint"}"#,

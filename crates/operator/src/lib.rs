@@ -10,7 +10,8 @@ pub mod leader;
 pub mod server;
 
 // One wing per engine: its controller, its backup controller (`<engine>::backup`) and the
-// programs its pods run.
+// programs its pods run; and the hosted Kubernetes control plane.
+pub mod control_plane;
 pub mod etcd;
 pub mod maintpage;
 pub mod postgres;
@@ -25,7 +26,7 @@ macro_rules! controllers {
 }
 
 // Adding a controller is adding its module here.
-controllers!(etcd, etcd::backup, maintpage, postgres, postgres::backup);
+controllers!(control_plane, etcd, etcd::backup, maintpage, postgres, postgres::backup);
 
 /// The controller registered under `name`.
 pub fn controller(name: &str) -> Option<&'static core::controller::Registration> {

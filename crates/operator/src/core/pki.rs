@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,
@@ -205,6 +207,38 @@ pub fn needs_issuing(secret: Option<&Secret>, now: jiff::Timestamp, lifetime: Du
     }
 }
 
+/// A new key pair (ECDSA P-256, PEM): the private key (PKCS #8) and the public key (SPKI), as
+/// a service-account signing key is given to the API server and the controller-manager.
+pub fn new_key_pair() -> Result<(String, String), PkiError> {
+    let key = KeyPair::generate()?;
+    Ok((key.serialize_pem(), key.public_key_pem()))
+}
+
+/// The Secret a CA or a leaf is kept in, owned by `owner`: `data` as text, and `annotations`
+/// (when a leaf expires, what it was issued for) if there are any.
+pub fn secret(
+    name: String,
+    namespace: &str,
+    labels: BTreeMap<String, String>,
+    owner: &OwnerReference,
+    type_: &str,
+    (data, annotations): (BTreeMap<String, String>, BTreeMap<String, String>),
+) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(namespace.into()),
+            labels: Some(labels),
+            annotations: (!annotations.is_empty()).then_some(annotations),
+            owner_references: Some(vec![owner.clone()]),
+            ..Default::default()
+        },
+        type_: Some(type_.into()),
+        data: Some(data.into_iter().map(|(k, v)| (k, ByteString(v.into_bytes()))).collect()),
+        ..Default::default()
+    }
+}
+
 /// A key of a Secret, as text.
 pub fn secret_text(secret: &Secret, key: &'static str) -> Result<String, PkiError> {
     secret
@@ -221,7 +255,6 @@ pub fn secret_text(secret: &Secret, key: &'static str) -> Result<String, PkiErro
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::ByteString;
 
     const YEAR: Duration = Duration::from_secs(365 * 86_400);
 

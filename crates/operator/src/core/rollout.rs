@@ -20,6 +20,19 @@ pub fn deployment_rolled_out(deployment: Option<&Deployment>, replicas: i32) -> 
         && status.unavailable_replicas.unwrap_or(0) == 0
 }
 
+/// The image of a Deployment's (first) container.
+pub fn image_of(d: &Deployment) -> Option<&str> {
+    d.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .first()?
+        .image
+        .as_deref()
+}
+
 /// Ready pods of a Deployment.
 pub fn deployment_ready_replicas(deployment: Option<&Deployment>) -> i32 {
     deployment

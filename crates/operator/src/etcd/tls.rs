@@ -11,9 +11,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use super::names::Names;
 use crate::core::pki::{self, Ca, Issued, PkiError, Usage};
@@ -89,33 +88,13 @@ pub fn issue(ca: &Ca, names: &Names, leaf: Leaf, now: jiff::Timestamp, lifetime:
     ca.issue(&leaf.spec(names), now, lifetime)
 }
 
-fn secret(
-    name: String,
-    names: &Names,
-    owner: &OwnerReference,
-    type_: &str,
-    (data, annotations): (BTreeMap<String, String>, BTreeMap<String, String>),
-) -> Secret {
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(name),
-            namespace: Some(names.namespace.clone()),
-            labels: Some(names.cluster_labels()),
-            annotations: (!annotations.is_empty()).then_some(annotations),
-            owner_references: Some(vec![owner.clone()]),
-            ..Default::default()
-        },
-        type_: Some(type_.into()),
-        data: Some(data.into_iter().map(|(k, v)| (k, ByteString(v.into_bytes()))).collect()),
-        ..Default::default()
-    }
-}
-
 /// The Secret of the CA.
 pub fn ca_secret(ca: &Ca, names: &Names, owner: &OwnerReference) -> Secret {
-    secret(
+    let labels = names.cluster_labels();
+    pki::secret(
         names.ca_secret(),
-        names,
+        &names.namespace,
+        labels,
         owner,
         "Opaque",
         (ca.secret_data(), BTreeMap::new()),
@@ -124,9 +103,11 @@ pub fn ca_secret(ca: &Ca, names: &Names, owner: &OwnerReference) -> Secret {
 
 /// The Secret of a leaf certificate (`tls.crt`, `tls.key`, `ca.crt`).
 pub fn leaf_secret(issued: &Issued, ca: &Ca, names: &Names, leaf: Leaf, owner: &OwnerReference) -> Secret {
-    secret(
-        leaf.secret(names),
-        names,
+    let (name, labels) = (leaf.secret(names), names.cluster_labels());
+    pki::secret(
+        name,
+        &names.namespace,
+        labels,
         owner,
         "kubernetes.io/tls",
         issued.secret_data(ca),

@@ -15,6 +15,7 @@ use super::desired::Children;
 use super::observe::Live;
 use crate::core::Result;
 use crate::core::apply::apply;
+use crate::core::rollout::image_of;
 use crate::core::stamp::{same_stamp, up_to_date};
 
 /// The Deployments as they are after the apply (their status feeds the MaintPage's).
@@ -65,18 +66,6 @@ where
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
         Err(e) => Err(e.into()),
     }
-}
-
-fn image_of(d: &Deployment) -> Option<&str> {
-    d.spec
-        .as_ref()?
-        .template
-        .spec
-        .as_ref()?
-        .containers
-        .first()?
-        .image
-        .as_deref()
 }
 
 /// Hand-made changes to fields the operator owns, as (Event reason, words). Only a child whose

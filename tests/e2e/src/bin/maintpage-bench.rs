@@ -187,7 +187,10 @@ async fn run(noops: &str, count: usize, idle: Duration) -> String {
                 let converged = mp
                     .status
                     .as_ref()
-                    .is_some_and(|s| s.observed_generation == mp.metadata.generation && s.published.is_some());
+                    // Status written for the generation. Nothing is published: with no app
+                    // replicas no side is ever Ready, and a new MaintPage publishes only a
+                    // Ready side.
+                    .is_some_and(|s| s.observed_generation == mp.metadata.generation && !s.conditions.is_empty());
                 if converged {
                     let _ = tx.send((mp.metadata.name.clone().unwrap_or_default(), Instant::now()));
                 }

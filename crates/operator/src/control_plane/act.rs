@@ -1,0 +1,169 @@
+//! Carrying out a pass: the children applied in order (the EtcdCluster and the Service, the
+//! CAs and certificates, then the Deployments the plan gives a release), each apply skipped when
+//! the live object already is as desired. CAs and the service-account key are only ever
+//! created: a key in use is never replaced.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::{Api, Resource};
+use noops_api::{EtcdCluster, KubernetesControlPlane};
+
+use super::certificates::{self, Addresses, Authority, Certificate};
+use super::context::Context;
+use super::desired;
+use super::names::{Component, Names};
+use super::observe::Live;
+use super::plan::Plan;
+use crate::core::apply::{apply, create_if_missing};
+use crate::core::pki::{Ca, new_key_pair};
+use crate::core::stamp::up_to_date;
+use crate::core::{Error, Result};
+
+/// Applies the stamped `desired` unless `live` already is as it asks; what is live after.
+async fn apply_if_changed<K>(api: &Api<K>, desired: &K, live: Option<&K>) -> Result<K>
+where
+    K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    if let Some(live) = live.filter(|l| up_to_date(desired, Some(*l))) {
+        return Ok(live.clone());
+    }
+    let name = desired.meta().name.clone().unwrap_or_default();
+    Ok(apply(api, &name, desired).await?)
+}
+
+/// The tenant's EtcdCluster and the API server's Service; the Service as it is after.
+pub async fn apply_etcd_and_service(
+    ctx: &Context,
+    names: &Names,
+    etcd: &EtcdCluster,
+    service: &Service,
+    live: &Live,
+) -> Result<Service> {
+    let etcd_clusters: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    apply_if_changed(&etcd_clusters, etcd, live.etcd.as_ref()).await?;
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    apply_if_changed(&services, service, live.service.as_ref()).await
+}
+
+/// The Service's ClusterIP, once the API server has given it one.
+pub fn cluster_ip(service: &Service) -> Option<IpAddr> {
+    service.spec.as_ref()?.cluster_ip.as_deref()?.parse().ok()
+}
+
+/// The two CAs, made (and the service-account key pair) if they are not there yet.
+pub struct Authorities {
+    pub cluster: Ca,
+    pub front_proxy: Ca,
+}
+
+impl Authorities {
+    pub fn of(&self, authority: Authority) -> &Ca {
+        match authority {
+            Authority::Cluster => &self.cluster,
+            Authority::FrontProxy => &self.front_proxy,
+        }
+    }
+}
+
+/// Reads the CAs from their Secrets, or makes them. A CA the cache does not hold yet may still
+/// exist (made by the pass before): it is created only if absent, and read back if not.
+pub async fn ensure_authorities(
+    ctx: &Context,
+    names: &Names,
+    live: &Live,
+    owner: &OwnerReference,
+    now: jiff::Timestamp,
+) -> Result<Authorities> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let certificate = |e: crate::core::pki::PkiError| Error::Certificate(e.to_string());
+    let mut read = BTreeMap::new();
+    for authority in [Authority::Cluster, Authority::FrontProxy] {
+        let name = authority.secret(names);
+        let common_name = authority.common_name(names);
+        let secret = match live.secrets.get(&name) {
+            Some(secret) => secret.clone(),
+            None => {
+                let ca = Ca::new(&common_name, now).map_err(certificate)?;
+                let secret = certificates::ca_secret(names, authority, &ca, owner);
+                if create_if_missing(&secrets, &secret).await? {
+                    secret
+                } else {
+                    secrets.get(&name).await?
+                }
+            }
+        };
+        read.insert(name, Ca::of(&secret, &common_name).map_err(certificate)?);
+    }
+    if !live.secrets.contains_key(&names.service_account_secret()) {
+        let (private, public) = new_key_pair().map_err(certificate)?;
+        let secret = certificates::service_account_secret(names, private, public, owner);
+        create_if_missing(&secrets, &secret).await?;
+    }
+    let mut take = |authority: Authority| {
+        read.remove(&authority.secret(names))
+            .ok_or_else(|| Error::Internal("a CA read above is missing".into()))
+    };
+    Ok(Authorities {
+        cluster: take(Authority::Cluster)?,
+        front_proxy: take(Authority::FrontProxy)?,
+    })
+}
+
+/// Issues every certificate that is due (missing, a third of its life left, or naming another
+/// address) and applies its Secret; the certificates issued.
+#[allow(clippy::too_many_arguments)]
+pub async fn issue_due(
+    ctx: &Context,
+    names: &Names,
+    live: &Live,
+    authorities: &Authorities,
+    addresses: &Addresses,
+    service_ip: IpAddr,
+    owner: &OwnerReference,
+    now: jiff::Timestamp,
+) -> Result<Vec<Certificate>> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let server = certificates::server_url(service_ip);
+    let mut issued = Vec::new();
+    for certificate in Certificate::ALL {
+        let leaf = certificate.leaf(names, addresses);
+        let name = certificate.secret(names);
+        if !certificates::due(live.secrets.get(&name), &leaf, now, ctx.certificate_lifetime) {
+            continue;
+        }
+        let ca = authorities.of(certificate.authority());
+        let made = ca
+            .issue(&leaf, now, ctx.certificate_lifetime)
+            .map_err(|e| Error::Certificate(e.to_string()))?;
+        let secret = certificates::leaf_secret(names, certificate, &leaf, &made, ca, &server, owner);
+        apply(&secrets, &name, &secret).await?;
+        issued.push(certificate);
+    }
+    Ok(issued)
+}
+
+/// Applies the Deployment of every component the plan gives a release, the API servers first.
+pub async fn apply_deployments(
+    ctx: &Context,
+    kcp: &KubernetesControlPlane,
+    names: &Names,
+    plan: &Plan,
+    live: &Live,
+    owner: &OwnerReference,
+) -> Result<()> {
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    for component in Component::ALL {
+        let release = match component {
+            Component::ApiServer => plan.api_server.as_ref(),
+            _ => plan.controllers.as_ref(),
+        };
+        let Some(release) = release else { continue };
+        let desired = desired::deployment(kcp, names, component, release, owner);
+        apply_if_changed(&deployments, &desired, live.deployments.get(&component)).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,121 @@
+//! The KubernetesControlPlane controller: a tenant's Kubernetes control plane as pods of this
+//! cluster, its etcd an EtcdCluster of this operator.
+//!
+//! Watches the control planes and what they own (the EtcdCluster, the Service, the Deployments,
+//! the certificate Secrets, the components' pods) and the etcd client certificate the
+//! EtcdCluster makes, and reconciles each control plane in one pass (`reconcile.rs`), a file
+//! per stage:
+//! 1. `observe.rs`: the children from watch caches, the version each part runs;
+//! 2. validate: the version must name a release (`versions.rs`);
+//! 3. `plan.rs`: which part moves to which release, in upgrade order (pure; the progress is
+//!    read back from the children, so a restarted operator carries on);
+//! 4. `desired.rs`, `certificates.rs`: the children and the certificates (pure);
+//! 5. `act.rs`: apply them, make the CAs and issue what is due;
+//! 6. `status.rs`: the status (pure), written only if it changed, with Events for what changed.
+
+mod act;
+mod certificates;
+mod context;
+mod desired;
+#[cfg(test)]
+mod fixtures;
+mod names;
+mod observe;
+mod plan;
+mod reconcile;
+mod status;
+mod versions;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use noops_api::{EtcdCluster, KubernetesControlPlane};
+
+use crate::core::cache::shared_cache;
+use crate::core::controller::{Registration, Runtime, controller_of, drive, scoped_api};
+use crate::core::labels;
+use context::{Context, State};
+use names::CONTROL_PLANE_LABEL;
+
+/// The controller's registration (`noops run --controllers kubernetescontrolplane`).
+pub const CONTROLLER: Registration = Registration {
+    name: "kubernetescontrolplane",
+    about: "KubernetesControlPlane: a tenant's Kubernetes control plane on an EtcdCluster",
+    run: |runtime| Box::pin(run(runtime)),
+};
+
+/// At most this many control planes are reconciled at once.
+const MAX_CONCURRENT_RECONCILES: u16 = 8;
+/// How long the tenant's certificates last (each is issued again with a third of it left).
+const CERTIFICATE_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The label the etcd controller puts on what an EtcdCluster owns (its client certificate).
+const ETCD_CLUSTER_LABEL: &str = "noops.dev/etcdcluster";
+
+/// The control plane an object labelled with `key` = `value` belongs to (`strip`: the suffix
+/// its name adds, such as `-etcd`).
+fn owner_of(
+    object: &impl ResourceExt,
+    key: &str,
+    strip: &str,
+) -> Option<ObjectRef<kube::core::DeserializeGuard<KubernetesControlPlane>>> {
+    let value = object.labels().get(key)?;
+    let name = value.strip_suffix(strip)?;
+    Some(ObjectRef::new(name).within(&object.namespace()?))
+}
+
+/// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
+pub async fn run(runtime: Runtime) {
+    let Runtime {
+        client,
+        namespace,
+        metrics,
+        shutdown,
+        ..
+    } = runtime;
+    let ours = watcher::Config::default().labels(CONTROL_PLANE_LABEL);
+    let (etcd_clusters, etcd_changes) =
+        shared_cache(scoped_api::<EtcdCluster>(&client, &namespace), ours.clone()).await;
+    let (deployments, deployment_changes) =
+        shared_cache(scoped_api::<Deployment>(&client, &namespace), ours.clone()).await;
+    let (services, service_changes) = shared_cache(scoped_api::<Service>(&client, &namespace), ours.clone()).await;
+    let (pods, pod_changes) = shared_cache(scoped_api::<Pod>(&client, &namespace), ours).await;
+    // Its own certificates, and the etcd client certificate its EtcdCluster makes.
+    let noops = watcher::Config::default().labels(&labels::managed_by_noops());
+    let (secrets, secret_changes) = shared_cache(scoped_api::<Secret>(&client, &namespace), noops).await;
+    let ctx = Context::new(
+        CONTROLLER.name,
+        &client,
+        metrics,
+        State {
+            etcd_clusters,
+            deployments,
+            services,
+            secrets,
+            pods,
+            certificate_lifetime: CERTIFICATE_LIFETIME,
+        },
+    );
+    let controller = controller_of::<KubernetesControlPlane>(&client, &namespace, MAX_CONCURRENT_RECONCILES)
+        // A child change wakes its control plane only after the cache holds it.
+        .owns_shared_stream(etcd_changes)
+        .owns_shared_stream(deployment_changes)
+        .owns_shared_stream(service_changes)
+        .watches_shared_stream(secret_changes, |secret: Arc<Secret>| {
+            owner_of(secret.as_ref(), CONTROL_PLANE_LABEL, "")
+                .or_else(|| owner_of(secret.as_ref(), ETCD_CLUSTER_LABEL, "-etcd"))
+        })
+        // A component's pod that starts, fails or recovers wakes its control plane.
+        .watches_shared_stream(pod_changes, |pod: Arc<Pod>| {
+            owner_of(pod.as_ref(), CONTROL_PLANE_LABEL, "")
+        })
+        .graceful_shutdown_on(shutdown.fired());
+    drive(controller, ctx, |kcp, ctx: Arc<Context>| async move {
+        reconcile::reconcile(kcp, &ctx).await
+    })
+    .await;
+}

@@ -1,0 +1,268 @@
+//! One KubernetesControlPlane pass: observe → validate → plan → build → apply → status, each
+//! stage entered once, in that order.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::runtime::controller::Action;
+use kube::{Api, Resource, ResourceExt};
+use noops_api::control_plane::{KubernetesControlPlane, KubernetesControlPlaneStatus};
+use serde_json::json;
+
+use super::certificates::{Addresses, Certificate, tenant_service_ip};
+use super::context::Context;
+use super::names::Names;
+use super::plan::{Plan, Step};
+use super::status::StatusFacts;
+use super::versions::Release;
+use super::{act, desired, observe, plan, status};
+use crate::core::apply::{apply_status, controller_reference};
+use crate::core::events::Announcement;
+use crate::core::pki::NOT_AFTER_ANNOTATION;
+use crate::core::{DuringStage, Error, Result, Stage};
+
+/// Reconciles one control plane (the caller's span names it).
+pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Result<Action> {
+    let names = Names::of(&kcp);
+    let now = jiff::Timestamp::now();
+    let observation = observe::observe(&kcp, &names, ctx, now);
+
+    let target = Release::of(&kcp.spec.version)
+        .ok_or_else(|| Error::InvalidSpec(format!("version {:?} is not a Kubernetes version", kcp.spec.version)))
+        .during(Stage::Validate)?;
+    let owner = controller_reference(kcp.as_ref())
+        .ok_or_else(|| Error::Internal("the KubernetesControlPlane has no uid yet".into()))
+        .during(Stage::Validate)?;
+
+    let plan = plan::plan(target, &observation.facts);
+
+    let mut service_ip = observation.live.service.as_ref().and_then(act::cluster_ip);
+    let mut issued = Vec::new();
+    if !kcp.spec.paused {
+        let etcd = desired::etcd_cluster(&kcp, &names, &plan.etcd_version, &owner);
+        let service = desired::service(&kcp, &names, &owner);
+        let applied = act::apply_etcd_and_service(ctx, &names, &etcd, &service, &observation.live)
+            .await
+            .during(Stage::Apply)?;
+        service_ip = act::cluster_ip(&applied);
+        let authorities = act::ensure_authorities(ctx, &names, &observation.live, &owner, now)
+            .await
+            .during(Stage::Apply)?;
+        if let Some(ip) = service_ip {
+            let addresses = Addresses {
+                service_ip: Some(ip),
+                tenant_service_ip: tenant_service_ip(&kcp.spec.networking.service_cidr),
+                dns_domain: kcp.spec.networking.dns_domain.clone(),
+            };
+            issued = act::issue_due(
+                ctx,
+                &names,
+                &observation.live,
+                &authorities,
+                &addresses,
+                ip,
+                &owner,
+                now,
+            )
+            .await
+            .during(Stage::Apply)?;
+            // A pod mounting a certificate that is not there yet cannot start: the Deployments
+            // follow once their certificates are in the cache (the next pass).
+            if issued.is_empty() {
+                act::apply_deployments(ctx, &kcp, &names, &plan, &observation.live, &owner)
+                    .await
+                    .during(Stage::Apply)?;
+            }
+        }
+    }
+
+    let facts = StatusFacts {
+        kcp: &kcp,
+        names: &names,
+        plan: &plan,
+        observation: &observation,
+        service_ip,
+    };
+    let status = status::build(&facts, now);
+    let reference = kcp.object_ref(&());
+    for announcement in announcements(kcp.status.as_ref(), &status, &plan, &issued) {
+        ctx.core.events.tell(&reference, announcement).await;
+    }
+    if kcp.status.as_ref() != Some(&status) {
+        let api: Api<KubernetesControlPlane> = Api::namespaced(ctx.client.clone(), &names.namespace);
+        let body = json!({ "apiVersion": "noops.dev/v1alpha1", "kind": "KubernetesControlPlane", "status": status });
+        apply_status(&api, &kcp.name_any(), &body).await.during(Stage::Status)?;
+    }
+    let renew = next_renewal(&observation.live.secrets, now, ctx.certificate_lifetime);
+    let again = [renew, observation.recheck_after].into_iter().flatten().min();
+    Ok(again.map(Action::requeue).unwrap_or_else(Action::await_change))
+}
+
+/// When the first leaf certificate is due again (a third of its lifetime before it expires).
+fn next_renewal(
+    secrets: &std::collections::BTreeMap<String, k8s_openapi::api::core::v1::Secret>,
+    now: jiff::Timestamp,
+    lifetime: Duration,
+) -> Option<Duration> {
+    let margin = jiff::SignedDuration::try_from(lifetime / 3).ok()?;
+    secrets
+        .values()
+        .filter_map(|s| s.metadata.annotations.as_ref()?.get(NOT_AFTER_ANNOTATION))
+        .filter_map(|t| t.parse::<jiff::Timestamp>().ok())
+        .map(|not_after| Duration::try_from(not_after - margin - now).unwrap_or(Duration::ZERO))
+        .min()
+        .map(|d| d.max(Duration::from_secs(1)))
+}
+
+/// What the pass did that is worth an Event: certificates issued, an upgrade started, moved to
+/// its next step or finished, the control plane Ready (again), a newly degraded
+/// state. Pure.
+fn announcements(
+    previous: Option<&KubernetesControlPlaneStatus>,
+    now: &KubernetesControlPlaneStatus,
+    plan: &Plan,
+    issued: &[Certificate],
+) -> Vec<Announcement> {
+    let mut out = Vec::new();
+    if !issued.is_empty() {
+        let which: Vec<&str> = issued.iter().map(|c| c.describe()).collect();
+        out.push(Announcement::normal(
+            "CertificatesIssued",
+            format!("issued {}", which.join(", ")),
+        ));
+    }
+    let was = previous.and_then(|s| s.upgrade.as_ref());
+    match (was, now.upgrade.as_ref()) {
+        (None, Some(u)) => out.push(Announcement::normal(
+            "UpgradeStarted",
+            format!("upgrading from {} to {}: etcd first, then the API servers one by one, then the controller-manager and the scheduler", u.from, u.to),
+        )),
+        (Some(w), Some(u)) if w.step != u.step => {
+            let now_moving = match plan.step {
+                Step::Etcd => format!("etcd moves to {}", plan.etcd_version),
+                Step::ApiServer => "the API servers move, one at a time".to_string(),
+                Step::Controllers => "the controller-manager and the scheduler move".to_string(),
+                Step::Done => "every part has moved".to_string(),
+            };
+            out.push(Announcement::normal("UpgradeStep", format!("upgrade to {}: {now_moving}", u.to)));
+        }
+        (Some(w), None) if plan.step == Step::Done => out.push(Announcement::normal(
+            "Upgraded",
+            format!("every part runs {} (from {})", plan.target.kubernetes, w.from),
+        )),
+        _ => {}
+    }
+    let is = |s: Option<&KubernetesControlPlaneStatus>, type_: &str| {
+        s.is_some_and(|s| s.conditions.iter().any(|c| c.type_ == type_ && c.status == "True"))
+    };
+    if !is(previous, "Ready") && is(Some(now), "Ready") {
+        out.push(Announcement::normal(
+            "ControlPlaneReady",
+            format!(
+                "Kubernetes {} serves at {}",
+                plan.target.kubernetes,
+                now.endpoint.clone().unwrap_or_default()
+            ),
+        ));
+    }
+    let degraded = now
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Degraded" && c.status == "True");
+    if let Some(c) = degraded.filter(|_| !is(previous, "Degraded")) {
+        out.push(Announcement::warning(c.reason.clone(), c.message.clone()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use noops_api::control_plane::UpgradeStatus;
+
+    fn at(s: i64) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    fn condition(type_: &str, status: bool, reason: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: if status { "True" } else { "False" }.into(),
+            reason: reason.into(),
+            message: format!("{reason} said"),
+            observed_generation: Some(1),
+            last_transition_time: Time(at(0)),
+        }
+    }
+
+    fn upgrade(step: &str) -> Option<UpgradeStatus> {
+        Some(UpgradeStatus {
+            from: "1.33.13".into(),
+            to: "1.34.4".into(),
+            step: step.into(),
+            started_at: Time(at(0)),
+        })
+    }
+
+    fn reasons(list: Vec<Announcement>) -> Vec<String> {
+        list.into_iter().map(|a| a.reason).collect()
+    }
+
+    #[test]
+    fn events_say_what_changed_once() {
+        let plan_at = |step: Step| Plan {
+            target: Release::of("1.34").unwrap(),
+            etcd_version: "3.6.16".into(),
+            api_server: None,
+            controllers: None,
+            step,
+            waiting_for: None,
+        };
+        let before = KubernetesControlPlaneStatus::default();
+        let ready = KubernetesControlPlaneStatus {
+            conditions: vec![condition("Ready", true, "Ready")],
+            ..Default::default()
+        };
+        let issued = [Certificate::ApiServer, Certificate::Admin];
+        let first = announcements(Some(&before), &ready, &plan_at(Step::Done), &issued);
+        assert_eq!(reasons(first), vec!["CertificatesIssued", "ControlPlaneReady"]);
+        assert!(
+            reasons(announcements(Some(&ready), &ready, &plan_at(Step::Done), &[])).is_empty(),
+            "nothing new"
+        );
+
+        let started = KubernetesControlPlaneStatus {
+            upgrade: upgrade("Etcd"),
+            ..ready.clone()
+        };
+        assert_eq!(
+            reasons(announcements(Some(&ready), &started, &plan_at(Step::Etcd), &[])),
+            vec!["UpgradeStarted"]
+        );
+        let stepped = KubernetesControlPlaneStatus {
+            upgrade: upgrade("APIServer"),
+            ..ready.clone()
+        };
+        let step = announcements(Some(&started), &stepped, &plan_at(Step::ApiServer), &[]);
+        assert_eq!(step[0].note, "upgrade to 1.34.4: the API servers move, one at a time");
+        assert_eq!(
+            reasons(announcements(Some(&stepped), &ready, &plan_at(Step::Done), &[])),
+            vec!["Upgraded"]
+        );
+
+        let degraded = KubernetesControlPlaneStatus {
+            conditions: vec![
+                condition("Ready", false, "UpgradeStalled"),
+                condition("Degraded", true, "UpgradeStalled"),
+            ],
+            ..Default::default()
+        };
+        let told = announcements(Some(&ready), &degraded, &plan_at(Step::ApiServer), &[]);
+        assert_eq!(reasons(told), vec!["UpgradeStalled"]);
+        assert!(
+            announcements(Some(&degraded), &degraded, &plan_at(Step::ApiServer), &[]).is_empty(),
+            "said once"
+        );
+    }
+}

@@ -1,0 +1,360 @@
+//! The status of a KubernetesControlPlane, built from the plan and the children as they are:
+//! one small function per condition and one for the phase. Pure.
+
+use std::net::IpAddr;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use noops_api::control_plane::{KubernetesControlPlane, KubernetesControlPlaneStatus, UpgradeStatus};
+
+use super::certificates::{Certificate, server_url};
+use super::desired::replicas;
+use super::names::{Component, Names};
+use super::observe::Observation;
+use super::plan::{Plan, Step};
+use crate::core::conditions::{Decided, merge};
+
+/// What the status is built from.
+pub struct StatusFacts<'a> {
+    pub kcp: &'a KubernetesControlPlane,
+    pub names: &'a Names,
+    pub plan: &'a Plan,
+    pub observation: &'a Observation,
+    /// The Service's ClusterIP, once it has one.
+    pub service_ip: Option<IpAddr>,
+}
+
+impl StatusFacts<'_> {
+    fn ready_api_servers(&self) -> i32 {
+        let api = self.observation.facts.deployed.get(&Component::ApiServer);
+        api.map_or(0, |d| d.ready)
+    }
+
+    /// The version every API server runs: the Deployment's once it has rolled out, else the
+    /// one the last status said (the older, during an upgrade).
+    fn running_version(&self) -> Option<String> {
+        let api = self.observation.facts.deployed.get(&Component::ApiServer)?;
+        let previous = self.kcp.status.as_ref().and_then(|s| s.version.clone());
+        if api.rolled_out {
+            Some(api.version.clone())
+        } else {
+            previous
+        }
+    }
+
+    /// An upgrade: one under way to the version asked for, or a version that ran before and
+    /// is not the one asked for. What it comes from.
+    fn upgrading_from(&self) -> Option<String> {
+        let status = self.kcp.status.as_ref()?;
+        let target = &self.plan.target.kubernetes;
+        let under_way = status
+            .upgrade
+            .as_ref()
+            .filter(|u| u.to == *target && self.plan.step != Step::Done);
+        if let Some(upgrade) = under_way {
+            return Some(upgrade.from.clone());
+        }
+        status.version.clone().filter(|previous| previous != target)
+    }
+
+    /// Why a component cannot go on, if one cannot.
+    fn stalled(&self) -> Option<(Component, &crate::core::stuck::Stuck)> {
+        self.observation.stuck.iter().map(|(c, s)| (*c, s)).next()
+    }
+}
+
+fn ready(f: &StatusFacts) -> Decided {
+    match (f.plan.step, f.stalled(), f.upgrading_from()) {
+        (Step::Done, None, _) if f.observation.facts.etcd_ready => Decided::new(
+            "Ready",
+            true,
+            "Ready",
+            format!(
+                "Kubernetes {} serves at {}",
+                f.plan.target.kubernetes,
+                endpoint(f).unwrap_or_default()
+            ),
+        ),
+        (_, Some(_), Some(_)) => Decided::new("Ready", false, "UpgradeStalled", stalled_message(f)),
+        (_, Some(_), None) => Decided::new("Ready", false, "PodsCannotStart", stalled_message(f)),
+        (Step::Etcd, _, _) => Decided::new("Ready", false, "EtcdNotReady", waiting(f)),
+        (_, _, Some(_)) => Decided::new("Ready", false, "Upgrading", waiting(f)),
+        _ => Decided::new("Ready", false, "APIServerNotReady", waiting(f)),
+    }
+}
+
+fn available(f: &StatusFacts) -> Decided {
+    let ready = f.ready_api_servers();
+    if ready > 0 {
+        Decided::new(
+            "Available",
+            true,
+            "APIServerAvailable",
+            format!("{ready} API server(s) Ready"),
+        )
+    } else {
+        Decided::new("Available", false, "APIServerNotReady", "no API server is Ready")
+    }
+}
+
+fn progressing(f: &StatusFacts) -> Decided {
+    match (f.plan.step, f.upgrading_from()) {
+        (Step::Done, _) => Decided::new("Progressing", false, "Settled", "every part runs the version asked for"),
+        (_, Some(from)) => Decided::new(
+            "Progressing",
+            true,
+            "Upgrading",
+            format!("{from} → {}: {}", f.plan.target.kubernetes, waiting(f)),
+        ),
+        _ => Decided::new("Progressing", true, "Creating", waiting(f)),
+    }
+}
+
+fn degraded(f: &StatusFacts) -> Decided {
+    let asked = replicas(f.kcp, Component::ApiServer);
+    if f.stalled().is_some() {
+        let reason = if f.upgrading_from().is_some() {
+            "UpgradeStalled"
+        } else {
+            "PodsCannotStart"
+        };
+        return Decided::new("Degraded", true, reason, stalled_message(f));
+    }
+    let was_ready = f.kcp.status.as_ref().and_then(|s| s.version.as_ref()).is_some();
+    // An etcd moving member by member to the release's version is the upgrade, not a fault.
+    let moving_etcd = f.upgrading_from().is_some() && f.plan.step == Step::Etcd;
+    if was_ready && !f.observation.facts.etcd_ready && !moving_etcd {
+        return Decided::new("Degraded", true, "EtcdNotReady", "the tenant's etcd is not Ready");
+    }
+    if was_ready && f.ready_api_servers() < asked {
+        let message = format!("{} of {asked} API servers Ready", f.ready_api_servers());
+        return Decided::new("Degraded", true, "APIServerNotReady", message);
+    }
+    Decided::new("Degraded", false, "AsExpected", "every part is Ready")
+}
+
+fn waiting(f: &StatusFacts) -> String {
+    match &f.plan.waiting_for {
+        Some(what) => format!("waiting for {what}"),
+        None => "every part runs the version asked for".into(),
+    }
+}
+
+fn stalled_message(f: &StatusFacts) -> String {
+    match f.stalled() {
+        Some((component, stuck)) => format!(
+            "{} cannot start ({}): {}; what runs keeps serving",
+            component.program(),
+            stuck.reason,
+            stuck.message
+        ),
+        None => String::new(),
+    }
+}
+
+fn endpoint(f: &StatusFacts) -> Option<String> {
+    f.service_ip.map(server_url)
+}
+
+fn phase(f: &StatusFacts, conditions: &[Decided]) -> &'static str {
+    let is = |type_: &str| conditions.iter().any(|c| c.type_ == type_ && c.status);
+    if f.kcp.spec.paused {
+        "Paused"
+    } else if f.stalled().is_some() && f.upgrading_from().is_some() {
+        "Stalled"
+    } else if is("Ready") {
+        "Running"
+    } else if f.upgrading_from().is_some() {
+        "Upgrading"
+    } else if is("Degraded") {
+        "Degraded"
+    } else {
+        "Creating"
+    }
+}
+
+/// The etcd in one line: `3/3 Running 3.6.16`.
+fn etcd_line(f: &StatusFacts) -> Option<String> {
+    let status = f.observation.live.etcd.as_ref()?.status.as_ref()?;
+    let parts: Vec<&str> = [&status.ready, &status.phase, &status.current_version]
+        .into_iter()
+        .filter_map(|p| p.as_deref())
+        .collect();
+    Some(parts.join(" "))
+}
+
+fn upgrade(f: &StatusFacts, now: jiff::Timestamp) -> Option<UpgradeStatus> {
+    let from = f.upgrading_from()?;
+    let to = f.plan.target.kubernetes.clone();
+    let previous = f.kcp.status.as_ref().and_then(|s| s.upgrade.as_ref());
+    let started_at = previous
+        .filter(|u| u.to == to)
+        .map(|u| u.started_at.clone())
+        .unwrap_or(Time(now));
+    Some(UpgradeStatus {
+        from,
+        to,
+        step: f.plan.step.name().into(),
+        started_at,
+    })
+}
+
+/// The status of this pass.
+pub fn build(f: &StatusFacts, now: jiff::Timestamp) -> KubernetesControlPlaneStatus {
+    let previous = f.kcp.status.clone().unwrap_or_default();
+    let decided = [ready(f), available(f), progressing(f), degraded(f)];
+    let generation = f.kcp.metadata.generation;
+    let asked = replicas(f.kcp, Component::ApiServer);
+    KubernetesControlPlaneStatus {
+        observed_generation: generation,
+        conditions: merge(&previous.conditions, &decided, generation, now),
+        phase: Some(phase(f, &decided).into()),
+        version: f.running_version(),
+        ready: Some(format!("{}/{asked}", f.ready_api_servers())),
+        endpoint: endpoint(f),
+        admin_kubeconfig_secret: Some(Certificate::Admin.secret(f.names))
+            .filter(|name| f.observation.live.secrets.contains_key(name)),
+        etcd: etcd_line(f),
+        upgrade: upgrade(f, now),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control_plane::fixtures::control_plane;
+    use crate::control_plane::observe::{Facts, Live};
+    use crate::control_plane::plan::plan;
+    use crate::control_plane::versions::Release;
+    use std::collections::BTreeMap;
+
+    fn at(s: i64) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    fn observation(facts: Facts) -> Observation {
+        Observation {
+            live: Live::default(),
+            facts,
+            stuck: BTreeMap::new(),
+            recheck_after: None,
+        }
+    }
+
+    fn condition<'a>(status: &'a KubernetesControlPlaneStatus, type_: &str) -> (&'a str, &'a str) {
+        let c = status.conditions.iter().find(|c| c.type_ == type_).unwrap();
+        (c.status.as_str(), c.reason.as_str())
+    }
+
+    /// The status `kcp` gets from `facts` (and `stuck` components) at the time `s`.
+    fn status_of(
+        kcp: &KubernetesControlPlane,
+        facts: Facts,
+        stuck: Option<Component>,
+        s: i64,
+    ) -> KubernetesControlPlaneStatus {
+        let mut obs = observation(facts.clone());
+        if let Some(component) = stuck {
+            let said = crate::core::stuck::Stuck {
+                reason: "ImagePullBackOff",
+                message: "pod x: no such image".into(),
+            };
+            obs.stuck.insert(component, said);
+        }
+        let p = plan(Release::of(&kcp.spec.version).unwrap(), &facts);
+        let names = Names::of(kcp);
+        let service_ip = Some(IpAddr::from([10, 96, 0, 9]));
+        let f = StatusFacts {
+            kcp,
+            names: &names,
+            plan: &p,
+            observation: &obs,
+            service_ip,
+        };
+        build(&f, at(s))
+    }
+
+    #[test]
+    fn a_new_control_plane_is_creating_until_every_part_runs_then_ready() {
+        let kcp = control_plane("team-a").build();
+        let status = status_of(&kcp, Facts::default(), None, 0);
+        assert_eq!(status.phase.as_deref(), Some("Creating"));
+        assert_eq!(condition(&status, "Ready"), ("False", "EtcdNotReady"));
+        assert_eq!(condition(&status, "Progressing"), ("True", "Creating"));
+        assert_eq!(status.upgrade, None);
+
+        let mut facts = Facts::etcd_ready("3.6.16");
+        for component in Component::ALL {
+            facts.deployed(component, "1.34.4", true);
+        }
+        let status = status_of(&kcp, facts, None, 1);
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        assert_eq!(condition(&status, "Ready"), ("True", "Ready"));
+        assert_eq!(status.version.as_deref(), Some("1.34.4"));
+        assert_eq!(status.endpoint.as_deref(), Some("https://10.96.0.9:6443"));
+    }
+
+    #[test]
+    fn an_upgrade_says_where_it_is_and_a_stalled_one_says_why_while_the_old_version_serves() {
+        let previous = KubernetesControlPlaneStatus {
+            version: Some("1.33.13".into()),
+            ..Default::default()
+        };
+        let kcp = control_plane("team-a").status(previous).build();
+        let mut facts = Facts::etcd_ready("3.6.16");
+        facts.deployed(Component::ApiServer, "1.34.4", false);
+        facts.deployed(Component::ControllerManager, "1.33.13", true);
+        facts.deployed(Component::Scheduler, "1.33.13", true);
+        let status = status_of(&kcp, facts.clone(), None, 5);
+        assert_eq!(status.phase.as_deref(), Some("Upgrading"));
+        assert_eq!(
+            status.version.as_deref(),
+            Some("1.33.13"),
+            "the older version until all moved"
+        );
+        let upgrade = status.upgrade.clone().unwrap();
+        let said = (upgrade.from.as_str(), upgrade.to.as_str(), upgrade.step.as_str());
+        assert_eq!(said, ("1.33.13", "1.34.4", "APIServer"));
+        let stalled = status_of(&kcp, facts, Some(Component::ApiServer), 6);
+        assert_eq!(stalled.phase.as_deref(), Some("Stalled"));
+        assert_eq!(condition(&stalled, "Ready"), ("False", "UpgradeStalled"));
+        assert_eq!(condition(&stalled, "Degraded"), ("True", "UpgradeStalled"));
+        let message = &stalled
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded")
+            .unwrap()
+            .message;
+        assert!(
+            message.contains("kube-apiserver cannot start (ImagePullBackOff)"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn an_etcd_moving_to_the_releases_version_is_an_upgrade_not_a_fault() {
+        let previous = KubernetesControlPlaneStatus {
+            version: Some("1.33.13".into()),
+            ..Default::default()
+        };
+        let kcp = control_plane("team-a").status(previous).build();
+        let mut facts = Facts::etcd_ready("3.5.35");
+        facts.etcd_ready = false;
+        for component in Component::ALL {
+            facts.deployed(component, "1.33.13", true);
+        }
+        let status = status_of(&kcp, facts.clone(), None, 5);
+        assert_eq!(status.phase.as_deref(), Some("Upgrading"));
+        assert_eq!(condition(&status, "Degraded"), ("False", "AsExpected"));
+        // The same etcd, not Ready with no upgrade asked for, is a fault.
+        let settled = control_plane("team-a").status(KubernetesControlPlaneStatus {
+            version: Some("1.33.13".into()),
+            ..Default::default()
+        });
+        let mut kcp = settled.build();
+        kcp.spec.version = "1.33".into();
+        assert_eq!(
+            condition(&status_of(&kcp, facts, None, 6), "Degraded"),
+            ("True", "EtcdNotReady")
+        );
+    }
+}
