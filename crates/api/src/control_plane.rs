@@ -39,6 +39,10 @@ use crate::etcd;
     status = "KubernetesControlPlaneStatus",
     validation = Rule::new("self.metadata.name.size() <= 35").message("a KubernetesControlPlane name is at most 35 characters: its EtcdCluster is <name>-etcd, and the names of its Deployments and Secrets add to it"),
     validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("a KubernetesControlPlane name must be a DNS label: lower-case letters, digits and '-', starting with a letter"),
+    // Against the version that runs (the status's), not the spec's: an upgrade that stalls can
+    // be set back to the version still running.
+    validation = Rule::new("!self.spec.version.matches('^1\\\\.[0-9]{1,2}(\\\\.[0-9]{1,3})?$') || int(self.spec.version.split('.')[1]) >= int((has(oldSelf.status) && has(oldSelf.status.version) ? oldSelf.status.version : oldSelf.spec.version).split('.')[1])").message("spec.version: downgrades are refused; Kubernetes cannot go back to a minor version older than the one running"),
+    validation = Rule::new("!self.spec.version.matches('^1\\\\.[0-9]{1,2}(\\\\.[0-9]{1,3})?$') || int(self.spec.version.split('.')[1]) <= int((has(oldSelf.status) && has(oldSelf.status.version) ? oldSelf.status.version : oldSelf.spec.version).split('.')[1]) + 1").message("spec.version: upgrade one minor version at a time from the one running (1.33 to 1.34), as Kubernetes requires"),
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.version"}"#,
     printcolumn = r#"{"name":"Endpoint","type":"string","jsonPath":".status.endpoint"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.ready"}"#,
@@ -46,8 +50,6 @@ use crate::etcd;
     printcolumn = r#"{"name":"Etcd","type":"string","priority":1,"jsonPath":".status.etcd"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
-#[x_kube(validation = Rule::new("int(self.version.split('.')[1]) >= int(oldSelf.version.split('.')[1])").message("version: downgrades are refused; Kubernetes cannot go back to an older minor version"))]
-#[x_kube(validation = Rule::new("int(self.version.split('.')[1]) <= int(oldSelf.version.split('.')[1]) + 1").message("version: upgrade one minor version at a time (1.33 to 1.34), as Kubernetes requires"))]
 #[x_kube(validation = Rule::new("has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)").message("bootstrap is immutable: it says how the control plane started"))]
 #[x_kube(validation = Rule::new("!has(self.bootstrap) || !self.etcd.storage.ephemeral").message("bootstrap.fromBackup needs persistent etcd storage: the backup is restored into the first member's volume"))]
 #[x_kube(validation = Rule::new("!isCIDR(self.networking.podCIDR) || !isCIDR(self.networking.serviceCIDR) || (!cidr(self.networking.podCIDR).containsCIDR(self.networking.serviceCIDR) && !cidr(self.networking.serviceCIDR).containsCIDR(self.networking.podCIDR))").message("networking.podCIDR and networking.serviceCIDR must not overlap"))]

@@ -1,5 +1,8 @@
-//! KubernetesControlPlane on the local Kubernetes: what its schema refuses, on creation and as
-//! a change, each with a message that says what to fix. Needs `make cluster-up`.
+//! KubernetesControlPlane on the local Kubernetes: what its schema refuses; a control plane made,
+//! used through its admin kubeconfig and deleted with everything it ran; an upgrade and a lost
+//! API server with a client writing throughout (no failed request), a stalled upgrade set back;
+//! and the operator killed at each crash point of making and upgrading one. Needs
+//! `make cluster-up` (3 nodes).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use k8s_openapi::api::core::v1::Secret;
@@ -286,4 +289,312 @@ async fn a_control_plane_serves_its_tenant_and_goes_away_with_everything_it_ran(
     assert!(!left.contains(name), "left behind: {left}");
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
     let _ = std::fs::remove_file(&kubeconfig);
+}
+
+/// A client of the tenant from the kubeconfig in Secret `secret`.
+async fn tenant_client(ns: &TestNamespace, secret: &str) -> kube::Client {
+    let secret = ns.api::<Secret>().get(secret).await.unwrap();
+    let text = String::from_utf8(secret.data.unwrap().remove("kubeconfig").unwrap().0).unwrap();
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&text).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
+/// What the tenant's client saw: requests that succeeded, that failed, and that were told to
+/// come back (429 with Retry-After, from an API server shutting down: a client such as
+/// client-go waits and retries them, as this one does).
+#[derive(Debug, Default)]
+struct Traffic {
+    written: usize,
+    failed: Vec<String>,
+    retried: usize,
+}
+
+/// Runs `request` as client-go would: an answer 429 (an API server that is shutting down) is
+/// asked again after a moment, up to 5 times.
+async fn as_client_go<T, F, Fut>(traffic: &mut Traffic, mut request: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    for _ in 0..5 {
+        match request().await {
+            Err(kube::Error::Api(e)) if e.code == 429 => {
+                traffic.retried += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            other => return other.map_err(|e| e.to_string()),
+        }
+    }
+    Err("still 429 after 5 tries".into())
+}
+
+/// Creates a ConfigMap and reads it back every 100 ms until `stop`.
+async fn write_and_read(client: kube::Client, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Traffic {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, "default");
+    let mut traffic = Traffic::default();
+    let mut i = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let name = format!("beat-{i}");
+        let map = ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            data: Some([("i".to_string(), i.to_string())].into()),
+            ..Default::default()
+        };
+        let params = kube::api::PostParams::default();
+        let created = as_client_go(&mut traffic, || api.create(&params, &map)).await;
+        let read = match created {
+            Ok(_) => as_client_go(&mut traffic, || api.get(&name)).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match read {
+            Ok(()) => traffic.written += 1,
+            Err(e) => traffic.failed.push(format!("{name}: {e}")),
+        }
+        i += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    traffic
+}
+
+/// Waits until the control plane's status satisfies `check`.
+async fn wait_status(
+    ns: &TestNamespace,
+    name: &str,
+    what: &str,
+    timeout: std::time::Duration,
+    check: impl Fn(&noops_api::KubernetesControlPlaneStatus) -> bool,
+) -> noops_api::KubernetesControlPlaneStatus {
+    let api = ns.api::<KubernetesControlPlane>();
+    wait_for(what, timeout, || async {
+        let status = api.get(name).await.ok()?.status?;
+        check(&status).then_some(status)
+    })
+    .await
+}
+
+fn condition_is(
+    status: &noops_api::KubernetesControlPlaneStatus,
+    type_: &str,
+    value: &str,
+) -> Option<(String, String)> {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == value)
+        .map(|c| (c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test]
+async fn an_upgrade_and_a_lost_api_server_fail_no_request_and_an_upgrade_that_cannot_start_stalls_until_set_back() {
+    install_crds();
+    let ns = TestNamespace::new("kcp-upgrade").await;
+    let operator = Operator::start(&ns.name, &["--controllers", "kubernetescontrolplane,etcd"]);
+    let name = "kcpup";
+    let spec = |version: &str| format!("  version: \"{version}\"\n  replicas: 3\n  etcd: {{ replicas: 3 }}\n");
+    ns.apply(&control_plane(name, &spec("1.33")));
+    let minutes = |m: u64| std::time::Duration::from_secs(60 * m);
+    let ready = wait_status(&ns, name, "Ready at 1.33", minutes(5), |s| {
+        condition_is(s, "Ready", "True").is_some()
+    })
+    .await;
+    assert_eq!(ready.version.as_deref(), Some("1.33.13"));
+    let client = tenant_client(&ns, &ready.admin_kubeconfig_secret.unwrap()).await;
+
+    // 1.33 → 1.34 with a client writing and reading through the Service throughout.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = tokio::spawn(write_and_read(client.clone(), stop.clone()));
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    ns.apply(&control_plane(name, &spec("1.34")));
+    let upgraded = wait_status(&ns, name, "upgraded to 1.34", minutes(5), |s| {
+        s.version.as_deref() == Some("1.34.4") && s.phase.as_deref() == Some("Running")
+    })
+    .await;
+    // One of the three API servers deleted, the client still writing: it is made again.
+    let pods = ns.pods();
+    let selector = format!("noops.dev/kubernetescontrolplane={name},app.kubernetes.io/component=apiserver");
+    let listed = pods
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await
+        .unwrap();
+    let gone = listed.items[0].metadata.name.clone().unwrap();
+    pods.delete(&gone, &Default::default()).await.unwrap();
+    wait_until("the deleted API server replaced", minutes(2), || {
+        let (pods, selector, gone) = (pods.clone(), selector.clone(), gone.clone());
+        async move {
+            let now = pods
+                .list(&kube::api::ListParams::default().labels(&selector))
+                .await
+                .unwrap()
+                .items;
+            now.len() == 3
+                && now
+                    .iter()
+                    .all(|p| p.metadata.name.as_deref() != Some(gone.as_str()) && pod_ready(p))
+        }
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let traffic = writer.await.unwrap();
+    eprintln!(
+        "upgrade traffic: {} written and read, {} answers 429 retried",
+        traffic.written, traffic.retried
+    );
+    assert!(
+        traffic.failed.is_empty(),
+        "failed requests during the upgrade: {:?}",
+        traffic.failed
+    );
+    assert!(traffic.written > 100, "too few requests to say anything: {traffic:?}");
+    assert_eq!(
+        upgraded.etcd.as_deref().map(|e| e.ends_with("3.6.16")),
+        Some(true),
+        "{:?}",
+        upgraded.etcd
+    );
+    let maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(client.clone(), "default");
+    let beats = maps
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|m| m.metadata.name.as_deref().is_some_and(|n| n.starts_with("beat-")))
+        .count();
+    assert_eq!(beats, traffic.written, "every object written is still there");
+    let version = client.apiserver_version().await.unwrap();
+    assert_eq!(version.git_version, "v1.34.4");
+    let reasons = event_reasons(&ns, "KubernetesControlPlane", name).await;
+    for reason in ["UpgradeStarted", "UpgradeStep", "Upgraded"] {
+        assert!(reasons.contains(&reason.to_string()), "{reason} in {reasons:?}");
+    }
+
+    // Skipping a minor is refused; an upgrade to a version with no image stalls, the old API
+    // servers serving, and setting the version back recovers.
+    let error = apply_error(&ns, &control_plane(name, &spec("1.36"))).expect("a skipped minor was accepted");
+    assert!(error.contains("one minor version at a time"), "{error}");
+    ns.apply(&control_plane(name, &spec("1.35")));
+    let stalled = wait_status(&ns, name, "the upgrade to 1.35 stalled", minutes(3), |s| {
+        s.phase.as_deref() == Some("Stalled")
+    })
+    .await;
+    let (reason, message) = condition_is(&stalled, "Degraded", "True").unwrap();
+    assert_eq!(reason, "UpgradeStalled");
+    assert!(message.contains("kube-apiserver cannot start"), "{message}");
+    assert_eq!(stalled.version.as_deref(), Some("1.34.4"));
+    assert_eq!(
+        client.apiserver_version().await.unwrap().git_version,
+        "v1.34.4",
+        "the old version serves"
+    );
+    ns.apply(&control_plane(name, &spec("1.34")));
+    wait_status(&ns, name, "back to Running at 1.34", minutes(3), |s| {
+        s.phase.as_deref() == Some("Running") && condition_is(s, "Ready", "True").is_some()
+    })
+    .await;
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+}
+
+/// The crash points the operator went through, from the file it records them in.
+fn crashed_at(file: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test]
+async fn the_operator_killed_at_each_crash_point_makes_and_upgrades_a_control_plane_losing_nothing() {
+    install_crds();
+    let ns = TestNamespace::new("kcp-crash").await;
+    let name = "kcpcrash";
+    let spec = |version: &str| format!("  version: \"{version}\"\n  etcd: {{ replicas: 1 }}\n");
+    let minutes = |m: u64| std::time::Duration::from_secs(60 * m);
+    let ready_at = |version: &'static str| {
+        move |s: &noops_api::KubernetesControlPlaneStatus| {
+            s.version.as_deref() == Some(version)
+                && s.phase.as_deref() == Some("Running")
+                && condition_is(s, "Ready", "True").is_some()
+        }
+    };
+
+    // Made, with a kill at each point of the way (the etcd controller's included).
+    let made_file = std::env::temp_dir().join(format!("noops-crash-points-{}-made", ns.name));
+    let _ = std::fs::remove_file(&made_file);
+    let supervisor = Supervisor::start(&ns.name, &made_file);
+    ns.apply(&control_plane(name, &spec("1.33")));
+    let ready = wait_status(&ns, name, "Ready at 1.33", minutes(6), ready_at("1.33.13")).await;
+    let (restarts, logs) = supervisor.stop().await;
+    assert!(!logs.contains("panicked"), "{logs}");
+    let made_points = crashed_at(&made_file);
+    eprintln!("made: {restarts} restarts at {made_points:?}");
+    for point in [
+        "control plane: a CA made",
+        "control plane: a certificate issued",
+        "control plane: API server Deployment applied",
+    ] {
+        assert!(made_points.iter().any(|p| p == point), "{point} in {made_points:?}");
+    }
+
+    // Objects the tenant holds before the upgrade.
+    let client = tenant_client(&ns, &ready.admin_kubeconfig_secret.unwrap()).await;
+    let maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(client.clone(), "default");
+    for i in 0..20 {
+        let map = k8s_openapi::api::core::v1::ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("kept-{i}")),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        maps.create(&Default::default(), &map).await.unwrap();
+    }
+
+    // Upgraded, with a kill at each point again.
+    let upgrade_file = std::env::temp_dir().join(format!("noops-crash-points-{}-upgrade", ns.name));
+    let _ = std::fs::remove_file(&upgrade_file);
+    let supervisor = Supervisor::start(&ns.name, &upgrade_file);
+    ns.apply(&control_plane(name, &spec("1.34")));
+    let upgraded = wait_status(&ns, name, "upgraded to 1.34", minutes(6), ready_at("1.34.4")).await;
+    let (restarts, logs) = supervisor.stop().await;
+    assert!(!logs.contains("panicked"), "{logs}");
+    let upgrade_points = crashed_at(&upgrade_file);
+    eprintln!("upgrade: {restarts} restarts at {upgrade_points:?}");
+    for point in [
+        "control plane: EtcdCluster applied",
+        "control plane: API server Deployment applied",
+        "control plane: controller-manager or scheduler Deployment applied",
+    ] {
+        assert!(
+            upgrade_points.iter().any(|p| p == point),
+            "{point} in {upgrade_points:?}"
+        );
+    }
+    assert_eq!(upgraded.upgrade, None, "the upgrade is recorded as done");
+    let kept = maps.list(&Default::default()).await.unwrap().items;
+    let kept = kept
+        .iter()
+        .filter(|m| m.metadata.name.as_deref().is_some_and(|n| n.starts_with("kept-")))
+        .count();
+    assert_eq!(kept, 20, "every object of the tenant is still there");
+    // The old API server serves the connections it holds until its shutdown delay is over.
+    wait_until(
+        "the client answered by 1.34",
+        std::time::Duration::from_secs(60),
+        || async {
+            client
+                .apiserver_version()
+                .await
+                .is_ok_and(|v| v.git_version == "v1.34.4")
+        },
+    )
+    .await;
 }

@@ -19,7 +19,8 @@ use super::names::{Component, Names};
 use super::observe::Live;
 use super::plan::Plan;
 use crate::core::apply::{apply, create_if_missing};
-use crate::core::pki::{Ca, new_key_pair};
+use crate::core::crash;
+use crate::core::pki::{Ca, NOT_AFTER_ANNOTATION, new_key_pair};
 use crate::core::stamp::up_to_date;
 use crate::core::{Error, Result};
 
@@ -44,7 +45,10 @@ pub async fn apply_etcd_and_service(
     live: &Live,
 ) -> Result<Service> {
     let etcd_clusters: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    apply_if_changed(&etcd_clusters, etcd, live.etcd.as_ref()).await?;
+    if !live.etcd.as_ref().is_some_and(|l| up_to_date(etcd, Some(l))) {
+        apply(&etcd_clusters, &names.etcd(), etcd).await?;
+        crash::point("control plane: EtcdCluster applied");
+    }
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &names.namespace);
     apply_if_changed(&services, service, live.service.as_ref()).await
 }
@@ -90,6 +94,7 @@ pub async fn ensure_authorities(
                 let ca = Ca::new(&common_name, now).map_err(certificate)?;
                 let secret = certificates::ca_secret(names, authority, &ca, owner);
                 if create_if_missing(&secrets, &secret).await? {
+                    crash::point("control plane: a CA made");
                     secret
                 } else {
                     secrets.get(&name).await?
@@ -132,7 +137,7 @@ pub async fn issue_due(
     for certificate in Certificate::ALL {
         let leaf = certificate.leaf(names, addresses);
         let name = certificate.secret(names);
-        if !certificates::due(live.secrets.get(&name), &leaf, now, ctx.certificate_lifetime) {
+        if !certificates::due(live.secrets.get(&name), &leaf, &server, now, ctx.certificate_lifetime) {
             continue;
         }
         let ca = authorities.of(certificate.authority());
@@ -141,9 +146,25 @@ pub async fn issue_due(
             .map_err(|e| Error::Certificate(e.to_string()))?;
         let secret = certificates::leaf_secret(names, certificate, &leaf, &made, ca, &server, owner);
         apply(&secrets, &name, &secret).await?;
+        crash::point("control plane: a certificate issued");
         issued.push(certificate);
     }
     Ok(issued)
+}
+
+/// When the certificates `component` mounts expire, as their Secrets say, in one string.
+fn certificates_not_after(names: &Names, component: Component, live: &Live) -> String {
+    let not_after = |name: &String| {
+        live.secrets
+            .get(name)
+            .and_then(|s| s.metadata.annotations.as_ref()?.get(NOT_AFTER_ANNOTATION).cloned())
+            .unwrap_or_default()
+    };
+    let all: Vec<String> = desired::mounted_certificates(names, component)
+        .iter()
+        .map(not_after)
+        .collect();
+    all.join(",")
 }
 
 /// Applies the Deployment of every component the plan gives a release, the API servers first.
@@ -162,8 +183,16 @@ pub async fn apply_deployments(
             _ => plan.controllers.as_ref(),
         };
         let Some(release) = release else { continue };
-        let desired = desired::deployment(kcp, names, component, release, owner);
-        apply_if_changed(&deployments, &desired, live.deployments.get(&component)).await?;
+        let certificates = certificates_not_after(names, component, live);
+        let desired = desired::deployment(kcp, names, component, release, &certificates, owner);
+        let live = live.deployments.get(&component);
+        if !live.is_some_and(|l| up_to_date(&desired, Some(l))) {
+            apply(&deployments, &names.deployment(component), &desired).await?;
+            crash::point(match component {
+                Component::ApiServer => "control plane: API server Deployment applied",
+                _ => "control plane: controller-manager or scheduler Deployment applied",
+            });
+        }
     }
     Ok(())
 }

@@ -164,23 +164,29 @@ impl Certificate {
     }
 }
 
-/// The hash of what a leaf says, kept on its Secret.
-pub fn issued_for(leaf: &pki::Leaf) -> String {
+/// The hash of what a leaf says and of the server its kubeconfig names, kept on its Secret.
+pub fn issued_for(leaf: &pki::Leaf, server: &str) -> String {
     let ips: Vec<String> = leaf.ips.iter().map(|ip| ip.to_string()).collect();
     let said = json!({
         "cn": leaf.common_name, "o": leaf.organizations, "dns": leaf.dns_names, "ips": ips,
-        "usage": format!("{:?}", leaf.usage),
+        "usage": format!("{:?}", leaf.usage), "server": server,
     });
     hash_of(&said)
 }
 
 /// Whether `certificate` must be issued (again): its Secret missing or unreadable, a third of
-/// its life left, or issued for other names.
-pub fn due(secret: Option<&Secret>, leaf: &pki::Leaf, now: jiff::Timestamp, lifetime: std::time::Duration) -> bool {
+/// its life left, or issued for other names or another server address.
+pub fn due(
+    secret: Option<&Secret>,
+    leaf: &pki::Leaf,
+    server: &str,
+    now: jiff::Timestamp,
+    lifetime: std::time::Duration,
+) -> bool {
     let for_now = secret
         .and_then(|s| s.metadata.annotations.as_ref())
         .and_then(|a| a.get(ISSUED_FOR_ANNOTATION))
-        .is_some_and(|h| *h == issued_for(leaf));
+        .is_some_and(|h| *h == issued_for(leaf, server));
     !for_now || pki::needs_issuing(secret, now, lifetime)
 }
 
@@ -217,7 +223,7 @@ pub fn leaf_secret(
     owner: &OwnerReference,
 ) -> Secret {
     let (mut data, mut annotations) = issued.secret_data(ca);
-    annotations.insert(ISSUED_FOR_ANNOTATION.into(), issued_for(leaf));
+    annotations.insert(ISSUED_FOR_ANNOTATION.into(), issued_for(leaf, server));
     if let Some(user) = certificate.kubeconfig_user() {
         data.insert(KUBECONFIG_KEY.into(), kubeconfig(names, user, issued, ca, server));
     }
@@ -317,11 +323,26 @@ mod tests {
         let issued = ca.issue(&leaf, at(0), YEAR).unwrap();
         let url = server_url(IpAddr::from([10, 96, 3, 4]));
         let secret = leaf_secret(&names(), Certificate::ApiServer, &leaf, &issued, &ca, &url, &owner);
-        assert!(due(None, &leaf, at(0), YEAR), "missing");
-        assert!(!due(Some(&secret), &leaf, at(1), YEAR));
-        assert!(due(Some(&secret), &leaf, at(300), YEAR), "a third of its life left");
+        assert!(due(None, &leaf, &url, at(0), YEAR), "missing");
+        assert!(!due(Some(&secret), &leaf, &url, at(1), YEAR));
+        assert!(
+            due(Some(&secret), &leaf, &url, at(300), YEAR),
+            "a third of its life left"
+        );
         let moved = Certificate::ApiServer.leaf(&names(), &addresses([10, 96, 9, 9]));
-        assert!(due(Some(&secret), &moved, at(1), YEAR), "the Service's address changed");
+        assert!(
+            due(Some(&secret), &moved, &url, at(1), YEAR),
+            "the Service's address changed"
+        );
+        let admin = Certificate::Admin.leaf(&names(), &addresses([10, 96, 3, 4]));
+        let issued = ca.issue(&admin, at(0), YEAR).unwrap();
+        let kubeconfig = leaf_secret(&names(), Certificate::Admin, &admin, &issued, &ca, &url, &owner);
+        let elsewhere = server_url(IpAddr::from([10, 96, 9, 9]));
+        assert!(!due(Some(&kubeconfig), &admin, &url, at(1), YEAR));
+        assert!(
+            due(Some(&kubeconfig), &admin, &elsewhere, at(1), YEAR),
+            "a kubeconfig names the server"
+        );
     }
 
     #[test]

@@ -281,12 +281,33 @@ pub fn replicas(kcp: &KubernetesControlPlane, component: Component) -> i32 {
     }
 }
 
-/// The Deployment of `component` at `release`.
+/// The annotation of a component's pods that says which certificates they were started with
+/// (when each expires): a component reads some of them only when it starts (its kubeconfig,
+/// its etcd client certificate), so a renewal rolls its pods, one at a time.
+pub const CERTIFICATES_ANNOTATION: &str = "noops.dev/certificates-not-after";
+
+/// The Secrets of the certificates `component` mounts.
+pub fn mounted_certificates(names: &Names, component: Component) -> Vec<String> {
+    match component {
+        Component::ApiServer => vec![
+            Certificate::ApiServer.secret(names),
+            Certificate::KubeletClient.secret(names),
+            Certificate::FrontProxyClient.secret(names),
+            names.etcd_client_secret(),
+        ],
+        Component::ControllerManager => vec![Certificate::ControllerManager.secret(names)],
+        Component::Scheduler => vec![Certificate::Scheduler.secret(names)],
+    }
+}
+
+/// The Deployment of `component` at `release`; `certificates` is when the certificates its
+/// pods mount expire (see [`CERTIFICATES_ANNOTATION`]).
 pub fn deployment(
     kcp: &KubernetesControlPlane,
     names: &Names,
     component: Component,
     release: &Release,
+    certificates: &str,
     owner: &OwnerReference,
 ) -> Deployment {
     let (command, port, readiness, liveness) = match component {
@@ -362,6 +383,10 @@ pub fn deployment(
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(pod_labels),
+                    annotations: Some(BTreeMap::from([(
+                        CERTIFICATES_ANNOTATION.to_string(),
+                        certificates.to_string(),
+                    )])),
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
@@ -425,7 +450,7 @@ mod tests {
         let names = Names::of(&kcp);
         let owner = owner_reference("KubernetesControlPlane", "team-a", "u1");
         let release = Release::of("1.34").unwrap();
-        let api = deployment(&kcp, &names, Component::ApiServer, &release, &owner);
+        let api = deployment(&kcp, &names, Component::ApiServer, &release, "", &owner);
         let command = command_of(&api);
         assert_eq!(command[0], "kube-apiserver");
         assert!(command.contains(&"--etcd-servers=https://team-a-etcd-client.tenants.svc:2379".to_string()));

@@ -76,7 +76,7 @@ fn ready(f: &StatusFacts) -> Decided {
         ),
         (_, Some(_), Some(_)) => Decided::new("Ready", false, "UpgradeStalled", stalled_message(f)),
         (_, Some(_), None) => Decided::new("Ready", false, "PodsCannotStart", stalled_message(f)),
-        (Step::Etcd, _, _) => Decided::new("Ready", false, "EtcdNotReady", waiting(f)),
+        (Step::Etcd, _, _) => Decided::new("Ready", false, "EtcdNotReady", etcd_waiting(f)),
         (_, _, Some(_)) => Decided::new("Ready", false, "Upgrading", waiting(f)),
         _ => Decided::new("Ready", false, "APIServerNotReady", waiting(f)),
     }
@@ -137,6 +137,19 @@ fn waiting(f: &StatusFacts) -> String {
         Some(what) => format!("waiting for {what}"),
         None => "every part runs the version asked for".into(),
     }
+}
+
+/// What the pass waits for at the etcd step, with what the EtcdCluster says of itself.
+fn etcd_waiting(f: &StatusFacts) -> String {
+    let said = f
+        .observation
+        .live
+        .etcd
+        .as_ref()
+        .and_then(|e| e.status.as_ref())
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready" && c.status != "True"))
+        .map(|c| format!("; EtcdCluster {}: {} ({})", f.names.etcd(), c.message, c.reason));
+    format!("{}{}", waiting(f), said.unwrap_or_default())
 }
 
 fn stalled_message(f: &StatusFacts) -> String {
