@@ -281,6 +281,30 @@ pub fn replicas(kcp: &KubernetesControlPlane, component: Component) -> i32 {
     }
 }
 
+/// A component's command line, its port, and its readiness and liveness probes.
+fn process(kcp: &KubernetesControlPlane, names: &Names, component: Component) -> (Vec<String>, i32, Probe, Probe) {
+    match component {
+        Component::ApiServer => (
+            api_server_command(kcp, names),
+            API_SERVER_PORT,
+            probe("/readyz", API_SERVER_PORT, 1, 3, 0),
+            probe("/livez", API_SERVER_PORT, 10, 8, 15),
+        ),
+        Component::ControllerManager => (
+            controller_manager_command(kcp, names),
+            CONTROLLER_MANAGER_PORT,
+            probe("/healthz", CONTROLLER_MANAGER_PORT, 2, 3, 0),
+            probe("/healthz", CONTROLLER_MANAGER_PORT, 10, 8, 15),
+        ),
+        Component::Scheduler => (
+            scheduler_command(kcp),
+            SCHEDULER_PORT,
+            probe("/healthz", SCHEDULER_PORT, 2, 3, 0),
+            probe("/healthz", SCHEDULER_PORT, 10, 8, 15),
+        ),
+    }
+}
+
 /// The annotation of a component's pods that says which certificates they were started with
 /// (when each expires): a component reads some of them only when it starts (its kubeconfig,
 /// its etcd client certificate), so a renewal rolls its pods, one at a time.
@@ -310,26 +334,7 @@ pub fn deployment(
     certificates: &str,
     owner: &OwnerReference,
 ) -> Deployment {
-    let (command, port, readiness, liveness) = match component {
-        Component::ApiServer => (
-            api_server_command(kcp, names),
-            API_SERVER_PORT,
-            probe("/readyz", API_SERVER_PORT, 1, 3, 0),
-            probe("/livez", API_SERVER_PORT, 10, 8, 15),
-        ),
-        Component::ControllerManager => (
-            controller_manager_command(kcp, names),
-            CONTROLLER_MANAGER_PORT,
-            probe("/healthz", CONTROLLER_MANAGER_PORT, 2, 3, 0),
-            probe("/healthz", CONTROLLER_MANAGER_PORT, 10, 8, 15),
-        ),
-        Component::Scheduler => (
-            scheduler_command(kcp),
-            SCHEDULER_PORT,
-            probe("/healthz", SCHEDULER_PORT, 2, 3, 0),
-            probe("/healthz", SCHEDULER_PORT, 10, 8, 15),
-        ),
-    };
+    let (command, port, readiness, liveness) = process(kcp, names, component);
     let pod_ip = EnvVar {
         name: "POD_IP".into(),
         value_from: Some(EnvVarSource {
