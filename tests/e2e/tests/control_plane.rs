@@ -128,6 +128,13 @@ async fn bad_specs_are_refused_with_a_reason() {
     let kept = ns.api::<KubernetesControlPlane>().get("c").await.unwrap();
     assert_eq!(kept.spec.version, "1.34", "a refused edit changes nothing");
     assert_eq!(kept.spec.networking.service_cidr, "10.100.0.0/16", "the default range");
+    // The example of the docs is accepted (no operator runs here: nothing is made).
+    let example = std::fs::read_to_string(root().join("examples/kubernetes/team-a.yaml")).unwrap();
+    assert_eq!(
+        apply_error(&ns, &example),
+        None,
+        "examples/kubernetes/team-a.yaml refused"
+    );
 }
 
 /// Processes of this machine that belong to the control plane `name` of `ns`: its etcd and API
@@ -597,4 +604,77 @@ async fn the_operator_killed_at_each_crash_point_makes_and_upgrades_a_control_pl
         },
     )
     .await;
+}
+
+#[tokio::test]
+async fn a_tenant_backed_up_comes_back_in_a_new_control_plane() {
+    use noops_e2e::etcd::backup_manifest;
+    install_crds();
+    let ns = TestNamespace::new("kcp-backup").await;
+    noops_e2e::s3::deploy(&ns);
+    noops_e2e::s3::create_bucket(&ns, "backups").await;
+    let operator = Operator::start(&ns.name, &["--controllers", "kubernetescontrolplane,etcd,etcdbackup"]);
+    let minutes = |m: u64| std::time::Duration::from_secs(60 * m);
+    let etcd_with_backups = format!(
+        "  etcd:\n    replicas: 1\n    backup:\n      maxBackups: 3\n      s3: {{ endpoint: \"{}\", bucket: backups, credentialsSecret: object-store-credentials }}\n",
+        noops_e2e::s3::service_url(&ns)
+    );
+    ns.apply(&control_plane(
+        "first",
+        &format!("  version: \"1.34\"\n{etcd_with_backups}"),
+    ));
+    let ready = wait_status(&ns, "first", "the first control plane Ready", minutes(5), |s| {
+        condition_is(s, "Ready", "True").is_some()
+    })
+    .await;
+
+    // The tenant's objects, then a backup of its etcd.
+    let client = tenant_client(&ns, &ready.admin_kubeconfig_secret.unwrap()).await;
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
+    let shop = k8s_openapi::api::core::v1::Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some("shop".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    namespaces.create(&Default::default(), &shop).await.unwrap();
+    let maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(client, "shop");
+    let settings = k8s_openapi::api::core::v1::ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some("settings".into()),
+            ..Default::default()
+        },
+        data: Some([("colour".to_string(), "green".to_string())].into()),
+        ..Default::default()
+    };
+    maps.create(&Default::default(), &settings).await.unwrap();
+    ns.apply(&backup_manifest("tenant-snapshot", "first-etcd"));
+    kubectl_ok(
+        &[
+            "wait",
+            "-n",
+            &ns.name,
+            "--for=condition=Succeeded",
+            "etcdbackup/tenant-snapshot",
+            "--timeout=180s",
+        ],
+        None,
+    );
+
+    // A new control plane from that backup has them.
+    let restored =
+        "  version: \"1.34\"\n  etcd: { replicas: 1 }\n  bootstrap: { fromBackup: { name: tenant-snapshot } }\n";
+    ns.apply(&control_plane("second", restored));
+    let ready = wait_status(&ns, "second", "the restored control plane Ready", minutes(5), |s| {
+        condition_is(s, "Ready", "True").is_some()
+    })
+    .await;
+    let client = tenant_client(&ns, &ready.admin_kubeconfig_secret.unwrap()).await;
+    let maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(client, "shop");
+    let back = maps.get("settings").await.unwrap();
+    assert_eq!(back.data.unwrap().get("colour").map(String::as_str), Some("green"));
+    let etcd = ns.api::<noops_api::EtcdCluster>().get("second-etcd").await.unwrap();
+    assert_eq!(etcd.status.unwrap().restored_from.as_deref(), Some("tenant-snapshot"));
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }

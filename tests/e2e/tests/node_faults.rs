@@ -863,3 +863,94 @@ async fn a_base_backup_whose_node_dies_fails_says_why_and_the_next_one_is_stored
     node_fault(&["start", &victim]);
     wait_node_status(&ns.client, &victim, true, MINUTE).await;
 }
+
+#[tokio::test]
+#[ignore = "node faults disturb other tests: `make e2e` runs them alone"]
+async fn a_control_plane_keeps_answering_when_the_node_of_an_api_server_stops() {
+    let _restore = RestoreNodesOnDrop;
+    install_crds();
+    let ns = TestNamespace::new("node-kcp").await;
+    ready_nodes(&ns.client, 3).await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "kubernetescontrolplane,etcd"]);
+    ns.apply(
+        "apiVersion: noops.dev/v1alpha1\nkind: KubernetesControlPlane\nmetadata: { name: tenant }\nspec: { version: \"1.34\", replicas: 3, etcd: { replicas: 3 } }\n",
+    );
+    let api = ns.api::<noops_api::KubernetesControlPlane>();
+    let secret = wait_for("the control plane Ready", 5 * MINUTE, || async {
+        let status = api.get("tenant").await.ok()?.status?;
+        let ready = status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        ready.then_some(status.admin_kubeconfig_secret?)
+    })
+    .await;
+    let secret = ns
+        .api::<k8s_openapi::api::core::v1::Secret>()
+        .get(&secret)
+        .await
+        .unwrap();
+    let text = String::from_utf8(secret.data.unwrap().remove("kubeconfig").unwrap().0).unwrap();
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&text).unwrap();
+    let pods = ns.pods();
+    let api_servers =
+        ListParams::default().labels("noops.dev/kubernetescontrolplane=tenant,app.kubernetes.io/component=apiserver");
+    let before = pods.list(&api_servers).await.unwrap().items;
+    let victim = pod_node(&before[0]);
+
+    node_fault(&["stop", &victim]);
+    let stopped = std::time::Instant::now();
+    // For 40 s, a request every 250 ms with a new client (as kubectl runs would), each given
+    // 2 s: when the first was answered, and when the last went unanswered (one that reached the
+    // dead API server, until the Service drops it).
+    let mut asked = Vec::new();
+    while stopped.elapsed() < Duration::from_secs(40) {
+        let kubeconfig = kubeconfig.clone();
+        let at = stopped.elapsed();
+        asked.push(tokio::spawn(async move {
+            let answered = async {
+                let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                    .await
+                    .ok()?;
+                let client = kube::Client::try_from(config).ok()?;
+                client.apiserver_version().await.ok()
+            };
+            (
+                at,
+                tokio::time::timeout(Duration::from_secs(2), answered)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some(),
+            )
+        }));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let mut results = Vec::new();
+    for request in asked {
+        results.push(request.await.unwrap());
+    }
+    let first_answer = results.iter().find(|(_, ok)| *ok).map(|(at, _)| *at).unwrap();
+    let last_unanswered = results.iter().filter(|(_, ok)| !*ok).map(|(at, _)| *at).max();
+    let unanswered = results.iter().filter(|(_, ok)| !*ok).count();
+    eprintln!(
+        "after the node stopped: first answer at {first_answer:?}, {unanswered} of {} unanswered, the last at {last_unanswered:?}",
+        results.len()
+    );
+    assert!(
+        first_answer < Duration::from_secs(3),
+        "the API took {first_answer:?} to answer"
+    );
+    assert!(
+        last_unanswered.is_none_or(|t| t < Duration::from_secs(30)),
+        "requests still went unanswered {last_unanswered:?} after the node stopped"
+    );
+    // The API server of the dead node is replaced on another one.
+    wait_until("a third API server Ready on a live node", 3 * MINUTE, || async {
+        let now = pods.list(&api_servers).await.unwrap().items;
+        now.iter().filter(|p| pod_ready(p) && pod_node(p) != victim).count() == 3
+    })
+    .await;
+    node_fault(&["start", &victim]);
+    wait_node_status(&ns.client, &victim, true, 2 * MINUTE).await;
+}
