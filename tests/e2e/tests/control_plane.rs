@@ -518,13 +518,38 @@ fn crashed_at(file: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
+/// Applies control plane `name` with `spec`, the operator killing itself once at each crash point it reaches (a
+/// supervisor starts it again), until the status satisfies `done`; every point of `expected`
+/// must have been crossed. The status then.
+async fn through_crash_points(
+    ns: &TestNamespace,
+    phase: &str,
+    name: &str,
+    spec: &str,
+    done: impl Fn(&noops_api::KubernetesControlPlaneStatus) -> bool,
+    expected: &[&str],
+) -> noops_api::KubernetesControlPlaneStatus {
+    let file = std::env::temp_dir().join(format!("noops-crash-points-{}-{phase}", ns.name));
+    let _ = std::fs::remove_file(&file);
+    let supervisor = Supervisor::start(&ns.name, &file);
+    ns.apply(&control_plane(name, spec));
+    let status = wait_status(ns, name, phase, std::time::Duration::from_secs(360), done).await;
+    let (restarts, logs) = supervisor.stop().await;
+    assert!(!logs.contains("panicked"), "{logs}");
+    let crossed = crashed_at(&file);
+    eprintln!("{phase}: {restarts} restarts at {crossed:?}");
+    for point in expected {
+        assert!(crossed.iter().any(|p| p == point), "{point} in {crossed:?}");
+    }
+    status
+}
+
 #[tokio::test]
 async fn the_operator_killed_at_each_crash_point_makes_and_upgrades_a_control_plane_losing_nothing() {
     install_crds();
     let ns = TestNamespace::new("kcp-crash").await;
     let name = "kcpcrash";
     let spec = |version: &str| format!("  version: \"{version}\"\n  etcd: {{ replicas: 1 }}\n");
-    let minutes = |m: u64| std::time::Duration::from_secs(60 * m);
     let ready_at = |version: &'static str| {
         move |s: &noops_api::KubernetesControlPlaneStatus| {
             s.version.as_deref() == Some(version)
@@ -534,22 +559,12 @@ async fn the_operator_killed_at_each_crash_point_makes_and_upgrades_a_control_pl
     };
 
     // Made, with a kill at each point of the way (the etcd controller's included).
-    let made_file = std::env::temp_dir().join(format!("noops-crash-points-{}-made", ns.name));
-    let _ = std::fs::remove_file(&made_file);
-    let supervisor = Supervisor::start(&ns.name, &made_file);
-    ns.apply(&control_plane(name, &spec("1.33")));
-    let ready = wait_status(&ns, name, "Ready at 1.33", minutes(6), ready_at("1.33.13")).await;
-    let (restarts, logs) = supervisor.stop().await;
-    assert!(!logs.contains("panicked"), "{logs}");
-    let made_points = crashed_at(&made_file);
-    eprintln!("made: {restarts} restarts at {made_points:?}");
-    for point in [
+    let made = [
         "control plane: a CA made",
         "control plane: a certificate issued",
         "control plane: API server Deployment applied",
-    ] {
-        assert!(made_points.iter().any(|p| p == point), "{point} in {made_points:?}");
-    }
+    ];
+    let ready = through_crash_points(&ns, "made", name, &spec("1.33"), ready_at("1.33.13"), &made).await;
 
     // Objects the tenant holds before the upgrade.
     let client = tenant_client(&ns, &ready.admin_kubeconfig_secret.unwrap()).await;
@@ -566,25 +581,12 @@ async fn the_operator_killed_at_each_crash_point_makes_and_upgrades_a_control_pl
     }
 
     // Upgraded, with a kill at each point again.
-    let upgrade_file = std::env::temp_dir().join(format!("noops-crash-points-{}-upgrade", ns.name));
-    let _ = std::fs::remove_file(&upgrade_file);
-    let supervisor = Supervisor::start(&ns.name, &upgrade_file);
-    ns.apply(&control_plane(name, &spec("1.34")));
-    let upgraded = wait_status(&ns, name, "upgraded to 1.34", minutes(6), ready_at("1.34.4")).await;
-    let (restarts, logs) = supervisor.stop().await;
-    assert!(!logs.contains("panicked"), "{logs}");
-    let upgrade_points = crashed_at(&upgrade_file);
-    eprintln!("upgrade: {restarts} restarts at {upgrade_points:?}");
-    for point in [
+    let upgrade = [
         "control plane: EtcdCluster applied",
         "control plane: API server Deployment applied",
         "control plane: controller-manager or scheduler Deployment applied",
-    ] {
-        assert!(
-            upgrade_points.iter().any(|p| p == point),
-            "{point} in {upgrade_points:?}"
-        );
-    }
+    ];
+    let upgraded = through_crash_points(&ns, "upgrade", name, &spec("1.34"), ready_at("1.34.4"), &upgrade).await;
     assert_eq!(upgraded.upgrade, None, "the upgrade is recorded as done");
     let kept = maps.list(&Default::default()).await.unwrap().items;
     let kept = kept

@@ -3,7 +3,6 @@
 //! the live object already is as desired. CAs and the service-account key are only ever
 //! created: a key in use is never replaced.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -73,8 +72,9 @@ impl Authorities {
     }
 }
 
-/// Reads the CAs from their Secrets, or makes them. A CA the cache does not hold yet may still
-/// exist (made by the pass before): it is created only if absent, and read back if not.
+/// Reads the CAs from their Secrets, or makes them, and makes the service-account key pair if
+/// it is not there. A Secret the cache does not hold yet may still exist (made by the pass
+/// before): it is created only if absent, and a CA is read back if it was there.
 pub async fn ensure_authorities(
     ctx: &Context,
     names: &Names,
@@ -84,38 +84,31 @@ pub async fn ensure_authorities(
 ) -> Result<Authorities> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let certificate = |e: crate::core::pki::PkiError| Error::Certificate(e.to_string());
-    let mut read = BTreeMap::new();
-    for authority in [Authority::Cluster, Authority::FrontProxy] {
-        let name = authority.secret(names);
-        let common_name = authority.common_name(names);
+    let read_or_make = async |authority: Authority| -> Result<Ca> {
+        let (name, common_name) = (authority.secret(names), authority.common_name(names));
         let secret = match live.secrets.get(&name) {
             Some(secret) => secret.clone(),
             None => {
                 let ca = Ca::new(&common_name, now).map_err(certificate)?;
-                let secret = certificates::ca_secret(names, authority, &ca, owner);
-                if create_if_missing(&secrets, &secret).await? {
+                let made = certificates::ca_secret(names, authority, &ca, owner);
+                if create_if_missing(&secrets, &made).await? {
                     crash::point("control plane: a CA made");
-                    secret
+                    made
                 } else {
                     secrets.get(&name).await?
                 }
             }
         };
-        read.insert(name, Ca::of(&secret, &common_name).map_err(certificate)?);
-    }
+        Ca::of(&secret, &common_name).map_err(certificate)
+    };
+    let cluster = read_or_make(Authority::Cluster).await?;
+    let front_proxy = read_or_make(Authority::FrontProxy).await?;
     if !live.secrets.contains_key(&names.service_account_secret()) {
         let (private, public) = new_key_pair().map_err(certificate)?;
         let secret = certificates::service_account_secret(names, private, public, owner);
         create_if_missing(&secrets, &secret).await?;
     }
-    let mut take = |authority: Authority| {
-        read.remove(&authority.secret(names))
-            .ok_or_else(|| Error::Internal("a CA read above is missing".into()))
-    };
-    Ok(Authorities {
-        cluster: take(Authority::Cluster)?,
-        front_proxy: take(Authority::FrontProxy)?,
-    })
+    Ok(Authorities { cluster, front_proxy })
 }
 
 /// Issues every certificate that is due (missing, a third of its life left, or naming another

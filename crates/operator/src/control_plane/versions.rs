@@ -12,8 +12,6 @@ const KNOWN: [(u32, &str, &str); 2] = [(33, "1.33.13", "3.5.35"), (34, "1.34.4",
 pub struct Release {
     /// The exact Kubernetes version, such as `1.34.4`.
     pub kubernetes: String,
-    /// Its minor, such as 34.
-    pub minor: u32,
     /// The etcd version the tenant's EtcdCluster runs.
     pub etcd: String,
 }
@@ -41,11 +39,7 @@ impl Release {
             (None, None) => format!("1.{minor}.0"),
         };
         let etcd = known.map_or(newest_etcd, |(_, _, etcd)| *etcd).to_string();
-        Some(Self {
-            kubernetes,
-            minor,
-            etcd,
-        })
+        Some(Self { kubernetes, etcd })
     }
 
     /// The image of `component` at this version, as Kubernetes publishes it.
