@@ -309,36 +309,76 @@ async fn tenant_client(ns: &TestNamespace, secret: &str) -> kube::Client {
     kube::Client::try_from(config).unwrap()
 }
 
-/// What the tenant's client saw: requests that succeeded, that failed, and that were told to
-/// come back (429 with Retry-After, from an API server shutting down: a client such as
-/// client-go waits and retries them, as this one does).
+/// What the tenant's client saw: requests that succeeded, that failed, that were told to come
+/// back (429 with Retry-After, from an API server shutting down), and that were asked again
+/// because the server closed their kept-alive connection before answering.
 #[derive(Debug, Default)]
 struct Traffic {
     written: usize,
     failed: Vec<String>,
     retried: usize,
+    reconnected: usize,
+}
+
+/// Whether `error` says that the server closed an established connection before it answered.
+/// An API server that stops closes its idle kept-alive connections (Go's `Server.Shutdown`); a
+/// request written to one of them at that moment was never read. Over HTTP/2, which client-go
+/// speaks, the server says so with a GOAWAY and client-go asks again on its own; kube-rs speaks
+/// HTTP/1.1 and only sees the connection close.
+fn closed_before_answer(error: &kube::Error) -> bool {
+    let kube::Error::Service(source) = error else {
+        return false;
+    };
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
+    while let Some(e) = cause {
+        let text = e.to_string();
+        if text.contains("connection closed before message completed")
+            || text.contains("Connection reset by peer")
+            || text.contains("Broken pipe")
+        {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
+/// The whole chain of an error, for a failure message that says what went wrong.
+fn error_chain(error: &kube::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = std::error::Error::source(error);
+    while let Some(e) = cause {
+        text.push_str(&format!(": {e}"));
+        cause = e.source();
+    }
+    text
 }
 
 /// Runs `request` as client-go would: an answer 429 (an API server that is shutting down) is
-/// asked again after a moment, up to 5 times.
-async fn as_client_go<T, F, Fut>(traffic: &mut Traffic, mut request: F) -> Result<T, String>
+/// asked again after a moment, and so is a request whose connection was closed before an
+/// answer (see [`closed_before_answer`]), on a new connection; up to 5 tries.
+async fn as_client_go<T, F, Fut>(traffic: &mut Traffic, mut request: F) -> Result<T, kube::Error>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, kube::Error>>,
 {
-    for _ in 0..5 {
+    let mut tries = 1;
+    loop {
         match request().await {
-            Err(kube::Error::Api(e)) if e.code == 429 => {
+            Err(kube::Error::Api(e)) if e.code == 429 && tries < 5 => {
                 traffic.retried += 1;
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             }
-            other => return other.map_err(|e| e.to_string()),
+            Err(e) if closed_before_answer(&e) && tries < 5 => traffic.reconnected += 1,
+            other => return other,
         }
+        tries += 1;
     }
-    Err("still 429 after 5 tries".into())
 }
 
-/// Creates a ConfigMap and reads it back every 100 ms until `stop`.
+/// Creates a ConfigMap and reads it back every 100 ms until `stop`. A create asked again after
+/// a closed connection may find its own object there (409): it counts when it holds what was
+/// written.
 async fn write_and_read(client: kube::Client, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Traffic {
     use k8s_openapi::api::core::v1::ConfigMap;
     let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, "default");
@@ -346,18 +386,28 @@ async fn write_and_read(client: kube::Client, stop: std::sync::Arc<std::sync::at
     let mut i = 0;
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         let name = format!("beat-{i}");
+        let data: std::collections::BTreeMap<String, String> = [("i".to_string(), i.to_string())].into();
         let map = ConfigMap {
             metadata: kube::api::ObjectMeta {
                 name: Some(name.clone()),
                 ..Default::default()
             },
-            data: Some([("i".to_string(), i.to_string())].into()),
+            data: Some(data.clone()),
             ..Default::default()
         };
         let params = kube::api::PostParams::default();
-        let created = as_client_go(&mut traffic, || api.create(&params, &map)).await;
-        let read = match created {
-            Ok(_) => as_client_go(&mut traffic, || api.get(&name)).await.map(|_| ()),
+        let reconnects_before = traffic.reconnected;
+        let outcome = match as_client_go(&mut traffic, || api.create(&params, &map)).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 && traffic.reconnected > reconnects_before => Ok(()),
+            Err(e) => Err(error_chain(&e)),
+        };
+        let read = match outcome {
+            Ok(()) => match as_client_go(&mut traffic, || api.get(&name)).await {
+                Ok(read) if read.data.as_ref() == Some(&data) => Ok(()),
+                Ok(read) => Err(format!("read back {:?}", read.data)),
+                Err(e) => Err(error_chain(&e)),
+            },
             Err(e) => Err(e),
         };
         match read {
@@ -451,8 +501,8 @@ async fn an_upgrade_and_a_lost_api_server_fail_no_request_and_an_upgrade_that_ca
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let traffic = writer.await.unwrap();
     eprintln!(
-        "upgrade traffic: {} written and read, {} answers 429 retried",
-        traffic.written, traffic.retried
+        "upgrade traffic: {} written and read, {} answers 429 asked again, {} asked again after a closed connection",
+        traffic.written, traffic.retried, traffic.reconnected
     );
     assert!(
         traffic.failed.is_empty(),
@@ -460,6 +510,12 @@ async fn an_upgrade_and_a_lost_api_server_fail_no_request_and_an_upgrade_that_ca
         traffic.failed
     );
     assert!(traffic.written > 100, "too few requests to say anything: {traffic:?}");
+    // One client, one connection at a time: each API server that stops (three replaced by the
+    // upgrade, one deleted) can close it under a request at most once.
+    assert!(
+        traffic.reconnected <= 4,
+        "more closed connections than API servers stopped: {traffic:?}"
+    );
     assert_eq!(
         upgraded.etcd.as_deref().map(|e| e.ends_with("3.6.16")),
         Some(true),
