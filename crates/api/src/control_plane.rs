@@ -41,6 +41,8 @@ use crate::etcd;
     validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("a KubernetesControlPlane name must be a DNS label: lower-case letters, digits and '-', starting with a letter"),
     // Against the version that runs (the status's), not the spec's: an upgrade that stalls can
     // be set back to the version still running.
+    // Editable until the control plane has served, so that a range found taken can be fixed.
+    validation = Rule::new("self.spec.networking == oldSelf.spec.networking || !has(oldSelf.status) || !has(oldSelf.status.version)").message("spec.networking is immutable once the control plane has served: the tenant's addresses are handed out from these ranges"),
     validation = Rule::new("!self.spec.version.matches('^1\\\\.[0-9]{1,2}(\\\\.[0-9]{1,3})?$') || int(self.spec.version.split('.')[1]) >= int((has(oldSelf.status) && has(oldSelf.status.version) ? oldSelf.status.version : oldSelf.spec.version).split('.')[1])").message("spec.version: downgrades are refused; Kubernetes cannot go back to a minor version older than the one running"),
     validation = Rule::new("!self.spec.version.matches('^1\\\\.[0-9]{1,2}(\\\\.[0-9]{1,3})?$') || int(self.spec.version.split('.')[1]) <= int((has(oldSelf.status) && has(oldSelf.status.version) ? oldSelf.status.version : oldSelf.spec.version).split('.')[1]) + 1").message("spec.version: upgrade one minor version at a time from the one running (1.33 to 1.34), as Kubernetes requires"),
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.version"}"#,
@@ -73,9 +75,9 @@ pub struct KubernetesControlPlaneSpec {
     /// How clients reach the API server.
     #[serde(default)]
     pub service: ApiServerServiceSpec,
-    /// The tenant's address ranges. Immutable.
+    /// The tenant's address ranges; they must not overlap this cluster's (its nodes' pod ranges,
+    /// its Service ranges). Immutable once the control plane has served.
     #[serde(default)]
-    #[x_kube(validation = Rule::new("self == oldSelf").message("networking is immutable: the tenant's addresses are handed out from these ranges"))]
     pub networking: NetworkingSpec,
     /// Extra flags per component. Flags the operator sets (addresses, certificates, etcd,
     /// service ranges, kubeconfigs, leader election) are refused.
@@ -161,8 +163,8 @@ pub struct NetworkingSpec {
     /// `kubernetes` Service.
     #[serde(default = "default_service_cidr", rename = "serviceCIDR")]
     #[schemars(length(max = 18))]
-    #[x_kube(validation = Rule::new("isCIDR(self) && cidr(self).ip().family() == 4 && cidr(self).prefixLength() >= 12 && cidr(self).prefixLength() <= 24").message("networking.serviceCIDR must be an IPv4 range from /12 to /24, such as 10.100.0.0/16"))]
-    #[x_kube(validation = Rule::new("!isCIDR(self) || cidr(self) == cidr(self).masked()").message("networking.serviceCIDR must be a range's first address, such as 10.100.0.0/16"))]
+    #[x_kube(validation = Rule::new("isCIDR(self) && cidr(self).ip().family() == 4 && cidr(self).prefixLength() >= 12 && cidr(self).prefixLength() <= 24").message("networking.serviceCIDR must be an IPv4 range from /12 to /24, such as 10.112.0.0/16"))]
+    #[x_kube(validation = Rule::new("!isCIDR(self) || cidr(self) == cidr(self).masked()").message("networking.serviceCIDR must be a range's first address, such as 10.112.0.0/16"))]
     pub service_cidr: String,
     /// The tenant's DNS domain.
     #[serde(default = "default_dns_domain")]
@@ -175,8 +177,10 @@ fn default_pod_cidr() -> String {
     "10.200.0.0/16".into()
 }
 
+/// Outside the Service ranges most clusters use (kubeadm's 10.96.0.0/12) and the pod ranges
+/// (flannel's 10.244.0.0/16), which the tenant's must not overlap.
 fn default_service_cidr() -> String {
-    "10.100.0.0/16".into()
+    "10.112.0.0/16".into()
 }
 
 fn default_dns_domain() -> String {

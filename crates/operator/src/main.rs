@@ -88,11 +88,18 @@ struct RunArgs {
     /// snapshot). Set it to the image the operator runs from.
     #[arg(long, env = "NOOPS_IMAGE", default_value = concat!("ghcr.io/noops-dev/noops:", env!("CARGO_PKG_VERSION")))]
     image: String,
-    /// Seconds the etcd certificates the operator issues (peer, server, client) are valid; each
+    /// Seconds the leaf certificates the operator issues are valid (etcd's peer, server and
+    /// client certificates; a control plane's serving, client and kubeconfig certificates); each
     /// is issued again with a third of that left. Keep that third well above the time kubelets
     /// take to update a mounted Secret (about a minute).
-    #[arg(long, default_value_t = 365 * 24 * 3600, env = "NOOPS_ETCD_CERTIFICATE_LIFETIME_SECONDS", value_parser = clap::value_parser!(u64).range(60..))]
-    etcd_certificate_lifetime_seconds: u64,
+    #[arg(
+        long,
+        alias = "etcd-certificate-lifetime-seconds",
+        default_value_t = 365 * 24 * 3600,
+        env = "NOOPS_CERTIFICATE_LIFETIME_SECONDS",
+        value_parser = clap::value_parser!(u64).range(60..)
+    )]
+    certificate_lifetime_seconds: u64,
 }
 
 fn init_logging(format: LogFormat) {
@@ -208,7 +215,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.namespaces.iter().cloned().map(Some).collect()
     };
     let image = args.image.clone();
-    let certificate_lifetime = std::time::Duration::from_secs(args.etcd_certificate_lifetime_seconds);
+    let certificate_lifetime = std::time::Duration::from_secs(args.certificate_lifetime_seconds);
     let leader_metric = metrics.clone();
     let outcome = noops::leader::run_while_leading(
         elector,

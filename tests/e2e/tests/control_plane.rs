@@ -92,9 +92,28 @@ async fn bad_specs_are_refused_with_a_reason() {
         assert!(error.contains(expected), "refused, but not with {expected:?}: {error}");
     }
 
-    // Refused as changes of an existing (paused, so nothing runs) control plane.
+    // Refused as changes of an existing (paused, so nothing runs) control plane. Its ranges
+    // can change until it has served (a range found taken can be fixed), not after.
     let paused = "  paused: true\n";
     ns.apply(&v("1.33", paused));
+    let moved = format!("{paused}  networking: {{ podCIDR: 10.201.0.0/16 }}\n");
+    assert_eq!(
+        apply_error(&ns, &v("1.33", &moved)),
+        None,
+        "ranges are editable before serving"
+    );
+    ns.apply(&v("1.33", paused));
+    // As the operator says once every API server runs 1.33.13.
+    let served = |version: &str| {
+        let api = ns.api::<KubernetesControlPlane>();
+        let body = serde_json::json!({ "status": { "version": version } });
+        async move {
+            api.patch_status("c", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&body))
+                .await
+                .unwrap();
+        }
+    };
+    served("1.33.13").await;
     let refused_on_update = [
         (v("1.35", paused), "upgrade one minor version at a time"),
         (v("1.32", paused), "version must be 1.33 or later"),
@@ -103,7 +122,7 @@ async fn bad_specs_are_refused_with_a_reason() {
                 "1.33",
                 &format!("{paused}  networking: {{ dnsDomain: tenant.local }}\n"),
             ),
-            "networking is immutable",
+            "spec.networking is immutable once the control plane has served",
         ),
         (
             v("1.33", &format!("{paused}  etcd: {{ storage: {{ size: 2Gi }} }}\n")),
@@ -121,13 +140,14 @@ async fn bad_specs_are_refused_with_a_reason() {
         let error = apply_error(&ns, yaml).unwrap_or_else(|| panic!("accepted:\n{yaml}"));
         assert!(error.contains(expected), "refused, but not with {expected:?}: {error}");
     }
-    // One minor up is accepted; back down again is not.
+    // One minor up is accepted; back down again is not, once 1.34 runs.
     ns.apply(&v("1.34", paused));
+    served("1.34.4").await;
     let error = apply_error(&ns, &v("1.33", paused)).expect("a downgrade was accepted");
     assert!(error.contains("downgrades are refused"), "{error}");
     let kept = ns.api::<KubernetesControlPlane>().get("c").await.unwrap();
     assert_eq!(kept.spec.version, "1.34", "a refused edit changes nothing");
-    assert_eq!(kept.spec.networking.service_cidr, "10.100.0.0/16", "the default range");
+    assert_eq!(kept.spec.networking.service_cidr, "10.112.0.0/16", "the default range");
     // The example of the docs is accepted (no operator runs here: nothing is made).
     let example = std::fs::read_to_string(root().join("examples/kubernetes/team-a.yaml")).unwrap();
     assert_eq!(
@@ -181,8 +201,35 @@ async fn a_control_plane_serves_its_tenant_and_goes_away_with_everything_it_ran(
     let ns = TestNamespace::new("kcp-life").await;
     let operator = Operator::start(&ns.name, &["--controllers", "kubernetescontrolplane,etcd"]);
     let name = "kcplife";
-    ns.apply(&control_plane(name, "  version: \"1.33\"\n  etcd: { replicas: 1 }\n"));
     let api = ns.api::<KubernetesControlPlane>();
+
+    // First with a pod range that overlaps this cluster's nodes' (10.244.<n>.0/24): refused
+    // with a reason and a Warning, nothing made; the range corrected, it is made.
+    let spec =
+        |pods: &str| format!("  version: \"1.33\"\n  etcd: {{ replicas: 1 }}\n  networking: {{ podCIDR: {pods} }}\n");
+    ns.apply(&control_plane(name, &spec("10.244.0.0/16")));
+    let refused = wait_status(&ns, name, "RangeTaken", std::time::Duration::from_secs(60), |s| {
+        condition_is(s, "Degraded", "True").is_some_and(|(reason, _)| reason == "RangeTaken")
+    })
+    .await;
+    let (_, message) = condition_is(&refused, "Ready", "False").unwrap();
+    assert!(
+        message.starts_with("networking.podCIDR 10.244.0.0/16 overlaps 10.244."),
+        "{message}"
+    );
+    assert!(message.contains("(the pods of node noops-node-"), "{message}");
+    assert_eq!(refused.phase.as_deref(), Some("Degraded"));
+    assert!(
+        event_reasons(&ns, "KubernetesControlPlane", name)
+            .await
+            .contains(&"RangeTaken".to_string())
+    );
+    let etcd = ns.api::<noops_api::EtcdCluster>();
+    assert!(
+        etcd.get_opt(&format!("{name}-etcd")).await.unwrap().is_none(),
+        "nothing is made"
+    );
+    ns.apply(&control_plane(name, &spec("10.201.0.0/16")));
     let ready = wait_for(
         "the control plane Ready",
         std::time::Duration::from_secs(300),
@@ -734,5 +781,131 @@ async fn a_tenant_backed_up_comes_back_in_a_new_control_plane() {
     assert_eq!(back.data.unwrap().get("colour").map(String::as_str), Some("green"));
     let etcd = ns.api::<noops_api::EtcdCluster>().get("second-etcd").await.unwrap();
     assert_eq!(etcd.status.unwrap().restored_from.as_deref(), Some("tenant-snapshot"));
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+}
+
+/// When the certificate in Secret `name` expires (its `noops.dev/not-after` annotation).
+async fn not_after(ns: &TestNamespace, name: &str) -> jiff::Timestamp {
+    let secret = ns.api::<Secret>().get(name).await.unwrap();
+    secret.metadata.annotations.unwrap_or_default()["noops.dev/not-after"]
+        .parse()
+        .unwrap()
+}
+
+/// The certificate under `key` of Secret `name`, DER.
+async fn certificate_in(ns: &TestNamespace, name: &str, key: &str) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject;
+    let secret = ns.api::<Secret>().get(name).await.unwrap();
+    let pem = secret.data.unwrap().remove(key).unwrap().0;
+    rustls::pki_types::CertificateDer::from_pem_slice(&pem)
+        .unwrap()
+        .to_vec()
+}
+
+/// The certificate the server at `endpoint` (`https://<ip>:<port>`) presents, checked against
+/// the CA `ca` (DER) as a client would: valid now, for that address.
+fn presented_certificate(endpoint: &str, ca: &[u8]) -> Result<Vec<u8>, String> {
+    let address = endpoint.trim_start_matches("https://");
+    let ip: std::net::IpAddr = address.rsplit_once(':').unwrap().0.parse().unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(rustls::pki_types::CertificateDer::from(ca.to_vec())).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::IpAddress(ip.into());
+    let mut tls = rustls::ClientConnection::new(std::sync::Arc::new(config), name).map_err(|e| e.to_string())?;
+    let mut socket = std::net::TcpStream::connect(address).map_err(|e| e.to_string())?;
+    socket
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    while tls.is_handshaking() {
+        tls.complete_io(&mut socket).map_err(|e| e.to_string())?;
+    }
+    let chain = tls.peer_certificates().ok_or("no certificate presented")?;
+    Ok(chain[0].to_vec())
+}
+
+#[tokio::test]
+async fn a_control_plane_renews_its_certificates_before_they_expire_and_its_pods_serve_the_new_ones() {
+    // Certificates that last 90 s: issued again with 30 s left, which rolls the pods that
+    // mount them (some components read their certificates only when they start).
+    install_crds();
+    let ns = TestNamespace::new("kcp-renew").await;
+    let operator = Operator::start(
+        &ns.name,
+        &[
+            "--controllers",
+            "kubernetescontrolplane,etcd",
+            "--certificate-lifetime-seconds",
+            "90",
+        ],
+    );
+    let name = "kcprenew";
+    ns.apply(&control_plane(name, "  version: \"1.34\"\n  etcd: { replicas: 1 }\n"));
+    let minutes = |m: u64| std::time::Duration::from_secs(60 * m);
+    let ready = wait_status(&ns, name, "Ready", minutes(3), |s| {
+        condition_is(s, "Ready", "True").is_some()
+    })
+    .await;
+    let endpoint = ready.endpoint.clone().unwrap();
+    let serving = format!("{name}-apiserver-tls");
+    let ca = certificate_in(&ns, &format!("{name}-ca"), "ca.crt").await;
+    let first = not_after(&ns, &serving).await;
+    assert_eq!(
+        presented_certificate(&endpoint, &ca).unwrap(),
+        certificate_in(&ns, &serving, "tls.crt").await,
+        "the API server serves the certificate of its Secret"
+    );
+
+    let renewed = wait_for("the serving certificate issued again", minutes(2), || async {
+        let now = not_after(&ns, &serving).await;
+        (now != first).then_some(now)
+    })
+    .await;
+    assert!(
+        jiff::Timestamp::now() < first,
+        "renewed before the first one expired ({first})"
+    );
+    assert!(renewed > first);
+    // The API server's pod rolled onto it: what it presents is the renewed certificate.
+    let expected = certificate_in(&ns, &serving, "tls.crt").await;
+    wait_until("the API server serving the renewed certificate", minutes(1), || async {
+        presented_certificate(&endpoint, &ca).is_ok_and(|c| c == expected)
+    })
+    .await;
+    // The renewed admin kubeconfig gets in, and the controller-manager (its kubeconfig renewed
+    // and its pods rolled too) still works: a Deployment gets its ReplicaSet.
+    let admin = ready.admin_kubeconfig_secret.clone().unwrap();
+    assert!(not_after(&ns, &admin).await > first, "the admin kubeconfig renewed too");
+    let client = tenant_client(&ns, &admin).await;
+    let deployments: kube::Api<k8s_openapi::api::apps::v1::Deployment> =
+        kube::Api::namespaced(client.clone(), "default");
+    let deployment = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": { "name": "web" },
+        "spec": { "replicas": 1, "selector": { "matchLabels": { "app": "web" } },
+            "template": { "metadata": { "labels": { "app": "web" } },
+                "spec": { "containers": [{ "name": "web", "image": "nginx" }] } } }
+    });
+    deployments
+        .create(&Default::default(), &serde_json::from_value(deployment).unwrap())
+        .await
+        .unwrap();
+    let replica_sets: kube::Api<k8s_openapi::api::apps::v1::ReplicaSet> = kube::Api::namespaced(client, "default");
+    wait_until(
+        "the tenant's controller-manager making a ReplicaSet",
+        minutes(1),
+        || async {
+            replica_sets
+                .list(&Default::default())
+                .await
+                .is_ok_and(|l| !l.items.is_empty())
+        },
+    )
+    .await;
+    let reasons = event_reasons(&ns, "KubernetesControlPlane", name).await;
+    assert!(reasons.contains(&"CertificatesIssued".to_string()), "{reasons:?}");
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }

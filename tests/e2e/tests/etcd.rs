@@ -754,12 +754,7 @@ async fn certificates_are_renewed_before_they_expire_without_downtime() {
     let lifetime = LIFETIME.as_secs().to_string();
     let _operator = Operator::start(
         &ns.name,
-        &[
-            "--controllers",
-            "etcd",
-            "--etcd-certificate-lifetime-seconds",
-            &lifetime,
-        ],
+        &["--controllers", "etcd", "--certificate-lifetime-seconds", &lifetime],
     );
     let issued = std::time::Instant::now();
     ns.apply(&cluster_manifest("main", 3, &etcd_version("3.5"), ""));

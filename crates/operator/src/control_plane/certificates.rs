@@ -284,7 +284,7 @@ mod tests {
     fn addresses(service_ip: [u8; 4]) -> Addresses {
         Addresses {
             service_ip: Some(IpAddr::from(service_ip)),
-            tenant_service_ip: tenant_service_ip("10.100.0.0/16"),
+            tenant_service_ip: tenant_service_ip("10.112.0.0/16"),
             dns_domain: "cluster.local".into(),
         }
     }
@@ -304,7 +304,7 @@ mod tests {
             );
         }
         assert!(leaf.ips.contains(&IpAddr::from([10, 96, 3, 4])));
-        assert!(leaf.ips.contains(&IpAddr::from([10, 100, 0, 1])), "{:?}", leaf.ips);
+        assert!(leaf.ips.contains(&IpAddr::from([10, 112, 0, 1])), "{:?}", leaf.ips);
         assert_eq!(
             Certificate::Admin
                 .leaf(&names(), &addresses([10, 96, 3, 4]))
@@ -359,7 +359,7 @@ mod tests {
         assert_eq!(parsed["clusters"][0]["cluster"]["server"], "https://10.96.3.4:6443");
         assert_eq!(parsed["current-context"], "kubernetes-admin@team-a");
         assert_eq!(parsed["users"][0]["name"], "kubernetes-admin");
-        assert_eq!(tenant_service_ip("10.100.0.0/16"), Some(IpAddr::from([10, 100, 0, 1])));
+        assert_eq!(tenant_service_ip("10.112.0.0/16"), Some(IpAddr::from([10, 112, 0, 1])));
         assert_eq!(tenant_service_ip("banana"), None);
     }
 }

@@ -459,7 +459,7 @@ mod tests {
         let command = command_of(&api);
         assert_eq!(command[0], "kube-apiserver");
         assert!(command.contains(&"--etcd-servers=https://team-a-etcd-client.tenants.svc:2379".to_string()));
-        assert!(command.contains(&"--service-cluster-ip-range=10.100.0.0/16".to_string()));
+        assert!(command.contains(&"--service-cluster-ip-range=10.112.0.0/16".to_string()));
         assert_eq!(
             command.last().unwrap(),
             "--audit-log-maxage=7",

@@ -6,7 +6,9 @@
 //! EtcdCluster makes, and reconciles each control plane in one pass (`reconcile.rs`), a file
 //! per stage:
 //! 1. `observe.rs`: the children from watch caches, the version each part runs;
-//! 2. validate: the version must name a release (`versions.rs`);
+//! 2. validate: the version must name a release (`versions.rs`), and until it has served the
+//!    tenant's ranges must not overlap this cluster's (`ranges.rs`, the one read of the API
+//!    here: nodes and ServiceCIDRs are not watched for a check made only at the start);
 //! 3. `plan.rs`: which part moves to which release, in upgrade order (pure; the progress is
 //!    read back from the children, so a restarted operator carries on);
 //! 4. `desired.rs`, `certificates.rs`: the children and the certificates (pure);
@@ -22,12 +24,12 @@ mod fixtures;
 mod names;
 mod observe;
 mod plan;
+mod ranges;
 mod reconcile;
 mod status;
 mod versions;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
@@ -51,8 +53,6 @@ pub const CONTROLLER: Registration = Registration {
 
 /// At most this many control planes are reconciled at once.
 const MAX_CONCURRENT_RECONCILES: u16 = 8;
-/// How long the tenant's certificates last (each is issued again with a third of it left).
-const CERTIFICATE_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The label the etcd controller puts on what an EtcdCluster owns (its client certificate).
 const ETCD_CLUSTER_LABEL: &str = "noops.dev/etcdcluster";
 
@@ -75,6 +75,7 @@ pub async fn run(runtime: Runtime) {
         namespace,
         metrics,
         shutdown,
+        certificate_lifetime,
         ..
     } = runtime;
     let ours = watcher::Config::default().labels(CONTROL_PLANE_LABEL);
@@ -97,7 +98,7 @@ pub async fn run(runtime: Runtime) {
             services,
             secrets,
             pods,
-            certificate_lifetime: CERTIFICATE_LIFETIME,
+            certificate_lifetime,
         },
     );
     let controller = controller_of::<KubernetesControlPlane>(&client, &namespace, MAX_CONCURRENT_RECONCILES)

@@ -15,11 +15,14 @@ use super::names::Names;
 use super::plan::{Plan, Step};
 use super::status::StatusFacts;
 use super::versions::Release;
-use super::{act, desired, observe, plan, status};
+use super::{act, desired, observe, plan, ranges, status};
 use crate::core::apply::{apply_status, controller_reference};
 use crate::core::events::Announcement;
 use crate::core::pki::NOT_AFTER_ANNOTATION;
 use crate::core::{DuringStage, Error, Result, Stage};
+
+/// How soon a control plane whose range is taken looks at this cluster's ranges again.
+const RANGES_RECHECK: Duration = Duration::from_secs(60);
 
 /// Reconciles one control plane (the caller's span names it).
 pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Result<Action> {
@@ -34,11 +37,21 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
         .ok_or_else(|| Error::Internal("the KubernetesControlPlane has no uid yet".into()))
         .during(Stage::Validate)?;
 
+    // Until it has served, the tenant's ranges must stay clear of this cluster's (they are
+    // fixed after that): a control plane with a range taken is not made.
+    let served = kcp.status.as_ref().is_some_and(|s| s.version.is_some());
+    let range_taken = if served {
+        None
+    } else {
+        let taken = ranges::read_taken(&ctx.client).await.during(Stage::Validate)?;
+        ranges::overlap(&kcp.spec.networking, &taken)
+    };
+
     let plan = plan::plan(target, &observation.facts);
 
     let mut service_ip = observation.live.service.as_ref().and_then(act::cluster_ip);
     let mut issued = Vec::new();
-    if !kcp.spec.paused {
+    if !kcp.spec.paused && range_taken.is_none() {
         let etcd = desired::etcd_cluster(&kcp, &names, &plan.etcd_version, &owner);
         let service = desired::service(&kcp, &names, &owner);
         let applied = act::apply_etcd_and_service(ctx, &names, &etcd, &service, &observation.live)
@@ -82,6 +95,7 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
         plan: &plan,
         observation: &observation,
         service_ip,
+        range_taken: range_taken.as_deref(),
     };
     let status = status::build(&facts, now);
     let reference = kcp.object_ref(&());
@@ -94,7 +108,12 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
         apply_status(&api, &kcp.name_any(), &body).await.during(Stage::Status)?;
     }
     let renew = next_renewal(&observation.live.secrets, now, ctx.certificate_lifetime);
-    let again = [renew, observation.recheck_after].into_iter().flatten().min();
+    // A taken range is looked at again now and then: this cluster's ranges may change.
+    let recheck_ranges = range_taken.as_ref().map(|_| RANGES_RECHECK);
+    let again = [renew, observation.recheck_after, recheck_ranges]
+        .into_iter()
+        .flatten()
+        .min();
     Ok(again.map(Action::requeue).unwrap_or_else(Action::await_change))
 }
 

@@ -21,6 +21,8 @@ pub struct StatusFacts<'a> {
     pub observation: &'a Observation,
     /// The Service's ClusterIP, once it has one.
     pub service_ip: Option<IpAddr>,
+    /// Why the tenant's ranges cannot be used here, if one overlaps this cluster's.
+    pub range_taken: Option<&'a str>,
 }
 
 impl StatusFacts<'_> {
@@ -63,6 +65,9 @@ impl StatusFacts<'_> {
 }
 
 fn ready(f: &StatusFacts) -> Decided {
+    if let Some(why) = f.range_taken {
+        return Decided::new("Ready", false, "RangeTaken", why);
+    }
     match (f.plan.step, f.stalled(), f.upgrading_from()) {
         (Step::Done, None, _) if f.observation.facts.etcd_ready => Decided::new(
             "Ready",
@@ -97,6 +102,9 @@ fn available(f: &StatusFacts) -> Decided {
 }
 
 fn progressing(f: &StatusFacts) -> Decided {
+    if let Some(why) = f.range_taken {
+        return Decided::new("Progressing", false, "RangeTaken", why);
+    }
     match (f.plan.step, f.upgrading_from()) {
         (Step::Done, _) => Decided::new("Progressing", false, "Settled", "every part runs the version asked for"),
         (_, Some(from)) => Decided::new(
@@ -111,6 +119,9 @@ fn progressing(f: &StatusFacts) -> Decided {
 
 fn degraded(f: &StatusFacts) -> Decided {
     let asked = replicas(f.kcp, Component::ApiServer);
+    if let Some(why) = f.range_taken {
+        return Decided::new("Degraded", true, "RangeTaken", why);
+    }
     if f.stalled().is_some() {
         let reason = if f.upgrading_from().is_some() {
             "UpgradeStalled"
@@ -282,8 +293,34 @@ mod tests {
             plan: &p,
             observation: &obs,
             service_ip,
+            range_taken: None,
         };
         build(&f, at(s))
+    }
+
+    #[test]
+    fn a_control_plane_whose_range_is_taken_says_so_and_is_not_ready() {
+        let kcp = control_plane("team-a").build();
+        let obs = observation(Facts::default());
+        let p = plan(Release::of(&kcp.spec.version).unwrap(), &obs.facts);
+        let names = Names::of(&kcp);
+        let why = "networking.podCIDR 10.244.0.0/16 overlaps 10.244.1.0/24 (the pods of node n1)";
+        let f = StatusFacts {
+            kcp: &kcp,
+            names: &names,
+            plan: &p,
+            observation: &obs,
+            service_ip: None,
+            range_taken: Some(why),
+        };
+        let status = build(&f, at(0));
+        assert_eq!(status.phase.as_deref(), Some("Degraded"));
+        for type_ in ["Ready", "Progressing"] {
+            assert_eq!(condition(&status, type_), ("False", "RangeTaken"), "{type_}");
+        }
+        assert_eq!(condition(&status, "Degraded"), ("True", "RangeTaken"));
+        let said = status.conditions.iter().find(|c| c.type_ == "Degraded").unwrap();
+        assert_eq!(said.message, why);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Certificates of an etcd cluster, from a CA of its own that the operator keeps in a Secret:
 //! a peer certificate (members to each other), a server certificate (members to clients) and a
 //! client certificate (for the operator and for users, in Secret `<cluster>-client`). Leaf
-//! certificates last a year (`--etcd-certificate-lifetime-seconds`) and are issued again when a
+//! certificates last a year (`--certificate-lifetime-seconds`) and are issued again when a
 //! third of that is left; members read them again on every new connection, so a renewal needs
 //! no restart.
 //!
