@@ -829,7 +829,7 @@ fn presented_certificate(endpoint: &str, ca: &[u8]) -> Result<Vec<u8>, String> {
 }
 
 #[tokio::test]
-async fn a_control_plane_renews_its_certificates_before_they_expire_and_its_pods_serve_the_new_ones() {
+async fn a_control_plane_renews_its_certificates_before_they_expire_and_follows_a_new_ca() {
     // Certificates that last 90 s: issued again with 30 s left, which rolls the pods that
     // mount them (some components read their certificates only when they start).
     install_crds();
@@ -904,6 +904,36 @@ async fn a_control_plane_renews_its_certificates_before_they_expire_and_its_pods
                 .is_ok_and(|l| !l.items.is_empty())
         },
     )
+    .await;
+
+    // The CA's Secret deleted by hand: a new CA is made, and everything it signs follows.
+    ns.api::<Secret>()
+        .delete(&format!("{name}-ca"), &Default::default())
+        .await
+        .unwrap();
+    let new_ca = wait_for("a new CA", minutes(1), || async {
+        let secret = ns.api::<Secret>().get_opt(&format!("{name}-ca")).await.ok()??;
+        secret.data?.get("ca.crt")?;
+        let der = certificate_in(&ns, &format!("{name}-ca"), "ca.crt").await;
+        (der != ca).then_some(der)
+    })
+    .await;
+    wait_until(
+        "the API server serving a certificate of the new CA",
+        minutes(2),
+        || async { presented_certificate(&endpoint, &new_ca).is_ok() },
+    )
+    .await;
+    let next_renewal = renewed - jiff::SignedDuration::from_secs(30);
+    assert!(
+        jiff::Timestamp::now() < next_renewal,
+        "followed the new CA before the renewal due at {next_renewal} would have"
+    );
+    // Once the old pod is gone (it serves until its successor is Ready), the renewed admin
+    // kubeconfig trusts what answers.
+    wait_until("the admin kubeconfig of the new CA getting in", minutes(1), || async {
+        tenant_client(&ns, &admin).await.apiserver_version().await.is_ok()
+    })
     .await;
     let reasons = event_reasons(&ns, "KubernetesControlPlane", name).await;
     assert!(reasons.contains(&"CertificatesIssued".to_string()), "{reasons:?}");

@@ -111,8 +111,8 @@ pub async fn ensure_authorities(
     Ok(Authorities { cluster, front_proxy })
 }
 
-/// Issues every certificate that is due (missing, a third of its life left, or naming another
-/// address) and applies its Secret; the certificates issued.
+/// Issues every certificate that is due (missing, a third of its life left, naming another
+/// address, or signed by another CA) and applies its Secret; the certificates issued.
 #[allow(clippy::too_many_arguments)]
 pub async fn issue_due(
     ctx: &Context,
@@ -130,10 +130,17 @@ pub async fn issue_due(
     for certificate in Certificate::ALL {
         let leaf = certificate.leaf(names, addresses);
         let name = certificate.secret(names);
-        if !certificates::due(live.secrets.get(&name), &leaf, &server, now, ctx.certificate_lifetime) {
+        let ca = authorities.of(certificate.authority());
+        if !certificates::due(
+            live.secrets.get(&name),
+            &leaf,
+            ca,
+            &server,
+            now,
+            ctx.certificate_lifetime,
+        ) {
             continue;
         }
-        let ca = authorities.of(certificate.authority());
         let made = ca
             .issue(&leaf, now, ctx.certificate_lifetime)
             .map_err(|e| Error::Certificate(e.to_string()))?;

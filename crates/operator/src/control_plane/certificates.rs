@@ -175,10 +175,12 @@ pub fn issued_for(leaf: &pki::Leaf, server: &str) -> String {
 }
 
 /// Whether `certificate` must be issued (again): its Secret missing or unreadable, a third of
-/// its life left, or issued for other names or another server address.
+/// its life left, issued for other names or another server address, or by another CA than
+/// `ca` (a CA Secret deleted is made anew, and everything it signed must follow).
 pub fn due(
     secret: Option<&Secret>,
     leaf: &pki::Leaf,
+    ca: &Ca,
     server: &str,
     now: jiff::Timestamp,
     lifetime: std::time::Duration,
@@ -187,7 +189,10 @@ pub fn due(
         .and_then(|s| s.metadata.annotations.as_ref())
         .and_then(|a| a.get(ISSUED_FOR_ANNOTATION))
         .is_some_and(|h| *h == issued_for(leaf, server));
-    !for_now || pki::needs_issuing(secret, now, lifetime)
+    let by_this_ca = secret
+        .and_then(|s| s.data.as_ref()?.get("ca.crt"))
+        .is_some_and(|pem| pem.0 == ca.cert.as_bytes());
+    !for_now || !by_this_ca || pki::needs_issuing(secret, now, lifetime)
 }
 
 /// The API server's address for clients: its Service's ClusterIP.
@@ -323,25 +328,30 @@ mod tests {
         let issued = ca.issue(&leaf, at(0), YEAR).unwrap();
         let url = server_url(IpAddr::from([10, 96, 3, 4]));
         let secret = leaf_secret(&names(), Certificate::ApiServer, &leaf, &issued, &ca, &url, &owner);
-        assert!(due(None, &leaf, &url, at(0), YEAR), "missing");
-        assert!(!due(Some(&secret), &leaf, &url, at(1), YEAR));
+        assert!(due(None, &leaf, &ca, &url, at(0), YEAR), "missing");
+        assert!(!due(Some(&secret), &leaf, &ca, &url, at(1), YEAR));
         assert!(
-            due(Some(&secret), &leaf, &url, at(300), YEAR),
+            due(Some(&secret), &leaf, &ca, &url, at(300), YEAR),
             "a third of its life left"
         );
         let moved = Certificate::ApiServer.leaf(&names(), &addresses([10, 96, 9, 9]));
         assert!(
-            due(Some(&secret), &moved, &url, at(1), YEAR),
+            due(Some(&secret), &moved, &ca, &url, at(1), YEAR),
             "the Service's address changed"
         );
         let admin = Certificate::Admin.leaf(&names(), &addresses([10, 96, 3, 4]));
         let issued = ca.issue(&admin, at(0), YEAR).unwrap();
         let kubeconfig = leaf_secret(&names(), Certificate::Admin, &admin, &issued, &ca, &url, &owner);
         let elsewhere = server_url(IpAddr::from([10, 96, 9, 9]));
-        assert!(!due(Some(&kubeconfig), &admin, &url, at(1), YEAR));
+        assert!(!due(Some(&kubeconfig), &admin, &ca, &url, at(1), YEAR));
         assert!(
-            due(Some(&kubeconfig), &admin, &elsewhere, at(1), YEAR),
+            due(Some(&kubeconfig), &admin, &ca, &elsewhere, at(1), YEAR),
             "a kubeconfig names the server"
+        );
+        let another = Ca::new(&Authority::Cluster.common_name(&names()), at(0)).unwrap();
+        assert!(
+            due(Some(&secret), &leaf, &another, &url, at(1), YEAR),
+            "signed by a CA that is no longer the control plane's"
         );
     }
 
