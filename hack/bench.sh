@@ -69,6 +69,12 @@ pg_table=$("$target_dir/debug/pg-bench" "$target_dir/release/noops" "$runs")
 echo
 echo "$pg_table"
 table+=$'\n\n'"$pg_table"
+# Hosted control planes (release build): apply → Ready and an upgrade of 3 API servers, beside
+# the same binaries run by hand and Kamaji's published figures; how many fit on this machine.
+kcp_table=$("$target_dir/debug/kcp-bench" "$target_dir/release/noops" "$runs")
+echo
+echo "$kcp_table"
+table+=$'\n\n'"$kcp_table"
 mkdir -p "$state/bench"
 {
   echo
