@@ -250,6 +250,26 @@ async fn a_control_plane_serves_its_tenant_and_goes_away_with_everything_it_ran(
     let endpoint = ready.endpoint.clone().unwrap();
     assert!(endpoint.starts_with("https://10.96."), "{endpoint}");
 
+    // Its EtcdCluster paused by hand stays paused: pausing it (and its pod settings) is left to
+    // whoever runs it. Unpaused again after.
+    let etcd_name = format!("{name}-etcd");
+    let pause = |paused: bool| {
+        let etcd = etcd.clone();
+        let etcd_name = etcd_name.clone();
+        async move {
+            let body = serde_json::json!({ "spec": { "paused": paused } });
+            let params = kube::api::PatchParams::default();
+            etcd.patch(&etcd_name, &params, &kube::api::Patch::Merge(&body))
+                .await
+                .unwrap();
+        }
+    };
+    pause(true).await;
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    let paused = etcd.get(&etcd_name).await.unwrap();
+    assert!(paused.spec.paused, "the control plane unpaused its EtcdCluster");
+    pause(false).await;
+
     // The admin kubeconfig works from this machine: the version, and objects written and read.
     let secret = ready.admin_kubeconfig_secret.clone().unwrap();
     let secret = ns.api::<Secret>().get(&secret).await.unwrap();

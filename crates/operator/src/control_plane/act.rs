@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource};
 use noops_api::{EtcdCluster, KubernetesControlPlane};
 
@@ -17,10 +18,10 @@ use super::desired;
 use super::names::{Component, Names};
 use super::observe::Live;
 use super::plan::Plan;
-use crate::core::apply::{apply, create_if_missing};
+use crate::core::apply::{FIELD_MANAGER, apply, create_if_missing};
 use crate::core::crash;
 use crate::core::pki::{Ca, NOT_AFTER_ANNOTATION, new_key_pair};
-use crate::core::stamp::up_to_date;
+use crate::core::stamp::{is_subset, same_stamp, up_to_date};
 use crate::core::{Error, Result};
 
 /// Applies the stamped `desired` unless `live` already is as it asks; what is live after.
@@ -44,8 +45,16 @@ pub async fn apply_etcd_and_service(
     live: &Live,
 ) -> Result<Service> {
     let etcd_clusters: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    if !live.etcd.as_ref().is_some_and(|l| up_to_date(etcd, Some(l))) {
-        apply(&etcd_clusters, &names.etcd(), etcd).await?;
+    let applied = desired::etcd_cluster_applied(etcd);
+    let in_place = live
+        .etcd
+        .as_ref()
+        .is_some_and(|l| same_stamp(etcd, l) && serde_json::to_value(l).is_ok_and(|l| is_subset(&applied, &l)));
+    if !in_place {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        etcd_clusters
+            .patch(&names.etcd(), &params, &Patch::Apply(&applied))
+            .await?;
         crash::point("control plane: EtcdCluster applied");
     }
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &names.namespace);

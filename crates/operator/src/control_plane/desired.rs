@@ -69,6 +69,24 @@ pub fn etcd_cluster(
     cluster
 }
 
+/// The fields of the tenant's EtcdCluster left to whoever runs it: pausing it, its pods'
+/// resources and placement, its defragmentation. The control plane does not apply them, so an
+/// edit of them on the EtcdCluster stays (the control plane's own `paused` stops it applying
+/// anything).
+const ETCD_FIELDS_LEFT_TO_USERS: [&str; 3] = ["paused", "pod", "defragmentation"];
+
+/// The EtcdCluster as the control plane applies it: [`etcd_cluster`] without the fields it
+/// leaves to users.
+pub fn etcd_cluster_applied(etcd: &EtcdCluster) -> serde_json::Value {
+    let mut value = serde_json::to_value(etcd).unwrap_or_default();
+    if let Some(spec) = value.get_mut("spec").and_then(|s| s.as_object_mut()) {
+        for field in ETCD_FIELDS_LEFT_TO_USERS {
+            spec.remove(field);
+        }
+    }
+    value
+}
+
 /// The Service in front of the API servers.
 pub fn service(kcp: &KubernetesControlPlane, names: &Names, owner: &OwnerReference) -> Service {
     let node_port = matches!(kcp.spec.service.type_, ApiServerServiceType::NodePort);
@@ -515,6 +533,13 @@ mod tests {
         assert_eq!(etcd.metadata.name.as_deref(), Some("team-a-etcd"));
         assert_eq!((etcd.spec.replicas, etcd.spec.version.as_str()), (1, "3.5.35"));
         assert!(etcd.spec.tls.enabled);
+        // Applied without what is left to users (pausing it, pod settings, defragmentation).
+        let applied = etcd_cluster_applied(&etcd);
+        for left in ["paused", "pod", "defragmentation"] {
+            assert!(applied["spec"].get(left).is_none(), "{left} applied");
+        }
+        assert_eq!(applied["spec"]["version"], "3.5.35");
+        assert_eq!(applied["spec"]["tls"]["enabled"], true);
         let svc = service(&kcp, &names, &owner);
         assert_eq!(svc.spec.unwrap().selector, Some(names.selector(Component::ApiServer)));
     }
