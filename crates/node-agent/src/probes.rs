@@ -119,6 +119,21 @@ pub enum ProbeReport {
     Verdict { kind: ProbeKind, healthy: bool },
 }
 
+/// How often a readiness probe runs until it first passes, instead of every period: a
+/// container is Ready as soon as it answers, not up to a period later (a kubelet waits the
+/// period; an etcd member made again was Ready a second after it answered).
+const FIRST_PASS_POLL: Duration = Duration::from_millis(100);
+
+/// How long to wait before running a probe again: its period, but [`FIRST_PASS_POLL`] for a
+/// readiness probe that has not passed yet.
+pub fn wait_before_next(kind: ProbeKind, passed_once: bool, period: Duration) -> Duration {
+    if kind == ProbeKind::Readiness && !passed_once {
+        period.min(FIRST_PASS_POLL)
+    } else {
+        period
+    }
+}
+
 /// Runs a container instance's probes: the startup probe until it passes, then liveness and
 /// readiness side by side (a container without a readiness probe is ready at once). Everything
 /// they find goes to `report`, until the task is aborted.
@@ -132,10 +147,17 @@ where
             async move {
                 let timing = ProbeTiming::of(&probe);
                 let mut tracker = ProbeTracker::new(timing);
+                let mut passed_once = false;
+                // Failures are reported once a period, however often the probe runs.
+                let mut failure_reported_at: Option<tokio::time::Instant> = None;
                 tokio::time::sleep(timing.initial_delay).await;
                 loop {
                     let result = run_once(&probe, &container, &target).await;
-                    if let Err(message) = &result {
+                    passed_once |= result.is_ok();
+                    if let Err(message) = &result
+                        && failure_reported_at.is_none_or(|at| at.elapsed() >= timing.period)
+                    {
+                        failure_reported_at = Some(tokio::time::Instant::now());
                         report(ProbeReport::Failed {
                             kind,
                             message: message.clone(),
@@ -147,7 +169,7 @@ where
                             return;
                         }
                     }
-                    tokio::time::sleep(timing.period).await;
+                    tokio::time::sleep(wait_before_next(kind, passed_once, timing.period)).await;
                 }
             }
         };
@@ -459,5 +481,14 @@ mod tests {
         let failed = run("HTTPS", "/livez").await.unwrap_err();
         assert!(failed.contains("statuscode: 500"), "{failed}");
         assert!(run("HTTP", "/readyz").await.is_err(), "plain HTTP to a TLS port fails");
+    }
+
+    #[test]
+    fn readiness_is_asked_often_until_it_first_passes_and_other_probes_keep_their_period() {
+        let period = Duration::from_secs(10);
+        assert_eq!(wait_before_next(ProbeKind::Readiness, false, period), FIRST_PASS_POLL);
+        assert_eq!(wait_before_next(ProbeKind::Readiness, true, period), period);
+        assert_eq!(wait_before_next(ProbeKind::Liveness, false, period), period, "a liveness failure kills: never faster");
+        assert_eq!(wait_before_next(ProbeKind::Startup, false, period), period);
     }
 }
