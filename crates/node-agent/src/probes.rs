@@ -488,7 +488,11 @@ mod tests {
         let period = Duration::from_secs(10);
         assert_eq!(wait_before_next(ProbeKind::Readiness, false, period), FIRST_PASS_POLL);
         assert_eq!(wait_before_next(ProbeKind::Readiness, true, period), period);
-        assert_eq!(wait_before_next(ProbeKind::Liveness, false, period), period, "a liveness failure kills: never faster");
+        assert_eq!(
+            wait_before_next(ProbeKind::Liveness, false, period),
+            period,
+            "a liveness failure kills: never faster"
+        );
         assert_eq!(wait_before_next(ProbeKind::Startup, false, period), period);
     }
 }

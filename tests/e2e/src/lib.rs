@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::PostParams;
 use kube::{Api, Client};
 
+pub mod bench;
 pub mod chaos;
 pub mod etcd;
 pub mod postgres;

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use noops_api::EtcdCluster;
+use noops_e2e::bench::{free_port, median, row, rss_mib, scratch};
 use noops_e2e::etcd::*;
 use noops_e2e::*;
 
@@ -36,19 +37,6 @@ const BIG_DATABASE_MIB: usize = 100;
 const FOLLOWER_DELETIONS: usize = 5;
 /// The clusters of the memory and idle-requests rows.
 const MANY_CLUSTERS: usize = 20;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// An etcd of `version` alone on this machine (loopback only), on `dir`.
 struct LoneEtcd {
@@ -98,35 +86,17 @@ fn minor(version: &str) -> String {
     version.split('.').take(2).collect::<Vec<_>>().join(".")
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("noops-etcd-bench-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// etcd's own start on an empty data folder (median of 3).
 async fn etcd_start(version: &str) -> f64 {
     let mut times = vec![];
     for i in 0..3 {
-        let dir = scratch(&format!("start-{i}"));
+        let dir = scratch("etcd-bench", &format!("start-{i}"));
         let (_lone, took) = LoneEtcd::start(version, &dir.join("data"), free_port()).await;
         times.push(took);
         drop(_lone);
         let _ = std::fs::remove_dir_all(&dir);
     }
     median(times)
-}
-
-/// The resident memory of process `pid`, in MiB.
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
 }
 
 /// Writes `mib` MiB of incompressible values to cluster `name` (1 MiB per key).
@@ -298,15 +268,6 @@ async fn main() {
 
     println!("| EtcdCluster (release operator) | median of {runs} | what bounds it | bound | ratio | runs |");
     println!("|---|---|---|---|---|---|");
-    let row = |what: &str, times: &[f64], bound_what: &str, bound: f64| {
-        let m = median(times.to_vec());
-        let all: Vec<String> = times.iter().map(|t| format!("{t:.1}")).collect();
-        println!(
-            "| {what} | {m:.1} | {bound_what} | {bound:.1} | {:.2} | {} |",
-            m / bound,
-            all.join(" ")
-        );
-    };
     row(
         "create 3 members → Ready (s)",
         &create,
@@ -440,7 +401,7 @@ async fn backup_and_restore(binary: &Path, version: &str) -> (f64, f64, f64, f64
     ns.apply(&cluster_manifest("big", 1, version, &backup_spec(&ns, None, 3)));
     wait_cluster_ready(&ns, "big", 1, 3 * MINUTE).await;
     fill(&ns, "big", &["big-0"], BIG_DATABASE_MIB).await;
-    let dir = scratch("big");
+    let dir = scratch("etcd-bench", "big");
     let (etcdctl_save, file) = etcdctl_snapshot(&ns, "big", "big-0", version, &dir).await;
 
     let t = Instant::now();

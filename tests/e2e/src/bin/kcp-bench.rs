@@ -22,25 +22,13 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use noops_api::{KubernetesControlPlane, KubernetesControlPlaneStatus};
+use noops_e2e::bench::{free_port, median, row, rss_mib, scratch};
 use noops_e2e::*;
 
 const MINUTE: Duration = Duration::from_secs(60);
 /// Kamaji's README: a tenant control plane ready in about 16 s, upgraded in about 10 s.
 const KAMAJI_READY: f64 = 16.0;
 const KAMAJI_UPGRADE: f64 = 10.0;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn control_plane(name: &str, spec: &str) -> String {
     format!("apiVersion: noops.dev/v1alpha1\nkind: KubernetesControlPlane\nmetadata: {{ name: {name} }}\nspec:\n{spec}")
@@ -386,24 +374,6 @@ impl ByHand {
     }
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("noops-kcp-bench-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// The resident memory of `pid`, in MiB.
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
-}
-
 /// The RSS of every process of control plane `name` (its pods' processes carry their pod's
 /// name, which starts with the control plane's, as HOSTNAME), in MiB.
 fn control_plane_rss_mib(name: &str) -> f64 {
@@ -449,7 +419,7 @@ async fn create(binary: &Path) -> (f64, f64) {
         .await
         .expect("the control plane Ready within 5 minutes");
     let made = t.elapsed().as_secs_f64();
-    let dir = scratch("create");
+    let dir = scratch("kcp-bench", "create");
     certificates_of(&ns, "made", &dir).await;
     let (by_hand, took) = ByHand::start(&dir, "1.34", "3.6", 3, 1).await;
     drop(by_hand);
@@ -487,7 +457,7 @@ async fn upgrade(binary: &Path) -> (f64, f64, f64) {
     .expect("upgraded within 5 minutes");
     let whole = t.elapsed().as_secs_f64();
 
-    let dir = scratch("upgrade");
+    let dir = scratch("kcp-bench", "upgrade");
     certificates_of(&ns, "up", &dir).await;
     let (mut by_hand, _) = ByHand::start(&dir, "1.33", "3.5", 3, 3).await;
     let took = by_hand.upgrade("1.34", "3.6").await;
@@ -499,7 +469,7 @@ async fn upgrade(binary: &Path) -> (f64, f64, f64) {
 /// The memory of one control plane of 1 API server and 1 etcd member started by hand, settled,
 /// with the certificates of control plane `name`.
 async fn by_hand_memory(ns: &TestNamespace, name: &str) -> f64 {
-    let dir = scratch("memory");
+    let dir = scratch("kcp-bench", "memory");
     certificates_of(ns, name, &dir).await;
     let (by_hand, _) = ByHand::start(&dir, "1.34", "3.6", 1, 1).await;
     tokio::time::sleep(Duration::from_secs(20)).await;
@@ -600,15 +570,6 @@ async fn main() {
         "| KubernetesControlPlane (release operator) | median of {runs} | what bounds it | bound | ratio | runs |"
     );
     println!("|---|---|---|---|---|---|");
-    let row = |what: &str, times: &[f64], bound_what: &str, bound: f64| {
-        let m = median(times.to_vec());
-        let all: Vec<String> = times.iter().map(|t| format!("{t:.1}")).collect();
-        println!(
-            "| {what} | {m:.1} | {bound_what} | {bound:.1} | {:.2} | {} |",
-            m / bound,
-            all.join(" ")
-        );
-    };
     let by_hand_made = median(made_by_hand.clone());
     row(
         "apply → Ready, 1 API server, 3 etcd members (s)",

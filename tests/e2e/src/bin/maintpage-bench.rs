@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use noops_api::MaintPage;
+use noops_e2e::bench::peak_rss_mib;
 use noops_e2e::*;
 
 const NAMESPACE: &str = "bench-maintpage";
@@ -108,17 +109,6 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[idx]
-}
-
-fn peak_rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
 }
 
 /// Requests by the operator's user that started in the audit log from `offset` on, by verb.

@@ -19,6 +19,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use noops_api::{PostgreSQL, PostgresBackup};
+use noops_e2e::bench::row;
 use noops_e2e::postgres::*;
 use noops_e2e::*;
 
@@ -28,11 +29,6 @@ const BIN: &str = "/usr/lib/postgresql/15/bin";
 const BIG_SCALE: &str = "15";
 /// The databases of the idle-requests row.
 const MANY_DATABASES: usize = 20;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// Runs a PostgreSQL program as this machine's `postgres` user; panics with its output if it
 /// fails.
@@ -436,15 +432,6 @@ async fn main() {
         "| PostgreSQL (release operator) | median of {runs} | what the PostgreSQL tools alone take | bound | ratio | runs |"
     );
     println!("|---|---|---|---|---|---|");
-    let row = |what: &str, times: &[f64], bound_what: &str, bound: f64| {
-        let m = median(times.to_vec());
-        let all: Vec<String> = times.iter().map(|t| format!("{t:.1}")).collect();
-        println!(
-            "| {what} | {m:.1} | {bound_what} | {bound:.1} | {:.1} | {} |",
-            m / bound,
-            all.join(" ")
-        );
-    };
     row("apply → Ready (s)", &create, "`initdb` + server start (s)", lone_create);
     row(
         "pod deleted → serving again (s)",
