@@ -465,8 +465,16 @@ pub fn kill_member_process(ns: &TestNamespace, cluster: &str, member: &str) {
 /// A writer and reader running in the background until stopped.
 pub struct Writer {
     stop: Arc<AtomicBool>,
+    /// Writes acknowledged so far.
+    acked: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<History>,
 }
+
+/// A writer stopped before this many acknowledged writes runs on (at most [`WRITER_RUNS_ON`])
+/// until it has them: an operation that became faster must not leave too little history to
+/// judge it by.
+const ENOUGH_ACKED: usize = 100;
+const WRITER_RUNS_ON: Duration = Duration::from_secs(10);
 
 impl Writer {
     /// Starts writing 1, 2, 3… to the register (each write also leaves its own key) and reading
@@ -474,6 +482,8 @@ impl Writer {
     pub fn start(mut client: Client) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
+        let acked_so_far = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let acked_count = acked_so_far.clone();
         let task = tokio::spawn(async move {
             let mut history = History::default();
             let mut value = 0u64;
@@ -487,6 +497,9 @@ impl Writer {
                     .await
                     .is_ok_and(|r| r.is_ok());
                 history.ops.push(Op::Write { value, acked });
+                if acked {
+                    acked_count.fetch_add(1, Ordering::Relaxed);
+                }
                 let read = tokio::time::timeout(Duration::from_secs(6), client.get(REGISTER, None)).await;
                 let seen = read
                     .ok()
@@ -501,11 +514,20 @@ impl Writer {
             }
             history
         });
-        Self { stop, task }
+        Self {
+            stop,
+            acked: acked_so_far,
+            task,
+        }
     }
 
-    /// Stops the writer and returns what it did.
+    /// Stops the writer, once it has [`ENOUGH_ACKED`] acknowledged writes or has run on
+    /// [`WRITER_RUNS_ON`] more, and returns what it did.
     pub async fn stop(self) -> History {
+        let asked = Instant::now();
+        while self.acked.load(Ordering::Relaxed) < ENOUGH_ACKED && asked.elapsed() < WRITER_RUNS_ON {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         self.stop.store(true, Ordering::Relaxed);
         self.task.await.unwrap()
     }

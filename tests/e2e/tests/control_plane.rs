@@ -230,20 +230,29 @@ async fn a_control_plane_serves_its_tenant_and_goes_away_with_everything_it_ran(
         "nothing is made"
     );
     ns.apply(&control_plane(name, &spec("10.201.0.0/16")));
-    let ready = wait_for(
-        "the control plane Ready",
-        std::time::Duration::from_secs(300),
-        || async {
-            let kcp = api.get(name).await.ok()?;
-            let status = kcp.status.clone()?;
-            status
-                .conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-                .then_some(status)
-        },
-    )
-    .await;
+    // As a user waits for it.
+    let (namespace, target) = (ns.name.clone(), format!("kcp/{name}"));
+    let waited = tokio::task::spawn_blocking(move || {
+        kubectl(
+            &[
+                "wait",
+                "--for=condition=Ready",
+                &target,
+                "-n",
+                &namespace,
+                "--timeout=300s",
+            ],
+            None,
+        )
+    })
+    .await
+    .unwrap();
+    assert!(
+        waited.status.success(),
+        "kubectl wait: {}",
+        String::from_utf8_lossy(&waited.stderr)
+    );
+    let ready = api.get(name).await.unwrap().status.unwrap();
     assert_eq!(ready.version.as_deref(), Some("1.33.13"));
     assert_eq!(ready.phase.as_deref(), Some("Running"));
     assert_eq!(ready.ready.as_deref(), Some("1/1"));
@@ -629,6 +638,23 @@ async fn an_upgrade_and_a_lost_api_server_fail_no_request_and_an_upgrade_that_ca
         s.phase.as_deref() == Some("Running") && condition_is(s, "Ready", "True").is_some()
     })
     .await;
+
+    // A first apply at a version with no image: it says why it cannot start, and deleting it
+    // leaves nothing.
+    let new = "kcpnew";
+    ns.apply(&control_plane(new, "  version: \"1.35\"\n  etcd: { replicas: 1 }\n"));
+    let cannot = wait_status(&ns, new, "a new control plane that cannot start", minutes(3), |s| {
+        condition_is(s, "Ready", "False").is_some_and(|(reason, _)| reason == "PodsCannotStart")
+    })
+    .await;
+    let (reason, message) = condition_is(&cannot, "Degraded", "True").unwrap();
+    assert_eq!(reason, "PodsCannotStart");
+    assert!(message.contains("kube-apiserver cannot start"), "{message}");
+    assert_eq!(cannot.version, None, "nothing has served");
+    ns.api::<KubernetesControlPlane>()
+        .delete(new, &Default::default())
+        .await
+        .unwrap();
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }
 

@@ -420,8 +420,8 @@ async fn a_minor_upgrade_rolls_one_member_at_a_time_the_leader_last_without_losi
     let uids_before = volume_uids(volumes.list(&ListParams::default()).await.unwrap().items);
     etcdctl_in_pod(&ns, "main", &from, "put", &["put", "before-upgrade", "kept"]).await;
 
-    let endpoints = member_endpoints(&ns, &["main-0", "main-1", "main-2"]).await;
-    let writer = Writer::start(etcd_client(&ns, "main", &endpoints).await);
+    // Through the client Service: each member comes back in a new pod, at a new address.
+    let writer = Writer::start(etcd_client(&ns, "main", &[service_endpoint(&ns, "main").await]).await);
     patch_spec(&ns, "main", serde_json::json!({ "version": to })).await;
     let after = wait_on_version(&ns, "main", 3, &to).await;
     let history = writer.stop().await;
