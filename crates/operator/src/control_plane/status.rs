@@ -58,6 +58,20 @@ impl StatusFacts<'_> {
         status.version.clone().filter(|previous| previous != target)
     }
 
+    /// What the EtcdCluster says is wrong with it, if it is Degraded for a reason of its own (a
+    /// refused spec, a backup to start from not found, a member pod that cannot start, quorum
+    /// lost). Members unhealthy for a
+    /// while are not one: an etcd upgrade passes through that, and a lasting one shows as
+    /// EtcdNotReady.
+    fn etcd_degraded(&self) -> Option<(&str, &str)> {
+        let status = self.observation.live.etcd.as_ref()?.status.as_ref()?;
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True" && c.reason != "MembersUnhealthy")
+            .map(|c| (c.reason.as_str(), c.message.as_str()))
+    }
+
     /// Why a component cannot go on, if one cannot.
     fn stalled(&self) -> Option<(Component, &crate::core::stuck::Stuck)> {
         self.observation.stuck.iter().map(|(c, s)| (*c, s)).next()
@@ -129,6 +143,10 @@ fn degraded(f: &StatusFacts) -> Decided {
             "PodsCannotStart"
         };
         return Decided::new("Degraded", true, reason, stalled_message(f));
+    }
+    if let Some((reason, message)) = f.etcd_degraded() {
+        let message = format!("EtcdCluster {}: {message} ({reason})", f.names.etcd());
+        return Decided::new("Degraded", true, "EtcdDegraded", message);
     }
     let was_ready = f.kcp.status.as_ref().and_then(|s| s.version.as_ref()).is_some();
     // An etcd moving member by member to the release's version is the upgrade, not a fault.
@@ -296,6 +314,63 @@ mod tests {
             range_taken: None,
         };
         build(&f, at(s))
+    }
+
+    #[test]
+    fn what_its_etcd_cluster_says_is_wrong_makes_the_control_plane_degraded() {
+        let served = KubernetesControlPlaneStatus {
+            version: Some("1.34.4".into()),
+            ..Default::default()
+        };
+        let kcp = control_plane("team-a").status(served).build();
+        let mut facts = Facts::etcd_ready("3.6.16");
+        for component in Component::ALL {
+            facts.deployed(component, "1.34.4", true);
+        }
+        let degraded_etcd = |reason: &str| {
+            let condition = k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: "Degraded".into(),
+                status: "True".into(),
+                reason: reason.into(),
+                message: "backup b1 not found".into(),
+                observed_generation: Some(1),
+                last_transition_time: Time(at(0)),
+            };
+            let status = noops_api::EtcdClusterStatus {
+                conditions: vec![condition],
+                ..Default::default()
+            };
+            crate::etcd::fixtures::cluster().status(status).build()
+        };
+        let status_with = |etcd| {
+            let mut obs = observation(facts.clone());
+            obs.live.etcd = Some(etcd);
+            let p = plan(Release::of(&kcp.spec.version).unwrap(), &obs.facts);
+            let names = Names::of(&kcp);
+            let f = StatusFacts {
+                kcp: &kcp,
+                names: &names,
+                plan: &p,
+                observation: &obs,
+                service_ip: Some(IpAddr::from([10, 96, 0, 9])),
+                range_taken: None,
+            };
+            build(&f, at(1))
+        };
+        let status = status_with(degraded_etcd("BackupNotFound"));
+        assert_eq!(condition(&status, "Degraded"), ("True", "EtcdDegraded"));
+        let said = status.conditions.iter().find(|c| c.type_ == "Degraded").unwrap();
+        assert_eq!(
+            said.message,
+            "EtcdCluster team-a-etcd: backup b1 not found (BackupNotFound)"
+        );
+        assert_eq!(condition(&status, "Ready"), ("True", "Ready"), "it still serves");
+        let passing = status_with(degraded_etcd("MembersUnhealthy"));
+        assert_eq!(
+            condition(&passing, "Degraded"),
+            ("False", "AsExpected"),
+            "as an upgrade passes through"
+        );
     }
 
     #[test]
