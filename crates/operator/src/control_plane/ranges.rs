@@ -11,7 +11,7 @@ use std::net::Ipv4Addr;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::Api;
-use noops_api::control_plane::NetworkingSpec;
+use noops_api::control_plane::{KubernetesControlPlane, NetworkingSpec};
 
 /// An IPv4 range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +74,24 @@ pub fn overlap(networking: &NetworkingSpec, taken: &[Taken]) -> Option<String> {
     }
     None
 }
+
+/// Whether a pass must read this cluster's ranges: not once the control plane has served (its
+/// ranges are fixed then), nor when the last status, written for this generation, found them
+/// clear and its EtcdCluster is made (`made`). So the nodes and ServiceCIDRs are listed on the
+/// first passes, after an edit, and while a range is taken, not on every pass of a creation.
+pub fn must_check(kcp: &KubernetesControlPlane, made: bool) -> bool {
+    let Some(status) = kcp.status.as_ref() else {
+        return true;
+    };
+    let served = status.version.is_some();
+    let checked_this_generation =
+        status.observed_generation.is_some() && status.observed_generation == kcp.metadata.generation;
+    let found_taken = status.conditions.iter().any(|c| c.reason == RANGE_TAKEN);
+    !served && (!made || !checked_this_generation || found_taken)
+}
+
+/// The reason of the conditions that say a range is taken.
+pub const RANGE_TAKEN: &str = "RangeTaken";
 
 /// The ranges this cluster uses: each node's pod ranges, and its Service ranges (ServiceCIDR
 /// objects; on a cluster without them, the address of its `kubernetes` Service).
@@ -144,6 +162,52 @@ mod tests {
         assert!(!range("10.244.0.0/16").overlaps(&range("10.245.0.0/16")));
         assert!(range("0.0.0.0/0").overlaps(&range("192.168.1.1")));
         assert!(range("10.96.0.1").overlaps(&range("10.96.0.0/16")));
+    }
+
+    #[test]
+    fn ranges_are_read_until_served_only_when_something_may_have_changed() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+        use noops_api::control_plane::KubernetesControlPlaneStatus;
+        let status = |generation: i64, version: Option<&str>, reason: &str| KubernetesControlPlaneStatus {
+            observed_generation: Some(generation),
+            version: version.map(str::to_string),
+            conditions: vec![Condition {
+                type_: "Degraded".into(),
+                status: if reason == RANGE_TAKEN { "True" } else { "False" }.into(),
+                reason: reason.into(),
+                message: String::new(),
+                observed_generation: Some(generation),
+                last_transition_time: Time(jiff::Timestamp::UNIX_EPOCH),
+            }],
+            ..Default::default()
+        };
+        let kcp = |s: Option<KubernetesControlPlaneStatus>| {
+            let mut kcp = crate::control_plane::fixtures::control_plane("team-a").build();
+            kcp.metadata.generation = Some(2);
+            kcp.status = s;
+            kcp
+        };
+        assert!(must_check(&kcp(None), false), "a first pass");
+        assert!(
+            must_check(&kcp(Some(status(2, None, "AsExpected"))), false),
+            "nothing made yet"
+        );
+        assert!(
+            !must_check(&kcp(Some(status(2, None, "AsExpected"))), true),
+            "found clear, made"
+        );
+        assert!(
+            must_check(&kcp(Some(status(1, None, "AsExpected"))), true),
+            "edited since"
+        );
+        assert!(
+            must_check(&kcp(Some(status(2, None, RANGE_TAKEN))), true),
+            "a range taken is looked at again"
+        );
+        assert!(
+            !must_check(&kcp(Some(status(2, Some("1.34.4"), RANGE_TAKEN))), true),
+            "served: fixed"
+        );
     }
 
     #[test]

@@ -39,12 +39,11 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
 
     // Until it has served, the tenant's ranges must stay clear of this cluster's (they are
     // fixed after that): a control plane with a range taken is not made.
-    let served = kcp.status.as_ref().is_some_and(|s| s.version.is_some());
-    let range_taken = if served {
-        None
-    } else {
+    let range_taken = if ranges::must_check(&kcp, observation.live.etcd.is_some()) {
         let taken = ranges::read_taken(&ctx.client).await.during(Stage::Validate)?;
         ranges::overlap(&kcp.spec.networking, &taken)
+    } else {
+        None
     };
 
     let plan = plan::plan(target, &observation.facts);

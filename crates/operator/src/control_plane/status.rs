@@ -11,6 +11,7 @@ use super::desired::replicas;
 use super::names::{Component, Names};
 use super::observe::Observation;
 use super::plan::{Plan, Step};
+use super::ranges::RANGE_TAKEN;
 use crate::core::conditions::{Decided, merge};
 
 /// What the status is built from.
@@ -80,7 +81,7 @@ impl StatusFacts<'_> {
 
 fn ready(f: &StatusFacts) -> Decided {
     if let Some(why) = f.range_taken {
-        return Decided::new("Ready", false, "RangeTaken", why);
+        return Decided::new("Ready", false, RANGE_TAKEN, why);
     }
     match (f.plan.step, f.stalled(), f.upgrading_from()) {
         (Step::Done, None, _) if f.observation.facts.etcd_ready => Decided::new(
@@ -117,7 +118,7 @@ fn available(f: &StatusFacts) -> Decided {
 
 fn progressing(f: &StatusFacts) -> Decided {
     if let Some(why) = f.range_taken {
-        return Decided::new("Progressing", false, "RangeTaken", why);
+        return Decided::new("Progressing", false, RANGE_TAKEN, why);
     }
     match (f.plan.step, f.upgrading_from()) {
         (Step::Done, _) => Decided::new("Progressing", false, "Settled", "every part runs the version asked for"),
@@ -134,7 +135,7 @@ fn progressing(f: &StatusFacts) -> Decided {
 fn degraded(f: &StatusFacts) -> Decided {
     let asked = replicas(f.kcp, Component::ApiServer);
     if let Some(why) = f.range_taken {
-        return Decided::new("Degraded", true, "RangeTaken", why);
+        return Decided::new("Degraded", true, RANGE_TAKEN, why);
     }
     if f.stalled().is_some() {
         let reason = if f.upgrading_from().is_some() {
@@ -391,9 +392,9 @@ mod tests {
         let status = build(&f, at(0));
         assert_eq!(status.phase.as_deref(), Some("Degraded"));
         for type_ in ["Ready", "Progressing"] {
-            assert_eq!(condition(&status, type_), ("False", "RangeTaken"), "{type_}");
+            assert_eq!(condition(&status, type_), ("False", RANGE_TAKEN), "{type_}");
         }
-        assert_eq!(condition(&status, "Degraded"), ("True", "RangeTaken"));
+        assert_eq!(condition(&status, "Degraded"), ("True", RANGE_TAKEN));
         let said = status.conditions.iter().find(|c| c.type_ == "Degraded").unwrap();
         assert_eq!(said.message, why);
     }
