@@ -5,6 +5,7 @@
 //! PersistentVolumes, answers cluster DNS, and serves container logs to the API server.
 
 mod atomic_dir;
+mod cgroups;
 mod dns;
 mod downward;
 mod env;
@@ -144,6 +145,8 @@ async fn main() -> anyhow::Result<()> {
         )
     })?;
 
+    let cgroups = cgroups::Cgroups::detect(&args.state_dir);
+    let agent_cgroups = cgroups.enabled();
     let (cpu, memory_bytes) = NodeInfo::detect_capacity();
     let node = NodeInfo {
         name: args.node_name.clone(),
@@ -182,6 +185,7 @@ async fn main() -> anyhow::Result<()> {
         api_service,
         crash_backoff: Duration::from_secs(args.crash_backoff_seconds.max(1)),
         private_paths: args.private_paths.clone(),
+        cgroups,
     });
 
     let dns = dns::ClusterDns::new(client.clone(), args.cluster_domain.clone());
@@ -203,7 +207,7 @@ async fn main() -> anyhow::Result<()> {
     let api_task = tokio::spawn(kubelet_api.serve(SocketAddr::from((args.node_ip, args.kubelet_port)), tls));
     let heartbeat_task = tokio::spawn(node::heartbeat(client.clone(), node));
     let pods_task = tokio::spawn(pods::run(agent, shutdown_rx));
-    info!(node = %args.node_name, ip = %args.node_ip, "node agent running");
+    info!(node = %args.node_name, ip = %args.node_ip, cgroups = agent_cgroups, "node agent running");
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

@@ -46,6 +46,9 @@ pub struct ProcessSpec {
     pub capabilities: Option<Vec<u32>>,
     /// stdout and stderr are appended here.
     pub log_file: PathBuf,
+    /// The container's cgroup (`cgroups.rs`): the process joins it before anything else, so
+    /// every process it starts is in it too.
+    pub cgroup: Option<PathBuf>,
 }
 
 /// Creates what a mount needs outside the container: a missing source (a `subPath` not created
@@ -98,6 +101,11 @@ pub fn spawn(spec: &ProcessSpec) -> io::Result<Child> {
         &spec.hidden,
         spec.working_dir.as_deref(),
     )?;
+    let cgroup_procs: Option<File> = match &spec.cgroup {
+        Some(dir) => Some(OpenOptions::new().write(true).open(dir.join("cgroup.procs"))?),
+        None => None,
+    };
+    let cgroup_fd = cgroup_procs.as_ref().map(|f| f.as_raw_fd());
     let netns: Option<OwnedFd> = match &spec.netns {
         Some(path) => Some(File::open(path)?.into()),
         None => None,
@@ -128,6 +136,12 @@ pub fn spawn(spec: &ProcessSpec) -> io::Result<Child> {
     // memory that was allocated before the fork; it allocates nothing and takes no locks.
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(fd) = cgroup_fd {
+                // "0" moves the writing process.
+                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
             check(libc::setsid())?;
             if let Some(fd) = netns_fd {
                 check(libc::setns(fd, libc::CLONE_NEWNET))?;
@@ -166,6 +180,7 @@ pub fn spawn(spec: &ProcessSpec) -> io::Result<Child> {
     }
     let child = cmd.spawn();
     drop(netns);
+    drop(cgroup_procs);
     child
 }
 

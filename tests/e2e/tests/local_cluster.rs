@@ -664,6 +664,67 @@ spec:
     assert!(!logs.contains("listen on"), "the old server was gone: {logs}");
 }
 
+/// Processes of this machine whose command line contains `marker`.
+fn processes_with(marker: &str) -> Vec<(u32, String)> {
+    let mut out = vec![];
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(marker) {
+            out.push((pid, cmdline));
+        }
+    }
+    out
+}
+
+/// The session id of a process (field 6 of /proc/<pid>/stat).
+fn session_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(3)?.parse().ok()
+}
+
+#[tokio::test]
+async fn a_process_that_starts_its_own_session_ends_with_its_pod() {
+    let ns = TestNamespace::new("setsid").await;
+    let marker = format!("escape-{}", ns.name);
+    // A daemon that leaves the container's session (as a nested node agent's containers do).
+    ns.apply(&format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{ name: daemonizer }}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+    - name: app
+      image: busybox
+      command: ["sh", "-c", "setsid sh -c 'while :; do sleep 1; done # {marker}' & exec sleep 100000"]
+"#
+    ));
+    ns.wait_pod_ready("daemonizer", MINUTE).await;
+    // It leads a session of its own: signalling the container's process group misses it.
+    wait_for("the daemon to run in a session of its own", MINUTE, || async {
+        processes_with(&marker)
+            .into_iter()
+            .find(|(pid, cmd)| cmd.starts_with("sh -c") && session_of(*pid) == Some(*pid))
+    })
+    .await;
+    ns.pods().delete("daemonizer", &DeleteParams::default()).await.unwrap();
+    let pods = ns.pods();
+    wait_until("the pod to be gone", MINUTE, || async {
+        pods.get_opt("daemonizer").await.ok().flatten().is_none()
+    })
+    .await;
+    // The pod object goes after its containers are stopped: nothing of it is left by then.
+    let left = processes_with(&marker);
+    assert!(left.is_empty(), "processes outlived their pod: {left:?}");
+}
+
 #[tokio::test]
 async fn changing_a_pod_image_restarts_the_container_whatever_the_restart_policy() {
     let ns = TestNamespace::new("image-change").await;

@@ -50,6 +50,8 @@ pub struct Agent {
     pub crash_backoff: Duration,
     /// Paths of this machine that containers must not read.
     pub private_paths: Vec<PathBuf>,
+    /// Each container's cgroup, which holds every process it starts.
+    pub cgroups: crate::cgroups::Cgroups,
 }
 
 impl Agent {
@@ -154,9 +156,15 @@ async fn clean_orphans(agent: &Agent, present: &HashSet<String>) {
             }
             info!(pod_uid = %uid, "cleaning up after a pod that no longer exists");
             crate::process::kill_recorded_processes(&dir.path());
+            agent.cgroups.remove_pod(&uid).await;
             let _ = agent.network.destroy(&agent.network.names(&uid)).await;
             let _ = agent.network.release(&uid);
             let _ = std::fs::remove_dir_all(dir.path());
+        }
+    }
+    for uid in agent.cgroups.pod_uids() {
+        if !present.contains(&uid) {
+            agent.cgroups.remove_pod(&uid).await;
         }
     }
     // Only this node's namespaces: the other nodes' pods share the bridge and /run/netns.

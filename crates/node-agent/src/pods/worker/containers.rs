@@ -354,6 +354,12 @@ impl PodWorker {
             slot.restart_count += 1;
         }
         let restart = slot.restart_count;
+        let cgroup = self.agent.cgroups.container(&self.uid, &spec.name).map_err(|e| {
+            (
+                "RunContainerError".to_string(),
+                format!("failed to make the container's cgroup: {e}"),
+            )
+        })?;
         let process = ProcessSpec {
             program: program.program.clone(),
             args: program.args.clone(),
@@ -369,6 +375,7 @@ impl PodWorker {
             hidden: self.agent.private_paths.clone(),
             capabilities,
             log_file: log_path(&self.dir, &spec.name, restart),
+            cgroup: cgroup.clone(),
         };
         let log_file = process.log_file.clone();
         let child = process::spawn(&process).map_err(|e| {
@@ -381,7 +388,7 @@ impl PodWorker {
         process::record_pid(&self.dir, &spec.name, pid);
         let instance = self.next_instance;
         self.next_instance += 1;
-        let exited = self.watch_exit(child, pid, spec.name.clone(), instance);
+        let exited = self.watch_exit(child, pid, cgroup, spec.name.clone(), instance);
         let target = ProbeTarget {
             source: self.agent.node.ip,
             pod_ip: sandbox.pod_ip,
@@ -434,6 +441,7 @@ impl PodWorker {
         &self,
         mut child: tokio::process::Child,
         pid: u32,
+        cgroup: Option<PathBuf>,
         container: String,
         instance: u64,
     ) -> watch::Receiver<Option<ExitInfo>> {
@@ -453,9 +461,12 @@ impl PodWorker {
                 },
             };
             // A container ends with its main process, as when PID 1 of a container exits: what
-            // it left running in its process group is killed, so nothing holds the port or the
-            // network namespace of the next instance.
+            // it left running (in its process group, or anywhere in its cgroup) is killed, so
+            // nothing holds the port or the network namespace of the next instance.
             let _ = process::signal_group(pid, Signal::SIGKILL);
+            if let Some(dir) = &cgroup {
+                crate::cgroups::kill(dir);
+            }
             let _ = exit_tx.send(Some(exit));
             let _ = events.send(WorkerEvent::Exited {
                 container,

@@ -133,6 +133,7 @@ impl PodWorker {
 
     pub async fn run(mut self) {
         crate::process::kill_recorded_processes(&self.dir);
+        self.agent.cgroups.kill_pod(&self.uid);
         if self.finished {
             info!(pod = %self.pod_name(), "pod already finished; not starting it again");
         }

@@ -141,6 +141,8 @@ impl PodWorker {
     /// Removes the pod's sandbox: its network; with `everything`, also its address and folder (the pod is
     /// gone for good). Persistent volumes live elsewhere and are untouched.
     pub(super) async fn teardown(&mut self, everything: bool) {
+        // Whatever a container left running (in a session of its own) ends with the pod.
+        self.agent.cgroups.remove_pod(&self.uid).await;
         if !self.host_network()
             && let Err(e) = self.agent.network.destroy(&self.names).await
         {
