@@ -11,6 +11,7 @@ mod downward;
 mod env;
 mod images;
 mod kubelet_api;
+mod machine;
 mod network;
 mod node;
 mod pods;
@@ -46,15 +47,34 @@ struct Args {
     kubeconfig: PathBuf,
     #[arg(long, default_value = "noops-node-1")]
     node_name: String,
-    /// The node's address on the bridge: its pods' gateway, DNS server and kubelet API.
+    /// The node's address: its kubelet API, and (on the shared bridge of the local Kubernetes)
+    /// its pods' gateway and DNS server.
     #[arg(long, default_value = "10.244.1.1")]
     node_ip: Ipv4Addr,
-    /// This node's pod addresses (inside the cluster network).
+    /// This node's pod addresses (inside the cluster network). A `--machine` takes the range
+    /// the controller-manager gives its Node instead.
     #[arg(long, default_value = "10.244.1.0/24")]
     pod_cidr: Ipv4Net,
     /// The cluster's pod network, shared by every node on the bridge.
     #[arg(long, default_value = "10.244.0.0/16")]
     cluster_cidr: Ipv4Net,
+    /// This agent is a whole machine (a Machine's VM) in a network namespace of its own: it
+    /// makes its bridge, takes its pod range from its Node, routes the other Nodes' ranges to
+    /// them and masquerades what its pods send elsewhere (`machine.rs`).
+    #[arg(long)]
+    machine: bool,
+    /// The Node's providerID: which machine of which provider it is.
+    #[arg(long)]
+    provider_id: Option<String>,
+    /// CPUs offered to pods (default: this machine's).
+    #[arg(long)]
+    cpu: Option<u32>,
+    /// Memory offered to pods, in MiB (default: this machine's).
+    #[arg(long)]
+    memory_mib: Option<u64>,
+    /// Pods this node takes at most.
+    #[arg(long, default_value_t = 110)]
+    max_pods: u32,
     #[arg(long, default_value = "noops0")]
     bridge: String,
     #[arg(long, default_value = "cluster.local")]
@@ -114,27 +134,23 @@ async fn main() -> anyhow::Result<()> {
     // Image paths may name folders of this checkout through ${NOOPS_ROOT}, ${NOOPS_BIN}, ...
     let vars: BTreeMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("NOOPS_")).collect();
     let images = ImageMapFileWatch::load(&args.images, vars)?;
-    let network = PodNetwork::new(
-        args.bridge.clone(),
-        args.node_name.clone(),
-        args.pod_cidr,
-        args.cluster_cidr,
-        args.node_ip,
-        &args.state_dir,
-    );
-    network.check_bridge()?;
-    anyhow::ensure!(
-        args.pod_cidr.contains(args.node_ip),
-        "--node-ip {} is outside --pod-cidr {}",
-        args.node_ip,
-        args.pod_cidr
-    );
-    anyhow::ensure!(
-        args.cluster_cidr.contains(args.pod_cidr.network()) && args.cluster_cidr.prefix <= args.pod_cidr.prefix,
-        "--pod-cidr {} is outside --cluster-cidr {}",
-        args.pod_cidr,
-        args.cluster_cidr
-    );
+    let (pod_cidr, gateway, on_link) = if args.machine {
+        (None, args.node_ip, args.cluster_cidr)
+    } else {
+        anyhow::ensure!(
+            args.pod_cidr.contains(args.node_ip),
+            "--node-ip {} is outside --pod-cidr {}",
+            args.node_ip,
+            args.pod_cidr
+        );
+        anyhow::ensure!(
+            args.cluster_cidr.contains(args.pod_cidr.network()) && args.cluster_cidr.prefix <= args.pod_cidr.prefix,
+            "--pod-cidr {} is outside --cluster-cidr {}",
+            args.pod_cidr,
+            args.cluster_cidr
+        );
+        (Some(args.pod_cidr), args.node_ip, args.cluster_cidr)
+    };
 
     process::self_check(&args.state_dir).await.with_context(|| {
         format!(
@@ -151,15 +167,54 @@ async fn main() -> anyhow::Result<()> {
     let node = NodeInfo {
         name: args.node_name.clone(),
         ip: args.node_ip,
-        pod_cidr: args.pod_cidr.to_string(),
+        pod_cidr: pod_cidr.map(|c| c.to_string()),
+        provider_id: args.provider_id.clone(),
         kubelet_port: args.kubelet_port,
         kubernetes_version: args.kubernetes_version.clone(),
-        cpu,
-        memory_bytes,
-        max_pods: 110,
+        cpu: args.cpu.unwrap_or(cpu),
+        memory_bytes: args.memory_mib.map_or(memory_bytes, |m| m * 1024 * 1024),
+        max_pods: args.max_pods,
         lease_seconds: args.node_lease_seconds.max(4),
     };
     node::register(&client, &node).await.context("registering the node")?;
+
+    // A machine learns its range from its Node, then makes its own network.
+    let (pod_cidr, gateway, on_link) = match pod_cidr {
+        Some(cidr) => (cidr, gateway, on_link),
+        None => {
+            let cidr = machine::wait_for_pod_cidr(&client, &args.node_name).await;
+            anyhow::ensure!(
+                args.cluster_cidr.contains(cidr.network()),
+                "the Node's pod range {cidr} is outside --cluster-cidr {}",
+                args.cluster_cidr
+            );
+            let gateway = cidr.first_host();
+            machine::set_up_network(&args.bridge, gateway, cidr)
+                .await
+                .context("making the machine's bridge")?;
+            machine::masquerade(args.cluster_cidr)
+                .await
+                .context("masquerading what pods send outside the cluster network")?;
+            info!(pod_cidr = %cidr, gateway = %gateway, "machine network ready");
+            (cidr, gateway, cidr)
+        }
+    };
+    let network = PodNetwork::new(
+        args.bridge.clone(),
+        args.node_name.clone(),
+        pod_cidr,
+        on_link,
+        gateway,
+        &args.state_dir,
+    );
+    network.check_bridge()?;
+    let routes_task = args.machine.then(|| {
+        tokio::spawn(machine::route_to_nodes(
+            client.clone(),
+            args.node_name.clone(),
+            args.cluster_cidr,
+        ))
+    });
 
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let api_service = match args.api_service {
@@ -181,7 +236,7 @@ async fn main() -> anyhow::Result<()> {
             },
         ),
         cluster_domain: args.cluster_domain.clone(),
-        dns_server: args.node_ip,
+        gateway,
         api_service,
         crash_backoff: Duration::from_secs(args.crash_backoff_seconds.max(1)),
         private_paths: args.private_paths.clone(),
@@ -189,12 +244,16 @@ async fn main() -> anyhow::Result<()> {
     });
 
     let dns = dns::ClusterDns::new(client.clone(), args.cluster_domain.clone());
-    let dns_task = tokio::spawn(dns.serve(SocketAddr::from((args.node_ip, 53))));
-    let provisioner_task = tokio::spawn(provisioner::run(
-        client.clone(),
-        args.node_name.clone(),
-        args.volumes_dir.clone(),
-    ));
+    let dns_task = tokio::spawn(dns.serve(SocketAddr::from((gateway, 53))));
+    // A machine's Node may not make PersistentVolumes in its cluster: local volumes are the
+    // local Kubernetes' alone.
+    let provisioner_task = (!args.machine).then(|| {
+        tokio::spawn(provisioner::run(
+            client.clone(),
+            args.node_name.clone(),
+            args.volumes_dir.clone(),
+        ))
+    });
     let kubelet_api = kubelet_api::KubeletApi {
         pods_dir,
         client: client.clone(),
@@ -219,7 +278,9 @@ async fn main() -> anyhow::Result<()> {
     let _ = shutdown_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(12), pods_task).await;
     heartbeat_task.abort();
-    provisioner_task.abort();
+    for task in [provisioner_task, routes_task].into_iter().flatten() {
+        task.abort();
+    }
     info!("node agent stopped");
     Ok(())
 }

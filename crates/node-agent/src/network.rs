@@ -3,7 +3,8 @@
 //! Every node of the local Kubernetes shares one bridge: the node's pods get addresses from the
 //! node's own pod CIDR (a /24), with the whole cluster network (the /16) on their link so that
 //! pods of other nodes are reached directly, and the node's address as their gateway (to
-//! Services and to this machine). The bridge, its routes and the safety rules that keep every
+//! Services and to this machine). A node agent that is a whole machine (`machine.rs`) has a
+//! bridge of its own: only its range is on the pods' link, and the gateway routes the rest. The bridge, its routes and the safety rules that keep every
 //! packet on this machine are set up by `hack/cluster-up.sh` before the agent starts; the agent
 //! refuses to run without them. Addresses come from a tiny file-based allocator, keyed by pod
 //! UID, so a pod keeps its IP when the agent restarts.
@@ -62,6 +63,10 @@ impl Ipv4Net {
     pub fn network(&self) -> Ipv4Addr {
         Ipv4Addr::from(u32::from(self.addr) & self.mask())
     }
+    /// The first host address (a node's own, the gateway of its pods).
+    pub fn first_host(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.network()) + 1)
+    }
     /// Whether `ip` lies inside this network.
     pub fn contains(&self, ip: Ipv4Addr) -> bool {
         u32::from(ip) & self.mask() == u32::from(self.network())
@@ -117,8 +122,9 @@ pub struct PodNetwork {
     pub bridge: String,
     /// This node's pod addresses.
     pub cidr: Ipv4Net,
-    /// The whole cluster network, on every pod's link.
-    pub cluster: Ipv4Net,
+    /// What pods reach directly on the bridge: the whole cluster network when every node shares
+    /// one bridge (the local Kubernetes), only the node's own range on a machine's own bridge.
+    pub on_link: Ipv4Net,
     /// The node's address on the bridge: the pods' gateway.
     pub gateway: Ipv4Addr,
     /// The node name, which prefixes the node's network namespaces.
@@ -134,14 +140,14 @@ impl PodNetwork {
         bridge: String,
         node: String,
         cidr: Ipv4Net,
-        cluster: Ipv4Net,
+        on_link: Ipv4Net,
         gateway: Ipv4Addr,
         state_dir: &Path,
     ) -> Self {
         Self {
             bridge,
             cidr,
-            cluster,
+            on_link,
             gateway,
             node,
             ipam_dir: state_dir.join("ipam"),
@@ -253,7 +259,7 @@ impl PodNetwork {
         }
         let ns = &names.netns;
         let veth = &names.host_veth;
-        let prefix = self.cluster.prefix;
+        let prefix = self.on_link.prefix;
         let gateway = self.gateway;
         // Addresses are reused as soon as a pod is gone; this machine may still hold the old
         // pod's hardware address for it, and would send the new pod's packets nowhere until
@@ -314,7 +320,7 @@ impl PodNetwork {
     }
 }
 
-async fn run_ip(args: &[&str]) -> Result<(), NetworkError> {
+pub(crate) async fn run_ip(args: &[&str]) -> Result<(), NetworkError> {
     let out = Command::new("ip")
         .args(args)
         .stdin(Stdio::null())
@@ -334,7 +340,7 @@ async fn run_ip(args: &[&str]) -> Result<(), NetworkError> {
     }
 }
 
-async fn run_ip_batch(global: &[&str], script: &str) -> Result<(), NetworkError> {
+pub(crate) async fn run_ip_batch(global: &[&str], script: &str) -> Result<(), NetworkError> {
     let failed = |message: String| NetworkError::Ip {
         args: format!("{} -batch -", global.join(" ")),
         message,

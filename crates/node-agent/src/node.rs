@@ -21,8 +21,13 @@ const STATUS_REFRESH: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone)]
 pub struct NodeInfo {
     pub name: String,
+    /// The node's internal address (the kubelet API listens there).
     pub ip: Ipv4Addr,
-    pub pod_cidr: String,
+    /// The pod range, when the agent knows it at registration; otherwise the controller-manager
+    /// allocates one.
+    pub pod_cidr: Option<String>,
+    /// The machine this node is, as its cloud names it (`noops://<namespace>/<machine>`).
+    pub provider_id: Option<String>,
     pub kubelet_port: u16,
     pub kubernetes_version: String,
     /// CPU cores and memory bytes offered to pods.
@@ -53,6 +58,14 @@ impl NodeInfo {
 
     /// The Node object as registered (metadata and spec only; status is a subresource).
     pub fn node_object(&self) -> Node {
+        let mut spec = json!({});
+        if let Some(cidr) = &self.pod_cidr {
+            spec["podCIDR"] = json!(cidr);
+            spec["podCIDRs"] = json!([cidr]);
+        }
+        if let Some(id) = &self.provider_id {
+            spec["providerID"] = json!(id);
+        }
         serde_json::from_value(json!({
             "apiVersion": "v1",
             "kind": "Node",
@@ -65,7 +78,7 @@ impl NodeInfo {
                     "noops.dev/local": "true",
                 },
             },
-            "spec": { "podCIDR": self.pod_cidr, "podCIDRs": [self.pod_cidr] },
+            "spec": spec,
         }))
         .unwrap_or_default()
     }
@@ -228,7 +241,8 @@ mod tests {
         NodeInfo {
             name: "n1".into(),
             ip: Ipv4Addr::new(10, 244, 0, 1),
-            pod_cidr: "10.244.0.0/16".into(),
+            pod_cidr: Some("10.244.0.0/16".into()),
+            provider_id: None,
             kubelet_port: 10250,
             kubernetes_version: "v1.34.4".into(),
             cpu: 2,
@@ -261,6 +275,14 @@ mod tests {
         assert_eq!(n.metadata.name.as_deref(), Some("n1"));
         assert_eq!(n.metadata.labels.unwrap()["kubernetes.io/hostname"], "n1");
         assert_eq!(n.spec.unwrap().pod_cidr.as_deref(), Some("10.244.0.0/16"));
+        let machine = NodeInfo {
+            pod_cidr: None,
+            provider_id: Some("noops://tenants/pool-a-x7k2p".into()),
+            ..info()
+        };
+        let spec = machine.node_object().spec.unwrap();
+        assert_eq!(spec.pod_cidr, None, "the controller-manager gives it one");
+        assert_eq!(spec.provider_id.as_deref(), Some("noops://tenants/pool-a-x7k2p"));
     }
 
     #[test]

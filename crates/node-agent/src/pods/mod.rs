@@ -44,7 +44,9 @@ pub struct Agent {
     pub pods_dir: PathBuf,
     pub recorder: Recorder,
     pub cluster_domain: String,
-    pub dns_server: Ipv4Addr,
+    /// The node's address on its pods' bridge: their gateway and DNS server, and where probes
+    /// come from.
+    pub gateway: Ipv4Addr,
     pub api_service: (Ipv4Addr, u16),
     /// First delay before restarting a crashed container; doubles up to five minutes.
     pub crash_backoff: Duration,

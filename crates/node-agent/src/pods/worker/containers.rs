@@ -390,7 +390,7 @@ impl PodWorker {
         self.next_instance += 1;
         let exited = self.watch_exit(child, pid, cgroup, spec.name.clone(), instance);
         let target = ProbeTarget {
-            source: self.agent.node.ip,
+            source: self.agent.gateway,
             pod_ip: sandbox.pod_ip,
             host_network: sandbox.host_network,
             pid,

@@ -68,11 +68,7 @@ impl PodWorker {
         let resolv_file = self.dir.join("resolv.conf");
         let domain = &self.agent.cluster_domain;
         std::fs::write(&hosts_file, launch::hosts_file(&self.pod, ip, domain)).map_err(|e| io(&e))?;
-        std::fs::write(
-            &resolv_file,
-            launch::resolv_conf(&self.pod, self.agent.dns_server, domain),
-        )
-        .map_err(|e| io(&e))?;
+        std::fs::write(&resolv_file, launch::resolv_conf(&self.pod, self.agent.gateway, domain)).map_err(|e| io(&e))?;
         let fs_group = self.fs_group();
         let facts = self.facts(ip);
         let volumes = Volumes {
