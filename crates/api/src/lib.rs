@@ -15,6 +15,9 @@ pub mod condition;
 pub mod control_plane;
 pub mod etcd;
 pub mod etcd_backup;
+pub mod machine;
+pub mod machine_deployment;
+pub mod machine_set;
 pub mod maintpage;
 pub mod postgres;
 pub mod postgres_backup;
@@ -23,6 +26,9 @@ pub mod quantity;
 pub use control_plane::{KubernetesControlPlane, KubernetesControlPlaneSpec, KubernetesControlPlaneStatus};
 pub use etcd::{EtcdCluster, EtcdClusterSpec, EtcdClusterStatus};
 pub use etcd_backup::{EtcdBackup, EtcdBackupSpec, EtcdBackupStatus};
+pub use machine::{Machine, MachineSpec, MachineStatus};
+pub use machine_deployment::{MachineDeployment, MachineDeploymentSpec, MachineDeploymentStatus};
+pub use machine_set::{MachineSet, MachineSetSpec, MachineSetStatus};
 pub use maintpage::{MaintPage, MaintPageSpec, MaintPageStatus};
 pub use postgres::{PostgreSQL, PostgreSQLSpec, PostgreSQLStatus};
 pub use postgres_backup::{PostgresBackup, PostgresBackupSpec, PostgresBackupStatus};
@@ -39,6 +45,9 @@ pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensi
         EtcdBackup::crd(),
         EtcdCluster::crd(),
         KubernetesControlPlane::crd(),
+        Machine::crd(),
+        MachineDeployment::crd(),
+        MachineSet::crd(),
         MaintPage::crd(),
         PostgreSQL::crd(),
         PostgresBackup::crd(),

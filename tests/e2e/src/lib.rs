@@ -458,6 +458,12 @@ pub fn install_crds() {
         "crd/maintpages.noops.dev",
         "crd/etcdclusters.noops.dev",
         "crd/etcdbackups.noops.dev",
+        "crd/postgresqls.noops.dev",
+        "crd/postgresbackups.noops.dev",
+        "crd/kubernetescontrolplanes.noops.dev",
+        "crd/machines.noops.dev",
+        "crd/machinesets.noops.dev",
+        "crd/machinedeployments.noops.dev",
         "--timeout=30s",
     ];
     for _ in 0..30 {
