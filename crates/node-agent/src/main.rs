@@ -176,7 +176,8 @@ async fn main() -> anyhow::Result<()> {
         max_pods: args.max_pods,
         lease_seconds: args.node_lease_seconds.max(4),
     };
-    node::register(&client, &node).await.context("registering the node")?;
+    // A machine's Node is made first without a status: it is Ready only once its network is.
+    node::create(&client, &node).await.context("registering the node")?;
 
     // A machine learns its range from its Node, then makes its own network.
     let (pod_cidr, gateway, on_link) = match pod_cidr {
@@ -208,6 +209,9 @@ async fn main() -> anyhow::Result<()> {
         &args.state_dir,
     );
     network.check_bridge()?;
+    node::register(&client, &node)
+        .await
+        .context("reporting the node's status")?;
     let routes_task = args.machine.then(|| {
         tokio::spawn(machine::route_to_nodes(
             client.clone(),

@@ -147,14 +147,22 @@ fn os_image() -> String {
         .unwrap_or_else(|| "Linux".into())
 }
 
-/// Registers the node (creating it if needed) and applies its status once.
-pub async fn register(client: &Client, info: &NodeInfo) -> Result<(), kube::Error> {
+/// Creates the Node object if it does not exist yet, with no status: not Ready until the
+/// agent says so.
+pub async fn create(client: &Client, info: &NodeInfo) -> Result<(), kube::Error> {
     let nodes: Api<Node> = Api::all(client.clone());
     match nodes.create(&PostParams::default(), &info.node_object()).await {
         Ok(_) => info!(node = %info.name, "registered node"),
         Err(kube::Error::Api(e)) if e.code == 409 => info!(node = %info.name, "node already registered"),
         Err(e) => return Err(e),
     }
+    Ok(())
+}
+
+/// Registers the node (creating it if needed) and applies its status (Ready) once.
+pub async fn register(client: &Client, info: &NodeInfo) -> Result<(), kube::Error> {
+    create(client, info).await?;
+    let nodes: Api<Node> = Api::all(client.clone());
     let now = jiff::Timestamp::now();
     apply_status(&nodes, info, now, now).await
 }

@@ -13,6 +13,7 @@ pub mod server;
 // programs its pods run; and the hosted Kubernetes control plane.
 pub mod control_plane;
 pub mod etcd;
+pub mod machine;
 pub mod maintpage;
 pub mod postgres;
 
@@ -26,7 +27,15 @@ macro_rules! controllers {
 }
 
 // Adding a controller is adding its module here.
-controllers!(control_plane, etcd, etcd::backup, maintpage, postgres, postgres::backup);
+controllers!(
+    control_plane,
+    etcd,
+    etcd::backup,
+    machine,
+    maintpage,
+    postgres,
+    postgres::backup
+);
 
 /// The controller registered under `name`.
 pub fn controller(name: &str) -> Option<&'static core::controller::Registration> {

@@ -19,6 +19,7 @@ pub mod chaos;
 pub mod etcd;
 pub mod postgres;
 pub mod s3;
+pub mod tenant;
 
 /// The repository root.
 pub fn root() -> PathBuf {
@@ -52,8 +53,13 @@ pub async fn client() -> Client {
 
 /// Runs kubectl with the admin kubeconfig; `stdin` is piped in if given.
 pub fn kubectl(args: &[&str], stdin: Option<&str>) -> Output {
+    kubectl_with(&kubeconfig(), args, stdin)
+}
+
+/// Runs kubectl with `kubeconfig` (a tenant's, say).
+pub fn kubectl_with(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
     let mut cmd = Command::new(upstream_bin("kubectl"));
-    cmd.arg("--kubeconfig").arg(kubeconfig()).args(args);
+    cmd.arg("--kubeconfig").arg(kubeconfig).args(args);
     cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("kubectl");

@@ -177,22 +177,7 @@ fn processes_of(name: &str, ns: &TestNamespace) -> Vec<String> {
 
 /// Runs kubectl against the tenant with `kubeconfig`.
 fn tenant_kubectl(kubeconfig: &std::path::Path, args: &[&str], stdin: Option<&str>) -> std::process::Output {
-    let mut command = std::process::Command::new(upstream_bin("kubectl"));
-    command.arg("--kubeconfig").arg(kubeconfig).args(args);
-    command.stdin(if stdin.is_some() {
-        std::process::Stdio::piped()
-    } else {
-        std::process::Stdio::null()
-    });
-    command
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut child = command.spawn().unwrap();
-    if let Some(input) = stdin {
-        use std::io::Write;
-        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-    }
-    child.wait_with_output().unwrap()
+    kubectl_with(kubeconfig, args, stdin)
 }
 
 #[tokio::test]

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector,
-    PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, SecretProjection,
-    Service, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeProjection, WeightedPodAffinityTerm,
+    Affinity, Container, ContainerPort, HTTPGetAction, KeyToPath, PodAffinityTerm, PodAntiAffinity, PodSpec,
+    PodTemplateSpec, Probe, ProjectedVolumeSource, SecretProjection, Service, ServicePort, ServiceSpec, Volume,
+    VolumeMount, VolumeProjection, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -353,17 +353,7 @@ pub fn deployment(
     owner: &OwnerReference,
 ) -> Deployment {
     let (command, port, readiness, liveness) = process(kcp, names, component);
-    let pod_ip = EnvVar {
-        name: "POD_IP".into(),
-        value_from: Some(EnvVarSource {
-            field_ref: Some(ObjectFieldSelector {
-                field_path: "status.podIP".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let pod_ip = crate::core::downward::pod_ip_env();
     let container = Container {
         name: component.part().into(),
         image: Some(release.image(component)),

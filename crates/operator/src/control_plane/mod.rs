@@ -16,18 +16,18 @@
 //! 6. `status.rs`: the status (pure), written only if it changed, with Events for what changed.
 
 mod act;
-mod certificates;
+pub(crate) mod certificates;
 mod context;
 mod desired;
 #[cfg(test)]
 mod fixtures;
-mod names;
+pub(crate) mod names;
 mod observe;
 mod plan;
 mod ranges;
 mod reconcile;
 mod status;
-mod versions;
+pub(crate) mod versions;
 
 use std::sync::Arc;
 

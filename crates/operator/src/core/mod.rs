@@ -3,7 +3,7 @@
 //! conditions, Events, server-side apply and the desired-state stamp, labels, rollout checks,
 //! pruning of children no longer wanted, per-object back-off, error classification, metrics,
 //! nodes and the volumes pinned to them, certificates from the operator's own CAs (`pki`), and
-//! the crash points of the crash-safety tests.
+//! the crash points of the crash-safety tests, downward-API variables.
 //! `backup/` is the backup kit every engine's backups are made of.
 
 pub mod api_requests;
@@ -14,6 +14,7 @@ pub mod cache;
 pub mod conditions;
 pub mod controller;
 pub mod crash;
+pub mod downward;
 pub mod error;
 pub mod events;
 #[cfg(test)]

@@ -1,0 +1,351 @@
+//! One Machine pass: observe → validate → plan → build → apply → status, each stage entered once,
+//! in that order. A Machine carries a finalizer: its deletion is a pass of its own (cordon,
+//! drain, delete the Node, delete the VM), going on from what the status and the tenant say.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Client, Resource, ResourceExt};
+use noops_api::machine::{Machine, MachinePhase, MachineStatus};
+use serde_json::json;
+use tracing::info;
+
+use super::bootstrap;
+use super::context::Context;
+use super::drain::drain_pass;
+use super::names::{FINALIZER, Names};
+use super::plan::{self, Admission, NodeView};
+use super::provider::{Provider, VmSpec, VmState};
+use super::status::{self, DRAINING_SUCCEEDED, Deletion, StatusFacts};
+use super::tenant;
+use crate::control_plane::certificates::{Authority, tenant_service_ip};
+use crate::control_plane::names::Names as ControlPlaneNames;
+use crate::core::apply::{apply_status, controller_reference, create_if_missing};
+use crate::core::error::from_finalizer;
+use crate::core::events::Announcement;
+use crate::core::pki::Ca;
+use crate::core::{DuringStage, Error, Result, Stage};
+
+/// How soon a machine is looked at again: while it is being made, while its Node is not Ready,
+/// and while it runs (its Node's health is read on each pass).
+const MAKING: Duration = Duration::from_secs(3);
+const NOT_READY: Duration = Duration::from_secs(5);
+const RUNNING: Duration = Duration::from_secs(10);
+const WAITING: Duration = Duration::from_secs(15);
+
+/// What one pass sees.
+struct Observation {
+    cluster: Option<noops_api::KubernetesControlPlane>,
+    vm: VmState,
+    bootstrap: Option<Arc<Secret>>,
+    tenant: Option<Client>,
+    node: NodeView,
+}
+
+/// Reconciles one machine (the caller's span names it).
+pub async fn reconcile(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
+    let api: Api<Machine> = Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
+    let result = finalizer(&api, FINALIZER, machine, |event| async {
+        match event {
+            Finalizer::Apply(machine) => run(machine, ctx).await,
+            Finalizer::Cleanup(machine) => remove(machine, ctx).await,
+        }
+    })
+    .await;
+    from_finalizer(result)
+}
+
+async fn observe(names: &Names, ctx: &Context) -> Observation {
+    let cluster = ctx
+        .control_planes
+        .get(&ObjectRef::new(&names.cluster).within(&names.namespace))
+        .map(|c| (*c).clone());
+    let vm = ctx.provider.observe(names);
+    let bootstrap = ctx
+        .secrets
+        .get(&ObjectRef::new(&names.bootstrap_secret()).within(&names.namespace));
+    // A control plane that has not served yet is not asked.
+    let admin = cluster
+        .as_ref()
+        .and_then(|c| c.status.as_ref())
+        .filter(|s| s.version.is_some())
+        .and_then(|s| s.admin_kubeconfig_secret.clone())
+        .and_then(|s| ctx.secrets.get(&ObjectRef::new(&s).within(&names.namespace)));
+    let tenant = match admin {
+        Some(secret) => ctx.tenants.client(&secret).await.ok(),
+        None => None,
+    };
+    let node = match &tenant {
+        None => NodeView::NotAsked,
+        Some(client) => match tenant::node(client, &names.node()).await {
+            Ok(Some(node)) => NodeView::Present(Box::new(node)),
+            Ok(None) => NodeView::Missing,
+            Err(e) => NodeView::Unreachable(e.to_string()),
+        },
+    };
+    Observation {
+        cluster,
+        vm,
+        bootstrap,
+        tenant,
+        node,
+    }
+}
+
+/// A machine that is not being deleted.
+async fn run(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
+    let names = Names::of(&machine);
+    let now = jiff::Timestamp::now();
+    let observation = observe(&names, ctx).await;
+
+    let admission = plan::admit(&machine, observation.cluster.as_ref());
+
+    // Made once, from nothing: a VM gone after it was made is a failed machine.
+    let make_vm = matches!(admission, Admission::Allowed(_))
+        && observation.vm == VmState::Missing
+        && machine.spec.provider_id.is_none();
+
+    if let (true, Admission::Allowed(release), Some(cluster)) = (make_vm, &admission, &observation.cluster) {
+        let tenant = observation
+            .tenant
+            .as_ref()
+            .ok_or_else(|| Error::Blocked(format!("control plane {} does not answer yet", names.cluster)))
+            .during(Stage::Apply)?;
+        tenant::grant_machine_role(tenant).await.during(Stage::Apply)?;
+        let owner = controller_reference(machine.as_ref())
+            .ok_or_else(|| Error::Internal("the Machine has no uid yet".into()))
+            .during(Stage::Apply)?;
+        if observation.bootstrap.is_none() {
+            let secret = bootstrap_secret(ctx, &names, &owner, now).during(Stage::Apply)?;
+            let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
+            create_if_missing(&api, &secret).await.during(Stage::Apply)?;
+        }
+        let networking = &cluster.spec.networking;
+        let spec = VmSpec {
+            names: names.clone(),
+            kubernetes_version: release.kubernetes.clone(),
+            image: machine.spec.template.image.clone(),
+            flavor: machine.spec.template.flavor.clone(),
+            cluster_cidr: networking.pod_cidr.clone(),
+            api_service_ip: tenant_service_ip(&networking.service_cidr)
+                .ok_or_else(|| Error::InvalidSpec(format!("{} is not a service range", networking.service_cidr)))
+                .during(Stage::Apply)?,
+            dns_domain: networking.dns_domain.clone(),
+            owner,
+        };
+        ctx.provider.create(&spec).await.during(Stage::Apply)?;
+        info!(version = %release.kubernetes, "made the machine's VM");
+    }
+    if machine.spec.provider_id.is_none() && (make_vm || observation.vm != VmState::Missing) {
+        let api: Api<Machine> = Api::namespaced(ctx.client.clone(), &names.namespace);
+        let body = json!({ "spec": { "providerID": names.provider_id() } });
+        api.patch(&names.machine, &PatchParams::default(), &Patch::Merge(body))
+            .await
+            .during(Stage::Apply)?;
+    }
+
+    let vm = if make_vm {
+        VmState::Starting { problem: None }
+    } else {
+        observation.vm.clone()
+    };
+    let mut seen = (*machine).clone();
+    if make_vm {
+        seen.spec.provider_id = Some(names.provider_id());
+    }
+    let status = status::build(
+        &StatusFacts {
+            machine: &seen,
+            admission: &admission,
+            vm: &vm,
+            node: &observation.node,
+            deletion: None,
+        },
+        now,
+    );
+    write_status(ctx, &machine, &names, status.clone()).await?;
+    Ok(Action::requeue(match status.phase {
+        Some(MachinePhase::Running) if observation.node.ready() => RUNNING,
+        Some(MachinePhase::Running) => NOT_READY,
+        Some(MachinePhase::Provisioning | MachinePhase::Provisioned) => MAKING,
+        Some(MachinePhase::Failed) => WAITING * 4,
+        _ => WAITING,
+    }))
+}
+
+/// The bootstrap Secret of a machine, issued by its cluster's CA.
+fn bootstrap_secret(
+    ctx: &Context,
+    names: &Names,
+    owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
+    now: jiff::Timestamp,
+) -> Result<Secret> {
+    let cluster = ControlPlaneNames {
+        control_plane: names.cluster.clone(),
+        namespace: names.namespace.clone(),
+    };
+    let ca_secret = ctx
+        .secrets
+        .get(&ObjectRef::new(&Authority::Cluster.secret(&cluster)).within(&names.namespace))
+        .ok_or_else(|| Error::Blocked(format!("control plane {} has no CA yet", names.cluster)))?;
+    let ca =
+        Ca::of(&ca_secret, &Authority::Cluster.common_name(&cluster)).map_err(|e| Error::Certificate(e.to_string()))?;
+    bootstrap::secret(names, &ca, owner, now, ctx.certificate_lifetime).map_err(|e| Error::Certificate(e.to_string()))
+}
+
+/// A machine being deleted: cordon and drain its Node, delete the Node, then the VM. Says
+/// "not yet" (UnderWay) until all of it is done.
+async fn remove(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
+    let names = Names::of(&machine);
+    let now = jiff::Timestamp::now();
+    let observation = observe(&names, ctx).await;
+    let mut seen = (*machine).clone();
+    let previous = seen.status.clone().unwrap_or_default();
+    let drain_started = previous.drain_started_at.as_ref().map(|t| t.0).unwrap_or(now);
+    let timeout = jiff::SignedDuration::from_secs(machine.spec.template.node_drain_timeout_seconds.max(0));
+    let past_timeout = now >= drain_started + timeout;
+
+    let deletion = match (&observation.tenant, &observation.node) {
+        // Its cluster is gone or going: nothing to drain it for.
+        _ if observation
+            .cluster
+            .as_ref()
+            .is_none_or(|c| c.metadata.deletion_timestamp.is_some()) =>
+        {
+            Deletion::Removing
+        }
+        (Some(client), NodeView::Present(node)) => {
+            tenant::cordon(client, &names.node()).await.during(Stage::Cleanup)?;
+            // A Node that cannot be reached is drained without evictions once the timeout
+            // has passed: its pods may be gone with it, and nothing else would end them.
+            let force = !crate::core::nodes::ready(node) && past_timeout;
+            let progress = drain_pass(client, &names.node(), force).await.during(Stage::Cleanup)?;
+            if !progress.forced.is_empty() {
+                let note = format!(
+                    "deleted {} without eviction: the Node could not be reached for {}s",
+                    progress.forced.join(", "),
+                    timeout.as_secs()
+                );
+                ctx.core
+                    .events
+                    .tell(&machine.object_ref(&()), Announcement::warning("DrainForced", note))
+                    .await;
+            }
+            if progress.done() {
+                Deletion::Removing
+            } else {
+                Deletion::Draining(progress)
+            }
+        }
+        (_, NodeView::Missing) => Deletion::Removing,
+        (_, NodeView::Unreachable(why)) if !past_timeout => Deletion::TenantUnreachable(why.clone()),
+        (_, NodeView::NotAsked) if !past_timeout && machine.spec.provider_id.is_some() => {
+            Deletion::TenantUnreachable("its control plane does not serve".into())
+        }
+        _ => Deletion::Removing,
+    };
+
+    if previous.drain_started_at.is_none() {
+        let mut status = previous.clone();
+        status.drain_started_at = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+        seen.status = Some(status);
+    }
+    let admission = plan::admit(&machine, observation.cluster.as_ref());
+    let status = status::build(
+        &StatusFacts {
+            machine: &seen,
+            admission: &admission,
+            vm: &observation.vm,
+            node: &observation.node,
+            deletion: Some(&deletion),
+        },
+        now,
+    );
+    write_status(ctx, &machine, &names, status).await?;
+
+    match deletion {
+        Deletion::Draining(progress) => Err(Error::UnderWay(format!(
+            "draining: {} blocked, {} ending",
+            progress.blocked.len(),
+            progress.ending.len()
+        ))),
+        Deletion::TenantUnreachable(why) => Err(Error::UnderWay(format!("cannot drain yet: {why}"))),
+        Deletion::Removing => {
+            if let (Some(client), NodeView::Present(_)) = (&observation.tenant, &observation.node) {
+                tenant::delete_node(client, &names.node())
+                    .await
+                    .during(Stage::Cleanup)?;
+                info!(node = %names.node(), "deleted the machine's Node");
+            }
+            if ctx.provider.delete(&names).await.during(Stage::Cleanup)? {
+                info!("the machine's VM is gone");
+                Ok(Action::await_change())
+            } else {
+                Err(Error::UnderWay("the machine's VM is being removed".into()))
+            }
+        }
+    }
+}
+
+/// Writes the status if it changed, with Events for what changed.
+async fn write_status(ctx: &Context, machine: &Machine, names: &Names, status: MachineStatus) -> Result<()> {
+    let reference = machine.object_ref(&());
+    for announcement in announcements(machine.status.as_ref(), &status) {
+        ctx.core.events.tell(&reference, announcement).await;
+    }
+    if machine.status.as_ref() != Some(&status) {
+        let api: Api<Machine> = Api::namespaced(ctx.client.clone(), &names.namespace);
+        let body = json!({ "apiVersion": "noops.dev/v1alpha1", "kind": "Machine", "status": status });
+        apply_status(&api, &names.machine, &body).await.during(Stage::Status)?;
+    }
+    Ok(())
+}
+
+/// What changed, as Events: a new phase, a new reason to be degraded, a drain held.
+fn announcements(previous: Option<&MachineStatus>, now: &MachineStatus) -> Vec<Announcement> {
+    let mut out = Vec::new();
+    let condition = |s: Option<&MachineStatus>, type_: &str| {
+        s.and_then(|s| s.conditions.iter().find(|c| c.type_ == type_).cloned())
+    };
+    let previous_phase = previous.and_then(|s| s.phase);
+    if let Some(phase) = now.phase
+        && Some(phase) != previous_phase
+    {
+        let note = match phase {
+            MachinePhase::Running => format!(
+                "Node {} joined at {}",
+                now.node_name.clone().unwrap_or_default(),
+                now.address.clone().unwrap_or_default()
+            ),
+            MachinePhase::Failed => now.failure_message.clone().unwrap_or_default(),
+            MachinePhase::Provisioned => format!("its VM runs at {}", now.address.clone().unwrap_or_default()),
+            MachinePhase::Provisioning => "making its VM".into(),
+            MachinePhase::Deleting => "cordoning and draining its Node, then removing it and its VM".into(),
+            MachinePhase::Pending => condition(Some(now), noops_api::condition::READY)
+                .map(|c| c.message)
+                .unwrap_or_default(),
+        };
+        out.push(match phase {
+            MachinePhase::Failed => Announcement::warning(phase.as_str(), note),
+            _ => Announcement::normal(phase.as_str(), note),
+        });
+    }
+    for type_ in [noops_api::condition::DEGRADED, DRAINING_SUCCEEDED] {
+        let (before, after) = (condition(previous, type_), condition(Some(now), type_));
+        if let Some(after) = after
+            && after.reason != "AsExpected"
+            && after.reason != "Drained"
+            && after.reason != "Draining"
+            && after.status == if type_ == DRAINING_SUCCEEDED { "False" } else { "True" }
+            && before.as_ref().map(|b| (&b.reason, &b.message)) != Some((&after.reason, &after.message))
+        {
+            out.push(Announcement::warning(after.reason.clone(), after.message.clone()));
+        }
+    }
+    out
+}

@@ -1,0 +1,351 @@
+//! The status of a Machine, from what its provider and its tenant say. Pure.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use noops_api::condition::{DEGRADED, PROGRESSING, READY};
+use noops_api::machine::{Machine, MachinePhase, MachineStatus};
+
+use super::drain::DrainProgress;
+use super::plan::{Admission, NodeView, phase};
+use super::provider::VmState;
+use crate::core::conditions::{Decided, merge};
+
+/// The machine's Node is Ready (False: why not, and since when).
+pub const NODE_HEALTHY: &str = "NodeHealthy";
+/// The drain of a machine being deleted: False names the pods that hold it.
+pub const DRAINING_SUCCEEDED: &str = "DrainingSucceeded";
+
+/// Where the deletion of a machine is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Deletion {
+    /// Draining its Node.
+    Draining(DrainProgress),
+    /// Its Node cannot be drained: the tenant does not answer (why).
+    TenantUnreachable(String),
+    /// Drained (or nothing to drain); the Node and the VM are being removed.
+    Removing,
+}
+
+/// What the status is built from.
+pub struct StatusFacts<'a> {
+    pub machine: &'a Machine,
+    pub admission: &'a Admission,
+    pub vm: &'a VmState,
+    pub node: &'a NodeView,
+    /// Set while the machine is being deleted.
+    pub deletion: Option<&'a Deletion>,
+}
+
+/// The status the machine should have now.
+pub fn build(facts: &StatusFacts, now: jiff::Timestamp) -> MachineStatus {
+    let machine = facts.machine;
+    let previous = machine.status.clone().unwrap_or_default();
+    let joined = previous.node_joined_at.is_some();
+    let provider_id_set = machine.spec.provider_id.is_some();
+    let phase = match facts.deletion {
+        Some(_) => MachinePhase::Deleting,
+        None => phase(facts.admission, provider_id_set, joined, facts.vm, facts.node),
+    };
+    let node = facts.node.node();
+    let node_name = node
+        .and_then(|n| n.metadata.name.clone())
+        .or(previous.node_name.clone());
+    let address = node
+        .and_then(|n| {
+            n.status
+                .as_ref()?
+                .addresses
+                .as_ref()?
+                .iter()
+                .find(|a| a.type_ == "InternalIP")
+                .map(|a| a.address.clone())
+        })
+        .or_else(|| match facts.vm {
+            VmState::Running { address } => address.clone(),
+            _ => None,
+        })
+        .or(previous.address.clone());
+    let version = node
+        .and_then(|n| {
+            n.status
+                .as_ref()?
+                .node_info
+                .as_ref()
+                .map(|i| i.kubelet_version.trim_start_matches('v').to_string())
+        })
+        .or(previous.version.clone());
+    let node_joined_at = previous.node_joined_at.clone().or_else(|| node.map(|_| Time(now)));
+    let (failure_reason, failure_message) = match (phase, facts.vm) {
+        (MachinePhase::Failed, VmState::Failed { reason, message }) => (Some(reason.clone()), Some(message.clone())),
+        (MachinePhase::Failed, _) => (
+            Some("VmGone".to_string()),
+            Some(
+                "the machine's VM is gone (its pod was deleted or its node lost); its disk and pods went with it"
+                    .to_string(),
+            ),
+        ),
+        _ => (None, None),
+    };
+    let decided = conditions(facts, phase, joined);
+    MachineStatus {
+        observed_generation: machine.metadata.generation,
+        conditions: merge(&previous.conditions, &decided, machine.metadata.generation, now),
+        phase: Some(phase),
+        node_name,
+        address,
+        version,
+        failure_reason,
+        failure_message,
+        drain_started_at: previous.drain_started_at,
+        node_joined_at,
+    }
+}
+
+fn conditions(facts: &StatusFacts, phase: MachinePhase, joined: bool) -> Vec<Decided> {
+    let mut decided = Vec::new();
+    let node_ready = facts.node.ready();
+    let vm_problem = match facts.vm {
+        VmState::Starting {
+            problem: Some((reason, message)),
+        } => Some(format!("the VM cannot start: {reason}: {message}")),
+        _ => None,
+    };
+    // Why the machine is not Ready, as (reason, message).
+    let not_ready: Option<(&'static str, String)> = match (phase, facts.admission) {
+        (MachinePhase::Deleting, _) => Some(("Deleting", "the machine is being drained and removed".into())),
+        (MachinePhase::Failed, _) => Some((
+            "MachineFailed",
+            "the machine's VM is gone or stopped; its MachineSet replaces it".into(),
+        )),
+        (MachinePhase::Pending, Admission::Refused(reason, message)) => Some((reason, message.clone())),
+        (MachinePhase::Pending, Admission::Waiting(reason, message)) => Some((reason, message.clone())),
+        _ if vm_problem.is_some() => Some(("VmCannotStart", vm_problem.clone().unwrap_or_default())),
+        (MachinePhase::Pending | MachinePhase::Provisioning, _) => {
+            Some(("Provisioning", "its VM is being made".into()))
+        }
+        (MachinePhase::Provisioned, _) => Some(("NodeNotJoined", "its VM runs; its Node has not joined yet".into())),
+        (MachinePhase::Running, _) if node_ready => None,
+        (MachinePhase::Running, _) => Some(("NodeNotReady", node_not_ready(facts.node))),
+    };
+    decided.push(match &not_ready {
+        None => Decided::new(READY, true, "NodeReady", "its Node is Ready"),
+        Some((reason, message)) => Decided::new(READY, false, reason, message.clone()),
+    });
+    // Node health, as the MachineSet's health check reads it. A tenant that does not answer
+    // says nothing new: the condition stays as it was.
+    match facts.node {
+        NodeView::Present(_) if node_ready => {
+            decided.push(Decided::new(NODE_HEALTHY, true, "NodeReady", "its Node is Ready"))
+        }
+        NodeView::Present(_) => decided.push(Decided::new(
+            NODE_HEALTHY,
+            false,
+            "NodeNotReady",
+            node_not_ready(facts.node),
+        )),
+        NodeView::Missing if joined => decided.push(Decided::new(
+            NODE_HEALTHY,
+            false,
+            "NodeGone",
+            "its Node was deleted from the cluster",
+        )),
+        NodeView::Missing => decided.push(Decided::new(
+            NODE_HEALTHY,
+            false,
+            "NodeNotJoined",
+            "its Node has not joined yet",
+        )),
+        NodeView::NotAsked | NodeView::Unreachable(_) => {}
+    }
+    let progressing = matches!(
+        phase,
+        MachinePhase::Provisioning | MachinePhase::Provisioned | MachinePhase::Deleting
+    );
+    decided.push(Decided::new(
+        PROGRESSING,
+        progressing,
+        match phase {
+            MachinePhase::Deleting => "Deleting",
+            MachinePhase::Provisioning | MachinePhase::Provisioned => "Provisioning",
+            MachinePhase::Running => "Provisioned",
+            MachinePhase::Failed => "MachineFailed",
+            MachinePhase::Pending => "Pending",
+        },
+        match phase {
+            MachinePhase::Running => "the machine joined its cluster".to_string(),
+            _ => not_ready.as_ref().map(|(_, m)| m.clone()).unwrap_or_default(),
+        },
+    ));
+    let degraded: Option<(&'static str, String)> = match (phase, facts.admission) {
+        (MachinePhase::Failed, _) => Some(("MachineFailed", "the machine's VM is gone or stopped".into())),
+        (MachinePhase::Pending, Admission::Refused(reason, message)) => Some((reason, message.clone())),
+        _ if vm_problem.is_some() => Some(("VmCannotStart", vm_problem.clone().unwrap_or_default())),
+        (MachinePhase::Running, _) if !node_ready && matches!(facts.node, NodeView::Present(_)) => {
+            Some(("NodeNotReady", node_not_ready(facts.node)))
+        }
+        _ => None,
+    };
+    decided.push(match degraded {
+        Some((reason, message)) => Decided::new(DEGRADED, true, reason, message),
+        None => Decided::new(DEGRADED, false, "AsExpected", "nothing is wrong"),
+    });
+    if let Some(deletion) = facts.deletion {
+        decided.push(match deletion {
+            Deletion::Draining(p) if !p.blocked.is_empty() => Decided::new(
+                DRAINING_SUCCEEDED,
+                false,
+                "EvictionBlocked",
+                format!("a PodDisruptionBudget keeps {} on the Node for now; asked again until it allows them to go", p.blocked.join(", ")),
+            ),
+            Deletion::Draining(p) => Decided::new(
+                DRAINING_SUCCEEDED,
+                false,
+                "Draining",
+                format!("waiting for {} evicted pod(s) to end: {}", p.ending.len(), p.ending.join(", ")),
+            ),
+            Deletion::TenantUnreachable(why) => Decided::new(
+                DRAINING_SUCCEEDED,
+                false,
+                "ClusterUnreachable",
+                format!("the cluster does not answer ({why}); the VM is removed after nodeDrainTimeoutSeconds without a drain"),
+            ),
+            Deletion::Removing => Decided::new(DRAINING_SUCCEEDED, true, "Drained", "nothing but DaemonSet pods is left on the Node"),
+        });
+    }
+    decided
+}
+
+/// Why the Node is not Ready, from its own Ready condition.
+fn node_not_ready(node: &NodeView) -> String {
+    let ready = node.node().and_then(|n| {
+        n.status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .cloned()
+    });
+    match ready {
+        Some(c) => format!(
+            "its Node is {} Ready ({}): {}",
+            if c.status == "Unknown" {
+                "not known to be"
+            } else {
+                "not"
+            },
+            c.reason.unwrap_or_default(),
+            c.message.unwrap_or_default()
+        ),
+        None => "its Node reports no Ready condition yet".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control_plane::versions::Release;
+    use crate::machine::fixtures::machine;
+    use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus};
+
+    fn node(ready: &str) -> NodeView {
+        let mut n = Node::default();
+        n.metadata.name = Some("m".into());
+        n.status = Some(NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: ready.into(),
+                reason: Some("NodeStatusUnknown".into()),
+                message: Some("Kubelet stopped posting node status.".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        NodeView::Present(Box::new(n))
+    }
+
+    fn condition<'a>(status: &'a MachineStatus, type_: &str) -> (&'a str, &'a str, &'a str) {
+        let c = status.conditions.iter().find(|c| c.type_ == type_).unwrap();
+        (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+    }
+
+    #[test]
+    fn a_machine_is_ready_when_its_node_is_and_says_why_not_otherwise() {
+        let mut m = machine("m", "team-a", "1.34");
+        m.spec.provider_id = Some("noops://tenants/m".into());
+        let allowed = Admission::Allowed(Release::of("1.34").unwrap());
+        let running = VmState::Running {
+            address: Some("10.244.1.9".into()),
+        };
+        let now = jiff::Timestamp::now();
+        let facts = |node| StatusFacts {
+            machine: &m,
+            admission: &allowed,
+            vm: &running,
+            node,
+            deletion: None,
+        };
+        let (ready_node, lost_node, missing) = (node("True"), node("Unknown"), NodeView::Missing);
+        let ready = build(&facts(&ready_node), now);
+        assert_eq!(ready.phase, Some(MachinePhase::Running));
+        assert_eq!(condition(&ready, READY).0, "True");
+        assert_eq!(condition(&ready, NODE_HEALTHY).0, "True");
+        assert!(ready.node_joined_at.is_some());
+        assert_eq!(
+            ready.address.as_deref(),
+            Some("10.244.1.9"),
+            "the VM's until the Node says"
+        );
+
+        let lost = build(&facts(&lost_node), now);
+        let (status, reason, message) = condition(&lost, NODE_HEALTHY);
+        assert_eq!((status, reason), ("False", "NodeNotReady"));
+        assert!(message.contains("not known to be Ready"), "{message}");
+        assert_eq!(condition(&lost, DEGRADED).0, "True");
+
+        let joining = build(&facts(&missing), now);
+        assert_eq!(joining.phase, Some(MachinePhase::Provisioned));
+        assert_eq!(condition(&joining, NODE_HEALTHY).1, "NodeNotJoined");
+    }
+
+    #[test]
+    fn a_refused_machine_is_pending_and_degraded_and_a_blocked_drain_names_its_pods() {
+        let m = machine("m", "team-a", "1.35");
+        let refused = Admission::Refused("VersionTooNew", "version 1.35.0 is newer".into());
+        let now = jiff::Timestamp::now();
+        let status = build(
+            &StatusFacts {
+                machine: &m,
+                admission: &refused,
+                vm: &VmState::Missing,
+                node: &NodeView::NotAsked,
+                deletion: None,
+            },
+            now,
+        );
+        assert_eq!(status.phase, Some(MachinePhase::Pending));
+        assert_eq!(condition(&status, READY).1, "VersionTooNew");
+        assert_eq!(
+            condition(&status, DEGRADED),
+            ("True", "VersionTooNew", "version 1.35.0 is newer")
+        );
+
+        let blocked = Deletion::Draining(DrainProgress {
+            blocked: vec!["shop/web-1".into()],
+            ..Default::default()
+        });
+        let status = build(
+            &StatusFacts {
+                machine: &m,
+                admission: &refused,
+                vm: &VmState::Running { address: None },
+                node: &node("True"),
+                deletion: Some(&blocked),
+            },
+            now,
+        );
+        assert_eq!(status.phase, Some(MachinePhase::Deleting));
+        let (s, reason, message) = condition(&status, DRAINING_SUCCEEDED);
+        assert_eq!((s, reason), ("False", "EvictionBlocked"));
+        assert!(message.contains("shop/web-1"), "{message}");
+    }
+}
