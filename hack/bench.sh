@@ -75,6 +75,12 @@ kcp_table=$("$target_dir/debug/kcp-bench" "$target_dir/release/noops" "$runs")
 echo
 echo "$kcp_table"
 table+=$'\n\n'"$kcp_table"
+# Machines (release build): a MachineDeployment's machines joining, a rolling replacement, the
+# memory of one; beside the VM pod's own start, the sum of the rollout's waits, CAPD's budgets.
+machine_table=$("$target_dir/debug/machine-bench" "$target_dir/release/noops" "$runs")
+echo
+echo "$machine_table"
+table+=$'\n\n'"$machine_table"
 mkdir -p "$state/bench"
 {
   echo

@@ -20,7 +20,7 @@
 //! reason and leaves the old machines alone; it never rolls back by itself. `kubectl scale`
 //! works on it, as an autoscaler would.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -81,7 +81,8 @@ pub struct MachineDeploymentSpec {
     #[serde(default = "default_progress_deadline")]
     #[x_kube(validation = Rule::new("self >= 30 && self <= 86400").message("progressDeadlineSeconds must be between 30 and 86400"))]
     pub progress_deadline_seconds: i64,
-    /// No rollout while true (scaling still happens).
+    /// No rollout while true: no new MachineSet is made and none is scaled (a deployment with
+    /// one MachineSet still follows `replicas`).
     #[serde(default)]
     pub paused: bool,
     /// Which machines go first when the deployment shrinks.
@@ -170,4 +171,7 @@ pub struct MachineDeploymentStatus {
     pub selector: Option<String>,
     /// The MachineSet of the current template.
     pub current_machine_set: Option<String>,
+    /// When the rollout last made progress (a machine made, ready or removed): the progress
+    /// deadline counts from here, across operator restarts.
+    pub progress_at: Option<Time>,
 }

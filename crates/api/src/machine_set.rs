@@ -187,4 +187,7 @@ pub struct MachineSetStatus {
     pub available_replicas: Option<i32>,
     /// The selector as a string, for the scale subresource.
     pub selector: Option<String>,
+    /// How many machine names the set has used: new machines are named from here on, so that
+    /// a name is not given twice.
+    pub next_index: Option<i64>,
 }

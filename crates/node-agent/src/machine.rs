@@ -7,13 +7,16 @@
 //! - it routes every other Node's pod range to that Node's address, learned from the Nodes, so
 //!   pods on different machines reach each other without a tunnel;
 //! - it masquerades what its pods send outside the cluster's pod network (the API server, the
-//!   management cluster's addresses), so that answers find their way back to this machine.
+//!   management cluster's addresses), so that answers find their way back to this machine;
+//! - it answers `/healthz` (the kubelet's port, 10248) once its routes are in place: the VM's
+//!   readiness.
 //!
 //! Everything here acts inside the machine's own network namespace only.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -135,10 +138,12 @@ pub fn desired_routes(nodes: &[Arc<Node>], own: &str, cluster: Ipv4Net) -> BTree
     routes
 }
 
-/// Keeps a route to every other Node's pod range, for as long as the agent runs.
-pub async fn route_to_nodes(client: Client, own: String, cluster: Ipv4Net) {
+/// Keeps a route to every other Node's pod range, for as long as the agent runs. `routed` is
+/// set once the routes to the Nodes of the first full list are in place.
+pub async fn route_to_nodes(client: Client, own: String, cluster: Ipv4Net, routed: Arc<AtomicBool>) {
     let changed = Arc::new(Notify::new());
     let nodes = crate::watch_cache::cache::<Node>(client, Some(changed.clone()));
+    let _ = nodes.wait_until_ready().await;
     let mut installed: BTreeMap<String, Ipv4Addr> = BTreeMap::new();
     loop {
         let desired = desired_routes(&nodes.state(), &own, cluster);
@@ -165,8 +170,83 @@ pub async fn route_to_nodes(client: Client, own: String, cluster: Ipv4Net) {
             info!(range = %range, "a node with this pod range is gone; route removed");
             installed.remove(&range);
         }
+        if installed.len() == desired.len() {
+            routed.store(true, Ordering::Relaxed);
+        }
         // A failed route is tried again a little later even if no Node changes.
         let _ = tokio::time::timeout(Duration::from_secs(10), changed.notified()).await;
+    }
+}
+
+/// kube-proxy's metrics on the machine (the VM's own network namespace).
+const KUBE_PROXY_METRICS: &str = "127.0.0.1:10249";
+/// Set by kube-proxy once it has programmed the rules of every Service and endpoint: its
+/// `/healthz` answers 200 already while it starts, before any rule is in place.
+const KUBE_PROXY_SYNCED_METRIC: &str = "kubeproxy_sync_proxy_rules_last_timestamp_seconds";
+
+/// Whether kube-proxy's metrics say it has synced its rules at least once. Pure.
+pub fn kube_proxy_synced(metrics: &str) -> bool {
+    metrics.lines().any(|line| {
+        line.strip_prefix(KUBE_PROXY_SYNCED_METRIC)
+            .and_then(|rest| rest.split_whitespace().last())
+            .and_then(|v| v.parse::<f64>().ok())
+            .is_some_and(|v| v > 0.0)
+    })
+}
+
+async fn ask_kube_proxy() -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let asked = async {
+        let mut stream = tokio::net::TcpStream::connect(KUBE_PROXY_METRICS).await.ok()?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .await
+            .ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await.ok()?;
+        Some(kube_proxy_synced(&text))
+    };
+    tokio::time::timeout(Duration::from_secs(1), asked)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+}
+
+/// Answers `GET /healthz` on `addr` with 200 once `routed` is set and kube-proxy has programmed
+/// the tenant's Services (503 before): the VM's readiness, so that a load balancer sends it
+/// nothing it cannot forward yet.
+pub async fn serve_health(addr: SocketAddr, routed: Arc<AtomicBool>) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let proxy_synced = Arc::new(AtomicBool::new(false));
+    loop {
+        let (mut stream, _) = listener.accept().await?;
+        let (routed, proxy_synced) = (routed.clone(), proxy_synced.clone());
+        tokio::spawn(async move {
+            let mut request = [0u8; 512];
+            let _ = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut request)).await;
+            // Once synced, kube-proxy stays so: it is asked until it says it is.
+            if !proxy_synced.load(Ordering::Relaxed) && ask_kube_proxy().await {
+                proxy_synced.store(true, Ordering::Relaxed);
+            }
+            let (status, body) = match (routed.load(Ordering::Relaxed), proxy_synced.load(Ordering::Relaxed)) {
+                (true, true) => ("200 OK", "ok"),
+                (false, _) => (
+                    "503 Service Unavailable",
+                    "routes to the other machines not in place yet",
+                ),
+                (true, false) => (
+                    "503 Service Unavailable",
+                    "kube-proxy has not programmed the Services yet",
+                ),
+            };
+            let response = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
     }
 }
 
@@ -198,6 +278,15 @@ mod tests {
             ..Default::default()
         });
         Arc::new(n)
+    }
+
+    #[test]
+    fn kube_proxy_is_synced_once_it_says_when_it_last_programmed_its_rules() {
+        let before = "# HELP kubeproxy_sync_proxy_rules_last_timestamp_seconds x\nkubeproxy_sync_proxy_rules_last_timestamp_seconds 0\n";
+        assert!(!kube_proxy_synced(before));
+        assert!(!kube_proxy_synced("up 1\n"));
+        let after = "kubeproxy_sync_proxy_rules_last_timestamp_seconds 1.7644e+09\n";
+        assert!(kube_proxy_synced(after));
     }
 
     #[test]

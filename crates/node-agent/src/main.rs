@@ -38,6 +38,9 @@ use crate::images::ImageMapFileWatch;
 use crate::network::{Ipv4Net, PodNetwork};
 use crate::node::NodeInfo;
 
+/// Where a machine answers `/healthz` (the kubelet's health port).
+const HEALTH_PORT: u16 = 10248;
+
 /// Plays kubelet for one node of the local Kubernetes.
 #[derive(Debug, Parser)]
 #[command(name = "noops-node", version)]
@@ -115,6 +118,10 @@ struct Args {
     /// kubeconfigs); repeatable. Containers see an empty folder (or file) there.
     #[arg(long = "private-path", value_name = "PATH")]
     private_paths: Vec<PathBuf>,
+    /// On SIGTERM, go on serving this long before stopping the pods: a load balancer in front
+    /// of a machine takes it out meanwhile (the API server's shutdown delay, for a VM).
+    #[arg(long, default_value_t = 0, value_name = "SECONDS")]
+    shutdown_delay_seconds: u64,
     /// Logs as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
@@ -212,11 +219,19 @@ async fn main() -> anyhow::Result<()> {
     node::register(&client, &node)
         .await
         .context("reporting the node's status")?;
+    let routed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let routes_task = args.machine.then(|| {
         tokio::spawn(machine::route_to_nodes(
             client.clone(),
             args.node_name.clone(),
             args.cluster_cidr,
+            routed.clone(),
+        ))
+    });
+    let health_task = args.machine.then(|| {
+        tokio::spawn(machine::serve_health(
+            SocketAddr::from(([0, 0, 0, 0], HEALTH_PORT)),
+            routed.clone(),
         ))
     });
 
@@ -279,10 +294,20 @@ async fn main() -> anyhow::Result<()> {
         r = dns_task => anyhow::bail!("cluster DNS stopped: {r:?}"),
         r = api_task => anyhow::bail!("kubelet API stopped: {r:?}"),
     }
+    if args.shutdown_delay_seconds > 0 {
+        info!(
+            seconds = args.shutdown_delay_seconds,
+            "serving on a while before stopping pods"
+        );
+        tokio::time::sleep(Duration::from_secs(args.shutdown_delay_seconds)).await;
+    }
     let _ = shutdown_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(12), pods_task).await;
     heartbeat_task.abort();
     for task in [provisioner_task, routes_task].into_iter().flatten() {
+        task.abort();
+    }
+    if let Some(task) = health_task {
         task.abort();
     }
     info!("node agent stopped");

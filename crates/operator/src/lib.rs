@@ -14,6 +14,8 @@ pub mod server;
 pub mod control_plane;
 pub mod etcd;
 pub mod machine;
+pub mod machine_deployment;
+pub mod machine_set;
 pub mod maintpage;
 pub mod postgres;
 
@@ -32,6 +34,8 @@ controllers!(
     etcd,
     etcd::backup,
     machine,
+    machine_deployment,
+    machine_set,
     maintpage,
     postgres,
     postgres::backup

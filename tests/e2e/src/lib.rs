@@ -237,20 +237,35 @@ pub async fn http_get(addr: &str, path: &str) -> Option<String> {
 /// failed requests use a generous one: on a loaded machine a live pod can take seconds to
 /// answer, while a request sent nowhere fails at once (refused) or never answers at all.
 pub async fn http_get_within(addr: &str, path: &str, limit: Duration) -> Option<String> {
+    http_get_explained(addr, path, limit).await.ok()
+}
+
+/// [`http_get_within`], saying what went wrong (a refused or timed-out connection, no answer,
+/// another status).
+pub async fn http_get_explained(addr: &str, path: &str, limit: Duration) -> Result<String, String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let connect = tokio::net::TcpStream::connect(addr);
-    let mut stream = tokio::time::timeout(limit, connect).await.ok()?.ok()?;
+    let mut stream = tokio::time::timeout(limit, connect)
+        .await
+        .map_err(|_| "connect timed out".to_string())?
+        .map_err(|e| format!("connect: {e}"))?;
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("send: {e}"))?;
     let mut response = String::new();
     tokio::time::timeout(limit, stream.read_to_string(&mut response))
         .await
-        .ok()?
-        .ok()?;
+        .map_err(|_| "no answer in time".to_string())?
+        .map_err(|e| format!("read: {e}"))?;
     if !response.starts_with("HTTP/1.1 200") {
-        return None;
+        return Err(format!("answered {:?}", response.lines().next().unwrap_or_default()));
     }
-    response.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .ok_or_else(|| "no body".to_string())
 }
 
 /// The Kubernetes version the control plane is built from (`tools/k8s/go.mod`).

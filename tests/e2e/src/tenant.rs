@@ -71,3 +71,28 @@ impl Drop for Tenant {
         let _ = std::fs::remove_file(&self.kubeconfig);
     }
 }
+
+/// Drops the finalizers of the Machines left in a namespace when a test ends (its operator is
+/// gone by then, and nothing else would let the namespace go).
+pub struct ForgetMachines(pub String);
+
+impl Drop for ForgetMachines {
+    fn drop(&mut self) {
+        let listed = crate::kubectl(&["get", "machines", "-n", &self.0, "-o", "name"], None);
+        for machine in String::from_utf8_lossy(&listed.stdout).lines() {
+            let _ = crate::kubectl(
+                &[
+                    "patch",
+                    "-n",
+                    &self.0,
+                    machine,
+                    "--type",
+                    "merge",
+                    "-p",
+                    r#"{"metadata":{"finalizers":[]}}"#,
+                ],
+                None,
+            );
+        }
+    }
+}

@@ -482,6 +482,58 @@ spec:
 }
 
 #[tokio::test]
+async fn a_pre_stop_hook_runs_before_the_container_is_signalled() {
+    let ns = TestNamespace::new("prestop").await;
+    let out = std::env::temp_dir().join(format!("noops-e2e-{}", ns.name));
+    std::fs::create_dir_all(&out).unwrap();
+    ns.apply(&format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{ name: draining }}
+spec:
+  terminationGracePeriodSeconds: 20
+  containers:
+    - name: app
+      image: busybox
+      command: ["sh", "-c", "trap 'echo TERM >> /out/log; exit 0' TERM; echo started >> /out/log; while true; do sleep 0.2; done"]
+      lifecycle: {{ preStop: {{ exec: {{ command: ["sh", "-c", "echo preStop >> /out/log; sleep 2"] }} }} }}
+      volumeMounts: [{{ name: out, mountPath: /out }}]
+  volumes: [{{ name: out, hostPath: {{ path: {} }} }}]
+"#,
+        out.display()
+    ));
+    ns.wait_pod_ready("draining", MINUTE).await;
+    let log = out.join("log");
+    wait_until("the container to start", MINUTE, || async {
+        std::fs::read_to_string(&log).is_ok_and(|s| s.contains("started"))
+    })
+    .await;
+    let deleted = std::time::Instant::now();
+    ns.pods().delete("draining", &DeleteParams::default()).await.unwrap();
+    wait_until("SIGTERM to reach the container", MINUTE, || async {
+        std::fs::read_to_string(&log).is_ok_and(|s| s.contains("TERM"))
+    })
+    .await;
+    let waited = deleted.elapsed();
+    let lines: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        lines,
+        vec!["started", "preStop", "TERM"],
+        "the hook ran, then the signal came"
+    );
+    assert!(
+        waited >= Duration::from_secs(2),
+        "SIGTERM came after the hook's 2 s: {waited:?}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[tokio::test]
 async fn in_cluster_client_lists_pods_with_its_service_account_token() {
     let ns = TestNamespace::new("incluster").await;
     ns.apply(

@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, LogParams};
 use noops_api::{Machine, MachineDeployment, MachineSet};
-use noops_e2e::tenant::Tenant;
+use noops_e2e::tenant::{ForgetMachines, Tenant};
 use noops_e2e::*;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -219,31 +219,6 @@ fn processes_with(text: &str) -> Vec<String> {
     out
 }
 
-/// Drops the finalizers of the Machines left in a namespace when a test ends (its operator is
-/// gone by then, and nothing else would let the namespace go).
-struct ForgetMachines(String);
-
-impl Drop for ForgetMachines {
-    fn drop(&mut self) {
-        let listed = kubectl(&["get", "machines", "-n", &self.0, "-o", "name"], None);
-        for machine in String::from_utf8_lossy(&listed.stdout).lines() {
-            let _ = kubectl(
-                &[
-                    "patch",
-                    "-n",
-                    &self.0,
-                    machine,
-                    "--type",
-                    "merge",
-                    "-p",
-                    r#"{"metadata":{"finalizers":[]}}"#,
-                ],
-                None,
-            );
-        }
-    }
-}
-
 #[tokio::test]
 async fn machines_join_their_control_plane_run_its_pods_and_drain_before_they_go() {
     install_crds();
@@ -422,4 +397,429 @@ spec:
     })
     .await;
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+}
+
+/// Requests through a load balancer, one every 100 ms, until stopped: how many were answered
+/// and which failed.
+struct Poller {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<(usize, Vec<String>)>,
+}
+
+impl Poller {
+    fn start(address: String) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let (mut answered, mut failed) = (0, Vec::new());
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let started = std::time::Instant::now();
+                let sent = jiff::Timestamp::now();
+                // A generous limit: on a loaded machine a live pod can take seconds to answer.
+                match http_get_explained(&address, "/", Duration::from_secs(5)).await {
+                    Ok(body) if body.contains("hello") => answered += 1,
+                    other => failed.push(format!("sent {sent}: {other:?}")),
+                }
+                tokio::time::sleep(Duration::from_millis(100).saturating_sub(started.elapsed())).await;
+            }
+            (answered, failed)
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) -> (usize, Vec<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
+/// Samples `sample` every 100 ms until stopped; returns the smallest value seen.
+struct Lowest {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<usize>,
+}
+
+impl Lowest {
+    fn watch<F, Fut>(sample: F) -> Self
+    where
+        F: Fn() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Option<usize>> + Send,
+    {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut lowest = usize::MAX;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(v) = sample().await {
+                    lowest = lowest.min(v);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            lowest
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
+/// Tenant Nodes that are Ready.
+async fn ready_nodes_of(nodes: &Api<Node>) -> Option<usize> {
+    let listed = nodes.list(&ListParams::default()).await.ok()?;
+    Some(
+        listed
+            .items
+            .iter()
+            .filter(|n| node_ready_status(n).as_deref() == Some("True"))
+            .count(),
+    )
+}
+
+/// Tenant pods of the app that are Ready.
+async fn ready_web_pods(pods: &Api<Pod>) -> Option<usize> {
+    let listed = pods.list(&ListParams::default().labels("app=web")).await.ok()?;
+    Some(listed.items.iter().filter(|p| pod_ready(p)).count())
+}
+
+/// Waits until the MachineDeployment has rolled out `replicas` machines of its template.
+async fn wait_rolled_out(ns: &TestNamespace, replicas: i32, timeout: Duration) -> MachineDeployment {
+    let api = ns.api::<MachineDeployment>();
+    wait_for(
+        &format!("the pool rolled out with {replicas} machines"),
+        timeout,
+        || async {
+            let md = api.get("pool").await.ok()?;
+            let status = md.status.clone()?;
+            let ready = status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            (ready
+                && status.observed_generation == md.metadata.generation
+                && status.ready_replicas == Some(replicas)
+                && status.replicas == Some(replicas))
+            .then_some(md)
+        },
+    )
+    .await
+}
+
+/// Machines that are not being deleted.
+async fn active_machines(api: &Api<Machine>) -> Option<usize> {
+    let listed = api.list(&ListParams::default()).await.ok()?;
+    Some(
+        listed
+            .items
+            .iter()
+            .filter(|m| m.metadata.deletion_timestamp.is_none())
+            .count(),
+    )
+}
+
+#[tokio::test]
+async fn a_machine_deployment_scales_and_rolls_to_a_new_version_without_a_failed_request() {
+    install_crds();
+    let ns = TestNamespace::new("md").await;
+    let _forget = ForgetMachines(ns.name.clone());
+    let operator = Operator::start(
+        &ns.name,
+        &[
+            "--controllers",
+            "kubernetescontrolplane,etcd,machine,machineset,machinedeployment",
+        ],
+    );
+    let control_plane = |version: &str| {
+        format!(
+            "apiVersion: noops.dev/v1alpha1\nkind: KubernetesControlPlane\nmetadata: {{ name: c }}\nspec: {{ version: \"{version}\", replicas: 1, etcd: {{ replicas: 1 }} }}\n"
+        )
+    };
+    let pool = |replicas: i32, template: &str| {
+        format!(
+            "apiVersion: noops.dev/v1alpha1\nkind: MachineDeployment\nmetadata: {{ name: pool }}\nspec:\n  clusterName: c\n  replicas: {replicas}\n  progressDeadlineSeconds: 30\n  selector: {{ matchLabels: {{ pool: p }} }}\n  template:\n    metadata: {{ labels: {{ pool: p }} }}\n    spec: {{ {template} }}\n"
+        )
+    };
+    ns.apply(&control_plane("1.33"));
+    ns.apply(&pool(2, "version: \"1.33\""));
+    let tenant = Tenant::ready(&ns, "c", 4 * MINUTE).await;
+    wait_rolled_out(&ns, 2, 4 * MINUTE).await;
+    let story = kubectl_ok(&["get", "md,ms,machines", "-n", &ns.name], None);
+    assert_eq!(
+        story.matches("Running").count(),
+        3,
+        "the pool and its 2 machines: {story}"
+    );
+
+    // The tenant's app: 3 replicas that drain gracefully, a budget of 2, a NodePort; and a
+    // load balancer in front of the machines, as a cloud gives one: a Service of this cluster
+    // over the machines' pods.
+    let echo = root().join("target/debug/http-echo");
+    tenant.apply(&format!(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{ name: web, namespace: default }}
+spec:
+  replicas: 3
+  selector: {{ matchLabels: {{ app: web }} }}
+  template:
+    metadata: {{ labels: {{ app: web }} }}
+    spec:
+      terminationGracePeriodSeconds: 30
+      containers:
+        - name: web
+          image: busybox
+          command: ["{}", "-listen=:8080", "-text=hello"]
+          readinessProbe: {{ httpGet: {{ path: /health, port: 8080 }}, periodSeconds: 1 }}
+          lifecycle: {{ preStop: {{ sleep: {{ seconds: 3 }} }} }}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {{ name: web, namespace: default }}
+spec: {{ minAvailable: 2, selector: {{ matchLabels: {{ app: web }} }} }}
+---
+apiVersion: v1
+kind: Service
+metadata: {{ name: web, namespace: default }}
+spec:
+  type: NodePort
+  selector: {{ app: web }}
+  ports: [{{ port: 80, targetPort: 8080, nodePort: 30080 }}]
+"#,
+        echo.display()
+    ));
+    tenant.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=120s"], None);
+    ns.apply("apiVersion: v1\nkind: Service\nmetadata: { name: lb }\nspec:\n  selector: { noops.dev/cluster: c, app.kubernetes.io/component: vm }\n  ports: [{ port: 80, targetPort: 30080 }]\n");
+    let lb = ns.api::<k8s_openapi::api::core::v1::Service>().get("lb").await.unwrap();
+    let address = format!("{}:80", lb.spec.unwrap().cluster_ip.unwrap());
+    wait_until("the load balancer to answer", MINUTE, || async {
+        http_get_within(&address, "/", Duration::from_secs(1))
+            .await
+            .is_some_and(|b| b.contains("hello"))
+    })
+    .await;
+    let poller = Poller::start(address.clone());
+    let pods: Api<Pod> = Api::namespaced(tenant.client.clone(), "default");
+    let budget = {
+        let pods = pods.clone();
+        Lowest::watch(move || {
+            let pods = pods.clone();
+            async move { ready_web_pods(&pods).await }
+        })
+    };
+
+    // Scaled up to 4, then down to 1: machines are added, then drained and deleted.
+    kubectl_ok(&["scale", "-n", &ns.name, "md/pool", "--replicas=4"], None);
+    wait_rolled_out(&ns, 4, 3 * MINUTE).await;
+    kubectl_ok(&["scale", "-n", &ns.name, "md/pool", "--replicas=1"], None);
+    wait_rolled_out(&ns, 1, 3 * MINUTE).await;
+    let machines = ns.api::<Machine>();
+    wait_until("the machines scaled away to be gone", 2 * MINUTE, || async {
+        machines.list(&ListParams::default()).await.unwrap().items.len() == 1
+    })
+    .await;
+    tenant.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=120s"], None);
+    kubectl_ok(&["scale", "-n", &ns.name, "md/pool", "--replicas=2"], None);
+    wait_rolled_out(&ns, 2, 3 * MINUTE).await;
+
+    // The control plane first, then the machines to 1.34: the app answers throughout, the Ready
+    // nodes never fewer than 2, never more than one machine above 2.
+    ns.apply(&control_plane("1.34"));
+    let api = ns.api::<noops_api::KubernetesControlPlane>();
+    wait_until("the control plane at 1.34", 5 * MINUTE, || async {
+        api.get("c").await.ok().and_then(|c| c.status).is_some_and(|s| {
+            s.version.as_deref() == Some("1.34.4")
+                && s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    })
+    .await;
+    let nodes: Api<Node> = Api::all(tenant.client.clone());
+    let ready_nodes = {
+        let nodes = nodes.clone();
+        Lowest::watch(move || {
+            let nodes = nodes.clone();
+            async move { ready_nodes_of(&nodes).await }
+        })
+    };
+    let most_machines = {
+        let machines = machines.clone();
+        Lowest::watch(move || {
+            let machines = machines.clone();
+            async move { active_machines(&machines).await.map(|n| usize::MAX - n) }
+        })
+    };
+    ns.apply(&pool(2, "version: \"1.34\""));
+    wait_rolled_out(&ns, 2, 5 * MINUTE).await;
+    let fewest_ready = ready_nodes.stop().await;
+    let most = usize::MAX - most_machines.stop().await;
+    assert!(
+        fewest_ready >= 2,
+        "Ready nodes fell to {fewest_ready} during the rollout"
+    );
+    assert!(most <= 3, "{most} machines at once: more than maxSurge (1) above 2");
+    wait_until("only the new machines' Nodes left", 2 * MINUTE, || async {
+        let listed = nodes.list(&ListParams::default()).await.unwrap().items;
+        listed.len() == 2
+            && listed.iter().all(|n| {
+                n.status
+                    .as_ref()
+                    .and_then(|s| s.node_info.as_ref())
+                    .is_some_and(|i| i.kubelet_version == "v1.34.4")
+            })
+    })
+    .await;
+
+    // A template whose image cannot start stalls with the reason; the old machines stay.
+    wait_until("the replaced machines gone", 2 * MINUTE, || async {
+        machines.list(&ListParams::default()).await.unwrap().items.len() == 2
+    })
+    .await;
+    let before: Vec<String> = machines
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|m| m.metadata.name.clone())
+        .collect();
+    ns.apply(&pool(2, "version: \"1.34\", image: \"noops/node:v1.34.99\""));
+    let md_api = ns.api::<MachineDeployment>();
+    let stalled = wait_for("the rollout to stall", 3 * MINUTE, || async {
+        let md = md_api.get("pool").await.ok()?;
+        let c = md.status?.conditions.into_iter().find(|c| c.type_ == "Progressing")?;
+        (c.status == "False" && c.reason == "ProgressDeadlineExceeded").then_some(c.message)
+    })
+    .await;
+    assert!(
+        stalled.contains("ImagePull") || stalled.contains("ErrImagePull"),
+        "{stalled}"
+    );
+    for name in &before {
+        let m = machines.get(name).await.unwrap();
+        assert!(
+            m.metadata.deletion_timestamp.is_none(),
+            "{name} was touched by a stalled rollout"
+        );
+        assert_eq!(m.status.unwrap().phase.map(|p| p.as_str()), Some("Running"));
+    }
+    wait_event(&ns, "MachineDeployment", "pool", "ProgressDeadlineExceeded").await;
+    // Fixing the template completes the rollout (to the same version: nothing else changes).
+    ns.apply(&pool(2, "version: \"1.34\""));
+    wait_rolled_out(&ns, 2, 3 * MINUTE).await;
+
+    let (answered, failed) = poller.stop().await;
+    let lowest_budget = budget.stop().await;
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {failed:?}",
+        failed.len(),
+        answered + failed.len()
+    );
+    assert!(answered > 100, "only {answered} requests");
+    assert!(
+        lowest_budget >= 2,
+        "the budget (2) was violated: {lowest_budget} Ready pods"
+    );
+
+    // Deleting the deployment removes every machine (the budget goes first: it would rightly
+    // hold the drain of the last machines), and nothing of them runs here any more.
+    tenant.kubectl_ok(&["delete", "pdb", "web"], None);
+    md_api.delete("pool", &Default::default()).await.unwrap();
+    wait_until("every machine gone", 3 * MINUTE, || async {
+        machines.list(&ListParams::default()).await.unwrap().items.is_empty()
+    })
+    .await;
+    let marker = format!("--provider-id=noops://{}/", ns.name);
+    wait_until("the machines' processes to end", MINUTE, || async {
+        processes_with(&marker).is_empty()
+    })
+    .await;
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+}
+
+#[tokio::test]
+async fn the_operator_killed_at_each_step_of_a_rollout_and_a_drain_finishes_them_within_max_surge() {
+    install_crds();
+    let ns = TestNamespace::new("md-crash").await;
+    let _forget = ForgetMachines(ns.name.clone());
+    let points = std::env::temp_dir().join(format!("noops-crash-{}", ns.name));
+    let _ = std::fs::remove_file(&points);
+    let supervisor = Supervisor::start(&ns.name, &points);
+    ns.apply("apiVersion: noops.dev/v1alpha1\nkind: KubernetesControlPlane\nmetadata: { name: c }\nspec: { version: \"1.34\", replicas: 1, etcd: { replicas: 1 } }\n");
+    let pool = |cpu: i32| {
+        format!(
+            "apiVersion: noops.dev/v1alpha1\nkind: MachineDeployment\nmetadata: {{ name: pool }}\nspec:\n  clusterName: c\n  replicas: 2\n  selector: {{ matchLabels: {{ pool: p }} }}\n  template:\n    metadata: {{ labels: {{ pool: p }} }}\n    spec: {{ version: \"1.34\", flavor: {{ cpu: {cpu} }} }}\n"
+        )
+    };
+    ns.apply(&pool(2));
+    let tenant = Tenant::ready(&ns, "c", 4 * MINUTE).await;
+    wait_rolled_out(&ns, 2, 4 * MINUTE).await;
+    let echo = root().join("target/debug/http-echo");
+    tenant.apply(&format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{ name: web, namespace: default }}\nspec:\n  replicas: 2\n  selector: {{ matchLabels: {{ app: web }} }}\n  template:\n    metadata: {{ labels: {{ app: web }} }}\n    spec:\n      containers: [{{ name: web, image: busybox, command: [\"{}\", \"-listen=:8080\", \"-text=hello\"] }}]\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {{ name: web, namespace: default }}\nspec: {{ minAvailable: 1, selector: {{ matchLabels: {{ app: web }} }} }}\n",
+        echo.display()
+    ));
+    tenant.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=120s"], None);
+    let machines = ns.api::<Machine>();
+    let most_machines = {
+        let machines = machines.clone();
+        Lowest::watch(move || {
+            let machines = machines.clone();
+            async move { active_machines(&machines).await.map(|n| usize::MAX - n) }
+        })
+    };
+    // A new flavor is a new template: every machine is replaced, each old one drained.
+    ns.apply(&pool(3));
+    wait_rolled_out(&ns, 2, 6 * MINUTE).await;
+    let nodes: Api<Node> = Api::all(tenant.client.clone());
+    wait_until("only Nodes of the new flavor", 3 * MINUTE, || async {
+        let listed = nodes.list(&ListParams::default()).await.unwrap().items;
+        listed.len() == 2
+            && listed.iter().all(|n| {
+                n.status
+                    .as_ref()
+                    .and_then(|s| s.capacity.as_ref())
+                    .and_then(|c| c.get("cpu"))
+                    .is_some_and(|q| q.0 == "3")
+            })
+    })
+    .await;
+    tenant.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=120s"], None);
+    let most = usize::MAX - most_machines.stop().await;
+    let (restarts, logs) = supervisor.stop().await;
+    let crashed = std::fs::read_to_string(&points).unwrap_or_default();
+    for point in [
+        "machine: bootstrap Secret made, VM not yet",
+        "machine: VM made, providerID not recorded",
+        "machine: Node cordoned, not drained",
+        "machine: Node deleted, VM not yet",
+        "machineset: a machine made, the others and the status not yet",
+        "machineset: a machine deleted, status not written",
+        "machinedeployment: new set made, older sets not scaled",
+        "machinedeployment: an older set scaled down, status not written",
+    ] {
+        assert!(
+            crashed.lines().any(|l| l == point),
+            "never crashed at {point:?}: {crashed}"
+        );
+    }
+    assert!(restarts >= 8, "restarted {restarts} times");
+    assert!(most <= 3, "{most} machines at once: more than maxSurge (1) above 2");
+    assert!(!logs.contains("panicked"), "{logs}");
+    // Machines go while an operator runs (their finalizer drains them; the budget would hold
+    // the drain of the last one).
+    tenant.kubectl_ok(&["delete", "pdb", "web"], None);
+    let operator = Operator::start(&ns.name, &[]);
+    ns.api::<MachineDeployment>()
+        .delete("pool", &Default::default())
+        .await
+        .unwrap();
+    wait_until("every machine gone", 3 * MINUTE, || async {
+        machines.list(&ListParams::default()).await.unwrap().items.is_empty()
+    })
+    .await;
+    drop(operator);
+    let _ = std::fs::remove_file(&points);
 }

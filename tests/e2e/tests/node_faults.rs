@@ -954,3 +954,133 @@ async fn a_control_plane_keeps_answering_when_the_node_of_an_api_server_stops() 
     node_fault(&["start", &victim]);
     wait_node_status(&ns.client, &victim, true, 2 * MINUTE).await;
 }
+
+#[tokio::test]
+#[ignore = "node faults disturb other tests: `make e2e` runs them alone"]
+async fn a_lost_nodes_machine_is_replaced_unless_too_many_machines_are_unhealthy() {
+    use noops_api::{Machine, MachineDeployment, MachineSet};
+    use noops_e2e::tenant::{ForgetMachines, Tenant};
+    install_crds();
+    let ns = TestNamespace::new("machine-loss").await;
+    let _forget = ForgetMachines(ns.name.clone());
+    let client = client().await;
+    let victim = ready_nodes(&client, 3).await.last().unwrap().clone();
+    // The control plane away from the node that will be stopped: only a machine is lost.
+    kubectl_ok(&["cordon", &victim], None);
+    let operator = Operator::start(&ns.name, &[]);
+    ns.apply("apiVersion: noops.dev/v1alpha1\nkind: KubernetesControlPlane\nmetadata: { name: c }\nspec:\n  version: \"1.34\"\n  replicas: 1\n  etcd: { replicas: 1 }\n  extraArgs: { controllerManager: [\"--node-monitor-grace-period=10s\"] }\n");
+    let tenant = Tenant::ready(&ns, "c", 4 * MINUTE).await;
+    kubectl_ok(&["uncordon", &victim], None);
+    let pool = |max_unhealthy: u32| {
+        format!(
+            "apiVersion: noops.dev/v1alpha1\nkind: MachineDeployment\nmetadata: {{ name: pool }}\nspec:\n  clusterName: c\n  replicas: 3\n  selector: {{ matchLabels: {{ pool: p }} }}\n  template:\n    metadata: {{ labels: {{ pool: p }} }}\n    spec: {{ version: \"1.34\", nodeDrainTimeoutSeconds: 20 }}\n  healthCheck: {{ unhealthyTimeoutSeconds: 15, maxUnhealthy: {max_unhealthy} }}\n"
+        )
+    };
+    ns.apply(&pool(0));
+    let machines = ns.api::<Machine>();
+    let md = ns.api::<MachineDeployment>();
+    wait_until("3 machines Running", 4 * MINUTE, || async {
+        md.get("pool")
+            .await
+            .ok()
+            .and_then(|m| m.status)
+            .and_then(|s| s.ready_replicas)
+            == Some(3)
+    })
+    .await;
+    // One machine per node (they spread); the victim's is the one to lose.
+    let vm_pods = ns
+        .pods()
+        .list(&ListParams::default().labels("app.kubernetes.io/component=vm"))
+        .await
+        .unwrap()
+        .items;
+    let lost = vm_pods
+        .iter()
+        .find(|p| pod_node(p) == victim)
+        .and_then(|p| p.metadata.name.clone())
+        .unwrap_or_else(|| {
+            panic!(
+                "no machine on {victim}: {:?}",
+                vm_pods.iter().map(pod_node).collect::<Vec<_>>()
+            )
+        });
+    let echo = root().join("target/debug/http-echo");
+    tenant.apply(&format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{ name: web, namespace: default }}\nspec:\n  replicas: 3\n  selector: {{ matchLabels: {{ app: web }} }}\n  template:\n    metadata: {{ labels: {{ app: web }} }}\n    spec:\n      tolerations: [{{ key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 5 }}, {{ key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: 5 }}]\n      containers: [{{ name: web, image: busybox, command: [\"{}\", \"-listen=:8080\", \"-text=hello\"] }}]\n",
+        echo.display()
+    ));
+    tenant.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=120s"], None);
+
+    node_fault(&["stop", &victim]);
+    // maxUnhealthy 0: the lost machine is unhealthy, and nothing is deleted; the set says why.
+    let sets = ns.api::<MachineSet>();
+    let held = wait_for("repair held by maxUnhealthy", 3 * MINUTE, || async {
+        let set = sets.list(&ListParams::default()).await.ok()?.items.into_iter().next()?;
+        let c = set
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "RemediationAllowed")?;
+        (c.status == "False" && c.reason == "TooManyUnhealthy").then_some(c.message)
+    })
+    .await;
+    assert!(held.contains("1 of 3 machines are unhealthy"), "{held}");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let kept = machines.get(&lost).await.unwrap();
+    assert!(
+        kept.metadata.deletion_timestamp.is_none(),
+        "a held repair deleted {lost}"
+    );
+    assert_eq!(machines.list(&ListParams::default()).await.unwrap().items.len(), 3);
+
+    // One unhealthy machine allowed: it is replaced, on the nodes left, and its pods run there.
+    let allowed = std::time::Instant::now();
+    ns.apply(&pool(1));
+    wait_until("the lost machine replaced", 3 * MINUTE, || async {
+        let listed = machines.list(&ListParams::default()).await.unwrap().items;
+        let ready = listed
+            .iter()
+            .filter(|m| m.metadata.name.as_deref() != Some(lost.as_str()))
+            .filter(|m| {
+                m.status
+                    .as_ref()
+                    .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+            .count();
+        ready == 3
+    })
+    .await;
+    let replaced_in = allowed.elapsed();
+    wait_until("the lost machine gone", 3 * MINUTE, || async {
+        machines.get_opt(&lost).await.unwrap().is_none()
+    })
+    .await;
+    tenant.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=120s"], None);
+    let pods: kube::Api<Pod> = kube::Api::namespaced(tenant.client.clone(), "default");
+    let web = pods.list(&ListParams::default().labels("app=web")).await.unwrap().items;
+    assert!(
+        web.iter().all(|p| pod_node(p) != lost),
+        "pods still on the lost machine"
+    );
+    wait_event(
+        &ns,
+        "MachineSet",
+        &sets.list(&ListParams::default()).await.unwrap().items[0]
+            .metadata
+            .name
+            .clone()
+            .unwrap(),
+        "MachineRemediated",
+    )
+    .await;
+    eprintln!("lost machine replaced {replaced_in:?} after repair was allowed");
+
+    node_fault(&["start", &victim]);
+    md.delete("pool", &Default::default()).await.unwrap();
+    wait_until("every machine gone", 3 * MINUTE, || async {
+        machines.list(&ListParams::default()).await.unwrap().items.is_empty()
+    })
+    .await;
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+}

@@ -12,10 +12,11 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, Pod, PodAffinityTerm, PodAntiAffinity, PodSpec, SecretVolumeSource, SecurityContext, Volume,
-    VolumeMount, WeightedPodAffinityTerm,
+    Affinity, Container, HTTPGetAction, Pod, PodAffinityTerm, PodAntiAffinity, PodSpec, Probe, SecretVolumeSource,
+    SecurityContext, Volume, VolumeMount, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use noops_api::machine::FlavorSpec;
@@ -30,6 +31,12 @@ use crate::core::{Error, Result};
 const BOOTSTRAP_DIR: &str = "/etc/noops/machine";
 /// The VM's disk: the agent's state and its pods' volumes (an emptyDir of the pod).
 const STATE_DIR: &str = "/var/lib/noops-node";
+/// The node agent's health port (the kubelet's): ready once it routes to the other machines.
+const AGENT_HEALTH_PORT: i32 = 10248;
+/// kube-proxy's health port: ready once it has synced the tenant's Services.
+const KUBE_PROXY_HEALTH_PORT: i32 = 10256;
+/// How long a stopping VM goes on serving before it stops its pods.
+const SHUTDOWN_DELAY_SECONDS: u64 = 5;
 
 /// What a provider says about a machine's VM.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,13 +104,34 @@ impl Provider for PodProvider {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &names.namespace);
         match api.get_opt(&names.vm_pod()).await.map_err(Error::Kube)? {
             None => Ok(true),
-            Some(pod) if pod.metadata.deletion_timestamp.is_some() => Ok(false),
+            Some(pod) if pod.metadata.deletion_timestamp.is_some() => {
+                // A pod whose node is lost never finishes its graceful deletion: past its
+                // grace period and a margin, it is removed outright (that node's agent kills
+                // what is left of it should the node come back).
+                if deletion_overdue(&pod, jiff::Timestamp::now()) {
+                    tracing::warn!(pod = %names.vm_pod(), "the VM's pod outlived its grace period (its node is probably lost): removing it outright");
+                    delete_if_present(&api, &names.vm_pod(), &DeleteParams::default().grace_period(0)).await?;
+                }
+                Ok(false)
+            }
             Some(_) => {
                 delete_if_present(&api, &names.vm_pod(), &DeleteParams::default()).await?;
                 Ok(false)
             }
         }
     }
+}
+
+/// How long past its grace period a VM pod may take to go before it is removed outright.
+const DELETION_MARGIN: jiff::SignedDuration = jiff::SignedDuration::from_secs(15);
+
+/// Whether a pod being deleted has outlived its grace period and the margin. Pure.
+pub fn deletion_overdue(pod: &Pod, now: jiff::Timestamp) -> bool {
+    let Some(since) = pod.metadata.deletion_timestamp.as_ref() else {
+        return false;
+    };
+    // The deletion timestamp is when the grace period ends.
+    now >= since.0 + DELETION_MARGIN
 }
 
 /// The image of a VM: the Machine's, or the provider's for the version. Pure.
@@ -136,6 +164,8 @@ pub fn vm_pod(spec: &VmSpec) -> Pod {
         flag("cpu", spec.flavor.cpu.to_string()),
         flag("memory-mib", spec.flavor.memory_mib().unwrap_or(2048).to_string()),
         flag("max-pods", spec.flavor.pods.to_string()),
+        // A load balancer in front of the machines takes this one out before it stops.
+        flag("shutdown-delay-seconds", SHUTDOWN_DELAY_SECONDS.to_string()),
     ];
     let proxy_command = vec![
         "kube-proxy".to_string(),
@@ -146,7 +176,7 @@ pub fn vm_pod(spec: &VmSpec) -> Pod {
         // Conntrack's table size is this whole machine's setting, not the VM's.
         flag("conntrack-max-per-core", "0".into()),
         flag("metrics-bind-address", "127.0.0.1:10249".into()),
-        flag("healthz-bind-address", "0.0.0.0:10256".into()),
+        flag("healthz-bind-address", format!("0.0.0.0:{KUBE_PROXY_HEALTH_PORT}")),
     ];
     let bootstrap = VolumeMount {
         name: "bootstrap".into(),
@@ -164,6 +194,9 @@ pub fn vm_pod(spec: &VmSpec) -> Pod {
         args: Some(agent_args),
         env: Some(vec![pod_ip_env()]),
         security_context: privileged.clone(),
+        // Ready once it routes to the other machines' pods: a load balancer sends it nothing
+        // before.
+        readiness_probe: Some(http_probe("/healthz", AGENT_HEALTH_PORT)),
         volume_mounts: Some(vec![
             bootstrap.clone(),
             VolumeMount {
@@ -178,6 +211,9 @@ pub fn vm_pod(spec: &VmSpec) -> Pod {
         name: "kube-proxy".into(),
         image: Some(format!("registry.k8s.io/kube-proxy:v{}", spec.kubernetes_version)),
         command: Some(proxy_command),
+        // Ready once it has programmed the Services: only then does a load balancer send the
+        // machine traffic for a NodePort.
+        readiness_probe: Some(http_probe("/healthz", KUBE_PROXY_HEALTH_PORT)),
         security_context: privileged,
         volume_mounts: Some(vec![bootstrap]),
         ..Default::default()
@@ -216,6 +252,19 @@ pub fn vm_pod(spec: &VmSpec) -> Pod {
             affinity: Some(spread(&names.cluster)),
             ..Default::default()
         }),
+        ..Default::default()
+    }
+}
+
+/// A readiness probe of `path` on `port`, every second.
+fn http_probe(path: &str, port: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::Int(port),
+            ..Default::default()
+        }),
+        period_seconds: Some(1),
         ..Default::default()
     }
 }
@@ -412,6 +461,15 @@ mod tests {
         assert_eq!(reason, "ImagePullBackOff");
         assert!(message.contains("container node: manifest unknown"));
         assert!(matches!(vm_state(Some(&pod("Failed", &[]))), VmState::Failed { .. }));
+        let now = jiff::Timestamp::now();
+        let mut leaving = pod("Running", &[]);
+        leaving.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+        assert_eq!(vm_state(Some(&leaving)), VmState::Deleting);
+        assert!(!deletion_overdue(&leaving, now + jiff::SignedDuration::from_secs(10)));
+        assert!(
+            deletion_overdue(&leaving, now + jiff::SignedDuration::from_secs(16)),
+            "its node is lost"
+        );
         assert_eq!(
             vm_state(Some(&pod("Pending", &[]))),
             VmState::Starting { problem: None }

@@ -29,7 +29,7 @@ use crate::core::apply::{apply_status, controller_reference, create_if_missing};
 use crate::core::error::from_finalizer;
 use crate::core::events::Announcement;
 use crate::core::pki::Ca;
-use crate::core::{DuringStage, Error, Result, Stage};
+use crate::core::{DuringStage, Error, Result, Stage, crash};
 
 /// How soon a machine is looked at again: while it is being made, while its Node is not Ready,
 /// and while it runs (its Node's health is read on each pass).
@@ -124,6 +124,7 @@ async fn run(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
             let secret = bootstrap_secret(ctx, &names, &owner, now).during(Stage::Apply)?;
             let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
             create_if_missing(&api, &secret).await.during(Stage::Apply)?;
+            crash::point("machine: bootstrap Secret made, VM not yet");
         }
         let networking = &cluster.spec.networking;
         let spec = VmSpec {
@@ -140,6 +141,7 @@ async fn run(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
         };
         ctx.provider.create(&spec).await.during(Stage::Apply)?;
         info!(version = %release.kubernetes, "made the machine's VM");
+        crash::point("machine: VM made, providerID not recorded");
     }
     if machine.spec.provider_id.is_none() && (make_vm || observation.vm != VmState::Missing) {
         let api: Api<Machine> = Api::namespaced(ctx.client.clone(), &names.namespace);
@@ -220,11 +222,15 @@ async fn remove(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
             Deletion::Removing
         }
         (Some(client), NodeView::Present(node)) => {
-            tenant::cordon(client, &names.node()).await.during(Stage::Cleanup)?;
+            tenant::cordon(client, node).await.during(Stage::Cleanup)?;
+            crash::point("machine: Node cordoned, not drained");
             // A Node that cannot be reached is drained without evictions once the timeout
             // has passed: its pods may be gone with it, and nothing else would end them.
             let force = !crate::core::nodes::ready(node) && past_timeout;
             let progress = drain_pass(client, &names.node(), force).await.during(Stage::Cleanup)?;
+            if !progress.ending.is_empty() {
+                crash::point("machine: pods evicted, status not written");
+            }
             if !progress.forced.is_empty() {
                 let note = format!(
                     "deleted {} without eviction: the Node could not be reached for {}s",
@@ -281,6 +287,7 @@ async fn remove(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
                     .await
                     .during(Stage::Cleanup)?;
                 info!(node = %names.node(), "deleted the machine's Node");
+                crash::point("machine: Node deleted, VM not yet");
             }
             if ctx.provider.delete(&names).await.during(Stage::Cleanup)? {
                 info!("the machine's VM is gone");

@@ -98,11 +98,31 @@ pub async fn node(client: &Client, name: &str) -> Result<Option<Node>> {
     Ok(Api::<Node>::all(client.clone()).get_opt(name).await?)
 }
 
-/// Marks the Node unschedulable (idempotent).
-pub async fn cordon(client: &Client, name: &str) -> Result<()> {
-    let body = json!({ "spec": { "unschedulable": true } });
+/// The taint that says a Node is about to go (KEP-3836): kube-proxy's `/healthz` answers 503
+/// on such a Node, so a load balancer that checks it stops sending the machine traffic before
+/// it is drained and removed.
+pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+
+/// Marks the Node unschedulable and about to go (idempotent).
+pub async fn cordon(client: &Client, node: &Node) -> Result<()> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let mut taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+    let tainted = taints.iter().any(|t| t.key == TO_BE_DELETED_TAINT);
+    let unschedulable = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    if tainted && unschedulable {
+        return Ok(());
+    }
+    if !tainted {
+        taints.push(k8s_openapi::api::core::v1::Taint {
+            key: TO_BE_DELETED_TAINT.into(),
+            value: Some(jiff::Timestamp::now().as_second().to_string()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        });
+    }
+    let body = json!({ "spec": { "unschedulable": true, "taints": taints } });
     match Api::<Node>::all(client.clone())
-        .patch(name, &PatchParams::default(), &Patch::Merge(body))
+        .patch(&name, &PatchParams::default(), &Patch::Merge(body))
         .await
     {
         Ok(_) => Ok(()),

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{LifecycleHandler, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::events::EventType;
@@ -24,6 +24,21 @@ impl PodWorker {
     /// Stops every running container at once, giving them `grace` together. A pod update that
     /// shortens the grace period (or a forced deletion) while waiting is honoured.
     pub(super) async fn stop_all(&mut self, grace: Duration, reason: &str) {
+        let started = Instant::now();
+        // preStop hooks first, all at once, within the grace period (as the kubelet runs them
+        // before it signals): an app can keep serving while its endpoints go.
+        let hooks: Vec<_> = self
+            .main
+            .iter()
+            .filter_map(|slot| {
+                let hook = slot.spec.lifecycle.as_ref()?.pre_stop.clone()?;
+                let pid = slot.running.as_ref()?.pid;
+                Some(run_pre_stop(self.pod_name(), slot.spec.name.clone(), hook, pid))
+            })
+            .collect();
+        if !hooks.is_empty() {
+            let _ = tokio::time::timeout(grace, futures::future::join_all(hooks)).await;
+        }
         let mut targets = vec![];
         for (init, slots) in [(true, &mut self.init), (false, &mut self.main)] {
             for (idx, slot) in slots.iter_mut().enumerate() {
@@ -34,7 +49,6 @@ impl PodWorker {
                 }
             }
         }
-        let started = Instant::now();
         let mut deadline = started + grace;
         for (init, idx, pid, mut exited) in targets {
             let exit = loop {
@@ -120,5 +134,28 @@ impl PodWorker {
             }
             tokio::time::sleep(backoff.next_delay()).await;
         }
+    }
+}
+
+/// The PATH a hook's command is looked up in (the container's own is not kept).
+const HOOK_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Runs a container's preStop hook: a `sleep`, or a command inside the container. An HTTP
+/// hook is not supported here and is said so.
+async fn run_pre_stop(pod: String, container: String, hook: LifecycleHandler, pid: u32) {
+    if let Some(sleep) = hook.sleep {
+        info!(pod = %pod, container = %container, seconds = sleep.seconds, "preStop: sleeping");
+        tokio::time::sleep(Duration::from_secs(sleep.seconds.max(0) as u64)).await;
+    } else if let Some(exec) = hook.exec {
+        let command = exec.command.unwrap_or_default();
+        info!(pod = %pod, container = %container, ?command, "preStop: running a command");
+        let env = [("PATH".to_string(), HOOK_PATH.to_string())];
+        match process::exec_in(pid, &command, &env, Duration::from_secs(3600)).await {
+            Ok(Some(0)) => {}
+            Ok(code) => warn!(pod = %pod, container = %container, ?code, "preStop command failed"),
+            Err(e) => warn!(pod = %pod, container = %container, error = %e, "preStop command could not run"),
+        }
+    } else {
+        warn!(pod = %pod, container = %container, "preStop: only sleep and exec hooks are supported here");
     }
 }

@@ -1,0 +1,321 @@
+//! What a MachineDeployment does next, as a Deployment does with ReplicaSets: the MachineSet of
+//! the current template grows by at most `maxSurge` above `replicas`, and older sets shrink only
+//! as far as `maxUnavailable` allows below it, counting only machines that are ready. So with
+//! the defaults (surge 1, unavailable 0) a new machine is Running before an old one goes, and
+//! a new machine that never becomes ready stops the rollout where it is. Pure: every number is
+//! read back from the sets as they are.
+
+use noops_api::machine_deployment::{MachineDeployment, RollingUpdateSpec, StrategyType};
+use noops_api::machine_set::MachineSet;
+use serde_json::json;
+
+use crate::core::stamp::hash_of;
+use crate::machine_set::health::scaled;
+
+/// The label (on a MachineSet, its selector and its machines) naming the template it was made
+/// from, so that the sets of one deployment never select each other's machines.
+pub const TEMPLATE_HASH_LABEL: &str = "noops.dev/template-hash";
+
+/// A MachineSet as the plan sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetView {
+    pub name: String,
+    pub template_hash: String,
+    /// Replicas asked of it.
+    pub replicas: i32,
+    /// Machines it has (not being deleted), and how many of them are available.
+    pub machines: i32,
+    pub available: i32,
+    /// When it was made (older sets shrink first).
+    pub created: Option<jiff::Timestamp>,
+}
+
+impl SetView {
+    pub fn of(set: &MachineSet) -> Self {
+        let status = set.status.clone().unwrap_or_default();
+        Self {
+            name: set.metadata.name.clone().unwrap_or_default(),
+            template_hash: set
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(TEMPLATE_HASH_LABEL).cloned())
+                .unwrap_or_default(),
+            replicas: set.spec.replicas,
+            machines: status.replicas.unwrap_or(0),
+            available: status.available_replicas.unwrap_or(0),
+            created: set.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        }
+    }
+}
+
+/// The hash of a deployment's template: a new one is a new MachineSet.
+pub fn template_hash(md: &MachineDeployment) -> String {
+    let template = serde_json::to_value(&md.spec.template).unwrap_or_default();
+    hash_of(&json!(template))[..8].to_string()
+}
+
+/// The name of the MachineSet of the current template.
+pub fn set_name(md: &MachineDeployment) -> String {
+    format!(
+        "{}-{}",
+        md.metadata.name.as_deref().unwrap_or_default(),
+        template_hash(md)
+    )
+}
+
+/// The replicas each set should have now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeploymentPlan {
+    /// The current template's set: its name, and its replicas (None: paused before it exists).
+    pub current: Option<(String, i32)>,
+    /// Whether the current set must be made.
+    pub make_current: bool,
+    /// Older sets' replicas, changed or not.
+    pub older: Vec<(String, i32)>,
+    /// Older sets with no replica and no machine left: removed.
+    pub remove: Vec<String>,
+    /// Every machine is of the current template, available, and as many as asked.
+    pub complete: bool,
+}
+
+/// The plan over the deployment's sets.
+pub fn plan(md: &MachineDeployment, sets: &[SetView]) -> DeploymentPlan {
+    let wanted = md.spec.replicas;
+    let hash = template_hash(md);
+    let current = sets.iter().find(|s| s.template_hash == hash);
+    let mut older: Vec<&SetView> = sets.iter().filter(|s| s.template_hash != hash).collect();
+    older.sort_by(|a, b| a.created.cmp(&b.created).then(a.name.cmp(&b.name)));
+    let complete = older.iter().all(|s| s.machines == 0 && s.replicas == 0)
+        && current.is_some_and(|c| c.replicas == wanted && c.machines == wanted && c.available >= wanted);
+    let remove = older
+        .iter()
+        .filter(|s| s.replicas == 0 && s.machines == 0)
+        .map(|s| s.name.clone())
+        .collect();
+    if md.spec.paused {
+        // Only a deployment with one set follows its replicas while paused.
+        let current = match (current, sets) {
+            (Some(c), [_]) => Some((c.name.clone(), wanted)),
+            (Some(c), _) => Some((c.name.clone(), c.replicas)),
+            (None, _) => None,
+        };
+        return DeploymentPlan {
+            current,
+            older: older.iter().map(|s| (s.name.clone(), s.replicas)).collect(),
+            complete,
+            ..Default::default()
+        };
+    }
+    let name = current.map_or_else(|| set_name(md), |c| c.name.clone());
+    let current_replicas = current.map_or(0, |c| c.replicas);
+    let (current_target, older_targets) = match md.spec.strategy.type_ {
+        StrategyType::OnDelete => {
+            // Old machines go only when someone deletes them; the new set takes their place.
+            let kept: Vec<(String, i32)> = older
+                .iter()
+                .map(|s| (s.name.clone(), s.machines.min(s.replicas)))
+                .collect();
+            let old_total: i32 = kept.iter().map(|(_, r)| r).sum();
+            ((wanted - old_total).max(0), kept)
+        }
+        StrategyType::RollingUpdate => {
+            let rolling = md.spec.strategy.rolling_update.clone().unwrap_or_default();
+            rolling_targets(&rolling, wanted, current, current_replicas, &older)
+        }
+    };
+    DeploymentPlan {
+        current: Some((name, current_target)),
+        make_current: current.is_none(),
+        older: older_targets,
+        remove,
+        complete,
+    }
+}
+
+/// A rolling update's targets: the current set's and the older sets' replicas.
+fn rolling_targets(
+    rolling: &RollingUpdateSpec,
+    wanted: i32,
+    current: Option<&SetView>,
+    current_replicas: i32,
+    older: &[&SetView],
+) -> (i32, Vec<(String, i32)>) {
+    let surge = scaled(&rolling.max_surge, wanted, true);
+    let mut unavailable = scaled(&rolling.max_unavailable, wanted, false);
+    if surge == 0 && unavailable == 0 {
+        // Percentages that both round to nothing: one may go, or nothing could move.
+        unavailable = 1;
+    }
+    // Up: at most `wanted + surge` in all, counting for each set the more of what it is asked
+    // and what it has: an older set told to shrink may not have deleted its machine yet.
+    let older_count: i32 = older.iter().map(|s| s.replicas.max(s.machines)).sum();
+    let current_count = current_replicas.max(current.map_or(0, |c| c.machines));
+    let current_target = if older.is_empty() {
+        wanted
+    } else {
+        let room = (wanted + surge) - (older_count + current_count);
+        (current_replicas + room.max(0))
+            .min(wanted)
+            .max(current_replicas.min(wanted))
+    };
+    // Down: only as far as leaves `wanted - unavailable` available machines, counting the
+    // current set's machines that are not available yet as missing.
+    let machines: i32 = older.iter().map(|s| s.machines).sum::<i32>() + current.map_or(0, |c| c.machines);
+    let current_unavailable = (current_target - current.map_or(0, |c| c.available)).max(0);
+    let mut may_remove = (machines - (wanted - unavailable) - current_unavailable).max(0);
+    // Never more than the current set would not replace: older sets shrink to what the new
+    // set does not cover yet.
+    let mut targets = Vec::new();
+    for set in older {
+        let cut = may_remove.min(set.replicas);
+        may_remove -= cut;
+        targets.push((set.name.clone(), set.replicas - cut));
+    }
+    (current_target, targets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn md(replicas: i32, version: &str, strategy: serde_json::Value) -> MachineDeployment {
+        let spec = serde_json::from_value(json!({
+            "clusterName": "c", "replicas": replicas,
+            "selector": { "matchLabels": { "pool": "p" } },
+            "template": { "metadata": { "labels": { "pool": "p" } }, "spec": { "version": version } },
+            "strategy": strategy,
+        }))
+        .unwrap();
+        MachineDeployment::new("pool", spec)
+    }
+
+    fn set(name: &str, hash: &str, replicas: i32, machines: i32, available: i32, age: i64) -> SetView {
+        SetView {
+            name: name.into(),
+            template_hash: hash.into(),
+            replicas,
+            machines,
+            available,
+            created: Some(jiff::Timestamp::UNIX_EPOCH + jiff::SignedDuration::from_secs(1_000_000 - age)),
+        }
+    }
+
+    /// Runs a rollout to the end, each step making the asked machines and making them available
+    /// at once when `healthy`: returns the most machines there ever were and the fewest
+    /// available, and whether it completed.
+    fn roll(deployment: &MachineDeployment, mut sets: Vec<SetView>, healthy: bool) -> (i32, i32, bool) {
+        let (mut most, mut fewest) = (0, i32::MAX);
+        for _ in 0..20 {
+            let p = plan(deployment, &sets);
+            if p.complete {
+                return (most, fewest, true);
+            }
+            if let Some((name, _)) = &p.current
+                && !sets.iter().any(|s| &s.name == name)
+            {
+                sets.push(set(name, &template_hash(deployment), 0, 0, 0, 0));
+            }
+            for s in sets.iter_mut() {
+                let target = if Some(&s.name) == p.current.as_ref().map(|c| &c.0) {
+                    p.current.as_ref().map(|c| c.1).unwrap_or(s.replicas)
+                } else {
+                    p.older
+                        .iter()
+                        .find(|(n, _)| n == &s.name)
+                        .map(|(_, r)| *r)
+                        .unwrap_or(s.replicas)
+                };
+                s.replicas = target;
+                s.machines = target;
+                let is_current = s.template_hash == template_hash(deployment);
+                s.available = if is_current && !healthy { 0 } else { target };
+            }
+            sets.retain(|s| !p.remove.contains(&s.name));
+            most = most.max(sets.iter().map(|s| s.machines).sum());
+            fewest = fewest.min(sets.iter().map(|s| s.available).sum());
+        }
+        (most, fewest, false)
+    }
+
+    #[test]
+    fn a_rollout_adds_one_machine_before_it_removes_one_and_ends_with_the_new_template() {
+        let old = md(3, "1.33", json!({}));
+        let new = md(3, "1.34", json!({}));
+        let sets = vec![set("pool-old", &template_hash(&old), 3, 3, 3, 100)];
+        let (most, fewest, complete) = roll(&new, sets, true);
+        assert!(complete);
+        assert_eq!(most, 4, "never more than maxSurge (1) above 3");
+        assert_eq!(fewest, 3, "never fewer available than asked (maxUnavailable 0)");
+    }
+
+    #[test]
+    fn a_rollout_whose_new_machines_never_become_ready_removes_no_old_machine() {
+        let old = md(3, "1.33", json!({}));
+        let new = md(3, "1.34", json!({}));
+        let sets = vec![set("pool-old", &template_hash(&old), 3, 3, 3, 100)];
+        let (most, fewest, complete) = roll(&new, sets, false);
+        assert!(!complete);
+        assert_eq!((most, fewest), (4, 3), "one new machine tried, the old ones untouched");
+    }
+
+    #[test]
+    fn max_unavailable_lets_old_machines_go_first_and_on_delete_waits_for_deletions() {
+        let old = md(4, "1.33", json!({}));
+        let new = md(
+            4,
+            "1.34",
+            json!({ "rollingUpdate": { "maxSurge": 0, "maxUnavailable": "50%" } }),
+        );
+        let sets = vec![set("pool-old", &template_hash(&old), 4, 4, 4, 100)];
+        let (most, fewest, complete) = roll(&new, sets.clone(), true);
+        assert!(complete);
+        assert_eq!((most, fewest), (4, 2));
+        let on_delete = md(4, "1.34", json!({ "type": "OnDelete" }));
+        let p = plan(&on_delete, &sets);
+        assert_eq!(p.current.unwrap().1, 0, "nothing new until an old machine is deleted");
+        assert_eq!(p.older, vec![("pool-old".to_string(), 4)]);
+        let one_deleted = vec![set("pool-old", &template_hash(&old), 4, 3, 3, 100)];
+        let p = plan(&on_delete, &one_deleted);
+        assert_eq!(p.current.unwrap().1, 1);
+        assert_eq!(
+            p.older,
+            vec![("pool-old".to_string(), 3)],
+            "the deleted one is not made again"
+        );
+    }
+
+    #[test]
+    fn an_older_set_that_has_not_shrunk_yet_leaves_no_room_to_grow() {
+        let old = md(2, "1.33", json!({}));
+        let new = md(2, "1.34", json!({}));
+        // The older set was told to keep 1 but still has its 2 machines; the new one has 1.
+        let sets = vec![
+            set("pool-old", &template_hash(&old), 1, 2, 2, 100),
+            set(&set_name(&new), &template_hash(&new), 1, 1, 1, 10),
+        ];
+        let p = plan(&new, &sets);
+        assert_eq!(p.current.unwrap().1, 1, "a third machine would make 4");
+    }
+
+    #[test]
+    fn scaling_and_pausing() {
+        let d = md(2, "1.34", json!({}));
+        let only = vec![set(&set_name(&d), &template_hash(&d), 2, 2, 2, 100)];
+        assert!(plan(&d, &only).complete);
+        let bigger = md(4, "1.34", json!({}));
+        assert_eq!(plan(&bigger, &only).current.unwrap().1, 4, "scaling is not a rollout");
+        let mut paused = md(3, "1.35", json!({}));
+        paused.spec.paused = true;
+        let p = plan(&paused, &only);
+        assert_eq!(p.current, None, "no new set while paused");
+        assert_eq!(p.older, vec![(set_name(&d), 2)]);
+        let mut paused_scale = md(5, "1.34", json!({}));
+        paused_scale.spec.paused = true;
+        assert_eq!(
+            plan(&paused_scale, &only).current.unwrap().1,
+            5,
+            "a single set follows replicas"
+        );
+    }
+}

@@ -1,0 +1,150 @@
+//! One MachineDeployment pass: observe (its sets) → plan (`plan.rs`, pure) → build
+//! (`desired.rs`) → apply (make, scale and remove sets) → status (`status.rs`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Api, Resource, ResourceExt};
+use noops_api::machine_deployment::{MachineDeployment, MachineDeploymentStatus};
+use noops_api::machine_set::MachineSet;
+use serde_json::json;
+use tracing::info;
+
+use super::context::Context;
+use super::desired;
+use super::plan::{DeploymentPlan, SetView, plan};
+use super::status;
+use crate::core::apply::{apply, apply_status, controlled_by, controller_reference, delete_if_present};
+use crate::core::cache::in_namespace;
+use crate::core::events::Announcement;
+use crate::core::{DuringStage, Error, Result, Stage, crash};
+use kube::api::ListParams;
+
+/// How soon a deployment is looked at again while it rolls (its progress deadline is a time,
+/// not a change), and when it is steady.
+const ROLLING: Duration = Duration::from_secs(5);
+const STEADY: Duration = Duration::from_secs(120);
+
+/// Reconciles one deployment (the caller's span names it).
+pub async fn reconcile(md: Arc<MachineDeployment>, ctx: &Context) -> Result<Action> {
+    let namespace = md.namespace().unwrap_or_default();
+    let owner = controller_reference(md.as_ref())
+        .ok_or_else(|| Error::Internal("the MachineDeployment has no uid yet".into()))
+        .during(Stage::Validate)?;
+    let mut sets: Vec<MachineSet> = in_namespace(&ctx.sets, &namespace)
+        .into_iter()
+        .filter(|s| controlled_by(&s.metadata, &owner.uid))
+        .collect();
+    let now = jiff::Timestamp::now();
+    let api: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &namespace);
+
+    let mut plan = plan(&md, &sets.iter().map(SetView::of).collect::<Vec<_>>());
+    // A pass that would change a set plans again from the API's own list: the cache may not
+    // hold the last pass's changes yet, and a set's status counted from an old view could let
+    // an older set shrink further than maxUnavailable allows.
+    if changes_anything(&plan, &sets) {
+        let selector = format!("{}={}", desired::MACHINE_DEPLOYMENT_LABEL, md.name_any());
+        sets = api
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .during(Stage::Observe)?
+            .items
+            .into_iter()
+            .filter(|s| controlled_by(&s.metadata, &owner.uid))
+            .collect();
+        plan = super::plan::plan(&md, &sets.iter().map(SetView::of).collect::<Vec<_>>());
+    }
+
+    if let Some((name, replicas)) = &plan.current {
+        let live = sets.iter().find(|s| s.metadata.name.as_ref() == Some(name));
+        let desired = desired::machine_set(&md, name, *replicas, &owner);
+        // The current set follows the deployment's settings; its template never changes.
+        let changed = live.is_none_or(|l| {
+            l.spec.replicas != desired.spec.replicas
+                || l.spec.delete_policy != desired.spec.delete_policy
+                || l.spec.health_check != desired.spec.health_check
+        });
+        if changed {
+            apply(&api, name, &desired).await.during(Stage::Apply)?;
+            if live.is_none() {
+                info!(set = %name, replicas, "made the MachineSet of the current template");
+                crash::point("machinedeployment: new set made, older sets not scaled");
+            }
+        }
+    }
+    for (name, replicas) in &plan.older {
+        let live = sets.iter().find(|s| s.metadata.name.as_ref() == Some(name));
+        if live.is_some_and(|l| l.spec.replicas != *replicas) {
+            let body = json!({ "spec": { "replicas": replicas } });
+            api.patch(name, &PatchParams::default(), &Patch::Merge(body))
+                .await
+                .during(Stage::Apply)?;
+            info!(set = %name, replicas, "scaled an older MachineSet");
+            crash::point("machinedeployment: an older set scaled down, status not written");
+        }
+    }
+    for name in &plan.remove {
+        delete_if_present(&api, name, &Default::default())
+            .await
+            .during(Stage::Apply)?;
+        info!(set = %name, "removed an older MachineSet with no machine left");
+    }
+
+    let status = status::build(&md, &sets, &plan, now);
+    let reference = md.object_ref(&());
+    for announcement in announcements(md.status.as_ref(), &status) {
+        ctx.core.events.tell(&reference, announcement).await;
+    }
+    if md.status.as_ref() != Some(&status) {
+        let deployments: Api<MachineDeployment> = Api::namespaced(ctx.client.clone(), &namespace);
+        let body = json!({ "apiVersion": "noops.dev/v1alpha1", "kind": "MachineDeployment", "status": status });
+        apply_status(&deployments, &md.name_any(), &body)
+            .await
+            .during(Stage::Status)?;
+    }
+    Ok(Action::requeue(if plan.complete { STEADY } else { ROLLING }))
+}
+
+/// Whether carrying out `plan` changes any of `sets`.
+fn changes_anything(plan: &DeploymentPlan, sets: &[MachineSet]) -> bool {
+    let replicas_of = |name: &str| {
+        sets.iter()
+            .find(|s| s.metadata.name.as_deref() == Some(name))
+            .map(|s| s.spec.replicas)
+    };
+    plan.make_current
+        || !plan.remove.is_empty()
+        || plan
+            .current
+            .iter()
+            .chain(plan.older.iter())
+            .any(|(name, replicas)| replicas_of(name) != Some(*replicas))
+}
+
+/// A new phase, a stall, as Events.
+fn announcements(previous: Option<&MachineDeploymentStatus>, now: &MachineDeploymentStatus) -> Vec<Announcement> {
+    let mut out = Vec::new();
+    let phase = |s: Option<&MachineDeploymentStatus>| s.and_then(|s| s.phase.clone());
+    if phase(Some(now)) != phase(previous)
+        && let Some(p) = phase(Some(now))
+    {
+        let note = format!(
+            "{}/{} machines available, {} of the current template ({})",
+            now.available_replicas.unwrap_or(0),
+            now.replicas.unwrap_or(0),
+            now.updated_replicas.unwrap_or(0),
+            now.current_machine_set.clone().unwrap_or_default()
+        );
+        let stalled = now
+            .conditions
+            .iter()
+            .find(|c| c.type_ == noops_api::condition::PROGRESSING && c.reason == "ProgressDeadlineExceeded");
+        out.push(match stalled {
+            Some(c) if p == "Stalled" => Announcement::warning("ProgressDeadlineExceeded", c.message.clone()),
+            _ => Announcement::normal(p, note),
+        });
+    }
+    out
+}

@@ -1,0 +1,122 @@
+//! One MachineSet pass: observe (its machines) → plan (`plan.rs`, pure) → build (`desired.rs`)
+//! → apply (make and delete machines) → status (`status.rs`), each once, in that order.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::runtime::controller::Action;
+use kube::{Api, Resource, ResourceExt};
+use noops_api::machine::Machine;
+use noops_api::machine_set::{MachineSet, MachineSetStatus};
+use serde_json::json;
+use tracing::info;
+
+use super::context::Context;
+use super::plan::{SetPlan, plan, ready};
+use super::{desired, status};
+use crate::core::apply::{apply_status, controlled_by, controller_reference, create_if_missing, delete_if_present};
+use crate::core::cache::in_namespace;
+use crate::core::events::Announcement;
+use crate::core::{DuringStage, Error, Result, Stage, crash};
+use kube::api::ListParams;
+
+/// How soon a set is looked at again while a machine of it is not ready (a health timeout may
+/// pass without any object changing), and when all are.
+const WATCHING: Duration = Duration::from_secs(5);
+const STEADY: Duration = Duration::from_secs(60);
+
+/// Reconciles one set (the caller's span names it).
+pub async fn reconcile(set: Arc<MachineSet>, ctx: &Context) -> Result<Action> {
+    let namespace = set.namespace().unwrap_or_default();
+    let owner = controller_reference(set.as_ref())
+        .ok_or_else(|| Error::Internal("the MachineSet has no uid yet".into()))
+        .during(Stage::Validate)?;
+    let mut machines: Vec<Machine> = in_namespace(&ctx.machines, &namespace)
+        .into_iter()
+        .filter(|m| controlled_by(&m.metadata, &owner.uid))
+        .collect();
+    let now = jiff::Timestamp::now();
+    let api: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
+
+    let mut plan = plan(&set, &machines, now);
+    // The cache may not hold the machines the last pass made or deleted yet: a pass that would
+    // make or delete one plans again from the API's own list, so that it never makes one too
+    // many or deletes one too many.
+    if !plan.create.is_empty() || !plan.delete.is_empty() {
+        let selector = format!("{}={}", desired::MACHINE_SET_LABEL, set.name_any());
+        machines = api
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .during(Stage::Observe)?
+            .items
+            .into_iter()
+            .filter(|m| controlled_by(&m.metadata, &owner.uid))
+            .collect();
+        plan = super::plan::plan(&set, &machines, now);
+    }
+
+    for name in &plan.create {
+        let machine = desired::machine(&set, name, &owner);
+        if create_if_missing(&api, &machine).await.during(Stage::Apply)? {
+            info!(machine = %name, "made a machine");
+            crash::point("machineset: a machine made, the others and the status not yet");
+        }
+    }
+    for (name, why) in &plan.delete {
+        if delete_if_present(&api, name, &Default::default())
+            .await
+            .during(Stage::Apply)?
+        {
+            info!(machine = %name, why = %why, "deleting a machine");
+            crash::point("machineset: a machine deleted, status not written");
+        }
+    }
+
+    let status = status::build(&set, &machines, &plan, now);
+    let reference = set.object_ref(&());
+    for announcement in announcements(set.status.as_ref(), &status, &plan) {
+        ctx.core.events.tell(&reference, announcement).await;
+    }
+    if set.status.as_ref() != Some(&status) {
+        let sets: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &namespace);
+        let body = json!({ "apiVersion": "noops.dev/v1alpha1", "kind": "MachineSet", "status": status });
+        apply_status(&sets, &set.name_any(), &body)
+            .await
+            .during(Stage::Status)?;
+    }
+    let all_ready = machines.iter().all(ready) && machines.len() as i32 == set.spec.replicas;
+    Ok(Action::requeue(if all_ready { STEADY } else { WATCHING }))
+}
+
+/// What the pass did and what changed, as Events.
+fn announcements(previous: Option<&MachineSetStatus>, now: &MachineSetStatus, plan: &SetPlan) -> Vec<Announcement> {
+    let mut out = Vec::new();
+    if !plan.create.is_empty() {
+        out.push(Announcement::normal(
+            "MachinesCreated",
+            format!("made {}", plan.create.join(", ")),
+        ));
+    }
+    for (name, why) in &plan.delete {
+        let announcement = if why.starts_with("unhealthy") {
+            Announcement::warning("MachineRemediated", format!("replacing {name}: {why}"))
+        } else {
+            Announcement::normal("MachineDeleted", format!("deleting {name}: {why}"))
+        };
+        out.push(announcement);
+    }
+    let held = |s: Option<&MachineSetStatus>| {
+        s.and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == status::REMEDIATION_ALLOWED && c.status == "False")
+                .map(|c| c.message.clone())
+        })
+    };
+    if let Some(message) = held(Some(now))
+        && held(previous).is_none()
+    {
+        out.push(Announcement::warning("RemediationHeld", message));
+    }
+    out
+}
