@@ -96,3 +96,29 @@ impl Drop for ForgetMachines {
         }
     }
 }
+
+/// The Machine whose VM pod runs on this cluster's node `node`, if one does.
+pub async fn machine_on(ns: &TestNamespace, node: &str) -> Option<String> {
+    let vm_pods = ns
+        .pods()
+        .list(&kube::api::ListParams::default().labels("app.kubernetes.io/component=vm"))
+        .await
+        .ok()?
+        .items;
+    vm_pods
+        .iter()
+        .find(|p| crate::pod_node(p) == node)
+        .and_then(|p| p.metadata.name.clone())
+}
+
+/// Waits (up to `timeout`) until `ns` holds no Machine.
+pub async fn wait_machines_gone(ns: &TestNamespace, timeout: Duration) {
+    let machines = ns.api::<noops_api::Machine>();
+    crate::wait_until("every machine gone", timeout, || async {
+        machines
+            .list(&Default::default())
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+    })
+    .await;
+}

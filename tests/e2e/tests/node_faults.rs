@@ -959,7 +959,7 @@ async fn a_control_plane_keeps_answering_when_the_node_of_an_api_server_stops() 
 #[ignore = "node faults disturb other tests: `make e2e` runs them alone"]
 async fn a_lost_nodes_machine_is_replaced_unless_too_many_machines_are_unhealthy() {
     use noops_api::{Machine, MachineDeployment, MachineSet};
-    use noops_e2e::tenant::{ForgetMachines, Tenant};
+    use noops_e2e::tenant::{ForgetMachines, Tenant, machine_on, wait_machines_gone};
     install_crds();
     let ns = TestNamespace::new("machine-loss").await;
     let _forget = ForgetMachines(ns.name.clone());
@@ -989,22 +989,9 @@ async fn a_lost_nodes_machine_is_replaced_unless_too_many_machines_are_unhealthy
     })
     .await;
     // One machine per node (they spread); the victim's is the one to lose.
-    let vm_pods = ns
-        .pods()
-        .list(&ListParams::default().labels("app.kubernetes.io/component=vm"))
+    let lost = machine_on(&ns, &victim)
         .await
-        .unwrap()
-        .items;
-    let lost = vm_pods
-        .iter()
-        .find(|p| pod_node(p) == victim)
-        .and_then(|p| p.metadata.name.clone())
-        .unwrap_or_else(|| {
-            panic!(
-                "no machine on {victim}: {:?}",
-                vm_pods.iter().map(pod_node).collect::<Vec<_>>()
-            )
-        });
+        .unwrap_or_else(|| panic!("no machine on {victim}: machines spread over the nodes"));
     let echo = root().join("target/debug/http-echo");
     tenant.apply(&format!(
         "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{ name: web, namespace: default }}\nspec:\n  replicas: 3\n  selector: {{ matchLabels: {{ app: web }} }}\n  template:\n    metadata: {{ labels: {{ app: web }} }}\n    spec:\n      tolerations: [{{ key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 5 }}, {{ key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: 5 }}]\n      containers: [{{ name: web, image: busybox, command: [\"{}\", \"-listen=:8080\", \"-text=hello\"] }}]\n",
@@ -1075,12 +1062,11 @@ async fn a_lost_nodes_machine_is_replaced_unless_too_many_machines_are_unhealthy
     )
     .await;
     eprintln!("lost machine replaced {replaced_in:?} after repair was allowed");
+    // Its Node could not be reached: its pods were deleted without eviction, and it said so.
+    wait_event(&ns, "Machine", &lost, "DrainForced").await;
 
     node_fault(&["start", &victim]);
     md.delete("pool", &Default::default()).await.unwrap();
-    wait_until("every machine gone", 3 * MINUTE, || async {
-        machines.list(&ListParams::default()).await.unwrap().items.is_empty()
-    })
-    .await;
+    wait_machines_gone(&ns, 3 * MINUTE).await;
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }

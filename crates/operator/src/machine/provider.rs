@@ -141,19 +141,41 @@ pub fn image(spec: &VmSpec) -> String {
         .unwrap_or_else(|| format!("noops/node:v{}", spec.kubernetes_version))
 }
 
-/// The VM pod. Pure.
-pub fn vm_pod(spec: &VmSpec) -> Pod {
+fn file(name: &str) -> String {
+    format!("{BOOTSTRAP_DIR}/{name}")
+}
+
+fn flag(name: &str, value: impl std::fmt::Display) -> String {
+    format!("--{name}={value}")
+}
+
+fn bootstrap_mount() -> VolumeMount {
+    VolumeMount {
+        name: "bootstrap".into(),
+        mount_path: BOOTSTRAP_DIR.into(),
+        read_only: Some(true),
+        ..Default::default()
+    }
+}
+
+fn privileged() -> Option<SecurityContext> {
+    Some(SecurityContext {
+        privileged: Some(true),
+        ..Default::default()
+    })
+}
+
+/// The node agent as a whole machine.
+fn agent_container(spec: &VmSpec) -> Container {
     let names = &spec.names;
-    let file = |name: &str| format!("{BOOTSTRAP_DIR}/{name}");
-    let flag = |name: &str, value: String| format!("--{name}={value}");
-    let agent_args = vec![
+    let args = vec![
         flag("kubeconfig", file(NODE_KUBECONFIG)),
         flag("node-name", names.node()),
         // The pod's address is the machine's: the agent reads it from the downward API.
-        flag("node-ip", "$(POD_IP)".into()),
+        flag("node-ip", "$(POD_IP)"),
         flag("provider-id", names.provider_id()),
-        flag("cluster-cidr", spec.cluster_cidr.clone()),
-        flag("cluster-domain", spec.dns_domain.clone()),
+        flag("cluster-cidr", &spec.cluster_cidr),
+        flag("cluster-domain", &spec.dns_domain),
         flag("api-service", format!("{}:443", spec.api_service_ip)),
         flag("kubernetes-version", format!("v{}", spec.kubernetes_version)),
         flag("state-dir", format!("{STATE_DIR}/state")),
@@ -161,44 +183,23 @@ pub fn vm_pod(spec: &VmSpec) -> Pod {
         flag("tls-cert", file(SERVING_CERT)),
         flag("tls-key", file(SERVING_KEY)),
         flag("client-ca", file(TENANT_CA)),
-        flag("cpu", spec.flavor.cpu.to_string()),
-        flag("memory-mib", spec.flavor.memory_mib().unwrap_or(2048).to_string()),
-        flag("max-pods", spec.flavor.pods.to_string()),
+        flag("cpu", spec.flavor.cpu),
+        flag("memory-mib", spec.flavor.memory_mib().unwrap_or(2048)),
+        flag("max-pods", spec.flavor.pods),
         // A load balancer in front of the machines takes this one out before it stops.
-        flag("shutdown-delay-seconds", SHUTDOWN_DELAY_SECONDS.to_string()),
+        flag("shutdown-delay-seconds", SHUTDOWN_DELAY_SECONDS),
     ];
-    let proxy_command = vec![
-        "kube-proxy".to_string(),
-        flag("kubeconfig", file(KUBE_PROXY_KUBECONFIG)),
-        flag("hostname-override", names.node()),
-        flag("proxy-mode", "iptables".into()),
-        flag("cluster-cidr", spec.cluster_cidr.clone()),
-        // Conntrack's table size is this whole machine's setting, not the VM's.
-        flag("conntrack-max-per-core", "0".into()),
-        flag("metrics-bind-address", "127.0.0.1:10249".into()),
-        flag("healthz-bind-address", format!("0.0.0.0:{KUBE_PROXY_HEALTH_PORT}")),
-    ];
-    let bootstrap = VolumeMount {
-        name: "bootstrap".into(),
-        mount_path: BOOTSTRAP_DIR.into(),
-        read_only: Some(true),
-        ..Default::default()
-    };
-    let privileged = Some(SecurityContext {
-        privileged: Some(true),
-        ..Default::default()
-    });
-    let node = Container {
+    Container {
         name: "node".into(),
         image: Some(image(spec)),
-        args: Some(agent_args),
+        args: Some(args),
         env: Some(vec![pod_ip_env()]),
-        security_context: privileged.clone(),
+        security_context: privileged(),
         // Ready once it routes to the other machines' pods: a load balancer sends it nothing
         // before.
         readiness_probe: Some(http_probe("/healthz", AGENT_HEALTH_PORT)),
         volume_mounts: Some(vec![
-            bootstrap.clone(),
+            bootstrap_mount(),
             VolumeMount {
                 name: "state".into(),
                 mount_path: STATE_DIR.into(),
@@ -206,30 +207,49 @@ pub fn vm_pod(spec: &VmSpec) -> Pod {
             },
         ]),
         ..Default::default()
-    };
-    let proxy = Container {
+    }
+}
+
+/// The tenant's kube-proxy of the machine's version.
+fn proxy_container(spec: &VmSpec) -> Container {
+    let command = vec![
+        "kube-proxy".to_string(),
+        flag("kubeconfig", file(KUBE_PROXY_KUBECONFIG)),
+        flag("hostname-override", spec.names.node()),
+        flag("proxy-mode", "iptables"),
+        flag("cluster-cidr", &spec.cluster_cidr),
+        // Conntrack's table size is this whole machine's setting, not the VM's.
+        flag("conntrack-max-per-core", 0),
+        flag("metrics-bind-address", "127.0.0.1:10249"),
+        flag("healthz-bind-address", format!("0.0.0.0:{KUBE_PROXY_HEALTH_PORT}")),
+    ];
+    Container {
         name: "kube-proxy".into(),
         image: Some(format!("registry.k8s.io/kube-proxy:v{}", spec.kubernetes_version)),
-        command: Some(proxy_command),
-        // Ready once it has programmed the Services: only then does a load balancer send the
-        // machine traffic for a NodePort.
+        command: Some(command),
+        // Ready once it has programmed the Services (and not while its Node is about to go):
+        // only then does a load balancer send the machine traffic for a NodePort.
         readiness_probe: Some(http_probe("/healthz", KUBE_PROXY_HEALTH_PORT)),
-        security_context: privileged,
-        volume_mounts: Some(vec![bootstrap]),
+        security_context: privileged(),
+        volume_mounts: Some(vec![bootstrap_mount()]),
         ..Default::default()
-    };
-    let labels = names.labels("vm");
+    }
+}
+
+/// The VM pod. Pure.
+pub fn vm_pod(spec: &VmSpec) -> Pod {
+    let names = &spec.names;
     Pod {
         metadata: ObjectMeta {
             name: Some(names.vm_pod()),
             namespace: Some(names.namespace.clone()),
-            labels: Some(labels),
+            labels: Some(names.labels("vm")),
             owner_references: Some(vec![spec.owner.clone()]),
             ..Default::default()
         },
         spec: Some(PodSpec {
             hostname: Some(names.node()),
-            containers: vec![node, proxy],
+            containers: vec![agent_container(spec), proxy_container(spec)],
             volumes: Some(vec![
                 Volume {
                     name: "bootstrap".into(),

@@ -242,10 +242,10 @@ async fn remove(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
                     .tell(&machine.object_ref(&()), Announcement::warning("DrainForced", note))
                     .await;
             }
-            if progress.done() {
-                Deletion::Removing
-            } else {
-                Deletion::Draining(progress)
+            match (progress.done(), progress.forced.is_empty()) {
+                (true, true) => Deletion::Removing,
+                (true, false) => Deletion::DrainedWithoutEviction(progress.forced),
+                (false, _) => Deletion::Draining(progress),
             }
         }
         (_, NodeView::Missing) => Deletion::Removing,
@@ -281,7 +281,7 @@ async fn remove(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
             progress.ending.len()
         ))),
         Deletion::TenantUnreachable(why) => Err(Error::UnderWay(format!("cannot drain yet: {why}"))),
-        Deletion::Removing => {
+        Deletion::Removing | Deletion::DrainedWithoutEviction(_) => {
             if let (Some(client), NodeView::Present(_)) = (&observation.tenant, &observation.node) {
                 tenant::delete_node(client, &names.node())
                     .await

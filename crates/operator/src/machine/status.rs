@@ -23,6 +23,9 @@ pub enum Deletion {
     TenantUnreachable(String),
     /// Drained (or nothing to drain); the Node and the VM are being removed.
     Removing,
+    /// Drained by deleting these pods without eviction: the Node could not be reached past
+    /// `nodeDrainTimeoutSeconds`.
+    DrainedWithoutEviction(Vec<String>),
 }
 
 /// What the status is built from.
@@ -109,53 +112,12 @@ fn conditions(facts: &StatusFacts, phase: MachinePhase, joined: bool) -> Vec<Dec
         } => Some(format!("the VM cannot start: {reason}: {message}")),
         _ => None,
     };
-    // Why the machine is not Ready, as (reason, message).
-    let not_ready: Option<(&'static str, String)> = match (phase, facts.admission) {
-        (MachinePhase::Deleting, _) => Some(("Deleting", "the machine is being drained and removed".into())),
-        (MachinePhase::Failed, _) => Some((
-            "MachineFailed",
-            "the machine's VM is gone or stopped; its MachineSet replaces it".into(),
-        )),
-        (MachinePhase::Pending, Admission::Refused(reason, message)) => Some((reason, message.clone())),
-        (MachinePhase::Pending, Admission::Waiting(reason, message)) => Some((reason, message.clone())),
-        _ if vm_problem.is_some() => Some(("VmCannotStart", vm_problem.clone().unwrap_or_default())),
-        (MachinePhase::Pending | MachinePhase::Provisioning, _) => {
-            Some(("Provisioning", "its VM is being made".into()))
-        }
-        (MachinePhase::Provisioned, _) => Some(("NodeNotJoined", "its VM runs; its Node has not joined yet".into())),
-        (MachinePhase::Running, _) if node_ready => None,
-        (MachinePhase::Running, _) => Some(("NodeNotReady", node_not_ready(facts.node))),
-    };
+    let not_ready = why_not_ready(facts, phase, node_ready, vm_problem.clone());
     decided.push(match &not_ready {
         None => Decided::new(READY, true, "NodeReady", "its Node is Ready"),
         Some((reason, message)) => Decided::new(READY, false, reason, message.clone()),
     });
-    // Node health, as the MachineSet's health check reads it. A tenant that does not answer
-    // says nothing new: the condition stays as it was.
-    match facts.node {
-        NodeView::Present(_) if node_ready => {
-            decided.push(Decided::new(NODE_HEALTHY, true, "NodeReady", "its Node is Ready"))
-        }
-        NodeView::Present(_) => decided.push(Decided::new(
-            NODE_HEALTHY,
-            false,
-            "NodeNotReady",
-            node_not_ready(facts.node),
-        )),
-        NodeView::Missing if joined => decided.push(Decided::new(
-            NODE_HEALTHY,
-            false,
-            "NodeGone",
-            "its Node was deleted from the cluster",
-        )),
-        NodeView::Missing => decided.push(Decided::new(
-            NODE_HEALTHY,
-            false,
-            "NodeNotJoined",
-            "its Node has not joined yet",
-        )),
-        NodeView::NotAsked | NodeView::Unreachable(_) => {}
-    }
+    decided.extend(node_health(facts, node_ready, joined));
     let progressing = matches!(
         phase,
         MachinePhase::Provisioning | MachinePhase::Provisioned | MachinePhase::Deleting
@@ -188,6 +150,65 @@ fn conditions(facts: &StatusFacts, phase: MachinePhase, joined: bool) -> Vec<Dec
         Some((reason, message)) => Decided::new(DEGRADED, true, reason, message),
         None => Decided::new(DEGRADED, false, "AsExpected", "nothing is wrong"),
     });
+    decided.extend(draining(facts));
+    decided
+}
+
+/// Why the machine is not Ready, as (reason, message); `None` when it is.
+fn why_not_ready(
+    facts: &StatusFacts,
+    phase: MachinePhase,
+    node_ready: bool,
+    vm_problem: Option<String>,
+) -> Option<(&'static str, String)> {
+    match (phase, facts.admission) {
+        (MachinePhase::Deleting, _) => Some(("Deleting", "the machine is being drained and removed".into())),
+        (MachinePhase::Failed, _) => Some((
+            "MachineFailed",
+            "the machine's VM is gone or stopped; its MachineSet replaces it".into(),
+        )),
+        (MachinePhase::Pending, Admission::Refused(reason, message)) => Some((reason, message.clone())),
+        (MachinePhase::Pending, Admission::Waiting(reason, message)) => Some((reason, message.clone())),
+        _ if vm_problem.is_some() => Some(("VmCannotStart", vm_problem.unwrap_or_default())),
+        (MachinePhase::Pending | MachinePhase::Provisioning, _) => {
+            Some(("Provisioning", "its VM is being made".into()))
+        }
+        (MachinePhase::Provisioned, _) => Some(("NodeNotJoined", "its VM runs; its Node has not joined yet".into())),
+        (MachinePhase::Running, _) if node_ready => None,
+        (MachinePhase::Running, _) => Some(("NodeNotReady", node_not_ready(facts.node))),
+    }
+}
+
+/// Node health, as the MachineSet's health check reads it. A tenant that does not answer says
+/// nothing new: the condition stays as it was.
+fn node_health(facts: &StatusFacts, node_ready: bool, joined: bool) -> Option<Decided> {
+    match facts.node {
+        NodeView::Present(_) if node_ready => Some(Decided::new(NODE_HEALTHY, true, "NodeReady", "its Node is Ready")),
+        NodeView::Present(_) => Some(Decided::new(
+            NODE_HEALTHY,
+            false,
+            "NodeNotReady",
+            node_not_ready(facts.node),
+        )),
+        NodeView::Missing if joined => Some(Decided::new(
+            NODE_HEALTHY,
+            false,
+            "NodeGone",
+            "its Node was deleted from the cluster",
+        )),
+        NodeView::Missing => Some(Decided::new(
+            NODE_HEALTHY,
+            false,
+            "NodeNotJoined",
+            "its Node has not joined yet",
+        )),
+        NodeView::NotAsked | NodeView::Unreachable(_) => None,
+    }
+}
+
+/// The drain of a machine being deleted.
+fn draining(facts: &StatusFacts) -> Vec<Decided> {
+    let mut decided = Vec::new();
     if let Some(deletion) = facts.deletion {
         decided.push(match deletion {
             Deletion::Draining(p) if !p.blocked.is_empty() => Decided::new(
@@ -208,8 +229,31 @@ fn conditions(facts: &StatusFacts, phase: MachinePhase, joined: bool) -> Vec<Dec
                 "ClusterUnreachable",
                 format!("the cluster does not answer ({why}); the VM is removed after nodeDrainTimeoutSeconds without a drain"),
             ),
+            Deletion::DrainedWithoutEviction(pods) => Decided::new(
+                DRAINING_SUCCEEDED,
+                true,
+                "DrainedWithoutEviction",
+                format!(
+                    "the Node could not be reached past nodeDrainTimeoutSeconds: {} deleted without eviction",
+                    pods.join(", ")
+                ),
+            ),
             Deletion::Removing => Decided::new(DRAINING_SUCCEEDED, true, "Drained", "nothing but DaemonSet pods is left on the Node"),
         });
+        // A drain finished by deletion says so until the machine is gone.
+        let previous = facts
+            .machine
+            .status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default();
+        if matches!(deletion, Deletion::Removing)
+            && previous
+                .iter()
+                .any(|c| c.type_ == DRAINING_SUCCEEDED && c.reason == "DrainedWithoutEviction")
+        {
+            decided.pop();
+        }
     }
     decided
 }
@@ -347,5 +391,32 @@ mod tests {
         let (s, reason, message) = condition(&status, DRAINING_SUCCEEDED);
         assert_eq!((s, reason), ("False", "EvictionBlocked"));
         assert!(message.contains("shop/web-1"), "{message}");
+
+        // A Node that could not be reached: its pods deleted, and the status keeps saying so.
+        let forced = Deletion::DrainedWithoutEviction(vec!["shop/web-2".into()]);
+        let mut m = m.clone();
+        m.status = Some(build(
+            &StatusFacts {
+                machine: &m,
+                admission: &refused,
+                vm: &VmState::Running { address: None },
+                node: &node("Unknown"),
+                deletion: Some(&forced),
+            },
+            now,
+        ));
+        let later = build(
+            &StatusFacts {
+                machine: &m,
+                admission: &refused,
+                vm: &VmState::Running { address: None },
+                node: &NodeView::Missing,
+                deletion: Some(&Deletion::Removing),
+            },
+            now,
+        );
+        let (s, reason, message) = condition(&later, DRAINING_SUCCEEDED);
+        assert_eq!((s, reason), ("True", "DrainedWithoutEviction"));
+        assert!(message.contains("shop/web-2 deleted without eviction"), "{message}");
     }
 }

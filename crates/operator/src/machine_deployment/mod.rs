@@ -9,10 +9,10 @@
 //! stalls with the reason its new machines give.
 
 mod context;
-mod desired;
+pub(crate) mod desired;
 pub(crate) mod plan;
 mod reconcile;
-mod status;
+pub(crate) mod status;
 
 use std::sync::Arc;
 

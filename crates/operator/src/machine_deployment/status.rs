@@ -70,8 +70,73 @@ pub fn build(
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == DEGRADED && c.status == "True"))
         .map(|c| format!("{}: {}", c.reason, c.message));
 
+    let decided = decide(
+        md,
+        &Counts {
+            available,
+            updated,
+            wanted,
+        },
+        Situation {
+            complete: plan.complete,
+            rolling,
+            stalled,
+        },
+        current_problem,
+    );
+    MachineDeploymentStatus {
+        observed_generation: md.metadata.generation,
+        conditions: merge(&previous.conditions, &decided, md.metadata.generation, now),
+        phase: Some(phase.into()),
+        replicas: Some(replicas),
+        ready_replicas: Some(ready),
+        updated_replicas: Some(updated),
+        available_replicas: Some(available),
+        selector: Some(
+            md.spec
+                .selector
+                .match_labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        current_machine_set: plan.current.as_ref().map(|(n, _)| n.clone()),
+        progress_at: Some(progress_at),
+    }
+}
+
+/// The machine counts the conditions speak of.
+#[derive(Clone, Copy)]
+struct Counts {
+    available: i32,
+    updated: i32,
+    wanted: i32,
+}
+
+/// Where the deployment is.
+#[derive(Clone, Copy)]
+struct Situation {
+    complete: bool,
+    rolling: bool,
+    stalled: bool,
+}
+
+/// Ready, Available, Progressing and Degraded. `current_problem`: why the current set's machines
+/// are degraded, if they are.
+fn decide(md: &MachineDeployment, counts: &Counts, at: Situation, current_problem: Option<String>) -> Vec<Decided> {
+    let Counts {
+        available,
+        updated,
+        wanted,
+    } = *counts;
+    let Situation {
+        complete: plan_complete,
+        rolling,
+        stalled,
+    } = at;
     let counts = format!("{available}/{wanted} available, {updated} of the current template");
-    let mut decided = vec![if plan.complete {
+    let mut decided = vec![if plan_complete {
         Decided::new(READY, true, "RolledOut", counts.clone())
     } else {
         Decided::new(
@@ -110,7 +175,7 @@ pub fn build(
                     .unwrap_or_else(|| "the new machines do not become ready".into())
             ),
         )
-    } else if plan.complete {
+    } else if plan_complete {
         Decided::new(PROGRESSING, true, "NewMachineSetAvailable", counts.clone())
     } else if md.spec.paused {
         Decided::new(PROGRESSING, false, "Paused", "the rollout is paused")
@@ -129,24 +194,102 @@ pub fn build(
         (false, Some(problem)) => Decided::new(DEGRADED, true, "MachinesDegraded", problem.clone()),
         (false, None) => Decided::new(DEGRADED, false, "AsExpected", "nothing is wrong"),
     });
-    MachineDeploymentStatus {
-        observed_generation: md.metadata.generation,
-        conditions: merge(&previous.conditions, &decided, md.metadata.generation, now),
-        phase: Some(phase.into()),
-        replicas: Some(replicas),
-        ready_replicas: Some(ready),
-        updated_replicas: Some(updated),
-        available_replicas: Some(available),
-        selector: Some(
-            md.spec
-                .selector
-                .match_labels
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(","),
-        ),
-        current_machine_set: plan.current.as_ref().map(|(n, _)| n.clone()),
-        progress_at: Some(progress_at),
+    decided
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine_deployment::plan::{SetView, plan, set_name};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use noops_api::machine_set::MachineSetStatus;
+    use serde_json::json;
+
+    fn md(version: &str) -> MachineDeployment {
+        let spec = serde_json::from_value(json!({
+            "clusterName": "c", "replicas": 2, "progressDeadlineSeconds": 60,
+            "selector": { "matchLabels": { "pool": "p" } },
+            "template": { "metadata": { "labels": { "pool": "p" } }, "spec": { "version": version } },
+        }))
+        .unwrap();
+        let mut d = MachineDeployment::new("pool", spec);
+        d.metadata.generation = Some(2);
+        d
+    }
+
+    fn set(of: &MachineDeployment, replicas: i32, machines: i32, available: i32, problem: Option<&str>) -> MachineSet {
+        let owner = Default::default();
+        let mut s = crate::machine_deployment::desired::machine_set(of, &set_name(of), replicas, &owner);
+        s.status = Some(MachineSetStatus {
+            replicas: Some(machines),
+            ready_replicas: Some(available),
+            available_replicas: Some(available),
+            conditions: problem
+                .map(|p| {
+                    vec![Condition {
+                        type_: DEGRADED.into(),
+                        status: "True".into(),
+                        reason: "MachinesDegraded".into(),
+                        message: p.into(),
+                        observed_generation: None,
+                        last_transition_time: Time(jiff::Timestamp::UNIX_EPOCH),
+                    }]
+                })
+                .unwrap_or_default(),
+            ..Default::default()
+        });
+        s
+    }
+
+    fn condition(status: &MachineDeploymentStatus, type_: &str) -> (String, String, String) {
+        let c = status.conditions.iter().find(|c| c.type_ == type_).unwrap();
+        (c.status.clone(), c.reason.clone(), c.message.clone())
+    }
+
+    #[test]
+    fn a_rollout_that_makes_no_progress_stalls_with_the_reason_its_new_machines_give() {
+        let now = jiff::Timestamp::now();
+        let old = md("1.33");
+        let mut new = md("1.34");
+        let sets = vec![
+            set(&old, 2, 2, 2, None),
+            set(
+                &new,
+                1,
+                1,
+                0,
+                Some("pool-x (VmCannotStart: the VM cannot start: ImagePullBackOff)"),
+            ),
+        ];
+        let views: Vec<SetView> = sets.iter().map(SetView::of).collect();
+        let p = plan(&new, &views);
+        let first = build(&new, &sets, &p, now);
+        assert_eq!(first.phase.as_deref(), Some("Rolling"));
+        assert_eq!(condition(&first, PROGRESSING).0, "True");
+        assert_eq!(condition(&first, READY).0, "False");
+        assert_eq!(condition(&first, AVAILABLE).0, "True", "the old machines serve");
+        // Nothing moved for longer than the deadline.
+        new.status = Some(first.clone());
+        let later = build(&new, &sets, &p, now + jiff::SignedDuration::from_secs(61));
+        assert_eq!(later.phase.as_deref(), Some("Stalled"));
+        let (status, reason, message) = condition(&later, PROGRESSING);
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("False", "ProgressDeadlineExceeded")
+        );
+        assert!(message.contains("ImagePullBackOff"), "{message}");
+        assert_eq!(condition(&later, DEGRADED).1, "ProgressDeadlineExceeded");
+    }
+
+    #[test]
+    fn a_deployment_with_every_machine_of_its_template_available_is_ready() {
+        let d = md("1.34");
+        let sets = vec![set(&d, 2, 2, 2, None)];
+        let views: Vec<SetView> = sets.iter().map(SetView::of).collect();
+        let status = build(&d, &sets, &plan(&d, &views), jiff::Timestamp::now());
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        assert_eq!(condition(&status, READY).1, "RolledOut");
+        assert_eq!((status.replicas, status.updated_replicas), (Some(2), Some(2)));
+        assert_eq!(status.selector.as_deref(), Some("pool=p"));
     }
 }

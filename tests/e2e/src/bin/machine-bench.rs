@@ -6,6 +6,9 @@
 //!   new machine made → Ready, one after another (surge 1, unavailable 0 makes the next one only
 //!   once the last is Ready; the old machines' drains and deletions overlap with it), and beside
 //!   Cluster API's Docker provider's e2e budget for a MachineDeployment upgrade (10 minutes);
+//! - a management node holding a machine stopped → a replacement machine Ready, beside what any
+//!   repair waits for (the tenant's node monitor grace period, `unhealthyTimeoutSeconds`) plus
+//!   a machine made (one run: it stops a node);
 //! - the memory of one machine (its node agent and kube-proxy), beside a node agent and the
 //!   kube-proxy of this cluster.
 //!
@@ -19,7 +22,7 @@ use std::time::{Duration, Instant};
 use kube::api::ListParams;
 use noops_api::{Machine, MachineDeployment};
 use noops_e2e::bench::{median, row, rss_mib};
-use noops_e2e::tenant::{ForgetMachines, Tenant};
+use noops_e2e::tenant::{ForgetMachines, Tenant, machine_on, wait_machines_gone};
 use noops_e2e::*;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -161,10 +164,7 @@ async fn run(binary: &std::path::Path) -> Run {
     eprintln!("old machines deleted → gone: {deletions:?} s");
     let md = ns.api::<MachineDeployment>();
     md.delete("pool", &Default::default()).await.unwrap();
-    wait_until("every machine gone", 3 * MINUTE, || async {
-        machines.list(&ListParams::default()).await.unwrap().items.is_empty()
-    })
-    .await;
+    wait_machines_gone(&ns, 3 * MINUTE).await;
     drop(operator);
     Run {
         joined: joined.into_values().collect(),
@@ -174,6 +174,64 @@ async fn run(binary: &std::path::Path) -> Run {
         machine_mib,
         node_agent_mib,
     }
+}
+
+/// The tenant's node monitor grace period and the health check's unhealthy timeout in the
+/// node-loss run: no repair can start before both have passed.
+const NODE_MONITOR_GRACE: u64 = 10;
+const UNHEALTHY_TIMEOUT: u64 = 15;
+
+/// A management node holding a machine stopped: seconds until a replacement machine is Ready.
+async fn replacement_after_node_loss(binary: &std::path::Path) -> f64 {
+    let ns = TestNamespace::new("machine-bench-loss").await;
+    let _forget = ForgetMachines(ns.name.clone());
+    let client = client().await;
+    let victim = ready_nodes(&client, 3).await.last().unwrap().clone();
+    // The control plane away from the node to stop: only a machine is lost.
+    kubectl_ok(&["cordon", &victim], None);
+    let operator = Operator::start_binary(binary, &ns.name, &[], &kubeconfig());
+    ns.apply(&format!(
+        "apiVersion: noops.dev/v1alpha1\nkind: KubernetesControlPlane\nmetadata: {{ name: c }}\nspec:\n  version: \"1.34\"\n  replicas: 1\n  etcd: {{ replicas: 1 }}\n  extraArgs: {{ controllerManager: [\"--node-monitor-grace-period={NODE_MONITOR_GRACE}s\"] }}\n"
+    ));
+    let _tenant = Tenant::ready(&ns, "c", 4 * MINUTE).await;
+    kubectl_ok(&["uncordon", &victim], None);
+    ns.apply(&format!(
+        "apiVersion: noops.dev/v1alpha1\nkind: MachineDeployment\nmetadata: {{ name: pool }}\nspec:\n  clusterName: c\n  replicas: 3\n  selector: {{ matchLabels: {{ pool: p }} }}\n  template:\n    metadata: {{ labels: {{ pool: p }} }}\n    spec: {{ version: \"1.34\", nodeDrainTimeoutSeconds: 20 }}\n  healthCheck: {{ unhealthyTimeoutSeconds: {UNHEALTHY_TIMEOUT}, maxUnhealthy: 1 }}\n"
+    ));
+    let machines = ns.api::<Machine>();
+    wait_until("3 machines Ready", 4 * MINUTE, || async {
+        machines
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|m| ready(m))
+            .count()
+            == 3
+    })
+    .await;
+    let lost = machine_on(&ns, &victim).await.expect("a machine on each node");
+    let stopped = Instant::now();
+    node_fault(&["stop", &victim]);
+    wait_until("a replacement Ready", 5 * MINUTE, || async {
+        let listed = machines.list(&ListParams::default()).await.unwrap().items;
+        listed
+            .iter()
+            .filter(|m| m.metadata.name.as_deref() != Some(lost.as_str()) && ready(m))
+            .count()
+            == 3
+    })
+    .await;
+    let replaced = stopped.elapsed().as_secs_f64();
+    node_fault(&["start", &victim]);
+    ns.api::<MachineDeployment>()
+        .delete("pool", &Default::default())
+        .await
+        .unwrap();
+    wait_machines_gone(&ns, 3 * MINUTE).await;
+    drop(operator);
+    replaced
 }
 
 #[tokio::main]
@@ -193,6 +251,7 @@ async fn main() {
         memory.extend(r.machine_mib);
         agent.push(r.node_agent_mib);
     }
+    let replaced = replacement_after_node_loss(&binary).await;
     println!("| Machines (release operator) | median of {runs} | what bounds it | bound | ratio | runs |");
     println!("|---|---|---|---|---|---|");
     row(
@@ -218,6 +277,12 @@ async fn main() {
         &rolled,
         "CAPD's e2e budget for a MachineDeployment upgrade (s)",
         CAPD_UPGRADE,
+    );
+    row(
+        "management node of a machine stopped → a replacement Ready (s, one run)",
+        &[replaced],
+        "node monitor grace + unhealthyTimeout + a machine made (s)",
+        (NODE_MONITOR_GRACE + UNHEALTHY_TIMEOUT) as f64 + median(joined.clone()),
     );
     row(
         "memory of one machine: node agent + kube-proxy (MiB)",
