@@ -3,9 +3,9 @@
 //! certificates the operator issues (`bootstrap.rs`), drained before it goes (`drain.rs`).
 //!
 //! Watches the Machines, their VM pods, the Secrets noops manages (bootstrap Secrets, the
-//! tenants' CAs and admin kubeconfigs) and the KubernetesControlPlanes (a control plane that
-//! starts serving or changes version wakes its machines); the tenant's Node is read through the
-//! tenant's API on each pass (`tenant.rs`). One pass (`reconcile.rs`), a file per stage:
+//! tenants' CAs and admin kubeconfigs), the KubernetesControlPlanes (a control plane that
+//! starts serving or changes version wakes its machines) and each tenant's Nodes (`tenant.rs`:
+//! a Node that changes wakes its machine). One pass (`reconcile.rs`), a file per stage:
 //! 1. observe: the control plane, the VM, the bootstrap Secret, the tenant's Node;
 //! 2. validate (`plan.rs`): the control plane exists and serves, the version skew holds;
 //! 3. plan (`plan.rs`): the phase, and whether to make the VM (pure);
@@ -73,6 +73,8 @@ pub async fn run(runtime: Runtime) {
     .await;
     let controller = controller_of::<Machine>(&client, &namespace, MAX_CONCURRENT_RECONCILES);
     let machines = controller.store();
+    // Each tenant's Node watch wakes the Machine of the Node that changed.
+    let (tenants, node_changes) = tenant::Tenants::new();
     let ctx = Context::new(
         CONTROLLER.name,
         &client,
@@ -84,12 +86,13 @@ pub async fn run(runtime: Runtime) {
                 client: client.clone(),
                 pods,
             },
-            tenants: tenant::Tenants::default(),
+            tenants,
             certificate_lifetime,
         },
     );
     let controller = controller
         .owns_shared_stream(pod_changes)
+        .reconcile_on(node_changes)
         .watches_shared_stream(secret_changes, |secret: Arc<Secret>| {
             let machine = secret.labels().get(MACHINE_LABEL)?;
             Some(ObjectRef::new(machine).within(&secret.namespace()?))

@@ -23,9 +23,9 @@ use noops_api::machine::FlavorSpec;
 
 use super::bootstrap::{KUBE_PROXY_KUBECONFIG, NODE_KUBECONFIG, SERVING_CERT, SERVING_KEY, TENANT_CA};
 use super::names::{CLUSTER_LABEL, Names};
+use crate::core::Result;
 use crate::core::apply::{create_if_missing, delete_if_present};
 use crate::core::downward::pod_ip_env;
-use crate::core::{Error, Result};
 
 /// Where the VM's agent finds its bootstrap Secret.
 const BOOTSTRAP_DIR: &str = "/etc/noops/machine";
@@ -102,13 +102,16 @@ impl Provider for PodProvider {
 
     async fn delete(&self, names: &Names) -> Result<bool> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &names.namespace);
-        match api.get_opt(&names.vm_pod()).await.map_err(Error::Kube)? {
+        // From the watch cache: a pod it does not hold yet was made a moment ago, and is owned
+        // by its Machine, so the garbage collector removes it should the Machine go first.
+        let pod = self.pods.get(&ObjectRef::new(&names.vm_pod()).within(&names.namespace));
+        match pod.as_deref() {
             None => Ok(true),
             Some(pod) if pod.metadata.deletion_timestamp.is_some() => {
                 // A pod whose node is lost never finishes its graceful deletion: past its
                 // grace period and a margin, it is removed outright (that node's agent kills
                 // what is left of it should the node come back).
-                if deletion_overdue(&pod, jiff::Timestamp::now()) {
+                if deletion_overdue(pod, jiff::Timestamp::now()) {
                     tracing::warn!(pod = %names.vm_pod(), "the VM's pod outlived its grace period (its node is probably lost): removing it outright");
                     delete_if_present(&api, &names.vm_pod(), &DeleteParams::default().grace_period(0)).await?;
                 }

@@ -10,7 +10,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::ObjectRef;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use noops_api::machine::{Machine, MachinePhase, MachineStatus};
 use serde_json::json;
 use tracing::info;
@@ -22,7 +22,7 @@ use super::names::{FINALIZER, Names};
 use super::plan::{self, Admission, NodeView};
 use super::provider::{Provider, VmSpec, VmState};
 use super::status::{self, DRAINING_SUCCEEDED, Deletion, StatusFacts};
-use super::tenant;
+use super::tenant::{self, Tenant};
 use crate::control_plane::certificates::{Authority, tenant_service_ip};
 use crate::control_plane::names::Names as ControlPlaneNames;
 use crate::core::apply::{apply_status, controller_reference, create_if_missing};
@@ -31,20 +31,30 @@ use crate::core::events::Announcement;
 use crate::core::pki::Ca;
 use crate::core::{DuringStage, Error, Result, Stage, crash};
 
-/// How soon a machine is looked at again: while it is being made, while its Node is not Ready,
-/// and while it runs (its Node's health is read on each pass).
-const MAKING: Duration = Duration::from_secs(3);
-const NOT_READY: Duration = Duration::from_secs(5);
-const RUNNING: Duration = Duration::from_secs(10);
-const WAITING: Duration = Duration::from_secs(15);
+/// How soon a machine is looked at again when nothing wakes it: its VM pod, its Node (from the
+/// tenant's watch), its control plane and its Secrets do, so these are only a safety net.
+const MAKING: Duration = Duration::from_secs(10);
+const NOT_READY: Duration = Duration::from_secs(30);
+const RUNNING: Duration = Duration::from_secs(120);
+const WAITING: Duration = Duration::from_secs(60);
 
 /// What one pass sees.
 struct Observation {
     cluster: Option<noops_api::KubernetesControlPlane>,
     vm: VmState,
     bootstrap: Option<Arc<Secret>>,
-    tenant: Option<Client>,
+    tenant: Option<Arc<Tenant>>,
     node: NodeView,
+}
+
+/// Where a pass reads the machine's Node.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum NodeFrom {
+    /// The tenant's Node watch.
+    Cache,
+    /// The tenant's API: a deletion acts on the Node, and must tell a tenant that does not
+    /// answer from one whose cache is merely old.
+    Api,
 }
 
 /// Reconciles one machine (the caller's span names it).
@@ -60,11 +70,14 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
     from_finalizer(result)
 }
 
-async fn observe(names: &Names, ctx: &Context) -> Observation {
+async fn observe(names: &Names, ctx: &Context, node_from: NodeFrom) -> Observation {
     let cluster = ctx
         .control_planes
         .get(&ObjectRef::new(&names.cluster).within(&names.namespace))
         .map(|c| (*c).clone());
+    if cluster.as_ref().is_none_or(|c| c.metadata.deletion_timestamp.is_some()) {
+        ctx.tenants.forget(&names.namespace, &names.cluster);
+    }
     let vm = ctx.provider.observe(names);
     let bootstrap = ctx
         .secrets
@@ -77,16 +90,19 @@ async fn observe(names: &Names, ctx: &Context) -> Observation {
         .and_then(|s| s.admin_kubeconfig_secret.clone())
         .and_then(|s| ctx.secrets.get(&ObjectRef::new(&s).within(&names.namespace)));
     let tenant = match admin {
-        Some(secret) => ctx.tenants.client(&secret).await.ok(),
+        Some(secret) => ctx.tenants.get(&names.namespace, &names.cluster, &secret).await.ok(),
         None => None,
     };
-    let node = match &tenant {
+    let read = match (&tenant, node_from) {
+        (None, _) => None,
+        (Some(t), NodeFrom::Cache) => Some(t.node(&names.node()).await),
+        (Some(t), NodeFrom::Api) => Some(tenant::node(&t.client, &names.node()).await.map_err(|e| e.to_string())),
+    };
+    let node = match read {
         None => NodeView::NotAsked,
-        Some(client) => match tenant::node(client, &names.node()).await {
-            Ok(Some(node)) => NodeView::Present(Box::new(node)),
-            Ok(None) => NodeView::Missing,
-            Err(e) => NodeView::Unreachable(e.to_string()),
-        },
+        Some(Ok(Some(node))) => NodeView::Present(Box::new(node)),
+        Some(Ok(None)) => NodeView::Missing,
+        Some(Err(why)) => NodeView::Unreachable(why),
     };
     Observation {
         cluster,
@@ -101,7 +117,7 @@ async fn observe(names: &Names, ctx: &Context) -> Observation {
 async fn run(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
     let names = Names::of(&machine);
     let now = jiff::Timestamp::now();
-    let observation = observe(&names, ctx).await;
+    let observation = observe(&names, ctx, NodeFrom::Cache).await;
 
     let admission = plan::admit(&machine, observation.cluster.as_ref());
 
@@ -116,7 +132,7 @@ async fn run(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
             .as_ref()
             .ok_or_else(|| Error::Blocked(format!("control plane {} does not answer yet", names.cluster)))
             .during(Stage::Apply)?;
-        tenant::grant_machine_role(tenant).await.during(Stage::Apply)?;
+        tenant.grant_machine_role().await.during(Stage::Apply)?;
         let owner = controller_reference(machine.as_ref())
             .ok_or_else(|| Error::Internal("the Machine has no uid yet".into()))
             .during(Stage::Apply)?;
@@ -205,7 +221,7 @@ fn bootstrap_secret(
 async fn remove(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
     let names = Names::of(&machine);
     let now = jiff::Timestamp::now();
-    let observation = observe(&names, ctx).await;
+    let observation = observe(&names, ctx, NodeFrom::Api).await;
     let mut seen = (*machine).clone();
     let previous = seen.status.clone().unwrap_or_default();
     let drain_started = previous.drain_started_at.as_ref().map(|t| t.0).unwrap_or(now);
@@ -221,7 +237,8 @@ async fn remove(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
         {
             Deletion::Removing
         }
-        (Some(client), NodeView::Present(node)) => {
+        (Some(tenant), NodeView::Present(node)) => {
+            let client = &tenant.client;
             tenant::cordon(client, node).await.during(Stage::Cleanup)?;
             crash::point("machine: Node cordoned, not drained");
             // A Node that cannot be reached is drained without evictions once the timeout
@@ -282,8 +299,8 @@ async fn remove(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
         ))),
         Deletion::TenantUnreachable(why) => Err(Error::UnderWay(format!("cannot drain yet: {why}"))),
         Deletion::Removing | Deletion::DrainedWithoutEviction(_) => {
-            if let (Some(client), NodeView::Present(_)) = (&observation.tenant, &observation.node) {
-                tenant::delete_node(client, &names.node())
+            if let (Some(tenant), NodeView::Present(_)) = (&observation.tenant, &observation.node) {
+                tenant::delete_node(&tenant.client, &names.node())
                     .await
                     .during(Stage::Cleanup)?;
                 info!(node = %names.node(), "deleted the machine's Node");

@@ -1,16 +1,26 @@
-//! The tenant's API, as the Machine controller uses it: one client per cluster, made from the
-//! control plane's admin kubeconfig Secret and kept while that Secret stays the same (a client
-//! holds its connections; making one per pass would open new ones every time).
+//! The tenant's API, as the Machine controller uses it: per cluster, a client made from the
+//! control plane's admin kubeconfig Secret (kept while that Secret stays the same: a client
+//! holds its connections) and a watch of the tenant's Nodes, whose every change wakes the
+//! Machine of that name. A pass reads its Node from that cache; only a deletion, which acts on
+//! the Node and must tell a tenant that does not answer, reads it from the API.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::StreamExt;
+use futures::channel::mpsc;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::core::DeserializeGuard;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
+use noops_api::Machine;
 use serde_json::json;
+use tracing::debug;
 
 use crate::core::{Error, Result};
 
@@ -23,22 +33,78 @@ const MACHINE_ROLE: &str = "noops:machine";
 /// A tenant that does not answer within this long is taken as unreachable for this pass.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Clients of tenants, by the uid and version of their admin kubeconfig Secret.
-#[derive(Default)]
+/// What wakes a Machine: the reference its Node's change is sent as.
+pub type Wake = ObjectRef<DeserializeGuard<Machine>>;
+
+/// One tenant: its clients, the cache of its Nodes, the watch that fills it.
+pub struct Tenant {
+    /// The admin kubeconfig Secret's uid and version it was made from.
+    made_from: String,
+    /// For requests: each gives up after [`TIMEOUT`], and a 429 is an answer, not retried.
+    pub client: Client,
+    nodes: Store<Node>,
+    watch: tokio::task::JoinHandle<()>,
+    /// Whether the machines' role has been granted through this client.
+    granted: AtomicBool,
+}
+
+impl Drop for Tenant {
+    fn drop(&mut self) {
+        self.watch.abort();
+    }
+}
+
+impl Tenant {
+    /// The Node `name` from the watch cache (waiting a moment for its first list); an error
+    /// when the tenant has not answered that list.
+    pub async fn node(&self, name: &str) -> std::result::Result<Option<Node>, String> {
+        tokio::time::timeout(TIMEOUT, self.nodes.wait_until_ready())
+            .await
+            .map_err(|_| "the tenant has not listed its Nodes yet".to_string())?
+            .map_err(|e| e.to_string())?;
+        Ok(self.nodes.get(&ObjectRef::new(name)).map(|n| (*n).clone()))
+    }
+
+    /// Grants machines' node agents what they need, once per client.
+    pub async fn grant_machine_role(&self) -> Result<()> {
+        if !self.granted.load(Ordering::Relaxed) {
+            grant_machine_role(&self.client).await?;
+            self.granted.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+/// The tenants, by `<namespace>/<control plane>`.
 pub struct Tenants {
-    clients: Mutex<HashMap<String, (String, Client)>>,
+    tenants: Mutex<HashMap<String, Arc<Tenant>>>,
+    wake: mpsc::UnboundedSender<Wake>,
 }
 
 impl Tenants {
-    /// The client of the tenant whose admin kubeconfig is `secret`.
-    pub async fn client(&self, secret: &Secret) -> Result<Client> {
-        let key = secret.uid().unwrap_or_default();
-        let version = secret.resource_version().unwrap_or_default();
-        if let Ok(clients) = self.clients.lock()
-            && let Some((held, client)) = clients.get(&key)
-            && *held == version
+    /// No tenant yet; the Machines their Nodes' changes wake come out of the stream.
+    pub fn new() -> (Self, mpsc::UnboundedReceiver<Wake>) {
+        let (wake, woken) = mpsc::unbounded();
+        let tenants = Self {
+            tenants: Mutex::new(HashMap::new()),
+            wake,
+        };
+        (tenants, woken)
+    }
+
+    /// The tenant of control plane `cluster` in `namespace`, whose admin kubeconfig is `secret`.
+    pub async fn get(&self, namespace: &str, cluster: &str, secret: &Secret) -> Result<Arc<Tenant>> {
+        let key = format!("{namespace}/{cluster}");
+        let made_from = format!(
+            "{}/{}",
+            secret.uid().unwrap_or_default(),
+            secret.resource_version().unwrap_or_default()
+        );
+        if let Ok(tenants) = self.tenants.lock()
+            && let Some(tenant) = tenants.get(&key)
+            && tenant.made_from == made_from
         {
-            return Ok(client.clone());
+            return Ok(tenant.clone());
         }
         let text = secret
             .data
@@ -48,9 +114,12 @@ impl Tenants {
             .ok_or_else(|| Error::Blocked(format!("{} has no kubeconfig yet", secret.name_any())))?;
         let kubeconfig = kube::config::Kubeconfig::from_yaml(&text)
             .map_err(|e| Error::Internal(format!("the tenant's admin kubeconfig cannot be read: {e}")))?;
-        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
             .await
             .map_err(|e| Error::Internal(format!("the tenant's admin kubeconfig cannot be used: {e}")))?;
+        // The watch keeps the default read timeout: a watch is a request that lasts minutes.
+        let watching = Client::try_from(config.clone()).map_err(Error::Kube)?;
+        let mut config = config;
         config.connect_timeout = Some(TIMEOUT);
         config.read_timeout = Some(TIMEOUT);
         config.write_timeout = Some(TIMEOUT);
@@ -58,11 +127,60 @@ impl Tenants {
         // to act on, not a request to retry for minutes.
         config.default_retry = false;
         let client = Client::try_from(config).map_err(Error::Kube)?;
-        if let Ok(mut clients) = self.clients.lock() {
-            clients.insert(key, (version, client.clone()));
+        let (nodes, watch) = watch_nodes(watching, namespace.to_string(), self.wake.clone());
+        let tenant = Arc::new(Tenant {
+            made_from,
+            client,
+            nodes,
+            watch,
+            granted: AtomicBool::new(false),
+        });
+        if let Ok(mut tenants) = self.tenants.lock() {
+            // The tenant it replaces (an older Secret) stops its watch as it is dropped.
+            tenants.insert(key, tenant.clone());
         }
-        Ok(client)
+        Ok(tenant)
     }
+
+    /// Forgets the tenant of a control plane that is gone or going: its watch stops.
+    pub fn forget(&self, namespace: &str, cluster: &str) {
+        if let Ok(mut tenants) = self.tenants.lock() {
+            tenants.remove(&format!("{namespace}/{cluster}"));
+        }
+    }
+}
+
+/// Watches the tenant's Nodes into a cache; each change wakes the Machine of the Node's name in
+/// `namespace` (a Node that is no Machine's wakes nothing: the controller has no such object).
+fn watch_nodes(
+    client: Client,
+    namespace: String,
+    wake: mpsc::UnboundedSender<Wake>,
+) -> (Store<Node>, tokio::task::JoinHandle<()>) {
+    let (reader, writer) = reflector::store();
+    let events = watcher(Api::<Node>::all(client), watcher::Config::default())
+        .default_backoff()
+        .reflect(writer);
+    let store = reader.clone();
+    let task = tokio::spawn(async move {
+        futures::pin_mut!(events);
+        while let Some(event) = events.next().await {
+            let changed: Vec<String> = match event {
+                Ok(watcher::Event::Apply(node) | watcher::Event::Delete(node)) => vec![node.name_any()],
+                Ok(watcher::Event::InitDone) => store.state().iter().map(|n| n.name_any()).collect(),
+                Ok(_) => Vec::new(),
+                // A tenant that does not answer: the cache keeps what it last knew.
+                Err(e) => {
+                    debug!(%namespace, error = %e, "the tenant's Node watch failed; retrying");
+                    Vec::new()
+                }
+            };
+            for name in changed {
+                let _ = wake.unbounded_send(ObjectRef::new(&name).within(&namespace));
+            }
+        }
+    });
+    (reader, task)
 }
 
 /// Grants machines' node agents what they need in the tenant (idempotent).
