@@ -325,6 +325,19 @@ spec:
         "{logs}"
     );
 
+    // What of machine c-b runs on this machine: its agent and kube-proxy, and its tenant pods
+    // (their text names their node). All of it must end with the machine.
+    let of_b = |p: &String| p.contains("=c-b ") || p.contains("hello from c-b ");
+    let running: Vec<String> = processes_with("c-b ").into_iter().filter(of_b).collect();
+    assert!(
+        running.iter().filter(|p| p.contains("=c-b ")).count() >= 2,
+        "the agent and kube-proxy of c-b are not seen running: {running:?}"
+    );
+    assert!(
+        running.iter().any(|p| p.contains("hello from c-b ")),
+        "no tenant pod of c-b seen running: {running:?}"
+    );
+
     // Deleting machine c-b drains it first: a PodDisruptionBudget that allows no disruption
     // holds the drain, and the Machine names the pods it keeps; allowing one lets it finish.
     tenant.apply("apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: { name: web, namespace: default }\nspec: { minAvailable: 3, selector: { matchLabels: { app: web } } }\n");
@@ -358,7 +371,7 @@ spec:
     tenant.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=60s"], None);
     // Nothing of machine c-b runs on this machine any more: its agent, kube-proxy, tenant pods.
     wait_until("c-b's processes to end", MINUTE, || async {
-        processes_with("=c-b ").is_empty() && processes_with("=c-b\0").is_empty()
+        !processes_with("c-b ").iter().any(of_b)
     })
     .await;
     // The last machine goes before its control plane, while the operator runs (without the
@@ -789,9 +802,14 @@ spec:
     // Deleting the deployment removes every machine (the budget goes first: it would rightly
     // hold the drain of the last machines), and nothing of them runs here any more.
     tenant.kubectl_ok(&["delete", "pdb", "web"], None);
+    let marker = format!("--provider-id=noops://{}/", ns.name);
+    assert_eq!(
+        processes_with(&marker).len(),
+        2,
+        "the agents of the 2 machines run here"
+    );
     md_api.delete("pool", &Default::default()).await.unwrap();
     wait_machines_gone(&ns, 3 * MINUTE).await;
-    let marker = format!("--provider-id=noops://{}/", ns.name);
     wait_until("the machines' processes to end", MINUTE, || async {
         processes_with(&marker).is_empty()
     })
