@@ -141,8 +141,9 @@ async fn main() -> anyhow::Result<()> {
     // Image paths may name folders of this checkout through ${NOOPS_ROOT}, ${NOOPS_BIN}, ...
     let vars: BTreeMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("NOOPS_")).collect();
     let images = ImageMapFileWatch::load(&args.images, vars)?;
-    let (pod_cidr, gateway, on_link) = if args.machine {
-        (None, args.node_ip, args.cluster_cidr)
+    // A machine learns its range later, from its Node.
+    let known_pod_cidr = if args.machine {
+        None
     } else {
         anyhow::ensure!(
             args.pod_cidr.contains(args.node_ip),
@@ -156,7 +157,7 @@ async fn main() -> anyhow::Result<()> {
             args.pod_cidr,
             args.cluster_cidr
         );
-        (Some(args.pod_cidr), args.node_ip, args.cluster_cidr)
+        Some(args.pod_cidr)
     };
 
     process::self_check(&args.state_dir).await.with_context(|| {
@@ -174,7 +175,7 @@ async fn main() -> anyhow::Result<()> {
     let node = NodeInfo {
         name: args.node_name.clone(),
         ip: args.node_ip,
-        pod_cidr: pod_cidr.map(|c| c.to_string()),
+        pod_cidr: known_pod_cidr.map(|c| c.to_string()),
         provider_id: args.provider_id.clone(),
         kubelet_port: args.kubelet_port,
         kubernetes_version: args.kubernetes_version.clone(),
@@ -186,9 +187,10 @@ async fn main() -> anyhow::Result<()> {
     // A machine's Node is made first without a status: it is Ready only once its network is.
     node::create(&client, &node).await.context("registering the node")?;
 
-    // A machine learns its range from its Node, then makes its own network.
-    let (pod_cidr, gateway, on_link) = match pod_cidr {
-        Some(cidr) => (cidr, gateway, on_link),
+    // On the shared bridge the node's address is its pods' gateway and the whole cluster network
+    // is on their link; a machine learns its range from its Node, then makes its own network.
+    let (pod_cidr, gateway, on_link) = match known_pod_cidr {
+        Some(cidr) => (cidr, args.node_ip, args.cluster_cidr),
         None => {
             let cidr = machine::wait_for_pod_cidr(&client, &args.node_name).await;
             anyhow::ensure!(

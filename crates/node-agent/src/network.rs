@@ -3,10 +3,11 @@
 //! Every node of the local Kubernetes shares one bridge: the node's pods get addresses from the
 //! node's own pod CIDR (a /24), with the whole cluster network (the /16) on their link so that
 //! pods of other nodes are reached directly, and the node's address as their gateway (to
-//! Services and to this machine). A node agent that is a whole machine (`machine.rs`) has a
-//! bridge of its own: only its range is on the pods' link, and the gateway routes the rest. The bridge, its routes and the safety rules that keep every
+//! Services and to this machine). The bridge, its routes and the safety rules that keep every
 //! packet on this machine are set up by `hack/cluster-up.sh` before the agent starts; the agent
-//! refuses to run without them. Addresses come from a tiny file-based allocator, keyed by pod
+//! refuses to run without them. A node agent that is a whole machine (`machine.rs`) makes a
+//! bridge of its own instead: only its range is on its pods' link, and the gateway routes the
+//! rest. Addresses come from a tiny file-based allocator, keyed by pod
 //! UID, so a pod keeps its IP when the agent restarts.
 
 use std::net::Ipv4Addr;
