@@ -2,7 +2,8 @@
 //!
 //! HTTPS on the node IP with a certificate from the cluster's serving CA; every client must
 //! present a certificate from the CA given with `--client-ca`, which `make cluster-up` uses only
-//! for the API server's kubelet-client certificate. Container logs are files that the container's stdout and stderr
+//! for the API server's kubelet-client certificate; certificate files that change are read
+//! again for the connections after. Container logs are files that the container's stdout and stderr
 //! are appended to, one per container start.
 
 use std::path::{Path, PathBuf};
@@ -27,7 +28,7 @@ use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 /// Certificate files of the kubelet API.
 pub struct TlsFiles {
@@ -94,10 +95,62 @@ fn tls_config(files: &TlsFiles) -> Result<rustls::ServerConfig, ApiError> {
     Ok(config)
 }
 
+/// How often the certificate files are read again: a machine's serving certificate is issued
+/// again before it expires, and its mounted files follow.
+const LOOK_EVERY: Duration = Duration::from_secs(10);
+
+/// The TLS settings of the files as they were last read.
+struct Acceptor {
+    files: TlsFiles,
+    contents: Vec<Vec<u8>>,
+    acceptor: TlsAcceptor,
+    looked: std::time::Instant,
+}
+
+impl Acceptor {
+    fn load(files: TlsFiles) -> Result<Self, ApiError> {
+        let contents = Self::contents(&files);
+        let acceptor = TlsAcceptor::from(Arc::new(tls_config(&files)?));
+        Ok(Self {
+            files,
+            contents,
+            acceptor,
+            looked: std::time::Instant::now(),
+        })
+    }
+
+    fn contents(files: &TlsFiles) -> Vec<Vec<u8>> {
+        [&files.cert, &files.key, &files.client_ca]
+            .iter()
+            .map(|path| std::fs::read(path).unwrap_or_default())
+            .collect()
+    }
+
+    /// The acceptor for the next connection, from the files as they are now.
+    fn current(&mut self) -> TlsAcceptor {
+        if self.looked.elapsed() >= LOOK_EVERY {
+            self.looked = std::time::Instant::now();
+            let contents = Self::contents(&self.files);
+            if contents != self.contents {
+                match tls_config(&self.files) {
+                    Ok(config) => {
+                        self.acceptor = TlsAcceptor::from(Arc::new(config));
+                        self.contents = contents;
+                        info!("kubelet API certificates changed: new connections use them");
+                    }
+                    // Files caught half written: the next look tries again.
+                    Err(e) => warn!(error = %e, "keeping the kubelet API certificates in use"),
+                }
+            }
+        }
+        self.acceptor.clone()
+    }
+}
+
 impl KubeletApi {
     /// Serves until the process ends.
     pub async fn serve(self, addr: std::net::SocketAddr, files: TlsFiles) -> Result<(), ApiError> {
-        let acceptor = TlsAcceptor::from(Arc::new(tls_config(&files)?));
+        let mut acceptor = Acceptor::load(files)?;
         let router = Router::new()
             .route("/healthz", get(|| async { "ok" }))
             .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs))
@@ -106,7 +159,7 @@ impl KubeletApi {
         info!(%addr, "kubelet API listening (mutual TLS)");
         loop {
             let (tcp, peer) = listener.accept().await?;
-            let acceptor = acceptor.clone();
+            let acceptor = acceptor.current();
             let service = TowerToHyperService::new(router.clone());
             tokio::spawn(async move {
                 let tls = match acceptor.accept(tcp).await {

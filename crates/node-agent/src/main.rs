@@ -6,6 +6,7 @@
 
 mod atomic_dir;
 mod cgroups;
+mod credentials;
 mod dns;
 mod downward;
 mod env;
@@ -133,10 +134,9 @@ async fn main() -> anyhow::Result<()> {
     init_logging(args.log_json);
     let _ = rustls::crypto::ring::default_provider().install_default();
 
-    let kubeconfig = kube::config::Kubeconfig::read_from(&args.kubeconfig)
-        .with_context(|| format!("reading {}", args.kubeconfig.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
-    let client = kube::Client::try_from(config)?;
+    // Renewed certificates reach the agent through its kubeconfig file.
+    let (client, follow_kubeconfig) = credentials::following(&args.kubeconfig).await?;
+    let credentials_task = tokio::spawn(follow_kubeconfig);
 
     // Image paths may name folders of this checkout through ${NOOPS_ROOT}, ${NOOPS_BIN}, ...
     let vars: BTreeMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("NOOPS_")).collect();
@@ -306,6 +306,7 @@ async fn main() -> anyhow::Result<()> {
     let _ = shutdown_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(12), pods_task).await;
     heartbeat_task.abort();
+    credentials_task.abort();
     for task in [provisioner_task, routes_task].into_iter().flatten() {
         task.abort();
     }

@@ -15,11 +15,13 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 
 pub mod bench;
+pub mod certificates;
 pub mod chaos;
 pub mod etcd;
 pub mod postgres;
 pub mod s3;
 pub mod tenant;
+pub mod traffic;
 
 /// The repository root.
 pub fn root() -> PathBuf {

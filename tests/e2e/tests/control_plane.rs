@@ -7,6 +7,7 @@
 
 use k8s_openapi::api::core::v1::Secret;
 use noops_api::KubernetesControlPlane;
+use noops_e2e::certificates::{certificate_in, not_after, presented_certificate};
 use noops_e2e::*;
 
 /// A KubernetesControlPlane `name` with `spec` (YAML lines indented by two).
@@ -815,50 +816,6 @@ async fn a_tenant_backed_up_comes_back_in_a_new_control_plane() {
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }
 
-/// When the certificate in Secret `name` expires (its `noops.dev/not-after` annotation).
-async fn not_after(ns: &TestNamespace, name: &str) -> jiff::Timestamp {
-    let secret = ns.api::<Secret>().get(name).await.unwrap();
-    secret.metadata.annotations.unwrap_or_default()["noops.dev/not-after"]
-        .parse()
-        .unwrap()
-}
-
-/// The certificate under `key` of Secret `name`, DER.
-async fn certificate_in(ns: &TestNamespace, name: &str, key: &str) -> Vec<u8> {
-    use rustls::pki_types::pem::PemObject;
-    let secret = ns.api::<Secret>().get(name).await.unwrap();
-    let pem = secret.data.unwrap().remove(key).unwrap().0;
-    rustls::pki_types::CertificateDer::from_pem_slice(&pem)
-        .unwrap()
-        .to_vec()
-}
-
-/// The certificate the server at `endpoint` (`https://<ip>:<port>`) presents, checked against
-/// the CA `ca` (DER) as a client would: valid now, for that address.
-fn presented_certificate(endpoint: &str, ca: &[u8]) -> Result<Vec<u8>, String> {
-    let address = endpoint.trim_start_matches("https://");
-    let ip: std::net::IpAddr = address.rsplit_once(':').unwrap().0.parse().unwrap();
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(rustls::pki_types::CertificateDer::from(ca.to_vec())).unwrap();
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let name = rustls::pki_types::ServerName::IpAddress(ip.into());
-    let mut tls = rustls::ClientConnection::new(std::sync::Arc::new(config), name).map_err(|e| e.to_string())?;
-    let mut socket = std::net::TcpStream::connect(address).map_err(|e| e.to_string())?;
-    socket
-        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
-        .unwrap();
-    while tls.is_handshaking() {
-        tls.complete_io(&mut socket).map_err(|e| e.to_string())?;
-    }
-    let chain = tls.peer_certificates().ok_or("no certificate presented")?;
-    Ok(chain[0].to_vec())
-}
-
 #[tokio::test]
 async fn a_control_plane_renews_its_certificates_before_they_expire_and_follows_a_new_ca() {
     // Certificates that last 90 s: issued again with 30 s left, which rolls the pods that
@@ -886,7 +843,7 @@ async fn a_control_plane_renews_its_certificates_before_they_expire_and_follows_
     let ca = certificate_in(&ns, &format!("{name}-ca"), "ca.crt").await;
     let first = not_after(&ns, &serving).await;
     assert_eq!(
-        presented_certificate(&endpoint, &ca).unwrap(),
+        presented_certificate(endpoint.trim_start_matches("https://"), None, &ca).unwrap(),
         certificate_in(&ns, &serving, "tls.crt").await,
         "the API server serves the certificate of its Secret"
     );
@@ -904,7 +861,7 @@ async fn a_control_plane_renews_its_certificates_before_they_expire_and_follows_
     // The API server's pod rolled onto it: what it presents is the renewed certificate.
     let expected = certificate_in(&ns, &serving, "tls.crt").await;
     wait_until("the API server serving the renewed certificate", minutes(1), || async {
-        presented_certificate(&endpoint, &ca).is_ok_and(|c| c == expected)
+        presented_certificate(endpoint.trim_start_matches("https://"), None, &ca).is_ok_and(|c| c == expected)
     })
     .await;
     // The renewed admin kubeconfig gets in, and the controller-manager (its kubeconfig renewed
@@ -952,7 +909,7 @@ async fn a_control_plane_renews_its_certificates_before_they_expire_and_follows_
     wait_until(
         "the API server serving a certificate of the new CA",
         minutes(2),
-        || async { presented_certificate(&endpoint, &new_ca).is_ok() },
+        || async { presented_certificate(endpoint.trim_start_matches("https://"), None, &new_ca).is_ok() },
     )
     .await;
     let next_renewal = renewed - jiff::SignedDuration::from_secs(30);

@@ -13,6 +13,7 @@ use kube::Api;
 use kube::api::ListParams;
 use noops_api::EtcdCluster;
 use noops_api::etcd::OperationKind;
+use noops_e2e::certificates::not_after;
 use noops_e2e::etcd::*;
 use noops_e2e::*;
 
@@ -735,12 +736,6 @@ async fn incarnations(ns: &TestNamespace, cluster: &EtcdCluster) -> Vec<(Option<
         out.push((pod.metadata.uid.clone(), restart_count(&pod)));
     }
     out
-}
-
-/// When the certificate in Secret `name` expires (its `noops.dev/not-after` annotation).
-async fn not_after(ns: &TestNamespace, name: &str) -> String {
-    let secret = ns.api::<Secret>().get(name).await.unwrap();
-    secret.metadata.annotations.unwrap_or_default()["noops.dev/not-after"].clone()
 }
 
 #[tokio::test]

@@ -8,7 +8,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, LogParams};
 use noops_api::{Machine, MachineDeployment, MachineSet};
+use noops_e2e::certificates::{certificate_in, not_after, presented_certificate};
 use noops_e2e::tenant::{ForgetMachines, Tenant, wait_machines_gone};
+use noops_e2e::traffic::{BudgetWatch, Lowest, Poller, load_balancer, ready_nodes_of, web_app};
 use noops_e2e::*;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -196,6 +198,14 @@ fn joined_machine(name: &str, cluster: &str, version: &str) -> String {
     )
 }
 
+/// `kubectl wait` (up to 3 minutes) for these machines of `ns` to be Ready.
+fn wait_machines_ready(ns: &TestNamespace, names: &[&str]) {
+    let machines: Vec<String> = names.iter().map(|n| format!("machine/{n}")).collect();
+    let mut args = vec!["wait", "-n", &ns.name, "--for=condition=Ready", "--timeout=180s"];
+    args.extend(machines.iter().map(String::as_str));
+    kubectl_ok(&args, None);
+}
+
 /// The condition `type_` of a machine as (status, reason, message).
 fn machine_condition(machine: &Machine, type_: &str) -> Option<(String, String, String)> {
     let c = machine.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)?;
@@ -232,18 +242,7 @@ async fn machines_join_their_control_plane_run_its_pods_and_drain_before_they_go
     // A kubelet newer than its API server is refused: no VM is made for it.
     ns.apply(&joined_machine("c-too-new", "c", "1.34"));
     let tenant = Tenant::ready(&ns, "c", 4 * MINUTE).await;
-    kubectl_ok(
-        &[
-            "wait",
-            "-n",
-            &ns.name,
-            "--for=condition=Ready",
-            "machine/c-a",
-            "machine/c-b",
-            "--timeout=180s",
-        ],
-        None,
-    );
+    wait_machines_ready(&ns, &["c-a", "c-b"]);
     let machines = ns.api::<Machine>();
     let too_new = machines.get("c-too-new").await.unwrap();
     let (_, reason, message) = machine_condition(&too_new, "Ready").unwrap();
@@ -418,140 +417,6 @@ spec:
     (target, logs)
 }
 
-/// Requests through a load balancer, one every 100 ms, until stopped: how many were answered
-/// and which failed.
-struct Poller {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    task: tokio::task::JoinHandle<(usize, Vec<String>)>,
-}
-
-impl Poller {
-    fn start(address: String) -> Self {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = stop.clone();
-        let task = tokio::spawn(async move {
-            let (mut answered, mut failed) = (0, Vec::new());
-            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-                let started = std::time::Instant::now();
-                let sent = jiff::Timestamp::now();
-                // A generous limit: on a loaded machine a live pod can take seconds to answer.
-                match http_get_explained(&address, "/", Duration::from_secs(5)).await {
-                    Ok(body) if body.contains("hello") => answered += 1,
-                    other => failed.push(format!("sent {sent}: {other:?}")),
-                }
-                tokio::time::sleep(Duration::from_millis(100).saturating_sub(started.elapsed())).await;
-            }
-            (answered, failed)
-        });
-        Self { stop, task }
-    }
-
-    async fn stop(self) -> (usize, Vec<String>) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.task.await.unwrap()
-    }
-}
-
-/// Samples `sample` every 100 ms until stopped; returns the smallest value seen.
-struct Lowest {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    task: tokio::task::JoinHandle<usize>,
-}
-
-impl Lowest {
-    fn watch<F, Fut>(sample: F) -> Self
-    where
-        F: Fn() -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = Option<usize>> + Send,
-    {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = stop.clone();
-        let task = tokio::spawn(async move {
-            let mut lowest = usize::MAX;
-            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-                if let Some(v) = sample().await {
-                    lowest = lowest.min(v);
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            lowest
-        });
-        Self { stop, task }
-    }
-
-    async fn stop(self) -> usize {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.task.await.unwrap()
-    }
-}
-
-/// Tenant Nodes that are Ready.
-async fn ready_nodes_of(nodes: &Api<Node>) -> Option<usize> {
-    let listed = nodes.list(&ListParams::default()).await.ok()?;
-    Some(
-        listed
-            .items
-            .iter()
-            .filter(|n| node_ready_status(n).as_deref() == Some("True"))
-            .count(),
-    )
-}
-
-/// Every change of the app's pods, from a watch: the fewest Ready at once, and how many changes
-/// left fewer Ready than the budget's `min_available` (counted, not sampled).
-struct BudgetWatch {
-    task: tokio::task::JoinHandle<()>,
-    seen: std::sync::Arc<std::sync::Mutex<(usize, usize, usize)>>,
-}
-
-impl BudgetWatch {
-    fn start(pods: Api<Pod>, min_available: usize) -> Self {
-        use futures::StreamExt;
-        use kube::runtime::watcher;
-        // (fewest Ready, changes below the budget, changes seen)
-        let seen = std::sync::Arc::new(std::sync::Mutex::new((usize::MAX, 0, 0)));
-        let record = seen.clone();
-        let task = tokio::spawn(async move {
-            let mut ready: std::collections::BTreeMap<String, bool> = Default::default();
-            let stream = watcher(pods, watcher::Config::default().labels("app=web"));
-            futures::pin_mut!(stream);
-            let mut listed = false;
-            while let Some(event) = stream.next().await {
-                match event {
-                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
-                        ready.insert(p.metadata.name.clone().unwrap_or_default(), pod_ready(&p));
-                    }
-                    Ok(watcher::Event::Delete(p)) => {
-                        ready.remove(&p.metadata.name.clone().unwrap_or_default());
-                    }
-                    // A watch started again (the API server restarted, as in an upgrade) lists
-                    // everything anew: counted once the list is whole.
-                    Ok(watcher::Event::Init) => {
-                        ready.clear();
-                        listed = false;
-                    }
-                    Ok(watcher::Event::InitDone) => listed = true,
-                    Err(_) => continue,
-                }
-                if listed {
-                    let count = ready.values().filter(|r| **r).count();
-                    let mut seen = record.lock().unwrap();
-                    seen.0 = seen.0.min(count);
-                    seen.1 += usize::from(count < min_available);
-                    seen.2 += 1;
-                }
-            }
-        });
-        Self { task, seen }
-    }
-
-    /// (fewest Ready at once, changes below the budget, changes seen).
-    fn stop(self) -> (usize, usize, usize) {
-        self.task.abort();
-        *self.seen.lock().unwrap()
-    }
-}
-
 /// Waits until the MachineDeployment has rolled out `replicas` machines of its template.
 async fn wait_rolled_out(ns: &TestNamespace, replicas: i32, timeout: Duration) -> MachineDeployment {
     let api = ns.api::<MachineDeployment>();
@@ -623,41 +488,7 @@ async fn a_machine_deployment_scales_and_rolls_to_a_new_version_without_a_failed
     // The tenant's app: 3 replicas that drain gracefully, a budget of 2, a NodePort; and a
     // load balancer in front of the machines, as a cloud gives one: a Service of this cluster
     // over the machines' pods.
-    let echo = root().join("target/debug/http-echo");
-    tenant.apply(&format!(
-        r#"
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{ name: web, namespace: default }}
-spec:
-  replicas: 3
-  selector: {{ matchLabels: {{ app: web }} }}
-  template:
-    metadata: {{ labels: {{ app: web }} }}
-    spec:
-      terminationGracePeriodSeconds: 30
-      containers:
-        - name: web
-          image: busybox
-          command: ["{}", "-listen=:8080", "-text=hello"]
-          readinessProbe: {{ httpGet: {{ path: /health, port: 8080 }}, periodSeconds: 1 }}
-          lifecycle: {{ preStop: {{ sleep: {{ seconds: 3 }} }} }}
----
-apiVersion: policy/v1
-kind: PodDisruptionBudget
-metadata: {{ name: web, namespace: default }}
-spec: {{ minAvailable: 2, selector: {{ matchLabels: {{ app: web }} }} }}
----
-apiVersion: v1
-kind: Service
-metadata: {{ name: web, namespace: default }}
-spec:
-  type: NodePort
-  selector: {{ app: web }}
-  ports: [{{ port: 80, targetPort: 8080, nodePort: 30080 }}]
-"#,
-        echo.display()
-    ));
+    tenant.apply(&web_app(3, 2));
     tenant.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=120s"], None);
     // Across the two machines: a pod on one reaches a pod on the other and the Service.
     let pods: Api<Pod> = Api::namespaced(tenant.client.clone(), "default");
@@ -673,15 +504,7 @@ spec:
     let (target, logs) = reach_across(&tenant, &pods, &machine_names[0], &machine_names[1]).await;
     assert!(logs.contains(&format!("http://{target}:8080/ hello")), "{logs}");
     assert!(logs.contains("http://web.default.svc.cluster.local/ hello"), "{logs}");
-    ns.apply("apiVersion: v1\nkind: Service\nmetadata: { name: lb }\nspec:\n  selector: { noops.dev/cluster: c, app.kubernetes.io/component: vm }\n  ports: [{ port: 80, targetPort: 30080 }]\n");
-    let lb = ns.api::<k8s_openapi::api::core::v1::Service>().get("lb").await.unwrap();
-    let address = format!("{}:80", lb.spec.unwrap().cluster_ip.unwrap());
-    wait_until("the load balancer to answer", MINUTE, || async {
-        http_get_within(&address, "/", Duration::from_secs(1))
-            .await
-            .is_some_and(|b| b.contains("hello"))
-    })
-    .await;
+    let address = load_balancer(&ns, "c").await;
     let poller = Poller::start(address.clone());
     let budget = BudgetWatch::start(pods.clone(), 2);
 
@@ -897,4 +720,95 @@ async fn the_operator_killed_at_each_step_of_a_rollout_and_a_drain_finishes_them
     wait_machines_gone(&ns, 3 * MINUTE).await;
     drop(operator);
     let _ = std::fs::remove_file(&points);
+}
+
+#[tokio::test]
+async fn a_machine_renews_its_certificates_before_they_expire() {
+    // Certificates that last 5 minutes: issued again with 100 s left, on the VM's disk within
+    // its node's minute of volume refresh, read by the agent within 10 s of that.
+    const LIFETIME: Duration = Duration::from_secs(300);
+    install_crds();
+    let ns = TestNamespace::new("machine-certs").await;
+    let _forget = ForgetMachines(ns.name.clone());
+    let lifetime = LIFETIME.as_secs().to_string();
+    let _operator = Operator::start(
+        &ns.name,
+        &[
+            "--controllers",
+            "kubernetescontrolplane,etcd,machine",
+            "--certificate-lifetime-seconds",
+            &lifetime,
+        ],
+    );
+    ns.apply("apiVersion: noops.dev/v1alpha1\nkind: KubernetesControlPlane\nmetadata: { name: c }\nspec: { version: \"1.34\", replicas: 1, etcd: { replicas: 1 } }\n");
+    ns.apply(&joined_machine("c-a", "c", "1.34"));
+    Tenant::ready(&ns, "c", 4 * MINUTE).await;
+    wait_machines_ready(&ns, &["c-a"]);
+    let bootstrap = "c-a-bootstrap";
+    let first = not_after(&ns, bootstrap).await;
+
+    let renewed = wait_for("the machine's certificates issued again", LIFETIME, || async {
+        let now = not_after(&ns, bootstrap).await;
+        (now != first).then_some(now)
+    })
+    .await;
+    assert!(
+        jiff::Timestamp::now() < first,
+        "renewed before the first ones expired ({first})"
+    );
+    assert!(renewed > first);
+    wait_event(&ns, "Machine", "c-a", "CertificatesRenewed").await;
+
+    // The machine's kubelet API presents the renewed serving certificate, without a restart.
+    let vm = ns.pods().get("c-a").await.unwrap();
+    let address = format!("{}:10250", pod_ip(&vm).unwrap());
+    let ca = certificate_in(&ns, bootstrap, "ca.crt").await;
+    let serving = certificate_in(&ns, bootstrap, "serving.crt").await;
+    wait_until(
+        "the kubelet API serving the renewed certificate",
+        2 * MINUTE,
+        || async { presented_certificate(&address, Some("c-a"), &ca).is_ok_and(|c| c == serving) },
+    )
+    .await;
+
+    // Past the end of the first certificates the machine works on the new ones: its Node's lease
+    // is renewed after that, and a pod made then runs there and reports it.
+    let expired = first + jiff::SignedDuration::from_secs(5);
+    tokio::time::sleep(Duration::try_from(expired - jiff::Timestamp::now()).unwrap_or_default()).await;
+    let tenant = Tenant::ready(&ns, "c", 2 * MINUTE).await;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(tenant.client.clone(), "kube-node-lease");
+    wait_until("the Node's lease renewed on the new certificate", MINUTE, || async {
+        let renew = leases
+            .get_opt("c-a")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.renew_time)
+            .map(|t| t.0);
+        renew.is_some_and(|t| t > expired)
+    })
+    .await;
+    let echo = root().join("target/debug/http-echo");
+    tenant.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{ name: after, namespace: default }}\nspec:\n  nodeName: c-a\n  containers:\n  - {{ name: echo, image: busybox, command: [\"{}\", \"-listen=:8080\"] }}\n",
+        echo.display()
+    ));
+    let pods: Api<Pod> = Api::namespaced(tenant.client.clone(), "default");
+    wait_until(
+        "a pod made after the first certificates expired running",
+        MINUTE,
+        || async {
+            pods.get_opt("after")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|p| p.status?.phase)
+                .is_some_and(|phase| phase == "Running")
+        },
+    )
+    .await;
+    let nodes: Api<Node> = Api::all(tenant.client.clone());
+    let node = nodes.get("c-a").await.unwrap();
+    assert_eq!(node_ready_status(&node).as_deref(), Some("True"));
 }

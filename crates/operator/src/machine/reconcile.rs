@@ -25,7 +25,7 @@ use super::status::{self, DRAINING_SUCCEEDED, Deletion, StatusFacts};
 use super::tenant::{self, Tenant};
 use crate::control_plane::certificates::{Authority, tenant_service_ip};
 use crate::control_plane::names::Names as ControlPlaneNames;
-use crate::core::apply::{apply_status, controller_reference, create_if_missing};
+use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing};
 use crate::core::error::from_finalizer;
 use crate::core::events::Announcement;
 use crate::core::pki::Ca;
@@ -159,6 +159,36 @@ async fn run(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
         info!(version = %release.kubernetes, "made the machine's VM");
         crash::point("machine: VM made, providerID not recorded");
     }
+    // A machine's certificates are issued again before they expire, or when its CA changed:
+    // the VM's mounted files follow and its agent and kube-proxy read them again.
+    let renewal = match (&observation.bootstrap, &observation.vm) {
+        (_, VmState::Missing) => None,
+        (Some(current), _) if !make_vm => cluster_ca(ctx, &names).map(|ca| (current, ca)),
+        _ => None,
+    };
+    if let Some((current, ca)) = &renewal
+        && bootstrap::needs_renewal(current, &ca.cert, now, ctx.certificate_lifetime)
+    {
+        let owner = controller_reference(machine.as_ref())
+            .ok_or_else(|| Error::Internal("the Machine has no uid yet".into()))
+            .during(Stage::Apply)?;
+        let secret = bootstrap::secret(&names, ca, &owner, now, ctx.certificate_lifetime)
+            .map_err(|e| Error::Certificate(e.to_string()))
+            .during(Stage::Apply)?;
+        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
+        apply(&api, &names.bootstrap_secret(), &secret)
+            .await
+            .during(Stage::Apply)?;
+        info!("issued the machine's certificates again");
+        let note = "issued the machine's certificates again; its agent and kube-proxy read them from its files";
+        ctx.core
+            .events
+            .tell(
+                &machine.object_ref(&()),
+                Announcement::normal("CertificatesRenewed", note),
+            )
+            .await;
+    }
     if machine.spec.provider_id.is_none() && (make_vm || observation.vm != VmState::Missing) {
         let api: Api<Machine> = Api::namespaced(ctx.client.clone(), &names.namespace);
         let body = json!({ "spec": { "providerID": names.provider_id() } });
@@ -187,13 +217,30 @@ async fn run(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
         now,
     );
     write_status(ctx, &machine, &names, status.clone()).await?;
-    Ok(Action::requeue(match status.phase {
+    let look_again = match status.phase {
         Some(MachinePhase::Running) if observation.node.ready() => RUNNING,
         Some(MachinePhase::Running) => NOT_READY,
         Some(MachinePhase::Provisioning | MachinePhase::Provisioned) => MAKING,
         Some(MachinePhase::Failed) => WAITING * 4,
         _ => WAITING,
-    }))
+    };
+    // Back when the certificates are due (the Secret just renewed wakes the machine itself).
+    let renewal_due = renewal
+        .and_then(|(current, _)| bootstrap::due_in(current, now, ctx.certificate_lifetime))
+        .map(|d| d.max(Duration::from_secs(1)));
+    Ok(Action::requeue(renewal_due.map_or(look_again, |d| d.min(look_again))))
+}
+
+/// The CA of the machine's cluster, if it has one now.
+fn cluster_ca(ctx: &Context, names: &Names) -> Option<Ca> {
+    let cluster = ControlPlaneNames {
+        control_plane: names.cluster.clone(),
+        namespace: names.namespace.clone(),
+    };
+    let secret = ctx
+        .secrets
+        .get(&ObjectRef::new(&Authority::Cluster.secret(&cluster)).within(&names.namespace))?;
+    Ca::of(&secret, &Authority::Cluster.common_name(&cluster)).ok()
 }
 
 /// The bootstrap Secret of a machine, issued by its cluster's CA.
@@ -203,16 +250,8 @@ fn bootstrap_secret(
     owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
     now: jiff::Timestamp,
 ) -> Result<Secret> {
-    let cluster = ControlPlaneNames {
-        control_plane: names.cluster.clone(),
-        namespace: names.namespace.clone(),
-    };
-    let ca_secret = ctx
-        .secrets
-        .get(&ObjectRef::new(&Authority::Cluster.secret(&cluster)).within(&names.namespace))
-        .ok_or_else(|| Error::Blocked(format!("control plane {} has no CA yet", names.cluster)))?;
-    let ca =
-        Ca::of(&ca_secret, &Authority::Cluster.common_name(&cluster)).map_err(|e| Error::Certificate(e.to_string()))?;
+    let ca = cluster_ca(ctx, names)
+        .ok_or_else(|| Error::Blocked(format!("control plane {} has no usable CA yet", names.cluster)))?;
     bootstrap::secret(names, &ca, owner, now, ctx.certificate_lifetime).map_err(|e| Error::Certificate(e.to_string()))
 }
 

@@ -1,0 +1,201 @@
+//! Traffic and counts a test keeps up while a tenant's machines change: a client polling an app
+//! through a load balancer, the fewest of something seen, and a PodDisruptionBudget checked at
+//! every change of the app's pods.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams};
+
+use crate::{http_get_explained, node_ready_status, pod_ready};
+
+/// Requests through a load balancer, one every 100 ms, until stopped: how many were answered
+/// and which failed.
+pub struct Poller {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<(usize, Vec<String>)>,
+}
+
+impl Poller {
+    pub fn start(address: String) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let (mut answered, mut failed) = (0, Vec::new());
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let started = std::time::Instant::now();
+                let sent = jiff::Timestamp::now();
+                // A generous limit: on a loaded machine a live pod can take seconds to answer.
+                match http_get_explained(&address, "/", Duration::from_secs(5)).await {
+                    Ok(body) if body.contains("hello") => answered += 1,
+                    other => failed.push(format!("sent {sent}: {other:?}")),
+                }
+                tokio::time::sleep(Duration::from_millis(100).saturating_sub(started.elapsed())).await;
+            }
+            (answered, failed)
+        });
+        Self { stop, task }
+    }
+
+    pub async fn stop(self) -> (usize, Vec<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
+/// Samples `sample` every 100 ms until stopped; returns the smallest value seen.
+pub struct Lowest {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<usize>,
+}
+
+impl Lowest {
+    pub fn watch<F, Fut>(sample: F) -> Self
+    where
+        F: Fn() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Option<usize>> + Send,
+    {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut lowest = usize::MAX;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(v) = sample().await {
+                    lowest = lowest.min(v);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            lowest
+        });
+        Self { stop, task }
+    }
+
+    pub async fn stop(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
+/// Tenant Nodes that are Ready.
+pub async fn ready_nodes_of(nodes: &Api<Node>) -> Option<usize> {
+    let listed = nodes.list(&ListParams::default()).await.ok()?;
+    Some(
+        listed
+            .items
+            .iter()
+            .filter(|n| node_ready_status(n).as_deref() == Some("True"))
+            .count(),
+    )
+}
+
+/// Every change of the app's pods, from a watch: the fewest Ready at once, and how many changes
+/// left fewer Ready than the budget's `min_available` (counted, not sampled).
+pub struct BudgetWatch {
+    task: tokio::task::JoinHandle<()>,
+    seen: std::sync::Arc<std::sync::Mutex<(usize, usize, usize)>>,
+}
+
+impl BudgetWatch {
+    pub fn start(pods: Api<Pod>, min_available: usize) -> Self {
+        use futures::StreamExt;
+        use kube::runtime::watcher;
+        // (fewest Ready, changes below the budget, changes seen)
+        let seen = std::sync::Arc::new(std::sync::Mutex::new((usize::MAX, 0, 0)));
+        let record = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut ready: std::collections::BTreeMap<String, bool> = Default::default();
+            let stream = watcher(pods, watcher::Config::default().labels("app=web"));
+            futures::pin_mut!(stream);
+            let mut listed = false;
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
+                        ready.insert(p.metadata.name.clone().unwrap_or_default(), pod_ready(&p));
+                    }
+                    Ok(watcher::Event::Delete(p)) => {
+                        ready.remove(&p.metadata.name.clone().unwrap_or_default());
+                    }
+                    // A watch started again (the API server restarted, as in an upgrade) lists
+                    // everything anew: counted once the list is whole.
+                    Ok(watcher::Event::Init) => {
+                        ready.clear();
+                        listed = false;
+                    }
+                    Ok(watcher::Event::InitDone) => listed = true,
+                    Err(_) => continue,
+                }
+                if listed {
+                    let count = ready.values().filter(|r| **r).count();
+                    let mut seen = record.lock().unwrap();
+                    seen.0 = seen.0.min(count);
+                    seen.1 += usize::from(count < min_available);
+                    seen.2 += 1;
+                }
+            }
+        });
+        Self { task, seen }
+    }
+
+    /// (fewest Ready at once, changes below the budget, changes seen).
+    pub fn stop(self) -> (usize, usize, usize) {
+        self.task.abort();
+        *self.seen.lock().unwrap()
+    }
+}
+
+/// The tenant's app `web`: `replicas` pods answering "hello" on 8080 that drain gracefully (a
+/// 3 s preStop sleep), a budget of `min_available`, and a NodePort Service on 30080.
+pub fn web_app(replicas: i32, min_available: i32) -> String {
+    let echo = crate::root().join("target/debug/http-echo");
+    format!(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{ name: web, namespace: default }}
+spec:
+  replicas: {replicas}
+  selector: {{ matchLabels: {{ app: web }} }}
+  template:
+    metadata: {{ labels: {{ app: web }} }}
+    spec:
+      terminationGracePeriodSeconds: 30
+      containers:
+        - name: web
+          image: busybox
+          command: ["{}", "-listen=:8080", "-text=hello"]
+          readinessProbe: {{ httpGet: {{ path: /health, port: 8080 }}, periodSeconds: 1 }}
+          lifecycle: {{ preStop: {{ sleep: {{ seconds: 3 }} }} }}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {{ name: web, namespace: default }}
+spec: {{ minAvailable: {min_available}, selector: {{ matchLabels: {{ app: web }} }} }}
+---
+apiVersion: v1
+kind: Service
+metadata: {{ name: web, namespace: default }}
+spec:
+  type: NodePort
+  selector: {{ app: web }}
+  ports: [{{ port: 80, targetPort: 8080, nodePort: 30080 }}]
+"#,
+        echo.display()
+    )
+}
+
+/// A Service `lb` of this cluster in front of the NodePort 30080 of control plane `cluster`'s
+/// machines, as a cloud's load balancer would be; its address, once the app answers there.
+pub async fn load_balancer(ns: &crate::TestNamespace, cluster: &str) -> String {
+    ns.apply(&format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{ name: lb }}\nspec:\n  selector: {{ noops.dev/cluster: {cluster}, app.kubernetes.io/component: vm }}\n  ports: [{{ port: 80, targetPort: 30080 }}]\n"
+    ));
+    let lb = ns.api::<k8s_openapi::api::core::v1::Service>().get("lb").await.unwrap();
+    let address = format!("{}:80", lb.spec.unwrap().cluster_ip.unwrap());
+    crate::wait_until("the load balancer to answer", Duration::from_secs(60), || async {
+        crate::http_get_within(&address, "/", Duration::from_secs(1))
+            .await
+            .is_some_and(|b| b.contains("hello"))
+    })
+    .await;
+    address
+}
