@@ -43,8 +43,8 @@ use crate::etcd;
     // be set back to the version still running.
     // Editable until the control plane has served, so that a range found taken can be fixed.
     validation = Rule::new("self.spec.networking == oldSelf.spec.networking || !has(oldSelf.status) || !has(oldSelf.status.version)").message("spec.networking is immutable once the control plane has served: the tenant's addresses are handed out from these ranges"),
-    validation = Rule::new("!self.spec.version.matches('^1\\\\.[0-9]{1,2}(\\\\.[0-9]{1,3})?$') || int(self.spec.version.split('.')[1]) >= int((has(oldSelf.status) && has(oldSelf.status.version) ? oldSelf.status.version : oldSelf.spec.version).split('.')[1])").message("spec.version: downgrades are refused; Kubernetes cannot go back to a minor version older than the one running"),
-    validation = Rule::new("!self.spec.version.matches('^1\\\\.[0-9]{1,2}(\\\\.[0-9]{1,3})?$') || int(self.spec.version.split('.')[1]) <= int((has(oldSelf.status) && has(oldSelf.status.version) ? oldSelf.status.version : oldSelf.spec.version).split('.')[1]) + 1").message("spec.version: upgrade one minor version at a time from the one running (1.33 to 1.34), as Kubernetes requires"),
+    validation = crate::version_rules::no_downgrade(),
+    validation = crate::version_rules::one_minor_at_a_time(),
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.version"}"#,
     printcolumn = r#"{"name":"Endpoint","type":"string","jsonPath":".status.endpoint"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.ready"}"#,
@@ -60,8 +60,8 @@ pub struct KubernetesControlPlaneSpec {
     /// The Kubernetes version: a minor such as `"1.34"` (the newest patch of it the operator
     /// knows) or an exact version such as `"1.34.4"`. A change moves one minor at a time.
     #[schemars(length(max = 16))]
-    #[x_kube(validation = Rule::new("self.matches('^1\\\\.[0-9]{1,2}(\\\\.[0-9]{1,3})?$')").message("version must be a Kubernetes version such as \"1.34\" or \"1.34.4\""))]
-    #[x_kube(validation = Rule::new("!self.matches('^1\\\\.[0-9]{1,2}(\\\\.[0-9]{1,3})?$') || int(self.split('.')[1]) >= 33").message("version must be 1.33 or later: older Kubernetes versions are out of support"))]
+    #[x_kube(validation = crate::version_rules::kubernetes_version())]
+    #[x_kube(validation = crate::version_rules::supported_version())]
     pub version: String,
     /// How many API servers run: 1, or 3 for a control plane that survives the loss of a node.
     /// The controller-manager and the scheduler run 2 replicas (with leader election) when

@@ -15,6 +15,7 @@ pub mod condition;
 pub mod control_plane;
 pub mod etcd;
 pub mod etcd_backup;
+pub mod kubernetes_cluster;
 pub mod machine;
 pub mod machine_deployment;
 pub mod machine_set;
@@ -22,10 +23,12 @@ pub mod maintpage;
 pub mod postgres;
 pub mod postgres_backup;
 pub mod quantity;
+pub mod version_rules;
 
 pub use control_plane::{KubernetesControlPlane, KubernetesControlPlaneSpec, KubernetesControlPlaneStatus};
 pub use etcd::{EtcdCluster, EtcdClusterSpec, EtcdClusterStatus};
 pub use etcd_backup::{EtcdBackup, EtcdBackupSpec, EtcdBackupStatus};
+pub use kubernetes_cluster::{KubernetesCluster, KubernetesClusterSpec, KubernetesClusterStatus};
 pub use machine::{Machine, MachineSpec, MachineStatus};
 pub use machine_deployment::{MachineDeployment, MachineDeploymentSpec, MachineDeploymentStatus};
 pub use machine_set::{MachineSet, MachineSetSpec, MachineSetStatus};
@@ -44,6 +47,7 @@ pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensi
     vec![
         EtcdBackup::crd(),
         EtcdCluster::crd(),
+        KubernetesCluster::crd(),
         KubernetesControlPlane::crd(),
         Machine::crd(),
         MachineDeployment::crd(),

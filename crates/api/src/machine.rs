@@ -70,8 +70,8 @@ pub struct MachineTemplateSpec {
     /// newest patch of it the operator knows) or an exact version such as `"1.34.4"`. Never
     /// newer than the control plane, nor more than one minor older.
     #[schemars(length(max = 16))]
-    #[x_kube(validation = Rule::new("self.matches('^1\\\\.[0-9]{1,2}(\\\\.[0-9]{1,3})?$')").message("version must be a Kubernetes version such as \"1.34\" or \"1.34.4\""))]
-    #[x_kube(validation = Rule::new("!self.matches('^1\\\\.[0-9]{1,2}(\\\\.[0-9]{1,3})?$') || int(self.split('.')[1]) >= 33").message("version must be 1.33 or later: older Kubernetes versions are out of support"))]
+    #[x_kube(validation = crate::version_rules::kubernetes_version())]
+    #[x_kube(validation = crate::version_rules::supported_version())]
     pub version: String,
     /// The machine's size, as its Node reports it to the scheduler.
     #[serde(default)]

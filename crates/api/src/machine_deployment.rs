@@ -93,7 +93,7 @@ pub struct MachineDeploymentSpec {
     pub health_check: HealthCheckSpec,
 }
 
-fn default_progress_deadline() -> i64 {
+pub fn default_progress_deadline() -> i64 {
     600
 }
 
@@ -118,7 +118,7 @@ pub enum StrategyType {
 
 /// How far a rolling update may go above and below `replicas`.
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
-#[x_kube(validation = Rule::new("!(type(self.maxSurge) == int ? self.maxSurge == 0 : self.maxSurge == '0%') || !(type(self.maxUnavailable) == int ? self.maxUnavailable == 0 : self.maxUnavailable == '0%')").message("strategy.rollingUpdate: maxSurge and maxUnavailable cannot both be 0, or the rollout could never replace a machine"))]
+#[x_kube(validation = Rule::new("!(type(self.maxSurge) == int ? self.maxSurge == 0 : self.maxSurge == '0%') || !(type(self.maxUnavailable) == int ? self.maxUnavailable == 0 : self.maxUnavailable == '0%')").message("maxSurge and maxUnavailable cannot both be 0, or the rollout could never replace a machine"))]
 #[serde(rename_all = "camelCase")]
 pub struct RollingUpdateSpec {
     /// Machines above `replicas` while rolling: a number or a percentage (rounded up).

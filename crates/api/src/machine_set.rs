@@ -146,6 +146,7 @@ pub struct HealthCheckSpec {
     /// Repair stops while more machines than this are unhealthy at once: a number, or a
     /// percentage of the set (rounded up).
     #[serde(default = "default_max_unhealthy")]
+    #[schemars(extend("maxLength" = 4))]
     #[x_kube(validation = Rule::new("type(self) == int ? self >= 0 : self.matches('^(100|[1-9]?[0-9])%$')").message("healthCheck.maxUnhealthy must be a number of machines (0 or more) or a percentage from 0% to 100%"))]
     pub max_unhealthy: IntOrString,
 }

@@ -13,6 +13,7 @@ pub mod server;
 // programs its pods run; and the hosted Kubernetes control plane.
 pub mod control_plane;
 pub mod etcd;
+pub mod kubernetes_cluster;
 pub mod machine;
 pub mod machine_deployment;
 pub mod machine_set;
@@ -33,6 +34,7 @@ controllers!(
     control_plane,
     etcd,
     etcd::backup,
+    kubernetes_cluster,
     machine,
     machine_deployment,
     machine_set,

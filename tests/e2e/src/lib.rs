@@ -484,6 +484,7 @@ pub fn install_crds() {
         "crd/postgresqls.noops.dev",
         "crd/postgresbackups.noops.dev",
         "crd/kubernetescontrolplanes.noops.dev",
+        "crd/kubernetesclusters.noops.dev",
         "crd/machines.noops.dev",
         "crd/machinesets.noops.dev",
         "crd/machinedeployments.noops.dev",

@@ -122,3 +122,26 @@ pub async fn wait_machines_gone(ns: &TestNamespace, timeout: Duration) {
     })
     .await;
 }
+
+/// Waits (up to `timeout`) until the tenant has exactly `count` Nodes, every one's kubelet at
+/// `version` (such as `v1.34.4`): a rollout's old machines are gone.
+pub async fn wait_nodes_at(
+    nodes: &kube::Api<k8s_openapi::api::core::v1::Node>,
+    count: usize,
+    version: &str,
+    timeout: Duration,
+) {
+    crate::wait_until(&format!("{count} Nodes, every one at {version}"), timeout, || async {
+        let Ok(listed) = nodes.list(&Default::default()).await else {
+            return false;
+        };
+        listed.items.len() == count
+            && listed.items.iter().all(|n| {
+                n.status
+                    .as_ref()
+                    .and_then(|s| s.node_info.as_ref())
+                    .is_some_and(|i| i.kubelet_version == version)
+            })
+    })
+    .await;
+}

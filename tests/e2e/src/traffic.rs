@@ -41,6 +41,18 @@ impl Poller {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.task.await.unwrap()
     }
+
+    /// Stops, asserting that no request failed and that more than `at_least` were answered.
+    pub async fn stop_expecting_every_answer(self, at_least: usize) {
+        let (answered, failed) = self.stop().await;
+        assert!(
+            failed.is_empty(),
+            "{} of {} requests failed: {failed:?}",
+            failed.len(),
+            answered + failed.len()
+        );
+        assert!(answered > at_least, "only {answered} requests");
+    }
 }
 
 /// Samples `sample` every 100 ms until stopped; returns the smallest value seen.
@@ -140,6 +152,17 @@ impl BudgetWatch {
     pub fn stop(self) -> (usize, usize, usize) {
         self.task.abort();
         *self.seen.lock().unwrap()
+    }
+
+    /// Stops, asserting that no change of the app's pods left fewer than `min_available` Ready
+    /// and that more than `at_least` changes were seen (the pods did move).
+    pub fn stop_expecting_held(self, min_available: usize, at_least: usize) {
+        let (lowest, below, changes) = self.stop();
+        assert_eq!(
+            below, 0,
+            "the budget ({min_available}) was violated {below} times in {changes} changes of the app's pods (fewest Ready: {lowest})"
+        );
+        assert!(changes > at_least, "the pods moved: {changes} changes seen");
     }
 }
 

@@ -580,6 +580,15 @@ async fn the_operator_runs_in_the_cluster_with_its_service_account() {
     );
     ns.apply(&manifest("shop", false));
     wait_ready(&ns, "shop").await;
+    // Every controller started with what the shipped RBAC grants: no watch or list refused.
+    let logs = kubectl_ok(
+        &["logs", "-n", "noops-system", "deployment/noops-operator", "--tail=-1"],
+        None,
+    );
+    assert!(
+        !logs.contains("forbidden"),
+        "the shipped RBAC refused the operator something:\n{logs}"
+    );
     drop(cleanup);
 }
 

@@ -1,0 +1,73 @@
+//! The KubernetesCluster controller: a whole tenant cluster from one manifest, made of one
+//! KubernetesControlPlane and a MachineDeployment per pool, upgraded in order.
+//!
+//! Watches the clusters, the control planes and the MachineDeployments they own. One pass
+//! (`reconcile.rs`): the children from the caches; the plan (`plan.rs`, pure): the control
+//! plane's version, each pool's version and size, pools to remove, the step of an upgrade; the
+//! children as wanted (`desired.rs`); the status (`status.rs`), where an upgrade records its
+//! steps in the order they finished.
+
+mod context;
+pub(crate) mod desired;
+#[cfg(test)]
+mod fixtures;
+pub(crate) mod plan;
+mod reconcile;
+pub(crate) mod status;
+
+use std::sync::Arc;
+
+use kube::runtime::watcher;
+use noops_api::{KubernetesCluster, KubernetesControlPlane, MachineDeployment};
+
+use crate::core::cache::shared_cache;
+use crate::core::controller::{Registration, Runtime, controller_of, drive, scoped_api};
+use context::{Context, State};
+
+/// The controller's registration (`noops run --controllers kubernetescluster`).
+pub const CONTROLLER: Registration = Registration {
+    name: "kubernetescluster",
+    about: "KubernetesCluster: a tenant cluster from one manifest, its control plane upgraded before its pools",
+    run: |runtime| Box::pin(run(runtime)),
+};
+
+/// At most this many clusters are reconciled at once.
+const MAX_CONCURRENT_RECONCILES: u16 = 8;
+
+/// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
+pub async fn run(runtime: Runtime) {
+    let Runtime {
+        client,
+        namespace,
+        metrics,
+        shutdown,
+        ..
+    } = runtime;
+    let (control_planes, control_plane_changes) = shared_cache(
+        scoped_api::<KubernetesControlPlane>(&client, &namespace),
+        watcher::Config::default(),
+    )
+    .await;
+    let (deployments, deployment_changes) = shared_cache(
+        scoped_api::<MachineDeployment>(&client, &namespace),
+        watcher::Config::default(),
+    )
+    .await;
+    let ctx = Context::new(
+        CONTROLLER.name,
+        &client,
+        metrics,
+        State {
+            control_planes,
+            deployments,
+        },
+    );
+    let controller = controller_of::<KubernetesCluster>(&client, &namespace, MAX_CONCURRENT_RECONCILES)
+        .owns_shared_stream(control_plane_changes)
+        .owns_shared_stream(deployment_changes)
+        .graceful_shutdown_on(shutdown.fired());
+    drive(controller, ctx, |kc, ctx: Arc<Context>| async move {
+        reconcile::reconcile(kc, &ctx).await
+    })
+    .await;
+}

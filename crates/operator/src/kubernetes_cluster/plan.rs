@@ -1,0 +1,428 @@
+//! What a cluster's children should be now: the control plane's version, each pool's version
+//! and size, the pools to remove, and the step an upgrade is at. Pure.
+//!
+//! The order is the whole point. Workers are made once the control plane is Ready, at the
+//! version its API servers run. A new version goes to the control plane only once every pool
+//! runs the control plane's current version and has finished rolling (so no worker falls more
+//! than one minor behind); then to the pools one at a time, in the order listed, each only once
+//! the control plane runs it and every pool before it has rolled (so no worker is ever newer
+//! than its API server). Everything is read from the children as they are, not from memory or
+//! the status: a restarted operator plans the same.
+
+use noops_api::control_plane::KubernetesControlPlane;
+use noops_api::kubernetes_cluster::{KubernetesCluster, WorkerPoolSpec};
+use noops_api::machine_deployment::MachineDeployment;
+
+use super::desired::{POOL_LABEL, pool_deployment_name};
+use crate::control_plane::versions::Release;
+
+/// The control plane as the plan needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlPlaneView {
+    /// The version it was last given (its spec).
+    pub asked: String,
+    /// The version its API servers run (its status).
+    pub running: Option<String>,
+    /// Ready, its status of its latest spec, no upgrade of its own under way.
+    pub settled: bool,
+}
+
+impl ControlPlaneView {
+    pub fn of(kcp: &KubernetesControlPlane) -> Self {
+        let status = kcp.status.as_ref();
+        let current = status.and_then(|s| s.observed_generation) == kcp.metadata.generation;
+        let ready = status.is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let upgrading = status.is_some_and(|s| s.upgrade.is_some());
+        Self {
+            asked: kcp.spec.version.clone(),
+            running: status.and_then(|s| s.version.clone()),
+            settled: current && ready && !upgrading,
+        }
+    }
+
+    /// Whether it runs `version` and nothing of it is moving.
+    fn runs(&self, version: &str) -> bool {
+        self.asked == version && self.running.as_deref() == Some(version) && self.settled
+    }
+}
+
+/// A pool's MachineDeployment as the plan needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolView {
+    /// The pool it is (its label).
+    pub pool: String,
+    pub name: String,
+    /// The version its machines are given (its template).
+    pub version: String,
+    pub replicas: i32,
+    /// Every machine of its current template, Ready, none older left, its status of its latest
+    /// spec.
+    pub rolled_out: bool,
+}
+
+impl PoolView {
+    pub fn of(md: &MachineDeployment) -> Self {
+        let status = md.status.clone().unwrap_or_default();
+        let replicas = md.spec.replicas;
+        let rolled_out = status.observed_generation == md.metadata.generation
+            && status.updated_replicas == Some(replicas)
+            && status.ready_replicas == Some(replicas)
+            && status.replicas == Some(replicas);
+        Self {
+            pool: md
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(POOL_LABEL))
+                .cloned()
+                .unwrap_or_default(),
+            name: md.metadata.name.clone().unwrap_or_default(),
+            version: md.spec.template.spec.version.clone(),
+            replicas,
+            rolled_out,
+        }
+    }
+
+    fn runs(&self, version: &str) -> bool {
+        self.version == version && self.rolled_out
+    }
+}
+
+/// One pool's MachineDeployment as it should be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolPlan {
+    pub pool: String,
+    pub name: String,
+    pub version: String,
+    pub replicas: i32,
+    /// It does not exist yet.
+    pub make: bool,
+}
+
+/// Where an upgrade (or the making of a cluster) is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// The control plane moves to the target.
+    ControlPlane,
+    /// A pool rolls to the version it is given (the target, or the control plane's version
+    /// that it must reach before the control plane moves on).
+    Pool(String),
+    /// Everything runs the target.
+    Done,
+}
+
+impl Step {
+    pub fn name(&self) -> String {
+        match self {
+            Step::ControlPlane => "ControlPlane".into(),
+            Step::Pool(pool) => format!("Pool {pool}"),
+            Step::Done => "Done".into(),
+        }
+    }
+}
+
+/// What the pass should make the children.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The exact version the spec asks for.
+    pub target: String,
+    /// The version the control plane gets.
+    pub control_plane_version: String,
+    /// The pools, in the spec's order; a pool that must wait for the control plane is left out.
+    pub pools: Vec<PoolPlan>,
+    /// MachineDeployments of pools no longer in the spec.
+    pub remove: Vec<String>,
+    pub step: Step,
+    /// Pools not made yet because the control plane is not Ready.
+    pub waiting_for_control_plane: Vec<String>,
+}
+
+/// The version `version` of a spec comes to, exactly.
+pub fn exact(version: &str) -> String {
+    Release::of(version).map_or_else(|| version.to_string(), |r| r.kubernetes)
+}
+
+/// The machines a pool asks for: a fixed count, or what its deployment has now (a scaler's
+/// last word) kept between its bounds, its minimum at first.
+fn replicas(pool: &WorkerPoolSpec, live: Option<&PoolView>) -> i32 {
+    match (pool.replicas, pool.min_replicas, pool.max_replicas) {
+        (Some(fixed), _, _) => fixed,
+        (None, Some(min), Some(max)) => live.map_or(min, |l| l.replicas).clamp(min, max.max(min)),
+        // The schema allows neither of these.
+        (None, Some(min), None) => live.map_or(min, |l| l.replicas.max(min)),
+        (None, None, _) => live.map_or(0, |l| l.replicas),
+    }
+}
+
+/// The plan for `kc`, its control plane as it is (if made) and its pools' deployments. A
+/// paused cluster keeps every version and pool as it is (its children are paused with it).
+pub fn plan(kc: &KubernetesCluster, control_plane: Option<&ControlPlaneView>, deployments: &[PoolView]) -> Plan {
+    let moving = moving_plan(kc, control_plane, deployments);
+    if !kc.spec.paused {
+        return moving;
+    }
+    let cluster = kc.metadata.name.clone().unwrap_or_default();
+    Plan {
+        control_plane_version: control_plane.map_or(moving.target.clone(), |cp| cp.asked.clone()),
+        pools: deployments
+            .iter()
+            .filter_map(|d| {
+                let pool = kc.spec.workers.iter().find(|p| p.name == d.pool)?;
+                Some(PoolPlan {
+                    pool: d.pool.clone(),
+                    name: pool_deployment_name(&cluster, &d.pool),
+                    version: d.version.clone(),
+                    replicas: replicas(pool, Some(d)),
+                    make: false,
+                })
+            })
+            .collect(),
+        remove: vec![],
+        ..moving
+    }
+}
+
+fn moving_plan(kc: &KubernetesCluster, control_plane: Option<&ControlPlaneView>, deployments: &[PoolView]) -> Plan {
+    let target = exact(&kc.spec.version);
+    let cluster = kc.metadata.name.clone().unwrap_or_default();
+    let live = |pool: &str| deployments.iter().find(|d| d.pool == pool);
+    let listed: Vec<&PoolView> = kc.spec.workers.iter().filter_map(|p| live(&p.name)).collect();
+
+    // The control plane moves on only once every pool runs its current version.
+    let lagging = |version: &str| listed.iter().find(|d| !d.runs(version)).map(|d| d.pool.clone());
+    let control_plane_version = match control_plane {
+        None => target.clone(),
+        Some(cp) if cp.asked == target => target.clone(),
+        Some(cp) if lagging(&cp.asked).is_none() => target.clone(),
+        Some(cp) => cp.asked.clone(),
+    };
+    let control_plane_done = control_plane.is_some_and(|cp| cp.runs(&target));
+    let serving = control_plane
+        .filter(|cp| cp.settled || cp.running.is_some())
+        .and_then(|cp| cp.running.clone());
+    let ready = control_plane.is_some_and(|cp| cp.settled);
+
+    let mut pools = Vec::new();
+    let mut waiting_for_control_plane = Vec::new();
+    // Every pool before this one runs the target.
+    let mut before_done = true;
+    for pool in &kc.spec.workers {
+        let existing = live(&pool.name);
+        let version = match (existing, &serving) {
+            (Some(d), _) if d.version == target => target.clone(),
+            (Some(_), _) if control_plane_done && before_done => target.clone(),
+            (Some(d), _) => d.version.clone(),
+            // A new pool joins a Ready control plane, at the version its API servers run.
+            (None, Some(running)) if ready => running.clone(),
+            (None, _) => {
+                waiting_for_control_plane.push(pool.name.clone());
+                before_done = false;
+                continue;
+            }
+        };
+        before_done &= existing.is_some_and(|d| d.runs(&target)) && version == target;
+        pools.push(PoolPlan {
+            pool: pool.name.clone(),
+            name: pool_deployment_name(&cluster, &pool.name),
+            version,
+            replicas: replicas(pool, existing),
+            make: existing.is_none(),
+        });
+    }
+
+    let remove = deployments
+        .iter()
+        .filter(|d| !kc.spec.workers.iter().any(|p| p.name == d.pool))
+        .map(|d| d.name.clone())
+        .collect();
+
+    let step = match control_plane {
+        Some(cp) if !cp.runs(&target) => match lagging(&cp.asked) {
+            // Workers first catch up with the control plane as it is.
+            Some(pool) if control_plane_version != target => Step::Pool(pool),
+            _ => Step::ControlPlane,
+        },
+        None => Step::ControlPlane,
+        Some(_) => kc
+            .spec
+            .workers
+            .iter()
+            .find(|p| !live(&p.name).is_some_and(|d| d.runs(&target)))
+            .map_or(Step::Done, |p| Step::Pool(p.name.clone())),
+    };
+
+    Plan {
+        target,
+        control_plane_version,
+        pools,
+        remove,
+        step,
+        waiting_for_control_plane,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kubernetes_cluster::fixtures::cluster;
+
+    const OLD: &str = "1.33.13";
+    const NEW: &str = "1.34.4";
+
+    fn cp(asked: &str, running: &str, settled: bool) -> ControlPlaneView {
+        ControlPlaneView {
+            asked: asked.into(),
+            running: Some(running.into()),
+            settled,
+        }
+    }
+
+    fn pool(name: &str, version: &str, replicas: i32, rolled_out: bool) -> PoolView {
+        PoolView {
+            pool: name.into(),
+            name: format!("team-a-{name}"),
+            version: version.into(),
+            replicas,
+            rolled_out,
+        }
+    }
+
+    const TWO_POOLS: &str = "[{ name: a, replicas: 2 }, { name: b, minReplicas: 1, maxReplicas: 3 }]";
+
+    fn versions(plan: &Plan) -> Vec<(String, String)> {
+        plan.pools.iter().map(|p| (p.pool.clone(), p.version.clone())).collect()
+    }
+
+    #[test]
+    fn workers_wait_for_a_ready_control_plane_then_join_at_the_version_it_serves() {
+        let kc = cluster("1.33", TWO_POOLS);
+        let first = plan(&kc, None, &[]);
+        assert_eq!(first.control_plane_version, OLD);
+        assert!(first.pools.is_empty());
+        assert_eq!(first.waiting_for_control_plane, vec!["a", "b"]);
+        assert_eq!(first.step, Step::ControlPlane);
+
+        let starting = ControlPlaneView {
+            asked: OLD.into(),
+            running: None,
+            settled: false,
+        };
+        assert!(plan(&kc, Some(&starting), &[]).pools.is_empty());
+
+        let ready = plan(&kc, Some(&cp(OLD, OLD, true)), &[]);
+        assert_eq!(
+            versions(&ready),
+            vec![("a".into(), OLD.into()), ("b".into(), OLD.into())]
+        );
+        assert!(ready.pools.iter().all(|p| p.make));
+        assert_eq!(ready.pools[0].replicas, 2);
+        assert_eq!(ready.pools[1].replicas, 1, "a scaling pool starts at its minimum");
+        assert_eq!(ready.step, Step::Pool("a".into()));
+    }
+
+    #[test]
+    fn an_upgrade_goes_to_the_control_plane_first_then_to_each_pool_in_turn() {
+        let kc = cluster("1.34", TWO_POOLS);
+        let settled = [pool("a", OLD, 2, true), pool("b", OLD, 1, true)];
+
+        // The control plane moves first; the pools stay.
+        let start = plan(&kc, Some(&cp(OLD, OLD, true)), &settled);
+        assert_eq!(start.control_plane_version, NEW);
+        assert_eq!(
+            versions(&start),
+            vec![("a".into(), OLD.into()), ("b".into(), OLD.into())]
+        );
+        assert_eq!(start.step, Step::ControlPlane);
+
+        // Its API servers on the new version, its own upgrade not finished: pools wait.
+        let moving = plan(&kc, Some(&cp(NEW, NEW, false)), &settled);
+        assert_eq!(
+            versions(&moving),
+            vec![("a".into(), OLD.into()), ("b".into(), OLD.into())]
+        );
+        assert_eq!(moving.step, Step::ControlPlane);
+
+        // Done: the first pool, only.
+        let first = plan(&kc, Some(&cp(NEW, NEW, true)), &settled);
+        assert_eq!(
+            versions(&first),
+            vec![("a".into(), NEW.into()), ("b".into(), OLD.into())]
+        );
+        assert_eq!(first.step, Step::Pool("a".into()));
+
+        // The first pool rolling: the second waits.
+        let rolling = [pool("a", NEW, 2, false), pool("b", OLD, 1, true)];
+        let waiting = plan(&kc, Some(&cp(NEW, NEW, true)), &rolling);
+        assert_eq!(
+            versions(&waiting),
+            vec![("a".into(), NEW.into()), ("b".into(), OLD.into())]
+        );
+        assert_eq!(waiting.step, Step::Pool("a".into()));
+
+        // The first rolled out: the second goes.
+        let rolled = [pool("a", NEW, 2, true), pool("b", OLD, 1, true)];
+        let second = plan(&kc, Some(&cp(NEW, NEW, true)), &rolled);
+        assert_eq!(
+            versions(&second),
+            vec![("a".into(), NEW.into()), ("b".into(), NEW.into())]
+        );
+        assert_eq!(second.step, Step::Pool("b".into()));
+
+        let all = [pool("a", NEW, 2, true), pool("b", NEW, 1, true)];
+        assert_eq!(plan(&kc, Some(&cp(NEW, NEW, true)), &all).step, Step::Done);
+    }
+
+    #[test]
+    fn the_control_plane_waits_for_workers_to_catch_up_so_none_falls_two_minors_behind() {
+        // The control plane already on 1.34, a pool still rolling to it, and 1.35 asked.
+        let kc = cluster("1.35", TWO_POOLS);
+        let behind = [pool("a", NEW, 2, true), pool("b", NEW, 1, false)];
+        let p = plan(&kc, Some(&cp(NEW, NEW, true)), &behind);
+        assert_eq!(p.control_plane_version, NEW, "the control plane stays");
+        assert_eq!(p.step, Step::Pool("b".into()));
+        assert_eq!(versions(&p), vec![("a".into(), NEW.into()), ("b".into(), NEW.into())]);
+        let caught_up = [pool("a", NEW, 2, true), pool("b", NEW, 1, true)];
+        let p = plan(&kc, Some(&cp(NEW, NEW, true)), &caught_up);
+        assert_eq!(p.control_plane_version, "1.35.0");
+        assert_eq!(p.step, Step::ControlPlane);
+    }
+
+    #[test]
+    fn a_worker_is_never_given_a_version_newer_than_its_api_servers() {
+        let kc = cluster("1.34", TWO_POOLS);
+        // Pools in every state, the control plane in every state short of done at the target.
+        for control_plane in [cp(OLD, OLD, true), cp(NEW, OLD, false), cp(NEW, NEW, false)] {
+            for rolled in [true, false] {
+                let pools = [pool("a", OLD, 2, rolled), pool("b", OLD, 1, rolled)];
+                let p = plan(&kc, Some(&control_plane), &pools);
+                assert!(p.pools.iter().all(|pp| pp.version == OLD), "{control_plane:?} {p:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_paused_cluster_changes_no_version_and_makes_or_removes_no_pool() {
+        let mut kc = cluster("1.34", "[{ name: b, replicas: 2 }, { name: c, replicas: 1 }]");
+        kc.spec.paused = true;
+        let live = [pool("a", OLD, 2, true), pool("b", OLD, 2, true)];
+        let p = plan(&kc, Some(&cp(OLD, OLD, true)), &live);
+        assert_eq!(p.control_plane_version, OLD);
+        assert_eq!(versions(&p), vec![("b".into(), OLD.into())]);
+        assert!(p.remove.is_empty());
+    }
+
+    #[test]
+    fn a_pool_added_joins_one_removed_goes_and_a_scaling_pool_keeps_its_size_within_bounds() {
+        let kc = cluster(
+            "1.34",
+            "[{ name: b, minReplicas: 1, maxReplicas: 3 }, { name: c, replicas: 1 }]",
+        );
+        let live = [pool("a", NEW, 2, true), pool("b", NEW, 5, true)];
+        let p = plan(&kc, Some(&cp(NEW, NEW, true)), &live);
+        assert_eq!(p.remove, vec!["team-a-a".to_string()]);
+        let b = &p.pools[0];
+        assert_eq!((b.replicas, b.make), (3, false), "kept within maxReplicas");
+        let c = &p.pools[1];
+        assert_eq!((c.version.as_str(), c.make), (NEW, true));
+    }
+}

@@ -1,0 +1,445 @@
+//! The status of a KubernetesCluster, from its children and the plan. Pure.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use noops_api::condition::{DEGRADED, READY};
+use noops_api::control_plane::KubernetesControlPlane;
+use noops_api::kubernetes_cluster::{ClusterUpgradeStatus, KubernetesCluster, KubernetesClusterStatus, PoolStatus};
+use noops_api::machine_deployment::MachineDeployment;
+
+use super::desired::POOL_LABEL;
+use super::plan::{Plan, PoolView, Step};
+use crate::core::conditions::{Decided, merge};
+
+pub const CONTROL_PLANE_READY: &str = "ControlPlaneReady";
+pub const WORKERS_READY: &str = "WorkersReady";
+pub const UPGRADING: &str = "Upgrading";
+pub const SCALING: &str = "Scaling";
+
+/// What the status is built from.
+pub struct StatusFacts<'a> {
+    pub kc: &'a KubernetesCluster,
+    pub control_plane: Option<&'a KubernetesControlPlane>,
+    /// The pools' MachineDeployments (this cluster's, live).
+    pub deployments: &'a [MachineDeployment],
+    pub plan: &'a Plan,
+    /// A child's name held by an object that is not this cluster's.
+    pub taken: Option<String>,
+}
+
+fn condition<'c>(
+    conditions: &'c [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    type_: &str,
+) -> Option<&'c k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+impl StatusFacts<'_> {
+    fn deployment(&self, pool: &str) -> Option<&MachineDeployment> {
+        self.deployments.iter().find(|d| {
+            d.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(POOL_LABEL))
+                .map(String::as_str)
+                == Some(pool)
+        })
+    }
+
+    fn control_plane_condition(
+        &self,
+        type_: &str,
+    ) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+        condition(&self.control_plane?.status.as_ref()?.conditions, type_)
+    }
+
+    /// The version the whole cluster runs: the control plane's, once every pool runs it too.
+    fn version(&self) -> Option<String> {
+        let previous = self.kc.status.as_ref().and_then(|s| s.version.clone());
+        let running = self
+            .control_plane
+            .and_then(|cp| cp.status.as_ref())
+            .and_then(|s| s.version.clone());
+        let Some(running) = running else {
+            return previous;
+        };
+        let every_pool = self.kc.spec.workers.iter().all(|p| {
+            self.deployment(&p.name)
+                .is_some_and(|d| PoolView::of(d).version == running && PoolView::of(d).rolled_out)
+        });
+        if every_pool { Some(running) } else { previous }
+    }
+
+    /// Pools with their machines asked, ready and updated.
+    fn pools(&self) -> Vec<PoolStatus> {
+        let cluster = self.kc.metadata.name.clone().unwrap_or_default();
+        self.kc
+            .spec
+            .workers
+            .iter()
+            .map(|pool| {
+                let planned = self.plan.pools.iter().find(|p| p.pool == pool.name);
+                let status = self.deployment(&pool.name).and_then(|d| d.status.clone());
+                PoolStatus {
+                    name: pool.name.clone(),
+                    machine_deployment: super::desired::pool_deployment_name(&cluster, &pool.name),
+                    desired: planned.map_or_else(|| pool.replicas.or(pool.min_replicas).unwrap_or(0), |p| p.replicas),
+                    ready: status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0),
+                    updated: status.as_ref().and_then(|s| s.updated_replicas).unwrap_or(0),
+                    version: planned.map(|p| p.version.clone()),
+                }
+            })
+            .collect()
+    }
+}
+
+fn control_plane_ready(f: &StatusFacts) -> Decided {
+    let Some(cp) = f.control_plane else {
+        return Decided::new(
+            CONTROL_PLANE_READY,
+            false,
+            "ControlPlaneNotMade",
+            "making the control plane",
+        );
+    };
+    let name = cp.metadata.name.clone().unwrap_or_default();
+    match f.control_plane_condition(READY) {
+        Some(c) if c.status == "True" => Decided::new(
+            CONTROL_PLANE_READY,
+            true,
+            "ControlPlaneReady",
+            format!("control plane {name} is Ready"),
+        ),
+        Some(c) => Decided::new(
+            CONTROL_PLANE_READY,
+            false,
+            "ControlPlaneNotReady",
+            format!("control plane {name}: {}: {}", c.reason, c.message),
+        ),
+        None => Decided::new(
+            CONTROL_PLANE_READY,
+            false,
+            "ControlPlaneNotReady",
+            format!("control plane {name} has not reported yet"),
+        ),
+    }
+}
+
+fn workers_ready(f: &StatusFacts, pools: &[PoolStatus]) -> Decided {
+    if pools.is_empty() {
+        return Decided::new(WORKERS_READY, true, "NoWorkers", "the cluster has no worker pools");
+    }
+    let waiting = &f.plan.waiting_for_control_plane;
+    let short: Vec<String> = pools
+        .iter()
+        .filter(|p| waiting.contains(&p.name) || p.ready < p.desired)
+        .map(|p| match waiting.contains(&p.name) {
+            true => format!("pool {} waits for the control plane", p.name),
+            false => format!("pool {}: {}/{} machines ready", p.name, p.ready, p.desired),
+        })
+        .collect();
+    if short.is_empty() {
+        Decided::new(WORKERS_READY, true, "WorkersReady", "every pool has its machines ready")
+    } else {
+        Decided::new(WORKERS_READY, false, "WorkersNotReady", short.join("; "))
+    }
+}
+
+fn upgrading(upgrade: Option<&ClusterUpgradeStatus>) -> Decided {
+    match upgrade {
+        Some(u) if u.step != Step::Done.name() => Decided::new(
+            UPGRADING,
+            true,
+            if u.step == Step::ControlPlane.name() {
+                "UpgradingControlPlane"
+            } else {
+                "UpgradingPool"
+            },
+            format!("from {} to {}: {}", u.from, u.to, u.step),
+        ),
+        _ => Decided::new(UPGRADING, false, "UpToDate", "no upgrade under way"),
+    }
+}
+
+fn scaling(f: &StatusFacts) -> Decided {
+    let moving: Vec<String> =
+        f.kc.spec
+            .workers
+            .iter()
+            .filter_map(|p| {
+                let phase = f.deployment(&p.name)?.status.as_ref()?.phase.clone()?;
+                matches!(phase.as_str(), "ScalingUp" | "ScalingDown").then(|| format!("pool {}: {phase}", p.name))
+            })
+            .collect();
+    if moving.is_empty() {
+        Decided::new(SCALING, false, "Steady", "no pool is changing its number of machines")
+    } else {
+        Decided::new(SCALING, true, "PoolScaling", moving.join("; "))
+    }
+}
+
+fn degraded(f: &StatusFacts) -> Decided {
+    if let Some(taken) = &f.taken {
+        return Decided::new(DEGRADED, true, "NameTaken", taken.clone());
+    }
+    if let Some(c) = f.control_plane_condition(DEGRADED).filter(|c| c.status == "True") {
+        return Decided::new(
+            DEGRADED,
+            true,
+            "ControlPlaneDegraded",
+            format!("{}: {}", c.reason, c.message),
+        );
+    }
+    let pools: Vec<String> =
+        f.kc.spec
+            .workers
+            .iter()
+            .filter_map(|p| {
+                let status = f.deployment(&p.name)?.status.clone()?;
+                let stalled = status.phase.as_deref() == Some("Stalled");
+                let c = condition(&status.conditions, DEGRADED).filter(|c| c.status == "True");
+                match (stalled, c) {
+                    (_, Some(c)) => Some(format!("pool {}: {}: {}", p.name, c.reason, c.message)),
+                    (true, None) => Some(format!("pool {}: its rollout stalled", p.name)),
+                    _ => None,
+                }
+            })
+            .collect();
+    if pools.is_empty() {
+        Decided::new(DEGRADED, false, "AsExpected", "nothing needs attention")
+    } else {
+        Decided::new(DEGRADED, true, "PoolDegraded", pools.join("; "))
+    }
+}
+
+/// The upgrade under way (the whole cluster ran another version before), or the last one,
+/// its finished steps recorded in the order they finished.
+fn upgrade(f: &StatusFacts, version: Option<&String>, now: jiff::Timestamp) -> Option<ClusterUpgradeStatus> {
+    let previous = f.kc.status.as_ref().and_then(|s| s.upgrade.clone());
+    let target = &f.plan.target;
+    let from = f.kc.status.as_ref().and_then(|s| s.version.clone());
+    let this_one = previous.filter(|u| u.to == *target);
+    let mut upgrade = match (this_one, from) {
+        (Some(u), _) => u,
+        (None, Some(from)) if from != *target => ClusterUpgradeStatus {
+            from,
+            to: target.clone(),
+            step: String::new(),
+            finished: vec![],
+            started_at: Time(now),
+            finished_at: None,
+        },
+        // No upgrade now: the last one, if any, as it was.
+        _ => return f.kc.status.as_ref().and_then(|s| s.upgrade.clone()),
+    };
+    // Steps done by now, in the order the plan takes them.
+    let mut done = Vec::new();
+    // Pools catching up with the control plane's version come before it moves on.
+    let control_plane_moved = f.plan.control_plane_version == *target && f.plan.step != Step::ControlPlane;
+    if control_plane_moved {
+        done.push(Step::ControlPlane.name());
+    }
+    for pool in &f.kc.spec.workers {
+        if !control_plane_moved || f.plan.step == Step::Pool(pool.name.clone()) {
+            break;
+        }
+        done.push(Step::Pool(pool.name.clone()).name());
+    }
+    for step in done {
+        if !upgrade.finished.contains(&step) {
+            upgrade.finished.push(step);
+        }
+    }
+    upgrade.step = f.plan.step.name();
+    if version == Some(target) && f.plan.step == Step::Done {
+        upgrade.finished_at.get_or_insert(Time(now));
+    }
+    Some(upgrade)
+}
+
+fn phase(
+    f: &StatusFacts,
+    decided: &[Decided],
+    version: Option<&String>,
+    upgrade: Option<&ClusterUpgradeStatus>,
+) -> &'static str {
+    let is = |type_: &str| decided.iter().any(|c| c.type_ == type_ && c.status);
+    if f.kc.metadata.deletion_timestamp.is_some() {
+        "Deleting"
+    } else if f.kc.spec.paused {
+        "Paused"
+    } else if upgrade.is_some_and(|u| u.finished_at.is_none()) {
+        "Upgrading"
+    } else if version.is_none() {
+        "Provisioning"
+    } else if is(DEGRADED) {
+        "Degraded"
+    } else if is(SCALING) {
+        "Scaling"
+    } else if is(READY) {
+        "Running"
+    } else {
+        "Degraded"
+    }
+}
+
+/// The status of this pass.
+pub fn build(f: &StatusFacts, now: jiff::Timestamp) -> KubernetesClusterStatus {
+    let previous = f.kc.status.clone().unwrap_or_default();
+    let pools = f.pools();
+    let version = f.version();
+    let upgrade = upgrade(f, version.as_ref(), now);
+    let control_plane_ready = control_plane_ready(f);
+    let workers_ready = workers_ready(f, &pools);
+    let degraded = degraded(f);
+    let ready = match (&control_plane_ready, &workers_ready, &f.taken) {
+        (_, _, Some(taken)) => Decided::new(READY, false, "NameTaken", taken.clone()),
+        (c, _, _) if !c.status => Decided::new(READY, false, c.reason, c.message.clone()),
+        (_, w, _) if !w.status => Decided::new(READY, false, w.reason, w.message.clone()),
+        _ => Decided::new(READY, true, "Ready", "the control plane and every pool are ready"),
+    };
+    let decided = [
+        ready,
+        control_plane_ready,
+        workers_ready,
+        upgrading(upgrade.as_ref()),
+        scaling(f),
+        degraded,
+    ];
+    let generation = f.kc.metadata.generation;
+    let control_plane = f.control_plane.and_then(|cp| cp.status.as_ref()).map(|s| {
+        [s.version.as_deref(), s.ready.as_deref()]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(" ")
+    });
+    let (ready_nodes, desired_nodes) = pools.iter().fold((0, 0), |(r, d), p| (r + p.ready, d + p.desired));
+    KubernetesClusterStatus {
+        observed_generation: generation,
+        conditions: merge(&previous.conditions, &decided, generation, now),
+        phase: Some(phase(f, &decided, version.as_ref(), upgrade.as_ref()).into()),
+        version,
+        control_plane,
+        nodes: Some(format!("{ready_nodes}/{desired_nodes}")),
+        pools,
+        kubeconfig_secret: f
+            .control_plane
+            .and_then(|cp| cp.status.as_ref())
+            .and_then(|s| s.admin_kubeconfig_secret.clone()),
+        upgrade,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kubernetes_cluster::fixtures::cluster;
+    use crate::kubernetes_cluster::plan::PoolPlan;
+
+    fn plan_at(step: Step, control_plane_version: &str) -> Plan {
+        Plan {
+            target: "1.34.4".into(),
+            control_plane_version: control_plane_version.into(),
+            pools: vec![],
+            remove: vec![],
+            step,
+            waiting_for_control_plane: vec![],
+        }
+    }
+
+    fn pass(kc: &mut KubernetesCluster, plan: &Plan, now: jiff::Timestamp) -> KubernetesClusterStatus {
+        let status = build(
+            &StatusFacts {
+                kc,
+                control_plane: None,
+                deployments: &[],
+                plan,
+                taken: None,
+            },
+            now,
+        );
+        kc.status = Some(status.clone());
+        status
+    }
+
+    #[test]
+    fn an_upgrade_records_its_steps_in_the_order_they_finished() {
+        let mut kc = cluster("1.34", "[{ name: a, replicas: 1 }, { name: b, replicas: 1 }]");
+        kc.status = Some(KubernetesClusterStatus {
+            version: Some("1.33.13".into()),
+            ..Default::default()
+        });
+        let now = jiff::Timestamp::now();
+        let started = pass(&mut kc, &plan_at(Step::ControlPlane, "1.34.4"), now);
+        let upgrade = started.upgrade.clone().unwrap();
+        assert_eq!((upgrade.from.as_str(), upgrade.to.as_str()), ("1.33.13", "1.34.4"));
+        assert!(upgrade.finished.is_empty());
+        assert_eq!(started.phase.as_deref(), Some("Upgrading"));
+        let upgrading = started.conditions.iter().find(|c| c.type_ == UPGRADING).unwrap();
+        assert_eq!(
+            (upgrading.status.as_str(), upgrading.reason.as_str()),
+            ("True", "UpgradingControlPlane")
+        );
+
+        let later = now + jiff::SignedDuration::from_secs(60);
+        let pool_a = pass(&mut kc, &plan_at(Step::Pool("a".into()), "1.34.4"), later);
+        assert_eq!(pool_a.upgrade.clone().unwrap().finished, vec!["ControlPlane"]);
+        assert_eq!(
+            pool_a.upgrade.clone().unwrap().started_at,
+            Time(now),
+            "kept across passes"
+        );
+        let pool_b = pass(&mut kc, &plan_at(Step::Pool("b".into()), "1.34.4"), later);
+        assert_eq!(pool_b.upgrade.unwrap().finished, vec!["ControlPlane", "Pool a"]);
+        let done = pass(&mut kc, &plan_at(Step::Done, "1.34.4"), later);
+        let upgrade = done.upgrade.unwrap();
+        assert_eq!(upgrade.finished, vec!["ControlPlane", "Pool a", "Pool b"]);
+        assert_eq!(upgrade.step, "Done");
+    }
+
+    #[test]
+    fn pools_catching_up_before_the_control_plane_moves_are_not_its_steps() {
+        let mut kc = cluster("1.35", "[{ name: a, replicas: 1 }]");
+        kc.status = Some(KubernetesClusterStatus {
+            version: Some("1.34.4".into()),
+            ..Default::default()
+        });
+        let mut plan = plan_at(Step::Pool("a".into()), "1.34.4");
+        plan.target = "1.35.0".into();
+        plan.pools = vec![PoolPlan {
+            pool: "a".into(),
+            name: "team-a-a".into(),
+            version: "1.34.4".into(),
+            replicas: 1,
+            make: false,
+        }];
+        let status = pass(&mut kc, &plan, jiff::Timestamp::now());
+        assert!(status.upgrade.unwrap().finished.is_empty());
+    }
+
+    #[test]
+    fn a_cluster_being_made_is_provisioning_with_no_upgrade_and_says_what_it_waits_for() {
+        let mut kc = cluster("1.34", "[{ name: a, replicas: 2 }]");
+        let mut plan = plan_at(Step::ControlPlane, "1.34.4");
+        plan.waiting_for_control_plane = vec!["a".into()];
+        let status = pass(&mut kc, &plan, jiff::Timestamp::now());
+        assert_eq!(status.phase.as_deref(), Some("Provisioning"));
+        assert_eq!(status.upgrade, None);
+        assert_eq!(
+            status.nodes.as_deref(),
+            Some("0/2"),
+            "the pool's machines, asked for already"
+        );
+        let ready = status.conditions.iter().find(|c| c.type_ == READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "ControlPlaneNotMade")
+        );
+        let workers = status.conditions.iter().find(|c| c.type_ == WORKERS_READY).unwrap();
+        assert!(
+            workers.message.contains("pool a waits for the control plane"),
+            "{}",
+            workers.message
+        );
+    }
+}

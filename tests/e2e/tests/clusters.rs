@@ -1,0 +1,313 @@
+//! KubernetesClusters on the local Kubernetes: one manifest for a whole tenant cluster, and its
+//! upgrade in order (the control plane, then each pool) with an app answering throughout.
+//! Needs `make cluster-up` (3 nodes).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams};
+use noops_api::{KubernetesCluster, KubernetesControlPlane};
+use noops_e2e::tenant::{ForgetMachines, Tenant, wait_machines_gone, wait_nodes_at};
+use noops_e2e::traffic::{BudgetWatch, Poller, load_balancer, web_app};
+use noops_e2e::*;
+
+const MINUTE: Duration = Duration::from_secs(60);
+const CONTROLLERS: &str = "kubernetescluster,kubernetescontrolplane,etcd,machine,machineset,machinedeployment";
+
+fn minor(version: &str) -> Option<u32> {
+    version.trim_start_matches('v').split('.').nth(1)?.parse().ok()
+}
+
+/// Waits until cluster `name` is Ready and runs `version` everywhere.
+async fn wait_cluster(ns: &TestNamespace, name: &str, version: &str, timeout: Duration) -> KubernetesCluster {
+    let api = ns.api::<KubernetesCluster>();
+    wait_for(&format!("cluster {name} Ready at {version}"), timeout, || async {
+        let kc = api.get(name).await.ok()?;
+        let status = kc.status.as_ref()?;
+        let ready = status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        (ready && status.version.as_deref() == Some(version) && status.observed_generation == kc.metadata.generation)
+            .then_some(kc)
+    })
+    .await
+}
+
+/// Every tenant Node's kubelet checked against the control plane's version at every change of a
+/// Node, from a watch: the changes where a kubelet was newer than the API servers, or more than
+/// one minor older.
+struct SkewWatch {
+    task: tokio::task::JoinHandle<()>,
+    seen: Arc<Mutex<(usize, Vec<String>)>>,
+}
+
+impl SkewWatch {
+    fn start(nodes: Api<Node>, control_planes: Api<KubernetesControlPlane>, name: String) -> Self {
+        use futures::StreamExt;
+        use kube::runtime::{WatchStreamExt, watcher};
+        let seen = Arc::new(Mutex::new((0, Vec::new())));
+        let record = seen.clone();
+        let task = tokio::spawn(async move {
+            // Backing off while the API servers restart in the upgrade.
+            let stream = watcher(nodes, watcher::Config::default()).default_backoff();
+            futures::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                let node = match event {
+                    Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => n,
+                    _ => continue,
+                };
+                let Some(kubelet) = node.status.and_then(|s| s.node_info).map(|i| i.kubelet_version) else {
+                    continue;
+                };
+                let Ok(kcp) = control_planes.get(&name).await else {
+                    continue;
+                };
+                let Some(serving) = kcp.status.and_then(|s| s.version) else {
+                    continue;
+                };
+                let mut seen = record.lock().unwrap();
+                seen.0 += 1;
+                let (Some(k), Some(s)) = (minor(&kubelet), minor(&serving)) else {
+                    continue;
+                };
+                if k > s || k + 1 < s {
+                    seen.1.push(format!(
+                        "node {} at {kubelet} with API servers at {serving}",
+                        node.metadata.name.unwrap_or_default()
+                    ));
+                }
+            }
+        });
+        Self { task, seen }
+    }
+
+    /// (Node changes checked, the skews seen).
+    fn stop(self) -> (usize, Vec<String>) {
+        self.task.abort();
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// A KubernetesCluster `kc` whose spec is `spec` (YAML lines indented by two).
+fn cluster(name: &str, spec: &str) -> String {
+    format!("apiVersion: noops.dev/v1alpha1\nkind: KubernetesCluster\nmetadata: {{ name: {name} }}\nspec:\n{spec}")
+}
+
+#[tokio::test]
+async fn bad_cluster_specs_are_refused_with_a_reason() {
+    install_crds();
+    let ns = TestNamespace::new("kc-bad").await;
+    let v = "  version: \"1.33\"\n";
+    let with = |rest: &str| cluster("kc", &format!("{v}{rest}"));
+    let refused = [
+        (cluster("kc", "  version: \"1.32\"\n"), "version must be 1.33 or later"),
+        (
+            cluster("kc", "  version: \"v1.34\"\n"),
+            "version must be a Kubernetes version",
+        ),
+        (
+            with("  controlPlane: { replicas: 2 }\n"),
+            "controlPlane.replicas must be 1 or 3",
+        ),
+        (
+            with("  controlPlane: { etcd: { replicas: 2 } }\n"),
+            "etcd.replicas must be 1, 3 or 5",
+        ),
+        (
+            with("  workers: [{ name: a }]\n"),
+            "a pool has either replicas, or minReplicas and maxReplicas",
+        ),
+        (
+            with("  workers: [{ name: a, replicas: 1, minReplicas: 1, maxReplicas: 2 }]\n"),
+            "a pool has either replicas, or minReplicas and maxReplicas",
+        ),
+        (
+            with("  workers: [{ name: a, minReplicas: 1 }]\n"),
+            "a pool has either replicas",
+        ),
+        (
+            with("  workers: [{ name: a, minReplicas: 3, maxReplicas: 2 }]\n"),
+            "minReplicas must not be more than maxReplicas",
+        ),
+        (
+            with("  workers: [{ name: a, replicas: 1 }, { name: a, replicas: 2 }]\n"),
+            "pool names must be unique",
+        ),
+        (
+            with("  workers: [{ name: Pool_A, replicas: 1 }]\n"),
+            "a pool name must be a DNS label",
+        ),
+        (
+            with("  workers: [{ name: a, replicas: 101 }]\n"),
+            "replicas must be between 0 and 100",
+        ),
+        (
+            with("  workers: [{ name: a, replicas: 1, flavor: { memory: 2GB } }]\n"),
+            "flavor.memory must be a whole number of Mi or Gi",
+        ),
+        (
+            with("  workers: [{ name: a, replicas: 1, scaleDownDelaySeconds: -1 }]\n"),
+            "scaleDownDelaySeconds must be between 0 and 86400",
+        ),
+        (
+            with("  upgrade: { maxSurge: 0, maxUnavailable: 0 }\n"),
+            "maxSurge and maxUnavailable cannot both be 0",
+        ),
+        (
+            with("  upgrade: { drainTimeoutSeconds: -5 }\n"),
+            "upgrade.drainTimeoutSeconds must be between 0 and 86400",
+        ),
+        (
+            cluster("a-cluster-name-that-is-far-too-long-for-its-children", v),
+            "a KubernetesCluster name is at most 35 characters",
+        ),
+        (
+            cluster(
+                "a-much-longer-cluster-name",
+                &format!("{v}  workers: [{{ name: a-long-pool-name-x, replicas: 1 }}]\n"),
+            ),
+            "a pool's MachineDeployment is <cluster>-<pool>, at most 40 characters",
+        ),
+        (
+            with(
+                "  bootstrap: { fromBackup: { name: b } }\n  controlPlane: { etcd: { storage: { ephemeral: true } } }\n",
+            ),
+            "bootstrap.fromBackup needs persistent etcd storage",
+        ),
+    ];
+    for (yaml, expected) in &refused {
+        let error = apply_error(&ns, yaml).unwrap_or_else(|| panic!("accepted:\n{yaml}"));
+        assert!(error.contains(expected), "refused, but not with {expected:?}: {error}");
+    }
+    // The example is accepted; then a skipped minor, a downgrade and a changed bootstrap are not.
+    let example = std::fs::read_to_string(root().join("examples/kubernetes/cluster.yaml")).unwrap();
+    assert_eq!(
+        apply_error(&ns, &example),
+        None,
+        "examples/kubernetes/cluster.yaml refused"
+    );
+    let kc = ns.api::<KubernetesCluster>().get("acme").await.unwrap();
+    assert_eq!(
+        kc.spec.upgrade.rolling_update.max_surge,
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1)
+    );
+    assert_eq!(kc.spec.workers[1].scale_down_delay_seconds, 600);
+    let edits = [
+        (
+            example.replace("version: \"1.33\"", "version: \"1.35\""),
+            "upgrade one minor version at a time",
+        ),
+        (
+            example.replace("upgrade: {", "bootstrap: { fromBackup: { name: b } }\n  upgrade: {"),
+            "bootstrap is immutable",
+        ),
+    ];
+    for (yaml, expected) in &edits {
+        let error = apply_error(&ns, yaml).unwrap_or_else(|| panic!("accepted:\n{yaml}"));
+        assert!(error.contains(expected), "refused, but not with {expected:?}: {error}");
+    }
+    ns.apply(&example.replace("version: \"1.33\"", "version: \"1.34\""));
+    let downgrade = example.clone();
+    let error = apply_error(&ns, &downgrade).expect("a downgrade accepted");
+    assert!(error.contains("downgrades are refused"), "{error}");
+}
+
+#[tokio::test]
+async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without_a_failed_request() {
+    install_crds();
+    let ns = TestNamespace::new("kc").await;
+    let _forget = ForgetMachines(ns.name.clone());
+    let operator = Operator::start(&ns.name, &["--controllers", CONTROLLERS]);
+    let manifest = std::fs::read_to_string(root().join("examples/kubernetes/cluster.yaml")).unwrap();
+    ns.apply(&manifest);
+
+    // One manifest: the control plane, then its pools (2 + 1 machines), all Ready.
+    let kc = wait_cluster(&ns, "acme", "1.33.13", 8 * MINUTE).await;
+    let status = kc.status.unwrap();
+    assert_eq!(status.nodes.as_deref(), Some("3/3"));
+    assert_eq!(status.kubeconfig_secret.as_deref(), Some("acme-admin-kubeconfig"));
+    let pools: Vec<(String, i32, i32)> = status
+        .pools
+        .iter()
+        .map(|p| (p.name.clone(), p.desired, p.ready))
+        .collect();
+    assert_eq!(pools, vec![("general".into(), 2, 2), ("burst".into(), 1, 1)]);
+    let story = kubectl_ok(&["get", "kc,kcp,md", "-n", &ns.name], None);
+    let line = story
+        .lines()
+        .find(|l| l.starts_with("kubernetescluster.noops.dev/acme"))
+        .unwrap_or_else(|| panic!("{story}"));
+    assert!(
+        line.contains("1.33.13") && line.contains("3/3") && line.contains("Running"),
+        "{line}"
+    );
+    assert!(
+        story.contains("acme-general") && story.contains("acme-burst"),
+        "{story}"
+    );
+    let tenant = Tenant::ready(&ns, "acme", MINUTE).await;
+    let nodes: Api<Node> = Api::all(tenant.client.clone());
+    let listed = nodes.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(listed.len(), 3);
+    assert!(listed.iter().all(|n| node_ready_status(n).as_deref() == Some("True")));
+
+    // An app answers through a load balancer in front of the machines.
+    tenant.apply(&web_app(3, 2));
+    tenant.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=180s"], None);
+    let address = load_balancer(&ns, "acme").await;
+    let pods = Api::namespaced(tenant.client.clone(), "default");
+    let poller = Poller::start(address);
+    let budget = BudgetWatch::start(pods, 2);
+    let skew = SkewWatch::start(nodes.clone(), ns.api::<KubernetesControlPlane>(), "acme".into());
+
+    // The upgrade: the control plane, then pool general, then pool burst.
+    kubectl_ok(
+        &[
+            "patch",
+            "-n",
+            &ns.name,
+            "kc/acme",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"version":"1.34"}}"#,
+        ],
+        None,
+    );
+    let upgraded = wait_cluster(&ns, "acme", "1.34.4", 15 * MINUTE).await;
+    let upgrade = upgraded.status.unwrap().upgrade.unwrap();
+    assert_eq!((upgrade.from.as_str(), upgrade.to.as_str()), ("1.33.13", "1.34.4"));
+    assert_eq!(upgrade.finished, vec!["ControlPlane", "Pool general", "Pool burst"]);
+    assert_eq!(upgrade.step, "Done");
+    assert!(upgrade.finished_at.is_some());
+    for reason in [
+        "UpgradeStarted",
+        "ControlPlaneUpgraded",
+        "PoolUpgraded",
+        "UpgradeCompleted",
+    ] {
+        wait_event(&ns, "KubernetesCluster", "acme", reason).await;
+    }
+
+    poller.stop_expecting_every_answer(100).await;
+    budget.stop_expecting_held(2, 5);
+    let (checked, skews) = skew.stop();
+    assert!(skews.is_empty(), "{skews:?}");
+    assert!(checked > 10, "only {checked} Node changes checked");
+    wait_nodes_at(&nodes, 3, "v1.34.4", 2 * MINUTE).await;
+
+    // Deleting the cluster takes its control plane and every machine with it.
+    ns.api::<KubernetesCluster>()
+        .delete("acme", &Default::default())
+        .await
+        .unwrap();
+    wait_machines_gone(&ns, 4 * MINUTE).await;
+    let control_planes = ns.api::<KubernetesControlPlane>();
+    wait_until("the control plane gone", 2 * MINUTE, || async {
+        control_planes.get_opt("acme").await.is_ok_and(|c| c.is_none())
+    })
+    .await;
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+}
