@@ -232,6 +232,10 @@ pub struct PoolStatus {
     pub updated: i32,
     /// The version its machines are being given.
     pub version: Option<String>,
+    /// A scaling pool's machines that hold no pod but DaemonSet and static ones, and since
+    /// when: each goes once that is `scaleDownDelaySeconds` ago.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub idle_since: std::collections::BTreeMap<String, Time>,
 }
 
 /// An upgrade of the cluster, step by step.

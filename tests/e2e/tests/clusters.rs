@@ -311,3 +311,93 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
     .await;
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }
+
+#[tokio::test]
+async fn a_pool_grows_for_pods_with_no_room_and_shrinks_back_once_its_machines_are_idle() {
+    install_crds();
+    let ns = TestNamespace::new("kc-scale").await;
+    let _forget = ForgetMachines(ns.name.clone());
+    let operator = Operator::start(&ns.name, &["--controllers", CONTROLLERS]);
+    ns.apply(&cluster(
+        "elastic",
+        "  version: \"1.34\"\n  controlPlane: { etcd: { replicas: 1 } }\n  workers: [{ name: burst, minReplicas: 1, maxReplicas: 3, scaleDownDelaySeconds: 15, flavor: { cpu: 2 } }]\n",
+    ));
+    wait_cluster(&ns, "elastic", "1.34.4", 5 * MINUTE).await;
+    let tenant = Tenant::ready(&ns, "elastic", MINUTE).await;
+    let machines = ns.api::<noops_api::Machine>();
+    let count = || async {
+        machines
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items.len())
+            .unwrap_or(0)
+    };
+    assert_eq!(count().await, 1);
+
+    // Three pods of 1.5 CPU: one machine of 2 CPUs holds one; the pool grows to hold them all.
+    let echo = root().join("target/debug/http-echo");
+    tenant.apply(&format!(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{ name: hungry, namespace: default }}
+spec:
+  replicas: 3
+  selector: {{ matchLabels: {{ app: hungry }} }}
+  template:
+    metadata: {{ labels: {{ app: hungry }} }}
+    spec:
+      containers:
+        - name: echo
+          image: busybox
+          command: ["{}", "-listen=:8080", "-text=hungry"]
+          resources: {{ requests: {{ cpu: 1500m, memory: 64Mi }} }}
+"#,
+        echo.display()
+    ));
+    tenant.kubectl_ok(&["rollout", "status", "deployment/hungry", "--timeout=180s"], None);
+    assert_eq!(count().await, 3, "grown to what the pods need, within maxReplicas");
+    wait_event(&ns, "KubernetesCluster", "elastic", "ScaledUp").await;
+    let kc = ns.api::<KubernetesCluster>().get("elastic").await.unwrap();
+    let pool = &kc.status.unwrap().pools[0];
+    assert_eq!((pool.desired, pool.name.as_str()), (3, "burst"));
+
+    // A fourth pod has no room and the pool is at its maximum: it is said, nothing is made.
+    tenant.kubectl_ok(&["scale", "deployment/hungry", "--replicas=4"], None);
+    wait_event(&ns, "KubernetesCluster", "elastic", "AtMaxReplicas").await;
+    assert_eq!(count().await, 3);
+
+    // Gone: the idle machines go after the delay, down to the minimum.
+    tenant.kubectl_ok(&["delete", "deployment", "hungry"], None);
+    wait_until("the pool back at its minimum", 2 * MINUTE, || async {
+        count().await == 1
+    })
+    .await;
+    wait_event(&ns, "KubernetesCluster", "elastic", "ScaledDown").await;
+    let nodes: Api<Node> = Api::all(tenant.client.clone());
+    wait_until("one Node left", MINUTE, || async {
+        nodes
+            .list(&ListParams::default())
+            .await
+            .is_ok_and(|l| l.items.len() == 1)
+    })
+    .await;
+
+    // A pod no machine of any pool can hold is reported and makes no machine.
+    tenant.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{ name: huge, namespace: default }}\nspec:\n  containers:\n  - {{ name: echo, image: busybox, command: [\"{}\"], resources: {{ requests: {{ cpu: \"16\" }} }} }}\n",
+        echo.display()
+    ));
+    let api = ns.api::<KubernetesCluster>();
+    let said = wait_for("the Scaling condition naming the pod", MINUTE, || async {
+        let kc = api.get("elastic").await.ok()?;
+        let c = kc.status?.conditions.into_iter().find(|c| c.type_ == "Scaling")?;
+        (c.reason == "NoPoolFits").then_some(c.message)
+    })
+    .await;
+    assert!(said.contains("default/huge"), "{said}");
+    wait_event(&ns, "KubernetesCluster", "elastic", "NoPoolFits").await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(count().await, 1, "no machine for a pod none can hold");
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+}

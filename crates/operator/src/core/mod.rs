@@ -3,7 +3,8 @@
 //! conditions, Events, server-side apply and the desired-state stamp, labels, rollout checks,
 //! pruning of children no longer wanted, per-object back-off, error classification, metrics,
 //! nodes and the volumes pinned to them, certificates from the operator's own CAs (`pki`), and
-//! the crash points of the crash-safety tests, downward-API variables.
+//! the crash points of the crash-safety tests, downward-API variables, clients of a tenant's
+//! cluster (`tenant`).
 //! `backup/` is the backup kit every engine's backups are made of.
 
 pub mod api_requests;
@@ -27,6 +28,7 @@ pub mod prune;
 pub mod rollout;
 pub mod stamp;
 pub mod stuck;
+pub mod tenant;
 pub mod user_secrets;
 
 pub use error::{DuringStage, Error, Result, Stage};

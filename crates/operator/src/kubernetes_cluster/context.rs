@@ -2,7 +2,9 @@
 //! children.
 
 use kube::runtime::reflector::Store;
-use noops_api::{KubernetesControlPlane, MachineDeployment};
+use noops_api::{KubernetesControlPlane, Machine, MachineDeployment};
+
+use super::tenant::TenantViews;
 
 /// What this controller keeps beside the core.
 pub struct State {
@@ -10,6 +12,10 @@ pub struct State {
     pub control_planes: Store<KubernetesControlPlane>,
     /// MachineDeployments (likewise).
     pub deployments: Store<MachineDeployment>,
+    /// The clusters' machines (labelled with their cluster and pool).
+    pub machines: Store<Machine>,
+    /// The tenants of clusters with a pool that scales itself: their Pods and Nodes.
+    pub tenants: TenantViews,
 }
 
 /// What every reconcile of this controller shares.

@@ -5,8 +5,10 @@
 //! (`reconcile.rs`): the children from the caches; the plan (`plan.rs`, pure): the control
 //! plane's version, each pool's version and size, pools to remove, the step of an upgrade; the
 //! children as wanted (`desired.rs`); the status (`status.rs`), where an upgrade records its
-//! steps in the order they finished.
+//! steps in the order they finished. Pools with `minReplicas`/`maxReplicas` scale to the
+//! tenant's pods (`autoscale.rs`, pure), read from watches of the tenant (`tenant.rs`).
 
+pub(crate) mod autoscale;
 mod context;
 pub(crate) mod desired;
 #[cfg(test)]
@@ -14,15 +16,17 @@ mod fixtures;
 pub(crate) mod plan;
 mod reconcile;
 pub(crate) mod status;
+mod tenant;
 
 use std::sync::Arc;
 
 use kube::runtime::watcher;
-use noops_api::{KubernetesCluster, KubernetesControlPlane, MachineDeployment};
+use noops_api::{KubernetesCluster, KubernetesControlPlane, Machine, MachineDeployment};
 
 use crate::core::cache::shared_cache;
 use crate::core::controller::{Registration, Runtime, controller_of, drive, scoped_api};
 use context::{Context, State};
+use desired::CLUSTER_LABEL;
 
 /// The controller's registration (`noops run --controllers kubernetescluster`).
 pub const CONTROLLER: Registration = Registration {
@@ -53,6 +57,13 @@ pub async fn run(runtime: Runtime) {
         watcher::Config::default(),
     )
     .await;
+    let (machines, _) = shared_cache(
+        scoped_api::<Machine>(&client, &namespace),
+        watcher::Config::default().labels(CLUSTER_LABEL),
+    )
+    .await;
+    // A scaling pool's tenant Pods and Nodes wake its cluster when they change.
+    let (tenants, tenant_changes) = tenant::TenantViews::new();
     let ctx = Context::new(
         CONTROLLER.name,
         &client,
@@ -60,11 +71,14 @@ pub async fn run(runtime: Runtime) {
         State {
             control_planes,
             deployments,
+            machines,
+            tenants,
         },
     );
     let controller = controller_of::<KubernetesCluster>(&client, &namespace, MAX_CONCURRENT_RECONCILES)
         .owns_shared_stream(control_plane_changes)
         .owns_shared_stream(deployment_changes)
+        .reconcile_on(tenant_changes)
         .graceful_shutdown_on(shutdown.fired());
     drive(controller, ctx, |kc, ctx: Arc<Context>| async move {
         reconcile::reconcile(kc, &ctx).await

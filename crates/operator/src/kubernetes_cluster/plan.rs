@@ -137,6 +137,26 @@ pub struct Plan {
     pub waiting_for_control_plane: Vec<String>,
 }
 
+impl Plan {
+    /// Gives the pools the autoscaler resized their new sizes, kept within their bounds (a
+    /// paused cluster keeps its sizes).
+    pub fn scale(&mut self, kc: &KubernetesCluster, replicas: &std::collections::BTreeMap<String, i32>) {
+        if kc.spec.paused {
+            return;
+        }
+        for pool in &mut self.pools {
+            let Some(spec) = kc.spec.workers.iter().find(|p| p.name == pool.pool) else {
+                continue;
+            };
+            if let (Some(wanted), Some(min), Some(max)) =
+                (replicas.get(&pool.pool), spec.min_replicas, spec.max_replicas)
+            {
+                pool.replicas = (*wanted).clamp(min, max.max(min));
+            }
+        }
+    }
+}
+
 /// The version `version` of a spec comes to, exactly.
 pub fn exact(version: &str) -> String {
     Release::of(version).map_or_else(|| version.to_string(), |r| r.kubernetes)
@@ -409,6 +429,22 @@ mod tests {
         assert_eq!(p.control_plane_version, OLD);
         assert_eq!(versions(&p), vec![("b".into(), OLD.into())]);
         assert!(p.remove.is_empty());
+    }
+
+    #[test]
+    fn the_autoscaler_resizes_only_scaling_pools_and_within_their_bounds() {
+        let kc = cluster(
+            "1.34",
+            "[{ name: a, replicas: 2 }, { name: b, minReplicas: 1, maxReplicas: 3 }]",
+        );
+        let live = [pool("a", NEW, 2, true), pool("b", NEW, 1, true)];
+        let mut p = plan(&kc, Some(&cp(NEW, NEW, true)), &live);
+        p.scale(
+            &kc,
+            &std::collections::BTreeMap::from([("a".to_string(), 5), ("b".to_string(), 9)]),
+        );
+        let sizes: Vec<i32> = p.pools.iter().map(|p| p.replicas).collect();
+        assert_eq!(sizes, vec![2, 3]);
     }
 
     #[test]

@@ -5,19 +5,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::Api;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use noops_api::kubernetes_cluster::{KubernetesCluster, KubernetesClusterStatus};
-use noops_api::{KubernetesControlPlane, MachineDeployment};
+use noops_api::machine_set::DELETE_MACHINE_ANNOTATION;
+use noops_api::{KubernetesControlPlane, Machine, MachineDeployment};
 use serde_json::json;
-use tracing::info;
+use tracing::{debug, info};
 
+use super::autoscale;
 use super::context::Context;
 use super::desired;
 use super::plan::{ControlPlaneView, PoolView, plan};
 use super::status::{self, StatusFacts};
+use super::tenant;
 use crate::core::apply::{apply, apply_status, controlled_by, controller_reference, delete_if_present};
 use crate::core::cache::in_namespace;
 use crate::core::events::Announcement;
@@ -50,7 +54,29 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
     let ours = control_plane.filter(|cp| controlled_by(&cp.metadata, &owner.uid));
 
     let views: Vec<PoolView> = deployments.iter().map(PoolView::of).collect();
-    let plan = plan(&kc, ours.as_ref().map(ControlPlaneView::of).as_ref(), &views);
+    let mut plan = plan(&kc, ours.as_ref().map(ControlPlaneView::of).as_ref(), &views);
+    // Pools that scale themselves, to the tenant's pods.
+    let decision = match observe_tenant(&kc, ours.as_ref(), ctx, now).await {
+        Some(seen) => {
+            let pools = scaling_pools(&kc, &deployments, ctx, &namespace, &seen);
+            let idle_before = kc
+                .status
+                .iter()
+                .flat_map(|s| &s.pools)
+                .map(|p| {
+                    (
+                        p.name.clone(),
+                        p.idle_since.iter().map(|(n, t)| (n.clone(), t.0)).collect(),
+                    )
+                })
+                .collect();
+            Some(autoscale::decide(&pools, &seen.pending, &idle_before, now))
+        }
+        None => None,
+    };
+    if let Some(decision) = &decision {
+        plan.scale(&kc, &decision.replicas);
+    }
 
     if taken.is_none() {
         let control_planes: Api<KubernetesControlPlane> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -65,6 +91,16 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
                 }
                 Some(_) => info!("brought the control plane's settings in line with the cluster"),
             }
+        }
+        // Idle machines are marked to go first before their pools shrink.
+        let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
+        for machine in decision.iter().flat_map(|d| &d.remove) {
+            let body = json!({ "metadata": { "annotations": { DELETE_MACHINE_ANNOTATION: "" } } });
+            machines
+                .patch(machine, &PatchParams::default(), &Patch::Merge(body))
+                .await
+                .during(Stage::Apply)?;
+            info!(%machine, "marked an idle machine to go first");
         }
         let machine_deployments: Api<MachineDeployment> = Api::namespaced(ctx.client.clone(), &namespace);
         for pool in &plan.pools {
@@ -107,10 +143,19 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
         deployments: &deployments,
         plan: &plan,
         taken,
+        autoscale: decision.as_ref(),
     };
     let status = status::build(&facts, now);
     let reference = kc.object_ref(&());
-    for announcement in announcements(kc.status.as_ref(), &status, &plan.remove) {
+    let mut told = announcements(kc.status.as_ref(), &status, &plan.remove);
+    // A pod the autoscaler cannot help is said once, when the Scaling condition says it first.
+    let scaling_said = |s: Option<&KubernetesClusterStatus>| {
+        s.and_then(|s| s.conditions.iter().find(|c| c.type_ == status::SCALING))
+            .map(|c| c.message.clone())
+    };
+    let news = scaling_said(kc.status.as_ref()) != scaling_said(Some(&status));
+    told.extend(decision.iter().flat_map(|d| scaling_announcements(d, news)));
+    for announcement in told {
         ctx.core.events.tell(&reference, announcement).await;
     }
     if kc.status.as_ref() != Some(&status) {
@@ -118,7 +163,121 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
         let body = json!({ "apiVersion": "noops.dev/v1alpha1", "kind": "KubernetesCluster", "status": status });
         apply_status(&api, &name, &body).await.during(Stage::Status)?;
     }
-    Ok(Action::requeue(LOOK_AGAIN))
+    let again = decision
+        .and_then(|d| d.look_again)
+        .map_or(LOOK_AGAIN, |d| d.min(LOOK_AGAIN));
+    Ok(Action::requeue(again))
+}
+
+/// What the tenant shows of its pods and Nodes, for a cluster with a pool that scales itself
+/// and a control plane that serves; `None` otherwise (and its watches stop).
+async fn observe_tenant(
+    kc: &KubernetesCluster,
+    control_plane: Option<&KubernetesControlPlane>,
+    ctx: &Context,
+    now: jiff::Timestamp,
+) -> Option<tenant::Seen> {
+    let (namespace, name) = (kc.namespace().unwrap_or_default(), kc.name_any());
+    let scales = kc.spec.workers.iter().any(|p| p.min_replicas.is_some()) && kc.metadata.deletion_timestamp.is_none();
+    let admin = control_plane
+        .and_then(|cp| cp.status.as_ref())
+        .filter(|s| s.version.is_some())
+        .and_then(|s| s.admin_kubeconfig_secret.clone());
+    let (true, Some(admin)) = (scales, admin) else {
+        ctx.tenants.forget(&namespace, &name);
+        return None;
+    };
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    let secret = secrets.get_opt(&admin).await.ok().flatten()?;
+    let view = ctx.tenants.get(&namespace, &name, &secret).await.ok()?;
+    match view.seen(now).await {
+        Ok(seen) => Some(seen),
+        Err(why) => {
+            debug!(%why, "the tenant cannot be read for autoscaling this pass");
+            None
+        }
+    }
+}
+
+/// The pools that scale themselves and have a MachineDeployment, as the autoscaler needs them.
+fn scaling_pools<'a>(
+    kc: &'a KubernetesCluster,
+    deployments: &[MachineDeployment],
+    ctx: &Context,
+    namespace: &str,
+    seen: &tenant::Seen,
+) -> Vec<autoscale::ScalingPool<'a>> {
+    let cluster = kc.name_any();
+    let machines = in_namespace(&ctx.machines, namespace);
+    kc.spec
+        .workers
+        .iter()
+        .filter(|p| p.min_replicas.is_some())
+        .filter_map(|pool| {
+            let name = desired::pool_deployment_name(&cluster, &pool.name);
+            let md = deployments.iter().find(|d| d.metadata.name.as_ref() == Some(&name))?;
+            let of_pool = |m: &&Machine| {
+                let labels = m.metadata.labels.as_ref();
+                let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+                label(desired::CLUSTER_LABEL) == Some(cluster.as_str())
+                    && label(desired::POOL_LABEL) == Some(pool.name.as_str())
+                    && m.metadata.deletion_timestamp.is_none()
+            };
+            let ready = machines
+                .iter()
+                .filter(of_pool)
+                .filter_map(|m| {
+                    let node = m.metadata.name.clone()?;
+                    seen.ready.get(&node).map(|using| (node, *using))
+                })
+                .collect();
+            Some(autoscale::ScalingPool {
+                spec: pool,
+                replicas: md.spec.replicas,
+                ready,
+                rolling: md.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Rolling"),
+            })
+        })
+        .collect()
+}
+
+/// The autoscaler's decisions as Events: a pool grown or shrunk, a pod it could not help.
+fn scaling_announcements(decision: &autoscale::Decision, news: bool) -> Vec<Announcement> {
+    let mut out = Vec::new();
+    for (pool, from, to, pods) in &decision.grew {
+        out.push(Announcement::normal(
+            "ScaledUp",
+            format!(
+                "pool {pool}: {from} → {to} machines for pods with no room: {}",
+                pods.join(", ")
+            ),
+        ));
+    }
+    for (pool, from, to, machines) in &decision.shrank {
+        out.push(Announcement::normal(
+            "ScaledDown",
+            format!(
+                "pool {pool}: {from} → {to} machines, removing idle {}",
+                machines.join(", ")
+            ),
+        ));
+    }
+    if !news {
+        return out;
+    }
+    for (pod, pool) in &decision.at_max {
+        out.push(Announcement::warning(
+            "AtMaxReplicas",
+            format!("pod {pod} has no room and pool {pool} is at its maxReplicas"),
+        ));
+    }
+    for pod in &decision.unfit {
+        out.push(Announcement::warning(
+            "NoPoolFits",
+            format!("pod {pod} asks for more than one machine of any pool holds: no machine is made for it"),
+        ));
+    }
+    out
 }
 
 /// A child's name held by an object this cluster does not control, said as a condition would.

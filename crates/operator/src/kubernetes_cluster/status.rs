@@ -6,6 +6,7 @@ use noops_api::control_plane::KubernetesControlPlane;
 use noops_api::kubernetes_cluster::{ClusterUpgradeStatus, KubernetesCluster, KubernetesClusterStatus, PoolStatus};
 use noops_api::machine_deployment::MachineDeployment;
 
+use super::autoscale::Decision;
 use super::desired::POOL_LABEL;
 use super::plan::{Plan, PoolView, Step};
 use crate::core::conditions::{Decided, merge};
@@ -24,6 +25,8 @@ pub struct StatusFacts<'a> {
     pub plan: &'a Plan,
     /// A child's name held by an object that is not this cluster's.
     pub taken: Option<String>,
+    /// What the autoscaler decided this pass (for a cluster with a pool that scales itself).
+    pub autoscale: Option<&'a Decision>,
 }
 
 fn condition<'c>(
@@ -86,6 +89,11 @@ impl StatusFacts<'_> {
                     ready: status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0),
                     updated: status.as_ref().and_then(|s| s.updated_replicas).unwrap_or(0),
                     version: planned.map(|p| p.version.clone()),
+                    idle_since: self
+                        .autoscale
+                        .and_then(|d| d.idle_since.get(&pool.name))
+                        .map(|idle| idle.iter().map(|(n, t)| (n.clone(), Time(*t))).collect())
+                        .unwrap_or_default(),
                 }
             })
             .collect()
@@ -161,6 +169,40 @@ fn upgrading(upgrade: Option<&ClusterUpgradeStatus>) -> Decided {
 }
 
 fn scaling(f: &StatusFacts) -> Decided {
+    if let Some(d) = f.autoscale {
+        let said = |items: &[(String, i32, i32, Vec<String>)]| {
+            items
+                .iter()
+                .map(|(pool, from, to, why)| format!("pool {pool}: {from} → {to} ({})", why.join(", ")))
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        if !d.grew.is_empty() {
+            return Decided::new(SCALING, true, "ScalingUp", said(&d.grew));
+        }
+        if !d.shrank.is_empty() {
+            return Decided::new(SCALING, true, "ScalingDown", said(&d.shrank));
+        }
+        if !d.unfit.is_empty() {
+            return Decided::new(
+                SCALING,
+                false,
+                "NoPoolFits",
+                format!(
+                    "no pool's machine can hold pods {}: none is made for them",
+                    d.unfit.join(", ")
+                ),
+            );
+        }
+        if let Some((pod, pool)) = d.at_max.first() {
+            return Decided::new(
+                SCALING,
+                false,
+                "AtMaxReplicas",
+                format!("pod {pod} has no room and pool {pool} is at its maxReplicas"),
+            );
+        }
+    }
     let moving: Vec<String> =
         f.kc.spec
             .workers
@@ -355,6 +397,7 @@ mod tests {
                 deployments: &[],
                 plan,
                 taken: None,
+                autoscale: None,
             },
             now,
         );

@@ -43,8 +43,9 @@ pub enum PodFate {
     Evict,
 }
 
-/// What the drain does with `pod`. Pure.
-pub fn fate(pod: &Pod) -> PodFate {
+/// A DaemonSet's pod (its controller would put it back) or a static (mirror) pod: one that
+/// stays with its node rather than moving elsewhere. Pure.
+pub fn stays_with_its_node(pod: &Pod) -> bool {
     let owned_by_daemon_set = pod
         .metadata
         .owner_references
@@ -56,8 +57,13 @@ pub fn fate(pod: &Pod) -> PodFate {
         .annotations
         .as_ref()
         .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+    owned_by_daemon_set || mirror
+}
+
+/// What the drain does with `pod`. Pure.
+pub fn fate(pod: &Pod) -> PodFate {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    if owned_by_daemon_set || mirror {
+    if stays_with_its_node(pod) {
         PodFate::Stays
     } else if matches!(phase, Some("Succeeded") | Some("Failed")) {
         PodFate::Ended

@@ -15,7 +15,7 @@
 
 mod bootstrap;
 mod context;
-mod drain;
+pub(crate) mod drain;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub(crate) mod names;

@@ -7,7 +7,6 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use futures::StreamExt;
 use futures::channel::mpsc;
@@ -22,7 +21,8 @@ use noops_api::Machine;
 use serde_json::json;
 use tracing::debug;
 
-use crate::core::{Error, Result};
+use crate::core::Result;
+use crate::core::tenant::{TIMEOUT, TenantClients, made_from};
 
 /// The field manager of what the operator writes into a tenant.
 const FIELD_MANAGER: &str = "noops";
@@ -30,8 +30,6 @@ const FIELD_MANAGER: &str = "noops";
 /// ranges; the Node authorizer lets a node read only its own) and the Services and
 /// EndpointSlices it answers cluster DNS from.
 const MACHINE_ROLE: &str = "noops:machine";
-/// A tenant that does not answer within this long is taken as unreachable for this pass.
-const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What wakes a Machine: the reference its Node's change is sent as.
 pub type Wake = ObjectRef<DeserializeGuard<Machine>>;
@@ -40,7 +38,7 @@ pub type Wake = ObjectRef<DeserializeGuard<Machine>>;
 pub struct Tenant {
     /// The admin kubeconfig Secret's uid and version it was made from.
     made_from: String,
-    /// For requests: each gives up after [`TIMEOUT`], and a 429 is an answer, not retried.
+    /// For requests (`core::tenant`).
     pub client: Client,
     nodes: Store<Node>,
     watch: tokio::task::JoinHandle<()>,
@@ -95,38 +93,17 @@ impl Tenants {
     /// The tenant of control plane `cluster` in `namespace`, whose admin kubeconfig is `secret`.
     pub async fn get(&self, namespace: &str, cluster: &str, secret: &Secret) -> Result<Arc<Tenant>> {
         let key = format!("{namespace}/{cluster}");
-        let made_from = format!(
-            "{}/{}",
-            secret.uid().unwrap_or_default(),
-            secret.resource_version().unwrap_or_default()
-        );
+        let made_from = made_from(secret);
         if let Ok(tenants) = self.tenants.lock()
             && let Some(tenant) = tenants.get(&key)
             && tenant.made_from == made_from
         {
             return Ok(tenant.clone());
         }
-        let text = secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get("kubeconfig"))
-            .and_then(|v| String::from_utf8(v.0.clone()).ok())
-            .ok_or_else(|| Error::Blocked(format!("{} has no kubeconfig yet", secret.name_any())))?;
-        let kubeconfig = kube::config::Kubeconfig::from_yaml(&text)
-            .map_err(|e| Error::Internal(format!("the tenant's admin kubeconfig cannot be read: {e}")))?;
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-            .await
-            .map_err(|e| Error::Internal(format!("the tenant's admin kubeconfig cannot be used: {e}")))?;
-        // The watch keeps the default read timeout: a watch is a request that lasts minutes.
-        let watching = Client::try_from(config.clone()).map_err(Error::Kube)?;
-        let mut config = config;
-        config.connect_timeout = Some(TIMEOUT);
-        config.read_timeout = Some(TIMEOUT);
-        config.write_timeout = Some(TIMEOUT);
-        // An eviction a PodDisruptionBudget refuses answers 429: that is an answer for the drain
-        // to act on, not a request to retry for minutes.
-        config.default_retry = false;
-        let client = Client::try_from(config).map_err(Error::Kube)?;
+        let TenantClients {
+            requests: client,
+            watches: watching,
+        } = TenantClients::of(secret).await?;
         let (nodes, watch) = watch_nodes(watching, namespace.to_string(), self.wake.clone());
         let tenant = Arc::new(Tenant {
             made_from,

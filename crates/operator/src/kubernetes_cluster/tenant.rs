@@ -1,0 +1,235 @@
+//! The tenant as the KubernetesCluster controller sees it, for the pools that scale themselves:
+//! per cluster, watches of the tenant's Pods and Nodes (made from its admin kubeconfig Secret,
+//! `core::tenant`), whose changes wake the cluster. Only clusters with such a pool watch.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::channel::mpsc;
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use kube::api::Api;
+use kube::core::DeserializeGuard;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use noops_api::KubernetesCluster;
+use tracing::debug;
+
+use super::autoscale::{NodeUse, PendingPod, Resources};
+use crate::core::Result;
+use crate::core::tenant::{TIMEOUT, TenantClients, made_from};
+use crate::machine::drain::stays_with_its_node;
+
+/// What wakes a cluster.
+pub type Wake = ObjectRef<DeserializeGuard<KubernetesCluster>>;
+
+/// One tenant's Pods and Nodes, and the watches that fill them.
+pub struct TenantView {
+    made_from: String,
+    pods: Store<Pod>,
+    nodes: Store<Node>,
+    watches: [tokio::task::JoinHandle<()>; 2],
+}
+
+impl Drop for TenantView {
+    fn drop(&mut self) {
+        for watch in &self.watches {
+            watch.abort();
+        }
+    }
+}
+
+/// What the autoscaler reads of a tenant.
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    /// Pods the scheduler found no room for.
+    pub pending: Vec<PendingPod>,
+    /// Ready Nodes, with what runs on each.
+    pub ready: BTreeMap<String, NodeUse>,
+}
+
+impl TenantView {
+    /// What the caches hold, once both have listed (an error if they have not yet).
+    pub async fn seen(&self, now: jiff::Timestamp) -> std::result::Result<Seen, String> {
+        let listed = async {
+            self.pods.wait_until_ready().await?;
+            self.nodes.wait_until_ready().await
+        };
+        tokio::time::timeout(TIMEOUT, listed)
+            .await
+            .map_err(|_| "the tenant has not listed its Pods and Nodes yet".to_string())?
+            .map_err(|e| e.to_string())?;
+        let pods = self.pods.state();
+        let mut ready: BTreeMap<String, NodeUse> = self
+            .nodes
+            .state()
+            .iter()
+            .filter(|n| crate::core::nodes::ready(n))
+            .filter_map(|n| Some((n.metadata.name.clone()?, NodeUse::default())))
+            .collect();
+        let mut pending = Vec::new();
+        for pod in pods.iter() {
+            let Some(spec) = &pod.spec else { continue };
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            if matches!(phase, Some("Succeeded" | "Failed")) {
+                continue;
+            }
+            match &spec.node_name {
+                Some(node) => {
+                    if let Some(using) = ready.get_mut(node) {
+                        using.busy |= !stays_with_its_node(pod);
+                        let asked = requests(pod);
+                        using.used.cpu_millis += asked.cpu_millis;
+                        using.used.memory_bytes += asked.memory_bytes;
+                        using.used.pods += asked.pods;
+                    }
+                }
+                None => {
+                    if let Some(since) = unschedulable_since(pod) {
+                        pending.push(PendingPod {
+                            name: format!(
+                                "{}/{}",
+                                pod.metadata.namespace.clone().unwrap_or_default(),
+                                pod.metadata.name.clone().unwrap_or_default()
+                            ),
+                            requests: requests(pod),
+                            pending_for: Duration::try_from(now - since).unwrap_or(Duration::ZERO),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(Seen { pending, ready })
+    }
+}
+
+/// When the scheduler last found no room for the pod, if that is where it stands.
+fn unschedulable_since(pod: &Pod) -> Option<jiff::Timestamp> {
+    let condition = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled")?;
+    (condition.status == "False" && condition.reason.as_deref() == Some("Unschedulable"))
+        .then(|| condition.last_transition_time.as_ref().map(|t| t.0))
+        .flatten()
+}
+
+/// What a pod asks for: its containers' requests (the larger of their sum and each init
+/// container's), one pod slot.
+pub fn requests(pod: &Pod) -> Resources {
+    fn amount(q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity, scale: f64) -> i64 {
+        noops_api::quantity::parse(&q.0).map_or(0, |v| (v * scale).ceil() as i64)
+    }
+    let Some(spec) = &pod.spec else {
+        return Resources::default();
+    };
+    let of = |c: &k8s_openapi::api::core::v1::Container| {
+        let r = c.resources.as_ref().and_then(|r| r.requests.as_ref());
+        (
+            r.and_then(|r| r.get("cpu")).map_or(0, |q| amount(q, 1000.0)),
+            r.and_then(|r| r.get("memory")).map_or(0, |q| amount(q, 1.0)),
+        )
+    };
+    let (cpu, memory) = spec
+        .containers
+        .iter()
+        .map(of)
+        .fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
+    let (init_cpu, init_memory) = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(of)
+        .fold((0, 0), |(a, b), (c, d)| (a.max(c), b.max(d)));
+    Resources {
+        cpu_millis: cpu.max(init_cpu),
+        memory_bytes: memory.max(init_memory),
+        pods: 1,
+    }
+}
+
+/// The tenants watched, by `<namespace>/<cluster>`.
+pub struct TenantViews {
+    views: Mutex<HashMap<String, Arc<TenantView>>>,
+    wake: mpsc::UnboundedSender<Wake>,
+}
+
+impl TenantViews {
+    /// None yet; the clusters their changes wake come out of the stream.
+    pub fn new() -> (Self, mpsc::UnboundedReceiver<Wake>) {
+        let (wake, woken) = mpsc::unbounded();
+        (
+            Self {
+                views: Mutex::new(HashMap::new()),
+                wake,
+            },
+            woken,
+        )
+    }
+
+    /// The view of cluster `cluster` in `namespace`, whose admin kubeconfig is `secret`.
+    pub async fn get(&self, namespace: &str, cluster: &str, secret: &Secret) -> Result<Arc<TenantView>> {
+        let key = format!("{namespace}/{cluster}");
+        let made_from = made_from(secret);
+        if let Ok(views) = self.views.lock()
+            && let Some(view) = views.get(&key)
+            && view.made_from == made_from
+        {
+            return Ok(view.clone());
+        }
+        let clients = TenantClients::of(secret).await?;
+        let wake: Wake = ObjectRef::new(cluster).within(namespace);
+        let (pods, pod_watch) = watch(
+            Api::<Pod>::all(clients.watches.clone()),
+            wake.clone(),
+            self.wake.clone(),
+        );
+        let (nodes, node_watch) = watch(Api::<Node>::all(clients.watches), wake, self.wake.clone());
+        let view = Arc::new(TenantView {
+            made_from,
+            pods,
+            nodes,
+            watches: [pod_watch, node_watch],
+        });
+        if let Ok(mut views) = self.views.lock() {
+            views.insert(key, view.clone());
+        }
+        Ok(view)
+    }
+
+    /// Stops watching a cluster that is gone or scales no pool.
+    pub fn forget(&self, namespace: &str, cluster: &str) {
+        if let Ok(mut views) = self.views.lock() {
+            views.remove(&format!("{namespace}/{cluster}"));
+        }
+    }
+}
+
+/// Watches `api` into a cache; every change wakes `cluster`.
+fn watch<K>(api: Api<K>, cluster: Wake, wake: mpsc::UnboundedSender<Wake>) -> (Store<K>, tokio::task::JoinHandle<()>)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer);
+    let task = tokio::spawn(async move {
+        futures::pin_mut!(events);
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
+                    let _ = wake.unbounded_send(cluster.clone());
+                }
+                Ok(_) => {}
+                // A tenant that does not answer: the cache keeps what it last knew.
+                Err(e) => debug!(error = %e, "a tenant watch failed; retrying"),
+            }
+        }
+    });
+    (reader, task)
+}
