@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -49,16 +50,22 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
         .filter(|d| controlled_by(&d.metadata, &owner.uid))
         .collect();
 
-    // Validate: a child's name held by something else is never taken over.
     let taken = taken_names(&kc, control_plane.as_ref(), ctx, &namespace, &owner.uid);
     let ours = control_plane.filter(|cp| controlled_by(&cp.metadata, &owner.uid));
+    // The tenant's Pods and Nodes, once its control plane serves.
+    let tenant = observe_tenant(&kc, ours.as_ref(), ctx, now).await;
 
+    // Validate: a child's name held by something else is never taken over (`taken`, above),
+    // and a paused cluster changes nothing.
+    let acts = taken.is_none() && !kc.spec.paused;
+
+    // Plan: the order of the children's versions, then the pools that scale themselves.
     let views: Vec<PoolView> = deployments.iter().map(PoolView::of).collect();
     let mut plan = plan(&kc, ours.as_ref().map(ControlPlaneView::of).as_ref(), &views);
-    // Pools that scale themselves, to the tenant's pods.
-    let decision = match observe_tenant(&kc, ours.as_ref(), ctx, now).await {
-        Some(seen) => {
-            let pools = scaling_pools(&kc, &deployments, ctx, &namespace, &seen);
+    let scales = kc.spec.workers.iter().any(|p| p.min_replicas.is_some());
+    let decision = match tenant.as_ref().filter(|_| scales && acts) {
+        Some((_, seen)) => {
+            let pools = scaling_pools(&kc, &deployments, ctx, &namespace, seen);
             let idle_before = kc
                 .status
                 .iter()
@@ -79,60 +86,15 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
     }
 
     if taken.is_none() {
-        let control_planes: Api<KubernetesControlPlane> = Api::namespaced(ctx.client.clone(), &namespace);
-        let wanted = desired::control_plane(&kc, &plan.control_plane_version, &owner);
-        if ours.as_ref().is_none_or(|cp| cp.spec != wanted.spec) {
-            apply(&control_planes, &name, &wanted).await.during(Stage::Apply)?;
-            match &ours {
-                None => info!(version = %plan.control_plane_version, "made the control plane"),
-                Some(cp) if cp.spec.version != wanted.spec.version => {
-                    info!(from = %cp.spec.version, to = %wanted.spec.version, "gave the control plane its new version");
-                    crash::point("kubernetescluster: control plane given a new version, status not written");
-                }
-                Some(_) => info!("brought the control plane's settings in line with the cluster"),
-            }
-        }
-        // Idle machines are marked to go first before their pools shrink.
-        let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
-        for machine in decision.iter().flat_map(|d| &d.remove) {
-            let body = json!({ "metadata": { "annotations": { DELETE_MACHINE_ANNOTATION: "" } } });
-            machines
-                .patch(machine, &PatchParams::default(), &Patch::Merge(body))
-                .await
-                .during(Stage::Apply)?;
-            info!(%machine, "marked an idle machine to go first");
-        }
-        let machine_deployments: Api<MachineDeployment> = Api::namespaced(ctx.client.clone(), &namespace);
-        for pool in &plan.pools {
-            let Some(spec) = kc.spec.workers.iter().find(|p| p.name == pool.pool) else {
-                continue;
-            };
-            let wanted = desired::machine_deployment(&kc, spec, &pool.version, pool.replicas, &owner);
-            let live = deployments
-                .iter()
-                .find(|d| d.metadata.name.as_ref() == Some(&pool.name));
-            if live.is_some_and(|l| l.spec == wanted.spec) {
-                continue;
-            }
-            apply(&machine_deployments, &pool.name, &wanted)
-                .await
-                .during(Stage::Apply)?;
-            match live {
-                None => info!(pool = %pool.pool, version = %pool.version, replicas = pool.replicas, "made the pool"),
-                Some(l) if l.spec.template.spec.version != pool.version => {
-                    info!(pool = %pool.pool, from = %l.spec.template.spec.version, to = %pool.version, "gave the pool its new version");
-                    crash::point("kubernetescluster: a pool given a new version, status not written");
-                }
-                Some(_) => {
-                    info!(pool = %pool.pool, replicas = pool.replicas, "brought the pool in line with the cluster")
-                }
-            }
-        }
-        for gone in &plan.remove {
-            delete_if_present(&machine_deployments, gone, &Default::default())
-                .await
-                .during(Stage::Apply)?;
-            info!(deployment = %gone, "removed a pool no longer in the spec: its machines are drained away");
+        let children = Children {
+            kc: &kc,
+            owner: &owner,
+            control_plane: ours.as_ref(),
+            deployments: &deployments,
+        };
+        apply_children(&children, &plan, decision.as_ref(), ctx).await?;
+        if let (Some((view, seen)), true) = (&tenant, acts) {
+            remove_stale_nodes(&kc, view, seen, ctx).await.during(Stage::Apply)?;
         }
     }
 
@@ -169,21 +131,20 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
     Ok(Action::requeue(again))
 }
 
-/// What the tenant shows of its pods and Nodes, for a cluster with a pool that scales itself
-/// and a control plane that serves; `None` otherwise (and its watches stop).
+/// What the tenant shows of its pods and Nodes, once its control plane serves; `None`
+/// otherwise (and its watches stop).
 async fn observe_tenant(
     kc: &KubernetesCluster,
     control_plane: Option<&KubernetesControlPlane>,
     ctx: &Context,
     now: jiff::Timestamp,
-) -> Option<tenant::Seen> {
+) -> Option<(Arc<tenant::TenantView>, tenant::Seen)> {
     let (namespace, name) = (kc.namespace().unwrap_or_default(), kc.name_any());
-    let scales = kc.spec.workers.iter().any(|p| p.min_replicas.is_some()) && kc.metadata.deletion_timestamp.is_none();
     let admin = control_plane
         .and_then(|cp| cp.status.as_ref())
         .filter(|s| s.version.is_some())
         .and_then(|s| s.admin_kubeconfig_secret.clone());
-    let (true, Some(admin)) = (scales, admin) else {
+    let (None, Some(admin)) = (&kc.metadata.deletion_timestamp, admin) else {
         ctx.tenants.forget(&namespace, &name);
         return None;
     };
@@ -191,12 +152,59 @@ async fn observe_tenant(
     let secret = secrets.get_opt(&admin).await.ok().flatten()?;
     let view = ctx.tenants.get(&namespace, &name, &secret).await.ok()?;
     match view.seen(now).await {
-        Ok(seen) => Some(seen),
+        Ok(seen) => Some((view, seen)),
         Err(why) => {
             debug!(%why, "the tenant cannot be read for autoscaling this pass");
             None
         }
     }
+}
+
+/// Deletes the tenant's Nodes whose machine is gone, as a cloud's node controller deletes the
+/// Nodes of instances that no longer exist: a cluster restored from a backup remembers the
+/// Nodes of the old one, and their pods would wait minutes for eviction. Only Nodes that are
+/// not Ready, and only after the Machines are listed from the API (a Machine the cache has
+/// not seen yet keeps its Node).
+async fn remove_stale_nodes(
+    kc: &KubernetesCluster,
+    view: &tenant::TenantView,
+    seen: &tenant::Seen,
+    ctx: &Context,
+) -> Result<()> {
+    let namespace = kc.namespace().unwrap_or_default();
+    let known: std::collections::BTreeSet<String> = in_namespace(&ctx.machines, &namespace)
+        .into_iter()
+        .filter_map(|m| m.metadata.name)
+        .collect();
+    if tenant::stale_nodes(&seen.not_ready, &namespace, &known).is_empty() {
+        return Ok(());
+    }
+    let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
+    let listed: std::collections::BTreeSet<String> = machines
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|m| m.metadata.name)
+        .collect();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(view.client.clone());
+    for node in tenant::stale_nodes(&seen.not_ready, &namespace, &listed) {
+        delete_if_present(&nodes, &node, &Default::default()).await?;
+        info!(%node, "deleted a tenant Node whose machine is gone");
+        ctx.core
+            .events
+            .tell(
+                &kc.object_ref(&()),
+                Announcement::normal(
+                    "StaleNodeRemoved",
+                    format!(
+                        "deleted Node {node}: the machine it names no longer exists, so its pods can run elsewhere"
+                    ),
+                ),
+            )
+            .await;
+    }
+    Ok(())
 }
 
 /// The pools that scale themselves and have a MachineDeployment, as the autoscaler needs them.
@@ -278,6 +286,86 @@ fn scaling_announcements(decision: &autoscale::Decision, news: bool) -> Vec<Anno
         ));
     }
     out
+}
+
+/// The cluster's children as this pass found them.
+struct Children<'a> {
+    kc: &'a KubernetesCluster,
+    owner: &'a OwnerReference,
+    control_plane: Option<&'a KubernetesControlPlane>,
+    deployments: &'a [MachineDeployment],
+}
+
+/// Apply: the control plane, idle machines marked to go, each pool, pools removed.
+async fn apply_children(
+    children: &Children<'_>,
+    plan: &super::plan::Plan,
+    decision: Option<&autoscale::Decision>,
+    ctx: &Context,
+) -> Result<()> {
+    let Children {
+        kc,
+        owner,
+        control_plane,
+        deployments,
+    } = *children;
+    let (namespace, name) = (kc.namespace().unwrap_or_default(), kc.name_any());
+    let control_planes: Api<KubernetesControlPlane> = Api::namespaced(ctx.client.clone(), &namespace);
+    let wanted = desired::control_plane(kc, &plan.control_plane_version, owner);
+    if control_plane.is_none_or(|cp| cp.spec != wanted.spec) {
+        apply(&control_planes, &name, &wanted).await.during(Stage::Apply)?;
+        match &control_plane {
+            None => info!(version = %plan.control_plane_version, "made the control plane"),
+            Some(cp) if cp.spec.version != wanted.spec.version => {
+                info!(from = %cp.spec.version, to = %wanted.spec.version, "gave the control plane its new version");
+                crash::point("kubernetescluster: control plane given a new version, status not written");
+            }
+            Some(_) => info!("brought the control plane's settings in line with the cluster"),
+        }
+    }
+    // Idle machines are marked to go first before their pools shrink.
+    let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
+    for machine in decision.iter().flat_map(|d| &d.remove) {
+        let body = json!({ "metadata": { "annotations": { DELETE_MACHINE_ANNOTATION: "" } } });
+        machines
+            .patch(machine, &PatchParams::default(), &Patch::Merge(body))
+            .await
+            .during(Stage::Apply)?;
+        info!(%machine, "marked an idle machine to go first");
+    }
+    let machine_deployments: Api<MachineDeployment> = Api::namespaced(ctx.client.clone(), &namespace);
+    for pool in &plan.pools {
+        let Some(spec) = kc.spec.workers.iter().find(|p| p.name == pool.pool) else {
+            continue;
+        };
+        let wanted = desired::machine_deployment(kc, spec, &pool.version, pool.replicas, owner);
+        let live = deployments
+            .iter()
+            .find(|d| d.metadata.name.as_ref() == Some(&pool.name));
+        if live.is_some_and(|l| l.spec == wanted.spec) {
+            continue;
+        }
+        apply(&machine_deployments, &pool.name, &wanted)
+            .await
+            .during(Stage::Apply)?;
+        match live {
+            None => info!(pool = %pool.pool, version = %pool.version, replicas = pool.replicas, "made the pool"),
+            Some(l) if l.spec.template.spec.version != pool.version => {
+                info!(pool = %pool.pool, from = %l.spec.template.spec.version, to = %pool.version, "gave the pool its new version");
+                crash::point("kubernetescluster: a pool given a new version, status not written");
+            }
+            Some(_) => {
+                info!(pool = %pool.pool, replicas = pool.replicas, "brought the pool in line with the cluster")
+            }
+        }
+    }
+    for gone in &plan.remove {
+        delete_if_present(&machine_deployments, gone, &Default::default())
+            .await
+            .during(Stage::Apply)?;
+        info!(deployment = %gone, "removed a pool no longer in the spec: its machines are drained away");
+    }
+    Ok(())
 }
 
 /// A child's name held by an object this cluster does not control, said as a condition would.

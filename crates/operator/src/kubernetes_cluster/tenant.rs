@@ -1,6 +1,7 @@
-//! The tenant as the KubernetesCluster controller sees it, for the pools that scale themselves:
-//! per cluster, watches of the tenant's Pods and Nodes (made from its admin kubeconfig Secret,
-//! `core::tenant`), whose changes wake the cluster. Only clusters with such a pool watch.
+//! The tenant as the KubernetesCluster controller sees it: per cluster whose control plane
+//! serves, watches of the tenant's Pods and Nodes (made from its admin kubeconfig Secret,
+//! `core::tenant`), whose changes wake the cluster. The pools that scale themselves read them,
+//! and so does the removal of Nodes whose machine is gone.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -27,6 +28,8 @@ pub type Wake = ObjectRef<DeserializeGuard<KubernetesCluster>>;
 /// One tenant's Pods and Nodes, and the watches that fill them.
 pub struct TenantView {
     made_from: String,
+    /// For requests (`core::tenant`).
+    pub client: kube::Client,
     pods: Store<Pod>,
     nodes: Store<Node>,
     watches: [tokio::task::JoinHandle<()>; 2],
@@ -47,6 +50,8 @@ pub struct Seen {
     pub pending: Vec<PendingPod>,
     /// Ready Nodes, with what runs on each.
     pub ready: BTreeMap<String, NodeUse>,
+    /// Nodes that are not Ready, with the machine their providerID names (`noops://<namespace>/<machine>`).
+    pub not_ready: Vec<(String, Option<String>)>,
 }
 
 impl TenantView {
@@ -61,6 +66,16 @@ impl TenantView {
             .map_err(|_| "the tenant has not listed its Pods and Nodes yet".to_string())?
             .map_err(|e| e.to_string())?;
         let pods = self.pods.state();
+        let not_ready = self
+            .nodes
+            .state()
+            .iter()
+            .filter(|n| !crate::core::nodes::ready(n))
+            .filter_map(|n| {
+                let provider = n.spec.as_ref().and_then(|s| s.provider_id.clone());
+                Some((n.metadata.name.clone()?, provider))
+            })
+            .collect();
         let mut ready: BTreeMap<String, NodeUse> = self
             .nodes
             .state()
@@ -100,8 +115,30 @@ impl TenantView {
                 }
             }
         }
-        Ok(Seen { pending, ready })
+        Ok(Seen {
+            pending,
+            ready,
+            not_ready,
+        })
     }
+}
+
+/// Nodes of `not_ready` whose providerID names a machine of `namespace` that is not among
+/// `machines`: the machine is gone (a cluster restored from a backup remembers the Nodes of the
+/// old one), so nothing will make the Node Ready again. Pure.
+pub fn stale_nodes(
+    not_ready: &[(String, Option<String>)],
+    namespace: &str,
+    machines: &std::collections::BTreeSet<String>,
+) -> Vec<String> {
+    let prefix = format!("noops://{namespace}/");
+    not_ready
+        .iter()
+        .filter_map(|(node, provider)| {
+            let machine = provider.as_deref()?.strip_prefix(&prefix)?;
+            (!machines.contains(machine)).then(|| node.clone())
+        })
+        .collect()
 }
 
 /// When the scheduler last found no room for the pod, if that is where it stands.
@@ -191,6 +228,7 @@ impl TenantViews {
         let (nodes, node_watch) = watch(Api::<Node>::all(clients.watches), wake, self.wake.clone());
         let view = Arc::new(TenantView {
             made_from,
+            client: clients.requests.clone(),
             pods,
             nodes,
             watches: [pod_watch, node_watch],
@@ -232,4 +270,21 @@ where
         }
     });
     (reader, task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_node_that_is_not_ready_and_names_a_machine_that_is_gone_is_stale() {
+        let not_ready = vec![
+            ("old-1".to_string(), Some("noops://tenants/old-1".to_string())),
+            ("live-2".to_string(), Some("noops://tenants/live-2".to_string())),
+            ("other".to_string(), Some("noops://elsewhere/old-3".to_string())),
+            ("by-hand".to_string(), None),
+        ];
+        let machines = std::collections::BTreeSet::from(["live-2".to_string()]);
+        assert_eq!(stale_nodes(&not_ready, "tenants", &machines), vec!["old-1".to_string()]);
+    }
 }
