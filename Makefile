@@ -39,7 +39,7 @@ e2e: setup ## End-to-end tests on the local Kubernetes (3 nodes); node-fault tes
 	cargo test -p noops-e2e -p noops-sample-operator --quiet --test '*' -- --test-threads=4
 	cargo test -p noops-e2e --quiet --test node_faults -- --ignored --test-threads=1
 
-chaos: setup ## Long fault runs: hundreds of node kills, etcd and PostgreSQL faults (NOOPS_CHAOS_NODE_KILLS, NOOPS_CHAOS_ETCD_FAULTS, NOOPS_CHAOS_PG_FAULTS, default 200 each; NOOPS_CHAOS_ETCD_MAJORITY_FAULTS, 60)
+chaos: setup ## Long fault runs: hundreds of node kills, etcd and PostgreSQL faults (NOOPS_CHAOS_NODE_KILLS, NOOPS_CHAOS_ETCD_FAULTS, NOOPS_CHAOS_PG_FAULTS, default 200 each; NOOPS_CHAOS_ETCD_MAJORITY_FAULTS, 60), management nodes under a whole cluster (NOOPS_CHAOS_CLUSTER_FAULTS, 30)
 	@NODES=$(E2E_NODES) hack/cluster-up.sh
 	@source hack/lib.sh && stop_demo_operator
 	NOOPS_CHAOS_NODE_KILLS=$${NOOPS_CHAOS_NODE_KILLS:-200} cargo test -p noops-e2e --quiet --test node_faults \
@@ -49,6 +49,8 @@ chaos: setup ## Long fault runs: hundreds of node kills, etcd and PostgreSQL fau
 	  cargo test -p noops-e2e --quiet --test etcd_chaos -- --nocapture
 	NOOPS_CHAOS_PG_FAULTS=$${NOOPS_CHAOS_PG_FAULTS:-200} cargo test -p noops-e2e --quiet --test postgres_chaos \
 	  -- --nocapture
+	NOOPS_CHAOS_CLUSTER_FAULTS=$${NOOPS_CHAOS_CLUSTER_FAULTS:-30} cargo test -p noops-e2e --quiet --test node_faults \
+	  -- --ignored --test-threads=1 --nocapture a_cluster_keeps_every_tenant_object
 
 test: setup lint unit e2e ## Everything: setup, lint, unit tests, cluster, end-to-end tests
 

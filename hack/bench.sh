@@ -81,6 +81,12 @@ machine_table=$("$target_dir/debug/machine-bench" "$target_dir/release/noops" "$
 echo
 echo "$machine_table"
 table+=$'\n\n'"$machine_table"
+# Whole clusters (release build): one manifest to every Node Ready, an upgrade in order, a pod
+# the autoscaler grows a pool for; beside the steps that bound each in the same run.
+cluster_table=$("$target_dir/debug/cluster-bench" "$target_dir/release/noops" "$runs")
+echo
+echo "$cluster_table"
+table+=$'\n\n'"$cluster_table"
 mkdir -p "$state/bench"
 {
   echo

@@ -1070,3 +1070,105 @@ async fn a_lost_nodes_machine_is_replaced_unless_too_many_machines_are_unhealthy
     wait_machines_gone(&ns, 3 * MINUTE).await;
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }
+
+/// A whole cluster (3 API servers, 3 etcd members, 3 machines) under management nodes stopped
+/// and started again at random, one at a time, while a client polls its app through a load
+/// balancer: after each round the cluster is Ready again with its 3 Nodes and every tenant
+/// object made before is there. `make test` makes one round, `make chaos` many
+/// (`NOOPS_CHAOS_CLUSTER_FAULTS`); it prints the faults injected, the requests that failed (a
+/// machine lost takes its pods' answers with it until they move), and the machines replaced.
+#[tokio::test]
+#[ignore = "node faults disturb other tests: `make e2e` runs them alone"]
+async fn a_cluster_keeps_every_tenant_object_and_its_nodes_through_management_node_faults() {
+    use noops_api::{KubernetesCluster, Machine};
+    use noops_e2e::tenant::{ForgetMachines, Tenant, wait_machines_gone};
+    use noops_e2e::traffic::{Poller, load_balancer};
+    let rounds = chaos::rounds("NOOPS_CHAOS_CLUSTER_FAULTS", 1);
+    let mut dice = chaos::Dice::from_env();
+    let _restore = RestoreNodesOnDrop;
+    install_crds();
+    let ns = TestNamespace::new("kc-faults").await;
+    let _forget = ForgetMachines(ns.name.clone());
+    let nodes = ready_nodes(&ns.client, 3).await;
+    let operator = Operator::start(&ns.name, &[]);
+    ns.apply(
+        "apiVersion: noops.dev/v1alpha1\nkind: KubernetesCluster\nmetadata: { name: sturdy }\nspec:\n  version: \"1.34\"\n  controlPlane:\n    replicas: 3\n    etcd: { replicas: 3 }\n    extraArgs: { controllerManager: [\"--node-monitor-grace-period=10s\"] }\n  workers:\n    - { name: pool, replicas: 3, healthCheck: { unhealthyTimeoutSeconds: 15, maxUnhealthy: 1 } }\n  upgrade: { drainTimeoutSeconds: 20 }\n",
+    );
+    let clusters = ns.api::<KubernetesCluster>();
+    let whole = || async {
+        clusters
+            .get("sturdy")
+            .await
+            .ok()
+            .and_then(|kc| kc.status)
+            .is_some_and(|s| {
+                s.nodes.as_deref() == Some("3/3")
+                    && s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+            })
+    };
+    wait_until("the cluster Ready with 3 Nodes", 8 * MINUTE, whole).await;
+    let tenant = Tenant::ready(&ns, "sturdy", MINUTE).await;
+    let echo = root().join("target/debug/http-echo");
+    tenant.apply(&format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{ name: web, namespace: default }}\nspec:\n  replicas: 3\n  selector: {{ matchLabels: {{ app: web }} }}\n  template:\n    metadata: {{ labels: {{ app: web }} }}\n    spec:\n      tolerations: [{{ key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 5 }}, {{ key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: 5 }}]\n      containers: [{{ name: web, image: busybox, command: [\"{}\", \"-listen=:8080\", \"-text=hello\"], readinessProbe: {{ httpGet: {{ path: /health, port: 8080 }}, periodSeconds: 1 }} }}]\n---\napiVersion: v1\nkind: Service\nmetadata: {{ name: web, namespace: default }}\nspec:\n  type: NodePort\n  selector: {{ app: web }}\n  ports: [{{ port: 80, targetPort: 8080, nodePort: 30080 }}]\n",
+        echo.display()
+    ));
+    tenant.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=120s"], None);
+    let poller = Poller::start(load_balancer(&ns, "sturdy").await);
+    let machines = ns.api::<Machine>();
+    let machine_names = || async {
+        machines
+            .list(&ListParams::default())
+            .await
+            .map(|l| {
+                l.items
+                    .into_iter()
+                    .filter_map(|m| m.metadata.name)
+                    .collect::<BTreeSet<_>>()
+            })
+            .unwrap_or_default()
+    };
+    let first_machines = machine_names().await;
+    let mut made: BTreeSet<String> = BTreeSet::new();
+    let mut written = Vec::new();
+    for round in 0..rounds {
+        // A tenant object each round, made before the fault.
+        let name = format!("kept-{round}");
+        let client = Tenant::ready(&ns, "sturdy", MINUTE).await;
+        wait_until("the tenant taking a ConfigMap", MINUTE, || async {
+            client
+                .kubectl(&["create", "configmap", &name, "--from-literal=round=x"], None)
+                .status
+                .success()
+                || client.kubectl(&["get", "configmap", &name], None).status.success()
+        })
+        .await;
+        written.push(name);
+        let victim = &nodes[dice.roll(nodes.len() as u64) as usize];
+        let down = 5 + dice.roll(20);
+        node_fault(&["stop", victim]);
+        tokio::time::sleep(Duration::from_secs(down)).await;
+        node_fault(&["start", victim]);
+        wait_until("the cluster whole again", 6 * MINUTE, whole).await;
+        made.extend(machine_names().await);
+    }
+    let (answered, failed) = poller.stop().await;
+    let replaced = made.difference(&first_machines).count();
+    let client = Tenant::ready(&ns, "sturdy", MINUTE).await;
+    let missing: Vec<&String> = written
+        .iter()
+        .filter(|name| !client.kubectl(&["get", "configmap", name], None).status.success())
+        .collect();
+    println!(
+        "chaos: injected {rounds} management node faults; requests failed {} of {}; machines replaced {replaced}; tenant objects lost {}",
+        failed.len(),
+        answered + failed.len(),
+        missing.len()
+    );
+    assert!(missing.is_empty(), "tenant objects lost: {missing:?}");
+    assert!(answered > 0, "the app never answered");
+    // The cluster goes while an operator runs.
+    clusters.delete("sturdy", &Default::default()).await.unwrap();
+    wait_machines_gone(&ns, 4 * MINUTE).await;
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+}
