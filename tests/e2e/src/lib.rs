@@ -17,6 +17,7 @@ use kube::{Api, Client};
 pub mod bench;
 pub mod certificates;
 pub mod chaos;
+pub mod clusters;
 pub mod etcd;
 pub mod postgres;
 pub mod s3;
