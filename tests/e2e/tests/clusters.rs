@@ -318,5 +318,66 @@ spec:
     wait_event(&ns, "KubernetesCluster", "elastic", "NoPoolFits").await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(count().await, 1, "no machine for a pod none can hold");
+    tenant.kubectl_ok(&["delete", "pod", "huge"], None);
+
+    // A pool added while the cluster is paused waits; unpaused, it joins; removed, it goes.
+    let patch = |body: &str| {
+        kubectl_ok(
+            &["patch", "-n", &ns.name, "kc/elastic", "--type=merge", "-p", body],
+            None,
+        )
+    };
+    let burst = r#"{"name":"burst","minReplicas":1,"maxReplicas":3,"scaleDownDelaySeconds":15,"flavor":{"cpu":2}}"#;
+    let extra = r#"{"name":"extra","replicas":1}"#;
+    patch(&format!(r#"{{"spec":{{"paused":true,"workers":[{burst},{extra}]}}}}"#));
+    let deployments = ns.api::<noops_api::MachineDeployment>();
+    let api = ns.api::<KubernetesCluster>();
+    wait_until("the cluster Paused, its children too", MINUTE, || async {
+        let paused = api
+            .get("elastic")
+            .await
+            .ok()
+            .and_then(|kc| kc.status?.phase)
+            .is_some_and(|p| p == "Paused");
+        let children = ns
+            .api::<KubernetesControlPlane>()
+            .get("elastic")
+            .await
+            .is_ok_and(|c| c.spec.paused)
+            && deployments.get("elastic-burst").await.is_ok_and(|d| d.spec.paused);
+        paused && children
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        deployments.get_opt("elastic-extra").await.unwrap().is_none(),
+        "a paused cluster made a pool"
+    );
+    patch(r#"{"spec":{"paused":false}}"#);
+    wait_until("the added pool's machine Ready", 3 * MINUTE, || async {
+        deployments
+            .get_opt("elastic-extra")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|d| d.status?.ready_replicas)
+            == Some(1)
+    })
+    .await;
+    assert_eq!(count().await, 2);
+    patch(&format!(r#"{{"spec":{{"workers":[{burst}]}}}}"#));
+    wait_until("the removed pool's machine gone", 3 * MINUTE, || async {
+        count().await == 1
+    })
+    .await;
+    assert!(deployments.get_opt("elastic-extra").await.unwrap().is_none());
+    wait_event(&ns, "KubernetesCluster", "elastic", "PoolRemoved").await;
+    wait_until("one Node left", MINUTE, || async {
+        nodes
+            .list(&ListParams::default())
+            .await
+            .is_ok_and(|l| l.items.len() == 1)
+    })
+    .await;
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }

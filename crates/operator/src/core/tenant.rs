@@ -2,9 +2,11 @@
 //! Secret: a client for requests, each of which gives up after [`TIMEOUT`] (a tenant that does
 //! not answer is unreachable for this pass, and a 429 is an answer, not retried), and one for
 //! watches, which keeps the default read timeout (a watch is a request that lasts minutes).
-//! Whoever keeps them keeps them while the Secret stays the same ([`made_from`]): a client
-//! holds its connections.
+//! [`PerTenant`] keeps what a controller makes of each tenant (its clients, the watches that
+//! fill its caches) while the Secret stays the same: a client holds its connections.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
@@ -24,7 +26,7 @@ pub struct TenantClients {
 }
 
 /// What the clients were made from: the Secret's uid and version.
-pub fn made_from(secret: &Secret) -> String {
+fn made_from(secret: &Secret) -> String {
     format!(
         "{}/{}",
         secret.uid().unwrap_or_default(),
@@ -56,5 +58,53 @@ impl TenantClients {
         config.default_retry = false;
         let requests = Client::try_from(config).map_err(Error::Kube)?;
         Ok(Self { requests, watches })
+    }
+}
+
+/// One `T` per tenant, by `<namespace>/<control plane>`, made from the tenant's clients and
+/// made again when its admin kubeconfig Secret changes (the one replaced is dropped, which is
+/// how a `T` stops its watches).
+pub struct PerTenant<T> {
+    entries: Mutex<HashMap<String, (String, Arc<T>)>>,
+}
+
+impl<T> Default for PerTenant<T> {
+    fn default() -> Self {
+        Self {
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<T> PerTenant<T> {
+    /// The `T` of control plane `cluster` in `namespace` whose admin kubeconfig is `secret`:
+    /// the one kept, or one `make` makes now from new clients.
+    pub async fn get(
+        &self,
+        namespace: &str,
+        cluster: &str,
+        secret: &Secret,
+        make: impl FnOnce(TenantClients) -> T,
+    ) -> Result<Arc<T>> {
+        let key = format!("{namespace}/{cluster}");
+        let from = made_from(secret);
+        if let Ok(entries) = self.entries.lock()
+            && let Some((kept_from, kept)) = entries.get(&key)
+            && *kept_from == from
+        {
+            return Ok(kept.clone());
+        }
+        let made = Arc::new(make(TenantClients::of(secret).await?));
+        if let Ok(mut entries) = self.entries.lock() {
+            entries.insert(key, (from, made.clone()));
+        }
+        Ok(made)
+    }
+
+    /// Drops the `T` of a control plane that is gone or no longer needed (its watches stop).
+    pub fn forget(&self, namespace: &str, cluster: &str) {
+        if let Ok(mut entries) = self.entries.lock() {
+            entries.remove(&format!("{namespace}/{cluster}"));
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! What every pass of the KubernetesCluster controller shares: the core and the caches of its
 //! children.
 
+use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::reflector::Store;
 use noops_api::{KubernetesControlPlane, Machine, MachineDeployment};
 
@@ -14,6 +15,8 @@ pub struct State {
     pub deployments: Store<MachineDeployment>,
     /// The clusters' machines (labelled with their cluster and pool).
     pub machines: Store<Machine>,
+    /// Secrets the operator made (a control plane's admin kubeconfig among them).
+    pub secrets: Store<Secret>,
     /// The tenants of clusters with a pool that scales itself: their Pods and Nodes.
     pub tenants: TenantViews,
 }

@@ -20,11 +20,13 @@ mod tenant;
 
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::watcher;
 use noops_api::{KubernetesCluster, KubernetesControlPlane, Machine, MachineDeployment};
 
 use crate::core::cache::shared_cache;
 use crate::core::controller::{Registration, Runtime, controller_of, drive, scoped_api};
+use crate::core::labels;
 use context::{Context, State};
 use desired::CLUSTER_LABEL;
 
@@ -57,6 +59,12 @@ pub async fn run(runtime: Runtime) {
         watcher::Config::default(),
     )
     .await;
+    // The control planes' admin kubeconfigs, for reaching the tenants.
+    let (secrets, _) = shared_cache(
+        scoped_api::<Secret>(&client, &namespace),
+        watcher::Config::default().labels(&labels::managed_by_noops()),
+    )
+    .await;
     let (machines, _) = shared_cache(
         scoped_api::<Machine>(&client, &namespace),
         watcher::Config::default().labels(CLUSTER_LABEL),
@@ -72,6 +80,7 @@ pub async fn run(runtime: Runtime) {
             control_planes,
             deployments,
             machines,
+            secrets,
             tenants,
         },
     );

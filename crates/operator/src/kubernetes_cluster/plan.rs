@@ -11,6 +11,7 @@
 
 use noops_api::control_plane::KubernetesControlPlane;
 use noops_api::kubernetes_cluster::{KubernetesCluster, WorkerPoolSpec};
+use noops_api::machine::Machine;
 use noops_api::machine_deployment::MachineDeployment;
 
 use super::desired::{POOL_LABEL, pool_deployment_name};
@@ -55,19 +56,24 @@ pub struct PoolView {
     /// The version its machines are given (its template).
     pub version: String,
     pub replicas: i32,
-    /// Every machine of its current template, Ready, none older left, its status of its latest
-    /// spec.
+    /// Every machine of its current template, Ready, none older left (not even one still
+    /// draining), its status of its latest spec.
     pub rolled_out: bool,
 }
 
 impl PoolView {
-    pub fn of(md: &MachineDeployment) -> Self {
+    /// The view of `md`, whose machines (those being deleted too) are `machines`.
+    pub fn of<'m>(md: &MachineDeployment, mut machines: impl Iterator<Item = &'m Machine>) -> Self {
         let status = md.status.clone().unwrap_or_default();
         let replicas = md.spec.replicas;
+        let version = &md.spec.template.spec.version;
+        // The deployment's counts leave out machines being deleted, but a draining machine
+        // still runs its kubelet: the pool has not moved on until it is gone.
         let rolled_out = status.observed_generation == md.metadata.generation
             && status.updated_replicas == Some(replicas)
             && status.ready_replicas == Some(replicas)
-            && status.replicas == Some(replicas);
+            && status.replicas == Some(replicas)
+            && machines.all(|m| &m.spec.template.version == version);
         Self {
             pool: md
                 .metadata
@@ -77,7 +83,7 @@ impl PoolView {
                 .cloned()
                 .unwrap_or_default(),
             name: md.metadata.name.clone().unwrap_or_default(),
-            version: md.spec.template.spec.version.clone(),
+            version: version.clone(),
             replicas,
             rolled_out,
         }
@@ -311,6 +317,33 @@ mod tests {
 
     fn versions(plan: &Plan) -> Vec<(String, String)> {
         plan.pools.iter().map(|p| (p.pool.clone(), p.version.clone())).collect()
+    }
+
+    #[test]
+    fn a_pool_has_not_rolled_out_while_a_machine_of_its_old_version_still_drains() {
+        let spec = serde_json::from_value(serde_json::json!({
+            "clusterName": "team-a", "replicas": 2,
+            "selector": { "matchLabels": { "pool": "a" } },
+            "template": { "metadata": { "labels": { "pool": "a" } }, "spec": { "version": NEW } },
+        }))
+        .unwrap();
+        let mut md = MachineDeployment::new("team-a-a", spec);
+        md.metadata.generation = Some(3);
+        // Its counts say done: they leave out machines being deleted.
+        md.status = Some(noops_api::machine_deployment::MachineDeploymentStatus {
+            observed_generation: Some(3),
+            replicas: Some(2),
+            ready_replicas: Some(2),
+            updated_replicas: Some(2),
+            ..Default::default()
+        });
+        use crate::machine::fixtures::machine;
+        let new = [machine("n1", "team-a", NEW), machine("n2", "team-a", NEW)];
+        let mut draining = machine("o1", "team-a", OLD);
+        draining.metadata.deletion_timestamp = new[0].metadata.creation_timestamp.clone();
+        let with_draining: Vec<&Machine> = new.iter().chain([&draining]).collect();
+        assert!(!PoolView::of(&md, with_draining.into_iter()).rolled_out);
+        assert!(PoolView::of(&md, new.iter()).rolled_out);
     }
 
     #[test]

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -60,7 +59,14 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
     let acts = taken.is_none() && !kc.spec.paused;
 
     // Plan: the order of the children's versions, then the pools that scale themselves.
-    let views: Vec<PoolView> = deployments.iter().map(PoolView::of).collect();
+    let machines = in_namespace(&ctx.machines, &namespace);
+    let views: Vec<PoolView> = deployments
+        .iter()
+        .map(|d| {
+            let pool = label(&d.metadata, desired::POOL_LABEL).unwrap_or_default();
+            PoolView::of(d, machines.iter().filter(|m| of_pool(m, &name, pool)))
+        })
+        .collect();
     let mut plan = plan(&kc, ours.as_ref().map(ControlPlaneView::of).as_ref(), &views);
     let scales = kc.spec.workers.iter().any(|p| p.min_replicas.is_some());
     let decision = match tenant.as_ref().filter(|_| scales && acts) {
@@ -103,6 +109,7 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
         kc: &kc,
         control_plane: ours.as_ref(),
         deployments: &deployments,
+        views: &views,
         plan: &plan,
         taken,
         autoscale: decision.as_ref(),
@@ -148,8 +155,7 @@ async fn observe_tenant(
         ctx.tenants.forget(&namespace, &name);
         return None;
     };
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    let secret = secrets.get_opt(&admin).await.ok().flatten()?;
+    let secret = ctx.secrets.get(&ObjectRef::new(&admin).within(&namespace))?;
     let view = ctx.tenants.get(&namespace, &name, &secret).await.ok()?;
     match view.seen(now).await {
         Ok(seen) => Some((view, seen)),
@@ -208,6 +214,15 @@ async fn remove_stale_nodes(
 }
 
 /// The pools that scale themselves and have a MachineDeployment, as the autoscaler needs them.
+fn label<'m>(meta: &'m kube::api::ObjectMeta, key: &str) -> Option<&'m str> {
+    meta.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+/// Whether machine `m` is of pool `pool` of cluster `cluster` (by its labels).
+fn of_pool(m: &Machine, cluster: &str, pool: &str) -> bool {
+    label(&m.metadata, desired::CLUSTER_LABEL) == Some(cluster) && label(&m.metadata, desired::POOL_LABEL) == Some(pool)
+}
+
 fn scaling_pools<'a>(
     kc: &'a KubernetesCluster,
     deployments: &[MachineDeployment],
@@ -224,16 +239,9 @@ fn scaling_pools<'a>(
         .filter_map(|pool| {
             let name = desired::pool_deployment_name(&cluster, &pool.name);
             let md = deployments.iter().find(|d| d.metadata.name.as_ref() == Some(&name))?;
-            let of_pool = |m: &&Machine| {
-                let labels = m.metadata.labels.as_ref();
-                let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
-                label(desired::CLUSTER_LABEL) == Some(cluster.as_str())
-                    && label(desired::POOL_LABEL) == Some(pool.name.as_str())
-                    && m.metadata.deletion_timestamp.is_none()
-            };
             let ready = machines
                 .iter()
-                .filter(of_pool)
+                .filter(|m| of_pool(m, &cluster, &pool.name) && m.metadata.deletion_timestamp.is_none())
                 .filter_map(|m| {
                     let node = m.metadata.name.clone()?;
                     seen.ready.get(&node).map(|using| (node, *using))

@@ -22,6 +22,8 @@ pub struct StatusFacts<'a> {
     pub control_plane: Option<&'a KubernetesControlPlane>,
     /// The pools' MachineDeployments (this cluster's, live).
     pub deployments: &'a [MachineDeployment],
+    /// The same deployments as the plan saw them (with their machines).
+    pub views: &'a [PoolView],
     pub plan: &'a Plan,
     /// A child's name held by an object that is not this cluster's.
     pub taken: Option<String>,
@@ -66,8 +68,9 @@ impl StatusFacts<'_> {
             return previous;
         };
         let every_pool = self.kc.spec.workers.iter().all(|p| {
-            self.deployment(&p.name)
-                .is_some_and(|d| PoolView::of(d).version == running && PoolView::of(d).rolled_out)
+            self.views
+                .iter()
+                .any(|v| v.pool == p.name && v.version == running && v.rolled_out)
         });
         if every_pool { Some(running) } else { previous }
     }
@@ -395,6 +398,7 @@ mod tests {
                 kc,
                 control_plane: None,
                 deployments: &[],
+                views: &[],
                 plan,
                 taken: None,
                 autoscale: None,

@@ -3,8 +3,8 @@
 //! `core::tenant`), whose changes wake the cluster. The pools that scale themselves read them,
 //! and so does the removal of Nodes whose machine is gone.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -19,7 +19,7 @@ use tracing::debug;
 
 use super::autoscale::{NodeUse, PendingPod, Resources};
 use crate::core::Result;
-use crate::core::tenant::{TIMEOUT, TenantClients, made_from};
+use crate::core::tenant::{PerTenant, TIMEOUT};
 use crate::machine::drain::stays_with_its_node;
 
 /// What wakes a cluster.
@@ -27,7 +27,6 @@ pub type Wake = ObjectRef<DeserializeGuard<KubernetesCluster>>;
 
 /// One tenant's Pods and Nodes, and the watches that fill them.
 pub struct TenantView {
-    made_from: String,
     /// For requests (`core::tenant`).
     pub client: kube::Client,
     pods: Store<Pod>,
@@ -191,7 +190,7 @@ pub fn requests(pod: &Pod) -> Resources {
 
 /// The tenants watched, by `<namespace>/<cluster>`.
 pub struct TenantViews {
-    views: Mutex<HashMap<String, Arc<TenantView>>>,
+    views: PerTenant<TenantView>,
     wake: mpsc::UnboundedSender<Wake>,
 }
 
@@ -201,7 +200,7 @@ impl TenantViews {
         let (wake, woken) = mpsc::unbounded();
         (
             Self {
-                views: Mutex::new(HashMap::new()),
+                views: PerTenant::default(),
                 wake,
             },
             woken,
@@ -210,40 +209,28 @@ impl TenantViews {
 
     /// The view of cluster `cluster` in `namespace`, whose admin kubeconfig is `secret`.
     pub async fn get(&self, namespace: &str, cluster: &str, secret: &Secret) -> Result<Arc<TenantView>> {
-        let key = format!("{namespace}/{cluster}");
-        let made_from = made_from(secret);
-        if let Ok(views) = self.views.lock()
-            && let Some(view) = views.get(&key)
-            && view.made_from == made_from
-        {
-            return Ok(view.clone());
-        }
-        let clients = TenantClients::of(secret).await?;
-        let wake: Wake = ObjectRef::new(cluster).within(namespace);
-        let (pods, pod_watch) = watch(
-            Api::<Pod>::all(clients.watches.clone()),
-            wake.clone(),
-            self.wake.clone(),
-        );
-        let (nodes, node_watch) = watch(Api::<Node>::all(clients.watches), wake, self.wake.clone());
-        let view = Arc::new(TenantView {
-            made_from,
-            client: clients.requests.clone(),
-            pods,
-            nodes,
-            watches: [pod_watch, node_watch],
-        });
-        if let Ok(mut views) = self.views.lock() {
-            views.insert(key, view.clone());
-        }
-        Ok(view)
+        self.views
+            .get(namespace, cluster, secret, |clients| {
+                let wake: Wake = ObjectRef::new(cluster).within(namespace);
+                let (pods, pod_watch) = watch(
+                    Api::<Pod>::all(clients.watches.clone()),
+                    wake.clone(),
+                    self.wake.clone(),
+                );
+                let (nodes, node_watch) = watch(Api::<Node>::all(clients.watches), wake, self.wake.clone());
+                TenantView {
+                    client: clients.requests,
+                    pods,
+                    nodes,
+                    watches: [pod_watch, node_watch],
+                }
+            })
+            .await
     }
 
-    /// Stops watching a cluster that is gone or scales no pool.
+    /// Stops watching a cluster that is gone or whose control plane does not serve.
     pub fn forget(&self, namespace: &str, cluster: &str) {
-        if let Ok(mut views) = self.views.lock() {
-            views.remove(&format!("{namespace}/{cluster}"));
-        }
+        self.views.forget(namespace, cluster);
     }
 }
 

@@ -4,9 +4,8 @@
 //! Machine of that name. A pass reads its Node from that cache; only a deletion, which acts on
 //! the Node and must tell a tenant that does not answer, reads it from the API.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use futures::channel::mpsc;
@@ -22,7 +21,7 @@ use serde_json::json;
 use tracing::debug;
 
 use crate::core::Result;
-use crate::core::tenant::{TIMEOUT, TenantClients, made_from};
+use crate::core::tenant::{PerTenant, TIMEOUT};
 
 /// The field manager of what the operator writes into a tenant.
 const FIELD_MANAGER: &str = "noops";
@@ -36,8 +35,6 @@ pub type Wake = ObjectRef<DeserializeGuard<Machine>>;
 
 /// One tenant: its clients, the cache of its Nodes, the watch that fills it.
 pub struct Tenant {
-    /// The admin kubeconfig Secret's uid and version it was made from.
-    made_from: String,
     /// For requests (`core::tenant`).
     pub client: Client,
     nodes: Store<Node>,
@@ -75,7 +72,7 @@ impl Tenant {
 
 /// The tenants, by `<namespace>/<control plane>`.
 pub struct Tenants {
-    tenants: Mutex<HashMap<String, Arc<Tenant>>>,
+    tenants: PerTenant<Tenant>,
     wake: mpsc::UnboundedSender<Wake>,
 }
 
@@ -84,7 +81,7 @@ impl Tenants {
     pub fn new() -> (Self, mpsc::UnboundedReceiver<Wake>) {
         let (wake, woken) = mpsc::unbounded();
         let tenants = Self {
-            tenants: Mutex::new(HashMap::new()),
+            tenants: PerTenant::default(),
             wake,
         };
         (tenants, woken)
@@ -92,38 +89,22 @@ impl Tenants {
 
     /// The tenant of control plane `cluster` in `namespace`, whose admin kubeconfig is `secret`.
     pub async fn get(&self, namespace: &str, cluster: &str, secret: &Secret) -> Result<Arc<Tenant>> {
-        let key = format!("{namespace}/{cluster}");
-        let made_from = made_from(secret);
-        if let Ok(tenants) = self.tenants.lock()
-            && let Some(tenant) = tenants.get(&key)
-            && tenant.made_from == made_from
-        {
-            return Ok(tenant.clone());
-        }
-        let TenantClients {
-            requests: client,
-            watches: watching,
-        } = TenantClients::of(secret).await?;
-        let (nodes, watch) = watch_nodes(watching, namespace.to_string(), self.wake.clone());
-        let tenant = Arc::new(Tenant {
-            made_from,
-            client,
-            nodes,
-            watch,
-            granted: AtomicBool::new(false),
-        });
-        if let Ok(mut tenants) = self.tenants.lock() {
-            // The tenant it replaces (an older Secret) stops its watch as it is dropped.
-            tenants.insert(key, tenant.clone());
-        }
-        Ok(tenant)
+        self.tenants
+            .get(namespace, cluster, secret, |clients| {
+                let (nodes, watch) = watch_nodes(clients.watches, namespace.to_string(), self.wake.clone());
+                Tenant {
+                    client: clients.requests,
+                    nodes,
+                    watch,
+                    granted: AtomicBool::new(false),
+                }
+            })
+            .await
     }
 
     /// Forgets the tenant of a control plane that is gone or going: its watch stops.
     pub fn forget(&self, namespace: &str, cluster: &str) {
-        if let Ok(mut tenants) = self.tenants.lock() {
-            tenants.remove(&format!("{namespace}/{cluster}"));
-        }
+        self.tenants.forget(namespace, cluster);
     }
 }
 
