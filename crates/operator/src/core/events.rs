@@ -1,5 +1,5 @@
 //! Kubernetes Events about the objects the operator manages (kube-runtime's Recorder, which
-//! also folds repeats into series), and the one way a pass says what it decided:
+//! also folds repeats of the same note into series), and the one way a pass says what it decided:
 //! [`Announcement`]s that pure code returns, told (logged and published) with [`Events::tell`]
 //! once the pass knows they hold.
 
@@ -45,6 +45,17 @@ impl Announcement {
     }
 }
 
+/// The Event's action: its reason, and a digest of its note. The Recorder folds an Event into
+/// an earlier one with the same type, action, reason and objects (as a series, keeping the
+/// earlier note), where client-go folds only the same note: without the digest, "pool b runs
+/// 1.34" after "pool a runs 1.34" would only count as a repeat of the first.
+fn action(reason: &str, note: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut digest = std::collections::hash_map::DefaultHasher::new();
+    note.hash(&mut digest);
+    format!("{reason}-{:08x}", digest.finish() as u32)
+}
+
 /// Publishes Events as the operator.
 #[derive(Clone)]
 pub struct Events {
@@ -87,13 +98,26 @@ impl Events {
         let event = Event {
             type_: if warning { EventType::Warning } else { EventType::Normal },
             reason: reason.clone(),
+            action: action(&reason, &note),
             note: Some(note),
-            action: reason.clone(),
             secondary: related,
         };
         // An event that cannot be written must not fail the reconcile that reports it.
         if let Err(e) = self.recorder.publish(&event, about).await {
             debug!(error = %e, reason, "failed to publish event");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::action;
+
+    #[test]
+    fn only_the_same_note_is_folded_into_a_series() {
+        let a = action("PoolUpgraded", "Pool a runs 1.34.4");
+        assert_eq!(a, action("PoolUpgraded", "Pool a runs 1.34.4"));
+        assert_ne!(a, action("PoolUpgraded", "Pool b runs 1.34.4"));
+        assert!(a.starts_with("PoolUpgraded-") && a.len() <= 128, "{a}");
     }
 }

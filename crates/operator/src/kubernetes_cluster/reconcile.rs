@@ -457,7 +457,7 @@ fn announcements(
                 p,
                 format!(
                     "control plane {}, nodes {}",
-                    now.control_plane.clone().unwrap_or_default(),
+                    now.control_plane.as_deref().unwrap_or("not serving yet"),
                     now.nodes.clone().unwrap_or_default()
                 ),
             ),

@@ -351,13 +351,17 @@ pub fn build(f: &StatusFacts, now: jiff::Timestamp) -> KubernetesClusterStatus {
         degraded,
     ];
     let generation = f.kc.metadata.generation;
-    let control_plane = f.control_plane.and_then(|cp| cp.status.as_ref()).map(|s| {
-        [s.version.as_deref(), s.ready.as_deref()]
-            .into_iter()
-            .flatten()
-            .collect::<Vec<_>>()
-            .join(" ")
-    });
+    let control_plane = f
+        .control_plane
+        .and_then(|cp| cp.status.as_ref())
+        .map(|s| {
+            [s.version.as_deref(), s.ready.as_deref()]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .filter(|s| !s.is_empty());
     let (ready_nodes, desired_nodes) = pools.iter().fold((0, 0), |(r, d), p| (r + p.ready, d + p.desired));
     KubernetesClusterStatus {
         observed_generation: generation,
