@@ -10,6 +10,8 @@ export KUBECONFIG := $(CURDIR)/.noops/kubeconfig
 # end-to-end tests need three.
 NODES ?= 1
 E2E_NODES ?= 3
+# The demo's tenant cluster spreads its etcd members and machines over three nodes.
+DEMO_NODES ?= 3
 
 help: ## Show the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-z0-9-]+:.*## / { printf "  make %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -23,7 +25,8 @@ cluster-up: setup ## Start the local Kubernetes with NODES nodes (default 1; NOD
 cluster-down: ## Stop the local Kubernetes and remove its state (logs stay in .noops/logs)
 	@hack/cluster-down.sh
 
-demo: cluster-up ## Bring the local Kubernetes up and show a workload running on it
+demo: setup ## The local Kubernetes (3 nodes), a maintenance switch, then a whole cluster from one manifest upgraded under load
+	@NODES=$(DEMO_NODES) hack/cluster-up.sh
 	@hack/demo.sh
 
 lint: ## cargo fmt --check and clippy with warnings as errors

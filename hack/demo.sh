@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # The demo: the noops operator running in the local Kubernetes switches a shop between its app
-# and its maintenance page, while a client polls the shop's Service and counts failed requests.
+# and its maintenance page, while a client polls the shop's Service and counts failed requests;
+# then one KubernetesCluster manifest makes a tenant cluster whose app answers through its
+# upgrade (hack/demo-cluster.sh).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 log "installing the noops CRDs, RBAC and operator (deploy/)"
 kubectl apply --server-side --force-conflicts -f "$root/deploy/crds/" >/dev/null
 kubectl apply -f "$root/deploy/00-namespace.yaml" -f "$root/deploy/10-rbac.yaml" -f "$root/deploy/20-operator.yaml" >/dev/null
+# The image runs the cargo build (cluster/images.yaml): a new build rolls the operator's pods.
+build=$(stat -c %Y "$target_dir/debug/noops")
+kubectl patch -n noops-system deployment/noops-operator --type merge \
+  -p "{\"spec\":{\"template\":{\"metadata\":{\"annotations\":{\"noops.dev/build\":\"$build\"}}}}}" >/dev/null
 kubectl rollout status -n noops-system deployment/noops-operator --timeout=120s
 kubectl get pods -n noops-system -o wide
 
@@ -59,5 +65,7 @@ log "what the operator said (Events):"
 kubectl get events -n demo --field-selector involvedObject.kind=MaintPage --sort-by=.lastTimestamp \
   -o custom-columns=REASON:.reason,MESSAGE:.message
 log "client: $ok requests answered, $failed failed"
-log "demo done; the cluster stays up (KUBECONFIG=$kubeconfig). \`make cluster-down\` stops it."
-[ "$failed" -eq 0 ]
+[ "$failed" -eq 0 ] || die "the shop's client saw $failed failed requests"
+
+"$root/hack/demo-cluster.sh"
+log "demo done; the local Kubernetes stays up (KUBECONFIG=$kubeconfig). \`make cluster-down\` stops it."
