@@ -2,6 +2,10 @@
 # non-root user. (The local Kubernetes maps this image to the cargo build instead; see
 # cluster/images.yaml.)
 FROM rust:1.95-bookworm AS build
+# What cargo needs beyond Rust: the same packages as `make setup` (cargo_build_packages in
+# hack/setup.sh; a test compares the two lists).
+RUN apt-get update && apt-get install -y --no-install-recommends protobuf-compiler libprotobuf-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked -p noops

@@ -9,14 +9,19 @@ source "$(dirname "$0")/lib.sh"
 # command → package that provides it.
 declare -A wanted=(
   [ip]=iproute2 [iptables]=iptables [nft]=nftables [conntrack]=conntrack [openssl]=openssl
-  [curl]=curl [sysctl]=procps [nsenter]=util-linux [protoc]=protobuf-compiler [setsid]=util-linux
+  [curl]=curl [sysctl]=procps [nsenter]=util-linux [setsid]=util-linux
 )
 missing=()
 for cmd in "${!wanted[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${wanted[$cmd]}")
 done
-# The protobuf well-known types, which etcd's API files import (etcd-client compiles them).
-[ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
+# What `cargo build` itself needs: etcd-client compiles etcd's API with protoc, and those files
+# import the protobuf well-known types. The Dockerfile's build stage installs the same packages
+# (tests/e2e/tests/packaging.rs checks that).
+cargo_build_packages=(protobuf-compiler libprotobuf-dev)
+for package in "${cargo_build_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'ok installed' || missing+=("$package")
+done
 # PostgreSQL 15, which the local Kubernetes runs for postgres:15 images (cluster/images.yaml).
 # Debian would create and start a cluster of its own on port 5432: told not to.
 if [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then

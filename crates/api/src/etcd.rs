@@ -33,6 +33,7 @@ use crate::backup::BackupsStatus;
     kind = "EtcdCluster",
     plural = "etcdclusters",
     shortname = "etcd",
+    category = "noops",
     namespaced,
     status = "EtcdClusterStatus",
     validation = Rule::new("self.metadata.name.size() <= 40").message("an EtcdCluster name is at most 40 characters: member names and Services add to it"),

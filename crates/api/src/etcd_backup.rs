@@ -17,6 +17,7 @@ use crate::backup::BackupProgress;
     kind = "EtcdBackup",
     plural = "etcdbackups",
     shortname = "etcdbackup",
+    category = "noops",
     namespaced,
     status = "EtcdBackupStatus",
     printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster"}"#,

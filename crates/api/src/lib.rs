@@ -57,3 +57,18 @@ pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensi
         PostgresBackup::crd(),
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_kind_is_listed_by_kubectl_get_noops() {
+        for crd in super::crds() {
+            let categories = crd.spec.names.categories.unwrap_or_default();
+            assert!(
+                categories.iter().any(|c| c == "noops"),
+                "{} is not in category noops",
+                crd.spec.names.kind
+            );
+        }
+    }
+}

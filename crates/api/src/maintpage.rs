@@ -27,6 +27,7 @@ use serde_with::skip_serializing_none;
     kind = "MaintPage",
     plural = "maintpages",
     shortname = "mp",
+    category = "noops",
     namespaced,
     status = "MaintPageStatus",
     validation = Rule::new("self.metadata.name.size() <= 63").message("a MaintPage name is at most 63 characters: it labels the objects it owns"),

@@ -43,6 +43,7 @@ pub const PASSWORD_KEYS: [&str; 2] = ["password", "postgresql_password"];
     kind = "PostgreSQL",
     plural = "postgresqls",
     shortname = "pg",
+    category = "noops",
     namespaced,
     status = "PostgreSQLStatus",
     validation = Rule::new("self.metadata.name.size() <= 45").message("a PostgreSQL name is at most 45 characters: its StatefulSet, pod and volume names add to it"),

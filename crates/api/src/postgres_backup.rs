@@ -18,6 +18,7 @@ use crate::backup::BackupProgress;
     kind = "PostgresBackup",
     plural = "postgresbackups",
     shortname = "pgbackup",
+    category = "noops",
     namespaced,
     status = "PostgresBackupStatus",
     printcolumn = r#"{"name":"PostgreSQL","type":"string","jsonPath":".spec.postgresql"}"#,
