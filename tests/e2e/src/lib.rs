@@ -54,6 +54,19 @@ pub async fn client() -> Client {
     Client::try_from(config).expect("client")
 }
 
+/// A kube client for the local Kubernetes that does not retry a 429 (kube's default does, for
+/// minutes): an eviction a budget refuses answers 429, and a test wants that answer.
+pub async fn client_without_retries() -> Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let config =
+        kube::config::Kubeconfig::read_from(kubeconfig()).expect("no .noops/kubeconfig: run `make cluster-up` first");
+    let mut config = kube::Config::from_custom_kubeconfig(config, &Default::default())
+        .await
+        .expect("kubeconfig");
+    config.default_retry = false;
+    Client::try_from(config).expect("client")
+}
+
 /// Runs kubectl with the admin kubeconfig; `stdin` is piped in if given.
 pub fn kubectl(args: &[&str], stdin: Option<&str>) -> Output {
     kubectl_with(&kubeconfig(), args, stdin)

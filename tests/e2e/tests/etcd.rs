@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::Api;
 use kube::api::ListParams;
 use noops_api::EtcdCluster;
@@ -194,6 +194,58 @@ async fn a_cluster_bootstraps_scales_heals_and_goes_away_without_losing_a_write(
         pods.items.len() == 3 && volumes.items.len() == 3
     })
     .await;
+
+    // A drain evicts one member, never two at once: the cluster's budget refuses the second
+    // eviction while the first member is down, whatever the order.
+    // (Back at three members, the budget follows: two must stay up.)
+    wait_until(
+        "the budget to keep two members and allow one eviction",
+        MINUTE,
+        || async {
+            let Ok(budget) = ns
+                .api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>()
+                .get("main")
+                .await
+            else {
+                return false;
+            };
+            let two = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(2);
+            budget.spec.and_then(|s| s.min_available) == Some(two)
+                && budget
+                    .status
+                    .is_some_and(|s| s.disruptions_allowed == 1 && s.current_healthy == 3)
+        },
+    )
+    .await;
+    let mut evictable: Vec<String> = member_names(&three).into_iter().collect();
+    evictable.sort();
+    let pods: Api<Pod> = Api::namespaced(client_without_retries().await, &ns.name);
+    let evict = |name: String| {
+        let pods = pods.clone();
+        async move { pods.evict(&name, &Default::default()).await }
+    };
+    let first_uid = ns.pods().get(&evictable[0]).await.unwrap().metadata.uid;
+    evict(evictable[0].clone())
+        .await
+        .expect("the first eviction is allowed");
+    let refused = evict(evictable[1].clone()).await.expect_err("a second member evicted");
+    assert!(
+        matches!(&refused, kube::Error::Api(e) if e.code == 429),
+        "not refused by the budget: {refused:?}"
+    );
+    wait_until("the evicted member's pod made again and Ready", 3 * MINUTE, || async {
+        ns.pods()
+            .get(&evictable[0])
+            .await
+            .is_ok_and(|p| p.metadata.uid != first_uid && pod_ready(&p))
+    })
+    .await;
+    let three = wait_cluster_ready(&ns, "main", 3, 3 * MINUTE).await;
+    assert_eq!(
+        member_names(&three),
+        evictable.iter().cloned().collect::<BTreeSet<_>>(),
+        "the evicted member came back as itself"
+    );
 
     // A member's process dies: the container restarts it, the member stays itself.
     let before = member_names(&three);

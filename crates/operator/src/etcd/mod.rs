@@ -25,6 +25,7 @@ pub mod bootstrap;
 pub mod client;
 mod context;
 pub mod defrag;
+pub mod disruption;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod membership;
@@ -46,6 +47,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::reflector::ObjectRef;
@@ -83,7 +85,8 @@ pub async fn run(runtime: Runtime) {
         shared_cache(scoped_api::<PersistentVolumeClaim>(&client, &namespace), ours.clone()).await;
     let (secrets, _) = shared_cache(scoped_api::<Secret>(&client, &namespace), ours.clone()).await;
     let (services, _) = shared_cache(scoped_api::<Service>(&client, &namespace), ours.clone()).await;
-    let (config_maps, _) = shared_cache(scoped_api::<ConfigMap>(&client, &namespace), ours).await;
+    let (config_maps, _) = shared_cache(scoped_api::<ConfigMap>(&client, &namespace), ours.clone()).await;
+    let (budgets, _) = shared_cache(scoped_api::<PodDisruptionBudget>(&client, &namespace), ours).await;
     let (backups, backup_changes) = shared_cache(
         scoped_api::<EtcdBackup>(&client, &namespace),
         watcher::Config::default(),
@@ -106,6 +109,7 @@ pub async fn run(runtime: Runtime) {
                 secrets,
                 services,
                 config_maps,
+                budgets,
                 backups,
             },
             user_secrets,

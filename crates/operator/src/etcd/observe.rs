@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::reflector::Store;
 use noops_api::EtcdCluster;
 
@@ -24,6 +25,7 @@ pub struct Children {
     pub secrets: BTreeMap<String, Arc<Secret>>,
     pub services: BTreeMap<String, Arc<Service>>,
     pub config_maps: BTreeMap<String, Arc<ConfigMap>>,
+    pub budgets: BTreeMap<String, Arc<PodDisruptionBudget>>,
     /// Restore pods (of a cluster made from a backup), by pod name.
     pub restore_pods: BTreeMap<String, Arc<Pod>>,
 }
@@ -35,6 +37,7 @@ pub struct Caches {
     pub secrets: Store<Secret>,
     pub services: Store<Service>,
     pub config_maps: Store<ConfigMap>,
+    pub budgets: Store<PodDisruptionBudget>,
     /// Every EtcdBackup (they carry no cluster label until scheduled, and outlive clusters).
     pub backups: Store<noops_api::etcd_backup::EtcdBackup>,
 }
@@ -81,6 +84,7 @@ pub fn children(caches: &Caches, names: &Names) -> Children {
         secrets: by_name(of_cluster(caches.secrets.state(), names)),
         services: by_name(of_cluster(caches.services.state(), names)),
         config_maps: by_name(of_cluster(caches.config_maps.state(), names)),
+        budgets: by_name(of_cluster(caches.budgets.state(), names)),
         restore_pods: by_name(of_cluster(caches.pods.state(), names).filter(|p| {
             p.metadata
                 .labels

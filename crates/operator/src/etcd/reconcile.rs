@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
@@ -21,7 +22,7 @@ use super::membership::{self, Step};
 use super::names::{Names, RECOVER_ANNOTATION};
 use super::observe::{self, Children, EtcdView};
 use super::status::{self, Outcome, Problems};
-use super::{backups, bootstrap, restore, services, tls, validate};
+use super::{backups, bootstrap, disruption, restore, services, tls, validate};
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing};
 use crate::core::backup::retention::being_restored;
 use crate::core::cache::in_namespace;
@@ -423,6 +424,12 @@ async fn ensure_fixed_children(
         if !up_to_date(&service, children.services.get(&name).map(|s| s.as_ref())) {
             apply(&service_api, &name, &service).await?;
         }
+    }
+    let mut budget = disruption::budget(cluster, names, owner);
+    stamp(&mut budget);
+    if !up_to_date(&budget, children.budgets.get(&names.cluster).map(|b| b.as_ref())) {
+        let api: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), ns);
+        apply(&api, &names.cluster, &budget).await?;
     }
     if !children.config_maps.contains_key(&names.state_config_map()) {
         let bootstrapped = cluster.status.as_ref().is_some_and(|s| s.cluster_id.is_some());
