@@ -205,8 +205,13 @@ impl EtcdAccess {
             .await
         {
             Ok(added) => Ok(added.member().map(|m| m.id()).unwrap_or_default()),
+            // Added already: by an earlier call whose answer was lost, or by a retry of this
+            // one within the same second (etcd derives the ID from the URL and the time, so
+            // that retry is refused as a duplicate ID).
             Err(e)
-                if e.to_string().contains("Peer URLs already exists") || e.to_string().contains("peerURL exists") =>
+                if e.to_string().contains("Peer URLs already exists")
+                    || e.to_string().contains("peerURL exists")
+                    || e.to_string().contains("member ID already exist") =>
             {
                 let members = client.member_list().await?;
                 members

@@ -713,6 +713,14 @@ fn continue_add(facts: &ClusterFacts, op: &Operation, member: Option<&MemberFact
         return Step::StartMember { member: m.name.clone() };
     }
     if !m.learner {
+        // A member that has just joined says it votes until it applies its own addition
+        // (etcd builds its first view from --initial-cluster, where all vote): only the
+        // leader's list tells a learner from a voter.
+        if !facts.listed_by_leader {
+            return Step::Wait {
+                reason: format!("{} says it votes; waiting for the leader's member list", m.name),
+            };
+        }
         return if m.healthy {
             Step::Finish
         } else {
@@ -1631,6 +1639,19 @@ mod tests {
                 member: "main-1".into()
             }
         );
+    }
+
+    #[test]
+    fn an_addition_ends_only_when_the_leaders_list_says_the_member_votes() {
+        // main-3 answers as a voter, but the list is not the leader's: it may be main-3's own
+        // view, from before it applied its addition as a learner.
+        let mut members = three();
+        members.push(member("main-3", 13));
+        let mut c = with_op(cluster(3, members), OperationKind::AddMember, "main-3");
+        c.listed_by_leader = false;
+        assert!(matches!(next_step(&c), Step::Wait { .. }), "{:?}", next_step(&c));
+        c.listed_by_leader = true;
+        assert_eq!(next_step(&c), Step::Finish);
     }
 
     #[test]
