@@ -8,7 +8,8 @@ source "$(dirname "$0")/lib.sh"
 
 log "installing the noops CRDs, RBAC and operator (deploy/)"
 kubectl apply --server-side --force-conflicts -f "$root/deploy/crds/" >/dev/null
-kubectl apply -f "$root/deploy/00-namespace.yaml" -f "$root/deploy/10-rbac.yaml" -f "$root/deploy/20-operator.yaml" >/dev/null
+kubectl apply -f "$root/deploy/00-namespace.yaml" -f "$root/deploy/10-rbac.yaml" -f "$root/deploy/20-operator.yaml" \
+  -f "$root/deploy/30-metrics.yaml" >/dev/null
 # The image runs the cargo build (cluster/images.yaml): a new build rolls the operator's pods.
 build=$(stat -c %Y "$target_dir/debug/noops")
 kubectl patch -n noops-system deployment/noops-operator --type merge \

@@ -33,7 +33,7 @@ async fn stored_keys(store: &object_store::aws::AmazonS3, ns: &TestNamespace) ->
 async fn backups_are_stored_checked_scheduled_kept_and_deleted() {
     install_crds();
     let ns = TestNamespace::new("etcd-backup").await;
-    let _operator = Operator::start(&ns.name, &["--controllers", "etcd,etcdbackup"]);
+    let operator = Operator::start(&ns.name, &["--controllers", "etcd,etcdbackup"]);
     s3::deploy(&ns);
     s3::create_bucket(&ns, "backups").await;
     let store = s3::bucket(&ns, "backups").await;
@@ -87,6 +87,24 @@ async fn backups_are_stored_checked_scheduled_kept_and_deleted() {
     assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stderr));
     let report: serde_json::Value = serde_json::from_slice(&checked.stdout).unwrap();
     assert!(report["revision"].as_i64().unwrap() >= written_at, "{report}");
+    // Monitoring sees it: when the last backup succeeded, and when the certificates expire.
+    let resource = format!("{{kind=\"EtcdCluster\",namespace=\"{}\",name=\"main\"", ns.name);
+    let completed = manual.status.as_ref().unwrap().progress.completed_at.clone().unwrap();
+    wait_until("the last backup's time in /metrics", MINUTE, || async {
+        operator
+            .metric(&format!("noops_backup_last_success_timestamp_seconds{resource}}}"))
+            .await
+            .is_some_and(|t| (t - completed.0.as_second() as f64).abs() < 1.0)
+    })
+    .await;
+    let expires = operator
+        .metric(&format!(
+            "noops_certificate_expiry_timestamp_seconds{resource},secret=\"main-server\"}}"
+        ))
+        .await
+        .expect("the server certificate's expiry in /metrics");
+    let now = jiff::Timestamp::now().as_second() as f64;
+    assert!(expires > now + 86400.0, "expires at {expires}, now {now}");
     wait_until("a BackupSucceeded Event", MINUTE, || async {
         let events: Api<k8s_openapi::api::core::v1::Event> = ns.api();
         events

@@ -28,16 +28,20 @@ fn objects(yaml: &str) -> BTreeMap<String, Value> {
         .collect()
 }
 
-#[test]
-fn the_chart_renders_what_deploy_holds() {
+/// The chart's objects with `settings` (`--set` values), by kind/namespace/name.
+fn rendered(settings: &[&str]) -> BTreeMap<String, Value> {
+    let mut args = vec![
+        "template".to_string(),
+        "noops".into(),
+        root().join("charts/noops").to_str().unwrap().into(),
+        "--namespace".into(),
+        "noops-system".into(),
+    ];
+    for setting in settings {
+        args.extend(["--set".to_string(), setting.to_string()]);
+    }
     let out = Command::new(upstream_bin("helm"))
-        .args([
-            "template",
-            "noops",
-            root().join("charts/noops").to_str().unwrap(),
-            "--namespace",
-            "noops-system",
-        ])
+        .args(&args)
         .output()
         .expect("helm (run `make setup`)");
     assert!(
@@ -45,17 +49,55 @@ fn the_chart_renders_what_deploy_holds() {
         "helm template: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let rendered = objects(&String::from_utf8_lossy(&out.stdout));
+    objects(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The objects of files under deploy/, by kind/namespace/name.
+fn deployed(files: &[&str]) -> BTreeMap<String, Value> {
     let mut plain = String::new();
-    for file in ["10-rbac.yaml", "20-operator.yaml"] {
+    for file in files {
         plain.push_str(&std::fs::read_to_string(root().join("deploy").join(file)).unwrap());
         plain.push_str("\n---\n");
     }
-    let plain = objects(&plain);
+    objects(&plain)
+}
+
+fn assert_same(rendered: &BTreeMap<String, Value>, plain: &BTreeMap<String, Value>) {
     assert_eq!(rendered.keys().collect::<Vec<_>>(), plain.keys().collect::<Vec<_>>());
-    for (key, object) in &plain {
+    for (key, object) in plain {
         assert_eq!(&rendered[key], object, "{key} differs between the chart and deploy/");
     }
+}
+
+#[test]
+fn the_chart_renders_what_deploy_holds() {
+    let plain = deployed(&["10-rbac.yaml", "20-operator.yaml", "30-metrics.yaml"]);
+    assert_same(&rendered(&[]), &plain);
+}
+
+#[test]
+fn with_monitoring_on_the_chart_renders_what_deploy_monitoring_holds() {
+    let monitoring = [
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.prometheusRule.enabled=true",
+    ];
+    let mut chart = rendered(&monitoring);
+    let mut plain = deployed(&["10-rbac.yaml", "20-operator.yaml", "30-metrics.yaml"]);
+    plain.extend(deployed(&["monitoring/prometheus-operator.yaml"]));
+    assert_same(&chart, &plain);
+    // The rules are the chart's file of rules.
+    let rules: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(root().join("charts/noops/files/prometheus-rules.yaml")).unwrap(),
+    )
+    .unwrap();
+    let rule = chart.remove("PrometheusRule/noops-system/noops").unwrap();
+    assert_eq!(rule["spec"]["groups"], rules["groups"]);
+    // The dashboard, for Grafana's sidecar, is the chart's dashboard file.
+    let mut with_dashboard = rendered(&["metrics.dashboard.enabled=true"]);
+    let dashboard = with_dashboard.remove("ConfigMap/noops-system/noops-dashboard").unwrap();
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json = std::fs::read_to_string(root().join("charts/noops/files/dashboard.json")).unwrap();
+    assert_eq!(dashboard["data"]["noops.json"].as_str(), Some(json.as_str()));
 }
 
 #[test]

@@ -290,6 +290,22 @@ async fn backups_to_a_volume_run_on_schedule_keep_max_backups_and_restore_a_lost
         backups_of(&all, "shop").into_iter().find(|b| phase(b) == "Succeeded")
     })
     .await;
+    // Monitoring sees the backups (every 5 s) and the archive (a segment a second at most).
+    let resource = format!("{{kind=\"PostgreSQL\",namespace=\"{}\",name=\"shop\"}}", ns.name);
+    let metric = |name: &str| {
+        let series = format!("{name}{resource}");
+        let operator = &operator;
+        async move { operator.metric(&series).await }
+    };
+    wait_until("the backups and the archive in /metrics", MINUTE, || async {
+        let now = jiff::Timestamp::now().as_second() as f64;
+        let recent = |t: Option<f64>| t.is_some_and(|t| now - t < 120.0);
+        recent(metric("noops_backup_last_success_timestamp_seconds").await)
+            && metric("noops_backup_schedule_interval_seconds").await == Some(5.0)
+            && recent(metric("noops_postgres_wal_last_archived_timestamp_seconds").await)
+            && metric("noops_postgres_wal_archiving_failing").await == Some(0.0)
+    })
+    .await;
     let folder = claim_folder(&ns, "pg-backups").await.join("postgres/shop");
     wait_until("the first backup deleted by retention", 3 * MINUTE, || async {
         api.get_opt(&first_seen.metadata.name.clone().unwrap())

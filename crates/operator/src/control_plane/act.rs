@@ -20,7 +20,7 @@ use super::observe::Live;
 use super::plan::Plan;
 use crate::core::apply::{FIELD_MANAGER, apply, create_if_missing};
 use crate::core::crash;
-use crate::core::pki::{Ca, NOT_AFTER_ANNOTATION, new_key_pair};
+use crate::core::pki::{self, Ca, NOT_AFTER_ANNOTATION, new_key_pair};
 use crate::core::stamp::{is_subset, same_stamp, up_to_date};
 use crate::core::{Error, Result};
 
@@ -140,14 +140,20 @@ pub async fn issue_due(
         let leaf = certificate.leaf(names, addresses);
         let name = certificate.secret(names);
         let ca = authorities.of(certificate.authority());
-        if !certificates::due(
-            live.secrets.get(&name),
-            &leaf,
-            ca,
-            &server,
-            now,
-            ctx.certificate_lifetime,
-        ) {
+        let expires = |at| {
+            ctx.core.metrics.set_certificate_expiry(
+                "KubernetesControlPlane",
+                &names.namespace,
+                &names.control_plane,
+                &name,
+                at,
+            )
+        };
+        let live_secret = live.secrets.get(&name);
+        if !certificates::due(live_secret, &leaf, ca, &server, now, ctx.certificate_lifetime) {
+            if let Some(at) = live_secret.and_then(pki::not_after) {
+                expires(at);
+            }
             continue;
         }
         let made = ca
@@ -155,6 +161,7 @@ pub async fn issue_due(
             .map_err(|e| Error::Certificate(e.to_string()))?;
         let secret = certificates::leaf_secret(names, certificate, &leaf, &made, ca, &server, owner);
         apply(&secrets, &name, &secret).await?;
+        expires(made.not_after);
         crash::point("control plane: a certificate issued");
         issued.push(certificate);
     }

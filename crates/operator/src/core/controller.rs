@@ -109,6 +109,20 @@ where
     R: Fn(Arc<K>, Arc<Context<S>>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<Action>> + Send + 'static,
 {
+    // The per-resource series of an object that is gone go with it.
+    let store = controller.store();
+    let metrics = ctx.core.metrics.clone();
+    let janitor = tokio::spawn(async move {
+        let kind = K::kind(&()).to_string();
+        loop {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            metrics.retain_resources(&kind, |namespace, name| {
+                store
+                    .get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace))
+                    .is_some()
+            });
+        }
+    });
     controller
         .run(
             move |obj, ctx: Arc<Context<S>>| {
@@ -130,6 +144,7 @@ where
             }
         })
         .await;
+    janitor.abort();
 }
 
 /// A controller of `K` in `namespace` (every namespace for `None`), woken by every change of

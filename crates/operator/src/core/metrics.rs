@@ -1,9 +1,13 @@
 //! Prometheus metrics of every controller: reconciles by result, errors by reason, reconcile
-//! duration, whether this replica leads, and the requests it sends to the API server.
+//! duration, whether this replica leads, and the requests it sends to the API server; and per
+//! resource what people alert on: an etcd cluster's health, the age of the last backup against
+//! its schedule, the last archived WAL, and when each certificate the operator issued expires.
+//! `charts/noops/files/` holds the alerting rules and the dashboard built on them (a test
+//! parses every query and checks each metric it names is one of these).
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -38,7 +42,49 @@ struct ClusterLabels {
     cluster: String,
 }
 
+/// One noops resource.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct ResourceLabels {
+    kind: String,
+    namespace: String,
+    name: String,
+}
+
+/// One certificate of a noops resource, by the Secret that holds it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct CertificateLabels {
+    kind: String,
+    namespace: String,
+    name: String,
+    secret: String,
+}
+
+impl CertificateLabels {
+    fn resource(&self) -> ResourceLabels {
+        ResourceLabels {
+            kind: self.kind.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        }
+    }
+}
+
 type HistogramFamily = Family<ControllerLabels, Histogram, fn() -> Histogram>;
+type Seconds = Gauge<f64, AtomicU64>;
+
+/// What a resource's status says of its backups and WAL archive, as seconds since the epoch
+/// (`None`: no such series for it).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BackupGauges {
+    /// When its newest successful backup completed.
+    pub last_success: Option<f64>,
+    /// The time between two scheduled backups (for a schedule).
+    pub interval: Option<f64>,
+    /// When its last WAL segment was archived (PostgreSQL).
+    pub last_archived_wal: Option<f64>,
+    /// Whether the last archiving attempt failed (PostgreSQL).
+    pub archiving_failing: Option<bool>,
+}
 
 /// The operator's metrics, registered once and shared by every controller.
 pub struct Metrics {
@@ -50,8 +96,17 @@ pub struct Metrics {
     api_requests: RequestCounts,
     etcd_healthy_members: Family<ClusterLabels, Gauge>,
     etcd_quorum_lost: Family<ClusterLabels, Gauge>,
+    etcd_leader: Family<ClusterLabels, Gauge>,
     /// The clusters that have series, so that those of deleted clusters can be dropped.
     etcd_clusters: Mutex<BTreeSet<ClusterLabels>>,
+    backup_last_success: Family<ResourceLabels, Seconds>,
+    backup_interval: Family<ResourceLabels, Seconds>,
+    wal_last_archived: Family<ResourceLabels, Seconds>,
+    wal_archiving_failing: Family<ResourceLabels, Gauge>,
+    certificate_expiry: Family<CertificateLabels, Seconds>,
+    /// The resources and certificates that have series, likewise.
+    resources: Mutex<BTreeSet<ResourceLabels>>,
+    certificates: Mutex<BTreeSet<CertificateLabels>>,
 }
 
 impl Default for Metrics {
@@ -102,6 +157,42 @@ impl Metrics {
             "1 while an EtcdCluster has lost its quorum (reported after a grace period)",
             etcd_quorum_lost.clone(),
         );
+        let etcd_leader = Family::<ClusterLabels, Gauge>::default();
+        registry.register(
+            "etcd_has_leader",
+            "1 while the members of an EtcdCluster that answer name a leader",
+            etcd_leader.clone(),
+        );
+        let backup_last_success = Family::<ResourceLabels, Seconds>::default();
+        registry.register(
+            "backup_last_success_timestamp_seconds",
+            "When the newest successful backup of a resource completed (EtcdCluster, PostgreSQL)",
+            backup_last_success.clone(),
+        );
+        let backup_interval = Family::<ResourceLabels, Seconds>::default();
+        registry.register(
+            "backup_schedule_interval_seconds",
+            "The time between two scheduled backups of a resource",
+            backup_interval.clone(),
+        );
+        let wal_last_archived = Family::<ResourceLabels, Seconds>::default();
+        registry.register(
+            "postgres_wal_last_archived_timestamp_seconds",
+            "When a PostgreSQL's last WAL segment was archived",
+            wal_last_archived.clone(),
+        );
+        let wal_archiving_failing = Family::<ResourceLabels, Gauge>::default();
+        registry.register(
+            "postgres_wal_archiving_failing",
+            "1 while a PostgreSQL's last attempt to archive a WAL segment failed",
+            wal_archiving_failing.clone(),
+        );
+        let certificate_expiry = Family::<CertificateLabels, Seconds>::default();
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "When a certificate the operator issued expires, by resource and Secret",
+            certificate_expiry.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -111,20 +202,120 @@ impl Metrics {
             api_requests,
             etcd_healthy_members,
             etcd_quorum_lost,
+            etcd_leader,
             etcd_clusters: Mutex::new(BTreeSet::new()),
+            backup_last_success,
+            backup_interval,
+            wal_last_archived,
+            wal_archiving_failing,
+            certificate_expiry,
+            resources: Mutex::new(BTreeSet::new()),
+            certificates: Mutex::new(BTreeSet::new()),
         }
     }
 
     /// Records the health of EtcdCluster `cluster` in `namespace`.
-    pub fn set_etcd_cluster(&self, namespace: &str, cluster: &str, healthy_members: i64, quorum_lost: bool) {
+    pub fn set_etcd_cluster(
+        &self,
+        namespace: &str,
+        cluster: &str,
+        healthy_members: i64,
+        quorum_lost: bool,
+        has_leader: bool,
+    ) {
         let labels = ClusterLabels {
             namespace: namespace.into(),
             cluster: cluster.into(),
         };
         self.etcd_healthy_members.get_or_create(&labels).set(healthy_members);
         self.etcd_quorum_lost.get_or_create(&labels).set(i64::from(quorum_lost));
+        self.etcd_leader.get_or_create(&labels).set(i64::from(has_leader));
         if let Ok(mut known) = self.etcd_clusters.lock() {
             known.insert(labels);
+        }
+    }
+
+    /// Records what the status of resource `kind` `namespace`/`name` says of its backups.
+    pub fn set_backups(&self, kind: &str, namespace: &str, name: &str, gauges: &BackupGauges) {
+        let labels = ResourceLabels {
+            kind: kind.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        let seconds = |family: &Family<ResourceLabels, Seconds>, value: Option<f64>| match value {
+            Some(v) => {
+                family.get_or_create(&labels).set(v);
+            }
+            None => {
+                family.remove(&labels);
+            }
+        };
+        seconds(&self.backup_last_success, gauges.last_success);
+        seconds(&self.backup_interval, gauges.interval);
+        seconds(&self.wal_last_archived, gauges.last_archived_wal);
+        match gauges.archiving_failing {
+            Some(failing) => {
+                self.wal_archiving_failing
+                    .get_or_create(&labels)
+                    .set(i64::from(failing));
+            }
+            None => {
+                self.wal_archiving_failing.remove(&labels);
+            }
+        }
+        if let Ok(mut known) = self.resources.lock() {
+            known.insert(labels);
+        }
+    }
+
+    /// Records that the certificate in Secret `secret` of resource `kind` `namespace`/`name`
+    /// expires at `not_after`.
+    pub fn set_certificate_expiry(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        secret: &str,
+        not_after: jiff::Timestamp,
+    ) {
+        let labels = CertificateLabels {
+            kind: kind.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+            secret: secret.into(),
+        };
+        self.certificate_expiry
+            .get_or_create(&labels)
+            .set(not_after.as_millisecond() as f64 / 1000.0);
+        if let Ok(mut known) = self.certificates.lock() {
+            known.insert(labels);
+        }
+    }
+
+    /// Drops the backup and certificate series of resources of `kind` for which
+    /// `exists(namespace, name)` is false.
+    pub fn retain_resources(&self, kind: &str, exists: impl Fn(&str, &str) -> bool) {
+        let gone = |labels: &ResourceLabels| labels.kind == kind && !exists(&labels.namespace, &labels.name);
+        if let Ok(mut known) = self.resources.lock() {
+            known.retain(|labels| {
+                if gone(labels) {
+                    self.backup_last_success.remove(labels);
+                    self.backup_interval.remove(labels);
+                    self.wal_last_archived.remove(labels);
+                    self.wal_archiving_failing.remove(labels);
+                    return false;
+                }
+                true
+            });
+        }
+        if let Ok(mut known) = self.certificates.lock() {
+            known.retain(|labels| {
+                if gone(&labels.resource()) {
+                    self.certificate_expiry.remove(labels);
+                    return false;
+                }
+                true
+            });
         }
     }
 
@@ -138,6 +329,7 @@ impl Metrics {
             if !keep {
                 self.etcd_healthy_members.remove(labels);
                 self.etcd_quorum_lost.remove(labels);
+                self.etcd_leader.remove(labels);
             }
             keep
         });
@@ -219,8 +411,8 @@ mod tests {
     #[test]
     fn etcd_cluster_series_go_with_their_cluster() {
         let m = Metrics::new();
-        m.set_etcd_cluster("db", "main", 1, true);
-        m.set_etcd_cluster("db", "gone", 3, false);
+        m.set_etcd_cluster("db", "main", 1, true, false);
+        m.set_etcd_cluster("db", "gone", 3, false, true);
         let text = m.render();
         assert!(
             text.contains(r#"noops_etcd_quorum_lost{namespace="db",cluster="main"} 1"#),
@@ -234,5 +426,50 @@ mod tests {
         let text = m.render();
         assert!(!text.contains(r#"cluster="gone""#), "{text}");
         assert!(text.contains(r#"cluster="main""#), "{text}");
+    }
+
+    #[test]
+    fn backup_archive_and_certificate_series_go_with_their_resource() {
+        let m = Metrics::new();
+        let gauges = BackupGauges {
+            last_success: Some(1_700_000_000.0),
+            interval: Some(3600.0),
+            last_archived_wal: Some(1_700_000_100.0),
+            archiving_failing: Some(true),
+        };
+        m.set_backups("PostgreSQL", "shop", "db", &gauges);
+        m.set_backups("EtcdCluster", "shop", "main", &BackupGauges::default());
+        let at = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+        m.set_certificate_expiry("EtcdCluster", "shop", "main", "main-server", at);
+        let text = m.render();
+        for line in [
+            r#"noops_backup_last_success_timestamp_seconds{kind="PostgreSQL",namespace="shop",name="db"} 1700000000"#,
+            r#"noops_backup_schedule_interval_seconds{kind="PostgreSQL",namespace="shop",name="db"} 3600"#,
+            r#"noops_postgres_wal_last_archived_timestamp_seconds{kind="PostgreSQL",namespace="shop",name="db"} 1700000100"#,
+            r#"noops_postgres_wal_archiving_failing{kind="PostgreSQL",namespace="shop",name="db"} 1"#,
+            r#"noops_certificate_expiry_timestamp_seconds{kind="EtcdCluster",namespace="shop",name="main",secret="main-server"} 1800000000"#,
+        ] {
+            assert!(text.contains(line), "no {line} in\n{text}");
+        }
+        // A resource with no backup yet has no series (an alert on its age cannot fire wrongly).
+        assert!(
+            !text.contains(r#"noops_backup_last_success_timestamp_seconds{kind="EtcdCluster""#),
+            "{text}"
+        );
+        // A schedule removed takes its series with it.
+        m.set_backups(
+            "PostgreSQL",
+            "shop",
+            "db",
+            &BackupGauges {
+                last_success: Some(1.0),
+                ..Default::default()
+            },
+        );
+        assert!(!m.render().contains("noops_backup_schedule_interval_seconds{"));
+        m.retain_resources("EtcdCluster", |_, _| false);
+        let text = m.render();
+        assert!(!text.contains("main-server"), "{text}");
+        assert!(text.contains(r#"name="db""#), "another kind is kept: {text}");
     }
 }

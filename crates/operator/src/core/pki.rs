@@ -189,13 +189,21 @@ impl Issued {
     }
 }
 
+/// When the leaf in `secret` expires, as the operator noted when it issued it.
+pub fn not_after(secret: &Secret) -> Option<jiff::Timestamp> {
+    secret
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(NOT_AFTER_ANNOTATION)?
+        .parse()
+        .ok()
+}
+
 /// Whether a leaf Secret must be issued (again): missing, unreadable, or with less than a
 /// third of `lifetime` left.
 pub fn needs_issuing(secret: Option<&Secret>, now: jiff::Timestamp, lifetime: Duration) -> bool {
-    let not_after = secret
-        .and_then(|s| s.metadata.annotations.as_ref())
-        .and_then(|a| a.get(NOT_AFTER_ANNOTATION))
-        .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    let not_after = secret.and_then(not_after);
     let has_keys = secret
         .and_then(|s| s.data.as_ref())
         .is_some_and(|d| ["tls.crt", "tls.key", "ca.crt"].iter().all(|k| d.contains_key(*k)));

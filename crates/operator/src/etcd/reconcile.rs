@@ -317,11 +317,20 @@ impl<'a> Pass<'a> {
                 format!("{}: {}", stuck.reason, stuck.message),
             ));
         }
-        self.ctx.core.metrics.set_etcd_cluster(
+        let metrics = &self.ctx.core.metrics;
+        metrics.set_etcd_cluster(
             &self.names.namespace,
             &self.names.cluster,
             i64::from(status.ready_members),
             outcome.problems.quorum_lost.is_some(),
+            status.leader.is_some(),
+        );
+        let schedule = self.cluster.spec.backup.as_ref().and_then(|b| b.schedule.as_deref());
+        metrics.set_backups(
+            "EtcdCluster",
+            &self.names.namespace,
+            &self.names.cluster,
+            &crate::core::backup::gauges::of(&status.backups, schedule, jiff::Timestamp::now()),
         );
         if self.cluster.status.as_ref() == Some(status) {
             return Ok(true);
@@ -401,16 +410,22 @@ async fn ensure_fixed_children(
         };
         for leaf in [tls::Leaf::Peer, tls::Leaf::Server, tls::Leaf::Client] {
             let lifetime = ctx.certificate_lifetime;
-            if tls::needs_issuing(
-                children.secrets.get(&leaf.secret(names)).map(|s| s.as_ref()),
-                now,
-                lifetime,
-            ) {
+            let name = leaf.secret(names);
+            let expires = |at| {
+                ctx.core
+                    .metrics
+                    .set_certificate_expiry("EtcdCluster", ns, &names.cluster, &name, at)
+            };
+            let live = children.secrets.get(&name).map(|s| s.as_ref());
+            if tls::needs_issuing(live, now, lifetime) {
                 let issued =
                     tls::issue(&ca, names, leaf, now, lifetime).map_err(|e| Error::Certificate(e.to_string()))?;
                 let secret = tls::leaf_secret(&issued, &ca, names, leaf, owner);
-                apply(&secrets, &leaf.secret(names), &secret).await?;
-                info!(secret = leaf.secret(names), not_after = %issued.not_after, "issued a certificate");
+                apply(&secrets, &name, &secret).await?;
+                info!(secret = name, not_after = %issued.not_after, "issued a certificate");
+                expires(issued.not_after);
+            } else if let Some(at) = live.and_then(crate::core::pki::not_after) {
+                expires(at);
             }
         }
     }

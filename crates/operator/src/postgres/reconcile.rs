@@ -672,6 +672,12 @@ async fn finish(
     }
     let previous = pg.status.clone().unwrap_or_default();
     let status = status::build(pg, names, &seen, now);
+    ctx.core.metrics.set_backups(
+        "PostgreSQL",
+        &names.namespace,
+        &names.name,
+        &status::gauges(pg, &status, now),
+    );
     let events = announcements(pg, &previous, &status, made);
     if pg.status.as_ref() != Some(&status) {
         if status.restore != previous.restore || made.password_set {

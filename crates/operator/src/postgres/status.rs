@@ -13,8 +13,10 @@ use super::names::{Names, PORT};
 use super::problem::PlanProblem;
 use super::secrets::PasswordProblem;
 use super::sql::{Archiver, InstanceFacts};
+use crate::core::backup::gauges::epoch_seconds;
 use crate::core::backup::retention::BackupsSummary;
 use crate::core::conditions::{Decided, merge};
+use crate::core::metrics::BackupGauges;
 use crate::core::stuck::Stuck;
 
 pub const CONTINUOUS_ARCHIVING: &str = "ContinuousArchiving";
@@ -83,6 +85,23 @@ impl Default for InstanceState {
 }
 
 /// The status after a pass: one builder per condition and the phase, from what the pass saw.
+/// What `status` says to monitoring: the backups' gauges, and with archiving on, when the last
+/// WAL segment was archived and whether the last attempt failed.
+pub fn gauges(pg: &PostgreSQL, status: &PostgreSQLStatus, now: jiff::Timestamp) -> BackupGauges {
+    let schedule = pg.spec.backup.as_ref().and_then(|b| b.plan.schedule.as_deref());
+    let mut gauges = crate::core::backup::gauges::of(&status.backups, schedule, now);
+    if pg.spec.backup.is_some() {
+        let archived = status.last_archived_time.as_ref().map(|t| t.0);
+        let failed = status.last_failed_time.as_ref().map(|t| t.0);
+        gauges.last_archived_wal = archived.map(epoch_seconds);
+        gauges.archiving_failing = Some(match (failed, archived) {
+            (Some(failed), Some(archived)) => failed > archived,
+            (failed, _) => failed.is_some(),
+        });
+    }
+    gauges
+}
+
 pub fn build(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, now: jiff::Timestamp) -> PostgreSQLStatus {
     let previous = pg.status.clone().unwrap_or_default();
     let serving = match &seen.instance {
@@ -582,5 +601,30 @@ mod tests {
             "a bad schedule does not hold a new database back"
         );
         assert_eq!(condition(&status, DEGRADED).reason, "InvalidSchedule");
+    }
+
+    #[test]
+    fn monitoring_sees_the_last_archived_wal_and_a_failing_archive() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let now: jiff::Timestamp = "2026-11-26T12:00:00Z".parse().unwrap();
+        let t = |s: i64| Time(now - jiff::SignedDuration::from_secs(s));
+        let pg = with_backups(postgres("shop"));
+        let mut status = PostgreSQLStatus {
+            last_archived_time: Some(t(60)),
+            ..Default::default()
+        };
+        let gauges = gauges(&pg, &status, now);
+        assert_eq!(gauges.last_archived_wal, Some(epoch_seconds(t(60).0)));
+        assert_eq!(gauges.archiving_failing, Some(false));
+        status.last_failed_time = Some(t(10));
+        assert_eq!(gauges_of(&pg, &status, now), Some(true));
+        status.last_archived_time = Some(t(5));
+        assert_eq!(gauges_of(&pg, &status, now), Some(false), "archived again since");
+        // Without backups nothing is archived, and nothing is said of archiving.
+        assert_eq!(gauges_of(&postgres("shop"), &status, now), None);
+    }
+
+    fn gauges_of(pg: &PostgreSQL, status: &PostgreSQLStatus, now: jiff::Timestamp) -> Option<bool> {
+        gauges(pg, status, now).archiving_failing
     }
 }

@@ -4,6 +4,7 @@
 //! - `destination.rs`: where backups go (a bucket or a volume) and one resource's folder there;
 //! - `stores.rs`: how the operator and the pods it runs open a store;
 //! - `schedule.rs`: when scheduled backups are due, their names, what retention deletes;
+//! - `gauges.rs`: what a resource's backups say to monitoring;
 //! - `task_pod.rs`: the short-lived pods that do one job (take, save or delete a backup) and
 //!   report how it went.
 //!
@@ -11,6 +12,7 @@
 
 pub mod controller;
 pub mod destination;
+pub mod gauges;
 pub mod progress;
 pub mod retention;
 pub mod schedule;

@@ -57,6 +57,15 @@ pub fn due(cron: &Cron, last: jiff::Timestamp, now: jiff::Timestamp) -> Result<D
     })
 }
 
+/// The time between the scheduled time at or before `now` and the next one: how old the last
+/// backup may be expected to get (an alert fires at twice that).
+pub fn interval(cron: &Cron, now: jiff::Timestamp) -> Option<std::time::Duration> {
+    let utc = now.to_zoned(jiff::tz::TimeZone::UTC);
+    let next = cron.find_next_occurrence(&utc, false).ok()?.timestamp();
+    let latest = cron.find_previous_occurrence(&utc, true).ok()?.timestamp();
+    Some(elapsed(latest, next))
+}
+
 /// The name of the scheduled backup of `cluster` for `at`: the same time gives the same
 /// name, so a backup asked for twice (an operator restarted in between) is made once.
 pub fn backup_name(cluster: &str, at: jiff::Timestamp) -> String {
