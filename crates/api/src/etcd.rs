@@ -60,6 +60,12 @@ pub struct EtcdClusterSpec {
     #[schemars(length(max = 32))]
     #[x_kube(validation = Rule::new("self.matches('^3\\\\.[56]\\\\.[0-9]+$')").message("version must be an etcd version this operator runs: 3.5.x or 3.6.x"))]
     pub version: String,
+    /// The repository to pull etcd from, without a tag (the tag is `v<version>`), such as a
+    /// mirror of `quay.io/coreos/etcd`. Default: that one, in the operator's
+    /// `--image-registry` if it has one.
+    #[schemars(length(max = 255))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$') && !self.matches(':[0-9]+$')").message("imageRepository must be an image repository without a tag, such as registry.example.com/etcd: the tag is the version"))]
+    pub image_repository: Option<String>,
     /// Where members keep their data. Immutable.
     #[serde(default)]
     #[x_kube(validation = Rule::new("self == oldSelf").message("storage is immutable: create a new cluster (from a backup) to change it"))]

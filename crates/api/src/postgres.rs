@@ -79,6 +79,12 @@ pub struct PostgreSQLSpec {
     #[serde(default = "default_version")]
     #[x_kube(validation = Rule::new("self.matches('^[0-9]{2}$') && int(self) >= 13 && int(self) <= 18").message("version must be a PostgreSQL major version from 13 to 18, such as \"15\""))]
     pub version: String,
+    /// The repository to pull PostgreSQL from, without a tag (the tag is the version), laid
+    /// out as the official `postgres` image. Default: `postgres`, in the operator's
+    /// `--image-registry` if it has one.
+    #[schemars(length(max = 255))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$') && !self.matches(':[0-9]+$')").message("imageRepository must be an image repository without a tag, such as registry.example.com/postgres: the tag is the version"))]
+    pub image_repository: Option<String>,
     /// The instance's volume.
     #[serde(default)]
     #[x_kube(validation = Rule::new("self == oldSelf").message("storage is immutable: create a new PostgreSQL (from a backup) to change it"))]

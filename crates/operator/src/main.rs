@@ -88,6 +88,11 @@ struct RunArgs {
     /// snapshot). Set it to the image the operator runs from.
     #[arg(long, env = "NOOPS_IMAGE", default_value = concat!("ghcr.io/noops-dev/noops:", env!("CARGO_PKG_VERSION")))]
     image: String,
+    /// A registry (and path) holding the etcd and PostgreSQL images under their projects' paths
+    /// (`<registry>/coreos/etcd`, `<registry>/library/postgres`), for a mirror or a cluster that
+    /// cannot reach the public registries. A resource's `spec.imageRepository` wins over it.
+    #[arg(long, env = "NOOPS_IMAGE_REGISTRY")]
+    image_registry: Option<String>,
     /// Seconds the leaf certificates the operator issues are valid (etcd's peer, server and
     /// client certificates; a control plane's serving, client and kubeconfig certificates); each
     /// is issued again with a third of that left. Keep that third well above the time kubelets
@@ -215,6 +220,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.namespaces.iter().cloned().map(Some).collect()
     };
     let image = args.image.clone();
+    let images = noops::core::images::Images {
+        registry: args.image_registry.clone(),
+    };
     let certificate_lifetime = std::time::Duration::from_secs(args.certificate_lifetime_seconds);
     let leader_metric = metrics.clone();
     let outcome = noops::leader::run_while_leading(
@@ -233,6 +241,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                         shutdown: shutdown.clone(),
                         image: image.clone(),
                         certificate_lifetime,
+                        images: images.clone(),
                     }));
                 }
             }

@@ -52,6 +52,7 @@ pub fn etcd_cluster(
         EtcdClusterSpec {
             replicas: etcd.replicas,
             version: etcd_version.to_string(),
+            image_repository: None,
             storage: etcd.storage.clone(),
             tls: TlsSpec {
                 enabled: true,

@@ -54,6 +54,8 @@ pub struct Runtime {
     pub image: String,
     /// How long the certificates the operator issues are valid.
     pub certificate_lifetime: std::time::Duration,
+    /// Where the services' images are pulled from (`--image-registry`).
+    pub images: super::images::Images,
 }
 
 /// Fires when the controllers must stop (SIGTERM, or this replica lost its leader lease).

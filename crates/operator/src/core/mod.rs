@@ -20,6 +20,7 @@ pub mod error;
 pub mod events;
 #[cfg(test)]
 pub mod fixtures;
+pub mod images;
 pub mod labels;
 pub mod metrics;
 pub mod nodes;

@@ -18,6 +18,8 @@ pub struct State {
     pub image: String,
     /// How long the member and client certificates it issues are valid.
     pub certificate_lifetime: std::time::Duration,
+    /// Where etcd is pulled from.
+    pub images: crate::core::images::Images,
     /// Every EtcdCluster, as the controller's own watch keeps them.
     pub clusters: Store<DeserializeGuard<EtcdCluster>>,
 }

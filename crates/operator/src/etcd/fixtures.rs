@@ -18,6 +18,7 @@ pub fn cluster() -> ClusterFixture {
         EtcdClusterSpec {
             replicas: 3,
             version: "3.5.21".into(),
+            image_repository: None,
             storage: StorageSpec::default(),
             tls: TlsSpec::default(),
             paused: false,

@@ -120,6 +120,8 @@ pub struct ClusterFacts {
     pub reachable: bool,
     /// The member list came from the leader, so it holds every committed change (another
     /// member's list may lag behind).
+    /// Where etcd is pulled from (an upgrade's image is `<this>:v<version>`).
+    pub image_repository: String,
     pub listed_by_leader: bool,
     /// Members known from etcd, from their pods or volumes, or from the operation in progress.
     pub members: Vec<MemberFacts>,
@@ -622,7 +624,7 @@ fn continue_upgrade(facts: &ClusterFacts, op: &Operation, member: Option<&Member
     // left it, and it goes back to that version rather than waiting out the deadline and
     // being replaced (by a member that could not start either).
     if let (Some(missing), Some(version)) = (&m.image_unavailable, &op.version)
-        && *missing == super::pod::image(version)
+        && *missing == super::pod::image(&facts.image_repository, version)
     {
         return Step::VersionUnavailable {
             member: m.name.clone(),
@@ -815,6 +817,7 @@ mod tests {
             replicas,
             bootstrapped: true,
             reachable: true,
+            image_repository: crate::etcd::names::ETCD_REPOSITORY.into(),
             listed_by_leader: true,
             members,
             operation: None,
@@ -1605,7 +1608,7 @@ mod tests {
     #[test]
     fn an_upgrade_whose_image_cannot_be_pulled_goes_back_instead_of_waiting() {
         let mut members = outdated(three());
-        members[1].image_unavailable = Some(super::super::pod::image("3.5.21"));
+        members[1].image_unavailable = Some(super::super::pod::image(crate::etcd::names::ETCD_REPOSITORY, "3.5.21"));
         members[1].healthy = false;
         members[1].pod = PodState::Starting;
         let c = with_op(upgrading(members.clone()), OperationKind::Upgrade, "main-1");
@@ -1613,7 +1616,7 @@ mod tests {
             !matches!(next_step(&c), Step::VersionUnavailable { .. }),
             "the old version's image failing to pull says nothing about the new one"
         );
-        members[1].image_unavailable = Some(super::super::pod::image("3.6.99"));
+        members[1].image_unavailable = Some(super::super::pod::image(crate::etcd::names::ETCD_REPOSITORY, "3.6.99"));
         members[1].healthy = false;
         members[1].pod = PodState::Starting;
         let mut c = with_op(upgrading(members), OperationKind::Upgrade, "main-1");

@@ -78,6 +78,7 @@ pub async fn run(runtime: Runtime) {
         shutdown,
         image,
         certificate_lifetime,
+        images,
     } = runtime;
     let ours = watcher::Config::default().labels(names::CLUSTER_LABEL);
     let (pods, pod_changes) = shared_cache(scoped_api::<Pod>(&client, &namespace), ours.clone()).await;
@@ -115,6 +116,7 @@ pub async fn run(runtime: Runtime) {
             user_secrets,
             image,
             certificate_lifetime,
+            images,
             clusters: clusters.clone(),
         },
     );

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use noops_api::EtcdCluster;
 use noops_api::etcd::TlsSecrets;
 
+use crate::core::images::Images;
 use crate::core::labels;
 
 /// The label naming the EtcdCluster an object belongs to.
@@ -22,6 +23,9 @@ pub const CLIENT_PORT: i32 = 2379;
 pub const PEER_PORT: i32 = 2380;
 pub const METRICS_PORT: i32 = 2381;
 
+/// The etcd project's repository (the local Kubernetes maps its tags to its own builds).
+pub const ETCD_REPOSITORY: &str = "quay.io/coreos/etcd";
+
 /// Names derived from one EtcdCluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Names {
@@ -30,15 +34,24 @@ pub struct Names {
     pub tls: bool,
     /// The user's own certificate Secrets, if the cluster names them.
     pub user_secrets: Option<TlsSecrets>,
+    /// Where etcd is pulled from (`core::images`): the image is `<this>:v<version>`.
+    pub image_repository: String,
 }
 
 impl Names {
+    /// The names of `cluster`, its etcd pulled from the projects' registries.
     pub fn of(cluster: &EtcdCluster) -> Self {
+        Self::pulling_from(cluster, &Images::default())
+    }
+
+    /// The names of `cluster`, its etcd pulled as `images` says.
+    pub fn pulling_from(cluster: &EtcdCluster, images: &Images) -> Self {
         Self {
             cluster: cluster.metadata.name.clone().unwrap_or_default(),
             namespace: cluster.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
             tls: cluster.spec.tls.enabled,
             user_secrets: cluster.spec.tls.secrets.clone().filter(|_| cluster.spec.tls.enabled),
+            image_repository: images.repository(ETCD_REPOSITORY, cluster.spec.image_repository.as_deref()),
         }
     }
 

@@ -361,7 +361,7 @@ pub fn facts(
             .map(|h| h.leader),
         previous: status.members.iter().map(|m| (m.name.as_str(), m)).collect(),
         listed,
-        wanted_image: super::pod::image(&cluster.spec.version),
+        wanted_image: super::pod::image(&names.image_repository, &cluster.spec.version),
         defrag_policy: defrag::policy(&cluster.spec.defragmentation),
     };
     let members = member_names
@@ -379,6 +379,7 @@ pub fn facts(
         bootstrapped: status.cluster_id.is_some(),
         reachable: etcd.listed.is_some(),
         listed_by_leader: etcd.listed_by_leader,
+        image_repository: names.image_repository.clone(),
         members,
         operation: status.operation.clone(),
         operation_age,

@@ -43,10 +43,9 @@ pub const OWN_FLAGS: [&str; 18] = [
     "--peer-trusted-ca-file",
 ];
 
-/// The image of an etcd version (the etcd project's; the local Kubernetes maps it to its
-/// build of that minor version).
-pub fn image(version: &str) -> String {
-    format!("quay.io/coreos/etcd:v{version}")
+/// The image of an etcd version in `repository` (the etcd project's tags: `v<version>`).
+pub fn image(repository: &str, version: &str) -> String {
+    format!("{repository}:v{version}")
 }
 
 /// `pod.extraArgs` that set a flag the operator owns.
@@ -190,7 +189,7 @@ pub fn member_pod(
     };
     let container = Container {
         name: "etcd".into(),
-        image: Some(image(version)),
+        image: Some(image(&names.image_repository, version)),
         command: Some(vec!["/usr/local/bin/etcd".into()]),
         args: Some(args),
         env: Some(vec![EnvVar {
@@ -269,6 +268,22 @@ pub fn spread(cluster: &EtcdCluster, names: &Names) -> Affinity {
 mod tests {
     use super::*;
     use crate::etcd::fixtures;
+
+    #[test]
+    fn a_member_runs_etcd_from_the_registry_or_the_clusters_own_repository() {
+        let mut cluster = fixtures::cluster().build();
+        let mirror = crate::core::images::Images {
+            registry: Some("mirror.example/m".into()),
+        };
+        let image = |cluster: &EtcdCluster| {
+            let names = Names::pulling_from(cluster, &mirror);
+            let pod = member_pod(cluster, &names, "main-0", "3.5.21", &[], &fixtures::owner());
+            pod.spec.unwrap().containers[0].image.clone().unwrap()
+        };
+        assert_eq!(image(&cluster), "mirror.example/m/coreos/etcd:v3.5.21");
+        cluster.spec.image_repository = Some("own.example/etcd".into());
+        assert_eq!(image(&cluster), "own.example/etcd:v3.5.21");
+    }
 
     #[test]
     fn a_member_pod_has_its_identity_urls_volume_and_certificates() {

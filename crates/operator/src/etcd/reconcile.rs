@@ -90,7 +90,7 @@ impl<'a> Pass<'a> {
             controller_reference(cluster).ok_or_else(|| Error::Internal("the EtcdCluster has no uid yet".into()))?;
         Ok(Self {
             cluster,
-            names: Names::of(cluster),
+            names: Names::pulling_from(cluster, &ctx.images),
             owner,
             previous: cluster.status.clone().unwrap_or_default(),
             ctx,

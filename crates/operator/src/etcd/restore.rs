@@ -234,7 +234,7 @@ pub fn restore_pod(
     let peer_url = names.peer_url(member);
     let restore = Container {
         name: "restore".into(),
-        image: Some(image(version)),
+        image: Some(image(&names.image_repository, version)),
         command: Some(vec!["/usr/local/bin/etcdutl".into()]),
         args: Some(vec![
             "snapshot".into(),

@@ -452,6 +452,7 @@ mod tests {
             replicas: 3,
             bootstrapped: true,
             reachable: true,
+            image_repository: crate::etcd::names::ETCD_REPOSITORY.into(),
             listed_by_leader: true,
             members,
             operation: None,

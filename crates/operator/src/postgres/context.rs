@@ -18,6 +18,8 @@ pub struct State {
     /// The operator's own image: the instance's init container copies the instance manager
     /// from it.
     pub image: String,
+    /// Where PostgreSQL is pulled from.
+    pub images: crate::core::images::Images,
 }
 
 /// What every reconcile of this controller shares.

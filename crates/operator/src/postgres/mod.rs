@@ -77,6 +77,7 @@ pub async fn run(runtime: Runtime) {
         metrics,
         shutdown,
         image,
+        images,
         ..
     } = runtime;
     let ours = watcher::Config::default().labels(names::POSTGRES_LABEL);
@@ -112,6 +113,7 @@ pub async fn run(runtime: Runtime) {
             },
             databases: databases.clone(),
             image,
+            images,
         },
     );
     let controller = controller

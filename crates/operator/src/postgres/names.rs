@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use noops_api::PostgreSQL;
 
+use super::image::POSTGRES_REPOSITORY;
+use crate::core::images::Images;
 use crate::core::labels;
 
 /// The label naming the PostgreSQL an object belongs to.
@@ -36,13 +38,22 @@ pub const ROOT_ENV: &str = "NOOPS_PG_ROOT";
 pub struct Names {
     pub name: String,
     pub namespace: String,
+    /// Where PostgreSQL is pulled from (`core::images`): the image is `<this>:<version>`.
+    pub image_repository: String,
 }
 
 impl Names {
+    /// The names of `pg`, PostgreSQL pulled from Docker Hub.
     pub fn of(pg: &PostgreSQL) -> Self {
+        Self::pulling_from(pg, &Images::default())
+    }
+
+    /// The names of `pg`, PostgreSQL pulled as `images` says.
+    pub fn pulling_from(pg: &PostgreSQL, images: &Images) -> Self {
         Self {
             name: pg.metadata.name.clone().unwrap_or_default(),
             namespace: pg.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+            image_repository: images.repository(POSTGRES_REPOSITORY, pg.spec.image_repository.as_deref()),
         }
     }
 
@@ -105,6 +116,7 @@ mod tests {
         let names = Names {
             name: "shop".into(),
             namespace: "prod".into(),
+            image_repository: "postgres".into(),
         };
         assert_eq!(names.instance(), "shop-0");
         assert_eq!(names.data_claim(), "data-shop-0");

@@ -112,7 +112,7 @@ impl<'a> Pass<'a> {
         let owner = controller_reference(pg).ok_or_else(|| Error::Internal("the PostgreSQL has no uid yet".into()))?;
         Ok(Self {
             pg,
-            names: Names::of(pg),
+            names: Names::pulling_from(pg, &ctx.images),
             owner,
             ctx,
             now: jiff::Timestamp::now(),

@@ -259,6 +259,7 @@ mod tests {
         let names = Names {
             name: "shop".into(),
             namespace: "prod".into(),
+            image_repository: "postgres".into(),
         };
         let owner = crate::postgres::fixtures::owner();
         let p = Password {

@@ -91,7 +91,7 @@ pub fn build(
     // the pod is not Ready, and its failure is the container's, with the reason.
     let bootstrap = Container {
         name: "bootstrap".into(),
-        image: Some(image(&pg.spec.version)),
+        image: Some(image(&names.image_repository, &pg.spec.version)),
         command: Some(vec![INSTANCE_MANAGER.into(), "pg-instance".into(), "bootstrap".into()]),
         env: Some(instance_env.clone()),
         resources: pg.spec.resources.clone(),
@@ -101,7 +101,7 @@ pub fn build(
     };
     let postgres = Container {
         name: "postgres".into(),
-        image: Some(image(&pg.spec.version)),
+        image: Some(image(&names.image_repository, &pg.spec.version)),
         command: Some(vec![INSTANCE_MANAGER.into(), "pg-instance".into(), "run".into()]),
         env: Some(instance_env),
         ports: Some(vec![ContainerPort {
@@ -263,6 +263,25 @@ fn pod_volumes(names: &Names) -> Vec<Volume> {
 mod tests {
     use super::*;
     use crate::postgres::fixtures::{owner, postgres};
+
+    #[test]
+    fn postgres_comes_from_the_registry_or_the_databases_own_repository() {
+        let mut pg = postgres("shop");
+        let mirror = crate::core::images::Images {
+            registry: Some("mirror.example/m".into()),
+        };
+        let images = |pg: &PostgreSQL| {
+            let sts = build(pg, &Names::pulling_from(pg, &mirror), &owner(), "noops:dev", None);
+            let pod = sts.spec.unwrap().template.spec.unwrap();
+            let bootstrap = pod.init_containers.unwrap()[1].image.clone().unwrap();
+            (bootstrap, pod.containers[0].image.clone().unwrap())
+        };
+        let mirrored = "mirror.example/m/library/postgres:15".to_string();
+        assert_eq!(images(&pg), (mirrored.clone(), mirrored));
+        pg.spec.image_repository = Some("own.example/pg".into());
+        let own = "own.example/pg:15".to_string();
+        assert_eq!(images(&pg), (own.clone(), own));
+    }
 
     #[test]
     fn the_instance_runs_the_instance_manager_from_the_operator_image_on_its_own_volume() {

@@ -33,6 +33,8 @@ const MAX_CONCURRENT_RECONCILES: u16 = 2;
 pub struct TaskPods {
     /// The operator's own image, which task pods run (or copy a program from).
     pub image: String,
+    /// Where the services' images are pulled from (task pods run the service's programs).
+    pub images: crate::core::images::Images,
 }
 
 /// What every pass of a backup controller shares.
@@ -121,6 +123,7 @@ where
         runtime.metrics.clone(),
         TaskPods {
             image: runtime.image.clone(),
+            images: runtime.images.clone(),
         },
     );
     let controller = controller_of::<K>(client, namespace, MAX_CONCURRENT_RECONCILES)

@@ -75,6 +75,7 @@ pub fn base_pod(
     let place = BackupOf {
         namespace: &names.namespace,
         postgresql: &names.name,
+        repository: &names.image_repository,
         version,
     };
     pod(
@@ -112,6 +113,8 @@ pub fn delete_pod(
 pub struct BackupOf<'a> {
     pub namespace: &'a str,
     pub postgresql: &'a str,
+    /// Where PostgreSQL is pulled from.
+    pub repository: &'a str,
     pub version: &'a str,
 }
 
@@ -155,7 +158,7 @@ fn pod(
         init_containers: Some(vec![install_container(operator_image)]),
         containers: vec![Container {
             name: job.verb().into(),
-            image: Some(image(place.version)),
+            image: Some(image(place.repository, place.version)),
             command: Some(vec![INSTANCE_MANAGER.into()]),
             args: Some(all_args),
             env: Some(env),
@@ -194,6 +197,7 @@ mod tests {
         let names = Names {
             name: "shop".into(),
             namespace: "prod".into(),
+            image_repository: "postgres".into(),
         };
         let pod = base_pod(
             "shop-1-base",
@@ -244,6 +248,7 @@ mod tests {
         let place = BackupOf {
             namespace: "prod",
             postgresql: "shop",
+            repository: "postgres",
             version: "15",
         };
         let args = |keep| {

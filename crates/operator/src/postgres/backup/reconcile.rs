@@ -29,6 +29,7 @@ use crate::core::backup::progress::{self, Timing};
 use crate::core::backup::schedule::elapsed;
 use crate::core::backup::task_pod::{self, Outcome};
 use crate::core::{Error, Result, crash};
+use crate::postgres::image::POSTGRES_REPOSITORY;
 use crate::postgres::instance::base_backup::Taken;
 use crate::postgres::instance::wal::segment_name;
 use crate::postgres::names::Names;
@@ -199,7 +200,7 @@ async fn attempt(
     if let Some(verdict) = pod_progress(backup, started, now, ctx).await? {
         return Ok(verdict);
     }
-    let names = Names::of(pg);
+    let names = Names::pulling_from(pg, &ctx.images);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let name = pod_name(backup, Job::Base);
     if let Some(claim) = Destination::of_location(location)
@@ -426,9 +427,15 @@ async fn start_deletion(
         .and_then(|s| s.server_version.clone())
         .or_else(|| database.map(|pg| pg.spec.version.clone()))
         .unwrap_or_else(|| "15".into());
+    // The database may be gone: then its programs come from the default repository.
+    let repository = match database {
+        Some(pg) => Names::pulling_from(pg, &ctx.images).image_repository,
+        None => ctx.images.repository(POSTGRES_REPOSITORY, None),
+    };
     let place = BackupOf {
         namespace: &namespace,
         postgresql: &backup.spec.postgresql,
+        repository: &repository,
         version: &version,
     };
     let name = pod_name(backup, Job::Delete);
