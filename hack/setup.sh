@@ -57,4 +57,7 @@ fi
 command -v cargo >/dev/null || die "cargo is missing: install Rust (https://rustup.rs)"
 log "building the Rust workspace"
 (cd "$root" && cargo build --workspace --bins --quiet)
+# The kubectl plugin, where kubectl finds it for `kubectl noops` with .noops/bin on the PATH.
+mkdir -p "$bin"
+ln -sf "$target_dir/debug/kubectl-noops" "$bin/kubectl-noops"
 log "setup done"

@@ -1,0 +1,434 @@
+//! The report of each kind, from the resource and what lies around it (its backups, the
+//! certificates the operator issued it, its Warning Events). Pure: the time is a parameter.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use noops_api::backup::BackupProgress;
+use noops_api::etcd::OperationKind;
+use noops_api::{EtcdCluster, MaintPage, PostgreSQL};
+
+use crate::report::{Report, Section, age, size};
+
+/// What was read beside the resource.
+#[derive(Debug, Clone, Default)]
+pub struct Around {
+    pub now: jiff::Timestamp,
+    /// Its backups: (name, their progress).
+    pub backups: Vec<(String, BackupProgress)>,
+    /// The certificates the operator issued it: (Secret, when it expires).
+    pub certificates: Vec<(String, jiff::Timestamp)>,
+    /// Its Warning Events: (when last seen, reason, message).
+    pub warnings: Vec<(jiff::Timestamp, String, String)>,
+}
+
+impl Around {
+    fn since(&self, t: &Time) -> String {
+        age(self.now.duration_since(t.0).as_secs())
+    }
+}
+
+/// The report every kind starts from: its name, whether it is Ready for its current
+/// generation, its phase, what its conditions say is wrong, and its last warnings.
+fn base(kind: &str, meta: &ObjectMeta, conditions: &[Condition], observed: Option<i64>, around: &Around) -> Report {
+    let ready = observed == meta.generation && conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+    // A condition is a problem when it says something is wrong: Degraded (or QuorumLost)
+    // True, or any other False but Progressing (which is only news).
+    let problems = conditions
+        .iter()
+        .filter(|c| match c.type_.as_str() {
+            "Degraded" | "QuorumLost" | "Stalled" => c.status == "True",
+            "Progressing" | "Upgrading" | "Scaling" => false,
+            _ => c.status == "False",
+        })
+        .map(|c| (c.type_.clone(), c.reason.clone(), c.message.clone()))
+        .collect();
+    let mut warnings = around.warnings.clone();
+    warnings.sort_by_key(|(t, _, _)| *t);
+    let recent = warnings.len().saturating_sub(5);
+    Report {
+        kind: kind.into(),
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        ready,
+        problems,
+        warnings: warnings[recent..]
+            .iter()
+            .map(|(t, reason, message)| {
+                (
+                    age(around.now.duration_since(*t).as_secs()),
+                    reason.clone(),
+                    message.clone(),
+                )
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn backups(around: &Around) -> Section {
+    let mut rows: Vec<(Option<jiff::Timestamp>, Vec<String>)> = around
+        .backups
+        .iter()
+        .map(|(name, p)| {
+            let when = p.completed_at.as_ref().or(p.started_at.as_ref());
+            (
+                when.map(|t| t.0),
+                vec![
+                    name.clone(),
+                    p.phase.clone().unwrap_or_else(|| "Pending".into()),
+                    p.size.map(size).unwrap_or_default(),
+                    when.map(|t| around.since(t)).unwrap_or_default(),
+                    p.location.clone().unwrap_or_default(),
+                ],
+            )
+        })
+        .collect();
+    rows.sort_by_key(|(when, _)| *when);
+    Section {
+        title: "Backups (oldest first)".into(),
+        header: ["NAME", "PHASE", "SIZE", "AGE", "WHERE"].map(String::from).to_vec(),
+        rows: rows.into_iter().map(|(_, row)| row).collect(),
+    }
+}
+
+fn certificates(around: &Around) -> Section {
+    Section {
+        title: "Certificates".into(),
+        header: ["SECRET", "EXPIRES", "IN"].map(String::from).to_vec(),
+        rows: around
+            .certificates
+            .iter()
+            .map(|(secret, at)| {
+                vec![
+                    secret.clone(),
+                    at.strftime("%Y-%m-%d %H:%M UTC").to_string(),
+                    age(at.duration_since(around.now).as_secs()),
+                ]
+            })
+            .collect(),
+    }
+}
+
+/// An EtcdCluster: its members (leader, learners, versions, health, database sizes), the
+/// operation under way and for how long, its backups and certificates.
+pub fn etcd(cluster: &EtcdCluster, around: &Around) -> Report {
+    let status = cluster.status.clone().unwrap_or_default();
+    let mut report = base(
+        "EtcdCluster",
+        &cluster.metadata,
+        &status.conditions,
+        status.observed_generation,
+        around,
+    );
+    report.phase = status.phase.clone();
+    report.paused = cluster.spec.paused;
+    report.fact(
+        "version",
+        status
+            .current_version
+            .clone()
+            .unwrap_or_else(|| cluster.spec.version.clone()),
+    );
+    if status.current_version.as_deref() != Some(cluster.spec.version.as_str()) {
+        report.fact("asked", cluster.spec.version.clone());
+    }
+    report.fact(
+        "members",
+        format!("{} ready of {}", status.ready_members, cluster.spec.replicas),
+    );
+    report.fact("leader", status.leader.clone().unwrap_or_else(|| "none".into()));
+    if let Some(op) = &status.operation {
+        let what = match op.kind {
+            OperationKind::AddMember => "adding",
+            OperationKind::RemoveMember => "removing",
+            OperationKind::Upgrade => "upgrading",
+            _ => "changing",
+        };
+        report.fact(
+            "under way",
+            format!(
+                "{what} {} ({}) for {}",
+                op.member,
+                op.reason,
+                around.since(&op.started_at)
+            ),
+        );
+    }
+    if let Some(secret) = &status.client_secret {
+        report.fact("client Secret", secret.clone());
+    }
+    last_backup(&mut report, &status.backups, around);
+    report.tables.push(Section {
+        title: "Members".into(),
+        header: ["NAME", "ROLE", "HEALTH", "VERSION", "NODE", "DB SIZE (IN USE)"]
+            .map(String::from)
+            .to_vec(),
+        rows: status
+            .members
+            .iter()
+            .map(|m| {
+                let role = if m.leader {
+                    "leader"
+                } else if m.learner {
+                    "learner"
+                } else {
+                    "voter"
+                };
+                let health = match (&m.healthy, &m.unhealthy_since) {
+                    (true, _) => "healthy".to_string(),
+                    (false, Some(since)) => format!("unhealthy for {}", around.since(since)),
+                    (false, None) => "unhealthy".to_string(),
+                };
+                let db = match (m.db_size, m.db_size_in_use) {
+                    (Some(total), Some(used)) => format!("{} ({})", size(total), size(used)),
+                    (Some(total), None) => size(total),
+                    _ => String::new(),
+                };
+                vec![
+                    m.name.clone(),
+                    role.into(),
+                    health,
+                    m.version.clone().unwrap_or_default(),
+                    m.node.clone().unwrap_or_default(),
+                    db,
+                ]
+            })
+            .collect(),
+    });
+    report.tables.push(backups(around));
+    report.tables.push(certificates(around));
+    report
+}
+
+fn last_backup(report: &mut Report, backups: &noops_api::backup::BackupsStatus, around: &Around) {
+    match (&backups.last_backup, &backups.last_backup_time) {
+        (Some(name), Some(at)) => report.fact("last backup", format!("{name}, {} ago", around.since(at))),
+        _ => report.fact("last backup", "none yet"),
+    }
+}
+
+/// A PostgreSQL: its instance and node, timeline, the last archived WAL and its age, its
+/// backups with size and age, a restore and how far it got.
+pub fn postgres(pg: &PostgreSQL, around: &Around) -> Report {
+    let status = pg.status.clone().unwrap_or_default();
+    let mut report = base(
+        "PostgreSQL",
+        &pg.metadata,
+        &status.conditions,
+        status.observed_generation,
+        around,
+    );
+    report.phase = status.phase.clone();
+    report.fact(
+        "version",
+        status.server_version.clone().unwrap_or_else(|| pg.spec.version.clone()),
+    );
+    let instance = status.instance.clone().unwrap_or_else(|| "none yet".into());
+    let node = status.node.as_deref().map(|n| format!(" on {n}")).unwrap_or_default();
+    report.fact("instance", format!("{instance}{node}"));
+    if let Some(endpoint) = &status.endpoint {
+        report.fact("endpoint", endpoint.clone());
+    }
+    if let Some(secret) = &status.connection_secret {
+        report.fact("connection Secret", secret.clone());
+    }
+    if pg.spec.backup.is_some() {
+        let archived = match (&status.last_archived_wal, &status.last_archived_time) {
+            (Some(wal), Some(at)) => format!("{wal}, {} ago", around.since(at)),
+            _ => "none yet".into(),
+        };
+        report.fact("last archived WAL", archived);
+        if let (Some(wal), Some(at)) = (&status.last_failed_wal, &status.last_failed_time) {
+            let failing = status.last_archived_time.as_ref().is_none_or(|ok| ok.0 < at.0);
+            if failing {
+                report.fact("ARCHIVING FAILS", format!("{wal}, since {} ago", around.since(at)));
+            }
+        }
+        last_backup(&mut report, &status.backups, around);
+    } else {
+        report.fact("backups", "none (no spec.backup: a lost volume loses the database)");
+    }
+    if let Some(restore) = &status.restore {
+        let timeline = restore.timeline.map(|t| format!(", timeline {t}")).unwrap_or_default();
+        let to = restore
+            .recovered_to
+            .as_deref()
+            .map(|t| format!(", recovered to {t}"))
+            .unwrap_or_default();
+        let done = restore
+            .completed_at
+            .as_deref()
+            .map(|t| format!(", done at {t}"))
+            .unwrap_or_else(|| ", under way".into());
+        report.fact("restored from", format!("{}{timeline}{to}{done}", restore.backup));
+    }
+    report.tables.push(backups(around));
+    report
+}
+
+/// A MaintPage: which side its Service publishes, and since when.
+pub fn maintpage(page: &MaintPage, around: &Around) -> Report {
+    let status = page.status.clone().unwrap_or_default();
+    let mut report = base(
+        "MaintPage",
+        &page.metadata,
+        &status.conditions,
+        status.observed_generation,
+        around,
+    );
+    let side = |s: &Option<noops_api::maintpage::Side>| {
+        s.as_ref()
+            .map(|s| format!("{s:?}").to_lowercase())
+            .unwrap_or_else(|| "none".into())
+    };
+    report.fact("published", side(&status.published));
+    if let Some(at) = &status.switched_at {
+        report.fact("switched", format!("{} ago", around.since(at)));
+    }
+    if status.waiting_for.is_some() {
+        report.fact("waiting for", side(&status.waiting_for));
+    }
+    report.fact(
+        "ready pods",
+        format!(
+            "app {}, maintenance {}",
+            status.app_ready_replicas, status.maintenance_ready_replicas
+        ),
+    );
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use noops_api::etcd::{EtcdClusterStatus, MemberStatus, Operation};
+
+    fn at(s: &str) -> jiff::Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn condition(type_: &str, status: &str, reason: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: format!("{type_} says {reason}"),
+            observed_generation: Some(1),
+            last_transition_time: Time(at("2026-11-26T11:00:00Z")),
+        }
+    }
+
+    #[test]
+    fn an_etcd_report_shows_members_the_operation_backups_and_certificates() {
+        let mut cluster: EtcdCluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "noops.dev/v1alpha1", "kind": "EtcdCluster",
+            "metadata": { "name": "main", "namespace": "db", "generation": 1 },
+            "spec": { "replicas": 3, "version": "3.5.21" },
+        }))
+        .unwrap();
+        let member = |name: &str, leader: bool, learner: bool| MemberStatus {
+            name: name.into(),
+            healthy: !learner,
+            leader,
+            learner,
+            version: Some("3.5.21".into()),
+            node: Some("noops-node-1".into()),
+            db_size: Some(2 * 1024 * 1024),
+            db_size_in_use: Some(1024 * 1024),
+            ..Default::default()
+        };
+        cluster.status = Some(EtcdClusterStatus {
+            observed_generation: Some(1),
+            conditions: vec![
+                condition("Ready", "True", "Ready"),
+                condition("Degraded", "False", "AsExpected"),
+            ],
+            phase: Some("Running".into()),
+            ready_members: 2,
+            leader: Some("main-0".into()),
+            current_version: Some("3.5.21".into()),
+            members: vec![
+                member("main-0", true, false),
+                member("main-1", false, false),
+                member("main-3", false, true),
+            ],
+            operation: Some(Operation {
+                kind: OperationKind::AddMember,
+                member: "main-3".into(),
+                member_id: None,
+                reason: "scale up".into(),
+                version: None,
+                started_at: Time(at("2026-11-26T11:59:15Z")),
+            }),
+            ..Default::default()
+        });
+        let around = Around {
+            now: at("2026-11-26T12:00:00Z"),
+            backups: vec![(
+                "main-1".into(),
+                BackupProgress {
+                    phase: Some("Succeeded".into()),
+                    size: Some(3 * 1024 * 1024),
+                    completed_at: Some(Time(at("2026-11-26T11:00:00Z"))),
+                    ..Default::default()
+                },
+            )],
+            certificates: vec![("main-server".into(), at("2027-11-26T12:00:00Z"))],
+            warnings: vec![],
+        };
+        let report = etcd(&cluster, &around);
+        assert!(report.ready && report.problems.is_empty(), "{report:?}");
+        let text = report.text();
+        for expected in [
+            "EtcdCluster db/main: Ready (Running)",
+            "main-0\n",
+            "adding main-3 (scale up) for 45s",
+            "learner",
+            "2.0 MiB (1.0 MiB)",
+            "3.0 MiB",
+            "main-server",
+            "365d",
+        ] {
+            assert!(text.contains(expected), "no {expected:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn problems_and_the_last_five_warnings_are_reported() {
+        let mut page: MaintPage = serde_json::from_value(serde_json::json!({
+            "apiVersion": "noops.dev/v1alpha1", "kind": "MaintPage",
+            "metadata": { "name": "shop", "namespace": "web", "generation": 2 },
+            "spec": {
+                "app": { "name": "shop", "image": "x", "port": 8080 },
+                "maintenance": { "image": "y", "port": 8080, "enabled": false },
+            },
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        page.status = Some(noops_api::maintpage::MaintPageStatus {
+            observed_generation: Some(1),
+            conditions: vec![condition("Ready", "True", "Published")],
+            ..Default::default()
+        });
+        let now = at("2026-11-26T12:00:00Z");
+        let around = Around {
+            now,
+            warnings: (0..7)
+                .map(|i| {
+                    (
+                        now - jiff::SignedDuration::from_secs(60 * (7 - i)),
+                        format!("W{i}"),
+                        "m".into(),
+                    )
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let report = maintpage(&page, &around);
+        assert!(!report.ready, "a status of an older generation is not Ready");
+        let reasons: Vec<&str> = report.warnings.iter().map(|(_, r, _)| r.as_str()).collect();
+        assert_eq!(reasons, ["W2", "W3", "W4", "W5", "W6"]);
+        let mut broken = page.clone();
+        broken.status.as_mut().unwrap().conditions = vec![condition("Ready", "False", "AppNotReady")];
+        let problems = maintpage(&broken, &around).problems;
+        assert_eq!(problems[0].1, "AppNotReady");
+    }
+}

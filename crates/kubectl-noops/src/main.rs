@@ -1,0 +1,242 @@
+//! `kubectl noops`: the state of a noops resource at a glance, with what lies around it (its
+//! backups, its certificates, its last warnings), as text or JSON.
+//!
+//! Install: put `kubectl-noops` on your PATH (`make setup` builds it into `.noops/bin`);
+//! kubectl finds it as `kubectl noops`. It reads the kubeconfig kubectl would (`KUBECONFIG`,
+//! `--kubeconfig`), and needs only get/list on the resources, Events and Secrets' metadata.
+//!
+//! Exit codes, for scripts: 0 the resource is Ready, 2 it is not (or is paused), 1 it could
+//! not be read.
+
+mod kinds;
+mod report;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use k8s_openapi::api::core::v1::{Event, Secret};
+use kube::api::{Api, ListParams};
+use kube::{Client, Resource, ResourceExt};
+use noops_api::{EtcdBackup, EtcdCluster, MaintPage, PostgreSQL, PostgresBackup};
+
+use kinds::Around;
+use report::Report;
+
+/// The annotation on a certificate Secret the operator issued: when it expires.
+const NOT_AFTER_ANNOTATION: &str = "noops.dev/not-after";
+
+#[derive(Parser)]
+#[command(name = "kubectl-noops", version, about = "The state of noops resources at a glance")]
+struct Cli {
+    /// The namespace (default: the kubeconfig context's).
+    #[arg(short, long, global = true)]
+    namespace: Option<String>,
+    /// The kubeconfig (default: KUBECONFIG, then ~/.kube/config).
+    #[arg(long, global = true)]
+    kubeconfig: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// A resource's state: `etcdcluster/<name>` (`etcd/`), `postgresql/<name>` (`pg/`),
+    /// `maintpage/<name>` (`mp/`).
+    Status {
+        resource: String,
+        #[arg(short, long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Text,
+    Json,
+}
+
+/// The kinds the plugin reports on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    EtcdCluster,
+    PostgreSQL,
+    MaintPage,
+}
+
+/// `kind/name` as kubectl takes it (plural, singular or short name, any case).
+fn parse_resource(text: &str) -> anyhow::Result<(Kind, String)> {
+    let Some((kind, name)) = text.split_once('/').filter(|(_, n)| !n.is_empty()) else {
+        bail!("name a resource as <kind>/<name>, such as etcdcluster/main or pg/shop");
+    };
+    let kind = match kind.to_lowercase().split('.').next().unwrap_or_default() {
+        "etcdcluster" | "etcdclusters" | "etcd" => Kind::EtcdCluster,
+        "postgresql" | "postgresqls" | "pg" => Kind::PostgreSQL,
+        "maintpage" | "maintpages" | "mp" => Kind::MaintPage,
+        other => bail!("kubectl noops status knows etcdcluster, postgresql and maintpage, not {other:?}"),
+    };
+    Ok((kind, name.to_string()))
+}
+
+async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Client> {
+    // kube links ring for TLS: say so once, as more than one provider may be linked.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let config = match kubeconfig {
+        Some(path) => {
+            let file =
+                kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &Default::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Ok(Client::try_from(config)?)
+}
+
+/// Reads what lies around the resource with `meta`: certificate Secrets it owns, its Warning
+/// Events.
+async fn around(client: &Client, namespace: &str, meta: &kube::api::ObjectMeta) -> anyhow::Result<Around> {
+    let uid = meta.uid.clone().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let mut certificates: Vec<(String, jiff::Timestamp)> = secrets
+        .list_metadata(&ListParams::default())
+        .await
+        .context("listing Secrets (their metadata only)")?
+        .items
+        .into_iter()
+        .filter(|s| s.owner_references().iter().any(|o| o.uid == uid))
+        .filter_map(|s| {
+            let at = s.annotations().get(NOT_AFTER_ANNOTATION)?.parse().ok()?;
+            Some((s.name_any(), at))
+        })
+        .collect();
+    certificates.sort();
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    let warnings = events
+        .list(&ListParams::default().fields(&format!("involvedObject.uid={uid},type=Warning")))
+        .await
+        .context("listing Events")?
+        .items
+        .into_iter()
+        .filter_map(|e| {
+            let when = e
+                .series
+                .as_ref()
+                .and_then(|s| s.last_observed_time.as_ref())
+                .map(|t| t.0)
+                .or(e.last_timestamp.as_ref().map(|t| t.0))
+                .or(e.event_time.as_ref().map(|t| t.0))?;
+            Some((when, e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        })
+        .collect();
+    Ok(Around {
+        now: jiff::Timestamp::now(),
+        certificates,
+        warnings,
+        ..Default::default()
+    })
+}
+
+async fn status(client: &Client, namespace: &str, kind: Kind, name: &str) -> anyhow::Result<Report> {
+    let not_found = |what: &str| format!("reading {what} {namespace}/{name}");
+    Ok(match kind {
+        Kind::EtcdCluster => {
+            let cluster = Api::<EtcdCluster>::namespaced(client.clone(), namespace)
+                .get(name)
+                .await
+                .with_context(|| not_found("EtcdCluster"))?;
+            let mut around = around(client, namespace, cluster.meta()).await?;
+            around.backups = Api::<EtcdBackup>::namespaced(client.clone(), namespace)
+                .list(&ListParams::default())
+                .await
+                .context("listing EtcdBackups")?
+                .items
+                .into_iter()
+                .filter(|b| b.spec.cluster == name)
+                .map(|b| (b.name_any(), b.status.map(|s| s.progress).unwrap_or_default()))
+                .collect();
+            kinds::etcd(&cluster, &around)
+        }
+        Kind::PostgreSQL => {
+            let pg = Api::<PostgreSQL>::namespaced(client.clone(), namespace)
+                .get(name)
+                .await
+                .with_context(|| not_found("PostgreSQL"))?;
+            let mut around = around(client, namespace, pg.meta()).await?;
+            around.backups = Api::<PostgresBackup>::namespaced(client.clone(), namespace)
+                .list(&ListParams::default())
+                .await
+                .context("listing PostgresBackups")?
+                .items
+                .into_iter()
+                .filter(|b| b.spec.postgresql == name)
+                .map(|b| (b.name_any(), b.status.map(|s| s.progress).unwrap_or_default()))
+                .collect();
+            kinds::postgres(&pg, &around)
+        }
+        Kind::MaintPage => {
+            let page = Api::<MaintPage>::namespaced(client.clone(), namespace)
+                .get(name)
+                .await
+                .with_context(|| not_found("MaintPage"))?;
+            let around = around(client, namespace, page.meta()).await?;
+            kinds::maintpage(&page, &around)
+        }
+    })
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let client = client(cli.kubeconfig.as_ref()).await?;
+    let namespace = cli
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    match cli.command {
+        Command::Status { resource, output } => {
+            let (kind, name) = parse_resource(&resource)?;
+            let report = status(&client, &namespace, kind, &name).await?;
+            match output {
+                Output::Text => print!("{}", report.text()),
+                Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+            }
+            Ok(if report.ready && !report.paused {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(2)
+            })
+        }
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    match run(Cli::parse()).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resources_are_named_as_kubectl_names_them() {
+        for (text, kind) in [
+            ("etcdcluster/main", Kind::EtcdCluster),
+            ("etcd/main", Kind::EtcdCluster),
+            ("EtcdClusters.noops.dev/main", Kind::EtcdCluster),
+            ("pg/main", Kind::PostgreSQL),
+            ("postgresql/main", Kind::PostgreSQL),
+            ("mp/main", Kind::MaintPage),
+        ] {
+            assert_eq!(parse_resource(text).unwrap(), (kind, "main".to_string()), "{text}");
+        }
+        assert!(parse_resource("main").is_err());
+        assert!(parse_resource("etcd/").is_err());
+        assert!(parse_resource("deployment/main").is_err());
+    }
+}

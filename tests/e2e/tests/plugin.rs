@@ -1,0 +1,146 @@
+//! `kubectl noops status` against real resources, through kubectl's plugin lookup (the plugin
+//! on the PATH as `setup` puts it, in .noops/bin): what it prints for an EtcdCluster (members,
+//! leader, a backup and its size, certificates, the paused state) and a MaintPage, its JSON,
+//! and its exit codes. Needs `make cluster-up`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use noops_e2e::etcd::{
+    backup_manifest, claim_manifest, cluster_manifest, etcd_version, volume_backup_spec, wait_backup_done,
+    wait_cluster_ready,
+};
+use noops_e2e::*;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// `kubectl noops <args>` as a user runs it: kubectl finds the plugin on the PATH.
+fn kubectl_noops(args: &[&str]) -> Output {
+    let path = format!(
+        "{}:{}",
+        root().join(".noops/bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    Command::new(upstream_bin("kubectl"))
+        .arg("noops")
+        .args(args)
+        .env("PATH", path)
+        .env("KUBECONFIG", kubeconfig())
+        .output()
+        .expect("kubectl")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn status_shows_members_leader_backups_certificates_and_the_paused_state() {
+    install_crds();
+    let ns = TestNamespace::new("plugin").await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "etcd,etcdbackup,maintpage"]);
+    let version = etcd_version("3.5");
+    ns.apply(&claim_manifest("etcd-backups", "1Gi"));
+    ns.apply(&cluster_manifest(
+        "main",
+        3,
+        &version,
+        &volume_backup_spec("etcd-backups", None, 3),
+    ));
+    let shop = std::fs::read_to_string(root().join("examples/maintpage/shop.yaml")).unwrap();
+    ns.apply(&shop);
+    let cluster = wait_cluster_ready(&ns, "main", 3, 3 * MINUTE).await;
+    ns.apply(&backup_manifest("manual", "main"));
+    let backup = wait_backup_done(&ns, "manual").await;
+    let size = backup.status.unwrap().progress.size.unwrap();
+
+    // Text: the state, the members with the leader, the backup with its size, certificates.
+    let out = kubectl_noops(&["status", "etcdcluster/main", "-n", &ns.name]);
+    let text = stdout(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let leader = cluster.status.unwrap().leader.unwrap();
+    assert!(
+        text.starts_with(&format!("EtcdCluster {}/main: Ready (Running)\n", ns.name)),
+        "{text}"
+    );
+    let leader_line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{leader} ")))
+        .unwrap_or_else(|| panic!("no member line for the leader {leader}:\n{text}"));
+    assert!(
+        leader_line.contains("leader") && leader_line.contains("healthy"),
+        "{leader_line}"
+    );
+    assert_eq!(text.lines().filter(|l| l.contains(" voter ")).count(), 2, "{text}");
+    let backup_line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("manual "))
+        .unwrap_or_else(|| panic!("no backup line:\n{text}"));
+    assert!(backup_line.contains("Succeeded"), "{backup_line}");
+    let kib = format!("{:.1} KiB", size as f64 / 1024.0);
+    let mib = format!("{:.1} MiB", size as f64 / 1024.0 / 1024.0);
+    let bytes = format!("{size} B");
+    assert!(
+        backup_line.contains(&kib) || backup_line.contains(&mib) || backup_line.contains(&bytes),
+        "size {size} not in {backup_line}"
+    );
+    for secret in ["main-peer", "main-server", "main-client"] {
+        assert!(text.contains(secret), "no certificate {secret}:\n{text}");
+    }
+
+    // JSON, for scripts.
+    let out = kubectl_noops(&["status", "etcd/main", "-n", &ns.name, "-o", "json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["ready"], true);
+    assert_eq!(json["paused"], false);
+    let members = json["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["title"] == "Members")
+        .unwrap();
+    assert_eq!(members["rows"].as_array().unwrap().len(), 3);
+
+    // Paused: said, and not Ready for a script.
+    kubectl_ok(
+        &[
+            "patch",
+            "-n",
+            &ns.name,
+            "etcdcluster/main",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"paused":true}}"#,
+        ],
+        None,
+    );
+    let out = kubectl_noops(&["status", "etcd/main", "-n", &ns.name]);
+    assert!(
+        stdout(&out).lines().next().unwrap().ends_with(", PAUSED"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(out.status.code(), Some(2));
+
+    // A MaintPage: the side its Service publishes.
+    wait_until("the shop Ready", 2 * MINUTE, || async {
+        kubectl_noops(&["status", "mp/shop", "-n", &ns.name]).status.code() == Some(0)
+    })
+    .await;
+    let text = stdout(&kubectl_noops(&["status", "maintpage/shop", "-n", &ns.name]));
+    let published = text.lines().find(|l| l.trim_start().starts_with("published")).unwrap();
+    assert!(published.trim_end().ends_with("app"), "{text}");
+
+    // What cannot be read says why, with exit code 1.
+    let out = kubectl_noops(&["status", "etcd/nothing", "-n", &ns.name]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("EtcdCluster"), "{out:?}");
+    let out = kubectl_noops(&["status", "deployment/x", "-n", &ns.name]);
+    assert_eq!(out.status.code(), Some(1));
+}
