@@ -8,6 +8,7 @@
 //! Exit codes, for scripts: 0 the resource is Ready, 2 it is not (or is paused), 1 it could
 //! not be read.
 
+mod backup;
 mod kinds;
 mod report;
 
@@ -49,6 +50,18 @@ enum Command {
         #[arg(short, long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
+    /// Takes a backup now (an EtcdBackup or a PostgresBackup) and waits for it, a line per
+    /// change; exit code 0 once it is stored, 1 if it fails.
+    Backup {
+        resource: String,
+        /// How long to wait, in seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+    },
+    /// Stops the operator changing the resource (`spec.paused`; EtcdCluster).
+    Pause { resource: String },
+    /// Lets the operator change the resource again.
+    Resume { resource: String },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -205,7 +218,38 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ExitCode::from(2)
             })
         }
+        Command::Backup { resource, timeout } => {
+            let (kind, name) = parse_resource(&resource)?;
+            let deadline = std::time::Duration::from_secs(timeout);
+            backup::take(&client, &namespace, kind, &name, deadline).await
+        }
+        Command::Pause { resource } => set_paused(&client, &namespace, &resource, true).await,
+        Command::Resume { resource } => set_paused(&client, &namespace, &resource, false).await,
     }
+}
+
+/// Sets `spec.paused` of a resource that has it.
+async fn set_paused(client: &Client, namespace: &str, resource: &str, paused: bool) -> anyhow::Result<ExitCode> {
+    let (kind, name) = parse_resource(resource)?;
+    if kind != Kind::EtcdCluster {
+        bail!("{kind:?} has no spec.paused yet: only an EtcdCluster can be paused");
+    }
+    let api: Api<EtcdCluster> = Api::namespaced(client.clone(), namespace);
+    let patch = serde_json::json!({ "spec": { "paused": paused } });
+    api.patch(
+        &name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .with_context(|| format!("patching EtcdCluster {namespace}/{name}"))?;
+    let what = if paused {
+        "paused: the operator changes nothing until it is resumed"
+    } else {
+        "resumed"
+    };
+    println!("EtcdCluster {namespace}/{name} {what}");
+    Ok(ExitCode::SUCCESS)
 }
 
 #[tokio::main(flavor = "current_thread")]

@@ -1,4 +1,4 @@
-//! `kubectl noops status` against real resources, through kubectl's plugin lookup (the plugin
+//! `kubectl noops` (status, backup, pause, resume) against real resources, through kubectl's plugin lookup (the plugin
 //! on the PATH as `setup` puts it, in .noops/bin): what it prints for an EtcdCluster (members,
 //! leader, a backup and its size, certificates, the paused state) and a MaintPage, its JSON,
 //! and its exit codes. Needs `make cluster-up`.
@@ -8,8 +8,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use noops_e2e::etcd::{
-    backup_manifest, claim_manifest, cluster_manifest, etcd_version, volume_backup_spec, wait_backup_done,
-    wait_cluster_ready,
+    claim_manifest, cluster_manifest, etcd_version, volume_backup_spec, wait_backup_done, wait_cluster_ready,
 };
 use noops_e2e::*;
 
@@ -51,8 +50,25 @@ async fn status_shows_members_leader_backups_certificates_and_the_paused_state()
     let shop = std::fs::read_to_string(root().join("examples/maintpage/shop.yaml")).unwrap();
     ns.apply(&shop);
     let cluster = wait_cluster_ready(&ns, "main", 3, 3 * MINUTE).await;
-    ns.apply(&backup_manifest("manual", "main"));
-    let backup = wait_backup_done(&ns, "manual").await;
+
+    // A backup now, waited for with a line at each change.
+    let out = kubectl_noops(&["backup", "etcd/main", "-n", &ns.name]);
+    let said = stdout(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let manual = said
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("EtcdBackup "))
+        .unwrap_or_else(|| panic!("{said}"))
+        .to_string();
+    assert!(manual.starts_with("main-manual-"), "{said}");
+    assert!(said.lines().last().unwrap().contains("Succeeded"), "{said}");
+    let backup = wait_backup_done(&ns, &manual).await;
     let size = backup.status.unwrap().progress.size.unwrap();
 
     // Text: the state, the members with the leader, the backup with its size, certificates.
@@ -80,7 +96,7 @@ async fn status_shows_members_leader_backups_certificates_and_the_paused_state()
     assert_eq!(text.lines().filter(|l| l.contains(" voter ")).count(), 2, "{text}");
     let backup_line = text
         .lines()
-        .find(|l| l.trim_start().starts_with("manual "))
+        .find(|l| l.trim_start().starts_with(&format!("{manual} ")))
         .unwrap_or_else(|| panic!("no backup line:\n{text}"));
     assert!(backup_line.contains("Succeeded"), "{backup_line}");
     let kib = format!("{:.1} KiB", size as f64 / 1024.0);
@@ -107,19 +123,11 @@ async fn status_shows_members_leader_backups_certificates_and_the_paused_state()
         .unwrap();
     assert_eq!(members["rows"].as_array().unwrap().len(), 3);
 
-    // Paused: said, and not Ready for a script.
-    kubectl_ok(
-        &[
-            "patch",
-            "-n",
-            &ns.name,
-            "etcdcluster/main",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"paused":true}}"#,
-        ],
-        None,
-    );
+    // Paused: said, and not Ready for a script; resumed, Ready again.
+    let out = kubectl_noops(&["pause", "etcd/main", "-n", &ns.name]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let paused = ns.api::<noops_api::EtcdCluster>().get("main").await.unwrap();
+    assert!(paused.spec.paused);
     let out = kubectl_noops(&["status", "etcd/main", "-n", &ns.name]);
     assert!(
         stdout(&out).lines().next().unwrap().ends_with(", PAUSED"),
@@ -127,6 +135,19 @@ async fn status_shows_members_leader_backups_certificates_and_the_paused_state()
         stdout(&out)
     );
     assert_eq!(out.status.code(), Some(2));
+    let out = kubectl_noops(&["resume", "etcd/main", "-n", &ns.name]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    wait_until("Ready again once resumed", MINUTE, || async {
+        kubectl_noops(&["status", "etcd/main", "-n", &ns.name]).status.code() == Some(0)
+    })
+    .await;
+    // A MaintPage cannot be paused yet: said, with exit code 1.
+    let out = kubectl_noops(&["pause", "mp/shop", "-n", &ns.name]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no spec.paused"),
+        "{out:?}"
+    );
 
     // A MaintPage: the side its Service publishes.
     wait_until("the shop Ready", 2 * MINUTE, || async {
