@@ -115,7 +115,7 @@ pub async fn run(runtime: Runtime) {
             owner_of(pod.as_ref(), CONTROL_PLANE_LABEL, "")
         })
         .graceful_shutdown_on(shutdown.fired());
-    drive(controller, ctx, |kcp, ctx: Arc<Context>| async move {
+    drive(controller, &namespace, ctx, |kcp, ctx: Arc<Context>| async move {
         reconcile::reconcile(kcp, &ctx).await
     })
     .await;

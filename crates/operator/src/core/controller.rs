@@ -104,24 +104,31 @@ impl<S> std::ops::Deref for Context<S> {
 /// Runs `controller` until it stops (its shutdown fired), each reconcile passed through the
 /// core (span, metrics, back-off, malformed objects), each failure through its error policy.
 /// `reconcile` is the controller's own pass over one object.
-pub async fn drive<K, S, R, Fut>(controller: Controller<DeserializeGuard<K>>, ctx: Arc<Context<S>>, reconcile: R)
-where
+pub async fn drive<K, S, R, Fut>(
+    controller: Controller<DeserializeGuard<K>>,
+    namespace: &Option<String>,
+    ctx: Arc<Context<S>>,
+    reconcile: R,
+) where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     S: Send + Sync + 'static,
     R: Fn(Arc<K>, Arc<Context<S>>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<Action>> + Send + 'static,
 {
-    // The per-resource series of an object that is gone go with it.
+    // The per-resource series of an object that is gone go with it (those of namespaces
+    // another instance of this controller watches are not this one's to judge).
     let store = controller.store();
     let metrics = ctx.core.metrics.clone();
+    let scope = namespace.clone();
     let janitor = tokio::spawn(async move {
         let kind = K::kind(&()).to_string();
         loop {
             tokio::time::sleep(Duration::from_secs(30)).await;
             metrics.retain_resources(&kind, |namespace, name| {
-                store
-                    .get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace))
-                    .is_some()
+                scope.as_deref().is_some_and(|watched| watched != namespace)
+                    || store
+                        .get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace))
+                        .is_some()
             });
         }
     });

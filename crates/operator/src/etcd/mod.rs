@@ -142,18 +142,21 @@ pub async fn run(runtime: Runtime) {
             }
         })
         .graceful_shutdown_on(shutdown.fired());
-    // The health series of a deleted cluster go with it.
+    // The health series of a deleted cluster go with it (judged only in the namespace this
+    // instance watches).
+    let scope = namespace.clone();
     let janitor = tokio::spawn(async move {
         loop {
             tokio::time::sleep(Duration::from_secs(30)).await;
             metrics.retain_etcd_clusters(|ns, name| {
-                clusters
-                    .get(&ObjectRef::<DeserializeGuard<EtcdCluster>>::new(name).within(ns))
-                    .is_some()
+                scope.as_deref().is_some_and(|watched| watched != ns)
+                    || clusters
+                        .get(&ObjectRef::<DeserializeGuard<EtcdCluster>>::new(name).within(ns))
+                        .is_some()
             });
         }
     });
-    drive(controller, ctx, |cluster, ctx: Arc<Context>| async move {
+    drive(controller, &namespace, ctx, |cluster, ctx: Arc<Context>| async move {
         reconcile::reconcile(cluster, &ctx).await
     })
     .await;

@@ -89,7 +89,7 @@ pub async fn run(runtime: Runtime) {
         .owns_shared_stream(deployment_changes)
         .reconcile_on(tenant_changes)
         .graceful_shutdown_on(shutdown.fired());
-    drive(controller, ctx, |kc, ctx: Arc<Context>| async move {
+    drive(controller, &namespace, ctx, |kc, ctx: Arc<Context>| async move {
         reconcile::reconcile(kc, &ctx).await
     })
     .await;

@@ -104,7 +104,7 @@ pub async fn run(runtime: Runtime) {
             })
         })
         .graceful_shutdown_on(shutdown.fired());
-    drive(controller, ctx, |machine, ctx: Arc<Context>| async move {
+    drive(controller, &namespace, ctx, |machine, ctx: Arc<Context>| async move {
         reconcile::reconcile(machine, &ctx).await
     })
     .await;

@@ -52,7 +52,7 @@ pub async fn run(runtime: Runtime) {
     let controller = controller_of::<MachineDeployment>(&client, &namespace, MAX_CONCURRENT_RECONCILES)
         .owns_shared_stream(set_changes)
         .graceful_shutdown_on(shutdown.fired());
-    drive(controller, ctx, |md, ctx: Arc<Context>| async move {
+    drive(controller, &namespace, ctx, |md, ctx: Arc<Context>| async move {
         reconcile::reconcile(md, &ctx).await
     })
     .await;

@@ -52,7 +52,7 @@ pub async fn run(runtime: Runtime) {
     let controller = controller_of::<MachineSet>(&client, &namespace, MAX_CONCURRENT_RECONCILES)
         .owns_shared_stream(machine_changes)
         .graceful_shutdown_on(shutdown.fired());
-    drive(controller, ctx, |set, ctx: Arc<Context>| async move {
+    drive(controller, &namespace, ctx, |set, ctx: Arc<Context>| async move {
         reconcile::reconcile(set, &ctx).await
     })
     .await;

@@ -93,7 +93,7 @@ pub async fn run(runtime: Runtime) {
                 })
         })
         .graceful_shutdown_on(shutdown.fired());
-    drive(controller, ctx, |mp, ctx: Arc<Context>| async move {
+    drive(controller, &namespace, ctx, |mp, ctx: Arc<Context>| async move {
         reconcile::reconcile(mp, &ctx).await
     })
     .await;

@@ -152,7 +152,7 @@ pub async fn run(runtime: Runtime) {
             })
         })
         .graceful_shutdown_on(shutdown.fired());
-    drive(controller, ctx, |pg, ctx: Arc<Context>| async move {
+    drive(controller, &namespace, ctx, |pg, ctx: Arc<Context>| async move {
         reconcile::reconcile(pg, &ctx).await
     })
     .await;

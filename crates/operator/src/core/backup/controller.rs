@@ -132,7 +132,7 @@ where
             watcher::Config::default().labels(&format!("{}={component}", labels::COMPONENT)),
         )
         .graceful_shutdown_on(runtime.shutdown.clone().fired());
-    drive(controller, ctx, move |backup: Arc<K>, ctx: Arc<Context>| {
+    drive(controller, namespace, ctx, move |backup: Arc<K>, ctx: Arc<Context>| {
         let (make, clean_up) = (make.clone(), clean_up.clone());
         async move {
             let api: Api<K> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
