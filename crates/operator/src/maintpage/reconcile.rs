@@ -90,8 +90,7 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
 
 /// What the pass did that is worth an Event: hand edits reverted, a switch, a switch held
 /// until the pods are Ready, a side published for the first time. Event reasons differ by
-/// what happened: the recorder folds events with the same reason into one series, keeping the
-/// first note. Pure.
+/// what happened, so that each reads as its own kind of news. Pure.
 fn announcements(mp: &MaintPage, plan: &switch::Plan, hand_edits: Vec<(&'static str, String)>) -> Vec<Announcement> {
     let mut out: Vec<Announcement> = hand_edits
         .into_iter()
