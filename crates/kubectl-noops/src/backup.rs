@@ -63,6 +63,10 @@ pub async fn take(
             make_and_wait(Api::namespaced(client.clone(), namespace), object, progress, deadline).await
         }
         Kind::MaintPage => bail!("a MaintPage has nothing to back up"),
+        Kind::KubernetesCluster | Kind::KubernetesControlPlane => bail!(
+            "a cluster's state is its control plane's etcd: back up that EtcdCluster \
+             (kubectl noops backup etcd/<the name in status.etcd of its KubernetesControlPlane>)"
+        ),
     }
 }
 

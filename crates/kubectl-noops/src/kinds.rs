@@ -4,7 +4,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use noops_api::backup::BackupProgress;
 use noops_api::etcd::OperationKind;
-use noops_api::{EtcdCluster, MaintPage, PostgreSQL};
+use noops_api::{EtcdCluster, KubernetesCluster, KubernetesControlPlane, MaintPage, PostgreSQL};
 
 use crate::report::{Report, Section, age, size};
 
@@ -297,6 +297,122 @@ pub fn maintpage(page: &MaintPage, around: &Around) -> Report {
     report
 }
 
+/// A KubernetesCluster: its version, control plane and nodes, each pool (desired, ready,
+/// updated, version, and for a pool that scales itself its bounds), and an upgrade under way
+/// with the steps it finished.
+pub fn kubernetes_cluster(kc: &KubernetesCluster, around: &Around) -> Report {
+    let status = kc.status.clone().unwrap_or_default();
+    let mut report = base(
+        "KubernetesCluster",
+        &kc.metadata,
+        &status.conditions,
+        status.observed_generation,
+        around,
+    );
+    report.phase = status.phase.clone();
+    report.paused = kc.spec.paused;
+    report.fact("version", status.version.clone().unwrap_or_else(|| "none yet".into()));
+    if status
+        .version
+        .as_deref()
+        .is_none_or(|v| !v.starts_with(&kc.spec.version))
+    {
+        report.fact("asked", kc.spec.version.clone());
+    }
+    report.fact(
+        "control plane",
+        status.control_plane.clone().unwrap_or_else(|| "not serving yet".into()),
+    );
+    report.fact("nodes", status.nodes.clone().unwrap_or_default());
+    if let Some(secret) = &status.kubeconfig_secret {
+        report.fact("kubeconfig Secret", secret.clone());
+    }
+    if let Some(upgrade) = status.upgrade.as_ref().filter(|u| u.finished_at.is_none()) {
+        let done = if upgrade.finished.is_empty() {
+            String::new()
+        } else {
+            format!("; done: {}", upgrade.finished.join(", "))
+        };
+        report.fact(
+            "under way",
+            format!(
+                "upgrading {} to {} for {}: {}{done}",
+                upgrade.from,
+                upgrade.to,
+                around.since(&upgrade.started_at),
+                upgrade.step
+            ),
+        );
+    }
+    report.tables.push(Section {
+        title: "Pools".into(),
+        header: ["POOL", "DESIRED", "READY", "UPDATED", "VERSION", "SCALES"]
+            .map(String::from)
+            .to_vec(),
+        rows: kc
+            .spec
+            .workers
+            .iter()
+            .map(|pool| {
+                let seen = status.pools.iter().find(|p| p.name == pool.name);
+                let scales = match (pool.min_replicas, pool.max_replicas) {
+                    (Some(min), Some(max)) => format!("{min}-{max}"),
+                    _ => "fixed".into(),
+                };
+                vec![
+                    pool.name.clone(),
+                    seen.map(|p| p.desired.to_string()).unwrap_or_default(),
+                    seen.map(|p| p.ready.to_string()).unwrap_or_default(),
+                    seen.map(|p| p.updated.to_string()).unwrap_or_default(),
+                    seen.and_then(|p| p.version.clone()).unwrap_or_default(),
+                    scales,
+                ]
+            })
+            .collect(),
+    });
+    report
+}
+
+/// A KubernetesControlPlane: its version, API servers ready, endpoint, etcd, an upgrade's
+/// step, and the certificates it was issued.
+pub fn control_plane(kcp: &KubernetesControlPlane, around: &Around) -> Report {
+    let status = kcp.status.clone().unwrap_or_default();
+    let mut report = base(
+        "KubernetesControlPlane",
+        &kcp.metadata,
+        &status.conditions,
+        status.observed_generation,
+        around,
+    );
+    report.phase = status.phase.clone();
+    report.paused = kcp.spec.paused;
+    report.fact("version", status.version.clone().unwrap_or_else(|| "none yet".into()));
+    report.fact("API servers ready", status.ready.clone().unwrap_or_default());
+    if let Some(endpoint) = &status.endpoint {
+        report.fact("endpoint", endpoint.clone());
+    }
+    if let Some(etcd) = &status.etcd {
+        report.fact("etcd", format!("EtcdCluster {etcd}"));
+    }
+    if let Some(secret) = &status.admin_kubeconfig_secret {
+        report.fact("kubeconfig Secret", secret.clone());
+    }
+    if let Some(upgrade) = &status.upgrade {
+        report.fact(
+            "under way",
+            format!(
+                "upgrading {} to {} for {}: {}",
+                upgrade.from,
+                upgrade.to,
+                around.since(&upgrade.started_at),
+                upgrade.step
+            ),
+        );
+    }
+    report.tables.push(certificates(around));
+    report
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -430,5 +546,48 @@ mod tests {
         broken.status.as_mut().unwrap().conditions = vec![condition("Ready", "False", "AppNotReady")];
         let problems = maintpage(&broken, &around).problems;
         assert_eq!(problems[0].1, "AppNotReady");
+    }
+
+    #[test]
+    fn a_cluster_report_shows_each_pool_and_the_upgrade_under_way() {
+        let mut kc: KubernetesCluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "noops.dev/v1alpha1", "kind": "KubernetesCluster",
+            "metadata": { "name": "acme", "namespace": "t", "generation": 2 },
+            "spec": { "version": "1.34", "workers": [
+                { "name": "general", "replicas": 2 },
+                { "name": "burst", "minReplicas": 1, "maxReplicas": 3 },
+            ] },
+        }))
+        .unwrap();
+        kc.status = Some(serde_json::from_value(serde_json::json!({
+            "observedGeneration": 2, "phase": "Upgrading", "version": "1.33.13",
+            "controlPlane": "1.34.4 1/1", "nodes": "3/3",
+            "conditions": [
+                { "type": "Ready", "status": "True", "reason": "Ready", "message": "",
+                  "lastTransitionTime": "2026-11-26T11:00:00Z" },
+            ],
+            "pools": [
+                { "name": "general", "machineDeployment": "acme-general", "desired": 2, "ready": 2, "updated": 1, "version": "1.34.4" },
+            ],
+            "upgrade": { "from": "1.33.13", "to": "1.34.4", "step": "Pool general",
+                         "finished": ["ControlPlane"], "startedAt": "2026-11-26T11:58:00Z" },
+        }))
+        .unwrap());
+        let around = Around {
+            now: at("2026-11-26T12:00:00Z"),
+            ..Default::default()
+        };
+        let text = kubernetes_cluster(&kc, &around).text();
+        for expected in [
+            "KubernetesCluster t/acme: Ready (Upgrading)",
+            "upgrading 1.33.13 to 1.34.4 for 2m: Pool general; done: ControlPlane",
+            "asked",
+            "1-3",
+            "fixed",
+        ] {
+            assert!(text.contains(expected), "no {expected:?} in\n{text}");
+        }
+        let general = text.lines().find(|l| l.trim_start().starts_with("general")).unwrap();
+        assert!(general.contains("1.34.4"), "{general}");
     }
 }

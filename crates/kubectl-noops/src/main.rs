@@ -20,7 +20,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use k8s_openapi::api::core::v1::{Event, Secret};
 use kube::api::{Api, ListParams};
 use kube::{Client, Resource, ResourceExt};
-use noops_api::{EtcdBackup, EtcdCluster, MaintPage, PostgreSQL, PostgresBackup};
+use noops_api::{
+    EtcdBackup, EtcdCluster, KubernetesCluster, KubernetesControlPlane, MaintPage, PostgreSQL, PostgresBackup,
+};
 
 use kinds::Around;
 use report::Report;
@@ -44,7 +46,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// A resource's state: `etcdcluster/<name>` (`etcd/`), `postgresql/<name>` (`pg/`),
-    /// `maintpage/<name>` (`mp/`).
+    /// `maintpage/<name>` (`mp/`), `kubernetescluster/<name>` (`kc/`),
+    /// `kubernetescontrolplane/<name>` (`kcp/`).
     Status {
         resource: String,
         #[arg(short, long, value_enum, default_value_t = Output::Text)]
@@ -76,6 +79,8 @@ enum Kind {
     EtcdCluster,
     PostgreSQL,
     MaintPage,
+    KubernetesCluster,
+    KubernetesControlPlane,
 }
 
 /// `kind/name` as kubectl takes it (plural, singular or short name, any case).
@@ -87,7 +92,11 @@ fn parse_resource(text: &str) -> anyhow::Result<(Kind, String)> {
         "etcdcluster" | "etcdclusters" | "etcd" => Kind::EtcdCluster,
         "postgresql" | "postgresqls" | "pg" => Kind::PostgreSQL,
         "maintpage" | "maintpages" | "mp" => Kind::MaintPage,
-        other => bail!("kubectl noops status knows etcdcluster, postgresql and maintpage, not {other:?}"),
+        "kubernetescluster" | "kubernetesclusters" | "kc" => Kind::KubernetesCluster,
+        "kubernetescontrolplane" | "kubernetescontrolplanes" | "kcp" => Kind::KubernetesControlPlane,
+        other => bail!(
+            "kubectl noops knows etcdcluster, postgresql, maintpage, kubernetescluster and kubernetescontrolplane, not {other:?}"
+        ),
     };
     Ok((kind, name.to_string()))
 }
@@ -195,6 +204,22 @@ async fn status(client: &Client, namespace: &str, kind: Kind, name: &str) -> any
             let around = around(client, namespace, page.meta()).await?;
             kinds::maintpage(&page, &around)
         }
+        Kind::KubernetesCluster => {
+            let kc = Api::<KubernetesCluster>::namespaced(client.clone(), namespace)
+                .get(name)
+                .await
+                .with_context(|| not_found("KubernetesCluster"))?;
+            let around = around(client, namespace, kc.meta()).await?;
+            kinds::kubernetes_cluster(&kc, &around)
+        }
+        Kind::KubernetesControlPlane => {
+            let kcp = Api::<KubernetesControlPlane>::namespaced(client.clone(), namespace)
+                .get(name)
+                .await
+                .with_context(|| not_found("KubernetesControlPlane"))?;
+            let around = around(client, namespace, kcp.meta()).await?;
+            kinds::control_plane(&kcp, &around)
+        }
     })
 }
 
@@ -231,24 +256,34 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// Sets `spec.paused` of a resource that has it.
 async fn set_paused(client: &Client, namespace: &str, resource: &str, paused: bool) -> anyhow::Result<ExitCode> {
     let (kind, name) = parse_resource(resource)?;
-    if kind != Kind::EtcdCluster {
-        bail!("{kind:?} has no spec.paused yet: only an EtcdCluster can be paused");
-    }
-    let api: Api<EtcdCluster> = Api::namespaced(client.clone(), namespace);
-    let patch = serde_json::json!({ "spec": { "paused": paused } });
-    api.patch(
-        &name,
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(&patch),
-    )
-    .await
-    .with_context(|| format!("patching EtcdCluster {namespace}/{name}"))?;
+    let patch = kube::api::Patch::Merge(serde_json::json!({ "spec": { "paused": paused } }));
+    let params = kube::api::PatchParams::default();
+    let patched = match kind {
+        Kind::EtcdCluster => Api::<EtcdCluster>::namespaced(client.clone(), namespace)
+            .patch(&name, &params, &patch)
+            .await
+            .map(|_| ()),
+        Kind::KubernetesCluster => Api::<KubernetesCluster>::namespaced(client.clone(), namespace)
+            .patch(&name, &params, &patch)
+            .await
+            .map(|_| ()),
+        Kind::KubernetesControlPlane => Api::<KubernetesControlPlane>::namespaced(client.clone(), namespace)
+            .patch(&name, &params, &patch)
+            .await
+            .map(|_| ()),
+        Kind::PostgreSQL | Kind::MaintPage => {
+            bail!(
+                "{kind:?} has no spec.paused yet: an EtcdCluster, a KubernetesCluster or a KubernetesControlPlane can be paused"
+            )
+        }
+    };
+    patched.with_context(|| format!("patching {kind:?} {namespace}/{name}"))?;
     let what = if paused {
         "paused: the operator changes nothing until it is resumed"
     } else {
         "resumed"
     };
-    println!("EtcdCluster {namespace}/{name} {what}");
+    println!("{kind:?} {namespace}/{name} {what}");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -276,6 +311,8 @@ mod tests {
             ("pg/main", Kind::PostgreSQL),
             ("postgresql/main", Kind::PostgreSQL),
             ("mp/main", Kind::MaintPage),
+            ("kc/main", Kind::KubernetesCluster),
+            ("kcp/main", Kind::KubernetesControlPlane),
         ] {
             assert_eq!(parse_resource(text).unwrap(), (kind, "main".to_string()), "{text}");
         }
