@@ -344,18 +344,27 @@ async fn a_control_plane_serves_its_tenant_and_goes_away_with_everything_it_ran(
         || async { processes_of(name, &ns).is_empty() },
     )
     .await;
-    let left = kubectl_ok(
-        &[
-            "get",
-            "etcdclusters,deployments,services,secrets,pods",
-            "-n",
-            &ns.name,
-            "-o",
-            "name",
-        ],
-        None,
-    );
-    assert!(!left.contains(name), "left behind: {left}");
+    // The objects go a moment after the processes (a pod's object once its node agent has
+    // seen its containers stop).
+    let left = || {
+        kubectl_ok(
+            &[
+                "get",
+                "etcdclusters,deployments,services,secrets,pods",
+                "-n",
+                &ns.name,
+                "-o",
+                "name",
+            ],
+            None,
+        )
+    };
+    wait_until(
+        "every object of the control plane gone",
+        std::time::Duration::from_secs(60),
+        || async { !left().contains(name) },
+    )
+    .await;
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
     let _ = std::fs::remove_file(&kubeconfig);
 }
