@@ -294,13 +294,15 @@ spec:
     .await;
     wait_event(&ns, "KubernetesCluster", "elastic", "ScaledDown").await;
     let nodes: Api<Node> = Api::all(tenant.client.clone());
-    wait_until("one Node left", MINUTE, || async {
-        nodes
-            .list(&ListParams::default())
-            .await
-            .is_ok_and(|l| l.items.len() == 1)
-    })
-    .await;
+    let one_node_left = || {
+        wait_until("one Node left", MINUTE, || async {
+            nodes
+                .list(&ListParams::default())
+                .await
+                .is_ok_and(|l| l.items.len() == 1)
+        })
+    };
+    one_node_left().await;
 
     // A pod no machine of any pool can hold is reported and makes no machine.
     tenant.apply(&format!(
@@ -372,12 +374,6 @@ spec:
     .await;
     assert!(deployments.get_opt("elastic-extra").await.unwrap().is_none());
     wait_event(&ns, "KubernetesCluster", "elastic", "PoolRemoved").await;
-    wait_until("one Node left", MINUTE, || async {
-        nodes
-            .list(&ListParams::default())
-            .await
-            .is_ok_and(|l| l.items.len() == 1)
-    })
-    .await;
+    one_node_left().await;
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }

@@ -5,9 +5,6 @@
 /// image as its own `postgres` user).
 pub const POSTGRES_UID: i64 = 999;
 
-/// The official image's repository (the local Kubernetes maps its majors to Debian's builds).
-pub const POSTGRES_REPOSITORY: &str = "postgres";
-
 /// The image of a major version in `repository` (tagged as the official image is).
 pub fn image(repository: &str, version: &str) -> String {
     format!("{repository}:{version}")

@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 
 use noops_api::PostgreSQL;
 
-use super::image::POSTGRES_REPOSITORY;
 use crate::core::images::Images;
 use crate::core::labels;
 
@@ -32,6 +31,9 @@ pub const DATA_VOLUME: &str = "data";
 pub const RESTORE_RECORD: &str = "/var/lib/postgresql/noops-restore.json";
 /// The environment variable with the root folder of the database's backups in its store.
 pub const ROOT_ENV: &str = "NOOPS_PG_ROOT";
+
+/// The official image's repository (the local Kubernetes maps its majors to Debian's builds).
+pub const POSTGRES_REPOSITORY: &str = "postgres";
 
 /// Names derived from one PostgreSQL.
 #[derive(Debug, Clone, PartialEq, Eq)]

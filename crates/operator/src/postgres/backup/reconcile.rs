@@ -29,10 +29,9 @@ use crate::core::backup::progress::{self, Timing};
 use crate::core::backup::schedule::elapsed;
 use crate::core::backup::task_pod::{self, Outcome};
 use crate::core::{Error, Result, crash};
-use crate::postgres::image::POSTGRES_REPOSITORY;
 use crate::postgres::instance::base_backup::Taken;
 use crate::postgres::instance::wal::segment_name;
-use crate::postgres::names::Names;
+use crate::postgres::names::{Names, POSTGRES_REPOSITORY};
 use crate::postgres::observe;
 use crate::postgres::store::{BaseBackupDestination, Destination};
 
