@@ -187,7 +187,7 @@ spec:
           image: busybox
           command: ["{}", "-listen=:8080", "-text=hello"]
           readinessProbe: {{ httpGet: {{ path: /health, port: 8080 }}, periodSeconds: 1 }}
-          lifecycle: {{ preStop: {{ sleep: {{ seconds: 3 }} }} }}
+          lifecycle: {{ preStop: {{ sleep: {{ seconds: 6 }} }} }}
 ---
 apiVersion: policy/v1
 kind: PodDisruptionBudget

@@ -35,8 +35,12 @@ const STATE_DIR: &str = "/var/lib/noops-node";
 const AGENT_HEALTH_PORT: i32 = 10248;
 /// kube-proxy's health port: ready once it has synced the tenant's Services.
 const KUBE_PROXY_HEALTH_PORT: i32 = 10256;
-/// How long a stopping VM goes on serving before it stops its pods.
-const SHUTDOWN_DELAY_SECONDS: u64 = 5;
+/// How long a stopping VM goes on serving before it stops its pods (and its network goes): a
+/// load balancer in front of the machines needs this long to stop sending it new connections.
+/// The deleted pod leaves the Service's endpoints at once, but the controller-manager and every
+/// kube-proxy take a while to act on it on a loaded machine; 5 s was seen to be too short once
+/// in many rollouts (a connection to the gone address: "No route to host").
+const SHUTDOWN_DELAY_SECONDS: u64 = 10;
 
 /// What a provider says about a machine's VM.
 #[derive(Debug, Clone, PartialEq, Eq)]
