@@ -46,6 +46,10 @@ pub struct MaintPageSpec {
     /// The Service that clients use.
     #[serde(default)]
     pub service: ServiceSpec,
+    /// Stop changing the app's objects (no switch, no hand edit reverted) until set back to
+    /// false: the Service stays on the side it serves.
+    #[serde(default)]
+    pub paused: bool,
 }
 
 /// The application.

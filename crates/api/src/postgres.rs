@@ -99,6 +99,11 @@ pub struct PostgreSQLSpec {
     pub backup: Option<BackupSpec>,
     /// How a new database starts: empty (the default), or from a backup. Immutable.
     pub bootstrap: Option<BootstrapSpec>,
+    /// Stop changing the database (its pod, StatefulSet and Service, the role, password and
+    /// database inside it, the handling of a lost node) until set back to false: for work by
+    /// hand. The status is kept current, and backups and WAL archiving go on.
+    #[serde(default)]
+    pub paused: bool,
 }
 
 /// Where backups go and when base backups are taken. WAL archiving is on whenever this is set.

@@ -218,6 +218,7 @@ pub fn postgres(pg: &PostgreSQL, around: &Around) -> Report {
         around,
     );
     report.phase = status.phase.clone();
+    report.paused = pg.spec.paused;
     report.fact(
         "version",
         status.server_version.clone().unwrap_or_else(|| pg.spec.version.clone()),
@@ -275,6 +276,7 @@ pub fn maintpage(page: &MaintPage, around: &Around) -> Report {
         status.observed_generation,
         around,
     );
+    report.paused = page.spec.paused;
     let side = |s: &Option<noops_api::maintpage::Side>| {
         s.as_ref()
             .map(|s| format!("{s:?}").to_lowercase())

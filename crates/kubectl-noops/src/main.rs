@@ -61,7 +61,7 @@ enum Command {
         #[arg(long, default_value_t = 600)]
         timeout: u64,
     },
-    /// Stops the operator changing the resource (`spec.paused`; EtcdCluster).
+    /// Stops the operator changing the resource (`spec.paused`).
     Pause { resource: String },
     /// Lets the operator change the resource again.
     Resume { resource: String },
@@ -257,25 +257,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 async fn set_paused(client: &Client, namespace: &str, resource: &str, paused: bool) -> anyhow::Result<ExitCode> {
     let (kind, name) = parse_resource(resource)?;
     let patch = kube::api::Patch::Merge(serde_json::json!({ "spec": { "paused": paused } }));
-    let params = kube::api::PatchParams::default();
     let patched = match kind {
-        Kind::EtcdCluster => Api::<EtcdCluster>::namespaced(client.clone(), namespace)
-            .patch(&name, &params, &patch)
-            .await
-            .map(|_| ()),
-        Kind::KubernetesCluster => Api::<KubernetesCluster>::namespaced(client.clone(), namespace)
-            .patch(&name, &params, &patch)
-            .await
-            .map(|_| ()),
-        Kind::KubernetesControlPlane => Api::<KubernetesControlPlane>::namespaced(client.clone(), namespace)
-            .patch(&name, &params, &patch)
-            .await
-            .map(|_| ()),
-        Kind::PostgreSQL | Kind::MaintPage => {
-            bail!(
-                "{kind:?} has no spec.paused yet: an EtcdCluster, a KubernetesCluster or a KubernetesControlPlane can be paused"
-            )
-        }
+        Kind::EtcdCluster => patch_spec::<EtcdCluster>(client, namespace, &name, &patch).await,
+        Kind::PostgreSQL => patch_spec::<PostgreSQL>(client, namespace, &name, &patch).await,
+        Kind::MaintPage => patch_spec::<MaintPage>(client, namespace, &name, &patch).await,
+        Kind::KubernetesCluster => patch_spec::<KubernetesCluster>(client, namespace, &name, &patch).await,
+        Kind::KubernetesControlPlane => patch_spec::<KubernetesControlPlane>(client, namespace, &name, &patch).await,
     };
     patched.with_context(|| format!("patching {kind:?} {namespace}/{name}"))?;
     let what = if paused {
@@ -285,6 +272,25 @@ async fn set_paused(client: &Client, namespace: &str, resource: &str, paused: bo
     };
     println!("{kind:?} {namespace}/{name} {what}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Patches one namespaced resource of kind `K`.
+async fn patch_spec<K>(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    patch: &kube::api::Patch<serde_json::Value>,
+) -> kube::Result<()>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    Api::<K>::namespaced(client.clone(), namespace)
+        .patch(name, &kube::api::PatchParams::default(), patch)
+        .await
+        .map(|_| ())
 }
 
 #[tokio::main(flavor = "current_thread")]

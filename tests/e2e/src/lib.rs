@@ -142,6 +142,15 @@ impl TestNamespace {
         kubectl_ok(&["apply", "-n", &self.name, "-f", "-"], Some(yaml));
     }
 
+    /// Merges `spec` into the spec of `resource` (`<kind>/<name>`), as `kubectl patch` does.
+    pub fn merge_spec(&self, resource: &str, spec: serde_json::Value) {
+        let patch = serde_json::json!({ "spec": spec }).to_string();
+        kubectl_ok(
+            &["patch", resource, "-n", &self.name, "--type", "merge", "-p", &patch],
+            None,
+        );
+    }
+
     /// Pods of this namespace.
     pub fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.client.clone(), &self.name)

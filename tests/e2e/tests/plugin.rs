@@ -1,7 +1,7 @@
 //! `kubectl noops` (status, backup, pause, resume) against real resources, through kubectl's plugin lookup (the plugin
 //! on the PATH as `setup` puts it, in .noops/bin): what it prints for an EtcdCluster (members,
-//! leader, a backup and its size, certificates, the paused state) and a MaintPage, its JSON,
-//! and its exit codes. Needs `make cluster-up`.
+//! leader, a backup and its size, certificates, the paused state) and a MaintPage (its side,
+//! paused and resumed), its JSON, and its exit codes. Needs `make cluster-up`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::{Command, Output};
@@ -141,14 +141,6 @@ async fn status_shows_members_leader_backups_certificates_and_the_paused_state()
         kubectl_noops(&["status", "etcd/main", "-n", &ns.name]).status.code() == Some(0)
     })
     .await;
-    // A MaintPage cannot be paused yet: said, with exit code 1.
-    let out = kubectl_noops(&["pause", "mp/shop", "-n", &ns.name]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("no spec.paused"),
-        "{out:?}"
-    );
-
     // A MaintPage: the side its Service publishes.
     wait_until("the shop Ready", 2 * MINUTE, || async {
         kubectl_noops(&["status", "mp/shop", "-n", &ns.name]).status.code() == Some(0)
@@ -157,6 +149,57 @@ async fn status_shows_members_leader_backups_certificates_and_the_paused_state()
     let text = stdout(&kubectl_noops(&["status", "maintpage/shop", "-n", &ns.name]));
     let published = text.lines().find(|l| l.trim_start().starts_with("published")).unwrap();
     assert!(published.trim_end().ends_with("app"), "{text}");
+
+    // Paused, a MaintPage asked for its maintenance page keeps the Service on the app and
+    // says so; resumed, it switches.
+    let selector = || {
+        kubectl_ok(
+            &[
+                "get",
+                "service",
+                "shop",
+                "-n",
+                &ns.name,
+                "-o",
+                "jsonpath={.spec.selector}",
+            ],
+            None,
+        )
+    };
+    let serving_app = selector();
+    let out = kubectl_noops(&["pause", "mp/shop", "-n", &ns.name]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    ns.merge_spec(
+        "maintpage/shop",
+        serde_json::json!({ "maintenance": { "enabled": true } }),
+    );
+    wait_until("the paused MaintPage to say it stays", MINUTE, || async {
+        let mp = ns.api::<noops_api::MaintPage>().get("shop").await.unwrap();
+        let status = mp.status.unwrap_or_default();
+        status.observed_generation == mp.metadata.generation
+            && status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "False" && c.reason == "Paused")
+    })
+    .await;
+    let out = kubectl_noops(&["status", "mp/shop", "-n", &ns.name]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(stdout(&out).contains("PAUSED"), "{}", stdout(&out));
+    assert!(stdout(&out).contains("stays on the app"), "{}", stdout(&out));
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    assert_eq!(selector(), serving_app, "the Service switched while paused");
+    wait_event(&ns, "MaintPage", "shop", "Paused").await;
+    let out = kubectl_noops(&["resume", "mp/shop", "-n", &ns.name]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    wait_until("the maintenance page published once resumed", 2 * MINUTE, || async {
+        let text = stdout(&kubectl_noops(&["status", "mp/shop", "-n", &ns.name]));
+        text.lines()
+            .find(|l| l.trim_start().starts_with("published"))
+            .is_some_and(|l| l.trim_end().ends_with("maintenance"))
+    })
+    .await;
+    assert_ne!(selector(), serving_app);
 
     // What cannot be read says why, with exit code 1.
     let out = kubectl_noops(&["status", "etcd/nothing", "-n", &ns.name]);

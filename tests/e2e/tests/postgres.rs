@@ -126,10 +126,36 @@ async fn the_original_walkthrough_keeps_every_row_across_a_pod_deletion_and_take
         "the same database, not a new one"
     );
 
-    // A new password in the Secret becomes the database's; the old one stops working.
+    // Paused, the operator changes nothing: a new password in the Secret is not set, a
+    // deleted Service is not made again; the status says Paused and still Ready.
+    ns.merge_spec("pg/shop", serde_json::json!({ "paused": true }));
+    wait_until("the status says Paused", MINUTE, || async {
+        let pg = api.get("shop").await.unwrap();
+        let status = pg.status.unwrap_or_default();
+        status.phase.as_deref() == Some("Paused") && status.observed_generation == pg.metadata.generation
+    })
+    .await;
     ns.apply(
         "apiVersion: v1\nkind: Secret\nmetadata: { name: shop-db }\nstringData: { postgresql_password: second-Pa55 }\n",
     );
+    kubectl_ok(&["delete", "service", "shop", "-n", &ns.name], None);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(
+        psql(&ip, "app", &password, "shop", "SELECT 1").is_ok(),
+        "the password changed while paused"
+    );
+    assert_eq!(secret_value(&ns, "shop-connection", "password").await, password);
+    let services = kubectl_ok(&["get", "service", "-n", &ns.name, "-o", "name"], None);
+    assert!(
+        !services.contains("service/shop\n"),
+        "the Service was made again while paused: {services}"
+    );
+    assert_eq!(condition(&api.get("shop").await.unwrap(), "Ready").unwrap().0, "True");
+    assert!(event_reasons(&ns, "shop").await.iter().any(|r| r == "Paused"));
+
+    // Resumed: the new password in the Secret becomes the database's; the old one stops
+    // working; the Service is back.
+    ns.merge_spec("pg/shop", serde_json::json!({ "paused": false }));
     wait_until("the new password works", MINUTE, || async {
         psql(&ip, "app", "second-Pa55", "shop", "SELECT 1").is_ok()
     })
@@ -140,11 +166,21 @@ async fn the_original_walkthrough_keeps_every_row_across_a_pod_deletion_and_take
         secret_value(&ns, "shop-connection", "password").await == "second-Pa55"
     })
     .await;
+    wait_until("the Service made again", MINUTE, || async {
+        kubectl_ok(&["get", "service", "-n", &ns.name, "-o", "name"], None).contains("service/shop\n")
+    })
+    .await;
     // The superuser is not reachable with the user's password, nor without one.
     assert!(psql(&ip, "postgres", "second-Pa55", "postgres", "SELECT 1").is_err());
 
     let reasons = event_reasons(&ns, "shop").await;
-    for expected in ["UserCreated", "DatabaseCreated", "Serving", "PasswordChanged"] {
+    for expected in [
+        "UserCreated",
+        "DatabaseCreated",
+        "Serving",
+        "PasswordChanged",
+        "Resumed",
+    ] {
         assert!(
             reasons.iter().any(|r| r == expected),
             "no {expected} Event in {reasons:?}"

@@ -32,6 +32,7 @@ pub fn maintpage() -> MaintPageFixture {
                 enabled: false,
             },
             service: ServiceSpec::default(),
+            paused: false,
         },
     );
     mp.metadata.namespace = Some("web".into());

@@ -42,6 +42,32 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
         return Err(error).during(Stage::Validate);
     }
 
+    if mp.spec.paused {
+        let seen = status::StatusFacts {
+            app: observation.live.app.as_ref(),
+            maintenance: observation.live.maintenance.as_ref(),
+            app_stuck: observation.app_stuck.as_ref(),
+            maintenance_stuck: observation.maintenance_stuck.as_ref(),
+        };
+        let status = status::paused(&mp, &seen, now);
+        if mp.status.as_ref() != Some(&status) {
+            if !is_paused(mp.status.as_ref()) {
+                let note =
+                    "spec.paused: the operator changes nothing (no switch, no hand edit reverted) until it is false";
+                events.tell(&reference, Announcement::normal("Paused", note)).await;
+            }
+            apply_status(&maintpages, &name, &status_body(&status))
+                .await
+                .during(Stage::Status)?;
+        }
+        debug!("paused: the app's objects are left as they are");
+        return Ok(Action::await_change());
+    }
+    if is_paused(mp.status.as_ref()) {
+        let note = "spec.paused is false: the operator manages the app's objects again";
+        events.tell(&reference, Announcement::normal("Resumed", note)).await;
+    }
+
     let plan = switch::plan(&mp.spec, &observation.facts, now);
     let owner = controller_reference(mp.as_ref())
         .ok_or_else(|| Error::Internal("the MaintPage has no uid yet".into()))
@@ -86,6 +112,15 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
         .flatten()
         .min();
     Ok(requeue.map(Action::requeue).unwrap_or_else(Action::await_change))
+}
+
+/// Whether the status was written by a paused pass.
+fn is_paused(status: Option<&noops_api::maintpage::MaintPageStatus>) -> bool {
+    status.is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == noops_api::condition::PROGRESSING && c.reason == "Paused")
+    })
 }
 
 /// What the pass did that is worth an Event: hand edits reverted, a switch, a switch held

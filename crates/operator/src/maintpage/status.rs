@@ -181,6 +181,46 @@ pub fn blocked(mp: &MaintPage, reason: &'static str, message: &str, now: jiff::T
     }
 }
 
+/// The status while paused: the Service stays where it is, and Ready says whether that is the
+/// side the spec asks for; nothing else is decided.
+pub fn paused(mp: &MaintPage, seen: &StatusFacts, now: jiff::Timestamp) -> MaintPageStatus {
+    let previous = mp.status.clone().unwrap_or_default();
+    let desired = mp.spec.desired_side();
+    let service = &mp.spec.app.name;
+    let mut decided = vec![
+        Decided::new(
+            PROGRESSING,
+            false,
+            "Paused",
+            "spec.paused: the operator changes nothing until it is false",
+        ),
+        degraded(seen),
+    ];
+    match previous.published {
+        Some(published) if published == desired => {}
+        published => {
+            let serves = published.map_or("nothing", side_name);
+            let message = format!(
+                "paused: Service {service} stays on {serves} although the spec asks for {}",
+                side_name(desired)
+            );
+            decided.push(Decided::new(READY, false, "Paused", message));
+        }
+    }
+    let mut conditions = merge(&previous.conditions, &decided, mp.metadata.generation, now);
+    // A Ready kept as it was is still true of this generation: the same side serves.
+    for condition in &mut conditions {
+        condition.observed_generation = mp.metadata.generation;
+    }
+    MaintPageStatus {
+        observed_generation: mp.metadata.generation,
+        conditions,
+        app_ready_replicas: ready_replicas(seen.app),
+        maintenance_ready_replicas: ready_replicas(seen.maintenance),
+        ..previous
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,6 +284,37 @@ mod tests {
             Some(Side::Maintenance),
             "recorded, so it is announced once"
         );
+    }
+
+    #[test]
+    fn paused_keeps_the_published_side_and_says_when_the_spec_asks_for_the_other() {
+        let d = deployment("shop").ready(1).build();
+        let seen = StatusFacts {
+            app: Some(&d),
+            ..Default::default()
+        };
+        let serving = build(&mp(false), &plan(Side::App, 1), &seen, jiff::Timestamp::UNIX_EPOCH);
+        let mut asked = fixtures::maintpage()
+            .enabled(true)
+            .app_replicas(1)
+            .generation(5)
+            .status(serving)
+            .build();
+        asked.spec.paused = true;
+        let s = paused(&asked, &seen, jiff::Timestamp::UNIX_EPOCH);
+        assert_eq!(s.published, Some(Side::App), "no switch while paused");
+        assert_eq!(s.observed_generation, Some(5));
+        let ready = s.conditions.iter().find(|c| c.type_ == READY).unwrap();
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "Paused"));
+        assert!(ready.message.contains("stays on the app"), "{}", ready.message);
+        let progressing = s.conditions.iter().find(|c| c.type_ == PROGRESSING).unwrap();
+        assert_eq!(progressing.reason, "Paused");
+
+        // Paused with nothing asked for: still Ready.
+        asked.spec.maintenance.enabled = false;
+        let s = paused(&asked, &seen, jiff::Timestamp::UNIX_EPOCH);
+        assert!(is_true(&s.conditions, READY));
+        assert!(s.conditions.iter().all(|c| c.observed_generation == Some(5)));
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub async fn instance_and_database(
     pod: Option<&k8s_openapi::api::core::v1::Pod>,
     superuser_password: &str,
     password: &Result<Password, PasswordProblem>,
+    may_change: bool,
 ) -> (InstanceState, InDatabase) {
     match pod.map(observe::bootstrap) {
         Some(Bootstrap::Failed(message)) => return (InstanceState::BootstrapFailed(message), InDatabase::default()),
@@ -64,7 +65,7 @@ pub async fn instance_and_database(
             Some(text) => serde_json::from_str::<RestoreStatus>(&text).ok(),
             None => None,
         };
-        let mut made = make_database(pg, previous, &instance, &facts, password, restore.as_ref()).await?;
+        let mut made = make_database(pg, previous, &instance, &facts, password, restore.as_ref(), may_change).await?;
         made.restore = restore;
         if pg.spec.backup.is_some() {
             made.archiver = Some(instance.archiver().await?);
@@ -78,7 +79,8 @@ pub async fn instance_and_database(
 }
 
 /// Makes the owner, sets the password when the Secret has a new one (or the data directory is
-/// a new one, or restored anew), and makes the database.
+/// a new one, or restored anew), and makes the database; unless it `may_change` nothing
+/// (paused), when it only looks.
 async fn make_database(
     pg: &PostgreSQL,
     previous: &PostgreSQLStatus,
@@ -86,12 +88,14 @@ async fn make_database(
     facts: &InstanceFacts,
     password: &Result<Password, PasswordProblem>,
     restore: Option<&RestoreStatus>,
+    may_change: bool,
 ) -> Result<InDatabase, SqlError> {
     let (db, user) = (&pg.spec.db, &pg.spec.user);
     let restored_anew =
         restore.is_some_and(|r| previous.restore.as_ref().map(|p| &p.completed_at) != Some(&r.completed_at));
-    let Ok(password) = password else {
-        // The password cannot be read: nothing is changed; the database may still be there.
+    let (true, Ok(password)) = (may_change, password) else {
+        // Paused, or the password cannot be read: nothing is changed; the database may still
+        // be there.
         let database_ready = instance.has_database_and_user(db, user).await?;
         let same_database =
             previous.system_identifier.as_deref() == Some(facts.system_identifier.as_str()) && !restored_anew;

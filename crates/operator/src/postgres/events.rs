@@ -31,6 +31,18 @@ pub fn announcements(
     {
         out.push(Announcement::normal("Restored", restored_message(record)));
     }
+    let paused = |s: &PostgreSQLStatus| s.phase.as_deref() == Some("Paused");
+    if paused(status) && !paused(previous) {
+        out.push(Announcement::normal(
+            "Paused",
+            "spec.paused: the operator changes nothing of the database until it is false; backups go on",
+        ));
+    } else if paused(previous) && !paused(status) {
+        out.push(Announcement::normal(
+            "Resumed",
+            "spec.paused is false: the operator manages the database again",
+        ));
+    }
     if made.user_created {
         out.push(Announcement::normal(
             "UserCreated",

@@ -55,7 +55,11 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     let pass = Pass::new(&pg, ctx).during(Stage::Validate)?;
     let observed = pass.observe().await.during(Stage::Observe)?;
     let checked = pass.validate(&observed);
-    let applied = pass.apply_children(&observed, &checked).await?;
+    let applied = if pg.spec.paused {
+        pass.leave_children(&observed)
+    } else {
+        pass.apply_children(&observed, &checked).await?
+    };
     let (instance, made) = pass.in_database(&observed, &checked, &applied).await?;
     let serving = matches!(instance, InstanceState::Serving(_)) && made.database_ready;
     let (summary, kept) = pass.keep_backups(&observed, serving).await?;
@@ -201,6 +205,23 @@ impl<'a> Pass<'a> {
         })
     }
 
+    /// Paused: the children stay as they are, whatever they are; the pass only reads them.
+    fn leave_children(&self, observed: &Observed) -> Applied {
+        let children = &observed.children;
+        info!("paused: the instance's objects are left as they are");
+        Applied {
+            superuser_password: children
+                .superuser_secret
+                .as_deref()
+                .and_then(secrets::superuser_password)
+                .unwrap_or_default(),
+            held_back: None,
+            refused: None,
+            live_service: children.service.as_deref().cloned(),
+            node_lost: None,
+        }
+    }
+
     /// The plan's ConfigMap, which the pod's bootstrap reads, written before the StatefulSet.
     async fn write_plan(&self, children: &observe::Children, plan: &InstancePlan) -> Result<()> {
         let mut config = restore::config_map(&self.names, &self.owner, plan);
@@ -312,6 +333,7 @@ impl<'a> Pass<'a> {
             pod,
             &applied.superuser_password,
             &checked.password,
+            !self.pg.spec.paused,
         )
         .await;
         if let InstanceState::Unreachable(why) = &instance {
@@ -660,7 +682,8 @@ async fn finish(
     password: &std::result::Result<Password, PasswordProblem>,
 ) -> Result<()> {
     let (pg, names, ctx, owner, now) = (pass.pg, &pass.names, pass.ctx, &pass.owner, pass.now);
-    if let Ok(password) = password {
+    // (Paused, the database keeps its password: so does the connection Secret.)
+    if let (false, Ok(password)) = (pg.spec.paused, password) {
         let mut secret = secrets::connection_secret(names, owner, &pg.spec.db, &pg.spec.user, password);
         stamp(&mut secret);
         if !up_to_date(&secret, children.connection_secret.as_deref()) {

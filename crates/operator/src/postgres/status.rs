@@ -122,7 +122,11 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, now: jiff::Time
     ];
     decided.extend(archiving);
     decided.extend(seen.backups.condition.clone());
-    let phase = phase(seen, &previous, ready);
+    let phase = if pg.spec.paused {
+        "Paused"
+    } else {
+        phase(seen, &previous, ready)
+    };
     let archiver = seen.archiver.clone();
     // Cut to the second, as a stored `Time` is: a status that kept the server's microseconds
     // would differ from the stored one at every pass, and be written again each time.
@@ -399,6 +403,22 @@ mod tests {
         assert_eq!(condition(&status, READY).observed_generation, Some(1));
         assert_eq!(condition(&status, CONTINUOUS_ARCHIVING).reason, "NoDestination");
         assert_eq!(condition(&status, RESTORED).reason, "NotRestored");
+    }
+
+    #[test]
+    fn paused_says_so_in_the_phase_and_still_reports_readiness() {
+        let mut pg = postgres("shop");
+        pg.spec.paused = true;
+        let status = build(
+            &pg,
+            &Names::of(&pg),
+            &seen(InstanceState::Serving(facts())),
+            jiff::Timestamp::now(),
+        );
+        assert_eq!(status.phase.as_deref(), Some("Paused"));
+        assert_eq!(condition(&status, READY).status, "True");
+        let events = crate::postgres::events::announcements(&pg, &Default::default(), &status, &Default::default());
+        assert!(events.iter().any(|e| e.reason == "Paused"), "{events:?}");
     }
 
     #[test]
