@@ -1,6 +1,8 @@
 //! `kubectl noops`: the state of a noops resource at a glance, with what lies around it (its
 //! backups, its certificates, its last warnings), as text or JSON.
 //!
+//! `report` writes a tar.gz for a support request (`bundle.rs`).
+//!
 //! Install: put `kubectl-noops` on your PATH (`make setup` builds it into `.noops/bin`);
 //! kubectl finds it as `kubectl noops`. It reads the kubeconfig kubectl would (`KUBECONFIG`,
 //! `--kubeconfig`), and needs only get/list on the resources, Events and Secrets' metadata.
@@ -9,6 +11,7 @@
 //! not be read.
 
 mod backup;
+mod bundle;
 mod kinds;
 mod report;
 
@@ -60,6 +63,23 @@ enum Command {
         /// How long to wait, in seconds.
         #[arg(long, default_value_t = 600)]
         timeout: u64,
+    },
+    /// Writes a tar.gz for a support request: the resource, what it owns and its backups,
+    /// their Events, the logs of its pods and of the operator, and its status; no secret.
+    Report {
+        resource: String,
+        /// Where to write it (default: `noops-report-<kind>-<name>-<time>.tar.gz` here).
+        #[arg(short = 'f', long)]
+        output: Option<PathBuf>,
+        /// Where the operator's pods run.
+        #[arg(long, default_value = "noops-system")]
+        operator_namespace: String,
+        /// The label selector of the operator's pods.
+        #[arg(long, default_value = "app.kubernetes.io/name=noops-operator")]
+        operator_selector: String,
+        /// How many of the last lines of each log to take.
+        #[arg(long, default_value_t = 5000)]
+        log_lines: i64,
     },
     /// Stops the operator changing the resource (`spec.paused`).
     Pause { resource: String },
@@ -247,6 +267,24 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let (kind, name) = parse_resource(&resource)?;
             let deadline = std::time::Duration::from_secs(timeout);
             backup::take(&client, &namespace, kind, &name, deadline).await
+        }
+        Command::Report {
+            resource,
+            output,
+            operator_namespace,
+            operator_selector,
+            log_lines,
+        } => {
+            let (kind, name) = parse_resource(&resource)?;
+            let options = bundle::Options {
+                output,
+                operator_namespace,
+                operator_selector,
+                log_lines,
+            };
+            let (path, summary) = bundle::write(&client, &namespace, kind, &name, &options).await?;
+            println!("wrote {}: {summary}", path.display());
+            Ok(ExitCode::SUCCESS)
         }
         Command::Pause { resource } => set_paused(&client, &namespace, &resource, true).await,
         Command::Resume { resource } => set_paused(&client, &namespace, &resource, false).await,

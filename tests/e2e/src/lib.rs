@@ -19,6 +19,7 @@ pub mod certificates;
 pub mod chaos;
 pub mod clusters;
 pub mod etcd;
+pub mod plugin;
 pub mod postgres;
 pub mod s3;
 pub mod tenant;

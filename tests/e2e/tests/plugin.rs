@@ -1,38 +1,18 @@
-//! `kubectl noops` (status, backup, pause, resume) against real resources, through kubectl's plugin lookup (the plugin
+//! `kubectl noops` (status, backup, report, pause, resume) against real resources, through kubectl's plugin lookup (the plugin
 //! on the PATH as `setup` puts it, in .noops/bin): what it prints for an EtcdCluster (members,
 //! leader, a backup and its size, certificates, the paused state) and a MaintPage (its side,
 //! paused and resumed), its JSON, and its exit codes. Needs `make cluster-up`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::{Command, Output};
 use std::time::Duration;
 
 use noops_e2e::etcd::{
     claim_manifest, cluster_manifest, etcd_version, volume_backup_spec, wait_backup_done, wait_cluster_ready,
 };
+use noops_e2e::plugin::{assert_no_secret_in, kubectl_noops, report_files, stdout};
 use noops_e2e::*;
 
 const MINUTE: Duration = Duration::from_secs(60);
-
-/// `kubectl noops <args>` as a user runs it: kubectl finds the plugin on the PATH.
-fn kubectl_noops(args: &[&str]) -> Output {
-    let path = format!(
-        "{}:{}",
-        root().join(".noops/bin").display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    Command::new(upstream_bin("kubectl"))
-        .arg("noops")
-        .args(args)
-        .env("PATH", path)
-        .env("KUBECONFIG", kubeconfig())
-        .output()
-        .expect("kubectl")
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 #[tokio::test]
 async fn status_shows_members_leader_backups_certificates_and_the_paused_state() {
@@ -122,6 +102,38 @@ async fn status_shows_members_leader_backups_certificates_and_the_paused_state()
         .find(|t| t["title"] == "Members")
         .unwrap();
     assert_eq!(members["rows"].as_array().unwrap().len(), 3);
+
+    // A report: a tar.gz that opens, with the cluster, its members' pods and their logs, its
+    // backups, Events and status, and no secret (the certificates' keys are Secrets here).
+    let dir = std::env::temp_dir().join(format!("noops-report-{}", ns.name));
+    let files = report_files(&ns, "etcd/main", &dir);
+    let names: Vec<&String> = files.keys().collect();
+    assert!(files["EtcdCluster.json"].contains("\"replicas\": 3"), "{names:?}");
+    let member_pods: Vec<&&String> = names.iter().filter(|n| n.starts_with("objects/Pod/main-")).collect();
+    assert_eq!(member_pods.len(), 3, "{names:?}");
+    assert!(
+        names
+            .iter()
+            .filter(|n| n.starts_with("logs/main-") && n.ends_with(".log"))
+            .count()
+            >= 3,
+        "{names:?}"
+    );
+    assert!(
+        files.contains_key(&format!("objects/EtcdBackup/{manual}.json")),
+        "{names:?}"
+    );
+    assert!(files.keys().any(|n| n.starts_with("objects/Secret/main-")), "{names:?}");
+    assert!(files["events.txt"].lines().count() >= 3, "{}", files["events.txt"]);
+    assert!(files["status.txt"].contains("Members"), "{}", files["status.txt"]);
+    // The operator runs outside the cluster in this test: said, not an error.
+    assert!(
+        files["problems.txt"].contains("no operator pod"),
+        "{}",
+        files["problems.txt"]
+    );
+    assert!(assert_no_secret_in(&ns, &files).await >= 6);
+    let _ = std::fs::remove_dir_all(&dir);
 
     // Paused: said, and not Ready for a script; resumed, Ready again.
     let out = kubectl_noops(&["pause", "etcd/main", "-n", &ns.name]);

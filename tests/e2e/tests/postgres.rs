@@ -194,6 +194,29 @@ async fn the_original_walkthrough_keeps_every_row_across_a_pod_deletion_and_take
     );
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 
+    // A report holds the instance, its logs and Events, and neither password.
+    let dir = std::env::temp_dir().join(format!("noops-report-{}", ns.name));
+    let files = noops_e2e::plugin::report_files(&ns, "pg/shop", &dir);
+    assert!(
+        files.contains_key("objects/StatefulSet/shop.json"),
+        "{:?}",
+        files.keys()
+    );
+    assert!(files.contains_key("logs/shop-0/postgres.log"), "{:?}", files.keys());
+    assert!(
+        files["events.txt"].contains("PasswordChanged"),
+        "{}",
+        files["events.txt"]
+    );
+    for (path, text) in &files {
+        assert!(
+            !text.contains("second-Pa55") && !text.contains(&password),
+            "a password in {path}"
+        );
+    }
+    assert!(noops_e2e::plugin::assert_no_secret_in(&ns, &files).await >= 4);
+    let _ = std::fs::remove_dir_all(&dir);
+
     // Deleting the PostgreSQL takes its StatefulSet, Service, Secrets and volume with it; the
     // user's own Secret stays.
     kubectl_ok(&["delete", "pg", "-n", &ns.name, "shop"], None);
