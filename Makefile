@@ -25,7 +25,7 @@ cluster-up: setup ## Start the local Kubernetes with NODES nodes (default 1; NOD
 cluster-down: ## Stop the local Kubernetes and remove its state (logs stay in .noops/logs)
 	@hack/cluster-down.sh
 
-demo: setup ## The local Kubernetes (3 nodes), a maintenance switch, then a whole cluster from one manifest upgraded under load
+demo: setup ## The local Kubernetes (3 nodes), a maintenance switch, etcd and PostgreSQL healing from a stopped node, a whole cluster upgraded under load
 	@NODES=$(DEMO_NODES) hack/cluster-up.sh
 	@hack/demo.sh
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The demo: the noops operator running in the local Kubernetes switches a shop between its app
 # and its maintenance page, while a client polls the shop's Service and counts failed requests;
-# then one KubernetesCluster manifest makes a tenant cluster whose app answers through its
-# upgrade (hack/demo-cluster.sh).
+# then an EtcdCluster and a PostgreSQL heal from a stopped node under a writing client each
+# (tests/e2e/src/bin/demo-healing.rs); then one KubernetesCluster manifest makes a tenant
+# cluster whose app answers through its upgrade (hack/demo-cluster.sh).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -67,6 +68,11 @@ kubectl get events -n demo --field-selector involvedObject.kind=MaintPage --sort
   -o custom-columns=REASON:.reason,MESSAGE:.message
 log "client: $ok requests answered, $failed failed"
 [ "$failed" -eq 0 ] || die "the shop's client saw $failed failed requests"
+
+# Stateful services that heal: an EtcdCluster and a PostgreSQL under a client each, a node
+# stopped; it prints the acknowledged writes lost and fails beyond their bounds.
+log "an EtcdCluster and a PostgreSQL heal from a stopped node (namespace demo-healing)"
+"$target_dir/debug/demo-healing"
 
 "$root/hack/demo-cluster.sh"
 log "demo done; the local Kubernetes stays up (KUBECONFIG=$kubeconfig). \`make cluster-down\` stops it."

@@ -114,14 +114,31 @@ pub struct TestNamespace {
 impl TestNamespace {
     /// Creates `e2e-<prefix>-<suffix>`.
     pub async fn new(prefix: &str) -> Self {
-        let client = client().await;
         static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .subsec_nanos();
         let unique = nanos ^ (std::process::id() << 12) ^ COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let name = format!("e2e-{prefix}-{unique:08x}");
+        Self::create(client().await, format!("e2e-{prefix}-{unique:08x}")).await
+    }
+
+    /// Namespace `name` made anew, for a demo: one left by an earlier run is deleted first.
+    /// [`TestNamespace::keep`] leaves it for the user to look at.
+    pub async fn anew(name: &str) -> Self {
+        kubectl_ok(
+            &["delete", "namespace", name, "--ignore-not-found", "--timeout=300s"],
+            None,
+        );
+        Self::create(client().await, name.to_string()).await
+    }
+
+    /// Leaves the namespace in place when dropped.
+    pub fn keep(self) {
+        std::mem::forget(self);
+    }
+
+    async fn create(client: Client, name: String) -> Self {
         let ns: Namespace = serde_json::from_value(serde_json::json!({ "metadata": { "name": name } })).unwrap();
         Api::<Namespace>::all(client.clone())
             .create(&PostParams::default(), &ns)
