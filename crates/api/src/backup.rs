@@ -161,6 +161,29 @@ pub struct BackupProgress {
     pub started_at: Option<Time>,
     /// When it was stored (or failed).
     pub completed_at: Option<Time>,
+    /// How far it has got, while it runs (not all engines say).
+    pub under_way: Option<WorkProgress>,
+}
+
+/// How far long work (a base backup, a restore) has got while it runs, as the work itself
+/// reports it.
+#[skip_serializing_none]
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkProgress {
+    /// What it does now, in words: "streaming database files", "downloading the base backup",
+    /// "replaying WAL".
+    pub step: String,
+    /// What it works from: the backup a restore restores.
+    pub source: Option<String>,
+    /// Bytes done so far, and how many in all (an estimate for a base backup; none when it
+    /// is not known).
+    pub bytes_done: Option<i64>,
+    pub bytes_total: Option<i64>,
+    /// For a WAL replay: the position replayed so far, and the commit time of the last
+    /// transaction replayed (once the server can say).
+    pub replayed_wal: Option<String>,
+    pub replayed_to: Option<String>,
 }
 
 impl BackupProgress {

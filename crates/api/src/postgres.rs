@@ -119,6 +119,11 @@ pub struct BackupSpec {
     #[serde(default = "default_archive_timeout_seconds")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 3600").message("backup.archiveTimeoutSeconds must be between 1 and 3600"))]
     pub archive_timeout_seconds: i32,
+    /// The most a base backup reads from the database, in KiB per second
+    /// (`pg_basebackup --max-rate`): a large database's backup then does not take the disk
+    /// from its clients. Default: no limit.
+    #[x_kube(validation = Rule::new("self >= 32 && self <= 1048576").message("backup.baseBackupMaxRate is in KiB per second, between 32 and 1048576 (1 GiB/s)"))]
+    pub base_backup_max_rate: Option<i32>,
 }
 
 pub use crate::backup::Postgres;
@@ -241,6 +246,8 @@ pub struct PostgreSQLStatus {
     pub last_failed_time: Option<Time>,
     /// The restore the data directory came from, if it was restored from a backup.
     pub restore: Option<RestoreStatus>,
+    /// A restore under way: how far it has got.
+    pub restoring: Option<crate::backup::WorkProgress>,
     /// Where a `bootstrap.fromBackup` restore reads from, as the backup's status said when the
     /// database was first seen (recorded once: the instance's pod is built from it).
     pub bootstrap_source: Option<BackupLocation>,

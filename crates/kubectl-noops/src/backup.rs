@@ -25,6 +25,9 @@ pub fn progress_line(progress: &BackupProgress, waited: Duration) -> String {
     if let Some(bytes) = progress.size {
         line.push_str(&format!(", {}", size(bytes)));
     }
+    if let Some(work) = &progress.under_way {
+        line.push_str(&format!(", {}", crate::kinds::work_progress(work)));
+    }
     if let Some(location) = &progress.location {
         line.push_str(&format!(", {location}"));
     }

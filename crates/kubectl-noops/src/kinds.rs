@@ -70,11 +70,16 @@ fn backups(around: &Around) -> Section {
         .iter()
         .map(|(name, p)| {
             let when = p.completed_at.as_ref().or(p.started_at.as_ref());
+            let phase = p.phase.clone().unwrap_or_else(|| "Pending".into());
+            let phase = match &p.under_way {
+                Some(work) => format!("{phase}: {}", work_progress(work)),
+                None => phase,
+            };
             (
                 when.map(|t| t.0),
                 vec![
                     name.clone(),
-                    p.phase.clone().unwrap_or_else(|| "Pending".into()),
+                    phase,
                     p.size.map(size).unwrap_or_default(),
                     when.map(|t| around.since(t)).unwrap_or_default(),
                     p.location.clone().unwrap_or_default(),
@@ -88,6 +93,27 @@ fn backups(around: &Around) -> Section {
         header: ["NAME", "PHASE", "SIZE", "AGE", "WHERE"].map(String::from).to_vec(),
         rows: rows.into_iter().map(|(_, row)| row).collect(),
     }
+}
+
+/// Long work under way in words: its step, the bytes done of how many, and for a WAL replay
+/// how far it has got. Pure.
+pub fn work_progress(work: &noops_api::backup::WorkProgress) -> String {
+    let mut out = work.step.clone();
+    match (work.bytes_done, work.bytes_total) {
+        (Some(done), Some(total)) if total > 0 => {
+            let percent = (done.min(total) * 100) / total;
+            out.push_str(&format!(", {} of {} ({percent}%)", size(done), size(total)));
+        }
+        (Some(done), _) => out.push_str(&format!(", {} so far", size(done))),
+        _ => {}
+    }
+    if let Some(wal) = &work.replayed_wal {
+        out.push_str(&format!(", at WAL {wal}"));
+    }
+    if let Some(to) = &work.replayed_to {
+        out.push_str(&format!(", transactions up to {to}"));
+    }
+    out
 }
 
 fn certificates(around: &Around) -> Section {
@@ -247,6 +273,10 @@ pub fn postgres(pg: &PostgreSQL, around: &Around) -> Report {
         last_backup(&mut report, &status.backups, around);
     } else {
         report.fact("backups", "none (no spec.backup: a lost volume loses the database)");
+    }
+    if let Some(work) = &status.restoring {
+        let from = work.source.as_deref().map(|b| format!(" from {b}")).unwrap_or_default();
+        report.fact("RESTORING", format!("{}{from}", work_progress(work)));
     }
     if let Some(restore) = &status.restore {
         let timeline = restore.timeline.map(|t| format!(", timeline {t}")).unwrap_or_default();
@@ -419,6 +449,30 @@ pub fn control_plane(kcp: &KubernetesControlPlane, around: &Around) -> Report {
 mod tests {
     use super::*;
     use noops_api::etcd::{EtcdClusterStatus, MemberStatus, Operation};
+
+    #[test]
+    fn work_under_way_says_its_step_bytes_and_replay() {
+        let downloading = noops_api::backup::WorkProgress {
+            step: "downloading the base backup".into(),
+            bytes_done: Some(3 * 1024 * 1024),
+            bytes_total: Some(12 * 1024 * 1024),
+            ..Default::default()
+        };
+        assert_eq!(
+            work_progress(&downloading),
+            "downloading the base backup, 3.0 MiB of 12.0 MiB (25%)"
+        );
+        let replaying = noops_api::backup::WorkProgress {
+            step: "replaying WAL".into(),
+            replayed_wal: Some("0/3000060".into()),
+            replayed_to: Some("2026-11-26T18:35:02Z".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            work_progress(&replaying),
+            "replaying WAL, at WAL 0/3000060, transactions up to 2026-11-26T18:35:02Z"
+        );
+    }
 
     fn at(s: &str) -> jiff::Timestamp {
         s.parse().unwrap()

@@ -167,6 +167,106 @@ async fn a_lost_volume_is_restored_from_the_base_backup_and_the_archived_wal_whi
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }
 
+/// Samples `sample` every 200 ms until `done` says so (or `timeout`); returns what it found.
+async fn sample_until<T, F, Fut>(what: &str, timeout: Duration, mut sample: F) -> Vec<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = (Option<T>, bool)>,
+{
+    let started = std::time::Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let (found, done) = sample().await;
+        seen.extend(found);
+        if done {
+            return seen;
+        }
+        assert!(started.elapsed() < timeout, "{what} did not happen within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_base_backup_and_a_restore_say_how_far_they_have_got() {
+    install_crds();
+    let ns = TestNamespace::new("pg-progress").await;
+    s3::deploy(&ns);
+    s3::create_bucket(&ns, "pg-backups").await;
+    let _operator = Operator::start(&ns.name, &CONTROLLERS);
+    // The first base backup (about 30 MB) read at 2 MiB/s: long enough to be watched.
+    ns.apply(&manifest(
+        "shop",
+        "Pa55-word",
+        &backup_to_bucket(&ns, "pg-backups", "    baseBackupMaxRate: 2048\n"),
+    ));
+    let backups = ns.api::<PostgresBackup>();
+    let streaming = sample_until("the first base backup", 3 * MINUTE, || async {
+        let all = backups.list(&Default::default()).await.unwrap().items;
+        let Some(first) = all.first().and_then(|b| b.status.clone()) else {
+            return (None, false);
+        };
+        let done = first.progress.phase.as_deref() == Some("Succeeded");
+        (first.progress.under_way.clone().filter(|_| !done), done)
+    })
+    .await;
+    let backup = backups.list(&Default::default()).await.unwrap().items.remove(0);
+    let stored = backup.status.unwrap().progress;
+    assert!(
+        stored.under_way.is_none(),
+        "a finished backup says nothing under way: {stored:?}"
+    );
+    let size = stored.size.unwrap();
+    let moving: Vec<_> = streaming
+        .iter()
+        .filter(|w| w.bytes_done.unwrap_or(0) > 0 && w.bytes_total.unwrap_or(0) > 0)
+        .collect();
+    assert!(!moving.is_empty(), "no progress with bytes while it ran: {streaming:?}");
+    for work in &moving {
+        assert!(!work.step.is_empty());
+        // The server's estimate of the total is near the size stored.
+        let total = work.bytes_total.unwrap();
+        assert!(total > size / 2 && total < size * 2, "estimated {total}, stored {size}");
+    }
+
+    // A lost volume: the restore says what it does, from which backup, and how far it got.
+    let ip = instance_ip(&ns, "shop").await;
+    make_items(&ip, "Pa55-word", 200_000);
+    let superuser = superuser_password(&ns, "shop").await;
+    let segment = current_segment(&ip, &superuser);
+    wait_archived(&ip, &superuser, &segment, MINUTE).await;
+    let old = lose_the_volume(&ns, "shop").await;
+    let databases = ns.api::<PostgreSQL>();
+    let restoring = sample_until("the restore", 3 * MINUTE, || async {
+        let pg = databases.get("shop").await.unwrap();
+        let status = pg.status.clone().unwrap_or_default();
+        let ready = condition(&pg, "Ready").is_some_and(|c| c.0 == "True")
+            && status.restore.as_ref().is_some_and(|r| r.completed_at.is_some())
+            && pg.metadata.generation == status.observed_generation;
+        (status.restoring.clone(), ready)
+    })
+    .await;
+    wait_new_instance(&ns, "shop", &old, MINUTE).await;
+    let pg = wait_ready(&ns, "shop", MINUTE).await;
+    assert!(
+        pg.status.clone().unwrap().restoring.is_none(),
+        "nothing under way once it serves"
+    );
+    assert!(!restoring.is_empty(), "the restore never said how far it had got");
+    for work in &restoring {
+        assert_eq!(
+            work.source.as_deref(),
+            Some(backup.metadata.name.as_deref().unwrap()),
+            "{work:?}"
+        );
+        if work.step.starts_with("downloading") {
+            assert_eq!(work.bytes_total, Some(size), "{work:?}");
+        }
+    }
+    println!("the restore said: {restoring:?}");
+    let ip = instance_ip(&ns, "shop").await;
+    assert_eq!(contiguous_ids(&ip, "app", "Pa55-word", "shop"), 200_000);
+}
+
 #[tokio::test]
 async fn a_new_database_is_restored_to_a_point_in_time_between_two_batches() {
     install_crds();

@@ -6,6 +6,7 @@
 use noops_api::PostgreSQL;
 use noops_api::postgres::{PostgreSQLStatus, RestoreStatus};
 
+use super::instance::progress;
 use super::names::{Names, RESTORE_RECORD};
 use super::observe::{self, Bootstrap};
 use super::secrets::{self, Password, PasswordProblem};
@@ -27,6 +28,8 @@ pub struct InDatabase {
     pub archiver: Option<Archiver>,
     /// What the restore that made the data directory recovered, if it was restored.
     pub restore: Option<RestoreStatus>,
+    /// How far a restore under way has got.
+    pub restoring: Option<noops_api::backup::WorkProgress>,
 }
 
 /// Where the instance stands and, if it serves, what this pass made in it.
@@ -41,7 +44,21 @@ pub async fn instance_and_database(
 ) -> (InstanceState, InDatabase) {
     match pod.map(observe::bootstrap) {
         Some(Bootstrap::Failed(message)) => return (InstanceState::BootstrapFailed(message), InDatabase::default()),
-        Some(Bootstrap::Working) => return (InstanceState::Bootstrapping, InDatabase::default()),
+        Some(Bootstrap::Working) => {
+            // A restore says how far it has got; a new database's initdb says nothing.
+            let address = pod.and_then(|p| p.status.as_ref()?.pod_ip.clone());
+            let restoring = match address {
+                Some(ip) => progress::read(&ip).await,
+                None => None,
+            };
+            return (
+                InstanceState::Bootstrapping,
+                InDatabase {
+                    restoring,
+                    ..Default::default()
+                },
+            );
+        }
         _ => {}
     }
     if let Some(stuck) = pod.and_then(|p| stuck([p], jiff::Timestamp::now())) {

@@ -49,6 +49,8 @@ const LOOK_AGAIN: Duration = Duration::from_secs(300);
 const LOOK_AGAIN_ARCHIVING: Duration = Duration::from_secs(60);
 /// How soon a database that is not serving yet is looked at again, if nothing wakes it first.
 const NOT_YET: Duration = Duration::from_secs(5);
+/// How often a data directory being made is looked at: a restore's progress in status.
+const BOOTSTRAPPING: Duration = Duration::from_secs(1);
 
 /// Reconciles one PostgreSQL (the caller's span names it), stage by stage.
 pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
@@ -62,8 +64,13 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     };
     let (instance, made) = pass.in_database(&observed, &checked, &applied).await?;
     let serving = matches!(instance, InstanceState::Serving(_)) && made.database_ready;
+    let bootstrapping = matches!(instance, InstanceState::Bootstrapping);
     let (summary, kept) = pass.keep_backups(&observed, serving).await?;
-    let look_again = pass.look_again(serving, &applied, kept.look_again);
+    let look_again = if bootstrapping {
+        BOOTSTRAPPING
+    } else {
+        pass.look_again(serving, &applied, kept.look_again)
+    };
     let seen = seen(&pass, instance, &observed, &checked, applied, &made, summary);
     finish(&pass, &observed.children, seen, &made, &checked.password).await?;
     Ok(Action::requeue(look_again))
@@ -435,6 +442,7 @@ fn seen(
         service_missing: applied.live_service.is_none(),
         archiver: made.archiver.clone(),
         restore: made.restore.clone(),
+        restoring: made.restoring.clone(),
         backups: summary,
         bootstrap_source: checked.bootstrap_source.clone(),
         node_lost: applied.node_lost,

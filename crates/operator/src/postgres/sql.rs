@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use noops_api::backup::WorkProgress;
 use tokio_postgres::{Client, NoTls};
 use tracing::warn;
 
@@ -230,6 +231,25 @@ impl Instance {
             last_transaction: row.get(0),
             end_wal: row.get(1),
         })
+    }
+
+    /// How far the base backup the server streams has got (`pg_stat_progress_basebackup`):
+    /// its step, the bytes streamed and the estimated total; none if none runs.
+    pub async fn base_backup_progress(&self) -> Result<Option<WorkProgress>, SqlError> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT phase, backup_streamed, backup_total FROM pg_stat_progress_basebackup ORDER BY pid LIMIT 1",
+                &[],
+            )
+            .await
+            .map_err(|e| self.failed(e))?;
+        Ok(row.map(|row| WorkProgress {
+            step: row.get(0),
+            bytes_done: row.get(1),
+            bytes_total: row.get(2),
+            ..Default::default()
+        }))
     }
 
     pub async fn checkpoint(&self) -> Result<(), SqlError> {

@@ -72,6 +72,8 @@ pub struct StatusFacts {
     /// What the restore that made the data directory recovered, as the instance says (when it
     /// serves).
     pub restore: Option<RestoreStatus>,
+    /// A restore under way, as the pod's bootstrap reports it.
+    pub restoring: Option<noops_api::backup::WorkProgress>,
     pub backups: BackupsSummary,
     pub bootstrap_source: Option<BackupLocation>,
     /// Why the instance waits for its dead node, if it does.
@@ -163,6 +165,7 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, now: jiff::Time
             .as_ref()
             .map_or(previous.last_failed_time, |a| time(a.last_failed_time.clone())),
         restore,
+        restoring: seen.restoring.clone(),
         bootstrap_source: seen.bootstrap_source.clone(),
     }
 }

@@ -13,7 +13,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
-use noops_api::backup::BackupProgress;
+use noops_api::backup::{BackupProgress, WorkProgress};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::info;
@@ -243,6 +243,7 @@ pub async fn conclude<K: BackupResource, T>(
     begun: Begun<K>,
     verdict: Verdict<T>,
     record: impl FnOnce(&mut K::Status, T) -> String,
+    under_way: Option<WorkProgress>,
     timing: Timing,
 ) -> Result<Action> {
     let Begun {
@@ -258,6 +259,8 @@ pub async fn conclude<K: BackupResource, T>(
     let settled = progress::settle(K::progress(&next), verdict, started, now, timing);
     let running = settled.look_again.is_some();
     *K::progress_mut(&mut next) = settled.progress;
+    // How far it has got, while it runs; nothing once it is done.
+    K::progress_mut(&mut next).under_way = under_way.filter(|_| running);
     if next != status {
         if !write_status(&ctx.client, &backup, &mut version, &next).await? {
             return Ok(Action::requeue(Duration::from_secs(1)));

@@ -64,7 +64,8 @@ pub async fn make(mut begun: Begun<EtcdBackup>, ctx: Arc<Context>) -> Result<Act
     let Some(verdict) = take_or_go_on(backup, status, version, *started, &ctx).await? else {
         return Ok(Action::requeue(Duration::from_secs(1)));
     };
-    conclude(&ctx, begun, verdict, record_snapshot, TIMING).await
+    // (A snapshot is small and quick: it reports no progress while it runs.)
+    conclude(&ctx, begun, verdict, record_snapshot, None, TIMING).await
 }
 
 /// Records what a snapshot stored in `status`, and says it.

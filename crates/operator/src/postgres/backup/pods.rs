@@ -50,16 +50,18 @@ pub fn base_pod(
     names: &Names,
     version: &str,
     host: &str,
+    max_rate_kib: Option<i32>,
     location: &BackupLocation,
     operator_image: &str,
     owner: &OwnerReference,
 ) -> Option<Pod> {
-    let args = vec![
+    let mut args = vec![
         "base-backup".to_string(),
         format!("--host={host}"),
         format!("--label={backup}"),
         format!("--folder={}", location.base),
     ];
+    args.extend(max_rate_kib.map(|kib| format!("--max-rate-kib={kib}")));
     let password = EnvVar {
         name: "PGPASSWORD".into(),
         value_from: Some(EnvVarSource {
@@ -205,6 +207,7 @@ mod tests {
             &names,
             "15",
             "10.0.0.7",
+            Some(4096),
             &location(),
             "noops:dev",
             &owner(),
@@ -221,7 +224,8 @@ mod tests {
                 "base-backup",
                 "--host=10.0.0.7",
                 "--label=shop-1",
-                "--folder=postgres/prod/shop/base/shop-1"
+                "--folder=postgres/prod/shop/base/shop-1",
+                "--max-rate-kib=4096"
             ]
         );
         let env = container.env.clone().unwrap();

@@ -10,15 +10,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use noops_api::PostgreSQL;
+use noops_api::backup::WorkProgress;
 use noops_api::postgres::BackupLocation;
 use noops_api::postgres_backup::{PostgresBackup, PostgresBackupStatus};
-use tracing::info;
+use tracing::{debug, info};
 
 use super::pods::{self, BackupOf, Job};
 use crate::core::apply::{controller_reference, create_if_missing};
@@ -33,6 +34,8 @@ use crate::postgres::instance::base_backup::Taken;
 use crate::postgres::instance::wal::segment_name;
 use crate::postgres::names::{Names, POSTGRES_REPOSITORY};
 use crate::postgres::observe;
+use crate::postgres::secrets;
+use crate::postgres::sql::Instance;
 use crate::postgres::store::{BaseBackupDestination, Destination};
 
 /// The finalizer that deletes the base backup with the PostgresBackup.
@@ -46,7 +49,8 @@ pub const RUN_DEADLINE: Duration = Duration::from_secs(6 * 3600);
 const TIMING: Timing = Timing {
     wait_deadline: WAIT_DEADLINE,
     retry: Duration::from_secs(5),
-    in_progress_check: Duration::from_secs(30),
+    // Often enough for its progress in status to move.
+    in_progress_check: Duration::from_secs(5),
 };
 /// How long the deletion of a backup is tried before it is given up, and the PostgresBackup
 /// goes anyway (its files are left in the store, with a Warning).
@@ -65,14 +69,47 @@ pub async fn make(mut begun: Begun<PostgresBackup>, ctx: Arc<Context>) -> Result
     let Some(verdict) = look(&mut begun, &ctx).await? else {
         return Ok(Action::requeue(Duration::from_secs(1)));
     };
+    let under_way = match &verdict {
+        Verdict::InProgress { .. } => streamed(&begun.backup, &ctx).await,
+        _ => None,
+    };
     conclude(
         &ctx,
         begun,
         verdict,
         |status, taken| record_taken(status, *taken),
+        under_way,
         TIMING,
     )
     .await
+}
+
+/// How far the running base backup has got, as the server that streams it says; none if it
+/// cannot say now (the report is news, not a reason to fail).
+async fn streamed(backup: &PostgresBackup, ctx: &Context) -> Option<WorkProgress> {
+    let namespace = backup.namespace().unwrap_or_default();
+    let pg = Api::<PostgreSQL>::namespaced(ctx.client.clone(), &namespace)
+        .get_opt(&backup.spec.postgresql)
+        .await
+        .ok()??;
+    let names = Names::of(&pg);
+    let pod = Api::<Pod>::namespaced(ctx.client.clone(), &namespace)
+        .get_opt(&names.instance())
+        .await
+        .ok()??;
+    let ip = observe::ready_address(&pod)?;
+    let secret = Api::<Secret>::namespaced(ctx.client.clone(), &namespace)
+        .get_opt(&names.superuser_secret())
+        .await
+        .ok()??;
+    let password = secrets::superuser_password(&secret)?;
+    match Instance::connect(&ip, &password).await {
+        Ok(instance) => instance.base_backup_progress().await.ok().flatten(),
+        Err(e) => {
+            debug!(error = %e, "cannot ask the instance how far the base backup has got");
+            None
+        }
+    }
 }
 
 /// One look at the backup: its database, where it goes (recorded first), its pod; `None` if
@@ -239,6 +276,7 @@ async fn attempt(
         &names,
         version,
         &host,
+        pg.spec.backup.as_ref().and_then(|b| b.base_backup_max_rate),
         location,
         &ctx.image,
         &owner,

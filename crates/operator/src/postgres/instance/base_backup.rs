@@ -65,9 +65,16 @@ const UPLOADS_IN_FLIGHT: usize = 4;
 /// The files of the tar that say what the backup is.
 const WANTED: [&str; 4] = ["backup_label", "backup_manifest", "global/pg_control", "PG_VERSION"];
 
-/// Takes a base backup of the server at `host` into `folder` of `store`, labelled `label`.
-/// The superuser's password is in the environment (`PGPASSWORD`).
-pub async fn take(host: &str, label: &str, store: Arc<dyn ObjectStore>, folder: &str) -> Result<Taken, BackupError> {
+/// Takes a base backup of the server at `host` into `folder` of `store`, labelled `label`,
+/// reading at most `max_rate_kib` KiB per second if given. The superuser's password is in the
+/// environment (`PGPASSWORD`).
+pub async fn take(
+    host: &str,
+    label: &str,
+    store: Arc<dyn ObjectStore>,
+    folder: &str,
+    max_rate_kib: Option<u32>,
+) -> Result<Taken, BackupError> {
     let mut child = Command::new("pg_basebackup")
         .args(["--host", host, "--port", &PORT.to_string(), "--username", SUPERUSER])
         .args([
@@ -78,6 +85,7 @@ pub async fn take(host: &str, label: &str, store: Arc<dyn ObjectStore>, folder: 
             "--no-password",
         ])
         .arg(format!("--label={label}"))
+        .args(max_rate_kib.map(|kib| format!("--max-rate={kib}k")))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)

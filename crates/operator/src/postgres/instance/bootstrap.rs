@@ -28,6 +28,7 @@ use tokio::process::Command;
 use tracing::info;
 
 use super::base_backup::ChannelReader;
+use super::progress::Reporter;
 use super::{DataDir, InstanceError, Settings, io, server_args, write_hba};
 use crate::postgres::names::{RESTORE_RECORD, SUPERUSER};
 use crate::postgres::restore::{From, InstancePlan, RestorePlan};
@@ -147,10 +148,24 @@ async fn restore_from(settings: &Settings, plan: &RestorePlan) -> Result<Restore
         From::Source => SOURCE_STORE_ENV,
     };
     let source = store::open_told(variable)?;
+    // How far it has got, for the operator to read into status while it runs.
+    let reporter = Reporter::default();
+    reporter.update(|p| {
+        p.step = "downloading the base backup".into();
+        p.source = Some(plan.backup.clone());
+    });
+    reporter.serve().await;
     let staged = staging(&settings.pgdata, "restore")?;
     std::fs::create_dir_all(&staged).map_err(io(format!("making {}", staged.display())))?;
     set_mode(&staged, 0o700)?;
-    let size = unpack(source, &format!("{}/{BASE_TAR}", plan.base), &plan.sha256, &staged).await?;
+    let size = unpack(
+        source,
+        &format!("{}/{BASE_TAR}", plan.base),
+        &plan.sha256,
+        &staged,
+        &reporter,
+    )
+    .await?;
     info!(size, "unpacked the base backup");
     if !staged.join("backup_label").exists() || !staged.join("PG_VERSION").exists() {
         return Err(InstanceError::Restore(format!(
@@ -161,7 +176,8 @@ async fn restore_from(settings: &Settings, plan: &RestorePlan) -> Result<Restore
     std::fs::write(staged.join("recovery.signal"), b"").map_err(io("writing recovery.signal"))?;
     remove_if_there(&staged.join("standby.signal"))?;
     write_hba(&staged)?;
-    let record = recover(settings, plan, variable, &staged).await?;
+    reporter.update(|p| p.step = "replaying WAL".into());
+    let record = recover(settings, plan, variable, &staged, &reporter).await?;
     // The record first: a database in place always has its record beside it (a pod killed in
     // between leaves an empty data directory, whose bootstrap removes the record and restores
     // again).
@@ -179,8 +195,15 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), InstanceError> {
         .map_err(io(format!("setting the mode of {}", path.display())))
 }
 
-/// Streams the tar at `key` into `into`, checking its SHA-256; returns its size.
-async fn unpack(store: Arc<dyn ObjectStore>, key: &str, sha256: &str, into: &Path) -> Result<u64, InstanceError> {
+/// Streams the tar at `key` into `into`, checking its SHA-256 and reporting the bytes read;
+/// returns its size.
+async fn unpack(
+    store: Arc<dyn ObjectStore>,
+    key: &str,
+    sha256: &str,
+    into: &Path,
+    reporter: &Reporter,
+) -> Result<u64, InstanceError> {
     let found = match store.get(&Key::from(key)).await {
         Ok(found) => found,
         Err(object_store::Error::NotFound { .. }) => {
@@ -190,6 +213,11 @@ async fn unpack(store: Arc<dyn ObjectStore>, key: &str, sha256: &str, into: &Pat
         }
         Err(e) => return Err(e.into()),
     };
+    let total = i64::try_from(found.meta.size).ok();
+    reporter.update(|p| {
+        p.bytes_total = total;
+        p.bytes_done = Some(0);
+    });
     let (send, receive) = tokio::sync::mpsc::channel::<bytes::Bytes>(16);
     let folder = into.to_path_buf();
     let unpacker = tokio::task::spawn_blocking(move || {
@@ -210,6 +238,7 @@ async fn unpack(store: Arc<dyn ObjectStore>, key: &str, sha256: &str, into: &Pat
             Ok(chunk) => {
                 hash.update(&chunk);
                 size += chunk.len() as u64;
+                reporter.update(|p| p.bytes_done = i64::try_from(size).ok());
                 let _ = send.send(chunk).await;
             }
             Err(e) => {
@@ -240,6 +269,7 @@ async fn recover(
     plan: &RestorePlan,
     variable: &str,
     staged: &Path,
+    reporter: &Reporter,
 ) -> Result<RestoreStatus, InstanceError> {
     let private = settings.socket_dir.with_file_name("restore-socket");
     std::fs::create_dir_all(&private).map_err(io(format!("making {}", private.display())))?;
@@ -290,15 +320,29 @@ async fn recover(
                 return Err(InstanceError::Restore(format!("recovery from backup {} failed ({status}): {said}", plan.backup)));
             }
             () = tokio::time::sleep(Duration::from_secs(1)) => {
+                // Connections are taken once the replay has reached a consistent state.
                 let Ok(instance) = Instance::local(&private).await else { continue };
                 match instance.in_recovery().await {
                     Ok(false) => break instance,
-                    Ok(true) | Err(_) => continue,
+                    Ok(true) => {
+                        if let Ok(replayed) = instance.recovered().await {
+                            reporter.update(|p| {
+                                p.replayed_wal = replayed.end_wal;
+                                p.replayed_to = replayed.last_transaction;
+                            });
+                        }
+                    }
+                    Err(_) => continue,
                 }
             }
         }
     };
     let facts = promoted.recovered().await?;
+    reporter.update(|p| {
+        p.step = "finishing: a checkpoint and a clean stop".into();
+        p.replayed_wal = facts.end_wal.clone();
+        p.replayed_to = facts.last_transaction.clone();
+    });
     let password = std::fs::read_to_string(&settings.superuser_password_file)
         .map_err(io(format!("reading {}", settings.superuser_password_file.display())))?;
     promoted
@@ -400,8 +444,16 @@ mod tests {
             .put(&Key::from("b/base.tar"), PutPayload::from(tar.clone()))
             .await
             .unwrap();
-        let size = unpack(store.clone(), "b/base.tar", &sha(&tar), &dir).await.unwrap();
+        let reporter = Reporter::default();
+        let size = unpack(store.clone(), "b/base.tar", &sha(&tar), &dir, &reporter)
+            .await
+            .unwrap();
         assert_eq!(size, tar.len() as u64);
+        // What it reported: every byte of the whole.
+        let mut reported = noops_api::backup::WorkProgress::default();
+        reporter.update(|p| reported = p.clone());
+        assert_eq!(reported.bytes_done, Some(tar.len() as i64));
+        assert_eq!(reported.bytes_total, Some(tar.len() as i64));
         assert_eq!(std::fs::read(dir.join("base/1/1259")).unwrap(), b"rows");
 
         let mut corrupt = tar.clone();
@@ -410,9 +462,13 @@ mod tests {
             .put(&Key::from("c/base.tar"), PutPayload::from(corrupt))
             .await
             .unwrap();
-        let refused = unpack(store.clone(), "c/base.tar", &sha(&tar), &dir).await.unwrap_err();
+        let refused = unpack(store.clone(), "c/base.tar", &sha(&tar), &dir, &reporter)
+            .await
+            .unwrap_err();
         assert!(refused.to_string().contains("is corrupt"), "{refused}");
-        let missing = unpack(store, "gone/base.tar", &sha(&tar), &dir).await.unwrap_err();
+        let missing = unpack(store, "gone/base.tar", &sha(&tar), &dir, &reporter)
+            .await
+            .unwrap_err();
         assert!(missing.to_string().contains("is not in the store"), "{missing}");
         let _ = std::fs::remove_dir_all(&dir);
     }

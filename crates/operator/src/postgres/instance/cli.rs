@@ -58,6 +58,9 @@ pub enum PgInstanceCommand {
         label: String,
         #[arg(long)]
         folder: String,
+        /// The most it reads, in KiB per second.
+        #[arg(long)]
+        max_rate_kib: Option<u32>,
     },
     /// Deletes the base backup in `--base`, and the WAL in `--wal` before segment
     /// `--keep-wal-from` (a delete pod).
@@ -195,9 +198,14 @@ pub async fn run(command: PgInstanceCommand) -> ! {
             file,
             path,
         } => wal_fetch(&store_env, &folder, own_history_folder.as_deref(), &file, &path).await,
-        PgInstanceCommand::BaseBackup { host, label, folder } => {
+        PgInstanceCommand::BaseBackup {
+            host,
+            label,
+            folder,
+            max_rate_kib,
+        } => {
             let taken = match store::open_told(STORE_ENV) {
-                Ok(store) => base_backup::take(&host, &label, store, &folder)
+                Ok(store) => base_backup::take(&host, &label, store, &folder, max_rate_kib)
                     .await
                     .map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),

@@ -11,11 +11,13 @@
 //!   sessions are ended, open transactions rolled back), not the smart one that waits for
 //!   every client to leave and ends in a SIGKILL and crash recovery.
 //! - `wal.rs`: `archive_command` and `restore_command`;
-//! - `base_backup.rs`, `remove.rs`: the base backup pod's and the delete pod's work.
+//! - `base_backup.rs`, `remove.rs`: the base backup pod's and the delete pod's work;
+//! - `progress.rs`: how far a restore has got, answered to the operator while it runs.
 
 pub mod base_backup;
 pub mod bootstrap;
 pub mod cli;
+pub mod progress;
 pub mod remove;
 pub mod wal;
 
