@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use noops_api::{KubernetesCluster, KubernetesControlPlane};
 use noops_e2e::clusters::{CONTROLLERS, SkewWatch, cluster, wait_cluster};
+use noops_e2e::plugin::{kubectl_noops, stdout};
 use noops_e2e::tenant::{ForgetMachines, Tenant, wait_machines_gone, wait_nodes_at};
 use noops_e2e::traffic::{BudgetWatch, Poller, load_balancer, web_app};
 use noops_e2e::*;
@@ -167,6 +168,25 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
         story.contains("acme-general") && story.contains("acme-burst"),
         "{story}"
     );
+    // `kubectl noops status` of the cluster and of its control plane: Ready, with the pools.
+    let out = kubectl_noops(&["status", "kc/acme", "-n", &ns.name]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}{out:?}");
+    assert!(
+        text.starts_with(&format!("KubernetesCluster {}/acme: Ready (Running)", ns.name)),
+        "{text}"
+    );
+    for pool in ["general", "burst"] {
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start().starts_with(pool) && l.contains("1.33.13")),
+            "no line for pool {pool}:\n{text}"
+        );
+    }
+    let out = kubectl_noops(&["status", "kcp/acme", "-n", &ns.name]);
+    assert_eq!(out.status.code(), Some(0), "{}{out:?}", stdout(&out));
+    assert!(stdout(&out).contains("1.33.13"), "{}", stdout(&out));
+
     let tenant = Tenant::ready(&ns, "acme", MINUTE).await;
     let nodes: Api<Node> = Api::all(tenant.client.clone());
     let listed = nodes.list(&ListParams::default()).await.unwrap().items;

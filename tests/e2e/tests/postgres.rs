@@ -151,6 +151,12 @@ async fn the_original_walkthrough_keeps_every_row_across_a_pod_deletion_and_take
         "the Service was made again while paused: {services}"
     );
     assert_eq!(condition(&api.get("shop").await.unwrap(), "Ready").unwrap().0, "True");
+    // The plugin says so, and a script sees it as not Ready (exit code 2).
+    let out = noops_e2e::plugin::kubectl_noops(&["status", "pg/shop", "-n", &ns.name]);
+    let text = noops_e2e::plugin::stdout(&out);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(text.lines().next().unwrap().ends_with("(Paused), PAUSED"), "{text}");
+    assert!(text.contains("shop-0 on "), "{text}");
     assert!(event_reasons(&ns, "shop").await.iter().any(|r| r == "Paused"));
 
     // Resumed: the new password in the Secret becomes the database's; the old one stops
