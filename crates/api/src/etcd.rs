@@ -287,6 +287,13 @@ pub struct EtcdClusterStatus {
     /// went back to the version it ran, and the version is refused while `spec.version` names
     /// it.
     pub unavailable_version: Option<String>,
+    /// The repository the members run etcd from, recorded whenever each runs the image asked
+    /// for: where a member goes back to if a new repository has no image for it.
+    pub image_repository: Option<String>,
+    /// A repository whose image could not be pulled when a member was moved to it: the member
+    /// went back to `imageRepository`, and this one is refused while it is the one asked for
+    /// (by `spec.imageRepository` or the operator's registry).
+    pub unavailable_repository: Option<String>,
 }
 
 /// One member, as last seen.

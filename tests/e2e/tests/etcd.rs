@@ -519,7 +519,8 @@ async fn a_minor_upgrade_rolls_one_member_at_a_time_the_leader_last_without_losi
 }
 
 #[tokio::test]
-async fn an_image_that_cannot_be_pulled_is_reported_and_an_upgrade_to_it_goes_back_harming_nothing() {
+async fn an_image_that_cannot_be_pulled_is_reported_and_an_upgrade_or_a_repository_change_to_it_goes_back_harming_nothing()
+ {
     install_crds();
     let ns = TestNamespace::new("etcd-bad-image").await;
     let _operator = Operator::start(&ns.name, &["--controllers", "etcd"]);
@@ -590,6 +591,71 @@ async fn an_image_that_cannot_be_pulled_is_reported_and_an_upgrade_to_it_goes_ba
     patch_spec(&ns, "main", serde_json::json!({ "version": to })).await;
     let after = wait_on_version(&ns, "main", 3, &to).await;
     assert_eq!(after.status.as_ref().unwrap().unavailable_version, None);
+
+    // A repository without the image (a registry that lacks it): the first member moved there
+    // goes back to the repository the members ran, which is refused while it is asked for.
+    let running_image = format!("quay.io/coreos/etcd:v{to}");
+    let images_of = || async {
+        let pods = ns.pods().list(&Default::default()).await.unwrap().items;
+        pods.iter()
+            .filter(|p| p.metadata.name.as_deref().is_some_and(|n| n.starts_with("main-")))
+            .filter_map(|p| p.spec.as_ref()?.containers.first()?.image.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(images_of().await, vec![running_image.clone(); 3]);
+    patch_spec(
+        &ns,
+        "main",
+        serde_json::json!({ "imageRepository": "registry.invalid/etcd" }),
+    )
+    .await;
+    wait_for(
+        "the repository refused, the members back on theirs",
+        4 * MINUTE,
+        || async {
+            let cluster = api.get("main").await.ok()?;
+            let status = cluster.status.clone()?;
+            (status.unavailable_repository.as_deref() == Some("registry.invalid/etcd")
+                && status.operation.is_none()
+                && status.ready.as_deref() == Some("3/3")
+                && status.image_repository.as_deref() == Some("quay.io/coreos/etcd")
+                && condition(&cluster, "Ready")
+                    .is_some_and(|(s, r, _)| s == "False" && r == "ImageRepositoryUnavailable"))
+            .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        images_of().await,
+        vec![running_image; 3],
+        "every member on the repository it ran"
+    );
+    let events = cluster_events(&ns, "main").await;
+    assert!(
+        events
+            .iter()
+            .any(|(r, m)| r == "UpgradeReverted" && m.contains("registry.invalid/etcd")),
+        "{events:?}"
+    );
+    // A repository that has it: the members move there, and the refusal is forgotten.
+    patch_spec(
+        &ns,
+        "main",
+        serde_json::json!({ "imageRepository": "registry.example.com/etcd-team/etcd" }),
+    )
+    .await;
+    let moved = format!("registry.example.com/etcd-team/etcd:v{to}");
+    let after = wait_for("the members on the new repository", 4 * MINUTE, || async {
+        let cluster = api.get("main").await.ok()?;
+        (cluster_ready(&cluster, 3) && images_of().await == vec![moved.clone(); 3]).then_some(cluster)
+    })
+    .await;
+    let status = after.status.clone().unwrap();
+    assert_eq!(status.unavailable_repository, None);
+    assert_eq!(
+        status.image_repository.as_deref(),
+        Some("registry.example.com/etcd-team/etcd")
+    );
     let history = writer.stop().await;
     let mut checker = members_client(&ns, "main", &after).await;
     assert_no_write_lost(&history, &mut checker, 50).await;

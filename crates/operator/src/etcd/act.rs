@@ -596,11 +596,26 @@ impl Runner<'_> {
         outcome: &mut Outcome,
         later: &mut Vec<Announcement>,
     ) -> Result<Duration> {
-        let recorded = self
-            .cluster
-            .status
-            .as_ref()
-            .and_then(|s| s.unavailable_version.as_deref());
+        let status = self.cluster.status.as_ref();
+        // A new repository (of the spec or of the operator's registry) without the image: the
+        // member goes back to the repository the members ran, which is refused from then on.
+        let ran = status.and_then(|s| s.image_repository.clone());
+        if let Some(ran) = ran.filter(|ran| *ran != self.names.image_repository) {
+            let asked = self.names.image_repository.clone();
+            outcome.unavailable_repository = Some(asked.clone());
+            warn!(member, repository = %asked, "the new repository has no image for the member: going back");
+            later.push(
+                Announcement::warning(
+                    "UpgradeReverted",
+                    format!("the image of etcd {version} cannot be pulled from {asked} for {member}; {member} starts again from {ran}, and {asked} is refused while it is the repository asked for"),
+                )
+                .related(self.member_ref(&member)),
+            );
+            // From the next pass on the members run from `ran` again: this member's pod is
+            // outdated then, and the upgrade restarts it from there.
+            return Ok(NEXT_STEP);
+        }
+        let recorded = status.and_then(|s| s.unavailable_version.as_deref());
         if recorded != Some(version.as_str()) {
             // Recorded first: from the next pass on the version is refused, so the pod
             // deleted then comes back on the version the member ran.

@@ -49,6 +49,7 @@ mod tests {
             tls: true,
             user_secrets: None,
             image_repository: crate::etcd::names::ETCD_REPOSITORY.into(),
+            refused_repository: None,
         };
         let owner = owner_reference("EtcdCluster", "main", "u1");
         let state = |b| state_config_map(&names, &owner, b).data.unwrap()[STATE_KEY].clone();

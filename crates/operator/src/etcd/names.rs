@@ -34,8 +34,11 @@ pub struct Names {
     pub tls: bool,
     /// The user's own certificate Secrets, if the cluster names them.
     pub user_secrets: Option<TlsSecrets>,
-    /// Where etcd is pulled from (`core::images`): the image is `<this>:v<version>`.
+    /// Where etcd is pulled from (`core::images`): the image is `<this>:v<version>`. The one
+    /// asked for, unless it was found to have no image: then the one the members ran.
     pub image_repository: String,
+    /// The repository asked for, when it is refused (it had no image for a member).
+    pub refused_repository: Option<String>,
 }
 
 impl Names {
@@ -44,14 +47,24 @@ impl Names {
         Self::pulling_from(cluster, &Images::default())
     }
 
-    /// The names of `cluster`, its etcd pulled as `images` says.
+    /// The names of `cluster`, its etcd pulled as `images` says, unless its status found that
+    /// repository without an image for a member.
     pub fn pulling_from(cluster: &EtcdCluster, images: &Images) -> Self {
+        let asked = images.repository(ETCD_REPOSITORY, cluster.spec.image_repository.as_deref());
+        let status = cluster.status.as_ref();
+        let ran = status.and_then(|s| s.image_repository.clone());
+        let refused = status.and_then(|s| s.unavailable_repository.as_deref()) == Some(asked.as_str());
+        let (image_repository, refused_repository) = match ran {
+            Some(ran) if refused && ran != asked => (ran, Some(asked)),
+            _ => (asked, None),
+        };
         Self {
             cluster: cluster.metadata.name.clone().unwrap_or_default(),
             namespace: cluster.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
             tls: cluster.spec.tls.enabled,
             user_secrets: cluster.spec.tls.secrets.clone().filter(|_| cluster.spec.tls.enabled),
-            image_repository: images.repository(ETCD_REPOSITORY, cluster.spec.image_repository.as_deref()),
+            image_repository,
+            refused_repository,
         }
     }
 
@@ -215,5 +228,31 @@ mod tests {
         assert_eq!(n.member_of_peer_url("https://x-4.other.db.svc:2380"), None);
         let plain = Names { tls: false, ..names() };
         assert_eq!(plain.peer_url("main-0"), "http://main-0.main.db.svc:2380");
+    }
+
+    #[test]
+    fn a_repository_found_without_an_image_is_refused_for_the_one_the_members_ran() {
+        let mut cluster = crate::etcd::fixtures::cluster().build();
+        cluster.spec.image_repository = Some("registry.invalid/etcd".into());
+        let status = cluster.status.get_or_insert_with(Default::default);
+        status.image_repository = Some(ETCD_REPOSITORY.into());
+        // Not found wanting yet: the one asked for.
+        let n = Names::of(&cluster);
+        assert_eq!(
+            (n.image_repository.as_str(), n.refused_repository),
+            ("registry.invalid/etcd", None)
+        );
+        // Found wanting: the one the members ran, and the refused one said.
+        cluster.status.as_mut().unwrap().unavailable_repository = Some("registry.invalid/etcd".into());
+        let n = Names::of(&cluster);
+        assert_eq!(n.image_repository, ETCD_REPOSITORY);
+        assert_eq!(n.refused_repository.as_deref(), Some("registry.invalid/etcd"));
+        // Another one asked for: tried.
+        cluster.spec.image_repository = Some("registry.example/etcd".into());
+        let n = Names::of(&cluster);
+        assert_eq!(
+            (n.image_repository.as_str(), n.refused_repository),
+            ("registry.example/etcd", None)
+        );
     }
 }

@@ -142,7 +142,8 @@ impl<'a> Pass<'a> {
             next_member_index: previous.next_member_index,
             cluster_id: previous.cluster_id.clone(),
             problems: Problems {
-                invalid: validate::validate(cluster, previous.current_version.as_deref(), &children.secrets, now),
+                invalid: validate::validate(cluster, previous.current_version.as_deref(), &children.secrets, now)
+                    .or_else(|| validate::repository_refusal(&self.names)),
                 quorum_lost: None,
                 restore_blocked: None,
                 // Said at once: the pod knows long before a grace period or a deadline passes.
@@ -151,6 +152,7 @@ impl<'a> Pass<'a> {
             backups: backups::summary(cluster),
             defragmented: None,
             unavailable_version: previous.unavailable_version.clone(),
+            unavailable_repository: previous.unavailable_repository.clone(),
             restored_from: previous.restored_from.clone().or_else(|| {
                 previous
                     .cluster_id

@@ -52,6 +52,8 @@ pub struct Outcome {
     pub defragmented: Option<String>,
     /// A version whose image could not be pulled (see the status field).
     pub unavailable_version: Option<String>,
+    /// A repository whose image could not be pulled (see the status field).
+    pub unavailable_repository: Option<String>,
 }
 
 /// The status after a reconcile: the members as they stand, then one builder per condition
@@ -120,6 +122,18 @@ pub fn build(
             .unavailable_version
             .clone()
             .filter(|v| *v == cluster.spec.version),
+        // What the members run from, once each runs the image asked for (a member going back
+        // to it needs it).
+        image_repository: if facts.members.iter().any(|m| m.outdated) || facts.members.is_empty() {
+            previous.image_repository.clone()
+        } else {
+            Some(names.image_repository.clone())
+        },
+        // Forgotten once another repository is asked for.
+        unavailable_repository: outcome
+            .unavailable_repository
+            .clone()
+            .filter(|r| Some(r) == names.refused_repository.as_ref() || *r == names.image_repository),
     }
 }
 
@@ -510,6 +524,7 @@ mod tests {
                 restored_from: None,
                 defragmented: None,
                 unavailable_version: None,
+                unavailable_repository: None,
             },
             jiff::Timestamp::UNIX_EPOCH,
         )
@@ -577,6 +592,7 @@ mod tests {
                 restored_from: None,
                 defragmented: None,
                 unavailable_version: None,
+                unavailable_repository: None,
             },
             jiff::Timestamp::UNIX_EPOCH,
         );
@@ -736,6 +752,7 @@ mod tests {
                 restored_from: None,
                 defragmented: None,
                 unavailable_version: None,
+                unavailable_repository: None,
             },
             jiff::Timestamp::from_second(100).unwrap(),
         );

@@ -77,6 +77,19 @@ pub fn validate(
     version_refusal(cluster, running).or_else(|| schedule_refusal(cluster))
 }
 
+/// Why the repository asked for is not used: it had no image for a member (the members run
+/// from the one they ran; versions and membership go on as asked).
+pub fn repository_refusal(names: &Names) -> Option<Refusal> {
+    let asked = names.refused_repository.as_ref()?;
+    Some(Refusal::aside(
+        "ImageRepositoryUnavailable",
+        format!(
+            "{asked} had no etcd image for a member when it was moved there; the members run from {}: fix the registry, or ask for another repository",
+            names.image_repository
+        ),
+    ))
+}
+
 /// Why the version asked for cannot be run, against the one the members run.
 fn version_refusal(cluster: &EtcdCluster, running: Option<&str>) -> Option<Refusal> {
     let (Some(want), Some(have)) = (minor(&cluster.spec.version), running.and_then(minor)) else {
