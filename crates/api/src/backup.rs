@@ -184,6 +184,8 @@ pub struct WorkProgress {
     /// transaction replayed (once the server can say).
     pub replayed_wal: Option<String>,
     pub replayed_to: Option<String>,
+    /// When the operator last wrote it: it is written at most every few seconds.
+    pub updated_at: Option<Time>,
 }
 
 impl BackupProgress {

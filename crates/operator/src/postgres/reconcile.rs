@@ -34,6 +34,7 @@ use super::status::{self, InstanceState, StatusFacts};
 use super::store::{BaseBackupDestination, Destination};
 use super::{destination, observe, restore, services, statefulset};
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
+use crate::core::backup::progress;
 use crate::core::backup::retention::{BackupsSummary, being_restored};
 use crate::core::cache::in_namespace;
 use crate::core::events::Announcement;
@@ -442,7 +443,12 @@ fn seen(
         service_missing: applied.live_service.is_none(),
         archiver: made.archiver.clone(),
         restore: made.restore.clone(),
-        restoring: made.restoring.clone(),
+        // Written every so often, not at every byte: a status write wakes the next pass.
+        restoring: progress::paced(
+            pass.pg.status.as_ref().and_then(|s| s.restoring.as_ref()),
+            made.restoring.clone(),
+            pass.now,
+        ),
         backups: summary,
         bootstrap_source: checked.bootstrap_source.clone(),
         node_lost: applied.node_lost,

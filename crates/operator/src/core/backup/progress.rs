@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use noops_api::backup::BackupProgress;
+use noops_api::backup::{BackupProgress, WorkProgress};
 
 use super::schedule::elapsed;
 use crate::core::conditions::{Decided, merge};
@@ -41,6 +41,39 @@ impl<T> Verdict<T> {
             Verdict::Failed { reason, message } => Verdict::Failed { reason, message },
         }
     }
+}
+
+/// How often progress is written while the step stays the same: each write of a status wakes
+/// its controller again, so what moves every second is written every so often.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+/// The progress to put in status: what was `read` now, stamped, once the step changes or
+/// [`PROGRESS_EVERY`] has passed since the `previous` one; the previous one otherwise (so the
+/// status does not change); none once the work reports none. Pure.
+pub fn paced(
+    previous: Option<&WorkProgress>,
+    read: Option<WorkProgress>,
+    now: jiff::Timestamp,
+) -> Option<WorkProgress> {
+    let mut read = read?;
+    if let Some(previous) = previous
+        && previous.step == read.step
+        && previous
+            .updated_at
+            .as_ref()
+            .is_some_and(|at| elapsed(at.0, now) < PROGRESS_EVERY)
+    {
+        return Some(previous.clone());
+    }
+    read.updated_at = Some(Time(now));
+    Some(read)
+}
+
+/// Whether progress `previous` is due to be read again (a read costs a connection). Pure.
+pub fn progress_due(previous: Option<&WorkProgress>, now: jiff::Timestamp) -> bool {
+    previous
+        .and_then(|p| p.updated_at.as_ref())
+        .is_none_or(|at| elapsed(at.0, now) >= PROGRESS_EVERY)
 }
 
 /// How soon a backup is looked at again.
@@ -125,6 +158,32 @@ mod tests {
 
     fn at(seconds: i64) -> jiff::Timestamp {
         jiff::Timestamp::from_second(seconds).unwrap()
+    }
+
+    #[test]
+    fn progress_is_written_when_its_step_changes_or_every_so_often() {
+        let work = |step: &str, done: i64| WorkProgress {
+            step: step.into(),
+            bytes_done: Some(done),
+            ..Default::default()
+        };
+        let first = paced(None, Some(work("downloading", 10)), at(100)).unwrap();
+        assert_eq!(first.updated_at, Some(Time(at(100))));
+        // Moved, but soon after: the status stays as it is (its write would wake a pass).
+        let soon = paced(Some(&first), Some(work("downloading", 20)), at(105)).unwrap();
+        assert_eq!(soon, first);
+        assert!(!progress_due(Some(&first), at(105)));
+        // A new step at once; the same step after a while.
+        let next = paced(Some(&first), Some(work("replaying", 20)), at(105)).unwrap();
+        assert_eq!(
+            (next.step.as_str(), next.updated_at.clone()),
+            ("replaying", Some(Time(at(105))))
+        );
+        let later = paced(Some(&first), Some(work("downloading", 30)), at(111)).unwrap();
+        assert_eq!(later.bytes_done, Some(30));
+        assert!(progress_due(Some(&first), at(111)));
+        // Nothing reported: nothing said.
+        assert_eq!(paced(Some(&first), None, at(111)), None);
     }
 
     fn condition(settled: &Settled) -> (String, String, String) {

@@ -49,9 +49,11 @@ pub const RUN_DEADLINE: Duration = Duration::from_secs(6 * 3600);
 const TIMING: Timing = Timing {
     wait_deadline: WAIT_DEADLINE,
     retry: Duration::from_secs(5),
-    // Often enough for its progress in status to move.
-    in_progress_check: Duration::from_secs(5),
+    // As often as its progress in status is written.
+    in_progress_check: progress::PROGRESS_EVERY,
 };
+/// How long a pass waits for the database to say how far a base backup has got.
+const PROGRESS_READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long the deletion of a backup is tried before it is given up, and the PostgresBackup
 /// goes anyway (its files are left in the store, with a Warning).
 const CLEANUP_DEADLINE: Duration = Duration::from_secs(300);
@@ -69,8 +71,18 @@ pub async fn make(mut begun: Begun<PostgresBackup>, ctx: Arc<Context>) -> Result
     let Some(verdict) = look(&mut begun, &ctx).await? else {
         return Ok(Action::requeue(Duration::from_secs(1)));
     };
+    // Read every so often while it runs (a read opens a connection to the database), and
+    // written only then: a status write wakes the next pass.
+    let previous = begun.status.progress.under_way.clone();
     let under_way = match &verdict {
-        Verdict::InProgress { .. } => streamed(&begun.backup, &ctx).await,
+        Verdict::InProgress { .. } if progress::progress_due(previous.as_ref(), begun.now) => {
+            let read = tokio::time::timeout(PROGRESS_READ_TIMEOUT, streamed(&begun.backup, &ctx))
+                .await
+                .ok()
+                .flatten();
+            progress::paced(previous.as_ref(), read, begun.now)
+        }
+        Verdict::InProgress { .. } => previous,
         _ => None,
     };
     conclude(
