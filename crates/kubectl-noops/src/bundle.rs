@@ -24,7 +24,7 @@ use noops_api::{
 };
 use serde_json::Value;
 
-use crate::Kind;
+use crate::{Kind, NOT_AFTER_ANNOTATION};
 
 /// What goes in place of a secret value.
 const REDACTED: &str = "<redacted>";
@@ -85,7 +85,8 @@ fn child_kinds() -> Vec<ApiResource> {
     ]
 }
 
-fn resource_of(kind: Kind) -> ApiResource {
+/// The API resource of a kind the plugin knows.
+pub fn resource_of(kind: Kind) -> ApiResource {
     match kind {
         Kind::EtcdCluster => ApiResource::erase::<EtcdCluster>(&()),
         Kind::PostgreSQL => ApiResource::erase::<PostgreSQL>(&()),
@@ -117,6 +118,12 @@ pub async fn write(
         let api = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource);
         match api.list(&ListParams::default()).await {
             Ok(list) => candidates.extend(list.items.into_iter().map(|o| (resource.clone(), o))),
+            // Without the Secrets' values nothing could be scrubbed of them: no report.
+            Err(e) if resource.kind == "Secret" => {
+                anyhow::bail!(
+                    "listing the Secrets of {namespace}, whose values the report must leave out: {e} (report needs list on Secrets)"
+                )
+            }
             Err(e) => files.problem(format!("listing {}: {e}", resource.plural)),
         }
     }
@@ -223,6 +230,11 @@ fn tidy(resource: &ApiResource, object: &DynamicObject) -> Value {
     object.metadata.managed_fields = None;
     if let Some(annotations) = object.metadata.annotations.as_mut() {
         annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+        // A Secret's other annotations may be derived from its data (a hash of it): only its
+        // expiry stays.
+        if resource.kind == "Secret" {
+            annotations.retain(|key, _| key == NOT_AFTER_ANNOTATION);
+        }
     }
     let mut value = serde_json::to_value(&object).unwrap_or(Value::Null);
     value["apiVersion"] = Value::String(resource.api_version.clone());
@@ -258,8 +270,10 @@ fn secret_values(candidates: &[(ApiResource, DynamicObject)]) -> Vec<String> {
                     && let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(stored)
                 {
                     let decoded = String::from_utf8_lossy(&bytes).into_owned();
-                    // A PEM key is scrubbed line by line too: logs may print it wrapped.
-                    values.extend(decoded.lines().map(str::to_string));
+                    // A PEM block is scrubbed line by line too: logs may print it wrapped.
+                    if decoded.contains("-----BEGIN ") {
+                        values.extend(decoded.lines().map(str::to_string));
+                    }
                     values.insert(decoded);
                 }
                 values.insert(stored.to_string());
@@ -275,14 +289,82 @@ fn secret_values(candidates: &[(ApiResource, DynamicObject)]) -> Vec<String> {
     values
 }
 
-/// `text` with every secret value replaced.
+/// `text` with every secret value replaced, as written and as JSON or a URL would escape it,
+/// and every private key and bearer token (a JWT) whatever Secret it came from.
 fn scrub(text: &str, secrets: &[String]) -> String {
     let mut out = text.to_string();
     for secret in secrets {
-        if out.contains(secret.as_str()) {
-            out = out.replace(secret.as_str(), REDACTED);
+        let json = serde_json::to_string(secret).unwrap_or_default();
+        let json = json.trim_matches('"').to_string();
+        for form in [secret.clone(), json, percent_encoded(secret)] {
+            if out.contains(form.as_str()) {
+                out = out.replace(form.as_str(), REDACTED);
+            }
         }
     }
+    without_tokens(&without_private_keys(&out))
+}
+
+/// `text` percent-encoded as a URL's user information would be.
+fn percent_encoded(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// `text` without the body of any PEM private key block.
+fn without_private_keys(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("-----BEGIN ") {
+        let header_end = rest[start..]
+            .find("-----\n")
+            .or_else(|| rest[start + 11..].find("-----").map(|i| i + 11));
+        let Some(header_end) = header_end else { break };
+        let header = &rest[start..start + header_end];
+        if !header.contains("PRIVATE KEY") {
+            out.push_str(&rest[..start + header_end]);
+            rest = &rest[start + header_end..];
+            continue;
+        }
+        out.push_str(&rest[..start]);
+        out.push_str(REDACTED);
+        rest = match rest[start..].find("-----END ") {
+            Some(end) => {
+                let after = &rest[start + end + 9..];
+                after.find("-----").map_or("", |i| &after[i + 5..])
+            }
+            None => "",
+        };
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `text` without anything shaped like a JWT (a service account token): three base64url parts,
+/// the first a JSON header.
+fn without_tokens(text: &str) -> String {
+    let is_part = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("eyJ") {
+        let candidate = &rest[start..];
+        let end = candidate
+            .find(|c: char| !(is_part(c) || c == '.'))
+            .unwrap_or(candidate.len());
+        let token = &candidate[..end];
+        if token.split('.').count() == 3 && token.len() > 40 {
+            out.push_str(&rest[..start]);
+            out.push_str(REDACTED);
+        } else {
+            out.push_str(&rest[..start + end.max(3)]);
+        }
+        rest = &rest[start + end.max(3)..];
+    }
+    out.push_str(rest);
     out
 }
 
@@ -500,5 +582,24 @@ mod tests {
             scrub(&log, &secrets),
             "login with <redacted> at shop.prod.svc, stored <redacted>, token <redacted>"
         );
+    }
+
+    #[test]
+    fn escaped_values_private_keys_and_tokens_are_scrubbed_too() {
+        let secrets = vec!["pa\"ss@word".to_string()];
+        let json =
+            serde_json::json!({ "uri": "postgres://app:pa%22ss%40word@shop", "said": "pa\"ss@word" }).to_string();
+        let scrubbed = scrub(&json, &secrets);
+        assert!(
+            !scrubbed.contains("ss@word") && !scrubbed.contains("ss%40word"),
+            "{scrubbed}"
+        );
+        let key = "before\n-----BEGIN EC PRIVATE KEY-----\nMHcCAQEEIB\n-----END EC PRIVATE KEY-----\nafter";
+        assert_eq!(scrub(key, &[]), "before\n<redacted>\nafter");
+        let certificate = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----";
+        assert_eq!(scrub(certificate, &[]), certificate, "a certificate is public");
+        let token =
+            "Authorization: Bearer eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2EifQ.c2lnbmF0dXJlLXNpZ25hdHVyZQ end";
+        assert_eq!(scrub(token, &[]), "Authorization: Bearer <redacted> end");
     }
 }

@@ -295,14 +295,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 async fn set_paused(client: &Client, namespace: &str, resource: &str, paused: bool) -> anyhow::Result<ExitCode> {
     let (kind, name) = parse_resource(resource)?;
     let patch = kube::api::Patch::Merge(serde_json::json!({ "spec": { "paused": paused } }));
-    let patched = match kind {
-        Kind::EtcdCluster => patch_spec::<EtcdCluster>(client, namespace, &name, &patch).await,
-        Kind::PostgreSQL => patch_spec::<PostgreSQL>(client, namespace, &name, &patch).await,
-        Kind::MaintPage => patch_spec::<MaintPage>(client, namespace, &name, &patch).await,
-        Kind::KubernetesCluster => patch_spec::<KubernetesCluster>(client, namespace, &name, &patch).await,
-        Kind::KubernetesControlPlane => patch_spec::<KubernetesControlPlane>(client, namespace, &name, &patch).await,
-    };
-    patched.with_context(|| format!("patching {kind:?} {namespace}/{name}"))?;
+    let resource = bundle::resource_of(kind);
+    let patched = Api::<kube::api::DynamicObject>::namespaced_with(client.clone(), namespace, &resource)
+        .patch(&name, &kube::api::PatchParams::default(), &patch)
+        .await
+        .with_context(|| format!("patching {kind:?} {namespace}/{name}"))?;
+    // An API server with older CRDs drops a field it does not know, and says nothing.
+    if patched.data["spec"]["paused"].as_bool().unwrap_or(false) != paused {
+        bail!(
+            "{kind:?} {namespace}/{name} did not take spec.paused: its CRD is older than this plugin (apply deploy/crds/)"
+        );
+    }
     let what = if paused {
         "paused: the operator changes nothing until it is resumed"
     } else {
@@ -310,25 +313,6 @@ async fn set_paused(client: &Client, namespace: &str, resource: &str, paused: bo
     };
     println!("{kind:?} {namespace}/{name} {what}");
     Ok(ExitCode::SUCCESS)
-}
-
-/// Patches one namespaced resource of kind `K`.
-async fn patch_spec<K>(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-    patch: &kube::api::Patch<serde_json::Value>,
-) -> kube::Result<()>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    Api::<K>::namespaced(client.clone(), namespace)
-        .patch(name, &kube::api::PatchParams::default(), patch)
-        .await
-        .map(|_| ())
 }
 
 #[tokio::main(flavor = "current_thread")]
