@@ -101,7 +101,8 @@ pub struct PostgreSQLSpec {
     pub bootstrap: Option<BootstrapSpec>,
     /// Stop changing the database (its pod, StatefulSet and Service, the role, password and
     /// database inside it, the handling of a lost node) until set back to false: for work by
-    /// hand. The status is kept current, and backups and WAL archiving go on.
+    /// hand. The status is kept current, and backups and WAL archiving go on; retention
+    /// deletes no backup meanwhile.
     #[serde(default)]
     pub paused: bool,
 }

@@ -51,21 +51,18 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
         };
         let status = status::paused(&mp, &seen, now);
         if mp.status.as_ref() != Some(&status) {
+            apply_status(&maintpages, &name, &status_body(&status))
+                .await
+                .during(Stage::Status)?;
+            // Told once the status says so: a pass that fails before tells nothing.
             if !is_paused(mp.status.as_ref()) {
                 let note =
                     "spec.paused: the operator changes nothing (no switch, no hand edit reverted) until it is false";
                 events.tell(&reference, Announcement::normal("Paused", note)).await;
             }
-            apply_status(&maintpages, &name, &status_body(&status))
-                .await
-                .during(Stage::Status)?;
         }
         debug!("paused: the app's objects are left as they are");
         return Ok(Action::await_change());
-    }
-    if is_paused(mp.status.as_ref()) {
-        let note = "spec.paused is false: the operator manages the app's objects again";
-        events.tell(&reference, Announcement::normal("Resumed", note)).await;
     }
 
     let plan = switch::plan(&mp.spec, &observation.facts, now);
@@ -105,6 +102,10 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
         apply_status(&maintpages, &name, &status_body(&status))
             .await
             .during(Stage::Status)?;
+        if is_paused(mp.status.as_ref()) {
+            let note = "spec.paused is false: the operator manages the app's objects again";
+            events.tell(&reference, Announcement::normal("Resumed", note)).await;
+        }
     }
     // A pod that waits for a node is said to be stuck only after a while: look again then.
     let requeue = [plan.requeue_after, observation.recheck_after]

@@ -196,25 +196,34 @@ pub fn paused(mp: &MaintPage, seen: &StatusFacts, now: jiff::Timestamp) -> Maint
         ),
         degraded(seen),
     ];
-    match previous.published {
-        Some(published) if published == desired => {}
+    // Ready: the side the spec asks for is the one served, and its pods are Ready.
+    decided.push(match previous.published {
+        Some(published) if published == desired => {
+            let (deployment, replicas) = match published {
+                Side::App => (seen.app, mp.spec.app.replicas),
+                Side::Maintenance => (seen.maintenance, mp.spec.maintenance.replicas),
+            };
+            let counts = format!("{}/{replicas} pods ready", ready_replicas(deployment));
+            let message = format!("Service {service} sends traffic to {} ({counts})", side_name(published));
+            match (published, rolled_out(deployment, replicas)) {
+                (Side::App, true) => Decided::new(READY, true, "AppPublished", message),
+                (Side::Maintenance, true) => Decided::new(READY, true, "MaintenancePublished", message),
+                (Side::App, false) => Decided::new(READY, false, "AppNotReady", message),
+                (Side::Maintenance, false) => Decided::new(READY, false, "MaintenanceNotReady", message),
+            }
+        }
         published => {
             let serves = published.map_or("nothing", side_name);
             let message = format!(
                 "paused: Service {service} stays on {serves} although the spec asks for {}",
                 side_name(desired)
             );
-            decided.push(Decided::new(READY, false, "Paused", message));
+            Decided::new(READY, false, "Paused", message)
         }
-    }
-    let mut conditions = merge(&previous.conditions, &decided, mp.metadata.generation, now);
-    // A Ready kept as it was is still true of this generation: the same side serves.
-    for condition in &mut conditions {
-        condition.observed_generation = mp.metadata.generation;
-    }
+    });
     MaintPageStatus {
         observed_generation: mp.metadata.generation,
-        conditions,
+        conditions: merge(&previous.conditions, &decided, mp.metadata.generation, now),
         app_ready_replicas: ready_replicas(seen.app),
         maintenance_ready_replicas: ready_replicas(seen.maintenance),
         ..previous
@@ -310,11 +319,22 @@ mod tests {
         let progressing = s.conditions.iter().find(|c| c.type_ == PROGRESSING).unwrap();
         assert_eq!(progressing.reason, "Paused");
 
-        // Paused with nothing asked for: still Ready.
+        // Still paused, the spec back on the side served: Ready again, from its pods.
+        asked.status = Some(s);
         asked.spec.maintenance.enabled = false;
+        asked.metadata.generation = Some(6);
         let s = paused(&asked, &seen, jiff::Timestamp::UNIX_EPOCH);
-        assert!(is_true(&s.conditions, READY));
-        assert!(s.conditions.iter().all(|c| c.observed_generation == Some(5)));
+        let ready = s.conditions.iter().find(|c| c.type_ == READY).unwrap();
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "AppPublished"));
+        assert!(s.conditions.iter().all(|c| c.observed_generation == Some(6)));
+        // Its pods not Ready: said.
+        let none_ready = deployment("shop").ready(0).build();
+        let seen = StatusFacts {
+            app: Some(&none_ready),
+            ..Default::default()
+        };
+        let s = paused(&asked, &seen, jiff::Timestamp::UNIX_EPOCH);
+        assert!(!is_true(&s.conditions, READY));
     }
 
     #[test]

@@ -206,7 +206,12 @@ pub async fn keep(
 
     // Backups a new database is being restored from are never deleted under it.
     let in_use = |name: &str| namespace.being_restored.contains(name);
-    let gone = retention::beyond_max(&ours, in_use, spec.plan.max_backups, now);
+    // Nor while the database is paused: someone may be restoring one by hand.
+    let gone = if pg.spec.paused {
+        Vec::new()
+    } else {
+        retention::beyond_max(&ours, in_use, spec.plan.max_backups, now)
+    };
     let max = spec.plan.max_backups;
     for name in &gone {
         if delete_if_present(&api, name, &DeleteParams::default()).await? {
