@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, HTTPGetAction, Pod, PodAffinityTerm, PodAntiAffinity, PodSpec, Probe, SecretVolumeSource,
-    SecurityContext, Volume, VolumeMount, WeightedPodAffinityTerm,
+    Affinity, Container, HTTPGetAction, Lifecycle, LifecycleHandler, Pod, PodAffinityTerm, PodAntiAffinity, PodSpec,
+    Probe, SecretVolumeSource, SecurityContext, SleepAction, Volume, VolumeMount, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -40,7 +40,7 @@ const KUBE_PROXY_HEALTH_PORT: i32 = 10256;
 /// The deleted pod leaves the Service's endpoints at once, but the controller-manager and every
 /// kube-proxy take a while to act on it on a loaded machine; 5 s was seen to be too short once
 /// in many rollouts (a connection to the gone address: "No route to host").
-const SHUTDOWN_DELAY_SECONDS: u64 = 10;
+const SHUTDOWN_DELAY_SECONDS: i64 = 10;
 
 /// What a provider says about a machine's VM.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,8 +193,6 @@ fn agent_container(spec: &VmSpec) -> Container {
         flag("cpu", spec.flavor.cpu),
         flag("memory-mib", spec.flavor.memory_mib().unwrap_or(2048)),
         flag("max-pods", spec.flavor.pods),
-        // A load balancer in front of the machines takes this one out before it stops.
-        flag("shutdown-delay-seconds", SHUTDOWN_DELAY_SECONDS),
     ];
     Container {
         name: "node".into(),
@@ -202,6 +200,7 @@ fn agent_container(spec: &VmSpec) -> Container {
         args: Some(args),
         env: Some(vec![pod_ip_env()]),
         security_context: privileged(),
+        lifecycle: Some(serve_on_while_leaving()),
         // Ready once it routes to the other machines' pods: a load balancer sends it nothing
         // before.
         readiness_probe: Some(http_probe("/healthz", AGENT_HEALTH_PORT)),
@@ -213,6 +212,21 @@ fn agent_container(spec: &VmSpec) -> Container {
                 ..Default::default()
             },
         ]),
+        ..Default::default()
+    }
+}
+
+/// A stopping VM goes on serving, both its agent and its kube-proxy (which keeps following the
+/// tenant's Services meanwhile), until a load balancer has taken it out: a `preStop` sleep on
+/// both, which the kubelet runs before it signals either.
+fn serve_on_while_leaving() -> Lifecycle {
+    Lifecycle {
+        pre_stop: Some(LifecycleHandler {
+            sleep: Some(SleepAction {
+                seconds: SHUTDOWN_DELAY_SECONDS,
+            }),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -238,6 +252,7 @@ fn proxy_container(spec: &VmSpec) -> Container {
         // only then does a load balancer send the machine traffic for a NodePort.
         readiness_probe: Some(http_probe("/healthz", KUBE_PROXY_HEALTH_PORT)),
         security_context: privileged(),
+        lifecycle: Some(serve_on_while_leaving()),
         volume_mounts: Some(vec![bootstrap_mount()]),
         ..Default::default()
     }
@@ -428,6 +443,20 @@ mod tests {
                 .contains(&"--hostname-override=pool-a-x7k2p".to_string())
         );
         assert_eq!(pod.metadata.labels.unwrap()[CLUSTER_LABEL], "team-a");
+        // Both go on serving while a load balancer takes the machine out, within the grace.
+        for container in [node, proxy] {
+            let sleep = container
+                .lifecycle
+                .as_ref()
+                .unwrap()
+                .pre_stop
+                .as_ref()
+                .unwrap()
+                .sleep
+                .as_ref();
+            assert_eq!(sleep.map(|s| s.seconds), Some(SHUTDOWN_DELAY_SECONDS));
+        }
+        assert!(pod_spec.termination_grace_period_seconds.unwrap() >= SHUTDOWN_DELAY_SECONDS + 15);
         let custom = VmSpec {
             image: Some("registry.example/node:v1.34.4-fips".into()),
             ..spec()
