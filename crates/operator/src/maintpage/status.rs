@@ -43,24 +43,14 @@ struct Published<'a> {
 pub fn build(mp: &MaintPage, plan: &Plan, seen: &StatusFacts, now: jiff::Timestamp) -> MaintPageStatus {
     let (app, maintenance) = (seen.app, seen.maintenance);
     let spec = &mp.spec;
-    let (published_deployment, replicas) = match plan.publish {
-        Side::App => (app, spec.app.replicas),
-        Side::Maintenance => (maintenance, spec.maintenance.replicas),
-    };
-    let published = Published {
-        service: &spec.app.name,
-        desired: spec.desired_side(),
-        replicas,
-        ready: rolled_out(published_deployment, replicas),
-        counts: format!("{}/{replicas} pods ready", ready_replicas(published_deployment)),
-    };
+    let published = Published::of(mp, plan.publish, seen);
     let previous = mp.status.clone().unwrap_or_default();
     MaintPageStatus {
         observed_generation: mp.metadata.generation,
         conditions: merge(
             &previous.conditions,
             &[
-                ready_condition(plan, &published, spec.app.replicas),
+                ready_condition(plan.publish, plan.waiting_for, &published, spec.app.replicas),
                 progressing(plan, &published),
                 degraded(seen),
             ],
@@ -76,34 +66,47 @@ pub fn build(mp: &MaintPage, plan: &Plan, seen: &StatusFacts, now: jiff::Timesta
     }
 }
 
-/// Ready: the side asked for is published, and its pods are Ready.
-fn ready_condition(plan: &Plan, published: &Published, app_replicas: i32) -> Decided {
+impl<'a> Published<'a> {
+    /// Side `side` of `mp` as the Service's: its Deployment's rollout, in words.
+    fn of(mp: &'a MaintPage, side: Side, seen: &StatusFacts) -> Self {
+        let (deployment, replicas) = match side {
+            Side::App => (seen.app, mp.spec.app.replicas),
+            Side::Maintenance => (seen.maintenance, mp.spec.maintenance.replicas),
+        };
+        Published {
+            service: &mp.spec.app.name,
+            desired: mp.spec.desired_side(),
+            replicas,
+            ready: rolled_out(deployment, replicas),
+            counts: format!("{}/{replicas} pods ready", ready_replicas(deployment)),
+        }
+    }
+}
+
+/// Ready: the side asked for is published (`publish`, switching to `waiting_for`), and its
+/// pods are Ready.
+fn ready_condition(publish: Side, waiting_for: Option<Side>, published: &Published, app_replicas: i32) -> Decided {
     let Published { service, counts, .. } = published;
-    let sends = || {
-        format!(
-            "Service {service} sends traffic to {} ({counts})",
-            side_name(plan.publish)
-        )
-    };
-    if plan.publish != published.desired {
-        let waited = plan.waiting_for.unwrap_or(published.desired);
+    let sends = || format!("Service {service} sends traffic to {} ({counts})", side_name(publish));
+    if publish != published.desired {
+        let waited = waiting_for.unwrap_or(published.desired);
         let message = format!(
             "Service {service} still sends traffic to {} until {} is Ready",
-            side_name(plan.publish),
+            side_name(publish),
             side_name(waited)
         );
         Decided::new(READY, false, "Switching", message)
     } else if published.ready {
-        let reason = match plan.publish {
+        let reason = match publish {
             Side::App => "AppPublished",
             Side::Maintenance => "MaintenancePublished",
         };
         Decided::new(READY, true, reason, sends())
-    } else if plan.publish == Side::App && app_replicas == 0 {
+    } else if publish == Side::App && app_replicas == 0 {
         let message = format!("app {service} has 0 replicas: nothing answers");
         Decided::new(READY, false, "ScaledToZero", message)
     } else {
-        let reason = match plan.publish {
+        let reason = match publish {
             Side::App => "AppNotReady",
             Side::Maintenance => "MaintenanceNotReady",
         };
@@ -198,20 +201,12 @@ pub fn paused(mp: &MaintPage, seen: &StatusFacts, now: jiff::Timestamp) -> Maint
     ];
     // Ready: the side the spec asks for is the one served, and its pods are Ready.
     decided.push(match previous.published {
-        Some(published) if published == desired => {
-            let (deployment, replicas) = match published {
-                Side::App => (seen.app, mp.spec.app.replicas),
-                Side::Maintenance => (seen.maintenance, mp.spec.maintenance.replicas),
-            };
-            let counts = format!("{}/{replicas} pods ready", ready_replicas(deployment));
-            let message = format!("Service {service} sends traffic to {} ({counts})", side_name(published));
-            match (published, rolled_out(deployment, replicas)) {
-                (Side::App, true) => Decided::new(READY, true, "AppPublished", message),
-                (Side::Maintenance, true) => Decided::new(READY, true, "MaintenancePublished", message),
-                (Side::App, false) => Decided::new(READY, false, "AppNotReady", message),
-                (Side::Maintenance, false) => Decided::new(READY, false, "MaintenanceNotReady", message),
-            }
-        }
+        Some(published) if published == desired => ready_condition(
+            published,
+            None,
+            &Published::of(mp, published, seen),
+            mp.spec.app.replicas,
+        ),
         published => {
             let serves = published.map_or("nothing", side_name);
             let message = format!(
