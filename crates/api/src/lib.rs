@@ -23,6 +23,7 @@ pub mod maintpage;
 pub mod postgres;
 pub mod postgres_backup;
 pub mod quantity;
+pub mod uri;
 pub mod version_rules;
 
 pub use control_plane::{KubernetesControlPlane, KubernetesControlPlaneSpec, KubernetesControlPlaneStatus};

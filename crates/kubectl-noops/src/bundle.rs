@@ -296,23 +296,13 @@ fn scrub(text: &str, secrets: &[String]) -> String {
     for secret in secrets {
         let json = serde_json::to_string(secret).unwrap_or_default();
         let json = json.trim_matches('"').to_string();
-        for form in [secret.clone(), json, percent_encoded(secret)] {
+        for form in [secret.clone(), json, noops_api::uri::percent_encode(secret)] {
             if out.contains(form.as_str()) {
                 out = out.replace(form.as_str(), REDACTED);
             }
         }
     }
     without_tokens(&without_private_keys(&out))
-}
-
-/// `text` percent-encoded as a URL's user information would be.
-fn percent_encoded(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// `text` without the body of any PEM private key block.

@@ -150,8 +150,8 @@ pub fn connection_secret(names: &Names, owner: &OwnerReference, db: &str, user: 
     let host = names.host();
     let uri = format!(
         "postgresql://{}:{}@{host}:{PORT}/{db}",
-        percent_encode(user),
-        percent_encode(&password.value)
+        noops_api::uri::percent_encode(user),
+        noops_api::uri::percent_encode(&password.value)
     );
     let data = BTreeMap::from([
         ("host".to_string(), host),
@@ -162,16 +162,6 @@ pub fn connection_secret(names: &Names, owner: &OwnerReference, db: &str, user: 
         ("uri".to_string(), uri),
     ]);
     secret(names.connection_secret(), names, owner, data)
-}
-
-/// `text` with everything but unreserved URI characters percent-encoded (RFC 3986).
-fn percent_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 #[cfg(test)]
