@@ -68,7 +68,7 @@ fn pod_name(backup: &PostgresBackup, job: Job) -> String {
 }
 
 pub async fn make(mut begun: Begun<PostgresBackup>, ctx: Arc<Context>) -> Result<Action> {
-    let Some(verdict) = look(&mut begun, &ctx).await? else {
+    let Some((verdict, pg)) = look(&mut begun, &ctx).await? else {
         return Ok(Action::requeue(Duration::from_secs(1)));
     };
     // Read every so often while it runs (a read opens a connection to the database), and
@@ -76,10 +76,13 @@ pub async fn make(mut begun: Begun<PostgresBackup>, ctx: Arc<Context>) -> Result
     let previous = begun.status.progress.under_way.clone();
     let under_way = match &verdict {
         Verdict::InProgress { .. } if progress::progress_due(previous.as_ref(), begun.now) => {
-            let read = tokio::time::timeout(PROGRESS_READ_TIMEOUT, streamed(&begun.backup, &ctx))
-                .await
-                .ok()
-                .flatten();
+            let read = match &pg {
+                Some(pg) => tokio::time::timeout(PROGRESS_READ_TIMEOUT, streamed(pg, &ctx))
+                    .await
+                    .ok()
+                    .flatten(),
+                None => None,
+            };
             progress::paced(previous.as_ref(), read, begun.now)
         }
         Verdict::InProgress { .. } => previous,
@@ -98,19 +101,15 @@ pub async fn make(mut begun: Begun<PostgresBackup>, ctx: Arc<Context>) -> Result
 
 /// How far the running base backup has got, as the server that streams it says; none if it
 /// cannot say now (the report is news, not a reason to fail).
-async fn streamed(backup: &PostgresBackup, ctx: &Context) -> Option<WorkProgress> {
-    let namespace = backup.namespace().unwrap_or_default();
-    let pg = Api::<PostgreSQL>::namespaced(ctx.client.clone(), &namespace)
-        .get_opt(&backup.spec.postgresql)
-        .await
-        .ok()??;
-    let names = Names::of(&pg);
-    let pod = Api::<Pod>::namespaced(ctx.client.clone(), &namespace)
+async fn streamed(pg: &PostgreSQL, ctx: &Context) -> Option<WorkProgress> {
+    let names = Names::of(pg);
+    let namespace = &names.namespace;
+    let pod = Api::<Pod>::namespaced(ctx.client.clone(), namespace)
         .get_opt(&names.instance())
         .await
         .ok()??;
     let ip = observe::ready_address(&pod)?;
-    let secret = Api::<Secret>::namespaced(ctx.client.clone(), &namespace)
+    let secret = Api::<Secret>::namespaced(ctx.client.clone(), namespace)
         .get_opt(&names.superuser_secret())
         .await
         .ok()??;
@@ -126,7 +125,8 @@ async fn streamed(backup: &PostgresBackup, ctx: &Context) -> Option<WorkProgress
 
 /// One look at the backup: its database, where it goes (recorded first), its pod; `None` if
 /// the backup changed since it was read (its status is written only over the version read).
-async fn look(begun: &mut Begun<PostgresBackup>, ctx: &Context) -> Result<Option<Verdict>> {
+/// Also the database as read.
+async fn look(begun: &mut Begun<PostgresBackup>, ctx: &Context) -> Result<Option<(Verdict, Option<PostgreSQL>)>> {
     let Begun {
         backup,
         version,
@@ -178,7 +178,7 @@ async fn look(begun: &mut Begun<PostgresBackup>, ctx: &Context) -> Result<Option
             }
         },
     };
-    Ok(Some(verdict))
+    Ok(Some((verdict, pg)))
 }
 
 /// Records what a base backup pod stored in `status`, and says it.
