@@ -43,8 +43,8 @@ use crate::etcd;
     // be set back to the version still running.
     // Editable until the control plane has served, so that a range found taken can be fixed.
     validation = Rule::new("self.spec.networking == oldSelf.spec.networking || !has(oldSelf.status) || !has(oldSelf.status.version)").message("spec.networking is immutable once the control plane has served: the tenant's addresses are handed out from these ranges"),
-    validation = crate::version_rules::no_downgrade(),
-    validation = crate::version_rules::one_minor_at_a_time(),
+    validation = crate::version_rules::no_downgrade(&["version"]),
+    validation = crate::version_rules::one_minor_at_a_time(&["version"]),
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.version"}"#,
     printcolumn = r#"{"name":"Endpoint","type":"string","jsonPath":".status.endpoint"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.ready"}"#,
@@ -54,7 +54,6 @@ use crate::etcd;
 )]
 #[x_kube(validation = Rule::new("has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)").message("bootstrap is immutable: it says how the control plane started"))]
 #[x_kube(validation = Rule::new("!has(self.bootstrap) || !self.etcd.storage.ephemeral").message("bootstrap.fromBackup needs persistent etcd storage: the backup is restored into the first member's volume"))]
-#[x_kube(validation = Rule::new("!isCIDR(self.networking.podCIDR) || !isCIDR(self.networking.serviceCIDR) || (!cidr(self.networking.podCIDR).containsCIDR(self.networking.serviceCIDR) && !cidr(self.networking.serviceCIDR).containsCIDR(self.networking.podCIDR))").message("networking.podCIDR and networking.serviceCIDR must not overlap"))]
 #[serde(rename_all = "camelCase")]
 pub struct KubernetesControlPlaneSpec {
     /// The Kubernetes version: a minor such as `"1.34"` (the newest patch of it the operator
@@ -149,8 +148,10 @@ pub enum ApiServerServiceType {
     NodePort,
 }
 
-/// The tenant's address ranges (IPv4).
+/// The tenant's address ranges (IPv4). Checked here, so a KubernetesCluster refuses what its
+/// control plane would.
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("!isCIDR(self.podCIDR) || !isCIDR(self.serviceCIDR) || (!cidr(self.podCIDR).containsCIDR(self.serviceCIDR) && !cidr(self.serviceCIDR).containsCIDR(self.podCIDR))").message("networking.podCIDR and networking.serviceCIDR must not overlap"))]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkingSpec {
     /// The range tenant pods get their addresses from (each node a /24 of it).

@@ -45,9 +45,11 @@ use crate::machine_set::HealthCheckSpec;
     validation = Rule::new("self.metadata.name.size() <= 35").message("a KubernetesCluster name is at most 35 characters: it names its KubernetesControlPlane"),
     validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("a KubernetesCluster name must be a DNS label: lower-case letters, digits and '-', starting with a letter"),
     validation = Rule::new("!has(self.spec.workers) || self.spec.workers.all(p, self.metadata.name.size() + 1 + p.name.size() <= 40)").message("spec.workers: a pool's MachineDeployment is <cluster>-<pool>, at most 40 characters; shorten the pool's name"),
-    validation = crate::version_rules::no_downgrade(),
-    validation = crate::version_rules::one_minor_at_a_time(),
-    validation = Rule::new("self.spec.controlPlane.networking == oldSelf.spec.controlPlane.networking || !has(oldSelf.status) || !has(oldSelf.status.version)").message("spec.controlPlane.networking is immutable once the cluster has served: the tenant's addresses are handed out from these ranges"),
+    // Downgrades against what the API servers run; one minor at a time from what every part
+    // runs (a pool still on the old minor holds the next).
+    validation = crate::version_rules::no_downgrade(&["controlPlaneVersion", "version"]),
+    validation = crate::version_rules::one_minor_at_a_time(&["version", "controlPlaneVersion"]),
+    validation = Rule::new("self.spec.controlPlane.networking == oldSelf.spec.controlPlane.networking || !has(oldSelf.status) || !(has(oldSelf.status.version) || has(oldSelf.status.controlPlaneVersion))").message("spec.controlPlane.networking is immutable once the cluster has served: the tenant's addresses are handed out from these ranges"),
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.version"}"#,
     printcolumn = r#"{"name":"Control Plane","type":"string","jsonPath":".status.controlPlane"}"#,
     printcolumn = r#"{"name":"Nodes","type":"string","jsonPath":".status.nodes"}"#,
@@ -206,6 +208,9 @@ pub struct KubernetesClusterStatus {
     pub version: Option<String>,
     /// The control plane's version and API servers ready, such as `1.34.4 1/1`.
     pub control_plane: Option<String>,
+    /// The version the control plane's API servers run, once they have served: `spec.version`
+    /// may not go to an older minor than this.
+    pub control_plane_version: Option<String>,
     /// Worker Nodes Ready of those asked for, such as `3/3`.
     pub nodes: Option<String>,
     /// Each pool as its MachineDeployment reports it.

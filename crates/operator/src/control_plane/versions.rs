@@ -7,6 +7,12 @@ use super::names::Component;
 /// runs) and the etcd version that Kubernetes minor is released with, as kubeadm pairs them.
 const KNOWN: [(u32, &str, &str); 2] = [(33, "1.33.13", "3.5.35"), (34, "1.34.4", "3.6.16")];
 
+/// The minor of `version` (`34` of `1.34.4`); the skew rules between kubelets and API servers
+/// are in minors.
+pub fn minor(version: &str) -> Option<u32> {
+    version.trim_start_matches('v').split('.').nth(1)?.parse().ok()
+}
+
 /// What a `version` of the spec comes to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Release {

@@ -15,7 +15,7 @@ use noops_api::machine::Machine;
 use noops_api::machine_deployment::MachineDeployment;
 
 use super::desired::{POOL_LABEL, pool_deployment_name};
-use crate::control_plane::versions::Release;
+use crate::control_plane::versions::{Release, minor};
 
 /// The control plane as the plan needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,25 +55,36 @@ pub struct PoolView {
     pub name: String,
     /// The version its machines are given (its template).
     pub version: String,
+    /// The oldest version a kubelet of the pool may run: the oldest of its machines' (those
+    /// being deleted too) and its template's.
+    pub oldest: String,
     pub replicas: i32,
     /// Every machine of its current template, Ready, none older left (not even one still
     /// draining), its status of its latest spec.
     pub rolled_out: bool,
+    /// It is being deleted (its pool was removed).
+    pub deleting: bool,
 }
 
 impl PoolView {
     /// The view of `md`, whose machines (those being deleted too) are `machines`.
-    pub fn of<'m>(md: &MachineDeployment, mut machines: impl Iterator<Item = &'m Machine>) -> Self {
+    pub fn of<'m>(md: &MachineDeployment, machines: impl Iterator<Item = &'m Machine>) -> Self {
         let status = md.status.clone().unwrap_or_default();
         let replicas = md.spec.replicas;
         let version = &md.spec.template.spec.version;
+        let machine_versions: Vec<String> = machines.map(|m| exact(&m.spec.template.version)).collect();
         // The deployment's counts leave out machines being deleted, but a draining machine
         // still runs its kubelet: the pool has not moved on until it is gone.
         let rolled_out = status.observed_generation == md.metadata.generation
             && status.updated_replicas == Some(replicas)
             && status.ready_replicas == Some(replicas)
             && status.replicas == Some(replicas)
-            && machines.all(|m| &m.spec.template.version == version);
+            && machine_versions.iter().all(|v| *v == exact(version));
+        let oldest = machine_versions
+            .into_iter()
+            .chain([exact(version)])
+            .min_by_key(|v| minor(v))
+            .unwrap_or_else(|| version.clone());
         Self {
             pool: md
                 .metadata
@@ -84,8 +95,10 @@ impl PoolView {
                 .unwrap_or_default(),
             name: md.metadata.name.clone().unwrap_or_default(),
             version: version.clone(),
+            oldest,
             replicas,
             rolled_out,
+            deleting: md.metadata.deletion_timestamp.is_some(),
         }
     }
 
@@ -136,11 +149,16 @@ pub struct Plan {
     pub control_plane_version: String,
     /// The pools, in the spec's order; a pool that must wait for the control plane is left out.
     pub pools: Vec<PoolPlan>,
-    /// MachineDeployments of pools no longer in the spec.
+    /// MachineDeployments of pools no longer in the spec, to delete now.
     pub remove: Vec<String>,
+    /// MachineDeployments of pools no longer in the spec that wait for the pools that stay
+    /// to have every machine ready, so the cluster never has fewer workers than asked.
+    pub removal_waits: Vec<String>,
     pub step: Step,
     /// Pools not made yet because the control plane is not Ready.
     pub waiting_for_control_plane: Vec<String>,
+    /// Why the target cannot be given to the control plane, if it cannot be (a downgrade).
+    pub refused: Option<String>,
 }
 
 impl Plan {
@@ -204,8 +222,36 @@ pub fn plan(kc: &KubernetesCluster, control_plane: Option<&ControlPlaneView>, de
             })
             .collect(),
         remove: vec![],
+        removal_waits: vec![],
         ..moving
     }
+}
+
+/// Whether the control plane may be given `version` now: never a minor older than its API
+/// servers run (Kubernetes has no downgrade), never older than a pool's kubelets are given, and
+/// never more than one minor newer than the oldest kubelet.
+fn control_plane_may_take(version: &str, control_plane: &ControlPlaneView, deployments: &[PoolView]) -> bool {
+    let wanted = minor(version);
+    let running = control_plane.running.as_deref().and_then(minor);
+    running.is_none_or(|r| wanted >= Some(r))
+        && deployments.iter().all(|d| minor(&d.version) <= wanted)
+        && deployments
+            .iter()
+            .all(|d| minor(&d.oldest).is_some_and(|o| wanted <= Some(o + 1)))
+}
+
+/// Why the target is refused: it is a minor older than what the control plane or a pool runs.
+fn downgrade(target: &str, control_plane: &ControlPlaneView, deployments: &[PoolView]) -> Option<String> {
+    let wanted = minor(target);
+    let newer = control_plane
+        .running
+        .iter()
+        .chain(deployments.iter().map(|d| &d.version))
+        .filter(|v| minor(v) > wanted)
+        .max_by_key(|v| minor(v))?;
+    Some(format!(
+        "version {target} is older than {newer}, which parts of the cluster run: Kubernetes cannot go back a minor; set spec.version to {newer} or later"
+    ))
 }
 
 fn moving_plan(kc: &KubernetesCluster, control_plane: Option<&ControlPlaneView>, deployments: &[PoolView]) -> Plan {
@@ -214,15 +260,21 @@ fn moving_plan(kc: &KubernetesCluster, control_plane: Option<&ControlPlaneView>,
     let live = |pool: &str| deployments.iter().find(|d| d.pool == pool);
     let listed: Vec<&PoolView> = kc.spec.workers.iter().filter_map(|p| live(&p.name)).collect();
 
-    // The control plane moves on only once every pool runs its current version.
     let lagging = |version: &str| listed.iter().find(|d| !d.runs(version)).map(|d| d.pool.clone());
+    let refused = control_plane.and_then(|cp| downgrade(&target, cp, deployments));
+    // The control plane takes the target as soon as no kubelet would be newer or two minors
+    // behind; an upgrade it cannot finish (an image that is not there) is set back the same way.
     let control_plane_version = match control_plane {
         None => target.clone(),
         Some(cp) if cp.asked == target => target.clone(),
-        Some(cp) if lagging(&cp.asked).is_none() => target.clone(),
+        Some(cp) if control_plane_may_take(&target, cp, deployments) => target.clone(),
         Some(cp) => cp.asked.clone(),
     };
     let control_plane_done = control_plane.is_some_and(|cp| cp.runs(&target));
+    // Kubelets too old for the target catch up with the control plane first, pool by pool.
+    let catch_up = control_plane
+        .filter(|cp| refused.is_none() && control_plane_version != target && cp.runs(&cp.asked))
+        .map(|cp| cp.asked.clone());
     let serving = control_plane
         .filter(|cp| cp.settled || cp.running.is_some())
         .and_then(|cp| cp.running.clone());
@@ -230,23 +282,26 @@ fn moving_plan(kc: &KubernetesCluster, control_plane: Option<&ControlPlaneView>,
 
     let mut pools = Vec::new();
     let mut waiting_for_control_plane = Vec::new();
-    // Every pool before this one runs the target.
-    let mut before_done = true;
+    // Every pool before this one has rolled out the version it is given.
+    let mut before_settled = true;
     for pool in &kc.spec.workers {
         let existing = live(&pool.name);
         let version = match (existing, &serving) {
             (Some(d), _) if d.version == target => target.clone(),
-            (Some(_), _) if control_plane_done && before_done => target.clone(),
+            (Some(_), _) if refused.is_none() && control_plane_done && before_settled => target.clone(),
+            (Some(d), _) if before_settled && catch_up.as_ref().is_some_and(|v| minor(&d.version) < minor(v)) => {
+                catch_up.clone().unwrap_or_else(|| d.version.clone())
+            }
             (Some(d), _) => d.version.clone(),
             // A new pool joins a Ready control plane, at the version its API servers run.
             (None, Some(running)) if ready => running.clone(),
             (None, _) => {
                 waiting_for_control_plane.push(pool.name.clone());
-                before_done = false;
+                before_settled = false;
                 continue;
             }
         };
-        before_done &= existing.is_some_and(|d| d.runs(&target)) && version == target;
+        before_settled &= existing.is_some_and(|d| d.runs(&version));
         pools.push(PoolPlan {
             pool: pool.name.clone(),
             name: pool_deployment_name(&cluster, &pool.name),
@@ -256,11 +311,23 @@ fn moving_plan(kc: &KubernetesCluster, control_plane: Option<&ControlPlaneView>,
         });
     }
 
-    let remove = deployments
+    // A pool renamed or removed goes once the pools that stay (a renamed one's successor
+    // too) are made and have rolled out, so its pods have somewhere to go.
+    let unlisted = deployments
         .iter()
-        .filter(|d| !kc.spec.workers.iter().any(|p| p.name == d.pool))
-        .map(|d| d.name.clone())
-        .collect();
+        .filter(|d| !d.deleting && !kc.spec.workers.iter().any(|p| p.name == d.pool))
+        .map(|d| d.name.clone());
+    let stayers_whole = waiting_for_control_plane.is_empty()
+        && kc
+            .spec
+            .workers
+            .iter()
+            .all(|p| live(&p.name).is_some_and(|d| d.rolled_out));
+    let (remove, removal_waits) = if stayers_whole {
+        (unlisted.collect(), vec![])
+    } else {
+        (vec![], unlisted.collect())
+    };
 
     let step = match control_plane {
         Some(cp) if !cp.runs(&target) => match lagging(&cp.asked) {
@@ -282,8 +349,10 @@ fn moving_plan(kc: &KubernetesCluster, control_plane: Option<&ControlPlaneView>,
         control_plane_version,
         pools,
         remove,
+        removal_waits,
         step,
         waiting_for_control_plane,
+        refused,
     }
 }
 
@@ -308,8 +377,18 @@ mod tests {
             pool: name.into(),
             name: format!("team-a-{name}"),
             version: version.into(),
+            oldest: version.into(),
             replicas,
             rolled_out,
+            deleting: false,
+        }
+    }
+
+    /// Pool `name` rolling to `version`, machines of `oldest` still running.
+    fn rolling(name: &str, version: &str, oldest: &str) -> PoolView {
+        PoolView {
+            oldest: oldest.into(),
+            ..pool(name, version, 1, false)
         }
     }
 
@@ -429,7 +508,7 @@ mod tests {
     fn the_control_plane_waits_for_workers_to_catch_up_so_none_falls_two_minors_behind() {
         // The control plane already on 1.34, a pool still rolling to it, and 1.35 asked.
         let kc = cluster("1.35", TWO_POOLS);
-        let behind = [pool("a", NEW, 2, true), pool("b", NEW, 1, false)];
+        let behind = [pool("a", NEW, 2, true), rolling("b", NEW, OLD)];
         let p = plan(&kc, Some(&cp(NEW, NEW, true)), &behind);
         assert_eq!(p.control_plane_version, NEW, "the control plane stays");
         assert_eq!(p.step, Step::Pool("b".into()));
@@ -451,6 +530,67 @@ mod tests {
                 assert!(p.pools.iter().all(|pp| pp.version == OLD), "{control_plane:?} {p:?}");
             }
         }
+    }
+
+    #[test]
+    fn an_upgrade_the_control_plane_cannot_finish_is_set_back_by_setting_the_version_back() {
+        // 1.35 was asked and its images are not there: the API servers still run 1.34.
+        let kc = cluster("1.34", TWO_POOLS);
+        let pools = [pool("a", NEW, 2, true), pool("b", NEW, 1, true)];
+        let p = plan(&kc, Some(&cp("1.35.0", NEW, false)), &pools);
+        assert_eq!(p.control_plane_version, NEW);
+        assert_eq!(versions(&p), vec![("a".into(), NEW.into()), ("b".into(), NEW.into())]);
+        assert_eq!(p.refused, None);
+    }
+
+    #[test]
+    fn a_version_changed_in_the_middle_of_an_upgrade_is_reached_in_order() {
+        // 1.33 → 1.34: the control plane and pool a done, pool b not started; then 1.34.5.
+        let kc = cluster("1.34.5", TWO_POOLS);
+        let pools = [pool("a", NEW, 2, true), pool("b", OLD, 1, true)];
+        let p = plan(&kc, Some(&cp(NEW, NEW, true)), &pools);
+        assert_eq!(
+            p.control_plane_version, "1.34.5",
+            "no kubelet would be newer or two behind"
+        );
+        assert_eq!(versions(&p), vec![("a".into(), NEW.into()), ("b".into(), OLD.into())]);
+        assert_eq!(p.step, Step::ControlPlane);
+        let p = plan(&kc, Some(&cp("1.34.5", "1.34.5", true)), &pools);
+        assert_eq!(
+            versions(&p),
+            vec![("a".into(), "1.34.5".into()), ("b".into(), OLD.into())]
+        );
+        assert_eq!(p.step, Step::Pool("a".into()));
+    }
+
+    #[test]
+    fn a_downgrade_below_what_runs_is_refused_and_moves_nothing() {
+        let kc = cluster("1.33", TWO_POOLS);
+        let pools = [pool("a", NEW, 2, true), pool("b", OLD, 1, true)];
+        let p = plan(&kc, Some(&cp(NEW, NEW, true)), &pools);
+        assert_eq!(p.control_plane_version, NEW);
+        assert_eq!(versions(&p), vec![("a".into(), NEW.into()), ("b".into(), OLD.into())]);
+        let why = p.refused.expect("refused");
+        assert!(why.contains("older than 1.34.4"), "{why}");
+    }
+
+    #[test]
+    fn kubelets_two_minors_behind_the_target_catch_up_with_the_control_plane_pool_by_pool() {
+        // An upgrade to 1.34 left both pools on 1.33 (the version was changed before they moved).
+        let kc = cluster("1.35", TWO_POOLS);
+        let old = [pool("a", OLD, 2, true), pool("b", OLD, 1, true)];
+        let p = plan(&kc, Some(&cp(NEW, NEW, true)), &old);
+        assert_eq!(p.control_plane_version, NEW, "1.35 would be two minors ahead of 1.33");
+        assert_eq!(versions(&p), vec![("a".into(), NEW.into()), ("b".into(), OLD.into())]);
+        assert_eq!(p.step, Step::Pool("a".into()));
+        let a_done = [pool("a", NEW, 2, true), pool("b", OLD, 1, true)];
+        let p = plan(&kc, Some(&cp(NEW, NEW, true)), &a_done);
+        assert_eq!(versions(&p), vec![("a".into(), NEW.into()), ("b".into(), NEW.into())]);
+        assert_eq!(p.step, Step::Pool("b".into()));
+        let both = [pool("a", NEW, 2, true), pool("b", NEW, 1, true)];
+        let p = plan(&kc, Some(&cp(NEW, NEW, true)), &both);
+        assert_eq!(p.control_plane_version, "1.35.0");
+        assert_eq!(p.step, Step::ControlPlane);
     }
 
     #[test]
@@ -488,10 +628,24 @@ mod tests {
         );
         let live = [pool("a", NEW, 2, true), pool("b", NEW, 5, true)];
         let p = plan(&kc, Some(&cp(NEW, NEW, true)), &live);
-        assert_eq!(p.remove, vec!["team-a-a".to_string()]);
+        // Pool a goes once c, which joins now, has its machines.
+        assert_eq!(p.remove, Vec::<String>::new());
+        assert_eq!(p.removal_waits, vec!["team-a-a".to_string()]);
         let b = &p.pools[0];
         assert_eq!((b.replicas, b.make), (3, false), "kept within maxReplicas");
         let c = &p.pools[1];
         assert_eq!((c.version.as_str(), c.make), (NEW, true));
+        let joined = [
+            pool("a", NEW, 2, true),
+            pool("b", NEW, 3, true),
+            pool("c", NEW, 1, true),
+        ];
+        let p = plan(&kc, Some(&cp(NEW, NEW, true)), &joined);
+        assert_eq!(p.remove, vec!["team-a-a".to_string()]);
+        assert!(p.removal_waits.is_empty());
+        // Being deleted: not deleted again.
+        let mut going = joined.clone();
+        going[0].deleting = true;
+        assert!(plan(&kc, Some(&cp(NEW, NEW, true)), &going).remove.is_empty());
     }
 }

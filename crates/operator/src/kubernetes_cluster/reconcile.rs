@@ -91,6 +91,7 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
         plan.scale(&kc, &decision.replicas);
     }
 
+    let mut rejected = Vec::new();
     if taken.is_none() {
         let children = Children {
             kc: &kc,
@@ -98,7 +99,7 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
             control_plane: ours.as_ref(),
             deployments: &deployments,
         };
-        apply_children(&children, &plan, decision.as_ref(), ctx).await?;
+        rejected = apply_children(&children, &plan, decision.as_ref(), ctx).await?;
         if let (Some((view, seen)), true) = (&tenant, acts) {
             remove_stale_nodes(&kc, view, seen, ctx).await.during(Stage::Apply)?;
         }
@@ -113,6 +114,7 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
         plan: &plan,
         taken,
         autoscale: decision.as_ref(),
+        rejected,
     };
     let status = status::build(&facts, now);
     let reference = kc.object_ref(&());
@@ -304,13 +306,30 @@ struct Children<'a> {
     deployments: &'a [MachineDeployment],
 }
 
-/// Apply: the control plane, idle machines marked to go, each pool, pools removed.
+/// What the API server says of a child this pass applies: `Ok(true)` applied, `Ok(false)`
+/// refused by its schema (the reason added to `rejected`, for the status: a spec the cluster's
+/// schema let through but the child's does not must show, not fail every pass unseen).
+fn accepted<T>(result: kube::Result<T>, child: &str, rejected: &mut Vec<String>) -> Result<bool> {
+    match result {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 422 => {
+            tracing::warn!(%child, why = %e.message, "the API server refused a child as the cluster builds it");
+            rejected.push(format!("{child} refused: {}", e.message));
+            Ok(false)
+        }
+        Err(e) => Err(e).during(Stage::Apply),
+    }
+}
+
+/// Apply: the control plane, idle machines marked to go, each pool, pools removed. The
+/// children the API server refused, and why.
 async fn apply_children(
     children: &Children<'_>,
     plan: &super::plan::Plan,
     decision: Option<&autoscale::Decision>,
     ctx: &Context,
-) -> Result<()> {
+) -> Result<Vec<String>> {
+    let mut rejected = Vec::new();
     let Children {
         kc,
         owner,
@@ -320,8 +339,10 @@ async fn apply_children(
     let (namespace, name) = (kc.namespace().unwrap_or_default(), kc.name_any());
     let control_planes: Api<KubernetesControlPlane> = Api::namespaced(ctx.client.clone(), &namespace);
     let wanted = desired::control_plane(kc, &plan.control_plane_version, owner);
-    if control_plane.is_none_or(|cp| cp.spec != wanted.spec) {
-        apply(&control_planes, &name, &wanted).await.during(Stage::Apply)?;
+    let child = format!("KubernetesControlPlane {name}");
+    if control_plane.is_none_or(|cp| cp.spec != wanted.spec)
+        && accepted(apply(&control_planes, &name, &wanted).await, &child, &mut rejected)?
+    {
         match &control_plane {
             None => info!(version = %plan.control_plane_version, "made the control plane"),
             Some(cp) if cp.spec.version != wanted.spec.version => {
@@ -353,9 +374,14 @@ async fn apply_children(
         if live.is_some_and(|l| l.spec == wanted.spec) {
             continue;
         }
-        apply(&machine_deployments, &pool.name, &wanted)
-            .await
-            .during(Stage::Apply)?;
+        let child = format!("MachineDeployment {}", pool.name);
+        if !accepted(
+            apply(&machine_deployments, &pool.name, &wanted).await,
+            &child,
+            &mut rejected,
+        )? {
+            continue;
+        }
         match live {
             None => info!(pool = %pool.pool, version = %pool.version, replicas = pool.replicas, "made the pool"),
             Some(l) if l.spec.template.spec.version != pool.version => {
@@ -373,7 +399,7 @@ async fn apply_children(
             .during(Stage::Apply)?;
         info!(deployment = %gone, "removed a pool no longer in the spec: its machines are drained away");
     }
-    Ok(())
+    Ok(rejected)
 }
 
 /// A child's name held by an object this cluster does not control, said as a condition would.
@@ -431,10 +457,20 @@ fn announcements(
             out.push(Announcement::normal(reason, format!("{step} runs {}", upgrade.to)));
         }
         if upgrade.finished_at.is_some() && same.is_some_and(|b| b.finished_at.is_none()) {
-            out.push(Announcement::normal(
-                "UpgradeCompleted",
-                format!("every part of the cluster runs {}", upgrade.to),
-            ));
+            out.push(if upgrade.step == status::SET_BACK {
+                Announcement::normal(
+                    "UpgradeSetBack",
+                    format!(
+                        "the upgrade to {} was set back before it finished: every part of the cluster runs {}",
+                        upgrade.to, upgrade.from
+                    ),
+                )
+            } else {
+                Announcement::normal(
+                    "UpgradeCompleted",
+                    format!("every part of the cluster runs {}", upgrade.to),
+                )
+            });
         }
     }
     for gone in removed {

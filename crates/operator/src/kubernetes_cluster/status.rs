@@ -15,6 +15,8 @@ pub const CONTROL_PLANE_READY: &str = "ControlPlaneReady";
 pub const WORKERS_READY: &str = "WorkersReady";
 pub const UPGRADING: &str = "Upgrading";
 pub const SCALING: &str = "Scaling";
+/// The step of an upgrade whose version was set back to the one running before it finished.
+pub const SET_BACK: &str = "SetBack";
 
 /// What the status is built from.
 pub struct StatusFacts<'a> {
@@ -29,6 +31,8 @@ pub struct StatusFacts<'a> {
     pub taken: Option<String>,
     /// What the autoscaler decided this pass (for a cluster with a pool that scales itself).
     pub autoscale: Option<&'a Decision>,
+    /// Children the API server refused as this pass built them, and why.
+    pub rejected: Vec<String>,
 }
 
 fn condition<'c>(
@@ -157,7 +161,13 @@ fn workers_ready(f: &StatusFacts, pools: &[PoolStatus]) -> Decided {
 
 fn upgrading(upgrade: Option<&ClusterUpgradeStatus>) -> Decided {
     match upgrade {
-        Some(u) if u.step != Step::Done.name() => Decided::new(
+        Some(u) if u.step == SET_BACK => Decided::new(
+            UPGRADING,
+            false,
+            SET_BACK,
+            format!("the upgrade to {} was set back: everything runs {}", u.to, u.from),
+        ),
+        Some(u) if u.finished_at.is_none() => Decided::new(
             UPGRADING,
             true,
             if u.step == Step::ControlPlane.name() {
@@ -172,6 +182,17 @@ fn upgrading(upgrade: Option<&ClusterUpgradeStatus>) -> Decided {
 }
 
 fn scaling(f: &StatusFacts) -> Decided {
+    if !f.plan.removal_waits.is_empty() {
+        return Decided::new(
+            SCALING,
+            true,
+            "PoolRemovalWaits",
+            format!(
+                "{} no longer in the spec: removed once every pool that stays has its machines ready",
+                f.plan.removal_waits.join(", ")
+            ),
+        );
+    }
     if let Some(d) = f.autoscale {
         let said = |items: &[(String, i32, i32, Vec<String>)]| {
             items
@@ -226,6 +247,12 @@ fn degraded(f: &StatusFacts) -> Decided {
     if let Some(taken) = &f.taken {
         return Decided::new(DEGRADED, true, "NameTaken", taken.clone());
     }
+    if !f.rejected.is_empty() {
+        return Decided::new(DEGRADED, true, "ChildRejected", f.rejected.join("; "));
+    }
+    if let Some(refused) = &f.plan.refused {
+        return Decided::new(DEGRADED, true, "VersionRefused", refused.clone());
+    }
     if let Some(c) = f.control_plane_condition(DEGRADED).filter(|c| c.status == "True") {
         return Decided::new(
             DEGRADED,
@@ -273,8 +300,16 @@ fn upgrade(f: &StatusFacts, version: Option<&String>, now: jiff::Timestamp) -> O
             started_at: Time(now),
             finished_at: None,
         },
-        // No upgrade now: the last one, if any, as it was.
-        _ => return f.kc.status.as_ref().and_then(|s| s.upgrade.clone()),
+        // No upgrade now: the last one, if any, as it was; one set back before it finished
+        // (the version it went to was put back) ends once everything runs the version again.
+        _ => {
+            let mut last = f.kc.status.as_ref().and_then(|s| s.upgrade.clone())?;
+            if last.finished_at.is_none() && version == Some(target) && f.plan.step == Step::Done {
+                last.step = SET_BACK.into();
+                last.finished_at = Some(Time(now));
+            }
+            return Some(last);
+        }
     };
     // Steps done by now, in the order the plan takes them.
     let mut done = Vec::new();
@@ -314,10 +349,10 @@ fn phase(
         "Paused"
     } else if upgrade.is_some_and(|u| u.finished_at.is_none()) {
         "Upgrading"
-    } else if version.is_none() {
-        "Provisioning"
     } else if is(DEGRADED) {
         "Degraded"
+    } else if version.is_none() {
+        "Provisioning"
     } else if is(SCALING) {
         "Scaling"
     } else if is(READY) {
@@ -369,6 +404,11 @@ pub fn build(f: &StatusFacts, now: jiff::Timestamp) -> KubernetesClusterStatus {
         phase: Some(phase(f, &decided, version.as_ref(), upgrade.as_ref()).into()),
         version,
         control_plane,
+        control_plane_version: f
+            .control_plane
+            .and_then(|cp| cp.status.as_ref())
+            .and_then(|s| s.version.clone())
+            .or(previous.control_plane_version),
         nodes: Some(format!("{ready_nodes}/{desired_nodes}")),
         pools,
         kubeconfig_secret: f
@@ -391,8 +431,10 @@ mod tests {
             control_plane_version: control_plane_version.into(),
             pools: vec![],
             remove: vec![],
+            removal_waits: vec![],
             step,
             waiting_for_control_plane: vec![],
+            refused: None,
         }
     }
 
@@ -406,6 +448,7 @@ mod tests {
                 plan,
                 taken: None,
                 autoscale: None,
+                rejected: vec![],
             },
             now,
         );
@@ -446,6 +489,51 @@ mod tests {
         let upgrade = done.upgrade.unwrap();
         assert_eq!(upgrade.finished, vec!["ControlPlane", "Pool a", "Pool b"]);
         assert_eq!(upgrade.step, "Done");
+    }
+
+    #[test]
+    fn an_upgrade_set_back_before_it_finished_ends_once_everything_runs_the_old_version() {
+        let mut kc = cluster("1.35", "[{ name: a, replicas: 1 }]");
+        kc.status = Some(KubernetesClusterStatus {
+            version: Some("1.34.4".into()),
+            ..Default::default()
+        });
+        let mut to_new = plan_at(Step::ControlPlane, "1.35.0");
+        to_new.target = "1.35.0".into();
+        let now = jiff::Timestamp::now();
+        assert_eq!(pass(&mut kc, &to_new, now).phase.as_deref(), Some("Upgrading"));
+        // Its images are not there; the version is set back to the one running.
+        kc.spec.version = "1.34".into();
+        let moving_back = pass(&mut kc, &plan_at(Step::ControlPlane, "1.34.4"), now);
+        assert_eq!(moving_back.phase.as_deref(), Some("Upgrading"), "not back yet");
+        let back = pass(&mut kc, &plan_at(Step::Done, "1.34.4"), now);
+        let upgrade = back.upgrade.unwrap();
+        assert_eq!((upgrade.to.as_str(), upgrade.step.as_str()), ("1.35.0", SET_BACK));
+        assert!(upgrade.finished_at.is_some());
+        assert_ne!(back.phase.as_deref(), Some("Upgrading"));
+        let upgrading = back.conditions.iter().find(|c| c.type_ == UPGRADING).unwrap();
+        assert_eq!(
+            (upgrading.status.as_str(), upgrading.reason.as_str()),
+            ("False", SET_BACK)
+        );
+    }
+
+    #[test]
+    fn a_refused_version_makes_the_cluster_degraded_with_the_reason() {
+        let mut kc = cluster("1.33", "[{ name: a, replicas: 1 }]");
+        kc.status = Some(KubernetesClusterStatus {
+            version: Some("1.34.4".into()),
+            ..Default::default()
+        });
+        let mut plan = plan_at(Step::ControlPlane, "1.34.4");
+        plan.target = "1.33.13".into();
+        plan.refused = Some("version 1.33.13 is older than 1.34.4".into());
+        let status = pass(&mut kc, &plan, jiff::Timestamp::now());
+        let degraded = status.conditions.iter().find(|c| c.type_ == DEGRADED).unwrap();
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "VersionRefused")
+        );
     }
 
     #[test]

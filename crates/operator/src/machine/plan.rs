@@ -6,7 +6,7 @@ use noops_api::KubernetesControlPlane;
 use noops_api::machine::{Machine, MachinePhase};
 
 use super::provider::VmState;
-use crate::control_plane::versions::Release;
+use crate::control_plane::versions::{Release, minor};
 use crate::core::nodes;
 
 /// Whether the machine's VM may be made.
@@ -18,10 +18,6 @@ pub enum Admission {
     Waiting(&'static str, String),
     /// Not as the spec stands (reason, message): a condition and an Event say why.
     Refused(&'static str, String),
-}
-
-fn minor(version: &str) -> Option<u32> {
-    version.split('.').nth(1)?.parse().ok()
 }
 
 /// Whether `machine` may join `cluster` (the KubernetesControlPlane it names) now. A kubelet is
