@@ -21,6 +21,8 @@ mod tenant;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::{KubernetesCluster, KubernetesControlPlane, Machine, MachineDeployment};
 
@@ -65,7 +67,7 @@ pub async fn run(runtime: Runtime) {
         watcher::Config::default().labels(&labels::managed_by_noops()),
     )
     .await;
-    let (machines, _) = shared_cache(
+    let (machines, machine_changes) = shared_cache(
         scoped_api::<Machine>(&client, &namespace),
         watcher::Config::default().labels(CLUSTER_LABEL),
     )
@@ -87,6 +89,12 @@ pub async fn run(runtime: Runtime) {
     let controller = controller_of::<KubernetesCluster>(&client, &namespace, MAX_CONCURRENT_RECONCILES)
         .owns_shared_stream(control_plane_changes)
         .owns_shared_stream(deployment_changes)
+        // A pool has rolled out only once its last old machine is gone, which its
+        // MachineDeployment's status does not show (it leaves out machines being deleted).
+        .watches_shared_stream(machine_changes, |machine: Arc<Machine>| {
+            let cluster = machine.labels().get(CLUSTER_LABEL).cloned();
+            cluster.map(|name| ObjectRef::new(&name).within(&machine.namespace().unwrap_or_default()))
+        })
         .reconcile_on(tenant_changes)
         .graceful_shutdown_on(shutdown.fired());
     drive(controller, &namespace, ctx, |kc, ctx: Arc<Context>| async move {
