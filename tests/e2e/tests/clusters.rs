@@ -3,12 +3,12 @@
 //! Needs `make cluster-up` (3 nodes).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use noops_api::{KubernetesCluster, KubernetesControlPlane};
-use noops_e2e::clusters::{CONTROLLERS, SkewWatch, cluster, wait_cluster};
+use noops_e2e::clusters::{CONTROLLERS, MostMachinesWatch, SkewWatch, UpgradeOrderWatch, cluster, wait_cluster};
 use noops_e2e::plugin::{kubectl_noops, stdout};
 use noops_e2e::tenant::{ForgetMachines, Tenant, wait_machines_gone, wait_nodes_at};
 use noops_e2e::traffic::{BudgetWatch, Poller, load_balancer, web_app};
@@ -129,10 +129,53 @@ async fn bad_cluster_specs_are_refused_with_a_reason() {
         let error = apply_error(&ns, yaml).unwrap_or_else(|| panic!("accepted:\n{yaml}"));
         assert!(error.contains(expected), "refused, but not with {expected:?}: {error}");
     }
-    ns.apply(&example.replace("version: \"1.33\"", "version: \"1.34\""));
-    let downgrade = example.clone();
-    let error = apply_error(&ns, &downgrade).expect("a downgrade accepted");
+    // Versions are checked against what runs, as the operator writes it: the whole cluster
+    // (status.version) and the API servers (status.controlPlaneVersion).
+    let set_status = |status: &str| {
+        kubectl_ok(
+            &[
+                "patch",
+                "-n",
+                &ns.name,
+                "kc/acme",
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                status,
+            ],
+            None,
+        )
+    };
+    set_status(r#"{"status":{"version":"1.33.13","controlPlaneVersion":"1.33.13"}}"#);
+    let at = |version: &str| example.replace("version: \"1.33\"", &format!("version: \"{version}\""));
+    ns.apply(&at("1.34"));
+    // Mid-upgrade: the API servers on 1.34, a pool still on 1.33.
+    set_status(r#"{"status":{"version":"1.33.13","controlPlaneVersion":"1.34.4"}}"#);
+    let error = apply_error(&ns, &at("1.33")).expect("a downgrade below the API servers accepted");
     assert!(error.contains("downgrades are refused"), "{error}");
+    let error = apply_error(&ns, &at("1.35")).expect("1.35 accepted while a pool runs 1.33");
+    assert!(error.contains("one minor version at a time"), "{error}");
+    let error = apply_error(
+        &ns,
+        &at("1.34").replace(
+            "etcd: { replicas: 3 }",
+            "etcd: { replicas: 3 }\n    networking: { podCIDR: 10.99.0.0/16 }",
+        ),
+    )
+    .expect("a networking change accepted once the cluster served");
+    assert!(error.contains("networking is immutable"), "{error}");
+    // A cluster that never served (its version's images are not there, say) may be set to any
+    // supported version.
+    let never_served = cluster("fresh", "  version: \"1.35\"\n");
+    ns.apply(&never_served);
+    assert_eq!(apply_error(&ns, &cluster("fresh", "  version: \"1.34\"\n")), None);
+    // Ranges the control plane would refuse are refused here already.
+    let error = apply_error(
+        &ns,
+        &with("  controlPlane: { networking: { podCIDR: 10.96.0.0/12, serviceCIDR: 10.96.0.0/16 } }\n"),
+    )
+    .expect("overlapping ranges accepted");
+    assert!(error.contains("must not overlap"), "{error}");
 }
 
 #[tokio::test]
@@ -201,6 +244,14 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
     let poller = Poller::start(address);
     let budget = BudgetWatch::start(pods, 2);
     let skew = SkewWatch::start(nodes.clone(), ns.api::<KubernetesControlPlane>(), "acme".into());
+    let order = UpgradeOrderWatch::start(
+        ns.api::<KubernetesControlPlane>(),
+        ns.api::<noops_api::MachineDeployment>(),
+        ns.api::<noops_api::Machine>(),
+        "acme",
+        "1.34.4",
+        &["general", "burst"],
+    );
 
     // The upgrade: the control plane, then pool general, then pool burst.
     kubectl_ok(
@@ -219,6 +270,10 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
     let upgrade = upgraded.status.unwrap().upgrade.unwrap();
     assert_eq!((upgrade.from.as_str(), upgrade.to.as_str()), ("1.33.13", "1.34.4"));
     assert_eq!(upgrade.finished, vec!["ControlPlane", "Pool general", "Pool burst"]);
+    // The status's list is the operator's own account; the watches see what the children did.
+    let timeline = order.stop();
+    eprintln!("{timeline}");
+    timeline.assert_in_order();
     assert_eq!(upgrade.step, "Done");
     assert!(upgrade.finished_at.is_some());
     for reason in [
@@ -272,6 +327,7 @@ async fn a_pool_grows_for_pods_with_no_room_and_shrinks_back_once_its_machines_a
             .unwrap_or(0)
     };
     assert_eq!(count().await, 1);
+    let most_machines = MostMachinesWatch::start(machines.clone());
 
     // Three pods of 1.5 CPU: one machine of 2 CPUs holds one; the pool grows to hold them all.
     let echo = root().join("target/debug/http-echo");
@@ -308,11 +364,46 @@ spec:
 
     // Gone: the idle machines go after the delay, down to the minimum.
     tenant.kubectl_ok(&["delete", "deployment", "hungry"], None);
+    let deleted_at = Instant::now();
+    let most = most_machines.stop();
+    assert!(most <= 3, "{most} machines at once, more than maxReplicas");
+    // A machine's idle clock starts once its pods are gone, after the delete: none may go in the
+    // first 15 s (12 s leaves slack). A machine counts as going once it is being deleted, as its
+    // drain could otherwise hide a delay not kept.
+    let first_gone_after = wait_for("a machine of the pool going", 2 * MINUTE, || async {
+        let listed = machines.list(&ListParams::default()).await.ok()?;
+        let staying = listed
+            .items
+            .iter()
+            .filter(|m| m.metadata.deletion_timestamp.is_none())
+            .count();
+        (staying < 3).then(|| deleted_at.elapsed())
+    })
+    .await;
+    assert!(
+        first_gone_after >= Duration::from_secs(12),
+        "a machine went {first_gone_after:?} after the pods' Deployment was deleted, before scaleDownDelaySeconds (15)"
+    );
     wait_until("the pool back at its minimum", 2 * MINUTE, || async {
         count().await == 1
     })
     .await;
     wait_event(&ns, "KubernetesCluster", "elastic", "ScaledDown").await;
+    let clusters = ns.api::<KubernetesCluster>();
+    // The status is written after the pass's children, so it may trail the machines by a pass.
+    wait_until(
+        "the pool's status desired back at 1",
+        Duration::from_secs(30),
+        || async {
+            clusters
+                .get("elastic")
+                .await
+                .ok()
+                .and_then(|kc| kc.status?.pools.first().map(|p| p.desired))
+                == Some(1)
+        },
+    )
+    .await;
     let nodes: Api<Node> = Api::all(tenant.client.clone());
     let one_node_left = || {
         wait_until("one Node left", MINUTE, || async {
@@ -395,5 +486,50 @@ spec:
     assert!(deployments.get_opt("elastic-extra").await.unwrap().is_none());
     wait_event(&ns, "KubernetesCluster", "elastic", "PoolRemoved").await;
     one_node_left().await;
+
+    // An upgrade to a version whose images are not there stalls in the control plane, its old
+    // API servers serving and no machine touched; the version set back undoes it.
+    patch(r#"{"spec":{"version":"1.35"}}"#);
+    let said = wait_for(
+        "the cluster Degraded by the stalled control plane",
+        3 * MINUTE,
+        || async {
+            let status = api.get("elastic").await.ok()?.status?;
+            let degraded = status
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Degraded" && c.status == "True")?;
+            (status.phase.as_deref() == Some("Upgrading")).then_some(degraded.message)
+        },
+    )
+    .await;
+    assert!(said.contains("cannot start"), "{said}");
+    let md = deployments.get("elastic-burst").await.unwrap();
+    assert_eq!(
+        md.spec.template.spec.version, "1.34.4",
+        "no pool moves before its API servers"
+    );
+    patch(r#"{"spec":{"version":"1.34"}}"#);
+    // Its status.version never moved, so wait for the upgrade's end rather than the version.
+    let status = wait_for("the upgrade set back", 3 * MINUTE, || async {
+        let kc = api.get("elastic").await.ok()?;
+        let status = kc.status?;
+        let done = status.observed_generation == kc.metadata.generation
+            && status.upgrade.as_ref()?.step == "SetBack"
+            && status.phase.as_deref() == Some("Running");
+        done.then_some(status)
+    })
+    .await;
+    let upgrade = status.upgrade.clone().unwrap();
+    assert_eq!(upgrade.to, "1.35.0");
+    assert!(upgrade.finished_at.is_some());
+    assert_eq!(status.control_plane_version.as_deref(), Some("1.34.4"));
+    wait_event(&ns, "KubernetesCluster", "elastic", "UpgradeSetBack").await;
+    let control_plane = ns.api::<KubernetesControlPlane>().get("elastic").await.unwrap();
+    assert_eq!(
+        control_plane.spec.version, "1.34.4",
+        "the control plane was given the old version back"
+    );
+    tenant.kubectl_ok(&["get", "nodes"], None);
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }
