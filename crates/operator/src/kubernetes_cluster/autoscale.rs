@@ -81,6 +81,9 @@ pub struct ScalingPool<'a> {
     pub replicas: i32,
     /// Its machines whose Nodes are Ready, by Node name.
     pub ready: BTreeMap<String, NodeUse>,
+    /// Its machines whose Node joined once and is not Ready now (a node lost): no room on the
+    /// way, unlike machines still being made.
+    pub lost: usize,
     /// It is rolling to a new version or flavor.
     pub rolling: bool,
 }
@@ -138,7 +141,9 @@ pub fn decide(
             free.take(&node.used);
             room.push((i, free));
         }
-        let coming = usize::try_from(p.replicas - p.ready.len() as i32).unwrap_or(0);
+        let coming = usize::try_from(p.replicas)
+            .unwrap_or(0)
+            .saturating_sub(p.ready.len() + p.lost);
         room.extend(std::iter::repeat_n((i, Resources::of_pool(p.spec)), coming));
     }
     let mut added = vec![0i32; pools.len()];
@@ -282,12 +287,14 @@ mod tests {
                 replicas: 1,
                 ready: ready(&[("small-1", true)]),
                 rolling: false,
+                lost: 0,
             },
             ScalingPool {
                 spec: &kc.spec.workers[1],
                 replicas: 1,
                 ready: ready(&[("burst-1", true)]),
                 rolling: false,
+                lost: 0,
             },
         ];
         let now = jiff::Timestamp::now();
@@ -316,6 +323,7 @@ mod tests {
             replicas: 2,
             ready: ready(&[("burst-1", true)]),
             rolling: false,
+            lost: 0,
         }];
         let pending = [
             pod("a", 500, 10),
@@ -331,6 +339,39 @@ mod tests {
     }
 
     #[test]
+    fn a_machine_whose_node_was_lost_is_no_room_on_the_way() {
+        let kc = cluster("1.34", "[{ name: burst, minReplicas: 1, maxReplicas: 3 }]");
+        // Two machines: one Ready and full, one whose Node went NotReady (its pods evicted).
+        let mut lost = ScalingPool {
+            spec: &kc.spec.workers[0],
+            replicas: 2,
+            ready: ready(&[("burst-1", true)]),
+            rolling: false,
+            lost: 1,
+        };
+        lost.ready
+            .values_mut()
+            .for_each(|n| n.used = Resources::of_pool(&kc.spec.workers[0]));
+        let pending = [pod("evicted", 1500, 10)];
+        let d = decide(
+            std::slice::from_ref(&lost),
+            &pending,
+            &BTreeMap::new(),
+            jiff::Timestamp::now(),
+        );
+        assert_eq!(d.replicas, BTreeMap::from([("burst".to_string(), 3)]));
+        // The same machine still being made holds the pod.
+        lost.lost = 0;
+        let d = decide(
+            std::slice::from_ref(&lost),
+            &pending,
+            &BTreeMap::new(),
+            jiff::Timestamp::now(),
+        );
+        assert_eq!(d.replicas, BTreeMap::new());
+    }
+
+    #[test]
     fn room_left_on_a_ready_machine_is_used_before_a_new_one_and_a_removal_under_way_is_waited_for() {
         let kc = cluster(
             "1.34",
@@ -342,6 +383,7 @@ mod tests {
             replicas: 2,
             ready: ready(&[("burst-1", true), ("burst-2", false)]),
             rolling: false,
+            lost: 0,
         }];
         let d = decide(&pools, &[pod("a", 1500, 10)], &BTreeMap::new(), jiff::Timestamp::now());
         assert!(d.replicas.is_empty() && d.at_max.is_empty(), "{d:?}");
@@ -351,6 +393,7 @@ mod tests {
             replicas: 1,
             ready: ready(&[("burst-1", false), ("burst-2", false)]),
             rolling: false,
+            lost: 0,
         }];
         let d = decide(&shrinking, &[], &BTreeMap::new(), jiff::Timestamp::now());
         assert!(d.replicas.is_empty() && d.remove.is_empty(), "{d:?}");
@@ -364,6 +407,7 @@ mod tests {
             replicas: 1,
             ready: ready(&[("burst-1", true)]),
             rolling: false,
+            lost: 0,
         }];
         let d = decide(
             &pools,
@@ -386,6 +430,7 @@ mod tests {
             replicas: 3,
             ready: ready(&[("burst-1", false), ("burst-2", false), ("burst-3", false)]),
             rolling,
+            lost: 0,
         };
         let t0 = jiff::Timestamp::now();
         let first = decide(&[pool(false)], &[], &BTreeMap::new(), t0);
@@ -419,6 +464,7 @@ mod tests {
             replicas: 1,
             ready: ready(&[("burst-1", true)]),
             rolling: false,
+            lost: 0,
         }];
         let d = decide(&pools, &[], &before, t0 + jiff::SignedDuration::from_secs(120));
         assert!(d.replicas.is_empty());

@@ -2,6 +2,7 @@
 //! by another owner) → plan (`plan.rs`, pure) → build (`desired.rs`) → apply (the control
 //! plane, each pool, pools removed) → status (`status.rs`).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use noops_api::kubernetes_cluster::{KubernetesCluster, KubernetesClusterStatus};
+use noops_api::machine::MachinePhase;
 use noops_api::machine_set::DELETE_MACHINE_ANNOTATION;
 use noops_api::{KubernetesControlPlane, Machine, MachineDeployment};
 use serde_json::json;
@@ -241,18 +243,33 @@ fn scaling_pools<'a>(
         .filter_map(|pool| {
             let name = desired::pool_deployment_name(&cluster, &pool.name);
             let md = deployments.iter().find(|d| d.metadata.name.as_ref() == Some(&name))?;
-            let ready = machines
+            let of_pool: Vec<&Machine> = machines
                 .iter()
                 .filter(|m| of_pool(m, &cluster, &pool.name) && m.metadata.deletion_timestamp.is_none())
+                .collect();
+            let ready: BTreeMap<_, _> = of_pool
+                .iter()
                 .filter_map(|m| {
                     let node = m.metadata.name.clone()?;
                     seen.ready.get(&node).map(|using| (node, *using))
                 })
                 .collect();
+            // A machine whose Node has joined (or whose VM failed) and is not Ready now.
+            let lost = of_pool
+                .iter()
+                .filter(|m| {
+                    let joined = matches!(
+                        m.status.as_ref().and_then(|s| s.phase),
+                        Some(MachinePhase::Running | MachinePhase::Failed)
+                    );
+                    joined && m.metadata.name.as_ref().is_none_or(|n| !ready.contains_key(n))
+                })
+                .count();
             Some(autoscale::ScalingPool {
                 spec: pool,
                 replicas: md.spec.replicas,
                 ready,
+                lost,
                 rolling: md.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Rolling"),
             })
         })
@@ -386,7 +403,11 @@ async fn apply_children(
             None => info!(pool = %pool.pool, version = %pool.version, replicas = pool.replicas, "made the pool"),
             Some(l) if l.spec.template.spec.version != pool.version => {
                 info!(pool = %pool.pool, from = %l.spec.template.spec.version, to = %pool.version, "gave the pool its new version");
-                crash::point("kubernetescluster: a pool given a new version, status not written");
+                // One point per pool: a crash between two pools' steps is where order could slip.
+                crash::point(&format!(
+                    "kubernetescluster: pool {} given a new version, status not written",
+                    pool.pool
+                ));
             }
             Some(_) => {
                 info!(pool = %pool.pool, replicas = pool.replicas, "brought the pool in line with the cluster")
