@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use noops_api::{KubernetesCluster, KubernetesControlPlane};
-use noops_e2e::clusters::{CONTROLLERS, SkewWatch, cluster, wait_cluster};
+use noops_e2e::clusters::{CONTROLLERS, SkewWatch, UpgradeOrderWatch, cluster, wait_cluster};
 use noops_e2e::tenant::{ForgetMachines, Tenant, wait_machines_gone, wait_nodes_at};
 use noops_e2e::traffic::web_app;
 use noops_e2e::*;
@@ -141,6 +141,14 @@ async fn the_operator_killed_at_each_step_of_an_ordered_upgrade_finishes_it_in_o
     let tenant = Tenant::ready(&ns, "ordered", MINUTE).await;
     let nodes: Api<Node> = Api::all(tenant.client.clone());
     let skew = SkewWatch::start(nodes.clone(), ns.api::<KubernetesControlPlane>(), "ordered".into());
+    let order = UpgradeOrderWatch::start(
+        ns.api::<KubernetesControlPlane>(),
+        ns.api::<noops_api::MachineDeployment>(),
+        ns.api::<noops_api::Machine>(),
+        "ordered",
+        "1.34.4",
+        &["a", "b"],
+    );
     let supervisor = Supervisor::start(&ns.name, &points);
     ns.apply(&spec("1.34"));
     let upgraded = wait_cluster(&ns, "ordered", "1.34.4", 10 * MINUTE).await;
@@ -152,7 +160,8 @@ async fn the_operator_killed_at_each_step_of_an_ordered_upgrade_finishes_it_in_o
     let crashed = std::fs::read_to_string(&points).unwrap_or_default();
     for point in [
         "kubernetescluster: control plane given a new version, status not written",
-        "kubernetescluster: a pool given a new version, status not written",
+        "kubernetescluster: pool a given a new version, status not written",
+        "kubernetescluster: pool b given a new version, status not written",
     ] {
         assert!(
             crashed.lines().any(|l| l == point),
@@ -162,6 +171,9 @@ async fn the_operator_killed_at_each_step_of_an_ordered_upgrade_finishes_it_in_o
     assert!(restarts >= 2, "restarted {restarts} times");
     let upgrade = upgraded.status.unwrap().upgrade.unwrap();
     assert_eq!(upgrade.finished, vec!["ControlPlane", "Pool a", "Pool b"]);
+    let timeline = order.stop();
+    eprintln!("{timeline}");
+    timeline.assert_in_order();
     assert!(skews.is_empty(), "{skews:?}");
     assert!(checked > 4, "only {checked} Node changes checked");
     assert!(!logs.contains("panicked"), "{logs}");

@@ -198,6 +198,23 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
         .map(|p| (p.name.clone(), p.desired, p.ready))
         .collect();
     assert_eq!(pools, vec![("general".into(), 2, 2), ("burst".into(), 1, 1)]);
+    assert!(
+        status.pools.iter().all(|p| p.updated == p.desired),
+        "{:?}",
+        status.pools
+    );
+    for (type_, expected) in [
+        ("ControlPlaneReady", "True"),
+        ("WorkersReady", "True"),
+        ("Upgrading", "False"),
+        ("Scaling", "False"),
+        ("Degraded", "False"),
+    ] {
+        let c = status.conditions.iter().find(|c| c.type_ == type_).unwrap();
+        assert_eq!(c.status, expected, "{type_}: {c:?}");
+        assert_eq!(c.observed_generation, kc.metadata.generation, "{type_}");
+    }
+    assert_eq!(status.control_plane_version.as_deref(), Some("1.33.13"));
     let story = kubectl_ok(&["get", "kc,kcp,md", "-n", &ns.name], None);
     let line = story
         .lines()
@@ -266,6 +283,21 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
         ],
         None,
     );
+    let clusters = ns.api::<KubernetesCluster>();
+    wait_until("the cluster Upgrading, the control plane first", 2 * MINUTE, || async {
+        clusters
+            .get("acme")
+            .await
+            .ok()
+            .and_then(|kc| kc.status)
+            .is_some_and(|s| {
+                s.phase.as_deref() == Some("Upgrading")
+                    && s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Upgrading" && c.status == "True" && c.reason == "UpgradingControlPlane")
+            })
+    })
+    .await;
     let upgraded = wait_cluster(&ns, "acme", "1.34.4", 15 * MINUTE).await;
     let upgrade = upgraded.status.unwrap().upgrade.unwrap();
     assert_eq!((upgrade.from.as_str(), upgrade.to.as_str()), ("1.33.13", "1.34.4"));
