@@ -25,7 +25,10 @@ fn running_minor(fields: &[&str], otherwise: &str) -> String {
     format!("int({version}.split('.')[1])")
 }
 
-const FORM: &str = "!self.spec.version.matches('^1\\\\.[0-9]{1,2}(\\\\.[0-9]{1,3})?$')";
+/// Rules on a change of `spec.version` only: a status written (the spec as it was) must never
+/// be refused for a version the schema let through before the status caught up.
+const FORM: &str =
+    "self.spec.version == oldSelf.spec.version || !self.spec.version.matches('^1\\\\.[0-9]{1,2}(\\\\.[0-9]{1,3})?$')";
 
 /// `spec.version` is not older than the one running (on the resource): the first of the status
 /// fields `fields` set. Against the version that runs, not the spec's: an upgrade that stalls can

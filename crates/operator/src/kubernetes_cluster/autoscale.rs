@@ -81,8 +81,8 @@ pub struct ScalingPool<'a> {
     pub replicas: i32,
     /// Its machines whose Nodes are Ready, by Node name.
     pub ready: BTreeMap<String, NodeUse>,
-    /// Its machines whose Node joined once and is not Ready now (a node lost): no room on the
-    /// way, unlike machines still being made.
+    /// Its machines lost (a VM failed, a Node whose kubelet stopped reporting): no room on the
+    /// way, unlike machines still being made or just joined.
     pub lost: usize,
     /// It is rolling to a new version or flavor.
     pub rolling: bool,

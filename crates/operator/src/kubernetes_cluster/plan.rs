@@ -62,6 +62,8 @@ pub struct PoolView {
     /// Every machine of its current template, Ready, none older left (not even one still
     /// draining), its status of its latest spec.
     pub rolled_out: bool,
+    /// Every machine it asks for has its Node Ready (of any version).
+    pub machines_ready: bool,
     /// It is being deleted (its pool was removed).
     pub deleting: bool,
 }
@@ -98,6 +100,7 @@ impl PoolView {
             oldest,
             replicas,
             rolled_out,
+            machines_ready: status.ready_replicas.unwrap_or(0) >= replicas,
             deleting: md.metadata.deletion_timestamp.is_some(),
         }
     }
@@ -312,7 +315,7 @@ fn moving_plan(kc: &KubernetesCluster, control_plane: Option<&ControlPlaneView>,
     }
 
     // A pool renamed or removed goes once the pools that stay (a renamed one's successor
-    // too) are made and have rolled out, so its pods have somewhere to go.
+    // too) are made and have their machines ready, so its pods have somewhere to go.
     let unlisted = deployments
         .iter()
         .filter(|d| !d.deleting && !kc.spec.workers.iter().any(|p| p.name == d.pool))
@@ -322,7 +325,7 @@ fn moving_plan(kc: &KubernetesCluster, control_plane: Option<&ControlPlaneView>,
             .spec
             .workers
             .iter()
-            .all(|p| live(&p.name).is_some_and(|d| d.rolled_out));
+            .all(|p| live(&p.name).is_some_and(|d| d.machines_ready));
     let (remove, removal_waits) = if stayers_whole {
         (unlisted.collect(), vec![])
     } else {
@@ -380,6 +383,7 @@ mod tests {
             oldest: version.into(),
             replicas,
             rolled_out,
+            machines_ready: rolled_out,
             deleting: false,
         }
     }
@@ -643,6 +647,13 @@ mod tests {
         let p = plan(&kc, Some(&cp(NEW, NEW, true)), &joined);
         assert_eq!(p.remove, vec!["team-a-a".to_string()]);
         assert!(p.removal_waits.is_empty());
+        // A pool that stays rolling (or stalled) with its machines ready does not hold it.
+        let mut rolling_b = joined.clone();
+        rolling_b[1].rolled_out = false;
+        assert_eq!(
+            plan(&kc, Some(&cp(NEW, NEW, true)), &rolling_b).remove,
+            vec!["team-a-a".to_string()]
+        );
         // Being deleted: not deleted again.
         let mut going = joined.clone();
         going[0].deleting = true;

@@ -254,15 +254,12 @@ fn scaling_pools<'a>(
                     seen.ready.get(&node).map(|using| (node, *using))
                 })
                 .collect();
-            // A machine whose Node has joined (or whose VM failed) and is not Ready now.
+            // A machine whose VM failed, or whose Node's kubelet stopped reporting.
             let lost = of_pool
                 .iter()
                 .filter(|m| {
-                    let joined = matches!(
-                        m.status.as_ref().and_then(|s| s.phase),
-                        Some(MachinePhase::Running | MachinePhase::Failed)
-                    );
-                    joined && m.metadata.name.as_ref().is_none_or(|n| !ready.contains_key(n))
+                    let failed = m.status.as_ref().and_then(|s| s.phase) == Some(MachinePhase::Failed);
+                    failed || m.metadata.name.as_ref().is_some_and(|n| seen.lost.contains(n))
                 })
                 .count();
             Some(autoscale::ScalingPool {

@@ -182,17 +182,6 @@ fn upgrading(upgrade: Option<&ClusterUpgradeStatus>) -> Decided {
 }
 
 fn scaling(f: &StatusFacts) -> Decided {
-    if !f.plan.removal_waits.is_empty() {
-        return Decided::new(
-            SCALING,
-            true,
-            "PoolRemovalWaits",
-            format!(
-                "{} no longer in the spec: removed once every pool that stays has its machines ready",
-                f.plan.removal_waits.join(", ")
-            ),
-        );
-    }
     if let Some(d) = f.autoscale {
         let said = |items: &[(String, i32, i32, Vec<String>)]| {
             items
@@ -226,6 +215,18 @@ fn scaling(f: &StatusFacts) -> Decided {
                 format!("pod {pod} has no room and pool {pool} is at its maxReplicas"),
             );
         }
+    }
+    // After the autoscaler's word, which says more of what a user waits for.
+    if !f.plan.removal_waits.is_empty() {
+        return Decided::new(
+            SCALING,
+            true,
+            "PoolRemovalWaits",
+            format!(
+                "{} no longer in the spec: removed once every pool that stays has its machines ready",
+                f.plan.removal_waits.join(", ")
+            ),
+        );
     }
     let moving: Vec<String> =
         f.kc.spec

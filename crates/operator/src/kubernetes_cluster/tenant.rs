@@ -3,7 +3,7 @@
 //! `core::tenant`), whose changes wake the cluster. The pools that scale themselves read them,
 //! and so does the removal of Nodes whose machine is gone.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,6 +51,9 @@ pub struct Seen {
     pub ready: BTreeMap<String, NodeUse>,
     /// Nodes that are not Ready, with the machine their providerID names (`noops://<namespace>/<machine>`).
     pub not_ready: Vec<(String, Option<String>)>,
+    /// Nodes whose kubelet stopped reporting (Ready `Unknown`): lost, unlike a Node that has
+    /// just joined and is not Ready yet (`False`).
+    pub lost: BTreeSet<String>,
 }
 
 impl TenantView {
@@ -74,6 +77,16 @@ impl TenantView {
                 let provider = n.spec.as_ref().and_then(|s| s.provider_id.clone());
                 Some((n.metadata.name.clone()?, provider))
             })
+            .collect();
+        let lost = self
+            .nodes
+            .state()
+            .iter()
+            .filter(|n| {
+                let conditions = n.status.as_ref().and_then(|s| s.conditions.as_ref());
+                conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "Unknown"))
+            })
+            .filter_map(|n| n.metadata.name.clone())
             .collect();
         let mut ready: BTreeMap<String, NodeUse> = self
             .nodes
@@ -118,6 +131,7 @@ impl TenantView {
             pending,
             ready,
             not_ready,
+            lost,
         })
     }
 }
