@@ -164,6 +164,11 @@ async fn bad_cluster_specs_are_refused_with_a_reason() {
     )
     .expect("a networking change accepted once the cluster served");
     assert!(error.contains("networking is immutable"), "{error}");
+    // The rules judge a change of spec.version only: the status stays writable when it moves
+    // past a version the schema let through before (here the API servers reach 1.35 while the
+    // spec says 1.34).
+    set_status(r#"{"status":{"controlPlaneVersion":"1.35.0"}}"#);
+    set_status(r#"{"status":{"phase":"Degraded"}}"#);
     // A cluster that never served (its version's images are not there, say) may be set to any
     // supported version.
     let never_served = cluster("fresh", "  version: \"1.35\"\n");
@@ -374,6 +379,8 @@ spec:
   template:
     metadata: {{ labels: {{ app: hungry }} }}
     spec:
+      # Gone at once when deleted: the scale-down delay is measured from the delete.
+      terminationGracePeriodSeconds: 0
       containers:
         - name: echo
           image: busybox
