@@ -74,6 +74,7 @@ impl PoolView {
         let status = md.status.clone().unwrap_or_default();
         let replicas = md.spec.replicas;
         let version = &md.spec.template.spec.version;
+        let given = exact(version);
         let machine_versions: Vec<String> = machines.map(|m| exact(&m.spec.template.version)).collect();
         // The deployment's counts leave out machines being deleted, but a draining machine
         // still runs its kubelet: the pool has not moved on until it is gone.
@@ -81,12 +82,12 @@ impl PoolView {
             && status.updated_replicas == Some(replicas)
             && status.ready_replicas == Some(replicas)
             && status.replicas == Some(replicas)
-            && machine_versions.iter().all(|v| *v == exact(version));
+            && machine_versions.iter().all(|v| *v == given);
         let oldest = machine_versions
             .into_iter()
-            .chain([exact(version)])
             .min_by_key(|v| minor(v))
-            .unwrap_or_else(|| version.clone());
+            .filter(|v| minor(v) < minor(&given))
+            .unwrap_or(given);
         Self {
             pool: md
                 .metadata
@@ -277,7 +278,7 @@ fn moving_plan(kc: &KubernetesCluster, control_plane: Option<&ControlPlaneView>,
     // Kubelets too old for the target catch up with the control plane first, pool by pool.
     let catch_up = control_plane
         .filter(|cp| refused.is_none() && control_plane_version != target && cp.runs(&cp.asked))
-        .map(|cp| cp.asked.clone());
+        .map(|cp| cp.asked.as_str());
     let serving = control_plane
         .filter(|cp| cp.settled || cp.running.is_some())
         .and_then(|cp| cp.running.clone());
@@ -292,8 +293,8 @@ fn moving_plan(kc: &KubernetesCluster, control_plane: Option<&ControlPlaneView>,
         let version = match (existing, &serving) {
             (Some(d), _) if d.version == target => target.clone(),
             (Some(_), _) if refused.is_none() && control_plane_done && before_settled => target.clone(),
-            (Some(d), _) if before_settled && catch_up.as_ref().is_some_and(|v| minor(&d.version) < minor(v)) => {
-                catch_up.clone().unwrap_or_else(|| d.version.clone())
+            (Some(d), _) if before_settled && catch_up.is_some_and(|v| minor(&d.version) < minor(v)) => {
+                catch_up.map_or_else(|| d.version.clone(), str::to_string)
             }
             (Some(d), _) => d.version.clone(),
             // A new pool joins a Ready control plane, at the version its API servers run.

@@ -68,9 +68,8 @@ impl TenantView {
             .map_err(|_| "the tenant has not listed its Pods and Nodes yet".to_string())?
             .map_err(|e| e.to_string())?;
         let pods = self.pods.state();
-        let not_ready = self
-            .nodes
-            .state()
+        let nodes = self.nodes.state();
+        let not_ready = nodes
             .iter()
             .filter(|n| !crate::core::nodes::ready(n))
             .filter_map(|n| {
@@ -78,9 +77,7 @@ impl TenantView {
                 Some((n.metadata.name.clone()?, provider))
             })
             .collect();
-        let lost = self
-            .nodes
-            .state()
+        let lost = nodes
             .iter()
             .filter(|n| {
                 let conditions = n.status.as_ref().and_then(|s| s.conditions.as_ref());
@@ -88,9 +85,7 @@ impl TenantView {
             })
             .filter_map(|n| n.metadata.name.clone())
             .collect();
-        let mut ready: BTreeMap<String, NodeUse> = self
-            .nodes
-            .state()
+        let mut ready: BTreeMap<String, NodeUse> = nodes
             .iter()
             .filter(|n| crate::core::nodes::ready(n))
             .filter_map(|n| Some((n.metadata.name.clone()?, NodeUse::default())))
