@@ -54,12 +54,11 @@ pub struct SkewWatch {
 
 /// What a [`SkewWatch`] saw.
 #[derive(Clone, Debug, Default)]
-pub struct SkewTally {
-    /// Node changes checked against the control plane's version.
-    pub checked: usize,
-    /// Node changes seen before any version of the control plane was: not checked.
-    pub unchecked: usize,
-    pub skews: Vec<String>,
+struct SkewTally {
+    /// Node changes checked against the control plane's version (one seen before any version
+    /// of the control plane was is not: the caller's count of checked changes shows it).
+    checked: usize,
+    skews: Vec<String>,
 }
 
 /// What a [`SkewWatch`] needs of a change seen by either of its watches.
@@ -102,7 +101,6 @@ impl SkewWatch {
                 };
                 let mut tally = record.lock().unwrap();
                 let Some(serving) = &serving else {
-                    tally.unchecked += 1;
                     continue;
                 };
                 tally.checked += 1;
@@ -121,14 +119,9 @@ impl SkewWatch {
 
     /// (Node changes checked, the skews seen).
     pub fn stop(self) -> (usize, Vec<String>) {
-        let tally = self.stop_with_unchecked();
-        (tally.checked, tally.skews)
-    }
-
-    /// Everything seen, the Node changes that could not be checked too.
-    pub fn stop_with_unchecked(self) -> SkewTally {
         self.task.abort();
-        self.tally.lock().unwrap().clone()
+        let tally = self.tally.lock().unwrap().clone();
+        (tally.checked, tally.skews)
     }
 }
 
@@ -210,14 +203,12 @@ impl WatchedChildren {
 
 impl UpgradeOrderWatch {
     /// Starts watching; call it before the cluster is given its new version.
-    pub fn start(
-        control_planes: Api<KubernetesControlPlane>,
-        deployments: Api<MachineDeployment>,
-        machines: Api<Machine>,
-        cluster: &str,
-        target: &str,
-        pools: &[&str],
-    ) -> Self {
+    pub fn start(ns: &TestNamespace, cluster: &str, target: &str, pools: &[&str]) -> Self {
+        let (control_planes, deployments, machines) = (
+            ns.api::<KubernetesControlPlane>(),
+            ns.api::<MachineDeployment>(),
+            ns.api::<Machine>(),
+        );
         let timeline = Arc::new(Mutex::new(UpgradeTimeline {
             target: target.to_string(),
             watch_started: Instant::now(),

@@ -141,14 +141,7 @@ async fn the_operator_killed_at_each_step_of_an_ordered_upgrade_finishes_it_in_o
     let tenant = Tenant::ready(&ns, "ordered", MINUTE).await;
     let nodes: Api<Node> = Api::all(tenant.client.clone());
     let skew = SkewWatch::start(nodes.clone(), ns.api::<KubernetesControlPlane>(), "ordered".into());
-    let order = UpgradeOrderWatch::start(
-        ns.api::<KubernetesControlPlane>(),
-        ns.api::<noops_api::MachineDeployment>(),
-        ns.api::<noops_api::Machine>(),
-        "ordered",
-        "1.34.4",
-        &["a", "b"],
-    );
+    let order = UpgradeOrderWatch::start(&ns, "ordered", "1.34.4", &["a", "b"]);
     let supervisor = Supervisor::start(&ns.name, &points);
     ns.apply(&spec("1.34"));
     let upgraded = wait_cluster(&ns, "ordered", "1.34.4", 10 * MINUTE).await;

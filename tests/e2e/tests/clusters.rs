@@ -266,14 +266,7 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
     let poller = Poller::start(address);
     let budget = BudgetWatch::start(pods, 2);
     let skew = SkewWatch::start(nodes.clone(), ns.api::<KubernetesControlPlane>(), "acme".into());
-    let order = UpgradeOrderWatch::start(
-        ns.api::<KubernetesControlPlane>(),
-        ns.api::<noops_api::MachineDeployment>(),
-        ns.api::<noops_api::Machine>(),
-        "acme",
-        "1.34.4",
-        &["general", "burst"],
-    );
+    let order = UpgradeOrderWatch::start(&ns, "acme", "1.34.4", &["general", "burst"]);
 
     // The upgrade: the control plane, then pool general, then pool burst.
     kubectl_ok(
