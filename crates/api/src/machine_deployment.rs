@@ -53,6 +53,7 @@ use crate::machine_set::{DeletePolicy, HealthCheckSpec, MachineSelector, Machine
     printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".status.replicas"}"#,
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
     printcolumn = r#"{"name":"Updated","type":"integer","jsonPath":".status.updatedReplicas"}"#,
+    printcolumn = r#"{"name":"Deleting","type":"integer","jsonPath":".status.deletingReplicas"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.template.spec.version"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -167,6 +168,9 @@ pub struct MachineDeploymentStatus {
     pub updated_replicas: Option<i32>,
     /// Ready machines that are not being replaced.
     pub available_replicas: Option<i32>,
+    /// Machines being deleted (drained, then removed), of every template: not counted above.
+    /// A rollout or a scale-down is done only once they are gone.
+    pub deleting_replicas: Option<i32>,
     /// The selector as a string, for the scale subresource.
     pub selector: Option<String>,
     /// The MachineSet of the current template.

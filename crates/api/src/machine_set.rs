@@ -60,6 +60,7 @@ pub const DELETE_MACHINE_ANNOTATION: &str = "noops.dev/delete-machine";
     printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".status.replicas"}"#,
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
     printcolumn = r#"{"name":"Available","type":"integer","jsonPath":".status.availableReplicas"}"#,
+    printcolumn = r#"{"name":"Deleting","type":"integer","jsonPath":".status.deletingReplicas"}"#,
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.template.spec.version"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -186,6 +187,8 @@ pub struct MachineSetStatus {
     pub ready_replicas: Option<i32>,
     /// Ready machines that are not being replaced.
     pub available_replicas: Option<i32>,
+    /// Machines being deleted (drained, then removed): not counted above, and not gone yet.
+    pub deleting_replicas: Option<i32>,
     /// The selector as a string, for the scale subresource.
     pub selector: Option<String>,
     /// How many machine names the set has used: new machines are named from here on, so that

@@ -19,10 +19,19 @@ pub struct SetPlan {
     pub delete: Vec<(String, String)>,
     /// Unhealthy machines (name, why).
     pub unhealthy: Vec<(String, String)>,
-    /// Why unhealthy machines are left alone, when too many are unhealthy at once.
-    pub repair_held: Option<String>,
+    /// Why unhealthy machines are left alone: too many are unhealthy at once, or repairs under
+    /// way already take what `maxUnhealthy` allows.
+    pub repair_held: Option<RepairHeld>,
     /// The index the next machine name comes from after this pass.
     pub next_index: i64,
+}
+
+/// Why a set repairs nothing this pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepairHeld {
+    /// `TooManyUnhealthy` (the cause is probably not the machines) or `RepairsUnderWay`.
+    pub reason: &'static str,
+    pub message: String,
 }
 
 fn name_of(m: &Machine) -> String {
@@ -45,8 +54,10 @@ pub fn machine_name(set: &MachineSet, index: i64) -> String {
     format!("{set_name}-{}", &hash[..5])
 }
 
-/// The order in which machines go when the set shrinks: those marked with the annotation, then
-/// those not ready, then by `policy`.
+/// The order in which machines go when the set shrinks: those not ready, then those marked with
+/// the annotation, then by `policy`. Not ready first, even before a marked machine, because a
+/// MachineDeployment counts on it: it lets an older set give up its broken machines at no cost
+/// to `maxUnavailable`, and a marked machine that is Ready would cost one.
 pub fn deletion_order<'a>(machines: &[&'a Machine], policy: DeletePolicy) -> Vec<&'a Machine> {
     let mut ordered: Vec<&Machine> = machines.to_vec();
     let created = |m: &Machine| m.metadata.creation_timestamp.as_ref().map(|t| t.0);
@@ -62,8 +73,8 @@ pub fn deletion_order<'a>(machines: &[&'a Machine], policy: DeletePolicy) -> Vec
             DeletePolicy::Newest => created(b).cmp(&created(a)),
             DeletePolicy::Random => hash_of(&json!(name_of(a))).cmp(&hash_of(&json!(name_of(b)))),
         };
-        (marked(a), ready(a))
-            .cmp(&(marked(b), ready(b)))
+        (ready(a), marked(a))
+            .cmp(&(ready(b), marked(b)))
             .then(by_policy)
             .then(name_of(a).cmp(&name_of(b)))
     });
@@ -89,15 +100,35 @@ pub fn plan(set: &MachineSet, machines: &[Machine], now: jiff::Timestamp) -> Set
         spec.replicas.max(active.len() as i32),
         true,
     );
-    let repaired: Vec<String> = if out.unhealthy.len() as i32 <= allowed {
-        out.unhealthy.iter().map(|(n, _)| n.clone()).collect()
+    // A machine still being deleted that is not ready is a repair under way (or a machine that
+    // is unavailable anyway): until it is gone it counts against maxUnhealthy, so that repairs
+    // one after another never have more machines out at once than it allows.
+    let under_way = machines
+        .iter()
+        .filter(|m| m.metadata.deletion_timestamp.is_some() && !ready(m))
+        .count() as i32;
+    let unhealthy = out.unhealthy.len() as i32;
+    out.repair_held = if unhealthy > allowed {
+        Some(RepairHeld {
+            reason: "TooManyUnhealthy",
+            message: format!(
+                "{unhealthy} of {} machines are unhealthy, more than maxUnhealthy allows ({allowed}): the cause is probably not the machines, so none is replaced",
+                active.len()
+            ),
+        })
+    } else if unhealthy > 0 && unhealthy + under_way > allowed {
+        Some(RepairHeld {
+            reason: "RepairsUnderWay",
+            message: format!(
+                "{unhealthy} unhealthy machines wait: {under_way} being deleted are not gone yet, and maxUnhealthy allows {allowed} out at once"
+            ),
+        })
     } else {
-        out.repair_held = Some(format!(
-            "{} of {} machines are unhealthy, more than maxUnhealthy allows ({allowed}): the cause is probably not the machines, so none is replaced",
-            out.unhealthy.len(),
-            active.len()
-        ));
-        Vec::new()
+        None
+    };
+    let repaired: Vec<String> = match out.repair_held {
+        None => out.unhealthy.iter().map(|(n, _)| n.clone()).collect(),
+        Some(_) => Vec::new(),
     };
     for (name, why) in &out.unhealthy {
         if repaired.contains(name) {
@@ -200,7 +231,7 @@ mod tests {
     }
 
     #[test]
-    fn a_set_shrinks_marked_then_unready_then_by_policy() {
+    fn a_set_shrinks_unready_then_marked_then_by_policy() {
         let now = jiff::Timestamp::now();
         let mut s = set(1);
         let old = member("pool-old", 900, true, now);
@@ -214,12 +245,13 @@ mod tests {
         s.spec.delete_policy = DeletePolicy::Newest;
         let p = plan(&s, &[old.clone(), new.clone()], now);
         assert_eq!(p.delete[0].0, "pool-new");
-        // Not ready goes before anything the policy prefers.
+        // Not ready goes before anything the policy prefers, and before a marked machine that
+        // is ready (a deployment counts on losing no ready machine while an unready one stays).
         let mut starting = member("pool-starting", 5, true, now);
         starting.status.as_mut().unwrap().phase = Some(MachinePhase::Provisioning);
         starting.status.as_mut().unwrap().node_joined_at = None;
         s.spec.delete_policy = DeletePolicy::Oldest;
-        let p = plan(&s, &[old, starting], now);
+        let p = plan(&s, &[old, marked, starting], now);
         assert_eq!(p.delete[0].0, "pool-starting");
     }
 
@@ -245,6 +277,35 @@ mod tests {
         ];
         let p = plan(&s, &all_down, now);
         assert!(p.delete.is_empty() && p.create.is_empty());
-        assert!(p.repair_held.unwrap().contains("3 of 3 machines are unhealthy"));
+        let held = p.repair_held.unwrap();
+        assert_eq!(held.reason, "TooManyUnhealthy");
+        assert!(held.message.contains("3 of 3 machines are unhealthy"), "{held:?}");
+    }
+
+    #[test]
+    fn a_repair_still_being_deleted_counts_against_max_unhealthy_until_it_is_gone() {
+        let now = jiff::Timestamp::now();
+        let mut s = set(3);
+        s.spec.health_check.max_unhealthy = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1);
+        // a was repaired: it drains (its Node NotReady), its replacement d is starting. Then b
+        // goes unhealthy too.
+        let mut a = member("pool-a", 900, false, now);
+        a.metadata.deletion_timestamp = Some(Time(now));
+        let mut d = member("pool-d", 5, true, now);
+        d.status.as_mut().unwrap().phase = Some(MachinePhase::Provisioning);
+        d.status.as_mut().unwrap().node_joined_at = None;
+        let b = member("pool-b", 900, false, now);
+        let c = member("pool-c", 900, true, now);
+        let p = plan(&s, &[a.clone(), b.clone(), c.clone(), d.clone()], now);
+        assert!(p.delete.is_empty(), "b waits for a: {p:?}");
+        assert!(p.create.is_empty(), "{p:?}");
+        let held = p.repair_held.unwrap();
+        assert_eq!(held.reason, "RepairsUnderWay");
+        assert!(held.message.contains("1 being deleted"), "{held:?}");
+        // Once a is gone, b is repaired.
+        let p = plan(&s, &[b, c, d], now);
+        assert_eq!(p.delete.len(), 1, "{p:?}");
+        assert_eq!(p.delete[0].0, "pool-b");
+        assert_eq!(p.repair_held, None);
     }
 }

@@ -8,13 +8,12 @@ use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use noops_api::machine::Machine;
 use noops_api::machine_set::{MachineSet, MachineSetStatus};
-use serde_json::json;
-use tracing::info;
+use tracing::{debug, info};
 
 use super::context::Context;
 use super::plan::{SetPlan, plan, ready};
 use super::{desired, status};
-use crate::core::apply::{apply_status, controlled_by, controller_reference, create_if_missing, delete_if_present};
+use crate::core::apply::{apply_status_at, controlled_by, controller_reference, create_if_missing, delete_if_present};
 use crate::core::cache::in_namespace;
 use crate::core::events::Announcement;
 use crate::core::{DuringStage, Error, Result, Stage, crash};
@@ -26,7 +25,7 @@ const WATCHING: Duration = Duration::from_secs(5);
 const STEADY: Duration = Duration::from_secs(60);
 
 /// Reconciles one set (the caller's span names it).
-pub async fn reconcile(set: Arc<MachineSet>, ctx: &Context) -> Result<Action> {
+pub async fn reconcile(mut set: Arc<MachineSet>, ctx: &Context) -> Result<Action> {
     let namespace = set.namespace().unwrap_or_default();
     let owner = controller_reference(set.as_ref())
         .ok_or_else(|| Error::Internal("the MachineSet has no uid yet".into()))
@@ -38,11 +37,14 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: &Context) -> Result<Action> {
     let now = jiff::Timestamp::now();
     let api: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
 
+    let sets: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut plan = plan(&set, &machines, now);
-    // The cache may not hold the machines the last pass made or deleted yet: a pass that would
-    // make or delete one plans again from the API's own list, so that it never makes one too
-    // many or deletes one too many.
+    // The cache may not hold the machines the last pass made or deleted yet, nor the last
+    // status it wrote: a pass that would make or delete a machine plans again from the API's
+    // own word, so that it never makes or deletes one too many, and never gives again a name
+    // the status already counts as used (the set's `nextIndex`).
     if !plan.create.is_empty() || !plan.delete.is_empty() {
+        set = Arc::new(sets.get(&set.name_any()).await.during(Stage::Observe)?);
         let selector = format!("{}={}", desired::MACHINE_SET_LABEL, set.name_any());
         machines = api
             .list(&ListParams::default().labels(&selector))
@@ -77,12 +79,17 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: &Context) -> Result<Action> {
     for announcement in announcements(set.status.as_ref(), &status, &plan) {
         ctx.core.events.tell(&reference, announcement).await;
     }
+    // Written only over the version this pass read: a status built from a set older than
+    // the last write would take `nextIndex` back, and names would be given twice.
     if set.status.as_ref() != Some(&status) {
-        let sets: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &namespace);
-        let body = json!({ "apiVersion": "noops.dev/v1alpha1", "kind": "MachineSet", "status": status });
-        apply_status(&sets, &set.name_any(), &body)
+        let mut version = set.metadata.resource_version.clone();
+        if !apply_status_at(&sets, &set.name_any(), &mut version, &status)
             .await
-            .during(Stage::Status)?;
+            .during(Stage::Status)?
+        {
+            debug!("the set changed since this pass read it: the next pass writes its status");
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
     }
     let all_ready = machines.iter().all(ready) && machines.len() as i32 == set.spec.replicas;
     Ok(Action::requeue(if all_ready { STEADY } else { WATCHING }))
@@ -110,13 +117,18 @@ fn announcements(previous: Option<&MachineSetStatus>, now: &MachineSetStatus, pl
             s.conditions
                 .iter()
                 .find(|c| c.type_ == status::REMEDIATION_ALLOWED && c.status == "False")
-                .map(|c| c.message.clone())
+                .map(|c| (c.reason.clone(), c.message.clone()))
         })
     };
-    if let Some(message) = held(Some(now))
-        && held(previous).is_none()
+    if let Some((reason, message)) = held(Some(now))
+        && held(previous).is_none_or(|(before, _)| before != reason)
     {
-        out.push(Announcement::warning("RemediationHeld", message));
+        // Too many unhealthy at once needs a person; a repair waiting for the last one does not.
+        out.push(if reason == "TooManyUnhealthy" {
+            Announcement::warning("RemediationHeld", message)
+        } else {
+            Announcement::normal("RemediationWaits", message)
+        });
     }
     out
 }

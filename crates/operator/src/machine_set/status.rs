@@ -17,6 +17,7 @@ pub fn build(set: &MachineSet, machines: &[Machine], plan: &SetPlan, now: jiff::
         .filter(|m| m.metadata.deletion_timestamp.is_none())
         .collect();
     let replicas = active.len() as i32;
+    let deleting = machines.len() as i32 - replicas;
     let ready_count = active.iter().filter(|m| ready(m)).count() as i32;
     let repairing: Vec<&str> = plan
         .delete
@@ -44,12 +45,12 @@ pub fn build(set: &MachineSet, machines: &[Machine], plan: &SetPlan, now: jiff::
             format!("{ready_count}/{wanted} machines ready"),
         )
     }];
-    let scaling = !plan.create.is_empty() || !plan.delete.is_empty() || replicas != wanted;
+    let scaling = !plan.create.is_empty() || !plan.delete.is_empty() || replicas != wanted || deleting > 0;
     decided.push(Decided::new(
         PROGRESSING,
         scaling,
         if scaling { "Scaling" } else { "Steady" },
-        format!("{replicas} machines, {wanted} wanted"),
+        format!("{replicas} machines, {wanted} wanted, {deleting} being deleted"),
     ));
     // Why machines cannot start or join, as their own Ready conditions say.
     let stuck: Vec<String> = active
@@ -71,12 +72,12 @@ pub fn build(set: &MachineSet, machines: &[Machine], plan: &SetPlan, now: jiff::
         })
         .collect();
     decided.push(match (&plan.repair_held, stuck.is_empty()) {
-        (Some(held), _) => Decided::new(DEGRADED, true, "TooManyUnhealthy", held.clone()),
+        (Some(held), _) => Decided::new(DEGRADED, true, held.reason, held.message.clone()),
         (None, false) => Decided::new(DEGRADED, true, "MachinesDegraded", stuck.join("; ")),
         (None, true) => Decided::new(DEGRADED, false, "AsExpected", "nothing is wrong"),
     });
     decided.push(match &plan.repair_held {
-        Some(held) => Decided::new(REMEDIATION_ALLOWED, false, "TooManyUnhealthy", held.clone()),
+        Some(held) => Decided::new(REMEDIATION_ALLOWED, false, held.reason, held.message.clone()),
         None => Decided::new(
             REMEDIATION_ALLOWED,
             true,
@@ -91,6 +92,7 @@ pub fn build(set: &MachineSet, machines: &[Machine], plan: &SetPlan, now: jiff::
         replicas: Some(replicas),
         ready_replicas: Some(ready_count),
         available_replicas: Some(available),
+        deleting_replicas: Some(deleting),
         selector: Some(selector(set)),
         next_index: Some(plan.next_index.max(previous.next_index.unwrap_or(0))),
     }
