@@ -11,6 +11,8 @@
 mod context;
 pub(crate) mod desired;
 pub(crate) mod plan;
+#[cfg(test)]
+mod plan_interleavings;
 mod reconcile;
 pub(crate) mod status;
 

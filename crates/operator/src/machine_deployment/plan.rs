@@ -1,9 +1,17 @@
 //! What a MachineDeployment does next, as a Deployment does with ReplicaSets: the MachineSet of
 //! the current template grows by at most `maxSurge` above `replicas`, and older sets shrink only
-//! as far as `maxUnavailable` allows below it, counting only machines that are ready. So with
-//! the defaults (surge 1, unavailable 0) a new machine is Running before an old one goes, and
-//! a new machine that never becomes ready stops the rollout where it is. Pure: every number is
-//! read back from the sets as they are.
+//! as far as `maxUnavailable` allows below it, counting only machines that are available. So
+//! with the defaults (surge 1, unavailable 0) a new machine is Running before an old one goes,
+//! and a new machine that never becomes ready stops the rollout where it is. Pure: every number
+//! is read back from the sets as they are.
+//!
+//! A set's `replicas` and its status move apart: the deployment lowers `replicas`, then the set
+//! marks a machine for deletion, then its status says so, then the machine drains and goes, and
+//! the cache may show any of these a pass late. So a machine a set has been asked to give up
+//! counts as gone for what is available (whether or not its status still shows it) and as
+//! still there for what the surge allows (until it is marked), and a machine being deleted is
+//! never available. Each is counted once whatever the lag (`plan`'s tests replay the
+//! interleavings).
 
 use noops_api::machine_deployment::{MachineDeployment, RollingUpdateSpec, StrategyType};
 use noops_api::machine_set::MachineSet;
@@ -17,15 +25,20 @@ use crate::machine_set::health::scaled;
 pub const TEMPLATE_HASH_LABEL: &str = "noops.dev/template-hash";
 
 /// A MachineSet as the plan sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SetView {
     pub name: String,
     pub template_hash: String,
     /// Replicas asked of it.
     pub replicas: i32,
-    /// Machines it has (not being deleted), and how many of them are available.
+    /// Machines it has (not being deleted), and how many of them are available, as its status
+    /// last said.
     pub machines: i32,
     pub available: i32,
+    /// Machines it is deleting (draining): not available, not gone yet.
+    pub deleting: i32,
+    /// Its status was written for its latest spec.
+    pub settled: bool,
     /// When it was made (older sets shrink first).
     pub created: Option<jiff::Timestamp>,
 }
@@ -44,8 +57,32 @@ impl SetView {
             replicas: set.spec.replicas,
             machines: status.replicas.unwrap_or(0),
             available: status.available_replicas.unwrap_or(0),
+            deleting: status.deleting_replicas.unwrap_or(0),
+            settled: set.status.is_some() && status.observed_generation == set.metadata.generation,
             created: set.metadata.creation_timestamp.as_ref().map(|t| t.0),
         }
+    }
+
+    /// Machines not being deleted that it has or is asked for: what the surge counts. One it
+    /// was asked to give up counts until it is marked for deletion.
+    fn held(&self) -> i32 {
+        self.replicas.max(self.machines)
+    }
+
+    /// Machines it keeps once it has `replicas`: one given up counts as gone already.
+    fn keeps(&self, replicas: i32) -> i32 {
+        self.machines.min(replicas).max(0)
+    }
+
+    /// Available machines it keeps once it has `replicas`: a set deletes the machines that are
+    /// not ready first, so it gives up available ones only past those.
+    fn keeps_available(&self, replicas: i32) -> i32 {
+        self.available.min(replicas).max(0)
+    }
+
+    /// No machine left, none asked, none still being deleted.
+    fn empty(&self) -> bool {
+        self.replicas == 0 && self.machines == 0 && self.deleting == 0 && self.settled
     }
 }
 
@@ -86,13 +123,13 @@ pub fn plan(md: &MachineDeployment, sets: &[SetView]) -> DeploymentPlan {
     let current = sets.iter().find(|s| s.template_hash == hash);
     let mut older: Vec<&SetView> = sets.iter().filter(|s| s.template_hash != hash).collect();
     older.sort_by(|a, b| a.created.cmp(&b.created).then(a.name.cmp(&b.name)));
-    let complete = older.iter().all(|s| s.machines == 0 && s.replicas == 0)
-        && current.is_some_and(|c| c.replicas == wanted && c.machines == wanted && c.available >= wanted);
-    let remove = older
-        .iter()
-        .filter(|s| s.replicas == 0 && s.machines == 0)
-        .map(|s| s.name.clone())
-        .collect();
+    // Done only once the old machines are gone, not merely draining, and the current set's
+    // status speaks of its latest replicas.
+    let complete = older.iter().all(|s| s.empty())
+        && current.is_some_and(|c| {
+            c.settled && c.replicas == wanted && c.machines == wanted && c.available >= wanted && c.deleting == 0
+        });
+    let remove = older.iter().filter(|s| s.empty()).map(|s| s.name.clone()).collect();
     if md.spec.paused {
         // Only a deployment with one set follows its replicas while paused.
         let current = match (current, sets) {
@@ -147,30 +184,41 @@ fn rolling_targets(
         // Percentages that both round to nothing: one may go, or nothing could move.
         unavailable = 1;
     }
-    // Up: at most `wanted + surge` in all, counting for each set the more of what it is asked
-    // and what it has: an older set told to shrink may not have deleted its machine yet.
-    let older_count: i32 = older.iter().map(|s| s.replicas.max(s.machines)).sum();
-    let current_count = current_replicas.max(current.map_or(0, |c| c.machines));
+    let min_available = wanted - unavailable;
+    // Up: at most `wanted + surge` machines not being deleted, in all.
+    let held: i32 = older.iter().map(|s| s.held()).sum::<i32>() + current.map_or(current_replicas, SetView::held);
     let current_target = if older.is_empty() {
         wanted
     } else {
-        let room = (wanted + surge) - (older_count + current_count);
+        let room = (wanted + surge) - held;
         (current_replicas + room.max(0))
             .min(wanted)
             .max(current_replicas.min(wanted))
     };
-    // Down: only as far as leaves `wanted - unavailable` available machines, counting the
-    // current set's machines that are not available yet as missing.
-    let machines: i32 = older.iter().map(|s| s.machines).sum::<i32>() + current.map_or(0, |c| c.machines);
-    let current_unavailable = (current_target - current.map_or(0, |c| c.available)).max(0);
-    let mut may_remove = (machines - (wanted - unavailable) - current_unavailable).max(0);
-    // Never more than the current set would not replace: older sets shrink to what the new
-    // set does not cover yet.
+    // Down, counting the current set's machines that are not available yet as missing:
+    // - `spare`: available machines the sets keep beyond `wanted - unavailable`; each available
+    //   machine an older set gives up takes one.
+    // - `spare_kept`: the same, counting an older set's machines that are not available as if
+    //   they were (Deployment's cleanup of unhealthy replicas): an older set may give those up
+    //   first, at no cost, but only while the new machines are available, so that old machines
+    //   merely starting again are not thrown away.
+    let current_available = current.map_or(0, |c| c.keeps_available(current_target));
+    let mut spare =
+        older.iter().map(|s| s.keeps_available(s.replicas)).sum::<i32>() + current_available - min_available;
+    let mut spare_kept = older.iter().map(|s| s.keeps(s.replicas)).sum::<i32>() + current_available - min_available;
     let mut targets = Vec::new();
     for set in older {
-        let cut = may_remove.min(set.replicas);
-        may_remove -= cut;
-        targets.push((set.name.clone(), set.replicas - cut));
+        // Asked for but not made: giving those up costs nothing.
+        let mut replicas = set.replicas.min(set.machines.max(0));
+        let not_available = set.keeps(replicas) - set.keeps_available(replicas);
+        let cut = not_available.min(spare_kept).max(0);
+        spare_kept -= cut;
+        replicas -= cut;
+        let cut = spare.min(spare_kept).min(replicas).max(0);
+        spare -= cut;
+        spare_kept -= cut;
+        replicas -= cut;
+        targets.push((set.name.clone(), replicas));
     }
     (current_target, targets)
 }
@@ -197,6 +245,8 @@ mod tests {
             replicas,
             machines,
             available,
+            deleting: 0,
+            settled: true,
             created: Some(jiff::Timestamp::UNIX_EPOCH + jiff::SignedDuration::from_secs(1_000_000 - age)),
         }
     }
@@ -296,6 +346,46 @@ mod tests {
         ];
         let p = plan(&new, &sets);
         assert_eq!(p.current.unwrap().1, 1, "a third machine would make 4");
+    }
+
+    #[test]
+    fn a_machine_given_up_but_not_yet_marked_is_not_given_up_again() {
+        // The window: the older set was lowered to 2 and still has its 3 machines (it
+        // has not marked one yet, or the cache has not seen it); the new set has 1, ready.
+        let old = md(3, "1.33", json!({}));
+        let new = md(3, "1.34", json!({}));
+        let sets = vec![
+            set("pool-old", &template_hash(&old), 2, 3, 3, 100),
+            set(&set_name(&new), &template_hash(&new), 1, 1, 1, 10),
+        ];
+        let p = plan(&new, &sets);
+        assert_eq!(p.older, vec![("pool-old".to_string(), 2)], "lowered once, not again");
+        assert_eq!(p.current.unwrap().1, 1, "no room until the old machine is marked");
+        // Marked and draining: not available, not counted by the surge, and the rollout is not
+        // done until it is gone.
+        let mut draining = set("pool-old", &template_hash(&old), 0, 0, 0, 100);
+        draining.deleting = 1;
+        let sets = vec![draining, set(&set_name(&new), &template_hash(&new), 3, 3, 3, 10)];
+        let p = plan(&new, &sets);
+        assert!(!p.complete, "an old machine still drains");
+        assert!(p.remove.is_empty(), "its set stays until it is gone");
+    }
+
+    #[test]
+    fn an_older_set_gives_up_its_broken_machines_first_once_the_new_ones_are_available() {
+        let old = md(3, "1.33", json!({}));
+        let new = md(3, "1.34", json!({}));
+        // One old machine broken: with surge 1 and none unavailable, waiting for it would stall.
+        let new_starting = vec![
+            set("pool-old", &template_hash(&old), 3, 3, 2, 100),
+            set(&set_name(&new), &template_hash(&new), 1, 1, 0, 10),
+        ];
+        assert_eq!(plan(&new, &new_starting).older[0].1, 3, "not while the new one starts");
+        let new_ready = vec![
+            set("pool-old", &template_hash(&old), 3, 3, 2, 100),
+            set(&set_name(&new), &template_hash(&new), 1, 1, 1, 10),
+        ];
+        assert_eq!(plan(&new, &new_ready).older[0].1, 2, "the broken one goes, at no cost");
     }
 
     #[test]

@@ -16,7 +16,9 @@ use super::context::Context;
 use super::desired;
 use super::plan::{DeploymentPlan, SetView, plan};
 use super::status;
-use crate::core::apply::{apply, apply_status, controlled_by, controller_reference, delete_if_present};
+use crate::core::apply::{
+    apply, apply_status, controlled_by, controller_reference, create_if_missing, delete_if_present,
+};
 use crate::core::cache::in_namespace;
 use crate::core::events::Announcement;
 use crate::core::{DuringStage, Error, Result, Stage, crash};
@@ -66,12 +68,19 @@ pub async fn reconcile(md: Arc<MachineDeployment>, ctx: &Context) -> Result<Acti
                 || l.spec.delete_policy != desired.spec.delete_policy
                 || l.spec.health_check != desired.spec.health_check
         });
-        if changed {
-            apply(&api, name, &desired).await.during(Stage::Apply)?;
-            if live.is_none() {
-                info!(set = %name, replicas, "made the MachineSet of the current template");
-                crash::point("machinedeployment: new set made, older sets not scaled");
+        match live {
+            // Made, never overwritten: a view that has not seen the set yet must not set its
+            // replicas from nothing.
+            None => {
+                if create_if_missing(&api, &desired).await.during(Stage::Apply)? {
+                    info!(set = %name, replicas, "made the MachineSet of the current template");
+                    crash::point("machinedeployment: new set made, older sets not scaled");
+                }
             }
+            Some(_) if changed => {
+                apply(&api, name, &desired).await.during(Stage::Apply)?;
+            }
+            Some(_) => {}
         }
     }
     for (name, replicas) in &plan.older {
@@ -131,11 +140,12 @@ fn announcements(previous: Option<&MachineDeploymentStatus>, now: &MachineDeploy
         && let Some(p) = phase(Some(now))
     {
         let note = format!(
-            "{}/{} machines available, {} of the current template ({})",
+            "{}/{} machines available, {} of the current template ({}), {} being deleted",
             now.available_replicas.unwrap_or(0),
             now.replicas.unwrap_or(0),
             now.updated_replicas.unwrap_or(0),
-            now.current_machine_set.clone().unwrap_or_default()
+            now.current_machine_set.clone().unwrap_or_default(),
+            now.deleting_replicas.unwrap_or(0)
         );
         let stalled = now
             .conditions

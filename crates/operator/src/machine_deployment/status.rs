@@ -28,18 +28,24 @@ pub fn build(
     let replicas = sum(|s| s.status.as_ref()?.replicas);
     let ready = sum(|s| s.status.as_ref()?.ready_replicas);
     let available = sum(|s| s.status.as_ref()?.available_replicas);
+    let deleting = sum(|s| s.status.as_ref()?.deleting_replicas);
     let updated = current.and_then(|s| s.status.as_ref()?.replicas).unwrap_or(0);
     let wanted = md.spec.replicas;
 
     // Progress: anything moved since the last status, or a new spec.
-    let moved = (Some(replicas), Some(ready), Some(updated), Some(available))
-        != (
-            previous.replicas,
-            previous.ready_replicas,
-            previous.updated_replicas,
-            previous.available_replicas,
-        )
-        || previous.observed_generation != md.metadata.generation;
+    let moved = (
+        Some(replicas),
+        Some(ready),
+        Some(updated),
+        Some(available),
+        Some(deleting),
+    ) != (
+        previous.replicas,
+        previous.ready_replicas,
+        previous.updated_replicas,
+        previous.available_replicas,
+        previous.deleting_replicas.or(Some(0)),
+    ) || previous.observed_generation != md.metadata.generation;
     let progress_at = if moved || previous.progress_at.is_none() {
         Time(now)
     } else {
@@ -47,9 +53,13 @@ pub fn build(
     };
     let deadline = jiff::SignedDuration::from_secs(md.spec.progress_deadline_seconds);
     let stalled = !plan.complete && !md.spec.paused && now >= progress_at.0 + deadline;
-    let rolling = sets
-        .iter()
-        .any(|s| !is_current(&s) && s.status.as_ref().and_then(|st| st.replicas).unwrap_or(0) + s.spec.replicas > 0);
+    // An older set with a machine asked, left or still draining.
+    let rolling = sets.iter().any(|s| {
+        let status = s.status.as_ref();
+        let left =
+            status.and_then(|st| st.replicas).unwrap_or(0) + status.and_then(|st| st.deleting_replicas).unwrap_or(0);
+        !is_current(&s) && left + s.spec.replicas > 0
+    });
     let phase = if md.spec.paused && !plan.complete {
         "Paused"
     } else if stalled {
@@ -58,7 +68,7 @@ pub fn build(
         "Rolling"
     } else if replicas < wanted {
         "ScalingUp"
-    } else if replicas > wanted {
+    } else if replicas > wanted || deleting > 0 {
         "ScalingDown"
     } else if plan.complete {
         "Running"
@@ -75,6 +85,7 @@ pub fn build(
         &Counts {
             available,
             updated,
+            deleting,
             wanted,
         },
         Situation {
@@ -92,6 +103,7 @@ pub fn build(
         ready_replicas: Some(ready),
         updated_replicas: Some(updated),
         available_replicas: Some(available),
+        deleting_replicas: Some(deleting),
         selector: Some(
             md.spec
                 .selector
@@ -111,6 +123,7 @@ pub fn build(
 struct Counts {
     available: i32,
     updated: i32,
+    deleting: i32,
     wanted: i32,
 }
 
@@ -128,6 +141,7 @@ fn decide(md: &MachineDeployment, counts: &Counts, at: Situation, current_proble
     let Counts {
         available,
         updated,
+        deleting,
         wanted,
     } = *counts;
     let Situation {
@@ -135,7 +149,7 @@ fn decide(md: &MachineDeployment, counts: &Counts, at: Situation, current_proble
         rolling,
         stalled,
     } = at;
-    let counts = format!("{available}/{wanted} available, {updated} of the current template");
+    let counts = format!("{available}/{wanted} available, {updated} of the current template, {deleting} being deleted");
     let mut decided = vec![if plan_complete {
         Decided::new(READY, true, "RolledOut", counts.clone())
     } else {
