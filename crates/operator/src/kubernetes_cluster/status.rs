@@ -290,7 +290,13 @@ fn upgrade(f: &StatusFacts, version: Option<&String>, now: jiff::Timestamp) -> O
     let previous = f.kc.status.as_ref().and_then(|s| s.upgrade.clone());
     let target = &f.plan.target;
     let from = f.kc.status.as_ref().and_then(|s| s.version.clone());
-    let this_one = previous.filter(|u| u.to == *target);
+    // An upgrade set back and then asked for again is a new one.
+    let this_one = previous.filter(|u| u.to == *target && u.step != SET_BACK);
+    // A finished upgrade is a record: a later fault that puts the plan back a step (a control
+    // plane degraded for a while) is not the upgrade going back.
+    if let Some(finished) = this_one.as_ref().filter(|u| u.finished_at.is_some()) {
+        return Some(finished.clone());
+    }
     let mut upgrade = match (this_one, from) {
         (Some(u), _) => u,
         (None, Some(from)) if from != *target => ClusterUpgradeStatus {
@@ -517,6 +523,59 @@ mod tests {
             (upgrading.status.as_str(), upgrading.reason.as_str()),
             ("False", SET_BACK)
         );
+    }
+
+    #[test]
+    fn a_finished_upgrade_stays_as_it_finished_through_a_control_plane_fault() {
+        let mut kc = cluster("1.34", "[{ name: a, replicas: 1 }]");
+        kc.status = Some(KubernetesClusterStatus {
+            version: Some("1.34.4".into()),
+            upgrade: Some(ClusterUpgradeStatus {
+                from: "1.33.13".into(),
+                to: "1.34.4".into(),
+                step: "Done".into(),
+                finished: vec!["ControlPlane".into(), "Pool a".into()],
+                started_at: Time(jiff::Timestamp::UNIX_EPOCH),
+                finished_at: Some(Time(jiff::Timestamp::UNIX_EPOCH + jiff::SignedDuration::from_secs(600))),
+            }),
+            ..Default::default()
+        });
+        let finished = kc.status.as_ref().unwrap().upgrade.clone();
+        let now = jiff::Timestamp::now();
+        // A management node lost: the control plane is degraded, and the plan says its step.
+        for step in [Step::ControlPlane, Step::Pool("a".into()), Step::Done] {
+            let status = pass(&mut kc, &plan_at(step.clone(), "1.34.4"), now);
+            assert_eq!(status.upgrade, finished, "at {step:?}");
+            assert_ne!(status.phase.as_deref(), Some("Upgrading"), "at {step:?}");
+        }
+    }
+
+    #[test]
+    fn an_upgrade_set_back_and_asked_for_again_starts_anew() {
+        let mut kc = cluster("1.35", "[{ name: a, replicas: 1 }]");
+        kc.status = Some(KubernetesClusterStatus {
+            version: Some("1.34.4".into()),
+            upgrade: Some(ClusterUpgradeStatus {
+                from: "1.34.4".into(),
+                to: "1.35.0".into(),
+                step: SET_BACK.into(),
+                finished: vec![],
+                started_at: Time(jiff::Timestamp::UNIX_EPOCH),
+                finished_at: Some(Time(jiff::Timestamp::UNIX_EPOCH + jiff::SignedDuration::from_secs(60))),
+            }),
+            ..Default::default()
+        });
+        let mut again = plan_at(Step::ControlPlane, "1.35.0");
+        again.target = "1.35.0".into();
+        let now = jiff::Timestamp::now();
+        let status = pass(&mut kc, &again, now);
+        let upgrade = status.upgrade.unwrap();
+        assert_eq!(
+            (upgrade.step.as_str(), upgrade.started_at.clone()),
+            ("ControlPlane", Time(now))
+        );
+        assert_eq!(upgrade.finished_at, None);
+        assert_eq!(status.phase.as_deref(), Some("Upgrading"));
     }
 
     #[test]
