@@ -18,6 +18,7 @@ pub mod bench;
 pub mod certificates;
 pub mod chaos;
 pub mod clusters;
+pub mod deletions;
 pub mod etcd;
 pub mod plugin;
 pub mod postgres;

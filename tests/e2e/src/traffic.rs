@@ -1,13 +1,13 @@
 //! Traffic and counts a test keeps up while a tenant's machines change: a client polling an app
-//! through a load balancer, the fewest of something seen, and a PodDisruptionBudget checked at
-//! every change of the app's pods.
+//! through a load balancer, and a PodDisruptionBudget checked at every change of the app's pods;
+//! the apps themselves.
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
 
-use crate::{http_get_explained, node_ready_status, pod_ready};
+use crate::{http_get_explained, pod_ready};
 
 /// Requests through a load balancer, one every 100 ms, until stopped: how many were answered
 /// and which failed.
@@ -53,51 +53,6 @@ impl Poller {
         );
         assert!(answered > at_least, "only {answered} requests");
     }
-}
-
-/// Samples `sample` every 100 ms until stopped; returns the smallest value seen.
-pub struct Lowest {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    task: tokio::task::JoinHandle<usize>,
-}
-
-impl Lowest {
-    pub fn watch<F, Fut>(sample: F) -> Self
-    where
-        F: Fn() -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = Option<usize>> + Send,
-    {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = stop.clone();
-        let task = tokio::spawn(async move {
-            let mut lowest = usize::MAX;
-            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-                if let Some(v) = sample().await {
-                    lowest = lowest.min(v);
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            lowest
-        });
-        Self { stop, task }
-    }
-
-    pub async fn stop(self) -> usize {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.task.await.unwrap()
-    }
-}
-
-/// Tenant Nodes that are Ready.
-pub async fn ready_nodes_of(nodes: &Api<Node>) -> Option<usize> {
-    let listed = nodes.list(&ListParams::default()).await.ok()?;
-    Some(
-        listed
-            .items
-            .iter()
-            .filter(|n| node_ready_status(n).as_deref() == Some("True"))
-            .count(),
-    )
 }
 
 /// Every change of the app's pods, from a watch: the fewest Ready at once, and how many changes
@@ -167,9 +122,53 @@ impl BudgetWatch {
 }
 
 /// The tenant's app `web`: `replicas` pods answering "hello" on 8080 that drain gracefully (a
-/// 3 s preStop sleep), a budget of `min_available`, and a NodePort Service on 30080.
+/// 6 s preStop sleep), a budget of `min_available`, and a NodePort Service on 30080.
 pub fn web_app(replicas: i32, min_available: i32) -> String {
+    format!(
+        "{}---\n{}---\n{}",
+        web_deployment(replicas, false),
+        budget("web", min_available),
+        WEB_SERVICE
+    )
+}
+
+/// The app `web` with no budget at all, at most one pod per node (a required anti-affinity): a
+/// drain evicts at most one of its pods, so it keeps answering only if machines are drained no
+/// faster than their pods find room elsewhere.
+pub fn web_app_without_budget(replicas: i32) -> String {
+    format!("{}---\n{}", web_deployment(replicas, true), WEB_SERVICE)
+}
+
+/// The app `held`: one pod and a budget that allows no eviction, so the drain of its node waits
+/// until the budget is deleted.
+pub fn held_app() -> String {
     let echo = crate::root().join("target/debug/http-echo");
+    format!(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{ name: held, namespace: default }}
+spec:
+  replicas: 1
+  selector: {{ matchLabels: {{ app: held }} }}
+  template:
+    metadata: {{ labels: {{ app: held }} }}
+    spec:
+      containers: [{{ name: held, image: busybox, command: ["{}", "-listen=:8081", "-text=held"] }}]
+---
+{}"#,
+        echo.display(),
+        budget("held", 1)
+    )
+}
+
+fn web_deployment(replicas: i32, one_per_node: bool) -> String {
+    let echo = crate::root().join("target/debug/http-echo");
+    let spread = if one_per_node {
+        "\n      affinity: { podAntiAffinity: { requiredDuringSchedulingIgnoredDuringExecution: [{ topologyKey: kubernetes.io/hostname, labelSelector: { matchLabels: { app: web } } }] } }"
+    } else {
+        ""
+    };
     format!(
         r#"
 apiVersion: apps/v1
@@ -181,30 +180,33 @@ spec:
   template:
     metadata: {{ labels: {{ app: web }} }}
     spec:
-      terminationGracePeriodSeconds: 30
+      terminationGracePeriodSeconds: 30{spread}
       containers:
         - name: web
           image: busybox
           command: ["{}", "-listen=:8080", "-text=hello"]
           readinessProbe: {{ httpGet: {{ path: /health, port: 8080 }}, periodSeconds: 1 }}
           lifecycle: {{ preStop: {{ sleep: {{ seconds: 6 }} }} }}
----
-apiVersion: policy/v1
-kind: PodDisruptionBudget
-metadata: {{ name: web, namespace: default }}
-spec: {{ minAvailable: {min_available}, selector: {{ matchLabels: {{ app: web }} }} }}
----
-apiVersion: v1
-kind: Service
-metadata: {{ name: web, namespace: default }}
-spec:
-  type: NodePort
-  selector: {{ app: web }}
-  ports: [{{ port: 80, targetPort: 8080, nodePort: 30080 }}]
 "#,
         echo.display()
     )
 }
+
+/// A PodDisruptionBudget `name` of the pods labelled `app: <name>`.
+fn budget(name: &str, min_available: i32) -> String {
+    format!(
+        "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {{ name: {name}, namespace: default }}\nspec: {{ minAvailable: {min_available}, selector: {{ matchLabels: {{ app: {name} }} }} }}\n"
+    )
+}
+
+const WEB_SERVICE: &str = r#"apiVersion: v1
+kind: Service
+metadata: { name: web, namespace: default }
+spec:
+  type: NodePort
+  selector: { app: web }
+  ports: [{ port: 80, targetPort: 8080, nodePort: 30080 }]
+"#;
 
 /// A Service `lb` of this cluster in front of the NodePort 30080 of control plane `cluster`'s
 /// machines, as a cloud's load balancer would be; its address, once the app answers there.

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use noops_api::{KubernetesCluster, KubernetesControlPlane};
 use noops_e2e::clusters::{CONTROLLERS, MostMachinesWatch, SkewWatch, UpgradeOrderWatch, cluster, wait_cluster};
+use noops_e2e::deletions::DeletionWatch;
 use noops_e2e::plugin::{kubectl_noops, stdout};
 use noops_e2e::tenant::{ForgetMachines, Tenant, wait_machines_gone, wait_nodes_at};
 use noops_e2e::traffic::{BudgetWatch, Poller, load_balancer, web_app};
@@ -267,6 +268,11 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
     let budget = BudgetWatch::start(pods, 2);
     let skew = SkewWatch::start(nodes.clone(), ns.api::<KubernetesControlPlane>(), "acme".into());
     let order = UpgradeOrderWatch::start(&ns, "acme", "1.34.4", &["general", "burst"]);
+    let general = DeletionWatch::start(
+        &ns,
+        "acme-general",
+        "noops.dev/kubernetescluster=acme,noops.dev/pool=general",
+    );
 
     // The upgrade: the control plane, then pool general, then pool burst.
     kubectl_ok(
@@ -304,6 +310,9 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
     let timeline = order.stop();
     eprintln!("{timeline}");
     timeline.assert_in_order();
+    // Each old machine of pool general went only once 2 others were Ready, one more at most.
+    let seen = general.stop_expecting_within_bounds(2);
+    assert!(seen.most <= 3, "{} machines of pool general at once", seen.most);
     assert_eq!(upgrade.step, "Done");
     assert!(upgrade.finished_at.is_some());
     for reason in [
@@ -358,6 +367,11 @@ async fn a_pool_grows_for_pods_with_no_room_and_shrinks_back_once_its_machines_a
     };
     assert_eq!(count().await, 1);
     let most_machines = MostMachinesWatch::start(machines.clone());
+    let deletions = DeletionWatch::start(
+        &ns,
+        "elastic-burst",
+        "noops.dev/kubernetescluster=elastic,noops.dev/pool=burst",
+    );
 
     // Three pods of 1.5 CPU: one machine of 2 CPUs holds one; the pool grows to hold them all.
     let echo = root().join("target/debug/http-echo");
@@ -420,6 +434,8 @@ spec:
         count().await == 1
     })
     .await;
+    // The idle machines went as the pool shrank, never below what it asked for then.
+    deletions.stop_expecting_within_bounds(2);
     wait_event(&ns, "KubernetesCluster", "elastic", "ScaledDown").await;
     let clusters = ns.api::<KubernetesCluster>();
     // The status is written after the pass's children, so it may trail the machines by a pass.

@@ -9,8 +9,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, LogParams};
 use noops_api::{Machine, MachineDeployment, MachineSet};
 use noops_e2e::certificates::{certificate_in, not_after, presented_certificate};
+use noops_e2e::deletions::DeletionWatch;
 use noops_e2e::tenant::{ForgetMachines, Tenant, wait_machines_gone, wait_nodes_at};
-use noops_e2e::traffic::{BudgetWatch, Lowest, Poller, load_balancer, ready_nodes_of, web_app};
+use noops_e2e::traffic::{Poller, held_app, load_balancer, web_app_without_budget};
 use noops_e2e::*;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -417,7 +418,8 @@ spec:
     (target, logs)
 }
 
-/// Waits until the MachineDeployment has rolled out `replicas` machines of its template.
+/// Waits until the MachineDeployment has rolled out `replicas` machines of its template, none
+/// left being deleted.
 async fn wait_rolled_out(ns: &TestNamespace, replicas: i32, timeout: Duration) -> MachineDeployment {
     let api = ns.api::<MachineDeployment>();
     wait_for(
@@ -433,22 +435,25 @@ async fn wait_rolled_out(ns: &TestNamespace, replicas: i32, timeout: Duration) -
             (ready
                 && status.observed_generation == md.metadata.generation
                 && status.ready_replicas == Some(replicas)
-                && status.replicas == Some(replicas))
+                && status.replicas == Some(replicas)
+                && status.deleting_replicas == Some(0))
             .then_some(md)
         },
     )
     .await
 }
 
-/// Machines that are not being deleted.
-async fn active_machines(api: &Api<Machine>) -> Option<usize> {
-    let listed = api.list(&ListParams::default()).await.ok()?;
-    Some(
-        listed
-            .items
-            .iter()
-            .filter(|m| m.metadata.deletion_timestamp.is_none())
-            .count(),
+/// The pool's MachineDeployment `pool` of cluster `c`, `replicas` machines of `template`.
+fn pool(replicas: i32, template: &str) -> String {
+    format!(
+        "apiVersion: noops.dev/v1alpha1\nkind: MachineDeployment\nmetadata: {{ name: pool }}\nspec:\n  clusterName: c\n  replicas: {replicas}\n  progressDeadlineSeconds: 30\n  selector: {{ matchLabels: {{ pool: p }} }}\n  template:\n    metadata: {{ labels: {{ pool: p }} }}\n    spec: {{ {template} }}\n"
+    )
+}
+
+/// Control plane `c` of one API server and one etcd member at `version`.
+fn control_plane(version: &str) -> String {
+    format!(
+        "apiVersion: noops.dev/v1alpha1\nkind: KubernetesControlPlane\nmetadata: {{ name: c }}\nspec: {{ version: \"{version}\", replicas: 1, etcd: {{ replicas: 1 }} }}\n"
     )
 }
 
@@ -464,16 +469,6 @@ async fn a_machine_deployment_scales_and_rolls_to_a_new_version_without_a_failed
             "kubernetescontrolplane,etcd,machine,machineset,machinedeployment",
         ],
     );
-    let control_plane = |version: &str| {
-        format!(
-            "apiVersion: noops.dev/v1alpha1\nkind: KubernetesControlPlane\nmetadata: {{ name: c }}\nspec: {{ version: \"{version}\", replicas: 1, etcd: {{ replicas: 1 }} }}\n"
-        )
-    };
-    let pool = |replicas: i32, template: &str| {
-        format!(
-            "apiVersion: noops.dev/v1alpha1\nkind: MachineDeployment\nmetadata: {{ name: pool }}\nspec:\n  clusterName: c\n  replicas: {replicas}\n  progressDeadlineSeconds: 30\n  selector: {{ matchLabels: {{ pool: p }} }}\n  template:\n    metadata: {{ labels: {{ pool: p }} }}\n    spec: {{ {template} }}\n"
-        )
-    };
     ns.apply(&control_plane("1.33"));
     ns.apply(&pool(2, "version: \"1.33\""));
     let tenant = Tenant::ready(&ns, "c", 4 * MINUTE).await;
@@ -484,16 +479,31 @@ async fn a_machine_deployment_scales_and_rolls_to_a_new_version_without_a_failed
         3,
         "the pool and its 2 machines: {story}"
     );
+    // Every deletion from here on is judged as the watch sees it.
+    let deletions = DeletionWatch::start(&ns, "pool", "pool=p");
 
-    // The tenant's app: 3 replicas that drain gracefully, a budget of 2, a NodePort; and a
-    // load balancer in front of the machines, as a cloud gives one: a Service of this cluster
-    // over the machines' pods.
-    tenant.apply(&web_app(3, 2));
+    // Scaled up to 4, then down to 1: machines are added, then drained and deleted; then 3.
+    kubectl_ok(&["scale", "-n", &ns.name, "md/pool", "--replicas=4"], None);
+    wait_rolled_out(&ns, 4, 3 * MINUTE).await;
+    kubectl_ok(&["scale", "-n", &ns.name, "md/pool", "--replicas=1"], None);
+    wait_rolled_out(&ns, 1, 3 * MINUTE).await;
+    let machines = ns.api::<Machine>();
+    assert_eq!(
+        machines.list(&ListParams::default()).await.unwrap().items.len(),
+        1,
+        "rolled out only once the machines scaled away are gone"
+    );
+    kubectl_ok(&["scale", "-n", &ns.name, "md/pool", "--replicas=3"], None);
+    wait_rolled_out(&ns, 3, 3 * MINUTE).await;
+
+    // The tenant's app, one pod per machine and no budget, behind a NodePort; and a load
+    // balancer in front of the machines, as a cloud gives one: a Service of this cluster over
+    // the machines' pods.
+    tenant.apply(&web_app_without_budget(3));
     tenant.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=120s"], None);
-    // Across the two machines: a pod on one reaches a pod on the other and the Service.
+    // Across the machines: a pod on one reaches a pod on another and the Service.
     let pods: Api<Pod> = Api::namespaced(tenant.client.clone(), "default");
-    let machine_names: Vec<String> = ns
-        .api::<Machine>()
+    let machine_names: Vec<String> = machines
         .list(&ListParams::default())
         .await
         .unwrap()
@@ -506,24 +516,10 @@ async fn a_machine_deployment_scales_and_rolls_to_a_new_version_without_a_failed
     assert!(logs.contains("http://web.default.svc.cluster.local/ hello"), "{logs}");
     let address = load_balancer(&ns, "c").await;
     let poller = Poller::start(address.clone());
-    let budget = BudgetWatch::start(pods.clone(), 2);
 
-    // Scaled up to 4, then down to 1: machines are added, then drained and deleted.
-    kubectl_ok(&["scale", "-n", &ns.name, "md/pool", "--replicas=4"], None);
-    wait_rolled_out(&ns, 4, 3 * MINUTE).await;
-    kubectl_ok(&["scale", "-n", &ns.name, "md/pool", "--replicas=1"], None);
-    wait_rolled_out(&ns, 1, 3 * MINUTE).await;
-    let machines = ns.api::<Machine>();
-    wait_until("the machines scaled away to be gone", 2 * MINUTE, || async {
-        machines.list(&ListParams::default()).await.unwrap().items.len() == 1
-    })
-    .await;
-    tenant.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=120s"], None);
-    kubectl_ok(&["scale", "-n", &ns.name, "md/pool", "--replicas=2"], None);
-    wait_rolled_out(&ns, 2, 3 * MINUTE).await;
-
-    // The control plane first, then the machines to 1.34: the app answers throughout, the Ready
-    // nodes never fewer than 2, never more than one machine above 2.
+    // The control plane first, then the machines to 1.34, one more at a time and none fewer
+    // (the watch judges each deletion). An app whose budget allows no eviction holds the drain
+    // of its machine: the rollout is not done while that old machine drains.
     ns.apply(&control_plane("1.34"));
     let api = ns.api::<noops_api::KubernetesControlPlane>();
     wait_until("the control plane at 1.34", 5 * MINUTE, || async {
@@ -533,37 +529,51 @@ async fn a_machine_deployment_scales_and_rolls_to_a_new_version_without_a_failed
         })
     })
     .await;
-    let nodes: Api<Node> = Api::all(tenant.client.clone());
-    let ready_nodes = {
-        let nodes = nodes.clone();
-        Lowest::watch(move || {
-            let nodes = nodes.clone();
-            async move { ready_nodes_of(&nodes).await }
-        })
-    };
-    let most_machines = {
-        let machines = machines.clone();
-        Lowest::watch(move || {
-            let machines = machines.clone();
-            async move { active_machines(&machines).await.map(|n| usize::MAX - n) }
-        })
-    };
-    ns.apply(&pool(2, "version: \"1.34\""));
-    wait_rolled_out(&ns, 2, 5 * MINUTE).await;
-    let fewest_ready = ready_nodes.stop().await;
-    let most = usize::MAX - most_machines.stop().await;
-    assert!(
-        fewest_ready >= 2,
-        "Ready nodes fell to {fewest_ready} during the rollout"
-    );
-    assert!(most <= 3, "{most} machines at once: more than maxSurge (1) above 2");
-    wait_nodes_at(&nodes, 2, "v1.34.4", 2 * MINUTE).await;
-
-    // A template whose image cannot start stalls with the reason; the old machines stay.
-    wait_until("the replaced machines gone", 2 * MINUTE, || async {
-        machines.list(&ListParams::default()).await.unwrap().items.len() == 2
+    tenant.apply(&held_app());
+    tenant.kubectl_ok(&["rollout", "status", "deployment/held", "--timeout=120s"], None);
+    ns.apply(&pool(3, "version: \"1.34\""));
+    let md_api = ns.api::<MachineDeployment>();
+    let held = wait_for(
+        "every machine replaced but the one whose drain the budget holds",
+        6 * MINUTE,
+        || async {
+            let listed = machines.list(&ListParams::default()).await.ok()?.items;
+            let new_ready = listed
+                .iter()
+                .filter(|m| {
+                    m.spec.template.version == "1.34"
+                        && m.metadata.deletion_timestamp.is_none()
+                        && machine_condition(m, "Ready").is_some_and(|(s, _, _)| s == "True")
+                })
+                .count();
+            let old: Vec<&Machine> = listed.iter().filter(|m| m.spec.template.version != "1.34").collect();
+            let [draining] = old.as_slice() else { return None };
+            let (status, reason, message) = machine_condition(draining, "DrainingSucceeded")?;
+            (new_ready == 3 && status == "False" && reason == "EvictionBlocked").then_some(message)
+        },
+    )
+    .await;
+    assert!(held.contains("held-"), "{held}");
+    let md = wait_for("the deployment to count the draining machine", MINUTE, || async {
+        let md = md_api.get("pool").await.ok()?;
+        let status = md.status.clone()?;
+        (status.deleting_replicas == Some(1) && status.updated_replicas == Some(3)).then_some(status)
     })
     .await;
+    let ready = md.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        ready.status, "False",
+        "rolled out while an old machine drains: {ready:?}"
+    );
+    assert_eq!(md.phase.as_deref(), Some("Rolling"));
+    let line = kubectl_ok(&["get", "md/pool", "-n", &ns.name, "--no-headers"], None);
+    assert!(line.contains("Rolling"), "{line}");
+    tenant.kubectl_ok(&["delete", "pdb", "held"], None);
+    wait_rolled_out(&ns, 3, 3 * MINUTE).await;
+    let nodes: Api<Node> = Api::all(tenant.client.clone());
+    wait_nodes_at(&nodes, 3, "v1.34.4", 2 * MINUTE).await;
+
+    // A template whose image cannot start stalls with the reason; the old machines stay.
     let before: Vec<String> = machines
         .list(&ListParams::default())
         .await
@@ -572,8 +582,7 @@ async fn a_machine_deployment_scales_and_rolls_to_a_new_version_without_a_failed
         .iter()
         .filter_map(|m| m.metadata.name.clone())
         .collect();
-    ns.apply(&pool(2, "version: \"1.34\", image: \"noops/node:v1.34.99\""));
-    let md_api = ns.api::<MachineDeployment>();
+    ns.apply(&pool(3, "version: \"1.34\", image: \"noops/node:v1.34.99\""));
     let stalled = wait_for("the rollout to stall", 3 * MINUTE, || async {
         let md = md_api.get("pool").await.ok()?;
         let c = md.status?.conditions.into_iter().find(|c| c.type_ == "Progressing")?;
@@ -594,20 +603,24 @@ async fn a_machine_deployment_scales_and_rolls_to_a_new_version_without_a_failed
     }
     wait_event(&ns, "MachineDeployment", "pool", "ProgressDeadlineExceeded").await;
     // Fixing the template completes the rollout (to the same version: nothing else changes).
-    ns.apply(&pool(2, "version: \"1.34\""));
-    wait_rolled_out(&ns, 2, 3 * MINUTE).await;
+    ns.apply(&pool(3, "version: \"1.34\""));
+    wait_rolled_out(&ns, 3, 3 * MINUTE).await;
 
     poller.stop_expecting_every_answer(100).await;
-    budget.stop_expecting_held(2, 10);
+    // Ready machines deleted: 3 by the scale-down, 3 by the rollout.
+    let seen = deletions.stop_expecting_within_bounds(6);
+    assert!(
+        seen.most <= 4,
+        "{} machines at once: more than maxSurge (1) above 3",
+        seen.most
+    );
 
-    // Deleting the deployment removes every machine (the budget goes first: it would rightly
-    // hold the drain of the last machines), and nothing of them runs here any more.
-    tenant.kubectl_ok(&["delete", "pdb", "web"], None);
+    // Deleting the deployment removes every machine, and nothing of them runs here any more.
     let marker = format!("--provider-id=noops://{}/", ns.name);
     assert_eq!(
         processes_with(&marker).len(),
-        2,
-        "the agents of the 2 machines run here"
+        3,
+        "the agents of the 3 machines run here"
     );
     md_api.delete("pool", &Default::default()).await.unwrap();
     wait_machines_gone(&ns, 3 * MINUTE).await;
@@ -641,14 +654,7 @@ async fn the_operator_killed_at_each_step_of_a_rollout_and_a_drain_finishes_them
         echo.display()
     ));
     tenant.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=120s"], None);
-    let machines = ns.api::<Machine>();
-    let most_machines = {
-        let machines = machines.clone();
-        Lowest::watch(move || {
-            let machines = machines.clone();
-            async move { active_machines(&machines).await.map(|n| usize::MAX - n) }
-        })
-    };
+    let deletions = DeletionWatch::start(&ns, "pool", "pool=p");
     // A new flavor is a new template: every machine is replaced, each old one drained.
     ns.apply(&pool(3));
     wait_rolled_out(&ns, 2, 6 * MINUTE).await;
@@ -666,7 +672,8 @@ async fn the_operator_killed_at_each_step_of_a_rollout_and_a_drain_finishes_them
     })
     .await;
     tenant.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=120s"], None);
-    let most = usize::MAX - most_machines.stop().await;
+    // Both old machines went, each only with two others Ready, never more than 3 at once.
+    let seen = deletions.stop_expecting_within_bounds(2);
     let (restarts, logs) = supervisor.stop().await;
     let crashed = std::fs::read_to_string(&points).unwrap_or_default();
     for point in [
@@ -685,7 +692,11 @@ async fn the_operator_killed_at_each_step_of_a_rollout_and_a_drain_finishes_them
         );
     }
     assert!(restarts >= 8, "restarted {restarts} times");
-    assert!(most <= 3, "{most} machines at once: more than maxSurge (1) above 2");
+    assert!(
+        seen.most <= 3,
+        "{} machines at once: more than maxSurge (1) above 2",
+        seen.most
+    );
     assert!(!logs.contains("panicked"), "{logs}");
     // Machines go while an operator runs (their finalizer drains them; the budget would hold
     // the drain of the last one).

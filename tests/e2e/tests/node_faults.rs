@@ -988,6 +988,7 @@ async fn a_lost_nodes_machine_is_replaced_unless_too_many_machines_are_unhealthy
             == Some(3)
     })
     .await;
+    let deletions = noops_e2e::deletions::DeletionWatch::start(&ns, "pool", "pool=p");
     // One machine per node (they spread); the victim's is the one to lose.
     let lost = machine_on(&ns, &victim)
         .await
@@ -1064,6 +1065,15 @@ async fn a_lost_nodes_machine_is_replaced_unless_too_many_machines_are_unhealthy
     eprintln!("lost machine replaced {replaced_in:?} after repair was allowed");
     // Its Node could not be reached: its pods were deleted without eviction, and it said so.
     wait_event(&ns, "Machine", &lost, "DrainForced").await;
+    // The repair deleted the lost machine alone, once it was no longer Ready: no Ready one.
+    let seen = deletions.stop_expecting_within_bounds(0);
+    assert_eq!(
+        seen.judged
+            .iter()
+            .map(|(n, ready, _)| (n.as_str(), *ready))
+            .collect::<Vec<_>>(),
+        vec![(lost.as_str(), false)]
+    );
 
     node_fault(&["start", &victim]);
     md.delete("pool", &Default::default()).await.unwrap();
