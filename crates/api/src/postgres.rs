@@ -10,8 +10,9 @@
 //!   passwordSecret: shop-db   # key `password` (or `postgresql_password`)
 //! ```
 //!
-//! The operator runs the instance in a StatefulSet of one pod with a persistent volume,
-//! initialises its data directory, creates the database and its owner with the password from
+//! The operator runs the instances in a StatefulSet, a pod and a persistent volume each (one
+//! instance by default; `instances: 3` adds two hot-standby replicas streaming from it),
+//! initialises the data directory, creates the database and its owner with the password from
 //! the Secret (and changes it when the Secret changes), and publishes it behind a Service with
 //! a connection Secret `<name>-connection`.
 //!
@@ -46,11 +47,19 @@ pub const PASSWORD_KEYS: [&str; 2] = ["password", "postgresql_password"];
     category = "noops",
     namespaced,
     status = "PostgreSQLStatus",
+    scale(
+        spec_replicas_path = ".spec.instances",
+        status_replicas_path = ".status.readyInstances",
+        label_selector_path = ".status.selector"
+    ),
     validation = Rule::new("self.metadata.name.size() <= 45").message("a PostgreSQL name is at most 45 characters: its StatefulSet, pod and volume names add to it"),
     validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("a PostgreSQL name must be a DNS label: lower-case letters, digits and '-', starting with a letter"),
     validation = Rule::new("self.spec.version == oldSelf.spec.version || !has(oldSelf.status) || !has(oldSelf.status.systemIdentifier)").message("spec.version cannot change once the database has run: major upgrades (pg_upgrade) are not supported yet; restore a backup into a new PostgreSQL instead"),
     validation = Rule::new("has(self.spec.bootstrap) == has(oldSelf.spec.bootstrap) && (!has(self.spec.bootstrap) || self.spec.bootstrap == oldSelf.spec.bootstrap)").message("spec.bootstrap is immutable: it says how the database started"),
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Instances","type":"integer","jsonPath":".spec.instances"}"#,
+    printcolumn = r#"{"name":"Ready Instances","type":"integer","jsonPath":".status.readyInstances","priority":1}"#,
+    printcolumn = r#"{"name":"Primary","type":"string","jsonPath":".status.currentPrimary"}"#,
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.serverVersion"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Endpoint","type":"string","jsonPath":".status.endpoint"}"#,
@@ -85,7 +94,13 @@ pub struct PostgreSQLSpec {
     #[schemars(length(max = 255))]
     #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$') && !self.matches(':[0-9]+$')").message("imageRepository must be an image repository without a tag, such as registry.example.com/postgres: the tag is the version"))]
     pub image_repository: Option<String>,
-    /// The instance's volume.
+    /// How many instances: one primary and `instances - 1` hot-standby replicas, each made by
+    /// streaming a copy of the primary (`pg_basebackup`) and then following it through a
+    /// physical replication slot of its own, spread over the nodes. Default 1: one instance.
+    #[serde(default = "default_instances")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 9").message("instances must be between 1 and 9"))]
+    pub instances: i32,
+    /// Each instance's volume.
     #[serde(default)]
     #[x_kube(validation = Rule::new("self == oldSelf").message("storage is immutable: create a new PostgreSQL (from a backup) to change it"))]
     pub storage: StorageSpec,
@@ -224,9 +239,21 @@ pub struct PostgreSQLStatus {
     pub node_port: Option<i32>,
     /// The Secret with `host`, `port`, `database`, `user`, `password` and `uri`.
     pub connection_secret: Option<String>,
-    /// The pod running the instance, and its node.
+    /// The pod running the primary instance, and its node.
     pub instance: Option<String>,
     pub node: Option<String>,
+    /// The instance that takes writes (behind `<name>` and `<name>-rw`).
+    pub current_primary: Option<String>,
+    /// Instances that are Ready: the primary serving, replicas streaming from it.
+    pub ready_instances: Option<i32>,
+    /// The label query of the instances' pods, for the scale subresource.
+    pub selector: Option<String>,
+    /// Each instance as last looked at (at most every 10 s): its role, node, WAL positions,
+    /// lag and timeline.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<MemberStatus>,
+    /// Why instances share a node, when they do (one node lost would take more than one).
+    pub placement: Option<String>,
     /// The version the server reports, such as `15.14`.
     pub server_version: Option<String>,
     /// The database system identifier (from `initdb`): a new one means a new data directory.
@@ -252,6 +279,43 @@ pub struct PostgreSQLStatus {
     /// Where a `bootstrap.fromBackup` restore reads from, as the backup's status said when the
     /// database was first seen (recorded once: the instance's pod is built from it).
     pub bootstrap_source: Option<BackupLocation>,
+}
+
+/// What an instance does.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Takes writes; the replicas stream from it.
+    Primary,
+    /// A hot standby: streams the primary's WAL and answers reads.
+    Replica,
+}
+
+/// One instance, as the operator last looked at it.
+#[skip_serializing_none]
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberStatus {
+    /// Its pod.
+    pub name: String,
+    pub role: Role,
+    pub node: Option<String>,
+    /// Its pod is Ready (the server accepts connections).
+    pub ready: bool,
+    /// The timeline it is on.
+    pub timeline: Option<i64>,
+    /// The primary: its current WAL position. A replica: the last position it received.
+    pub received_lsn: Option<String>,
+    /// A replica: the last position it replayed (what reads on it see).
+    pub replayed_lsn: Option<String>,
+    /// A replica: the bytes of WAL the primary has written that it has not received yet.
+    pub lag_bytes: Option<i64>,
+    /// A replica: how far behind the primary its replay is, in milliseconds, as the primary
+    /// measures it.
+    pub lag_millis: Option<i64>,
+    /// A replica: it streams from the primary now.
+    pub streaming: Option<bool>,
+    /// When this was looked at.
+    pub observed_at: Option<Time>,
 }
 
 /// What a restore recovered.
@@ -290,6 +354,10 @@ fn default_version() -> String {
     "15".into()
 }
 
+fn default_instances() -> i32 {
+    1
+}
+
 fn default_storage_size() -> String {
     "1Gi".into()
 }
@@ -316,6 +384,7 @@ mod tests {
         assert_eq!(pg.spec.storage.size, "1Gi");
         assert_eq!(pg.spec.service.type_, ServiceType::ClusterIP);
         assert!(pg.spec.resources.is_none());
+        assert_eq!(pg.spec.instances, 1, "one instance, as the seed's manifest always had");
     }
 
     #[test]

@@ -252,6 +252,20 @@ pub fn postgres(pg: &PostgreSQL, around: &Around) -> Report {
     let instance = status.instance.clone().unwrap_or_else(|| "none yet".into());
     let node = status.node.as_deref().map(|n| format!(" on {n}")).unwrap_or_default();
     report.fact("instance", format!("{instance}{node}"));
+    if pg.spec.instances > 1 {
+        report.fact(
+            "instances",
+            format!(
+                "{} of {} ready, primary {}",
+                status.ready_instances.unwrap_or(0),
+                pg.spec.instances,
+                status.current_primary.as_deref().unwrap_or("none yet")
+            ),
+        );
+        if let Some(shared) = &status.placement {
+            report.fact("PLACEMENT", shared.clone());
+        }
+    }
     if let Some(endpoint) = &status.endpoint {
         report.fact("endpoint", endpoint.clone());
     }
@@ -292,8 +306,49 @@ pub fn postgres(pg: &PostgreSQL, around: &Around) -> Report {
             .unwrap_or_else(|| ", under way".into());
         report.fact("restored from", format!("{}{timeline}{to}{done}", restore.backup));
     }
+    if pg.spec.instances > 1 || status.members.len() > 1 {
+        report.tables.push(members(&status.members, around));
+    }
     report.tables.push(backups(around));
     report
+}
+
+/// A PostgreSQL's instances: role, node, whether Ready and streaming, WAL positions and lag.
+fn members(members: &[noops_api::postgres::MemberStatus], around: &Around) -> Section {
+    let rows = members
+        .iter()
+        .map(|m| {
+            let state = match (m.ready, m.streaming) {
+                (false, _) => "not ready",
+                (true, Some(false)) => "not streaming",
+                (true, _) => "ready",
+            };
+            let lag = match (m.lag_bytes, m.lag_millis) {
+                (Some(bytes), Some(ms)) => format!("{} / {ms} ms", size(bytes)),
+                (Some(bytes), None) => size(bytes),
+                _ => String::new(),
+            };
+            vec![
+                m.name.clone(),
+                format!("{:?}", m.role),
+                m.node.clone().unwrap_or_default(),
+                state.into(),
+                m.received_lsn.clone().unwrap_or_default(),
+                m.replayed_lsn.clone().unwrap_or_default(),
+                lag,
+                m.observed_at.as_ref().map(|t| around.since(t)).unwrap_or_default(),
+            ]
+        })
+        .collect();
+    Section {
+        title: "Instances".into(),
+        header: [
+            "INSTANCE", "ROLE", "NODE", "STATE", "RECEIVED", "REPLAYED", "LAG", "SEEN",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows,
+    }
 }
 
 /// A MaintPage: which side its Service publishes, and since when.
@@ -476,6 +531,52 @@ mod tests {
 
     fn at(s: &str) -> jiff::Timestamp {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_postgresql_with_replicas_lists_each_instance_its_role_and_lag() {
+        let mut pg: PostgreSQL = serde_json::from_value(serde_json::json!({
+            "apiVersion": "noops.dev/v1alpha1", "kind": "PostgreSQL",
+            "metadata": { "name": "shop", "namespace": "prod", "generation": 1 },
+            "spec": { "db": "shop", "user": "shop", "passwordSecret": "s", "instances": 2 },
+        }))
+        .unwrap();
+        let seen = Some(Time(at("2026-11-26T11:59:55Z")));
+        let member = |name: &str, role, lag: Option<i64>| noops_api::postgres::MemberStatus {
+            name: name.into(),
+            role,
+            node: Some("n1".into()),
+            ready: true,
+            timeline: None,
+            received_lsn: Some("0/5000000".into()),
+            replayed_lsn: None,
+            lag_bytes: lag,
+            lag_millis: lag.map(|_| 40),
+            streaming: lag.map(|_| true),
+            observed_at: seen.clone(),
+        };
+        pg.status = Some(noops_api::postgres::PostgreSQLStatus {
+            current_primary: Some("shop-0".into()),
+            ready_instances: Some(2),
+            placement: Some("shop-0 and shop-1 share node n1".into()),
+            members: vec![
+                member("shop-0", noops_api::postgres::Role::Primary, None),
+                member("shop-1", noops_api::postgres::Role::Replica, Some(2048)),
+            ],
+            ..Default::default()
+        });
+        let around = Around {
+            now: at("2026-11-26T12:00:00Z"),
+            ..Default::default()
+        };
+        let text = postgres(&pg, &around).text();
+        assert!(text.contains("2 of 2 ready, primary shop-0"), "{text}");
+        assert!(text.contains("PLACEMENT"), "{text}");
+        let line = text
+            .lines()
+            .find(|l| l.contains("shop-1") && l.contains("Replica"))
+            .unwrap();
+        assert!(line.contains("2.0 KiB / 40 ms") && line.contains("5s"), "{line}");
     }
 
     fn condition(type_: &str, status: &str, reason: &str) -> Condition {

@@ -646,3 +646,136 @@ async fn a_spec_the_api_server_refuses_is_reported_and_never_stops_a_serving_dat
     assert_eq!(second.status.unwrap().node_port, Some(32108));
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }
+
+/// The ClusterIP of Service `name`.
+async fn service_ip(ns: &TestNamespace, name: &str) -> String {
+    let service = ns.api::<k8s_openapi::api::core::v1::Service>().get(name).await.unwrap();
+    service.spec.unwrap().cluster_ip.unwrap()
+}
+
+#[tokio::test]
+async fn three_instances_stream_from_the_primary_and_serve_reads_behind_their_own_services() {
+    install_crds();
+    let ns = TestNamespace::new("pg-replicas").await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "postgres"]);
+    // The example, as a user applies it.
+    let example = std::fs::read_to_string(noops_e2e::root().join("examples/postgres/replicas.yaml")).unwrap();
+    ns.apply(&example.replace("change-me", "Pa55word"));
+    wait_ready(&ns, "shop", 3 * MINUTE).await;
+    let pg = wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
+    let status = pg.status.clone().unwrap();
+    assert_eq!(status.current_primary.as_deref(), Some("shop-0"));
+    assert_eq!(status.ready_instances, Some(3));
+    let roles: Vec<(String, String)> = status
+        .members
+        .iter()
+        .map(|m| (m.name.clone(), format!("{:?}", m.role)))
+        .collect();
+    assert_eq!(
+        roles,
+        vec![
+            ("shop-0".to_string(), "Primary".to_string()),
+            ("shop-1".to_string(), "Replica".to_string()),
+            ("shop-2".to_string(), "Replica".to_string())
+        ]
+    );
+    let nodes: std::collections::BTreeSet<_> = status.members.iter().filter_map(|m| m.node.clone()).collect();
+    assert_eq!(
+        nodes.len() < 3,
+        status.placement.is_some(),
+        "the status says when instances share a node: {:?}",
+        status.placement
+    );
+    let listed = kubectl_get(&ns);
+    assert!(
+        listed.contains("INSTANCES") && listed.contains("PRIMARY") && listed.contains("shop-0"),
+        "{listed}"
+    );
+    let out = noops_e2e::plugin::kubectl_noops(&["status", "pg/shop", "-n", &ns.name]);
+    let said = noops_e2e::plugin::stdout(&out);
+    assert!(said.contains("3 of 3 ready, primary shop-0"), "{said}");
+    let replicas = said
+        .lines()
+        .filter(|l| l.contains("Replica") && l.contains("ready"))
+        .count();
+    assert_eq!(replicas, 2, "{said}");
+    for (pod, role) in [("shop-0", "primary"), ("shop-1", "replica"), ("shop-2", "replica")] {
+        let labels = ns.pods().get(pod).await.unwrap().metadata.labels.unwrap();
+        assert_eq!(labels.get("noops.dev/role").map(String::as_str), Some(role), "{pod}");
+    }
+
+    // Writes through <name>-rw (and <name>), reads through <name>-ro, which refuses writes.
+    let password = secret_value(&ns, "shop-db", "postgresql_password").await;
+    let (rw, ro) = (service_ip(&ns, "shop-rw").await, service_ip(&ns, "shop-ro").await);
+    let user = "shop";
+    psql(
+        &rw,
+        user,
+        &password,
+        "shop",
+        "CREATE TABLE items (id int PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 100)",
+    )
+    .unwrap();
+    let replicated = |count: &'static str| {
+        let ro = ro.clone();
+        let password = password.clone();
+        async move {
+            wait_until(&format!("{count} rows read through shop-ro"), MINUTE, || async {
+                psql(&ro, user, &password, "shop", "SELECT count(*) FROM items").is_ok_and(|c| c == count)
+            })
+            .await
+        }
+    };
+    replicated("100").await;
+    let refused = psql(&ro, user, &password, "shop", "INSERT INTO items VALUES (101)").unwrap_err();
+    assert!(refused.contains("read-only transaction"), "{refused}");
+    let read_only_uri = secret_value(&ns, "shop-connection", "ro_uri").await;
+    assert!(
+        read_only_uri.contains(&format!("@shop-ro.{}.svc:5432/shop", ns.name)),
+        "{read_only_uri}"
+    );
+
+    // A replica's pod deleted comes back on its volume and catches up with what it missed.
+    ns.pods().delete("shop-2", &Default::default()).await.unwrap();
+    psql(
+        &rw,
+        user,
+        &password,
+        "shop",
+        "INSERT INTO items SELECT generate_series(101, 200)",
+    )
+    .unwrap();
+    ns.wait_pod_ready("shop-2", 2 * MINUTE).await;
+    let replica_2 = wait_for("shop-2 streaming again with every row", 2 * MINUTE, || async {
+        let ip = ns.pods().get("shop-2").await.ok()?.status?.pod_ip?;
+        let rows = psql(&ip, user, &password, "shop", "SELECT count(*) FROM items").ok()?;
+        (rows == "200").then_some(ip)
+    })
+    .await;
+    assert!(!replica_2.is_empty());
+    wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
+
+    // Scaled down: the last replica goes, and so does its slot on the primary.
+    kubectl_ok(&["scale", "-n", &ns.name, "pg/shop", "--replicas=2"], None);
+    let superuser = noops_e2e::postgres::superuser_password(&ns, "shop").await;
+    let primary = instance_ip(&ns, "shop").await;
+    wait_until("shop-2's slot dropped", 2 * MINUTE, || async {
+        psql(
+            &primary,
+            "postgres",
+            &superuser,
+            "postgres",
+            "SELECT string_agg(slot_name, ',' ORDER BY slot_name) FROM pg_replication_slots",
+        )
+        .is_ok_and(|slots| slots == "noops_shop_1")
+    })
+    .await;
+    let pg = wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
+    assert_eq!(pg.status.unwrap().ready_instances, Some(2));
+    replicated("200").await;
+    let claims = ns.api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>();
+    wait_until("shop-2's volume gone with it", MINUTE, || async {
+        claims.get_opt("data-shop-2").await.is_ok_and(|c| c.is_none())
+    })
+    .await;
+}

@@ -9,8 +9,9 @@ use noops_api::postgres::{PostgreSQLStatus, RestoreStatus};
 use super::instance::progress;
 use super::names::{Names, RESTORE_RECORD};
 use super::observe::{self, Bootstrap};
+use super::replication;
 use super::secrets::{self, Password, PasswordProblem};
-use super::sql::{Archiver, Instance, InstanceFacts, SqlError};
+use super::sql::{Archiver, Instance, InstanceFacts, Replication, SqlError};
 use super::status::InstanceState;
 use crate::core::stuck::stuck;
 
@@ -30,6 +31,11 @@ pub struct InDatabase {
     pub restore: Option<RestoreStatus>,
     /// How far a restore under way has got.
     pub restoring: Option<noops_api::backup::WorkProgress>,
+    /// What the primary says of its replicas (once it serves).
+    pub replication: Option<Replication>,
+    /// Replication slots made and dropped this pass.
+    pub slots_made: Vec<String>,
+    pub slots_dropped: Vec<String>,
 }
 
 /// Where the instance stands and, if it serves, what this pass made in it.
@@ -87,12 +93,42 @@ pub async fn instance_and_database(
         if pg.spec.backup.is_some() {
             made.archiver = Some(instance.archiver().await?);
         }
+        keep_slots(pg, names, &instance, &mut made, may_change).await?;
         Ok::<_, SqlError>((facts, made))
     };
     match served.await {
         Ok((facts, made)) => (InstanceState::Serving(facts), made),
         Err(e) => (InstanceState::Unreachable(e.to_string()), InDatabase::default()),
     }
+}
+
+/// The primary's replication slots, one per replica the spec asks for (made before the
+/// replica copies the primary, or soon after: `wal_keep_size` bridges the gap), a slot of an
+/// instance scaled away dropped once unused; and what the primary says of its replicas.
+async fn keep_slots(
+    pg: &PostgreSQL,
+    names: &Names,
+    instance: &Instance,
+    made: &mut InDatabase,
+    may_change: bool,
+) -> Result<(), SqlError> {
+    let mut replication = instance.replication().await?;
+    if may_change {
+        let wanted = replication::wanted_slots(names, pg.spec.instances, &names.instance());
+        let (make, drop) = replication::slot_changes(&wanted, &replication.slots);
+        for slot in &make {
+            instance.create_slot(slot).await?;
+            replication.slots.push((slot.clone(), false));
+        }
+        for slot in &drop {
+            instance.drop_slot(slot).await?;
+            replication.slots.retain(|(s, _)| s != slot);
+        }
+        made.slots_made = make;
+        made.slots_dropped = drop;
+    }
+    made.replication = Some(replication);
+    Ok(())
 }
 
 /// Makes the owner, sets the password when the Secret has a new one (or the data directory is

@@ -14,6 +14,8 @@
 //! - `database.rs`, `sql.rs`: what the operator does and learns in the database;
 //! - `backups.rs`: the first and the scheduled backups, and retention;
 //! - `node_loss.rs`: a node that died with the instance (and its volume) on it, pure;
+//! - `replication.rs`: replicas: the primary's slots for them, the members of the status,
+//!   the pods' role labels, pure;
 //! - `status.rs`, `events.rs`: the status and the Events, pure, written only on change;
 //! - `image.rs`: the image and user of the instance and of the backup pods; `problem.rs`: why
 //!   the spec cannot be carried out, as the status says it;
@@ -36,6 +38,7 @@ pub mod observe;
 pub mod placement;
 pub mod problem;
 mod reconcile;
+pub mod replication;
 pub mod restore;
 pub mod secrets;
 pub mod services;

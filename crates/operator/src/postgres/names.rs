@@ -10,6 +10,14 @@ use crate::core::labels;
 
 /// The label naming the PostgreSQL an object belongs to.
 pub const POSTGRES_LABEL: &str = "noops.dev/postgres";
+/// The label the operator keeps on each instance's pod: `primary`, `replica` (streaming and
+/// within the lag bound: behind `<name>-ro`), or `replica-behind`.
+pub const ROLE_LABEL: &str = "noops.dev/role";
+/// The label the StatefulSet controller puts on each of its pods (its name): `<name>` and
+/// `<name>-rw` select the primary by it, so they follow it without the operator once set.
+pub const POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
+/// The environment variable that tells the instance manager its pod's name.
+pub const POD_NAME_ENV: &str = "NOOPS_POD_NAME";
 /// The port the instance serves on, in the pod and behind the Service.
 pub const PORT: i32 = 5432;
 /// The superuser the operator connects as (the role `initdb` makes).
@@ -68,14 +76,58 @@ impl Names {
         self.name.clone()
     }
 
-    /// The instance's pod (the StatefulSet's only one).
+    /// The first instance's pod: the primary of a new database.
     pub fn instance(&self) -> String {
-        format!("{}-0", self.name)
+        self.instance_at(0)
     }
 
-    /// The instance's volume claim, made by the StatefulSet from its template.
+    /// The pod of the instance with ordinal `i`.
+    pub fn instance_at(&self, i: i32) -> String {
+        format!("{}-{i}", self.name)
+    }
+
+    /// The ordinal of instance pod `pod`, if it is one of this database's.
+    pub fn ordinal(&self, pod: &str) -> Option<i32> {
+        pod.strip_prefix(&self.name)?.strip_prefix('-')?.parse().ok()
+    }
+
+    /// The first instance's volume claim, made by the StatefulSet from its template.
     pub fn data_claim(&self) -> String {
-        format!("{DATA_VOLUME}-{}-0", self.name)
+        self.data_claim_of(&self.instance())
+    }
+
+    /// The volume claim of instance pod `pod`.
+    pub fn data_claim_of(&self, pod: &str) -> String {
+        format!("{DATA_VOLUME}-{pod}")
+    }
+
+    /// The Services: the primary (`-rw`), replicas within the lag bound (`-ro`), any Ready
+    /// instance (`-r`).
+    pub fn service_rw(&self) -> String {
+        format!("{}-rw", self.name)
+    }
+
+    pub fn service_ro(&self) -> String {
+        format!("{}-ro", self.name)
+    }
+
+    pub fn service_r(&self) -> String {
+        format!("{}-r", self.name)
+    }
+
+    /// Where replicas reach the primary: the `-rw` Service, which follows it.
+    pub fn primary_host(&self) -> String {
+        format!("{}.{}.svc", self.service_rw(), self.namespace)
+    }
+
+    /// Where readers connect: the `-ro` Service.
+    pub fn read_only_host(&self) -> String {
+        format!("{}.{}.svc", self.service_ro(), self.namespace)
+    }
+
+    /// The physical replication slot the primary keeps for instance pod `pod`.
+    pub fn slot_of(pod: &str) -> String {
+        format!("noops_{}", pod.replace('-', "_"))
     }
 
     /// The Secret with the superuser's password, made once by the operator.
@@ -122,6 +174,11 @@ mod tests {
         };
         assert_eq!(names.instance(), "shop-0");
         assert_eq!(names.data_claim(), "data-shop-0");
+        assert_eq!(names.data_claim_of("shop-2"), "data-shop-2");
+        assert_eq!(names.ordinal("shop-2"), Some(2));
+        assert_eq!(names.ordinal("shopping-2"), None);
+        assert_eq!(Names::slot_of("shop-db-1"), "noops_shop_db_1");
+        assert_eq!(names.primary_host(), "shop-rw.prod.svc");
         assert_eq!(names.host(), "shop.prod.svc");
         assert_eq!(names.labels()[POSTGRES_LABEL], "shop");
         assert!(PGDATA.starts_with(VOLUME_MOUNT));

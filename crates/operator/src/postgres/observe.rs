@@ -25,8 +25,13 @@ pub struct Caches {
 #[derive(Debug, Clone, Default)]
 pub struct Children {
     pub statefulset: Option<Arc<StatefulSet>>,
+    /// The first instance's pod (the primary).
     pub instance: Option<Arc<Pod>>,
+    /// Every pod of the database's label: its instances (`replication::instance_pods`).
+    pub pods: Vec<Arc<Pod>>,
     pub service: Option<Arc<Service>>,
+    /// The Services by name: `<name>`, `-rw`, `-ro`, `-r`.
+    pub services: std::collections::BTreeMap<String, Arc<Service>>,
     pub superuser_secret: Option<Arc<Secret>>,
     pub connection_secret: Option<Arc<Secret>>,
     pub instance_config: Option<Arc<ConfigMap>>,
@@ -46,7 +51,29 @@ pub fn children(caches: &Caches, names: &Names) -> Children {
     Children {
         statefulset: get(&caches.statefulsets, &names.statefulset(), ns),
         instance: get(&caches.pods, &names.instance(), ns),
+        pods: caches
+            .pods
+            .state()
+            .into_iter()
+            .filter(|p| {
+                p.metadata.namespace.as_deref() == Some(ns.as_str())
+                    && p.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(super::names::POSTGRES_LABEL))
+                        == Some(&names.name)
+            })
+            .collect(),
         service: get(&caches.services, &names.service(), ns),
+        services: [
+            names.service(),
+            names.service_rw(),
+            names.service_ro(),
+            names.service_r(),
+        ]
+        .into_iter()
+        .filter_map(|n| Some((n.clone(), get(&caches.services, &n, ns)?)))
+        .collect(),
         superuser_secret: get(&caches.secrets, &names.superuser_secret(), ns),
         connection_secret: get(&caches.secrets, &names.connection_secret(), ns),
         instance_config: get(&caches.config_maps, &names.instance_config(), ns),

@@ -12,7 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::DeleteParams;
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource};
 use noops_api::postgres::BackupLocation;
@@ -24,7 +24,7 @@ use super::backups;
 use super::context::Context;
 use super::database::{self, InDatabase};
 use super::events::announcements;
-use super::names::Names;
+use super::names::{Names, ROLE_LABEL};
 use super::node_loss::{self, Elsewhere, NodeLoss};
 use super::placement;
 use super::problem::PlanProblem;
@@ -32,7 +32,7 @@ use super::restore::InstancePlan;
 use super::secrets::{self, Password, PasswordProblem};
 use super::status::{self, InstanceState, StatusFacts};
 use super::store::{BaseBackupDestination, Destination};
-use super::{destination, observe, restore, services, statefulset};
+use super::{destination, observe, replication, restore, services, statefulset};
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
 use crate::core::backup::progress;
 use crate::core::backup::retention::{BackupsSummary, being_restored};
@@ -64,6 +64,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
         pass.apply_children(&observed, &checked).await?
     };
     let (instance, made) = pass.in_database(&observed, &checked, &applied).await?;
+    let members = pass.label_roles(&observed, &made).await?;
     let serving = matches!(instance, InstanceState::Serving(_)) && made.database_ready;
     let bootstrapping = matches!(instance, InstanceState::Bootstrapping);
     let (summary, kept) = pass.keep_backups(&observed, serving).await?;
@@ -72,7 +73,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     } else {
         pass.look_again(serving, &applied, kept.look_again)
     };
-    let seen = seen(&pass, instance, &observed, &checked, applied, &made, summary);
+    let seen = seen(&pass, (instance, members), &observed, &checked, applied, &made, summary);
     finish(&pass, &observed.children, seen, &made, &checked.password).await?;
     Ok(Action::requeue(look_again))
 }
@@ -179,19 +180,22 @@ impl<'a> Pass<'a> {
             self.write_plan(children, plan).await.during(Stage::Apply)?;
         }
         let (held_back, mut refused) = self.apply_statefulset(children, checked).await?;
-        let mut service = services::build(self.pg, &self.names, &self.owner);
-        stamp(&mut service);
-        let live_service = if up_to_date(&service, children.service.as_deref()) {
-            children.service.as_deref().cloned()
-        } else {
-            match apply(&self.api::<Service>(), &self.names.service(), &service).await {
-                Ok(applied) => Some(applied),
+        let mut live_service = children.service.as_deref().cloned();
+        for mut service in services::build_all(self.pg, &self.names, &self.owner, &self.names.instance()) {
+            stamp(&mut service);
+            let name = service.metadata.name.clone().unwrap_or_default();
+            let live = children.services.get(&name).map(|s| s.as_ref());
+            if up_to_date(&service, live) {
+                continue;
+            }
+            match apply(&self.api::<Service>(), &name, &service).await {
+                Ok(applied) if name == self.names.service() => live_service = Some(applied),
+                Ok(_) => {}
                 Err(error) => {
                     refused = refused.or(Some(refusal("Service", error).during(Stage::Apply)?));
-                    children.service.as_deref().cloned()
                 }
             }
-        };
+        }
         self.replace_pods_that_cannot_start(children).await?;
         // A node that died with the instance on it.
         let node_lost = match children
@@ -363,6 +367,37 @@ impl<'a> Pass<'a> {
         Ok((instance, made))
     }
 
+    /// Each instance as the primary reports it, and its pod's role label set to match (unless
+    /// paused): `<name>-ro` follows the label.
+    async fn label_roles(
+        &self,
+        observed: &Observed,
+        made: &InDatabase,
+    ) -> Result<Vec<noops_api::postgres::MemberStatus>> {
+        let pods = replication::instance_pods(&self.names, &observed.children.pods);
+        let members = replication::members(&pods, &self.names.instance(), made.replication.as_ref(), self.now);
+        for slot in &made.slots_made {
+            info!(%slot, "made a replication slot on the primary for a replica");
+        }
+        for slot in &made.slots_dropped {
+            info!(%slot, "dropped the replication slot of an instance scaled away");
+        }
+        if self.pg.spec.paused {
+            return Ok(members);
+        }
+        let api = self.api::<Pod>();
+        for (pod, role) in replication::labels_to_set(&pods, &members) {
+            let body = json!({ "metadata": { "labels": { (ROLE_LABEL): role } } });
+            match api.patch(&pod, &PatchParams::default(), &Patch::Merge(body)).await {
+                Ok(_) => info!(%pod, %role, "labelled the instance with its role"),
+                // Gone since the cache saw it: its successor is labelled by the next pass.
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e).during(Stage::Apply),
+            }
+        }
+        Ok(members)
+    }
+
     /// Backups: the first, the scheduled, retention; an Event for each decision.
     async fn keep_backups(
         &self,
@@ -410,7 +445,7 @@ impl<'a> Pass<'a> {
 /// What the status is built from.
 fn seen(
     pass: &Pass,
-    instance: InstanceState,
+    (instance, members): (InstanceState, Vec<noops_api::postgres::MemberStatus>),
     observed: &Observed,
     checked: &Checked,
     applied: Applied,
@@ -452,6 +487,7 @@ fn seen(
         backups: summary,
         bootstrap_source: checked.bootstrap_source.clone(),
         node_lost: applied.node_lost,
+        members,
     }
 }
 

@@ -43,6 +43,13 @@ pub struct InstancePlan {
     /// bootstrap fails with).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initdb_refused: Option<String>,
+    /// The instance (pod) that is the primary: the empty data directory of any other is a
+    /// copy of it, and runs as its replica (`instance/replica.rs`). None: a single instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary: Option<String>,
+    /// Where replicas reach the primary (the `-rw` Service).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_host: Option<String>,
 }
 
 /// A restore: which base backup, where it and its WAL are, and how far to replay.
@@ -114,18 +121,38 @@ fn newest_restorable<'a>(
         })
 }
 
-/// What an empty data directory of `pg` becomes, given the backups in its namespace.
+/// What an empty data directory of `pg` becomes, given the backups in its namespace: the
+/// primary's, as below; any other instance's, a copy of the primary.
 pub fn plan(pg: &PostgreSQL, backups: &[PostgresBackup]) -> Result<InstancePlan, PlanProblem> {
+    let mut plan = primary_plan(pg, backups)?;
+    let names = Names::of(pg);
+    plan.primary = Some(names.instance());
+    plan.primary_host = Some(names.primary_host());
+    // With replicas, the primary's empty volume is neither restored (the replicas could not
+    // follow it onto a new timeline) nor made anew (that would replace the database they
+    // hold).
+    let has_run = pg.status.as_ref().and_then(|s| s.system_identifier.as_ref()).is_some();
+    if pg.spec.instances > 1 && has_run {
+        plan.restore = None;
+        plan.initdb_refused = Some(
+            "the primary's data directory is empty and its replicas hold the database: the operator does not fail over to a replica yet. Promote one by hand, or set instances to 1 to restore the primary from its backups (the replicas' volumes are kept)".into(),
+        );
+    }
+    Ok(plan)
+}
+
+/// What an empty data directory of the primary becomes.
+fn primary_plan(pg: &PostgreSQL, backups: &[PostgresBackup]) -> Result<InstancePlan, PlanProblem> {
     if let Some(own) = newest_own(pg, backups) {
         return Ok(InstancePlan {
             restore: restore_from(own, From::Own, None),
-            initdb_refused: None,
+            ..Default::default()
         });
     }
     if let Some(why) = backed_up_elsewhere(pg, backups) {
         return Ok(InstancePlan {
-            restore: None,
             initdb_refused: Some(why),
+            ..Default::default()
         });
     }
     let Some(source) = pg.spec.bootstrap.as_ref().and_then(|b| b.from_backup.as_ref()) else {
@@ -163,7 +190,7 @@ pub fn plan(pg: &PostgreSQL, backups: &[PostgresBackup]) -> Result<InstancePlan,
     })?;
     Ok(InstancePlan {
         restore: Some(restore),
-        initdb_refused: None,
+        ..Default::default()
     })
 }
 
@@ -257,6 +284,11 @@ pub fn config_map(names: &Names, owner: &OwnerReference, plan: &InstancePlan) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An empty data directory of the primary is initialised, neither restored nor held.
+    fn made_anew(plan: InstancePlan) -> bool {
+        plan.restore.is_none() && plan.initdb_refused.is_none()
+    }
     use crate::postgres::fixtures::{backup, postgres, with_backups};
     use noops_api::postgres::{BackupSource, BootstrapSpec};
 
@@ -285,16 +317,16 @@ mod tests {
         );
         let mut old_unlabelled = backup("shop-2", "shop", "Succeeded", "111", 600);
         old_unlabelled.metadata.labels = None;
-        assert_eq!(plan(&pg, &[old, old_unlabelled]).unwrap(), InstancePlan::default());
+        assert!(made_anew(plan(&pg, &[old, old_unlabelled]).unwrap()));
     }
 
     #[test]
     fn a_new_database_without_backups_is_initialised() {
         let pg = with_backups(postgres("shop"));
-        assert_eq!(plan(&pg, &[]).unwrap(), InstancePlan::default());
+        assert!(made_anew(plan(&pg, &[]).unwrap()));
         // Backups of another database of the same name (an earlier one) are not its own.
         let old = backup("shop-old", "shop", "Succeeded", "111", 100);
-        assert_eq!(plan(&ran(pg, "222"), &[old]).unwrap(), InstancePlan::default());
+        assert!(made_anew(plan(&ran(pg, "222"), &[old]).unwrap()));
     }
 
     #[test]
@@ -337,7 +369,7 @@ mod tests {
             .unwrap();
         assert!(why.contains("spec.backup is not set"), "{why}");
         // Backups of another database (another system identifier) do not hold it back.
-        assert_eq!(plan(&ran(pg, "222"), &[moved]).unwrap(), InstancePlan::default());
+        assert!(made_anew(plan(&ran(pg, "222"), &[moved]).unwrap()));
     }
 
     fn bootstrapped(name: &str, target: Option<&str>) -> PostgreSQL {
@@ -386,6 +418,27 @@ mod tests {
         assert_eq!((restore.backup.as_str(), restore.from), ("copy-1", From::Own));
         // Before its own first backup it has nothing to restore: never its source again, which
         // would drop its own commits.
-        assert_eq!(plan(&pg, &backups[..1]).unwrap(), InstancePlan::default());
+        assert!(made_anew(plan(&pg, &backups[..1]).unwrap()));
+    }
+
+    #[test]
+    fn with_replicas_the_plan_names_the_primary_and_an_empty_primary_that_ran_is_held() {
+        let mut pg = with_backups(postgres("shop"));
+        pg.spec.instances = 3;
+        let new = plan(&pg, &[]).unwrap();
+        assert_eq!(new.primary.as_deref(), Some("shop-0"));
+        assert_eq!(new.primary_host.as_deref(), Some("shop-rw.prod.svc"));
+        assert!(
+            made_anew(new),
+            "a new database: the primary is initialised, the replicas copy it"
+        );
+        let ran = ran(pg, "111");
+        let backups = [backup("shop-1", "shop", "Succeeded", "111", 100)];
+        let held = plan(&ran, &backups).unwrap();
+        assert_eq!(
+            held.restore, None,
+            "a restore would leave the replicas on another timeline"
+        );
+        assert!(held.initdb_refused.unwrap().contains("its replicas hold the database"));
     }
 }

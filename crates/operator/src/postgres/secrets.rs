@@ -153,6 +153,12 @@ pub fn connection_secret(names: &Names, owner: &OwnerReference, db: &str, user: 
         noops_api::uri::percent_encode(user),
         noops_api::uri::percent_encode(&password.value)
     );
+    let read_only_host = names.read_only_host();
+    let read_only_uri = format!(
+        "postgresql://{}:{}@{read_only_host}:{PORT}/{db}",
+        noops_api::uri::percent_encode(user),
+        noops_api::uri::percent_encode(&password.value)
+    );
     let data = BTreeMap::from([
         ("host".to_string(), host),
         ("port".to_string(), PORT.to_string()),
@@ -160,6 +166,9 @@ pub fn connection_secret(names: &Names, owner: &OwnerReference, db: &str, user: 
         ("user".to_string(), user.to_string()),
         (PASSWORD.to_string(), password.value.clone()),
         ("uri".to_string(), uri),
+        // Replicas only (`<name>-ro`): reads that may trail the primary by the lag bound.
+        ("ro_host".to_string(), read_only_host),
+        ("ro_uri".to_string(), read_only_uri),
     ]);
     secret(names.connection_secret(), names, owner, data)
 }

@@ -61,6 +61,32 @@ pub struct Recovered {
     pub end_wal: Option<String>,
 }
 
+/// What the primary says of its replication: where its WAL is, the standbys streaming from it
+/// (`pg_stat_replication`), and the slots of ours it keeps (`pg_replication_slots`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Replication {
+    pub current_lsn: String,
+    pub timeline: i64,
+    pub standbys: Vec<Standby>,
+    /// The physical slots named `noops_*`, and whether a standby uses each now.
+    pub slots: Vec<(String, bool)>,
+}
+
+/// One standby connected to the primary, by its application name (its pod).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Standby {
+    pub name: String,
+    /// `streaming`, `catchup`, `startup`, ...
+    pub state: String,
+    /// The last WAL position it has written to its disk, and replayed.
+    pub flush_lsn: Option<String>,
+    pub replay_lsn: Option<String>,
+    /// The bytes the primary has written past what the standby has flushed.
+    pub lag_bytes: Option<i64>,
+    /// How far its replay is behind, as the primary measures it (none when idle).
+    pub replay_lag_millis: Option<i64>,
+}
+
 /// A time column as RFC 3339 in UTC.
 fn rfc3339(column: &str) -> String {
     format!("to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
@@ -280,6 +306,76 @@ impl Instance {
             .await
             .map_err(|e| self.failed(e))?;
         Ok(row.get(0))
+    }
+}
+
+impl Instance {
+    /// What the primary says of its replication.
+    pub async fn replication(&self) -> Result<Replication, SqlError> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT pg_current_wal_lsn()::text, (SELECT timeline_id::bigint FROM pg_control_checkpoint())",
+                &[],
+            )
+            .await
+            .map_err(|e| self.failed(e))?;
+        let standbys = self
+            .client
+            .query(
+                "SELECT application_name, state, flush_lsn::text, replay_lsn::text, \
+                 pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn)::bigint, \
+                 (extract(epoch FROM replay_lag) * 1000)::bigint \
+                 FROM pg_stat_replication ORDER BY application_name",
+                &[],
+            )
+            .await
+            .map_err(|e| self.failed(e))?
+            .into_iter()
+            .map(|r| Standby {
+                name: r.get(0),
+                state: r.get::<_, Option<String>>(1).unwrap_or_default(),
+                flush_lsn: r.get(2),
+                replay_lsn: r.get(3),
+                lag_bytes: r.get(4),
+                replay_lag_millis: r.get(5),
+            })
+            .collect();
+        let slots = self
+            .client
+            .query(
+                "SELECT slot_name::text, active FROM pg_replication_slots WHERE slot_type = 'physical' AND slot_name LIKE 'noops\\_%' ORDER BY slot_name",
+                &[],
+            )
+            .await
+            .map_err(|e| self.failed(e))?
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        Ok(Replication {
+            current_lsn: row.get(0),
+            timeline: row.get(1),
+            standbys,
+            slots,
+        })
+    }
+
+    /// Makes physical replication slot `name`, keeping WAL from now on.
+    pub async fn create_slot(&self, name: &str) -> Result<(), SqlError> {
+        self.client
+            .execute("SELECT pg_create_physical_replication_slot($1, true)", &[&name])
+            .await
+            .map_err(|e| self.failed(e))?;
+        Ok(())
+    }
+
+    /// Drops replication slot `name` (not in use).
+    pub async fn drop_slot(&self, name: &str) -> Result<(), SqlError> {
+        self.client
+            .execute("SELECT pg_drop_replication_slot($1)", &[&name])
+            .await
+            .map_err(|e| self.failed(e))?;
+        Ok(())
     }
 }
 

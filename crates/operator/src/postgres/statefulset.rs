@@ -1,4 +1,5 @@
-//! The StatefulSet that runs the instance: one pod, one volume. Pure.
+//! The StatefulSet that runs the instances: a pod and a volume each, `<name>-0` the primary of
+//! a new database, the others its replicas (`instance/replica.rs`). Pure.
 //!
 //! The pod follows the layout of CloudNativePG's: an init container of the operator's image
 //! copies the instance manager (`noops pg-instance`) into a folder shared with the PostgreSQL
@@ -13,9 +14,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, ExecAction, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, Volume,
-    VolumeMount, VolumeResourceRequirements,
+    Affinity, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
+    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, Volume, VolumeMount,
+    VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -24,8 +26,8 @@ use noops_api::postgres::BackupLocation;
 
 use super::image::{POSTGRES_UID, image, install_container};
 use super::names::{
-    CONTROLLER_DIR, DATA_VOLUME, INSTANCE_MANAGER, Names, PGDATA, PORT, ROOT_ENV, SOCKET_DIR, SUPERUSER_DIR,
-    VOLUME_MOUNT,
+    CONTROLLER_DIR, DATA_VOLUME, INSTANCE_MANAGER, Names, PGDATA, POD_NAME_ENV, PORT, ROOT_ENV, SOCKET_DIR,
+    SUPERUSER_DIR, VOLUME_MOUNT,
 };
 use super::restore::{PLAN_DIR, PLAN_FILE};
 use super::store::{self, BaseBackupDestination, Destination, PodAccess, Role};
@@ -127,7 +129,7 @@ pub fn build(
             ..Default::default()
         },
         spec: Some(StatefulSetSpec {
-            replicas: Some(1),
+            replicas: Some(pg.spec.instances),
             service_name: Some(names.service()),
             selector: LabelSelector {
                 match_labels: Some(names.selector()),
@@ -142,6 +144,7 @@ pub fn build(
                     init_containers: Some(vec![install_container(operator_image), bootstrap]),
                     containers: vec![postgres],
                     volumes: Some(volumes),
+                    affinity: Some(spread(names)),
                     // The instance needs nothing from the API server.
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
@@ -157,10 +160,12 @@ pub fn build(
                 }),
             },
             volume_claim_templates: Some(vec![data_claim(pg, &labels)]),
-            // The volume goes with the PostgreSQL (backups stay), not when scaled.
+            // The volumes go with the PostgreSQL (backups stay). A replica scaled away takes
+            // its volume: scaled up again, it is copied anew from the primary rather than
+            // resumed from a position the primary may no longer keep (its slot is dropped).
             persistent_volume_claim_retention_policy: Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
                 when_deleted: Some("Delete".into()),
-                when_scaled: Some("Retain".into()),
+                when_scaled: Some("Delete".into()),
             }),
             ..Default::default()
         }),
@@ -172,6 +177,17 @@ pub fn build(
 /// directory, the socket, the password and the plan are, and how to reach the stores.
 fn instance_env_and_mounts(access: &PodAccess) -> (Vec<EnvVar>, Vec<VolumeMount>) {
     let mut env_vars = vec![
+        EnvVar {
+            name: POD_NAME_ENV.into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.name".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
         env("PGDATA", PGDATA),
         env("NOOPS_SOCKET_DIR", SOCKET_DIR),
         env("NOOPS_SUPERUSER_PASSWORD_FILE", &format!("{SUPERUSER_DIR}/password")),
@@ -186,6 +202,28 @@ fn instance_env_and_mounts(access: &PodAccess) -> (Vec<EnvVar>, Vec<VolumeMount>
     ];
     mounts.extend(access.mounts.iter().cloned());
     (env_vars, mounts)
+}
+
+/// Instances apart: each prefers a node no other instance of the database runs on, so that
+/// one node lost takes one instance (the status says when two share a node anyway).
+fn spread(names: &Names) -> Affinity {
+    Affinity {
+        pod_anti_affinity: Some(PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![WeightedPodAffinityTerm {
+                weight: 100,
+                pod_affinity_term: PodAffinityTerm {
+                    topology_key: "kubernetes.io/hostname".into(),
+                    label_selector: Some(LabelSelector {
+                        match_labels: Some(names.selector()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 /// Ready: the server accepts connections.
@@ -289,7 +327,7 @@ mod tests {
         let names = Names::of(&pg);
         let sts = build(&pg, &names, &owner(), "noops:dev", None);
         let spec = sts.spec.unwrap();
-        assert_eq!(spec.replicas, Some(1));
+        assert_eq!(spec.replicas, Some(1), "one instance unless asked");
         let pod = spec.template.spec.unwrap();
         let install = &pod.init_containers.unwrap()[0];
         assert_eq!(install.image.as_deref(), Some("noops:dev"));
@@ -320,6 +358,23 @@ mod tests {
         let selector = spec.selector.match_labels.unwrap();
         let pod_labels = spec.template.metadata.unwrap().labels.unwrap();
         assert!(selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
+    }
+
+    #[test]
+    fn instances_are_pods_of_the_statefulset_that_know_their_names_and_keep_apart() {
+        let mut pg = postgres("shop");
+        pg.spec.instances = 3;
+        let sts = build(&pg, &Names::of(&pg), &owner(), "noops:dev", None);
+        let spec = sts.spec.unwrap();
+        assert_eq!(spec.replicas, Some(3));
+        let pod = spec.template.spec.unwrap();
+        let env = pod.containers[0].env.clone().unwrap();
+        let name = env.iter().find(|e| e.name == POD_NAME_ENV).unwrap();
+        let field = name.value_from.clone().unwrap().field_ref.unwrap().field_path;
+        assert_eq!(field, "metadata.name");
+        let apart = pod.affinity.unwrap().pod_anti_affinity.unwrap();
+        let term = &apart.preferred_during_scheduling_ignored_during_execution.unwrap()[0];
+        assert_eq!(term.pod_affinity_term.topology_key, "kubernetes.io/hostname");
     }
 
     #[test]

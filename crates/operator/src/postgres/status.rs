@@ -7,10 +7,11 @@
 
 use noops_api::PostgreSQL;
 use noops_api::condition::{DEGRADED, READY};
-use noops_api::postgres::{BackupLocation, PostgreSQLStatus, RestoreStatus};
+use noops_api::postgres::{BackupLocation, MemberStatus, PostgreSQLStatus, RestoreStatus, Role};
 
 use super::names::{Names, PORT};
 use super::problem::PlanProblem;
+use super::replication;
 use super::secrets::PasswordProblem;
 use super::sql::{Archiver, InstanceFacts};
 use crate::core::backup::gauges::epoch_seconds;
@@ -21,6 +22,8 @@ use crate::core::stuck::Stuck;
 
 pub const CONTINUOUS_ARCHIVING: &str = "ContinuousArchiving";
 pub const RESTORED: &str = "Restored";
+/// True while every replica the spec asks for streams from the primary within the lag bound.
+pub const REPLICAS_READY: &str = "ReplicasReady";
 
 /// Where the instance stands, as one pass saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +81,8 @@ pub struct StatusFacts {
     pub bootstrap_source: Option<BackupLocation>,
     /// Why the instance waits for its dead node, if it does.
     pub node_lost: Option<String>,
+    /// Every instance as this pass saw it (`replication.rs`).
+    pub members: Vec<MemberStatus>,
 }
 
 impl Default for InstanceState {
@@ -121,6 +126,7 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, now: jiff::Time
         ready_condition(pg, names, seen, ready),
         degraded(seen, archiving.as_ref()),
         restored(seen, restore.as_ref()),
+        replicas_ready(pg, seen),
     ];
     decided.extend(archiving);
     decided.extend(seen.backups.condition.clone());
@@ -146,6 +152,18 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, now: jiff::Time
         connection_secret: seen.password_version.as_ref().map(|_| names.connection_secret()),
         instance: seen.instance_pod.clone(),
         node: seen.node.clone(),
+        current_primary: Some(names.instance()),
+        ready_instances: Some(replication::ready_instances(&seen.members, ready)),
+        selector: Some(
+            names
+                .selector()
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        members: replication::paced(&previous.members, seen.members.clone(), now),
+        placement: replication::shared_nodes(&seen.members),
         server_version: serving.map(|f| f.server_version.clone()).or(previous.server_version),
         system_identifier: serving
             .map(|f| f.system_identifier.clone())
@@ -237,6 +255,44 @@ fn ready_condition(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, ready: bo
         },
         (InstanceState::Starting(why), _, _) => Decided::new(READY, false, "Starting", why.clone()),
         (InstanceState::Unreachable(why), _, _) => Decided::new(READY, false, "Unreachable", why.clone()),
+    }
+}
+
+/// ReplicasReady: every replica asked for streams within the lag bound, or which do not.
+fn replicas_ready(pg: &PostgreSQL, seen: &StatusFacts) -> Decided {
+    let wanted = pg.spec.instances - 1;
+    if wanted == 0 {
+        return Decided::new(
+            REPLICAS_READY,
+            true,
+            "NoReplicas",
+            "one instance: no replica is asked for",
+        );
+    }
+    let replicas: Vec<&MemberStatus> = seen.members.iter().filter(|m| m.role == Role::Replica).collect();
+    let behind: Vec<String> = replicas
+        .iter()
+        .filter(|m| replication::role_label(m) != replication::REPLICA)
+        .map(|m| match (m.ready, m.streaming, m.lag_bytes) {
+            (false, _, _) => format!("{} is not Ready", m.name),
+            (true, Some(true), Some(lag)) => format!("{} is {lag} bytes behind", m.name),
+            _ => format!("{} does not stream from the primary", m.name),
+        })
+        .collect();
+    let streaming = replicas.len() as i32 - behind.len() as i32;
+    if behind.is_empty() && streaming >= wanted {
+        Decided::new(
+            REPLICAS_READY,
+            true,
+            "Streaming",
+            format!("{streaming} of {wanted} replicas stream from the primary"),
+        )
+    } else {
+        let mut why = behind;
+        if (replicas.len() as i32) < wanted {
+            why.push(format!("{} of {wanted} replicas have a pod", replicas.len()));
+        }
+        Decided::new(REPLICAS_READY, false, "ReplicasBehind", why.join("; "))
     }
 }
 

@@ -29,6 +29,7 @@ use tracing::info;
 
 use super::base_backup::ChannelReader;
 use super::progress::Reporter;
+use super::replica::{Role, clone_primary, mark_standby, role};
 use super::{DataDir, InstanceError, Settings, io, server_args, write_hba};
 use crate::postgres::names::{RESTORE_RECORD, SUPERUSER};
 use crate::postgres::restore::{From, InstancePlan, RestorePlan};
@@ -44,6 +45,8 @@ pub enum Bootstrapped {
     Initialised,
     /// A database restored from a backup.
     Restored(RestoreStatus),
+    /// A replica's copy of the primary.
+    Cloned,
 }
 
 /// How long a restored server has to stop cleanly before it is told to stop at once.
@@ -59,6 +62,14 @@ pub async fn bootstrap(settings: &Settings) -> Result<Bootstrapped, InstanceErro
     // A record of an earlier restore went with that database.
     remove_if_there(Path::new(RESTORE_RECORD))?;
     let plan = read_plan(&settings.plan_file)?;
+    if let Role::Replica { host, .. } = role(&plan, settings.pod_name.as_deref()) {
+        info!(primary = %host, "no database in the volume, and this instance is a replica: copying the primary");
+        let staged = staging(&settings.pgdata, "clone")?;
+        clone_primary(settings, &host, &staged).await?;
+        mark_standby(&staged)?;
+        put_in_place(&staged, &settings.pgdata)?;
+        return Ok(Bootstrapped::Cloned);
+    }
     match (plan.restore, plan.initdb_refused) {
         // A database that ran and can still be restored from elsewhere is not made anew.
         (None, Some(why)) => Err(InstanceError::Restore(why)),
@@ -76,7 +87,7 @@ pub async fn bootstrap(settings: &Settings) -> Result<Bootstrapped, InstanceErro
     }
 }
 
-fn read_plan(path: &Path) -> Result<InstancePlan, InstanceError> {
+pub fn read_plan(path: &Path) -> Result<InstancePlan, InstanceError> {
     let text = std::fs::read_to_string(path).map_err(io(format!("reading the plan {}", path.display())))?;
     serde_json::from_str(&text)
         .map_err(|e| InstanceError::Restore(format!("the plan {} cannot be read: {e}", path.display())))

@@ -9,7 +9,7 @@ use tracing::info;
 
 use super::bootstrap::Bootstrapped;
 use super::{Archive, Settings, base_backup, bootstrap, remove, wal};
-use crate::postgres::names::ROOT_ENV;
+use crate::postgres::names::{POD_NAME_ENV, ROOT_ENV};
 use crate::postgres::store::{self, STORE_ENV};
 
 /// Where a command's last words go for the operator to read.
@@ -90,6 +90,9 @@ pub struct InstanceArgs {
     backup_root: Option<String>,
     #[arg(long, env = "NOOPS_PG_ARCHIVE_TIMEOUT", default_value_t = 5)]
     archive_timeout_seconds: u32,
+    /// The pod's name: which instance this is.
+    #[arg(long, env = POD_NAME_ENV)]
+    pod_name: Option<String>,
 }
 
 impl InstanceArgs {
@@ -100,6 +103,7 @@ impl InstanceArgs {
             superuser_password_file: self.superuser_password_file,
             plan_file: self.plan_file,
             archive: Archive::from_env(self.backup_root, self.archive_timeout_seconds),
+            pod_name: self.pod_name,
         }
     }
 }
@@ -165,6 +169,7 @@ pub async fn run(command: PgInstanceCommand) -> ! {
         PgInstanceCommand::Bootstrap(args) => match bootstrap::bootstrap(&args.settings()).await {
             Ok(Bootstrapped::AlreadyThere) => finish(0, "the volume holds the database"),
             Ok(Bootstrapped::Initialised) => finish(0, "initialised a new database"),
+            Ok(Bootstrapped::Cloned) => finish(0, "copied the primary: a replica"),
             Ok(Bootstrapped::Restored(record)) => {
                 finish(0, &serde_json::to_string(&record).unwrap_or_else(|_| "restored".into()))
             }

@@ -12,13 +12,15 @@
 //!   every client to leave and ends in a SIGKILL and crash recovery.
 //! - `wal.rs`: `archive_command` and `restore_command`;
 //! - `base_backup.rs`, `remove.rs`: the base backup pod's and the delete pod's work;
-//! - `progress.rs`: how far a restore has got, answered to the operator while it runs.
+//! - `progress.rs`: how far a restore has got, answered to the operator while it runs;
+//! - `replica.rs`: an instance that is not the primary: a copy of it, in standby.
 
 pub mod base_backup;
 pub mod bootstrap;
 pub mod cli;
 pub mod progress;
 pub mod remove;
+pub mod replica;
 pub mod wal;
 
 use std::os::unix::fs::PermissionsExt;
@@ -111,6 +113,8 @@ pub struct Settings {
     pub plan_file: PathBuf,
     /// WAL archiving, when the database has a backup destination.
     pub archive: Option<Archive>,
+    /// The pod's name: which instance this is (`replica.rs`).
+    pub pod_name: Option<String>,
 }
 
 /// Where and how often WAL is archived.
@@ -173,6 +177,11 @@ pub fn server_args(settings: &Settings, pgdata: &Path, system_id: &str) -> Vec<S
         ("unix_socket_directories", settings.socket_dir.display().to_string()),
         ("password_encryption", "scram-sha-256".to_string()),
         ("hba_file", pgdata.join("pg_hba.conf").display().to_string()),
+        // WAL kept for a replica whose slot is not there yet (it is made as the replica is),
+        // and the most a slot may hold back, so that a replica gone for good cannot fill the
+        // primary's volume (it is copied anew instead).
+        ("wal_keep_size", "64MB".to_string()),
+        ("max_slot_wal_keep_size", "256MB".to_string()),
     ];
     if let Some(archive) = &settings.archive {
         owned.extend(archive.settings(system_id));
@@ -215,14 +224,26 @@ pub async fn run(settings: &Settings) -> Result<ExitStatus, InstanceError> {
     write_hba(&settings.pgdata)?;
     std::fs::create_dir_all(&settings.socket_dir).map_err(io(format!("making {}", settings.socket_dir.display())))?;
     let system_id = system_identifier(&settings.pgdata)?;
-    serve(settings, &system_id).await
+    let mut args = server_args(settings, &settings.pgdata, &system_id);
+    // A plan the pod cannot read yet (a database made before replicas) is a single instance's.
+    let plan = bootstrap::read_plan(&settings.plan_file).unwrap_or_default();
+    if let replica::Role::Replica { host, pod } = replica::role(&plan, settings.pod_name.as_deref()) {
+        info!(primary = %host, "a replica: following the primary in standby");
+        replica::write_passfile(settings)?;
+        replica::mark_standby(&settings.pgdata)?;
+        for (name, value) in replica::standby_settings(settings, &host, &pod) {
+            args.push("-c".into());
+            args.push(format!("{name}={value}"));
+        }
+    }
+    serve(settings, args).await
 }
 
-/// Runs the server, turning SIGTERM into a fast shutdown.
-async fn serve(settings: &Settings, system_id: &str) -> Result<ExitStatus, InstanceError> {
+/// Runs the server with `args`, turning SIGTERM into a fast shutdown.
+async fn serve(settings: &Settings, args: Vec<String>) -> Result<ExitStatus, InstanceError> {
     let mut terminate = signal(SignalKind::terminate()).map_err(io("listening for SIGTERM"))?;
     let mut server = Command::new("postgres")
-        .args(server_args(settings, &settings.pgdata, system_id))
+        .args(args)
         .spawn()
         .map_err(io("starting postgres"))?;
     if settings.archive.is_some() {
@@ -296,6 +317,7 @@ mod tests {
             superuser_password_file: "/etc/noops/superuser/password".into(),
             plan_file: "/etc/noops/instance/plan.json".into(),
             archive,
+            pod_name: None,
         }
     }
 

@@ -1,0 +1,187 @@
+//! An instance that is not the primary is a hot-standby replica: its empty data directory is a
+//! copy of the primary's, streamed by `pg_basebackup` over the replication protocol (through
+//! the `<name>-rw` Service, which follows the primary), and it runs in standby, following the
+//! primary's WAL through its own physical replication slot, answering reads.
+//!
+//! Which instance is the primary is the operator's word, in the plan (`restore.rs`); the pod
+//! knows its own name from its environment.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::process::Command;
+use tracing::{info, warn};
+
+use super::{InstanceError, Settings, io};
+use crate::postgres::names::{Names, PORT, SUPERUSER};
+use crate::postgres::restore::InstancePlan;
+
+/// How long a new replica keeps trying to copy the primary (which may still be starting)
+/// before its init container fails and says why.
+const CLONE_PATIENCE: Duration = Duration::from_secs(600);
+const CLONE_RETRY: Duration = Duration::from_secs(2);
+
+/// What this instance is, as the plan says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// The primary (also every instance of a plan that names none: a single instance).
+    Primary,
+    /// A replica of the primary at `host`, under the name `pod`.
+    Replica { host: String, pod: String },
+}
+
+/// The role of pod `pod` under `plan`.
+pub fn role(plan: &InstancePlan, pod: Option<&str>) -> Role {
+    match (&plan.primary, &plan.primary_host, pod) {
+        (Some(primary), Some(host), Some(pod)) if primary != pod => Role::Replica {
+            host: host.clone(),
+            pod: pod.to_string(),
+        },
+        _ => Role::Primary,
+    }
+}
+
+/// The password file replicas connect to the primary with (the superuser's password), in the
+/// pod's own folder, readable by the server only.
+fn passfile(settings: &Settings) -> PathBuf {
+    settings
+        .socket_dir
+        .parent()
+        .unwrap_or(&settings.socket_dir)
+        .join("pgpass")
+}
+
+/// Writes the password file from the superuser's password file.
+pub fn write_passfile(settings: &Settings) -> Result<PathBuf, InstanceError> {
+    let password = std::fs::read_to_string(&settings.superuser_password_file)
+        .map_err(io(format!("reading {}", settings.superuser_password_file.display())))?;
+    let path = passfile(settings);
+    // host:port:database:user:password, with ':' and '\' escaped.
+    let escaped = password
+        .trim_end_matches('\n')
+        .replace('\\', "\\\\")
+        .replace(':', "\\:");
+    let staged = path.with_extension("new");
+    std::fs::write(&staged, format!("*:*:*:{SUPERUSER}:{escaped}\n")).map_err(io("writing the password file"))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))
+            .map_err(io("setting the password file's mode"))?;
+    }
+    std::fs::rename(&staged, &path).map_err(io("writing the password file"))?;
+    Ok(path)
+}
+
+/// The settings that make the server a standby of the primary at `host`, as `pod`.
+pub fn standby_settings(settings: &Settings, host: &str, pod: &str) -> Vec<(&'static str, String)> {
+    let conninfo = format!(
+        "host={host} port={PORT} user={SUPERUSER} passfile={} application_name={pod} sslmode=disable connect_timeout=5",
+        passfile(settings).display()
+    );
+    vec![
+        ("primary_conninfo", conninfo),
+        ("primary_slot_name", Names::slot_of(pod)),
+        // Queries on the replica hold back the primary's vacuum rather than being cancelled.
+        ("hot_standby_feedback", "on".into()),
+        ("recovery_target_timeline", "latest".into()),
+    ]
+}
+
+/// Makes sure a replica's data directory starts in standby.
+pub fn mark_standby(pgdata: &Path) -> Result<(), InstanceError> {
+    let signal = pgdata.join("standby.signal");
+    if !signal.exists() {
+        std::fs::write(&signal, b"").map_err(io("writing standby.signal"))?;
+    }
+    Ok(())
+}
+
+/// Copies the primary at `host` into `staged` (a folder beside the data directory), trying
+/// again while the primary cannot be reached yet.
+pub async fn clone_primary(settings: &Settings, host: &str, staged: &Path) -> Result<(), InstanceError> {
+    let passfile = write_passfile(settings)?;
+    let started = std::time::Instant::now();
+    loop {
+        if staged.exists() {
+            std::fs::remove_dir_all(staged).map_err(io(format!("removing the half-made {}", staged.display())))?;
+        }
+        let output = Command::new("pg_basebackup")
+            .arg(format!("--host={host}"))
+            .arg(format!("--port={PORT}"))
+            .arg(format!("--username={SUPERUSER}"))
+            .arg("--no-password")
+            .arg("--pgdata")
+            .arg(staged)
+            .args(["--wal-method=stream", "--checkpoint=fast"])
+            .env("PGPASSFILE", &passfile)
+            .env("PGCONNECT_TIMEOUT", "5")
+            .output()
+            .await
+            .map_err(io("running pg_basebackup"))?;
+        if output.status.success() {
+            info!(%host, "copied the primary");
+            return Ok(());
+        }
+        let said = String::from_utf8_lossy(&output.stderr).trim().to_string();
+        if started.elapsed() > CLONE_PATIENCE {
+            return Err(InstanceError::Restore(format!(
+                "could not copy the primary at {host} for {}s: pg_basebackup said: {said}",
+                CLONE_PATIENCE.as_secs()
+            )));
+        }
+        warn!(%host, %said, "cannot copy the primary yet; trying again");
+        tokio::time::sleep(CLONE_RETRY).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(primary: Option<&str>) -> InstancePlan {
+        InstancePlan {
+            primary: primary.map(str::to_string),
+            primary_host: primary.map(|_| "shop-rw.prod.svc".to_string()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn every_instance_but_the_plans_primary_is_a_replica_of_it() {
+        assert_eq!(role(&plan(Some("shop-0")), Some("shop-0")), Role::Primary);
+        assert_eq!(
+            role(&plan(Some("shop-0")), Some("shop-2")),
+            Role::Replica {
+                host: "shop-rw.prod.svc".into(),
+                pod: "shop-2".into()
+            }
+        );
+        // A plan or a pod that names no primary: one instance, as before replicas.
+        assert_eq!(role(&plan(None), Some("shop-2")), Role::Primary);
+        assert_eq!(role(&plan(Some("shop-0")), None), Role::Primary);
+    }
+
+    #[test]
+    fn a_replica_follows_the_primary_through_its_own_slot_with_a_password_file() {
+        let settings = Settings {
+            pgdata: "/var/lib/postgresql/data".into(),
+            socket_dir: "/controller/run".into(),
+            superuser_password_file: "/etc/noops/superuser/password".into(),
+            plan_file: "/etc/noops/instance/plan.json".into(),
+            archive: None,
+            pod_name: Some("shop-1".into()),
+        };
+        let standby = standby_settings(&settings, "shop-rw.prod.svc", "shop-1");
+        let conninfo = &standby.iter().find(|(k, _)| *k == "primary_conninfo").unwrap().1;
+        assert!(
+            conninfo.contains("host=shop-rw.prod.svc port=5432 user=postgres"),
+            "{conninfo}"
+        );
+        assert!(
+            conninfo.contains("passfile=/controller/pgpass application_name=shop-1"),
+            "{conninfo}"
+        );
+        assert!(!conninfo.contains("password="), "{conninfo}");
+        assert!(standby.contains(&("primary_slot_name", "noops_shop_1".into())));
+    }
+}
