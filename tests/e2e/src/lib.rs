@@ -195,6 +195,27 @@ impl TestNamespace {
 
 impl Drop for TestNamespace {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // What CI shows of a failed test is its output: the objects and the last warnings.
+            for args in [
+                vec!["get", "noops,pods", "-n", &self.name, "-o", "wide"],
+                vec![
+                    "get",
+                    "events",
+                    "-n",
+                    &self.name,
+                    "--field-selector=type=Warning",
+                    "--sort-by=.lastTimestamp",
+                ],
+            ] {
+                let text = String::from_utf8_lossy(&kubectl(&args, None).stdout).to_string();
+                let lines: Vec<&str> = text.lines().collect();
+                eprintln!("--- kubectl {}:", args.join(" "));
+                for line in &lines[lines.len().saturating_sub(30)..] {
+                    eprintln!("{line}");
+                }
+            }
+        }
         let _ = kubectl(&["delete", "namespace", &self.name, "--wait=false"], None);
     }
 }
@@ -476,6 +497,14 @@ impl Operator {
 
 impl Drop for Operator {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let text = self.log_text();
+            let lines: Vec<&str> = text.lines().collect();
+            eprintln!("--- the operator's last log lines ({}):", self.log.display());
+            for line in &lines[lines.len().saturating_sub(40)..] {
+                eprintln!("{line}");
+            }
+        }
         self.kill();
     }
 }
