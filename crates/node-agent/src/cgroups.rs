@@ -144,6 +144,25 @@ pub fn kill(dir: &Path) {
     }
 }
 
+/// Waits, at most `limit`, until no process is left in a cgroup (its tree included): the next
+/// instance of a container must not meet what the last one left (a port still bound, a lock
+/// file naming a process not gone yet). False if some remain.
+pub async fn wait_empty(dir: &Path, limit: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let populated = std::fs::read_to_string(dir.join("cgroup.events"))
+            .map(|e| e.lines().any(|l| l.trim() == "populated 1"))
+            .unwrap_or_else(|_| !procs_in_tree(dir).is_empty());
+        if !populated {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn procs_in_tree(dir: &Path) -> Vec<i32> {
     let mut out: Vec<i32> = std::fs::read_to_string(dir.join("cgroup.procs"))
         .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())

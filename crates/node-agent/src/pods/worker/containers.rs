@@ -466,6 +466,11 @@ impl PodWorker {
             let _ = process::signal_group(pid, Signal::SIGKILL);
             if let Some(dir) = &cgroup {
                 crate::cgroups::kill(dir);
+                // Killing is asynchronous: the exit is reported (and the container may start
+                // again) only once its processes are gone.
+                if !crate::cgroups::wait_empty(dir, std::time::Duration::from_secs(10)).await {
+                    warn!(cgroup = %dir.display(), "processes of an exited container are still there 10 s after they were killed");
+                }
             }
             let _ = exit_tx.send(Some(exit));
             let _ = events.send(WorkerEvent::Exited {
