@@ -254,6 +254,9 @@ pub struct PostgreSQLStatus {
     pub members: Vec<MemberStatus>,
     /// Why instances share a node, when they do (one node lost would take more than one).
     pub placement: Option<String>,
+    /// The last failover: the primary lost, the replica promoted, why, and how long writes
+    /// waited.
+    pub last_failover: Option<FailoverStatus>,
     /// The version the server reports, such as `15.14`.
     pub server_version: Option<String>,
     /// The database system identifier (from `initdb`): a new one means a new data directory.
@@ -316,6 +319,29 @@ pub struct MemberStatus {
     pub streaming: Option<bool>,
     /// When this was looked at.
     pub observed_at: Option<Time>,
+}
+
+/// A failover: the primary's lease handed over to a replica.
+#[skip_serializing_none]
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverStatus {
+    /// The primary lost, and the replica promoted.
+    pub from: Option<String>,
+    pub to: String,
+    /// Why: the lease ran out, or the primary gave it up.
+    pub reason: String,
+    /// The last WAL position the promoted replica had received: with asynchronous
+    /// replication, commits the old primary acknowledged after it are lost.
+    pub received_lsn: Option<String>,
+    /// When the operator last saw the old primary renew its lease (writes stopped at the
+    /// latest then, plus its fence deadline), when it handed the lease over, and when it saw
+    /// the new primary take writes.
+    pub primary_last_seen: Option<Time>,
+    pub handed_over_at: Time,
+    pub promoted_at: Option<Time>,
+    /// From the old primary last seen to the new one taking writes: the most writes waited.
+    pub write_gap_millis: Option<i64>,
 }
 
 /// What a restore recovered.

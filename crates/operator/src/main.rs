@@ -123,6 +123,8 @@ fn init_logging(format: LogFormat) {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // Every subcommand may speak TLS (the API server, etcd, S3): one provider for the process.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     match cli.command {
         Command::Crds => {
             print!("{}", noops::crds_yaml().map_err(anyhow::Error::msg)?);
@@ -182,7 +184,6 @@ fn elector(args: &RunArgs, client: &kube::Client) -> Elector {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let metrics = Arc::new(Metrics::new());
     let config = kube::Config::infer()
         .await

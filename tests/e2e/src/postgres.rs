@@ -323,3 +323,163 @@ pub async fn wait_backups_finished(ns: &TestNamespace, postgresql: &str, timeout
     })
     .await;
 }
+
+/// What a [`Ledger`] saw.
+#[derive(Debug, Clone, Default)]
+pub struct LedgerReport {
+    /// Every id the server acknowledged, in order.
+    pub acked: Vec<i64>,
+    /// Ids whose commit ended in an error: they may or may not have committed.
+    pub uncertain: Vec<i64>,
+    /// The longest time between two acknowledged commits: how long writes waited.
+    pub longest_gap: Duration,
+}
+
+impl LedgerReport {
+    /// Checks `present` (the ids in the table) against what was acknowledged: returns the
+    /// acknowledged ids that are missing. Panics on an id present that was never attempted.
+    pub fn missing(&self, present: &[i64]) -> Vec<i64> {
+        let present: std::collections::BTreeSet<i64> = present.iter().copied().collect();
+        for id in &present {
+            assert!(
+                self.acked.contains(id) || self.uncertain.contains(id),
+                "id {id} is in the table but was never committed by the client"
+            );
+        }
+        self.acked.iter().copied().filter(|id| !present.contains(id)).collect()
+    }
+}
+
+/// A client that commits one row after another into `items (id)` through `host` (a Service),
+/// each in its own transaction, every `pause`, reconnecting after an error as an application
+/// does; it keeps what the server acknowledged.
+pub struct Ledger {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<LedgerReport>,
+}
+
+impl Ledger {
+    pub fn start(host: &str, user: &str, password: &str, db: &str, pause: Duration) -> Self {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host(host)
+            .port(5432)
+            .user(user)
+            .password(password)
+            .dbname(db)
+            .connect_timeout(Duration::from_secs(2));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop_seen = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut report = LedgerReport::default();
+            let mut last_ack = std::time::Instant::now();
+            let mut id = 0;
+            let mut client: Option<tokio_postgres::Client> = None;
+            while !stop_seen.load(std::sync::atomic::Ordering::SeqCst) {
+                if client.as_ref().is_none_or(|c| c.is_closed()) {
+                    match tokio::time::timeout(Duration::from_secs(3), config.connect(tokio_postgres::NoTls)).await {
+                        Ok(Ok((c, connection))) => {
+                            tokio::spawn(connection);
+                            client = Some(c);
+                        }
+                        _ => {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    }
+                }
+                let Some(c) = &client else { continue };
+                id += 1;
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
+                let insert = c.execute("INSERT INTO items (id) VALUES ($1)", &params);
+                match tokio::time::timeout(Duration::from_secs(3), insert).await {
+                    Ok(Ok(_)) => {
+                        report.longest_gap = report.longest_gap.max(last_ack.elapsed());
+                        last_ack = std::time::Instant::now();
+                        report.acked.push(id);
+                    }
+                    _ => {
+                        report.uncertain.push(id);
+                        client = None;
+                    }
+                }
+                tokio::time::sleep(pause).await;
+            }
+            report
+        });
+        Self { stop, task }
+    }
+
+    pub async fn stop(self) -> LedgerReport {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.task.await.expect("the ledger's task")
+    }
+}
+
+/// Every id in `items` at `host`.
+pub fn ids(host: &str, user: &str, password: &str, db: &str) -> Vec<i64> {
+    psql(host, user, password, db, "SELECT id FROM items ORDER BY id")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// The process of the instance manager (`noops pg-instance run`) of pod `pod`, found by the
+/// pod's name and namespace in its environment.
+fn instance_manager(ns: &TestNamespace, pod: &str) -> Option<i32> {
+    let wanted = [
+        format!("NOOPS_POD_NAME={pod}"),
+        format!("NOOPS_POD_NAMESPACE={}", ns.name),
+    ];
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid = entry.file_name().to_string_lossy().parse::<i32>().ok()?;
+        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        if !(args.contains(&b"pg-instance".as_slice()) && args.contains(&b"run".as_slice())) {
+            return None;
+        }
+        let environ = std::fs::read(entry.path().join("environ")).ok()?;
+        let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+        wanted.iter().all(|w| vars.contains(&w.as_bytes())).then_some(pid)
+    })
+}
+
+/// A PostgreSQL pod frozen whole (its cgroup), as a hung node or a paused VM would be: its
+/// instance manager renews nothing and stops nothing, its server answers nothing. Thawed when
+/// dropped.
+pub struct Frozen {
+    freeze_file: std::path::PathBuf,
+}
+
+impl Frozen {
+    pub fn pod(ns: &TestNamespace, pod: &str) -> Self {
+        let pid = instance_manager(ns, pod).unwrap_or_else(|| panic!("no instance manager of {pod}"));
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        let path = cgroup
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .unwrap_or_else(|| panic!("{pod} is in no cgroup v2: {cgroup}"));
+        // The container's cgroup is in its pod's: freeze the whole pod.
+        let pod_cgroup = std::path::Path::new(path.trim()).parent().unwrap().to_path_buf();
+        let freeze_file = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+            .iter()
+            .map(|root| {
+                std::path::Path::new(root)
+                    .join(pod_cgroup.strip_prefix("/").unwrap())
+                    .join("cgroup.freeze")
+            })
+            .find(|f| f.exists())
+            .unwrap_or_else(|| panic!("no cgroup.freeze for {}", pod_cgroup.display()));
+        std::fs::write(&freeze_file, "1").unwrap();
+        Self { freeze_file }
+    }
+
+    pub fn thaw(self) {}
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.freeze_file, "0");
+    }
+}

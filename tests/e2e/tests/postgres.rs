@@ -10,7 +10,7 @@ use noops_e2e::postgres::{
     condition, database_manifest, instance_ip, kubectl_get, manifest, psql, secret_value, wait_not_ready, wait_ready,
     wait_reason,
 };
-use noops_e2e::{Operator, TestNamespace, apply_error, install_crds, kubectl_ok, wait_for, wait_until};
+use noops_e2e::{Operator, TestNamespace, apply_error, install_crds, kubectl_ok, wait_event, wait_for, wait_until};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -778,4 +778,129 @@ async fn three_instances_stream_from_the_primary_and_serve_reads_behind_their_ow
         claims.get_opt("data-shop-2").await.is_ok_and(|c| c.is_none())
     })
     .await;
+}
+
+/// Waits until the last failover of `name` has a new primary other than `old` taking writes.
+async fn wait_failed_over(ns: &TestNamespace, name: &str, old: &str) -> noops_api::postgres::FailoverStatus {
+    let api = ns.api::<PostgreSQL>();
+    wait_for(&format!("{name} failed over from {old}"), 2 * MINUTE, || async {
+        let pg = api.get(name).await.ok()?;
+        let failover = pg.status?.last_failover?;
+        (failover.from.as_deref() == Some(old) && failover.promoted_at.is_some()).then_some(failover)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_lost_primary_is_replaced_by_the_most_advanced_replica_and_comes_back_as_a_replica() {
+    install_crds();
+    let ns = TestNamespace::new("pg-failover").await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "postgres"]);
+    ns.apply(&manifest("shop", "Pa55word", "  instances: 3\n"));
+    wait_ready(&ns, "shop", 3 * MINUTE).await;
+    wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
+    let password = secret_value(&ns, "shop-db", "postgresql_password").await;
+    let rw = service_ip(&ns, "shop-rw").await;
+    psql(
+        &rw,
+        "app",
+        &password,
+        "shop",
+        "CREATE TABLE items (id bigint PRIMARY KEY)",
+    )
+    .unwrap();
+    let ledger = noops_e2e::postgres::Ledger::start(&rw, "app", &password, "shop", Duration::from_millis(20));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // The primary's pod frozen whole, as a hung node: it renews nothing, its lease runs out,
+    // and the replica that received the most WAL is promoted; the Services follow it.
+    let frozen = noops_e2e::postgres::Frozen::pod(&ns, "shop-0");
+    let first = wait_failed_over(&ns, "shop", "shop-0").await;
+    assert!(first.reason.contains("ran out"), "{first:?}");
+    eprintln!("frozen primary: {first:?}");
+    let pods = ns.pods();
+    let labels = pods.get(&first.to).await.unwrap().metadata.labels.unwrap();
+    assert_eq!(labels.get("noops.dev/role").map(String::as_str), Some("primary"));
+    wait_event(&ns, "PostgreSQL", "shop", "FailedOver").await;
+    // Thawed, it finds its deadline passed and another holding the lease: it stops its server
+    // at once and starts again as a replica.
+    frozen.thaw();
+
+    // The old primary comes back as a replica of the new one (rewound), streaming.
+    wait_until("shop-0 back, streaming from the new primary", 3 * MINUTE, || async {
+        let pg = ns.api::<PostgreSQL>().get("shop").await.ok();
+        pg.and_then(|pg| pg.status).is_some_and(|s| {
+            s.members
+                .iter()
+                .any(|m| m.name == "shop-0" && format!("{:?}", m.role) == "Replica" && m.streaming == Some(true))
+        })
+    })
+    .await;
+
+    // The new primary's pod deleted gracefully: its server stops, it gives its lease up, and
+    // the next replica is promoted at once.
+    pods.delete(&first.to, &Default::default()).await.unwrap();
+    let second = wait_failed_over(&ns, "shop", &first.to).await;
+    assert!(second.reason.contains("gave its lease up"), "{second:?}");
+    eprintln!("deleted primary: {second:?}");
+
+    // The primary's pod force-deleted on a live node: its processes are killed, its
+    // replacement (same name, same volume) still holds the lease and recovers in place; no
+    // failover, no commit lost.
+    wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
+    let old_uid = pods.get(&second.to).await.unwrap().metadata.uid;
+    kubectl_ok(
+        &[
+            "delete",
+            "pod",
+            "-n",
+            &ns.name,
+            &second.to,
+            "--grace-period=0",
+            "--force",
+        ],
+        None,
+    );
+    wait_until("the force-deleted primary back in place", 2 * MINUTE, || async {
+        let Ok(pod) = pods.get(&second.to).await else {
+            return false;
+        };
+        let pg = ns.api::<PostgreSQL>().get("shop").await.ok();
+        pod.metadata.uid != old_uid
+            && noops_e2e::pod_ready(&pod)
+            && pg.and_then(|p| p.status).is_some_and(|s| {
+                s.current_primary.as_deref() == Some(second.to.as_str())
+                    && s.last_failover.as_ref().is_some_and(|f| f.to == second.to)
+            })
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let report = ledger.stop().await;
+    let pg = wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
+    assert_eq!(pg.status.unwrap().current_primary.as_deref(), Some(second.to.as_str()));
+    let missing = report.missing(&noops_e2e::postgres::ids(&rw, "app", &password, "shop"));
+    eprintln!(
+        "{} commits acknowledged, {} uncertain, {} lost (asynchronous replication), writes waited at most {:?}",
+        report.acked.len(),
+        report.uncertain.len(),
+        missing.len(),
+        report.longest_gap
+    );
+    assert!(
+        report.acked.len() > 100,
+        "too little history to judge: {} acknowledged",
+        report.acked.len()
+    );
+    // Asynchronous: what is lost is what the old primary acknowledged and no replica received,
+    // its last commits before it stopped.
+    let first_lost = missing.first().copied().unwrap_or(i64::MAX);
+    assert!(
+        missing.len() <= 50 && report.acked.iter().filter(|id| **id > first_lost).count() < report.acked.len(),
+        "lost {missing:?}"
+    );
+    assert!(
+        report.longest_gap < Duration::from_secs(30),
+        "writes waited {:?}",
+        report.longest_gap
+    );
 }

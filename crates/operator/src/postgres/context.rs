@@ -20,6 +20,8 @@ pub struct State {
     pub image: String,
     /// Where PostgreSQL is pulled from.
     pub images: crate::core::images::Images,
+    /// How long each primary's lease has gone unchanged.
+    pub lease_clock: super::lease_clock::LeaseClock,
 }
 
 /// What every reconcile of this controller shares.

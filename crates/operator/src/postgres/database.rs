@@ -41,7 +41,7 @@ pub struct InDatabase {
 /// Where the instance stands and, if it serves, what this pass made in it.
 pub async fn instance_and_database(
     pg: &PostgreSQL,
-    names: &Names,
+    (names, primary): (&Names, &str),
     previous: &PostgreSQLStatus,
     pod: Option<&k8s_openapi::api::core::v1::Pod>,
     superuser_password: &str,
@@ -72,17 +72,17 @@ pub async fn instance_and_database(
     }
     let Some(ip) = pod.and_then(observe::ready_address) else {
         let why = match pod {
-            None => format!(
-                "waiting for pod {} (StatefulSet {})",
-                names.instance(),
-                names.statefulset()
-            ),
-            Some(_) => format!("pod {} is starting: recovering its database", names.instance()),
+            None => format!("waiting for pod {primary} (StatefulSet {})", names.statefulset()),
+            Some(_) => format!("pod {primary} is starting: recovering its database"),
         };
         return (InstanceState::Starting(why), InDatabase::default());
     };
     let served = async {
         let instance = Instance::connect(&ip, superuser_password).await?;
+        // Chosen by a failover and not promoted yet: it takes no writes so far.
+        if instance.in_recovery().await? {
+            return Ok(None);
+        }
         let facts = instance.facts().await?;
         let restore = match instance.read_file(RESTORE_RECORD).await? {
             Some(text) => serde_json::from_str::<RestoreStatus>(&text).ok(),
@@ -93,11 +93,15 @@ pub async fn instance_and_database(
         if pg.spec.backup.is_some() {
             made.archiver = Some(instance.archiver().await?);
         }
-        keep_slots(pg, names, &instance, &mut made, may_change).await?;
-        Ok::<_, SqlError>((facts, made))
+        keep_slots(pg, (names, primary), &instance, &mut made, may_change).await?;
+        Ok::<_, SqlError>(Some((facts, made)))
     };
     match served.await {
-        Ok((facts, made)) => (InstanceState::Serving(facts), made),
+        Ok(Some((facts, made))) => (InstanceState::Serving(facts), made),
+        Ok(None) => (
+            InstanceState::Starting(format!("{primary} is being promoted: it takes writes once it has")),
+            InDatabase::default(),
+        ),
         Err(e) => (InstanceState::Unreachable(e.to_string()), InDatabase::default()),
     }
 }
@@ -107,14 +111,14 @@ pub async fn instance_and_database(
 /// instance scaled away dropped once unused; and what the primary says of its replicas.
 async fn keep_slots(
     pg: &PostgreSQL,
-    names: &Names,
+    (names, primary): (&Names, &str),
     instance: &Instance,
     made: &mut InDatabase,
     may_change: bool,
 ) -> Result<(), SqlError> {
     let mut replication = instance.replication().await?;
     if may_change {
-        let wanted = replication::wanted_slots(names, pg.spec.instances, &names.instance());
+        let wanted = replication::wanted_slots(names, pg.spec.instances, primary);
         let (make, drop) = replication::slot_changes(&wanted, &replication.slots);
         for slot in &make {
             instance.create_slot(slot).await?;

@@ -31,6 +31,29 @@ pub fn announcements(
     {
         out.push(Announcement::normal("Restored", restored_message(record)));
     }
+    if let Some(failover) = &status.last_failover {
+        let handed = |s: &PostgreSQLStatus| s.last_failover.as_ref().map(|f| f.handed_over_at.clone());
+        if handed(previous) != Some(failover.handed_over_at.clone()) {
+            out.push(Announcement::warning(
+                "FailedOver",
+                format!(
+                    "{}: promoted {}, which had received WAL up to {}",
+                    failover.reason,
+                    failover.to,
+                    failover.received_lsn.as_deref().unwrap_or("?")
+                ),
+            ));
+        }
+        let promoted = |s: &PostgreSQLStatus| s.last_failover.as_ref().and_then(|f| f.promoted_at.clone());
+        if promoted(previous).is_none()
+            && let (Some(_), Some(gap)) = (promoted(status), failover.write_gap_millis)
+        {
+            out.push(Announcement::normal(
+                "Promoted",
+                format!("{} takes writes: writes waited at most {gap} ms", failover.to),
+            ));
+        }
+    }
     let paused = |s: &PostgreSQLStatus| s.phase.as_deref() == Some("Paused");
     if paused(status) && !paused(previous) {
         out.push(Announcement::normal(

@@ -15,6 +15,11 @@ pub fn postgres(name: &str) -> PostgreSQL {
     .unwrap()
 }
 
+/// The names of `postgres("shop")`'s objects.
+pub fn names() -> crate::postgres::names::Names {
+    crate::postgres::names::Names::of(&postgres("shop"))
+}
+
 pub fn owner() -> OwnerReference {
     OwnerReference {
         api_version: "noops.dev/v1alpha1".into(),

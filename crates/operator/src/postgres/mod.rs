@@ -14,6 +14,8 @@
 //! - `database.rs`, `sql.rs`: what the operator does and learns in the database;
 //! - `backups.rs`: the first and the scheduled backups, and retention;
 //! - `node_loss.rs`: a node that died with the instance (and its volume) on it, pure;
+//! - `lease.rs`: the primary's lease: when its holder stops, when it may be handed over;
+//!   `failover.rs`: which replica is promoted, pure;
 //! - `replication.rs`: replicas: the primary's slots for them, the members of the status,
 //!   the pods' role labels, pure;
 //! - `status.rs`, `events.rs`: the status and the Events, pure, written only on change;
@@ -22,16 +24,20 @@
 //! - `instance/`: the instance manager, which runs in the pods (`noops pg-instance`);
 //! - `backup/`: the PostgresBackup controller.
 
+pub mod account;
 pub mod backup;
 pub mod backups;
 mod context;
 pub mod database;
 pub mod destination;
 pub mod events;
+pub mod failover;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod image;
 pub mod instance;
+pub mod lease;
+pub mod lease_clock;
 pub mod names;
 pub mod node_loss;
 pub mod observe;
@@ -50,7 +56,9 @@ pub mod store;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
@@ -90,12 +98,20 @@ pub async fn run(runtime: Runtime) {
     let (services, _) = shared_cache(scoped_api::<Service>(&client, &namespace), ours.clone()).await;
     let (secrets, _) = shared_cache(scoped_api::<Secret>(&client, &namespace), ours.clone()).await;
     let (config_maps, _) = shared_cache(scoped_api::<ConfigMap>(&client, &namespace), ours.clone()).await;
-    let (claims, claim_changes) = shared_cache(scoped_api::<PersistentVolumeClaim>(&client, &namespace), ours).await;
+    let (claims, claim_changes) =
+        shared_cache(scoped_api::<PersistentVolumeClaim>(&client, &namespace), ours.clone()).await;
     let (backups, backup_changes) = shared_cache(
         scoped_api::<PostgresBackup>(&client, &namespace),
         watcher::Config::default(),
     )
     .await;
+    let (service_accounts, _) = shared_cache(scoped_api::<ServiceAccount>(&client, &namespace), ours.clone()).await;
+    let (roles, _) = shared_cache(scoped_api::<Role>(&client, &namespace), ours.clone()).await;
+    let (role_bindings, _) = shared_cache(scoped_api::<RoleBinding>(&client, &namespace), ours.clone()).await;
+    let (leases, lease_changes) = shared_cache(scoped_api::<Lease>(&client, &namespace), ours).await;
+    // A renewal every second wakes nobody: the clock wakes a database when its lease runs out
+    // or is given up.
+    let (lease_clock, lease_wakes) = lease_clock::LeaseClock::start(lease_changes);
     let (user_secrets, secret_changes) = UserSecrets::watch(&client, &namespace).await;
     let controller = controller_of::<PostgreSQL>(&client, &namespace, MAX_CONCURRENT_RECONCILES);
     let databases = controller.store();
@@ -113,7 +129,12 @@ pub async fn run(runtime: Runtime) {
                 config_maps,
                 claims,
                 backups,
+                service_accounts,
+                roles,
+                role_bindings,
+                leases,
             },
+            lease_clock,
             databases: databases.clone(),
             image,
             images,
@@ -154,6 +175,7 @@ pub async fn run(runtime: Runtime) {
                 pg.spec.password_secret == name || credentials == Some(&name)
             })
         })
+        .reconcile_on(lease_wakes)
         .graceful_shutdown_on(shutdown.fired());
     drive(controller, &namespace, ctx, |pg, ctx: Arc<Context>| async move {
         reconcile::reconcile(pg, &ctx).await

@@ -16,8 +16,11 @@ pub const ROLE_LABEL: &str = "noops.dev/role";
 /// The label the StatefulSet controller puts on each of its pods (its name): `<name>` and
 /// `<name>-rw` select the primary by it, so they follow it without the operator once set.
 pub const POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
-/// The environment variable that tells the instance manager its pod's name.
+/// The environment variables that tell the instance manager its pod's name and namespace,
+/// and the name of the primary's lease.
 pub const POD_NAME_ENV: &str = "NOOPS_POD_NAME";
+pub const POD_NAMESPACE_ENV: &str = "NOOPS_POD_NAMESPACE";
+pub const LEASE_ENV: &str = "NOOPS_PG_LEASE";
 /// The port the instance serves on, in the pod and behind the Service.
 pub const PORT: i32 = 5432;
 /// The superuser the operator connects as (the role `initdb` makes).
@@ -123,6 +126,17 @@ impl Names {
     /// Where readers connect: the `-ro` Service.
     pub fn read_only_host(&self) -> String {
         format!("{}.{}.svc", self.service_ro(), self.namespace)
+    }
+
+    /// The primary's lease (`lease.rs`).
+    pub fn lease(&self) -> String {
+        format!("{}-primary", self.name)
+    }
+
+    /// The service account of the instances, and its Role and RoleBinding: read and renew the
+    /// primary's lease, nothing else.
+    pub fn instance_account(&self) -> String {
+        format!("{}-instance", self.name)
     }
 
     /// The physical replication slot the primary keeps for instance pod `pod`.

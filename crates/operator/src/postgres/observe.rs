@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::runtime::reflector::{ObjectRef, Store};
 use noops_api::PostgresBackup;
 
@@ -19,6 +21,11 @@ pub struct Caches {
     pub claims: Store<PersistentVolumeClaim>,
     /// Every PostgresBackup (they carry no label of ours when a user makes one).
     pub backups: Store<PostgresBackup>,
+    /// The instances' service accounts, Roles and RoleBindings, and the primaries' leases.
+    pub service_accounts: Store<ServiceAccount>,
+    pub roles: Store<Role>,
+    pub role_bindings: Store<RoleBinding>,
+    pub leases: Store<Lease>,
 }
 
 /// The children of one PostgreSQL.
@@ -37,6 +44,20 @@ pub struct Children {
     pub instance_config: Option<Arc<ConfigMap>>,
     /// The instance's volume claim (made by the StatefulSet from its template).
     pub data_claim: Option<Arc<PersistentVolumeClaim>>,
+    pub service_account: Option<Arc<ServiceAccount>>,
+    pub role: Option<Arc<Role>>,
+    pub role_binding: Option<Arc<RoleBinding>>,
+    /// The primary's lease (with replicas).
+    pub lease: Option<Arc<Lease>>,
+}
+
+impl Children {
+    /// The children with the primary `primary`: its pod and volume claim are the instance's.
+    pub fn with_primary(mut self, caches: &Caches, names: &Names, primary: &str) -> Self {
+        self.instance = get(&caches.pods, primary, &names.namespace);
+        self.data_claim = get(&caches.claims, &names.data_claim_of(primary), &names.namespace);
+        self
+    }
 }
 
 fn get<K>(store: &Store<K>, name: &str, namespace: &str) -> Option<Arc<K>>
@@ -78,6 +99,10 @@ pub fn children(caches: &Caches, names: &Names) -> Children {
         connection_secret: get(&caches.secrets, &names.connection_secret(), ns),
         instance_config: get(&caches.config_maps, &names.instance_config(), ns),
         data_claim: get(&caches.claims, &names.data_claim(), ns),
+        service_account: get(&caches.service_accounts, &names.instance_account(), ns),
+        role: get(&caches.roles, &names.instance_account(), ns),
+        role_binding: get(&caches.role_bindings, &names.instance_account(), ns),
+        lease: get(&caches.leases, &names.lease(), ns),
     }
 }
 
@@ -108,7 +133,14 @@ pub fn bootstrap(pod: &Pod) -> Bootstrap {
             let said = t.message.as_deref().map(str::trim).filter(|m| !m.is_empty());
             said.map_or_else(
                 || format!("exited with code {}", t.exit_code),
-                |m| m.lines().last().unwrap_or(m).to_string(),
+                // The last line that says something: a panic ends with a note on backtraces.
+                |m| {
+                    m.lines()
+                        .map(str::trim)
+                        .rfind(|l| !l.is_empty() && !l.starts_with("note: run with"))
+                        .unwrap_or(m)
+                        .to_string()
+                },
             )
         })
     };

@@ -10,15 +10,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
+};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource};
 use noops_api::postgres::BackupLocation;
 use noops_api::{PostgreSQL, PostgresBackup};
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::backups;
 use super::context::Context;
@@ -30,9 +35,10 @@ use super::placement;
 use super::problem::PlanProblem;
 use super::restore::InstancePlan;
 use super::secrets::{self, Password, PasswordProblem};
+use super::sql::Instance;
 use super::status::{self, InstanceState, StatusFacts};
 use super::store::{BaseBackupDestination, Destination};
-use super::{destination, observe, replication, restore, services, statefulset};
+use super::{account, destination, failover, observe, replication, restore, services, statefulset};
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
 use crate::core::backup::progress;
 use crate::core::backup::retention::{BackupsSummary, being_restored};
@@ -52,12 +58,24 @@ const LOOK_AGAIN_ARCHIVING: Duration = Duration::from_secs(60);
 const NOT_YET: Duration = Duration::from_secs(5);
 /// How often a data directory being made is looked at: a restore's progress in status.
 const BOOTSTRAPPING: Duration = Duration::from_secs(1);
+/// How often a replica handed the lease is looked at until it has promoted: the moment it
+/// takes writes is in the status (`lastFailover.promotedAt`), and nothing else wakes the pass.
+const PROMOTING: Duration = Duration::from_millis(500);
 
 /// Reconciles one PostgreSQL (the caller's span names it), stage by stage.
 pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
-    let pass = Pass::new(&pg, ctx).during(Stage::Validate)?;
-    let observed = pass.observe().await.during(Stage::Observe)?;
+    let mut pass = Pass::new(&pg, ctx).during(Stage::Validate)?;
+    let mut observed = pass.observe().await.during(Stage::Observe)?;
     let checked = pass.validate(&observed);
+    // Who the primary is: with replicas, the lease's holder, handed over first if its time is
+    // up. The rest of the pass builds around it.
+    let primacy = if pg.spec.paused {
+        Primacy::as_is(&pass, &observed)
+    } else {
+        pass.keep_primary(&observed).await?
+    };
+    pass.primary = primacy.primary.clone();
+    observed.children = observed.children.with_primary(&ctx.caches, &pass.names, &pass.primary);
     let applied = if pg.spec.paused {
         pass.leave_children(&observed)
     } else {
@@ -68,14 +86,63 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     let serving = matches!(instance, InstanceState::Serving(_)) && made.database_ready;
     let bootstrapping = matches!(instance, InstanceState::Bootstrapping);
     let (summary, kept) = pass.keep_backups(&observed, serving).await?;
-    let look_again = if bootstrapping {
+    let promoting = primacy.failover.is_some()
+        || pg
+            .status
+            .as_ref()
+            .and_then(|s| s.last_failover.as_ref())
+            .is_some_and(|f| f.promoted_at.is_none());
+    let look_again = if promoting {
+        PROMOTING
+    } else if bootstrapping {
         BOOTSTRAPPING
+    } else if members
+        .iter()
+        .any(|m| m.role == noops_api::postgres::Role::Replica && m.streaming != Some(true))
+    {
+        // A replica catching up, being rewound or copied anew changes no object the pass
+        // watches: it is looked at until it streams.
+        NOT_YET
     } else {
         pass.look_again(serving, &applied, kept.look_again)
     };
-    let seen = seen(&pass, (instance, members), &observed, &checked, applied, &made, summary);
+    let seen = seen(
+        &pass,
+        (instance, members, primacy),
+        &observed,
+        &checked,
+        applied,
+        &made,
+        summary,
+    );
     finish(&pass, &observed.children, seen, &made, &checked.password).await?;
     Ok(Action::requeue(look_again))
+}
+
+/// Who the primary is this pass, and what became of a primary lost.
+struct Primacy {
+    primary: String,
+    /// The lease handed over this pass.
+    failover: Option<noops_api::postgres::FailoverStatus>,
+    /// Why a lost primary is not replaced: no replica can be promoted.
+    no_replica: Option<String>,
+}
+
+impl Primacy {
+    /// Paused: the primary as the lease (or the status) says; nothing is handed over.
+    fn as_is(pass: &Pass, observed: &Observed) -> Self {
+        let primary = observed
+            .children
+            .lease
+            .as_deref()
+            .and_then(account::holder)
+            .unwrap_or_else(|| pass.primary.clone());
+        Self {
+            primary,
+            failover: None,
+            no_replica: None,
+        }
+    }
 }
 
 /// What every stage of one pass knows of the database.
@@ -85,6 +152,8 @@ struct Pass<'a> {
     owner: OwnerReference,
     ctx: &'a Context,
     now: jiff::Timestamp,
+    /// The primary instance's pod: as the status last said until the lease stage decides.
+    primary: String,
 }
 
 /// What the pass read: from the caches, and the user's Secret (`core::user_secrets`).
@@ -123,12 +192,19 @@ struct Applied {
 impl<'a> Pass<'a> {
     fn new(pg: &'a PostgreSQL, ctx: &'a Context) -> Result<Self> {
         let owner = controller_reference(pg).ok_or_else(|| Error::Internal("the PostgreSQL has no uid yet".into()))?;
+        let names = Names::pulling_from(pg, &ctx.images);
+        let primary = pg
+            .status
+            .as_ref()
+            .and_then(|s| s.current_primary.clone())
+            .unwrap_or_else(|| names.instance());
         Ok(Self {
             pg,
-            names: Names::pulling_from(pg, &ctx.images),
+            names,
             owner,
             ctx,
             now: jiff::Timestamp::now(),
+            primary,
         })
     }
 
@@ -176,12 +252,14 @@ impl<'a> Pass<'a> {
         let superuser_password = ensure_superuser_secret(&self.names, &self.owner, children, &self.api())
             .await
             .during(Stage::Apply)?;
+        self.apply_account(children).await.during(Stage::Apply)?;
         if let Ok(plan) = &checked.plan {
-            self.write_plan(children, plan).await.during(Stage::Apply)?;
+            let plan = restore::for_primary(plan.clone(), &self.names, &self.primary, self.pg.spec.instances);
+            self.write_plan(children, &plan).await.during(Stage::Apply)?;
         }
         let (held_back, mut refused) = self.apply_statefulset(children, checked).await?;
         let mut live_service = children.service.as_deref().cloned();
-        for mut service in services::build_all(self.pg, &self.names, &self.owner, &self.names.instance()) {
+        for mut service in services::build_all(self.pg, &self.names, &self.owner, &self.primary) {
             stamp(&mut service);
             let name = service.metadata.name.clone().unwrap_or_default();
             let live = children.services.get(&name).map(|s| s.as_ref());
@@ -234,6 +312,160 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// The instances' service account, and its Role and RoleBinding (the primary's lease),
+    /// made before the pods that run as it.
+    async fn apply_account(&self, children: &observe::Children) -> kube::Result<()> {
+        let mut account = account::service_account(&self.names, &self.owner);
+        stamp(&mut account);
+        if !up_to_date(&account, children.service_account.as_deref()) {
+            apply(&self.api::<ServiceAccount>(), &self.names.instance_account(), &account).await?;
+        }
+        let mut role = account::role(&self.names, &self.owner);
+        stamp(&mut role);
+        if !up_to_date(&role, children.role.as_deref()) {
+            apply(&self.api::<Role>(), &self.names.instance_account(), &role).await?;
+        }
+        let mut binding = account::role_binding(&self.names, &self.owner);
+        stamp(&mut binding);
+        if !up_to_date(&binding, children.role_binding.as_deref()) {
+            apply(&self.api::<RoleBinding>(), &self.names.instance_account(), &binding).await?;
+        }
+        Ok(())
+    }
+
+    /// The primary's lease: made, removed, or handed over to the replica that received the
+    /// most WAL once the primary's time is up (`failover.rs`).
+    async fn keep_primary(&self, observed: &Observed) -> Result<Primacy> {
+        let children = &observed.children;
+        let lease = children.lease.as_deref();
+        let view = lease.map(|l| failover::LeaseView {
+            holder: account::holder(l),
+            taken: account::taken(l),
+            unchanged_for: self.ctx.lease_clock.unchanged_for(
+                &self.names.namespace,
+                &self.names.lease(),
+                l.metadata.resource_version.as_deref(),
+            ),
+        });
+        let recorded = self.pg.status.as_ref().and_then(|s| s.current_primary.as_deref());
+        let (primary, step) = failover::primary(&self.names, self.pg.spec.instances, view.as_ref(), recorded);
+        let mut primacy = Primacy {
+            primary,
+            failover: None,
+            no_replica: None,
+        };
+        let leases = self.api::<Lease>();
+        match step {
+            failover::LeaseStep::Keep => {}
+            failover::LeaseStep::Make(holder) => {
+                let lease = account::lease(&self.names, &self.owner, &holder, self.now);
+                if create_if_missing(&leases, &lease).await.during(Stage::Apply)? {
+                    info!(%holder, "made the primary's lease: the database has replicas");
+                }
+            }
+            failover::LeaseStep::Remove => {
+                delete_if_present(&leases, &self.names.lease(), &Default::default())
+                    .await
+                    .during(Stage::Apply)?;
+                info!("removed the primary's lease: the database is one instance again");
+            }
+            failover::LeaseStep::FailOver { from, why } => {
+                let Some(lease) = lease else { return Ok(primacy) };
+                let candidates = self.positions(children, from.as_deref()).await;
+                if !candidates.is_empty() {
+                    info!(from = ?from, candidates = ?candidates, "the primary is lost: where each Ready replica is");
+                }
+                match failover::choose(&self.names, &candidates, from.as_deref()) {
+                    None => {
+                        let message = format!(
+                            "{why}; no replica can be promoted (none is Ready and streaming): waiting for one, or for the primary to come back"
+                        );
+                        // Said once when it starts; the condition says it while it lasts.
+                        let said = self
+                            .pg
+                            .status
+                            .as_ref()
+                            .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "PrimaryLost"));
+                        if said {
+                            debug!(%message, "the primary is still lost");
+                        } else {
+                            warn!(%message, "the primary is lost");
+                        }
+                        primacy.no_replica = Some(message);
+                    }
+                    Some(chosen) => {
+                        let received = candidates
+                            .iter()
+                            .find(|(pod, _)| *pod == chosen)
+                            .map(|(_, at)| at.lsn.clone())
+                            .unwrap_or_default();
+                        let next = account::hand_over(lease, &chosen, self.now);
+                        match leases.replace(&self.names.lease(), &Default::default(), &next).await {
+                            Ok(_) => {
+                                warn!(from = ?from, to = %chosen, %received, %why, "failed over: handed the primary's lease to the replica that received the most WAL");
+                                crash::point("postgres: lease handed over, status not written");
+                                let unchanged = view.as_ref().and_then(|v| v.unchanged_for).unwrap_or_default();
+                                primacy.failover = Some(noops_api::postgres::FailoverStatus {
+                                    from,
+                                    to: chosen.clone(),
+                                    reason: why,
+                                    received_lsn: Some(received),
+                                    primary_last_seen: Some(Time(
+                                        self.now - jiff::SignedDuration::try_from(unchanged).unwrap_or_default(),
+                                    )),
+                                    handed_over_at: Time(self.now),
+                                    promoted_at: None,
+                                    write_gap_millis: None,
+                                });
+                                primacy.primary = chosen;
+                            }
+                            // Renewed or handed over meanwhile: the next pass looks again.
+                            Err(kube::Error::Api(e)) if e.code == 409 => {
+                                info!("the primary's lease changed while choosing a replica: looking again");
+                            }
+                            Err(e) => return Err(e).during(Stage::Apply),
+                        }
+                    }
+                }
+            }
+        }
+        Ok(primacy)
+    }
+
+    /// Where each Ready replica is (the last WAL position it received), but `lost`'s: what
+    /// it says when asked, each asked at once.
+    async fn positions(&self, children: &observe::Children, lost: Option<&str>) -> Vec<(String, failover::Position)> {
+        let Some(password) = children
+            .superuser_secret
+            .as_deref()
+            .and_then(secrets::superuser_password)
+        else {
+            return Vec::new();
+        };
+        let asked = replication::instance_pods(&self.names, &children.pods)
+            .into_iter()
+            .filter(|(name, _)| Some(name.as_str()) != lost)
+            .filter_map(|(name, pod)| Some((name, observe::ready_address(pod)?)))
+            .map(|(name, ip)| {
+                let password = password.clone();
+                async move {
+                    let position = async {
+                        let instance = Instance::connect(&ip, &password).await?;
+                        instance.standby_position().await
+                    };
+                    match position.await {
+                        Ok(Some(at)) => Some((name, at)),
+                        Ok(None) => None,
+                        Err(e) => {
+                            info!(replica = %name, error = %e, "cannot ask a replica where it is: not a candidate");
+                            None
+                        }
+                    }
+                }
+            });
+        futures::future::join_all(asked).await.into_iter().flatten().collect()
+    }
+
     /// The plan's ConfigMap, which the pod's bootstrap reads, written before the StatefulSet.
     async fn write_plan(&self, children: &observe::Children, plan: &InstancePlan) -> Result<()> {
         let mut config = restore::config_map(&self.names, &self.owner, plan);
@@ -266,6 +498,7 @@ impl<'a> Pass<'a> {
             &self.owner,
             &self.ctx.image,
             checked.bootstrap_source.as_ref(),
+            &self.primary,
         );
         stamp(&mut sts);
         if up_to_date(&sts, children.statefulset.as_deref()) {
@@ -312,7 +545,7 @@ impl<'a> Pass<'a> {
             // The caches may have seen a new pod before its new claim: the API server says.
             let claim = self
                 .api::<PersistentVolumeClaim>()
-                .get_opt(&self.names.data_claim())
+                .get_opt(&self.names.data_claim_of(&self.primary))
                 .await
                 .during(Stage::Observe)?;
             if claim.is_none_or(|c| c.metadata.deletion_timestamp.is_some()) {
@@ -340,7 +573,7 @@ impl<'a> Pass<'a> {
         let pod = observed.children.instance.as_deref();
         let (mut instance, made) = database::instance_and_database(
             self.pg,
-            &self.names,
+            (&self.names, &self.primary),
             &previous,
             pod,
             &applied.superuser_password,
@@ -352,14 +585,10 @@ impl<'a> Pass<'a> {
             // The caches may be a moment behind a pod deleted (or no longer Ready) while the
             // pass talked to it: that one is being replaced, not unreachable, and worth no
             // Warning.
-            let latest = self
-                .api::<Pod>()
-                .get_opt(&self.names.instance())
-                .await
-                .during(Stage::Observe)?;
+            let latest = self.api::<Pod>().get_opt(&self.primary).await.during(Stage::Observe)?;
             if latest.as_ref().and_then(observe::ready_address).is_none() {
                 info!(error = %why, "the instance's pod stopped serving while this pass talked to it");
-                instance = InstanceState::Starting(format!("pod {} is stopping or starting", self.names.instance()));
+                instance = InstanceState::Starting(format!("pod {} is stopping or starting", self.primary));
             } else {
                 warn!(error = %why, "cannot talk to the instance");
             }
@@ -375,7 +604,7 @@ impl<'a> Pass<'a> {
         made: &InDatabase,
     ) -> Result<Vec<noops_api::postgres::MemberStatus>> {
         let pods = replication::instance_pods(&self.names, &observed.children.pods);
-        let members = replication::members(&pods, &self.names.instance(), made.replication.as_ref(), self.now);
+        let members = replication::members(&pods, &self.primary, made.replication.as_ref(), self.now);
         for slot in &made.slots_made {
             info!(%slot, "made a replication slot on the primary for a replica");
         }
@@ -445,7 +674,7 @@ impl<'a> Pass<'a> {
 /// What the status is built from.
 fn seen(
     pass: &Pass,
-    (instance, members): (InstanceState, Vec<noops_api::postgres::MemberStatus>),
+    (instance, members, primacy): (InstanceState, Vec<noops_api::postgres::MemberStatus>, Primacy),
     observed: &Observed,
     checked: &Checked,
     applied: Applied,
@@ -488,6 +717,9 @@ fn seen(
         bootstrap_source: checked.bootstrap_source.clone(),
         node_lost: applied.node_lost,
         members,
+        primary: primacy.primary,
+        failover: primacy.failover,
+        primary_lost: primacy.no_replica,
     }
 }
 
@@ -578,7 +810,8 @@ async fn handle_node_loss(
             None => Ok(None),
         }
     };
-    let data_claim = claims.get_opt(&names.data_claim()).await?;
+    let pod_name = pod.metadata.name.clone().unwrap_or_else(|| names.instance());
+    let data_claim = claims.get_opt(&names.data_claim_of(&pod_name)).await?;
     let data_volume = volume_of(data_claim.clone()).await?;
     let backup_claim = pg
         .spec
@@ -605,7 +838,6 @@ async fn handle_node_loss(
         grace_period_seconds: Some(0),
         ..Default::default()
     };
-    let pod_name = names.instance();
     let note = match decision {
         NodeLoss::Fine => return Ok(None),
         NodeLoss::WaitForNode { node, why } => {
@@ -631,7 +863,7 @@ async fn handle_node_loss(
                     let merge = kube::api::Patch::Merge(&retain);
                     volumes.patch(&pv, &kube::api::PatchParams::default(), &merge).await?;
                 }
-                delete_if_present(&claims, &names.data_claim(), &DeleteParams::default()).await?;
+                delete_if_present(&claims, &names.data_claim_of(&pod_name), &DeleteParams::default()).await?;
                 crash::point("postgres node loss: volume given up, pod not deleted");
             }
             delete_if_present(&pods, &pod_name, &force).await?;

@@ -192,13 +192,7 @@ mod tests {
     use crate::postgres::sql::Standby;
     use k8s_openapi::api::core::v1::{PodCondition, PodSpec, PodStatus};
 
-    fn names() -> Names {
-        Names {
-            name: "shop".into(),
-            namespace: "prod".into(),
-            image_repository: "postgres".into(),
-        }
-    }
+    use crate::postgres::fixtures::names;
 
     fn pod(name: &str, node: &str, ready: bool) -> std::sync::Arc<Pod> {
         std::sync::Arc::new(Pod {

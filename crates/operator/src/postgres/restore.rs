@@ -50,6 +50,10 @@ pub struct InstancePlan {
     /// Where replicas reach the primary (the `-rw` Service).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub primary_host: Option<String>,
+    /// The primary's lease (a database with replicas): an instance then starts only as the
+    /// lease says (`postgres/lease.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<String>,
 }
 
 /// A restore: which base backup, where it and its WAL are, and how far to replay.
@@ -124,10 +128,8 @@ fn newest_restorable<'a>(
 /// What an empty data directory of `pg` becomes, given the backups in its namespace: the
 /// primary's, as below; any other instance's, a copy of the primary.
 pub fn plan(pg: &PostgreSQL, backups: &[PostgresBackup]) -> Result<InstancePlan, PlanProblem> {
-    let mut plan = primary_plan(pg, backups)?;
     let names = Names::of(pg);
-    plan.primary = Some(names.instance());
-    plan.primary_host = Some(names.primary_host());
+    let mut plan = for_primary(primary_plan(pg, backups)?, &names, &names.instance(), pg.spec.instances);
     // With replicas, the primary's empty volume is neither restored (the replicas could not
     // follow it onto a new timeline) nor made anew (that would replace the database they
     // hold).
@@ -139,6 +141,15 @@ pub fn plan(pg: &PostgreSQL, backups: &[PostgresBackup]) -> Result<InstancePlan,
         );
     }
     Ok(plan)
+}
+
+/// `plan` for a database whose primary is `primary`: an instance's empty data directory is a
+/// copy of it, and with replicas an instance starts as the primary's lease says.
+pub fn for_primary(mut plan: InstancePlan, names: &Names, primary: &str, instances: i32) -> InstancePlan {
+    plan.primary = Some(primary.to_string());
+    plan.primary_host = Some(names.primary_host());
+    plan.lease = (instances > 1).then(|| names.lease());
+    plan
 }
 
 /// What an empty data directory of the primary becomes.

@@ -246,6 +246,35 @@ impl Instance {
         Ok(row.get(0))
     }
 
+    /// The timeline of the server's last checkpoint, if it is a primary (a standby's is of
+    /// its last restartpoint, which says nothing of where it replays).
+    pub async fn primary_timeline(&self) -> Result<Option<u32>, SqlError> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT pg_is_in_recovery(), timeline_id FROM pg_control_checkpoint()",
+                &[],
+            )
+            .await
+            .map_err(|e| self.failed(e))?;
+        let in_recovery: bool = row.get(0);
+        let timeline: i32 = row.get(1);
+        Ok((!in_recovery).then_some(timeline.max(0) as u32))
+    }
+
+    /// Whether this standby's WAL receiver is streaming from its primary.
+    pub async fn streaming(&self) -> Result<bool, SqlError> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming')",
+                &[],
+            )
+            .await
+            .map_err(|e| self.failed(e))?;
+        Ok(row.get(0))
+    }
+
     /// What the recovery that just ended replayed.
     pub async fn recovered(&self) -> Result<Recovered, SqlError> {
         let query = format!(
@@ -358,6 +387,39 @@ impl Instance {
             standbys,
             slots,
         })
+    }
+
+    /// Promotes a standby, waiting until it takes writes.
+    pub async fn promote(&self) -> Result<(), SqlError> {
+        self.client
+            .execute("SELECT pg_promote(true, 60)", &[])
+            .await
+            .map_err(|e| self.failed(e))?;
+        Ok(())
+    }
+
+    /// Where this standby is: the newest timeline it has WAL of (the timeline in the names of
+    /// its WAL segments: what it streamed is written under the timeline it came on) and the
+    /// last position it received (or replayed, if it streamed nothing). None: not a standby.
+    pub async fn standby_position(&self) -> Result<Option<crate::postgres::failover::Position>, SqlError> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT pg_is_in_recovery(),
+                        coalesce(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn())::text,
+                        (SELECT max(substr(name, 1, 8)) FROM pg_ls_waldir() WHERE name ~ '^[0-9A-F]{24}$')",
+                &[],
+            )
+            .await
+            .map_err(|e| self.failed(e))?;
+        let in_recovery: bool = row.get(0);
+        let lsn: Option<String> = row.get(1);
+        let newest: Option<String> = row.get(2);
+        let timeline = newest.and_then(|t| u32::from_str_radix(&t, 16).ok()).unwrap_or(0);
+        Ok(in_recovery
+            .then_some(lsn)
+            .flatten()
+            .map(|lsn| crate::postgres::failover::Position { timeline, lsn }))
     }
 
     /// Makes physical replication slot `name`, keeping WAL from now on.

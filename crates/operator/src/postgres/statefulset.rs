@@ -26,8 +26,8 @@ use noops_api::postgres::BackupLocation;
 
 use super::image::{POSTGRES_UID, image, install_container};
 use super::names::{
-    CONTROLLER_DIR, DATA_VOLUME, INSTANCE_MANAGER, Names, PGDATA, POD_NAME_ENV, PORT, ROOT_ENV, SOCKET_DIR,
-    SUPERUSER_DIR, VOLUME_MOUNT,
+    CONTROLLER_DIR, DATA_VOLUME, INSTANCE_MANAGER, LEASE_ENV, Names, PGDATA, POD_NAME_ENV, POD_NAMESPACE_ENV, PORT,
+    ROOT_ENV, SOCKET_DIR, SUPERUSER_DIR, VOLUME_MOUNT,
 };
 use super::restore::{PLAN_DIR, PLAN_FILE};
 use super::store::{self, BaseBackupDestination, Destination, PodAccess, Role};
@@ -75,20 +75,29 @@ pub fn store_access(pg: &PostgreSQL, names: &Names, bootstrap_source: Option<&Ba
     access
 }
 
-/// The StatefulSet of `pg`. `operator_image` runs the init container that installs the
-/// instance manager; `bootstrap_source` is where a `bootstrap.fromBackup` backup is.
+/// How many pods the StatefulSet keeps: the instances asked for, and never fewer than keep the
+/// primary (`primary`: a StatefulSet shrinks from its last pod; the primary is not given up by
+/// a scale-down).
+pub fn pods_kept(pg: &PostgreSQL, names: &Names, primary: &str) -> i32 {
+    pg.spec.instances.max(names.ordinal(primary).map_or(0, |o| o + 1))
+}
+
+/// The StatefulSet of `pg`, whose primary is pod `primary`. `operator_image` runs the init
+/// container that installs the instance manager; `bootstrap_source` is where a
+/// `bootstrap.fromBackup` backup is.
 pub fn build(
     pg: &PostgreSQL,
     names: &Names,
     owner: &OwnerReference,
     operator_image: &str,
     bootstrap_source: Option<&BackupLocation>,
+    primary: &str,
 ) -> StatefulSet {
     let labels = names.labels();
     let mut pod_labels: BTreeMap<String, String> = labels.clone();
     pod_labels.extend(names.selector());
     let access = store_access(pg, names, bootstrap_source);
-    let (instance_env, instance_mounts) = instance_env_and_mounts(&access);
+    let (instance_env, instance_mounts) = instance_env_and_mounts(names, &access);
     // Makes the data directory if the volume has none (initdb, or a restore): while it works
     // the pod is not Ready, and its failure is the container's, with the reason.
     let bootstrap = Container {
@@ -129,7 +138,7 @@ pub fn build(
             ..Default::default()
         },
         spec: Some(StatefulSetSpec {
-            replicas: Some(pg.spec.instances),
+            replicas: Some(pods_kept(pg, names, primary)),
             service_name: Some(names.service()),
             selector: LabelSelector {
                 match_labels: Some(names.selector()),
@@ -145,8 +154,9 @@ pub fn build(
                     containers: vec![postgres],
                     volumes: Some(volumes),
                     affinity: Some(spread(names)),
-                    // The instance needs nothing from the API server.
-                    automount_service_account_token: Some(false),
+                    // The instances read and renew the primary's lease, nothing else.
+                    service_account_name: Some(names.instance_account()),
+                    automount_service_account_token: Some(true),
                     enable_service_links: Some(false),
                     termination_grace_period_seconds: Some(SHUTDOWN_GRACE_SECONDS),
                     security_context: Some(PodSecurityContext {
@@ -175,19 +185,22 @@ pub fn build(
 
 /// What the instance manager's containers (bootstrap, postgres) are given: where the data
 /// directory, the socket, the password and the plan are, and how to reach the stores.
-fn instance_env_and_mounts(access: &PodAccess) -> (Vec<EnvVar>, Vec<VolumeMount>) {
-    let mut env_vars = vec![
-        EnvVar {
-            name: POD_NAME_ENV.into(),
-            value_from: Some(EnvVarSource {
-                field_ref: Some(ObjectFieldSelector {
-                    field_path: "metadata.name".into(),
-                    ..Default::default()
-                }),
+fn instance_env_and_mounts(names: &Names, access: &PodAccess) -> (Vec<EnvVar>, Vec<VolumeMount>) {
+    let field = |name: &str, path: &str| EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
                 ..Default::default()
             }),
             ..Default::default()
-        },
+        }),
+        ..Default::default()
+    };
+    let mut env_vars = vec![
+        field(POD_NAME_ENV, "metadata.name"),
+        field(POD_NAMESPACE_ENV, "metadata.namespace"),
+        env(LEASE_ENV, &names.lease()),
         env("PGDATA", PGDATA),
         env("NOOPS_SOCKET_DIR", SOCKET_DIR),
         env("NOOPS_SUPERUSER_PASSWORD_FILE", &format!("{SUPERUSER_DIR}/password")),
@@ -309,7 +322,14 @@ mod tests {
             registry: Some("mirror.example/m".into()),
         };
         let images = |pg: &PostgreSQL| {
-            let sts = build(pg, &Names::pulling_from(pg, &mirror), &owner(), "noops:dev", None);
+            let sts = build(
+                pg,
+                &Names::pulling_from(pg, &mirror),
+                &owner(),
+                "noops:dev",
+                None,
+                "shop-0",
+            );
             let pod = sts.spec.unwrap().template.spec.unwrap();
             let bootstrap = pod.init_containers.unwrap()[1].image.clone().unwrap();
             (bootstrap, pod.containers[0].image.clone().unwrap())
@@ -325,7 +345,7 @@ mod tests {
     fn the_instance_runs_the_instance_manager_from_the_operator_image_on_its_own_volume() {
         let pg = postgres("shop");
         let names = Names::of(&pg);
-        let sts = build(&pg, &names, &owner(), "noops:dev", None);
+        let sts = build(&pg, &names, &owner(), "noops:dev", None, "shop-0");
         let spec = sts.spec.unwrap();
         assert_eq!(spec.replicas, Some(1), "one instance unless asked");
         let pod = spec.template.spec.unwrap();
@@ -341,7 +361,7 @@ mod tests {
                 .unwrap()
                 .contains(&format!("--to={INSTANCE_MANAGER}"))
         );
-        assert_eq!(pod.automount_service_account_token, Some(false));
+        assert_eq!(pod.service_account_name.as_deref(), Some("shop-instance"));
         let claim = &spec.volume_claim_templates.unwrap()[0];
         assert_eq!(claim.metadata.name.as_deref(), Some(DATA_VOLUME));
         let size = &claim
@@ -364,9 +384,16 @@ mod tests {
     fn instances_are_pods_of_the_statefulset_that_know_their_names_and_keep_apart() {
         let mut pg = postgres("shop");
         pg.spec.instances = 3;
-        let sts = build(&pg, &Names::of(&pg), &owner(), "noops:dev", None);
+        let sts = build(&pg, &Names::of(&pg), &owner(), "noops:dev", None, "shop-0");
         let spec = sts.spec.unwrap();
         assert_eq!(spec.replicas, Some(3));
+        pg.spec.instances = 2;
+        let keeps_its_primary = build(&pg, &Names::of(&pg), &owner(), "noops:dev", None, "shop-2");
+        assert_eq!(
+            keeps_its_primary.spec.unwrap().replicas,
+            Some(3),
+            "shop-2 is the primary"
+        );
         let pod = spec.template.spec.unwrap();
         let env = pod.containers[0].env.clone().unwrap();
         let name = env.iter().find(|e| e.name == POD_NAME_ENV).unwrap();
@@ -381,7 +408,7 @@ mod tests {
     fn resources_go_to_the_postgres_container() {
         let mut pg = postgres("shop");
         pg.spec.resources = Some(serde_json::from_value(serde_json::json!({ "limits": { "memory": "1Gi" } })).unwrap());
-        let sts = build(&pg, &Names::of(&pg), &owner(), "noops:dev", None);
+        let sts = build(&pg, &Names::of(&pg), &owner(), "noops:dev", None, "shop-0");
         let pod = sts.spec.unwrap().template.spec.unwrap();
         assert_eq!(pod.containers[0].resources, pg.spec.resources);
     }
@@ -401,7 +428,7 @@ mod tests {
             wal: "postgres/old/wal/1".into(),
             ..Default::default()
         };
-        let sts = build(&pg, &names, &owner(), "noops:dev", Some(&source));
+        let sts = build(&pg, &names, &owner(), "noops:dev", Some(&source), "shop-0");
         let pod = sts.spec.unwrap().template.spec.unwrap();
         let inits = pod.init_containers.unwrap();
         assert_eq!(
@@ -459,7 +486,7 @@ mod tests {
             ("old-backups", Some(true))
         );
 
-        let without = build(&postgres("shop"), &names, &owner(), "noops:dev", None);
+        let without = build(&postgres("shop"), &names, &owner(), "noops:dev", None, "shop-0");
         let env = without.spec.unwrap().template.spec.unwrap().containers[0]
             .env
             .clone()

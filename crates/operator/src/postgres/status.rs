@@ -7,7 +7,7 @@
 
 use noops_api::PostgreSQL;
 use noops_api::condition::{DEGRADED, READY};
-use noops_api::postgres::{BackupLocation, MemberStatus, PostgreSQLStatus, RestoreStatus, Role};
+use noops_api::postgres::{BackupLocation, FailoverStatus, MemberStatus, PostgreSQLStatus, RestoreStatus, Role};
 
 use super::names::{Names, PORT};
 use super::problem::PlanProblem;
@@ -83,6 +83,12 @@ pub struct StatusFacts {
     pub node_lost: Option<String>,
     /// Every instance as this pass saw it (`replication.rs`).
     pub members: Vec<MemberStatus>,
+    /// The primary's pod.
+    pub primary: String,
+    /// A failover this pass made.
+    pub failover: Option<FailoverStatus>,
+    /// Why a lost primary is not replaced yet.
+    pub primary_lost: Option<String>,
 }
 
 impl Default for InstanceState {
@@ -152,7 +158,10 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, now: jiff::Time
         connection_secret: seen.password_version.as_ref().map(|_| names.connection_secret()),
         instance: seen.instance_pod.clone(),
         node: seen.node.clone(),
-        current_primary: Some(names.instance()),
+        current_primary: Some(seen.primary.clone())
+            .filter(|p| !p.is_empty())
+            .or_else(|| Some(names.instance())),
+        last_failover: last_failover(&previous, seen, ready, now),
         ready_instances: Some(replication::ready_instances(&seen.members, ready)),
         selector: Some(
             names
@@ -229,6 +238,12 @@ fn ready_condition(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, ready: bo
         return Decided::new(READY, true, "Serving", message);
     }
     match (&seen.instance, &seen.password_problem, spec_problem(seen)) {
+        _ if seen.primary_lost.is_some() => Decided::new(
+            READY,
+            false,
+            "PrimaryLost",
+            seen.primary_lost.clone().unwrap_or_default(),
+        ),
         _ if seen.node_lost.is_some() => {
             Decided::new(READY, false, "NodeLost", seen.node_lost.clone().unwrap_or_default())
         }
@@ -256,6 +271,24 @@ fn ready_condition(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, ready: bo
         (InstanceState::Starting(why), _, _) => Decided::new(READY, false, "Starting", why.clone()),
         (InstanceState::Unreachable(why), _, _) => Decided::new(READY, false, "Unreachable", why.clone()),
     }
+}
+
+/// The last failover: this pass's, or the last one, completed once its new primary serves
+/// (how long writes waited, from the old primary last seen renewing its lease).
+fn last_failover(
+    previous: &PostgreSQLStatus,
+    seen: &StatusFacts,
+    ready: bool,
+    now: jiff::Timestamp,
+) -> Option<FailoverStatus> {
+    let mut last = seen.failover.clone().or_else(|| previous.last_failover.clone())?;
+    if last.promoted_at.is_none() && ready && seen.primary == last.to {
+        let at = jiff::Timestamp::from_second(now.as_second()).unwrap_or(now);
+        last.promoted_at = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at));
+        let from = last.primary_last_seen.as_ref().map_or(last.handed_over_at.0, |t| t.0);
+        last.write_gap_millis = Some(now.duration_since(from).as_millis() as i64);
+    }
+    Some(last)
 }
 
 /// ReplicasReady: every replica asked for streams within the lag bound, or which do not.
@@ -299,6 +332,12 @@ fn replicas_ready(pg: &PostgreSQL, seen: &StatusFacts) -> Decided {
 /// Degraded: the gravest of what needs attention.
 fn degraded(seen: &StatusFacts, archiving: Option<&Decided>) -> Decided {
     match (&seen.instance, &seen.password_problem) {
+        _ if seen.primary_lost.is_some() => Decided::new(
+            DEGRADED,
+            true,
+            "PrimaryLost",
+            seen.primary_lost.clone().unwrap_or_default(),
+        ),
         _ if seen.node_lost.is_some() => {
             Decided::new(DEGRADED, true, "NodeLost", seen.node_lost.clone().unwrap_or_default())
         }

@@ -28,9 +28,11 @@ use tokio::process::Command;
 use tracing::info;
 
 use super::base_backup::ChannelReader;
+use super::keeper::Keeper;
 use super::progress::Reporter;
 use super::replica::{Role, clone_primary, mark_standby, role};
 use super::{DataDir, InstanceError, Settings, io, server_args, write_hba};
+use crate::postgres::lease::Seen;
 use crate::postgres::names::{RESTORE_RECORD, SUPERUSER};
 use crate::postgres::restore::{From, InstancePlan, RestorePlan};
 use crate::postgres::sql::Instance;
@@ -62,7 +64,7 @@ pub async fn bootstrap(settings: &Settings) -> Result<Bootstrapped, InstanceErro
     // A record of an earlier restore went with that database.
     remove_if_there(Path::new(RESTORE_RECORD))?;
     let plan = read_plan(&settings.plan_file)?;
-    if let Role::Replica { host, .. } = role(&plan, settings.pod_name.as_deref()) {
+    if let Role::Replica { host, .. } = bootstrap_role(settings, &plan).await {
         info!(primary = %host, "no database in the volume, and this instance is a replica: copying the primary");
         let staged = staging(&settings.pgdata, "clone")?;
         clone_primary(settings, &host, &staged).await?;
@@ -85,6 +87,26 @@ pub async fn bootstrap(settings: &Settings) -> Result<Bootstrapped, InstanceErro
             Ok(Bootstrapped::Restored(record))
         }
     }
+}
+
+/// What an instance with an empty data directory is: as the primary's lease says when the
+/// database has one (the plan, a file the pod mounts, may trail a failover by a minute), else
+/// as the plan says.
+async fn bootstrap_role(settings: &Settings, plan: &InstancePlan) -> Role {
+    if let (Some(lease), Some(me), Some(host)) = (&plan.lease, &settings.pod_name, &plan.primary_host) {
+        let keeper = Keeper::new(settings.namespace.as_deref(), lease, Some(me)).await;
+        if let (Seen::HeldBy(Some(holder)), _) = keeper.read().await {
+            return if &holder == me {
+                Role::Primary
+            } else {
+                Role::Replica {
+                    host: host.clone(),
+                    pod: me.clone(),
+                }
+            };
+        }
+    }
+    role(plan, settings.pod_name.as_deref())
 }
 
 pub fn read_plan(path: &Path) -> Result<InstancePlan, InstanceError> {
@@ -110,7 +132,7 @@ fn staging(pgdata: &Path, extension: &str) -> Result<PathBuf, InstanceError> {
 }
 
 /// Renames a whole `staged` data directory into place, durably.
-fn put_in_place(staged: &Path, pgdata: &Path) -> Result<(), InstanceError> {
+pub(super) fn put_in_place(staged: &Path, pgdata: &Path) -> Result<(), InstanceError> {
     // An empty folder at the path (a mount point's leftover) gives way to the new database.
     if pgdata.exists() {
         std::fs::remove_dir(pgdata).map_err(io(format!("removing the empty {}", pgdata.display())))?;
@@ -362,7 +384,7 @@ async fn recover(
     promoted.checkpoint().await?;
     let timeline = promoted.timeline().await?;
     drop(promoted);
-    super::fast_shutdown(&server);
+    super::run::signal_server(&server, nix::sys::signal::Signal::SIGINT);
     match tokio::time::timeout(STOP_GRACE, server.wait()).await {
         Ok(Ok(status)) if status.success() => {}
         Ok(Ok(status)) => {

@@ -9,7 +9,7 @@ use tracing::info;
 
 use super::bootstrap::Bootstrapped;
 use super::{Archive, Settings, base_backup, bootstrap, remove, wal};
-use crate::postgres::names::{POD_NAME_ENV, ROOT_ENV};
+use crate::postgres::names::{LEASE_ENV, POD_NAME_ENV, POD_NAMESPACE_ENV, ROOT_ENV};
 use crate::postgres::store::{self, STORE_ENV};
 
 /// Where a command's last words go for the operator to read.
@@ -93,6 +93,11 @@ pub struct InstanceArgs {
     /// The pod's name: which instance this is.
     #[arg(long, env = POD_NAME_ENV)]
     pod_name: Option<String>,
+    /// The pod's namespace, and the primary's lease there.
+    #[arg(long, env = POD_NAMESPACE_ENV)]
+    namespace: Option<String>,
+    #[arg(long, env = LEASE_ENV)]
+    lease: Option<String>,
 }
 
 impl InstanceArgs {
@@ -104,6 +109,8 @@ impl InstanceArgs {
             plan_file: self.plan_file,
             archive: Archive::from_env(self.backup_root, self.archive_timeout_seconds),
             pod_name: self.pod_name,
+            namespace: self.namespace,
+            lease: self.lease,
         }
     }
 }
@@ -175,7 +182,7 @@ pub async fn run(command: PgInstanceCommand) -> ! {
             }
             Err(e) => finish(1, &e.to_string()),
         },
-        PgInstanceCommand::Run(args) => match super::run(&args.settings()).await {
+        PgInstanceCommand::Run(args) => match super::run::run(&args.settings()).await {
             Ok(status) => {
                 info!(%status, "the server stopped");
                 // The pod's restart policy decides what comes next; the exit code says how it ended.

@@ -5,31 +5,29 @@
 //!   by `initdb`, or restored from a base backup and the archived WAL, in a folder beside it,
 //!   then renamed into place: a pod killed half-way leaves nothing that looks like a database.
 //!   A folder at the data directory's path that holds files but no database is never touched.
-//! - this file (the PostgreSQL container): the access rules (`pg_hba.conf`) are written at
-//!   every start (the operator owns them); the server runs as a child, with the settings the
-//!   operator owns on its command line; the pod's SIGTERM becomes a fast shutdown (SIGINT:
-//!   sessions are ended, open transactions rolled back), not the smart one that waits for
-//!   every client to leave and ends in a SIGKILL and crash recovery.
+//! - this file: the access rules (`pg_hba.conf`, written at every start: the operator owns
+//!   them) and the settings the operator owns on the server's command line;
 //! - `wal.rs`: `archive_command` and `restore_command`;
 //! - `base_backup.rs`, `remove.rs`: the base backup pod's and the delete pod's work;
 //! - `progress.rs`: how far a restore has got, answered to the operator while it runs;
-//! - `replica.rs`: an instance that is not the primary: a copy of it, in standby.
+//! - `replica.rs`: an instance that is not the primary: a copy of it, in standby, and a former
+//!   primary rewound to follow the new one;
+//! - `run.rs`: the PostgreSQL container: what the instance starts as, the server, and when the
+//!   primary's lease (`keeper.rs`) says to stop it.
 
 pub mod base_backup;
 pub mod bootstrap;
 pub mod cli;
+pub mod keeper;
 pub mod progress;
 pub mod remove;
 pub mod replica;
+pub mod run;
 pub mod wal;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
-
-use tokio::process::Command;
-use tokio::signal::unix::{SignalKind, signal};
-use tracing::{info, warn};
 
 use super::names::PORT;
 use super::store::{self, STORE_ENV};
@@ -115,6 +113,9 @@ pub struct Settings {
     pub archive: Option<Archive>,
     /// The pod's name: which instance this is (`replica.rs`).
     pub pod_name: Option<String>,
+    /// The pod's namespace, and the name of the primary's lease there (`keeper.rs`).
+    pub namespace: Option<String>,
+    pub lease: Option<String>,
 }
 
 /// Where and how often WAL is archived.
@@ -206,90 +207,8 @@ pub fn system_identifier(pgdata: &Path) -> Result<String, InstanceError> {
 }
 
 /// Writes the access rules into `pgdata`.
-fn write_hba(pgdata: &Path) -> Result<(), InstanceError> {
+pub(crate) fn write_hba(pgdata: &Path) -> Result<(), InstanceError> {
     std::fs::write(pgdata.join("pg_hba.conf"), hba_rules()).map_err(io("writing pg_hba.conf"))
-}
-
-/// Runs the instance until the server stops; returns its exit status. The data directory is
-/// made (or restored) by the pod's init container; if it is not there, it is made here.
-pub async fn run(settings: &Settings) -> Result<ExitStatus, InstanceError> {
-    match DataDir::at(&settings.pgdata)? {
-        DataDir::Database => info!(pgdata = %settings.pgdata.display(), "starting on the database in the volume"),
-        DataDir::Foreign => return Err(InstanceError::Foreign(settings.pgdata.clone())),
-        DataDir::Empty => {
-            warn!(pgdata = %settings.pgdata.display(), "no database in the volume: the init container did not make one");
-            bootstrap::bootstrap(settings).await?;
-        }
-    }
-    write_hba(&settings.pgdata)?;
-    std::fs::create_dir_all(&settings.socket_dir).map_err(io(format!("making {}", settings.socket_dir.display())))?;
-    let system_id = system_identifier(&settings.pgdata)?;
-    let mut args = server_args(settings, &settings.pgdata, &system_id);
-    // A plan the pod cannot read yet (a database made before replicas) is a single instance's.
-    let plan = bootstrap::read_plan(&settings.plan_file).unwrap_or_default();
-    if let replica::Role::Replica { host, pod } = replica::role(&plan, settings.pod_name.as_deref()) {
-        info!(primary = %host, "a replica: following the primary in standby");
-        replica::write_passfile(settings)?;
-        replica::mark_standby(&settings.pgdata)?;
-        for (name, value) in replica::standby_settings(settings, &host, &pod) {
-            args.push("-c".into());
-            args.push(format!("{name}={value}"));
-        }
-    }
-    serve(settings, args).await
-}
-
-/// Runs the server with `args`, turning SIGTERM into a fast shutdown.
-async fn serve(settings: &Settings, args: Vec<String>) -> Result<ExitStatus, InstanceError> {
-    let mut terminate = signal(SignalKind::terminate()).map_err(io("listening for SIGTERM"))?;
-    let mut server = Command::new("postgres")
-        .args(args)
-        .spawn()
-        .map_err(io("starting postgres"))?;
-    if settings.archive.is_some() {
-        tokio::spawn(wake_the_checkpointer(settings.socket_dir.clone()));
-    }
-    loop {
-        tokio::select! {
-            status = server.wait() => return status.map_err(io("waiting for postgres")),
-            _ = terminate.recv() => {
-                info!("SIGTERM: shutting the server down (fast)");
-                fast_shutdown(&server);
-            }
-        }
-    }
-}
-
-/// Runs one CHECKPOINT once the server accepts connections. PostgreSQL's checkpointer, which
-/// also forces the WAL segment switches of `archive_timeout`, starts while the server is still
-/// in recovery and then sleeps a whole `checkpoint_timeout` (five minutes) before it looks at
-/// `archive_timeout` again: a restarted server would archive nothing for that long unless
-/// something wakes it. A checkpoint request does, and costs little after a start.
-async fn wake_the_checkpointer(socket_dir: PathBuf) {
-    for _ in 0..120 {
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        let Ok(instance) = super::sql::Instance::local(&socket_dir).await else {
-            continue;
-        };
-        match instance.in_recovery().await {
-            Ok(false) => {}
-            _ => continue,
-        }
-        match instance.checkpoint().await {
-            Ok(()) => info!("woke the checkpointer, so that archive_timeout holds from the start"),
-            Err(e) => {
-                warn!(error = %e, "could not wake the checkpointer: archive_timeout may wait for the first checkpoint")
-            }
-        }
-        return;
-    }
-}
-
-/// Asks a server child for a fast shutdown (SIGINT).
-fn fast_shutdown(server: &tokio::process::Child) {
-    if let Some(pid) = server.id().and_then(|p| i32::try_from(p).ok()) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGINT);
-    }
 }
 
 #[cfg(test)]
@@ -318,6 +237,8 @@ mod tests {
             plan_file: "/etc/noops/instance/plan.json".into(),
             archive,
             pod_name: None,
+            namespace: None,
+            lease: None,
         }
     }
 

@@ -15,6 +15,7 @@ use tracing::{info, warn};
 use super::{InstanceError, Settings, io};
 use crate::postgres::names::{Names, PORT, SUPERUSER};
 use crate::postgres::restore::InstancePlan;
+use crate::postgres::sql::Instance;
 
 /// How long a new replica keeps trying to copy the primary (which may still be starting)
 /// before its init container fails and says why.
@@ -134,6 +135,134 @@ pub async fn clone_primary(settings: &Settings, host: &str, staged: &Path) -> Re
     }
 }
 
+/// Prepares the data directory to run as a replica of the primary the plan names.
+/// - A former primary (no `standby.signal`) is rewound to the primary's timeline, dropping
+///   what it wrote after the two parted (never served again: the new primary's history is the
+///   database's), or, if it cannot be rewound, copied anew.
+/// - A replica is rewound too when the primary is on a later timeline: with asynchronous
+///   replication another replica may have been promoted that had received a little less, and
+///   this one, past the point where the timelines parted, could not follow it.
+pub async fn prepare(settings: &Settings, plan: &InstancePlan) -> Result<(), InstanceError> {
+    let Some(host) = &plan.primary_host else {
+        return Ok(());
+    };
+    let passfile = write_passfile(settings)?;
+    let former_primary = !settings.pgdata.join("standby.signal").exists();
+    if former_primary {
+        info!(primary = %host, "a former primary: rewinding it to follow the primary");
+    }
+    if let Err(why) = rewind(settings, host, &passfile, former_primary).await {
+        warn!(%why, "cannot rewind this instance: copying the primary anew");
+        copy_anew(settings, host).await?;
+    }
+    mark_standby(&settings.pgdata)
+}
+
+/// The timeline of the data directory's last checkpoint (or restartpoint), from its control
+/// file.
+async fn local_timeline(pgdata: &Path) -> Option<u32> {
+    let output = Command::new("pg_controldata").arg(pgdata).output().await.ok()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("Latest checkpoint's TimeLineID:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The timeline of the primary at `host`, if it answers as a primary.
+async fn primary_timeline(settings: &Settings, host: &str) -> Option<u32> {
+    let password = std::fs::read_to_string(&settings.superuser_password_file).ok()?;
+    let instance = Instance::connect(host, password.trim_end_matches('\n')).await.ok()?;
+    instance.primary_timeline().await.ok().flatten()
+}
+
+/// Whether the primary at `host` is on a later timeline than this data directory: it was
+/// promoted since this instance last followed a primary. None: the primary does not answer.
+pub async fn primary_moved_on(settings: &Settings, host: &str) -> Option<bool> {
+    let primary = primary_timeline(settings, host).await?;
+    let local = local_timeline(&settings.pgdata).await;
+    Some(local.is_none_or(|l| primary > l))
+}
+
+/// `pg_rewind` against the primary at `host` once it is on a later timeline, tried again
+/// while it cannot be reached (`must`: a former primary, which cannot start otherwise) or has
+/// not written its new timeline yet. A replica on the primary's timeline needs nothing.
+async fn rewind(settings: &Settings, host: &str, passfile: &Path, must: bool) -> Result<(), String> {
+    let source = format!(
+        "host={host} port={PORT} user={SUPERUSER} dbname=postgres passfile={} connect_timeout=5",
+        passfile.display()
+    );
+    let started = std::time::Instant::now();
+    loop {
+        let patience_left = started.elapsed() < CLONE_PATIENCE;
+        match primary_moved_on(settings, host).await {
+            None if !must => {
+                info!(%host, "the primary does not answer: starting as a replica as this instance is");
+                return Ok(());
+            }
+            Some(false) if !must => return Ok(()),
+            None if patience_left => {
+                warn!(%host, "cannot reach the primary to rewind yet; trying again");
+            }
+            // A primary just promoted writes its new timeline into its control file only at
+            // the checkpoint that ends its recovery: until then pg_rewind would see one
+            // timeline, rewind nothing, and this instance would start ahead of it, diverged.
+            Some(false) if patience_left => {
+                info!(%host, "the primary has not finished its promotion checkpoint: rewinding in a moment");
+            }
+            None | Some(false) => {
+                return Err(format!(
+                    "the primary at {host} did not answer on a later timeline for {}s",
+                    CLONE_PATIENCE.as_secs()
+                ));
+            }
+            Some(true) => {
+                // pg_rewind first completes a crash recovery in single-user mode, which
+                // refuses standby mode: the instance is marked a standby again afterwards.
+                for signal in ["standby.signal", "recovery.signal"] {
+                    let _ = std::fs::remove_file(settings.pgdata.join(signal));
+                }
+                let output = Command::new("pg_rewind")
+                    .arg("--target-pgdata")
+                    .arg(&settings.pgdata)
+                    .arg(format!("--source-server={source}"))
+                    .output()
+                    .await
+                    .map_err(|e| format!("running pg_rewind: {e}"))?;
+                let said = format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                );
+                if output.status.success() {
+                    info!(said = %last_line(&said), "rewound to the primary's timeline");
+                    return Ok(());
+                }
+                let unreachable = said.contains("could not connect") || said.contains("connection to server");
+                if !unreachable || !patience_left {
+                    return Err(last_line(&said).to_string());
+                }
+                warn!(%host, said = %last_line(&said), "cannot reach the primary to rewind yet; trying again");
+            }
+        }
+        tokio::time::sleep(CLONE_RETRY).await;
+    }
+}
+
+/// The last line of what a tool said (the reason it gives up, or its summary).
+fn last_line(said: &str) -> &str {
+    said.lines().map(str::trim).rfind(|l| !l.is_empty()).unwrap_or_default()
+}
+
+/// Replaces the data directory with a new copy of the primary.
+async fn copy_anew(settings: &Settings, host: &str) -> Result<(), InstanceError> {
+    let staged = settings.pgdata.with_extension("clone");
+    clone_primary(settings, host, &staged).await?;
+    mark_standby(&staged)?;
+    std::fs::remove_dir_all(&settings.pgdata)
+        .map_err(io(format!("removing the data directory {}", settings.pgdata.display())))?;
+    super::bootstrap::put_in_place(&staged, &settings.pgdata)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +299,8 @@ mod tests {
             plan_file: "/etc/noops/instance/plan.json".into(),
             archive: None,
             pod_name: Some("shop-1".into()),
+            namespace: Some("prod".into()),
+            lease: Some("shop-primary".into()),
         };
         let standby = standby_settings(&settings, "shop-rw.prod.svc", "shop-1");
         let conninfo = &standby.iter().find(|(k, _)| *k == "primary_conninfo").unwrap().1;

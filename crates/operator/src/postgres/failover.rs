@@ -1,0 +1,230 @@
+//! Who the primary is, and when and to whom the operator hands the primary's lease over. Pure.
+//!
+//! - With replicas, the primary is the lease's holder: the lease is the only word (`lease.rs`).
+//!   The operator makes it, held by the primary it knew (`status.currentPrimary`, or the first
+//!   instance of a new database), and deletes it when the database is one instance again.
+//! - The operator makes the lease unrenewed: until its holder renews it once, the primary has
+//!   not started (a new database still in its init container), which is not a lost primary.
+//!   A lease handed over counts as renewed, so a chosen replica that dies before it promotes
+//!   is replaced in turn.
+//! - A lease that has gone unchanged for `LEASE` (as the operator counts it) ran out: its
+//!   holder is dead, cut off or stuck, and has stopped its server by its own deadline. One given
+//!   up (no holder) was released by a primary whose server stopped. Either way the operator
+//!   promotes the Ready replica that received the most WAL (not the one that replayed the most:
+//!   what it received is what it will have once it has replayed), the lowest ordinal of those
+//!   equal; with none to promote, it waits, and says so.
+//! - One instance: no lease; the first instance is the primary, as before replicas.
+
+use std::time::Duration;
+
+use super::lease::LEASE;
+use super::names::Names;
+
+/// The lease as the pass sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseView {
+    pub holder: Option<String>,
+    /// Its holder renewed it at least once (or the operator handed it over).
+    pub taken: bool,
+    /// How long the operator has seen it unchanged (none: not seen change yet since it started,
+    /// counted as fresh).
+    pub unchanged_for: Option<Duration>,
+}
+
+/// What the pass does about the lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseStep {
+    /// Nothing: as it should be.
+    Keep,
+    /// Make it, held by this instance.
+    Make(String),
+    /// The database is one instance again: the lease goes.
+    Remove,
+    /// Hand it over to a replica: the primary `from` is lost, for `why`.
+    FailOver { from: Option<String>, why: String },
+}
+
+/// Who the primary is and what to do about the lease. `recorded`: the primary the status
+/// last named.
+pub fn primary(
+    names: &Names,
+    instances: i32,
+    lease: Option<&LeaseView>,
+    recorded: Option<&str>,
+) -> (String, LeaseStep) {
+    let known = recorded.map_or_else(|| names.instance(), str::to_string);
+    match lease {
+        None if instances > 1 => (known.clone(), LeaseStep::Make(known)),
+        None => (known, LeaseStep::Keep),
+        Some(_) if instances <= 1 && known == names.instance() => (known, LeaseStep::Remove),
+        Some(view) => match &view.holder {
+            None => (
+                known.clone(),
+                LeaseStep::FailOver {
+                    from: Some(known),
+                    why: "the primary gave its lease up: its server stopped".into(),
+                },
+            ),
+            Some(holder) if view.taken && view.unchanged_for.is_some_and(|d| d >= LEASE) => (
+                holder.clone(),
+                LeaseStep::FailOver {
+                    from: Some(holder.clone()),
+                    why: format!(
+                        "the primary's lease ran out: {holder} has not renewed it for {}s",
+                        view.unchanged_for.map_or(0, |d| d.as_secs())
+                    ),
+                },
+            ),
+            Some(holder) => (holder.clone(), LeaseStep::Keep),
+        },
+    }
+}
+
+/// A WAL position (`X/Y`) as a number.
+pub fn lsn(text: &str) -> Option<u64> {
+    let (high, low) = text.split_once('/')?;
+    Some((u64::from_str_radix(high, 16).ok()? << 32) | u64::from_str_radix(low, 16).ok()?)
+}
+
+/// Where a replica is: the newest timeline it has WAL of, and the last WAL position it
+/// received. Positions compare by timeline first: a replica left on an older timeline (it
+/// received WAL of a lost primary past the point where a promoted replica's timeline parted
+/// from it) is behind, whatever its position says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Position {
+    pub timeline: u32,
+    pub lsn: String,
+}
+
+impl std::fmt::Display for Position {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} on timeline {}", self.lsn, self.timeline)
+    }
+}
+
+/// The replica to promote among `candidates` (pod, where it is), none of them the lost
+/// primary `from`: the most advanced, the lowest ordinal of those equal. Only replicas on the
+/// newest timeline among them may be chosen.
+pub fn choose(names: &Names, candidates: &[(String, Position)], from: Option<&str>) -> Option<String> {
+    candidates
+        .iter()
+        .filter(|(pod, _)| Some(pod.as_str()) != from)
+        .filter_map(|(pod, at)| Some(((at.timeline, lsn(&at.lsn)?), pod)))
+        .max_by(|(a, pa), (b, pb)| a.cmp(b).then_with(|| names.ordinal(pb).cmp(&names.ordinal(pa))))
+        .map(|(_, pod)| pod.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::postgres::fixtures::names;
+
+    fn view(holder: Option<&str>, unchanged: u64) -> LeaseView {
+        LeaseView {
+            holder: holder.map(str::to_string),
+            taken: true,
+            unchanged_for: Some(Duration::from_secs(unchanged)),
+        }
+    }
+
+    #[test]
+    fn with_replicas_the_lease_is_made_for_the_known_primary_and_its_holder_is_the_primary() {
+        let names = names();
+        assert_eq!(
+            primary(&names, 3, None, None),
+            ("shop-0".into(), LeaseStep::Make("shop-0".into()))
+        );
+        assert_eq!(
+            primary(&names, 3, None, Some("shop-2")),
+            ("shop-2".into(), LeaseStep::Make("shop-2".into()))
+        );
+        assert_eq!(
+            primary(&names, 3, Some(&view(Some("shop-1"), 1)), Some("shop-0")),
+            ("shop-1".into(), LeaseStep::Keep),
+            "the lease is the word"
+        );
+        assert_eq!(primary(&names, 1, None, None), ("shop-0".into(), LeaseStep::Keep));
+        assert_eq!(
+            primary(&names, 1, Some(&view(Some("shop-0"), 1)), Some("shop-0")),
+            ("shop-0".into(), LeaseStep::Remove)
+        );
+        // An operator just started has seen no change yet: the lease counts as fresh.
+        let unseen = LeaseView {
+            holder: Some("shop-0".into()),
+            taken: true,
+            unchanged_for: None,
+        };
+        assert_eq!(primary(&names, 3, Some(&unseen), None).1, LeaseStep::Keep);
+        // A primary still in its init container has not taken the lease: not lost.
+        let untaken = LeaseView {
+            holder: Some("shop-0".into()),
+            taken: false,
+            unchanged_for: Some(Duration::from_secs(300)),
+        };
+        assert_eq!(primary(&names, 3, Some(&untaken), None).1, LeaseStep::Keep);
+    }
+
+    #[test]
+    fn a_lease_run_out_or_given_up_is_a_failover() {
+        let names = names();
+        let (_, step) = primary(&names, 3, Some(&view(Some("shop-0"), 6)), Some("shop-0"));
+        assert!(
+            matches!(&step, LeaseStep::FailOver { from: Some(f), why } if f == "shop-0" && why.contains("ran out")),
+            "{step:?}"
+        );
+        assert_eq!(
+            primary(&names, 3, Some(&view(Some("shop-0"), 5)), None).1,
+            LeaseStep::Keep
+        );
+        let (_, step) = primary(&names, 3, Some(&view(None, 0)), Some("shop-1"));
+        assert!(matches!(step, LeaseStep::FailOver { from: Some(f), .. } if f == "shop-1"));
+    }
+
+    #[test]
+    fn the_replica_that_received_the_most_is_promoted_the_lowest_of_equals() {
+        let names = names();
+        assert_eq!(lsn("0/3000060"), Some(0x300_0060));
+        assert_eq!(lsn("1/0"), Some(1 << 32));
+        let at = |timeline: u32, lsn: &str| Position {
+            timeline,
+            lsn: lsn.into(),
+        };
+        let candidates = vec![
+            ("shop-0".to_string(), at(1, "0/9000000")),
+            ("shop-1".to_string(), at(1, "0/5000000")),
+            ("shop-2".to_string(), at(1, "0/5000100")),
+            ("shop-3".to_string(), at(1, "0/5000100")),
+        ];
+        assert_eq!(choose(&names, &candidates, Some("shop-0")).as_deref(), Some("shop-2"));
+        assert_eq!(
+            choose(&names, &candidates[..2], Some("shop-0")).as_deref(),
+            Some("shop-1")
+        );
+        assert_eq!(choose(&names, &candidates[..1], Some("shop-0")), None);
+    }
+
+    #[test]
+    fn a_replica_left_on_an_older_timeline_is_behind_whatever_its_position() {
+        // shop-2 received the lost first primary's last records after shop-1 was promoted
+        // (timeline 2 parted at 0/40224E0); shop-1 is lost in turn: shop-0, which follows
+        // timeline 2, is promoted, not shop-2.
+        let candidates = vec![
+            (
+                "shop-0".to_string(),
+                Position {
+                    timeline: 2,
+                    lsn: "0/4022500".into(),
+                },
+            ),
+            (
+                "shop-2".to_string(),
+                Position {
+                    timeline: 1,
+                    lsn: "0/4022518".into(),
+                },
+            ),
+        ];
+        assert_eq!(choose(&names(), &candidates, Some("shop-1")).as_deref(), Some("shop-0"));
+    }
+}

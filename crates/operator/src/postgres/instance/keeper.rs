@@ -1,0 +1,169 @@
+//! The instance manager's side of the primary's lease (`postgres/lease.rs`): reading it, and
+//! renewing it while this instance holds it. A task of its own, so that a read the API server
+//! is slow to answer never delays the deadline the server runs to (`run.rs` keeps that timer).
+
+use std::time::Instant;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::Api;
+use kube::api::PostParams;
+use tokio::sync::{mpsc, watch};
+use tracing::{info, warn};
+
+use crate::postgres::lease::{self, RENEW_EVERY, REQUEST_TIMEOUT, Running, Seen, Step};
+
+/// The lease of this database, as this instance reaches it.
+#[derive(Clone)]
+pub struct Keeper {
+    /// None without access to the API server (a pod without a token: a single instance).
+    api: Option<Api<Lease>>,
+    name: String,
+    me: String,
+}
+
+/// What the keeper task tells the instance manager.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Told {
+    /// This instance renewed the lease; the request was sent at `sent`. With `promote`, it
+    /// was a replica the operator chose: it is to promote now.
+    Renewed { sent: Instant, promote: bool },
+    /// Whether the database has a lease now (one appeared, or went).
+    Leased(bool),
+    /// Stop the server: another instance holds the lease.
+    Stop,
+}
+
+impl Keeper {
+    /// The keeper of lease `name` in `namespace` for pod `me`: without either, or without a
+    /// service account token, one that never finds a lease.
+    pub async fn new(namespace: Option<&str>, name: &str, me: Option<&str>) -> Self {
+        let api = match (namespace, me) {
+            (Some(namespace), Some(_)) => match kube::Client::try_default().await {
+                Ok(client) => Some(Api::namespaced(client, namespace)),
+                Err(e) => {
+                    warn!(error = %e, "no access to the API server: this instance cannot hold a primary's lease");
+                    None
+                }
+            },
+            _ => None,
+        };
+        Self {
+            api,
+            name: name.to_string(),
+            me: me.unwrap_or_default().to_string(),
+        }
+    }
+
+    pub fn me(&self) -> &str {
+        &self.me
+    }
+
+    /// The lease as the API server has it now.
+    pub async fn read(&self) -> (Seen, Option<Lease>) {
+        let Some(api) = &self.api else {
+            return (Seen::Absent, None);
+        };
+        match tokio::time::timeout(REQUEST_TIMEOUT, api.get_opt(&self.name)).await {
+            Ok(Ok(Some(lease))) => {
+                let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
+                (Seen::HeldBy(holder.filter(|h| !h.is_empty())), Some(lease))
+            }
+            Ok(Ok(None)) => (Seen::Absent, None),
+            Ok(Err(kube::Error::Api(e))) if e.code == 403 => {
+                warn!(message = %e.message, "not allowed to read the primary's lease");
+                (Seen::Unreadable, None)
+            }
+            Ok(Err(_)) | Err(_) => (Seen::Unreadable, None),
+        }
+    }
+
+    /// Renews `lease` (read just before: its resourceVersion is the precondition, so a holder
+    /// the operator changed meanwhile is not written over). True if renewed.
+    pub async fn renew(&self, mut lease: Lease) -> bool {
+        let Some(api) = &self.api else { return false };
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
+        let params = PostParams::default();
+        let replace = api.replace(&self.name, &params, &lease);
+        matches!(tokio::time::timeout(REQUEST_TIMEOUT, replace).await, Ok(Ok(_)))
+    }
+
+    /// Gives the lease up, if this instance holds it: its server has stopped, and the operator
+    /// may promote a replica at once rather than wait for the lease to run out.
+    pub async fn release(&self) {
+        let (Seen::HeldBy(Some(holder)), Some(mut lease)) = self.read().await else {
+            return;
+        };
+        if holder != self.me {
+            return;
+        }
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.holder_identity = None;
+        }
+        if let Some(api) = &self.api {
+            let params = PostParams::default();
+            let replace = api.replace(&self.name, &params, &lease);
+            if matches!(tokio::time::timeout(REQUEST_TIMEOUT, replace).await, Ok(Ok(_))) {
+                info!("gave the primary's lease up: the server has stopped");
+            }
+        }
+    }
+
+    /// Runs until `running` is dropped: reads the lease every second, renews it while this
+    /// instance holds it, and tells what it found. `renewed`: when this instance last renewed
+    /// it, if it did before the task started.
+    pub async fn watch(
+        self,
+        running: watch::Receiver<Running>,
+        told: mpsc::Sender<Told>,
+        mut renewed: Option<Instant>,
+    ) {
+        let mut leased = None;
+        let mut tick = tokio::time::interval(RENEW_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if running.has_changed().is_err() {
+                return;
+            }
+            let now_running = *running.borrow();
+            let (seen, lease) = self.read().await;
+            let has = match seen {
+                Seen::Absent => Some(false),
+                Seen::HeldBy(_) => Some(true),
+                Seen::Unreadable => leased,
+            };
+            if has != leased {
+                leased = has;
+                if told.send(Told::Leased(has.unwrap_or(false))).await.is_err() {
+                    return;
+                }
+            }
+            let since = renewed.map(|r| r.elapsed());
+            let message = match lease::step(&self.me, now_running, &seen, since, leased.unwrap_or(false)) {
+                Step::Carry => None,
+                step @ (Step::Renew | Step::RenewAndPromote) => {
+                    let sent = Instant::now();
+                    let done = match lease {
+                        Some(lease) => self.renew(lease).await,
+                        None => false,
+                    };
+                    done.then(|| {
+                        renewed = Some(sent);
+                        Told::Renewed {
+                            sent,
+                            promote: step == Step::RenewAndPromote,
+                        }
+                    })
+                }
+                Step::Stop => Some(Told::Stop),
+            };
+            if let Some(message) = message
+                && told.send(message).await.is_err()
+            {
+                return;
+            }
+        }
+    }
+}

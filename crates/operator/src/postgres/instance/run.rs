@@ -1,0 +1,402 @@
+//! The PostgreSQL container (`noops pg-instance run`): decides what the instance starts as,
+//! prepares its data directory for that, runs the server as a child with the settings the
+//! operator owns, and, under the primary's lease (`postgres/lease.rs`), stops it the moment
+//! the lease says so; then decides again.
+//!
+//! - What it starts as: a single instance, as the plan says; under a lease, only what the
+//!   lease says, and a primary only once it has renewed the lease itself (so that the
+//!   operator, seeing the renewal, cannot be promoting another meanwhile). While the lease
+//!   cannot be read or nobody holds it, nothing starts: a partitioned old primary stays down.
+//! - A primary stops its server at once (immediate shutdown: no commit after it) when it has
+//!   not renewed the lease for `FENCE_AFTER`, or when another instance holds it; a replica the
+//!   operator chose (it finds itself the holder) renews the lease and promotes.
+//! - A former primary starts again as a replica: rewound to the new primary's timeline
+//!   (`replica.rs`), or copied anew when it cannot be.
+//! - The pod's SIGTERM is a fast shutdown (open transactions rolled back), not the smart one
+//!   that waits for every client to leave; a primary then gives its lease up, so that the
+//!   operator promotes a replica at once.
+//! - A server of an earlier pod still running on the data directory (a pod force-deleted, its
+//!   processes not gone yet) is waited for rather than met by a second postmaster.
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::sync::{mpsc, watch};
+use tracing::{info, warn};
+
+use super::keeper::{Keeper, Told};
+use super::{DataDir, InstanceError, Settings, bootstrap, io, replica, server_args, system_identifier, write_hba};
+use crate::postgres::lease::{self, FENCE_AFTER, RENEW_EVERY, Running, Start};
+use crate::postgres::restore::InstancePlan;
+use crate::postgres::sql::Instance;
+
+/// How long a replica may stream nothing before it checks whether it was left behind on an
+/// old timeline.
+const PARTED_AFTER: Duration = Duration::from_secs(15);
+
+/// How the server ended.
+enum Ended {
+    /// It exited (the pod is stopping, or it failed): the container ends with it.
+    Exited(ExitStatus),
+    /// The lease stopped it: decide again what this instance is.
+    Stopped,
+}
+
+/// Runs the instance until the server exits; returns its exit status. The data directory is
+/// made (or restored, or copied) by the pod's init container; if it is not there, it is made
+/// here.
+pub async fn run(settings: &Settings) -> Result<ExitStatus, InstanceError> {
+    match DataDir::at(&settings.pgdata)? {
+        DataDir::Database => info!(pgdata = %settings.pgdata.display(), "starting on the database in the volume"),
+        DataDir::Foreign => return Err(InstanceError::Foreign(settings.pgdata.clone())),
+        DataDir::Empty => {
+            warn!(pgdata = %settings.pgdata.display(), "no database in the volume: the init container did not make one");
+            bootstrap::bootstrap(settings).await?;
+        }
+    }
+    std::fs::create_dir_all(&settings.socket_dir).map_err(io(format!("making {}", settings.socket_dir.display())))?;
+    // A plan the pod cannot read (a database made before replicas) is a single instance's.
+    let plan = bootstrap::read_plan(&settings.plan_file).unwrap_or_default();
+    let lease_name = settings.lease.clone().unwrap_or_default();
+    let keeper = Keeper::new(settings.namespace.as_deref(), &lease_name, settings.pod_name.as_deref()).await;
+    let mut terminate = signal(SignalKind::terminate()).map_err(io("listening for SIGTERM"))?;
+    loop {
+        let decided = tokio::select! {
+            decided = decide(settings, &plan, &keeper) => decided,
+            _ = terminate.recv() => return Ok(ExitStatus::from_raw(0)),
+        };
+        let (mut running, renewed) = decided;
+        if running == Running::Replica {
+            replica::prepare(settings, &plan).await?;
+        } else if settings.pgdata.join("standby.signal").exists() {
+            // Chosen while a replica, and restarted before it promoted: it starts in standby
+            // and promotes as soon as it has renewed the lease.
+            info!(
+                "this instance holds the primary's lease but has not promoted yet: starting in standby, then promoting"
+            );
+            running = Running::Replica;
+        }
+        write_hba(&settings.pgdata)?;
+        let system_id = system_identifier(&settings.pgdata)?;
+        let mut args = server_args(settings, &settings.pgdata, &system_id);
+        if running == Running::Replica
+            && let (Some(host), Some(pod)) = (&plan.primary_host, &settings.pod_name)
+        {
+            replica::write_passfile(settings)?;
+            for (name, value) in replica::standby_settings(settings, host, pod) {
+                args.push("-c".into());
+                args.push(format!("{name}={value}"));
+            }
+        }
+        wait_for_an_old_server(&settings.pgdata).await;
+        let leased = plan.lease.is_some();
+        let follows = plan.primary_host.clone().filter(|_| running == Running::Replica);
+        match serve(
+            settings,
+            args,
+            (running, renewed, leased),
+            follows,
+            &keeper,
+            &mut terminate,
+        )
+        .await?
+        {
+            Ended::Exited(status) => return Ok(status),
+            Ended::Stopped => info!("the server is stopped: deciding again what this instance is"),
+        }
+    }
+}
+
+/// What this instance starts as, and when it renewed the lease if it starts as the primary
+/// under one. Waits while the lease cannot say.
+async fn decide(settings: &Settings, plan: &InstancePlan, keeper: &Keeper) -> (Running, Option<Instant>) {
+    let plan_primary = plan
+        .primary
+        .as_deref()
+        .is_none_or(|p| Some(p) == settings.pod_name.as_deref());
+    let leased = plan.lease.is_some();
+    let mut said = None::<Instant>;
+    loop {
+        let (seen, lease) = keeper.read().await;
+        match lease::start(keeper.me(), leased, &seen, plan_primary) {
+            Start::Primary => match lease {
+                Some(lease) => {
+                    let sent = Instant::now();
+                    if keeper.renew(lease).await {
+                        info!("this instance holds the primary's lease: starting as the primary");
+                        return (Running::Primary, Some(sent));
+                    }
+                }
+                None => return (Running::Primary, None),
+            },
+            Start::Replica => return (Running::Replica, None),
+            Start::Wait => {
+                if said.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                    info!(lease = ?seen, "waiting for the primary's lease to say what this instance is");
+                    said = Some(Instant::now());
+                }
+            }
+        }
+        tokio::time::sleep(RENEW_EVERY).await;
+    }
+}
+
+/// Runs the server with `args` until it exits or the lease stops it. `at_start`: what it
+/// runs as, when it last renewed the lease, whether the database has one. `follows`: the
+/// primary a replica streams from.
+async fn serve(
+    settings: &Settings,
+    args: Vec<String>,
+    at_start: (Running, Option<Instant>, bool),
+    follows: Option<String>,
+    keeper: &Keeper,
+    terminate: &mut Signal,
+) -> Result<Ended, InstanceError> {
+    let (mut running, renewed, mut leased) = at_start;
+    let mut server = Command::new("postgres")
+        .args(args)
+        .spawn()
+        .map_err(io("starting postgres"))?;
+    if settings.archive.is_some() && running == Running::Primary {
+        tokio::spawn(checkpoint_once_primary(settings.socket_dir.clone()));
+    }
+    let (role, role_seen) = watch::channel(running);
+    let (told_tx, mut told) = mpsc::channel(8);
+    let watching = tokio::spawn(keeper.clone().watch(role_seen, told_tx, renewed));
+    let (parted_tx, mut parted) = mpsc::channel(1);
+    let following = follows.map(|host| tokio::spawn(watch_the_timeline(settings.clone(), host, parted_tx)));
+    let mut deadline = renewed.map(|r| r + FENCE_AFTER);
+    let mut stopping = false;
+    let ended = loop {
+        let fenced = deadline.filter(|_| leased && running == Running::Primary && !stopping);
+        tokio::select! {
+            status = server.wait() => break Ended::Exited(status.map_err(io("waiting for postgres"))?),
+            _ = terminate.recv() => {
+                info!("SIGTERM: shutting the server down (fast)");
+                signal_server(&server, nix::sys::signal::Signal::SIGINT);
+                stopping = true;
+            }
+            _ = sleep_until(fenced) => {
+                warn!(deadline = ?FENCE_AFTER, "could not renew the primary's lease in time: stopping the server now, so that it takes no commit a failover could lose");
+                stop_now(&mut server).await;
+                break Ended::Stopped;
+            }
+            Some(()) = parted.recv(), if running == Running::Replica && !stopping => {
+                warn!("this replica has not streamed for a while and the primary is on a later timeline: stopping it to rewind");
+                stop_now(&mut server).await;
+                break Ended::Stopped;
+            }
+            message = told.recv() => match message {
+                Some(Told::Renewed { sent, promote }) => {
+                    deadline = Some(sent + FENCE_AFTER);
+                    if promote && running == Running::Replica {
+                        info!("the operator chose this replica: promoting it");
+                        promote_server(&settings.socket_dir).await?;
+                        running = Running::Primary;
+                        let _ = role.send(running);
+                        info!("promoted: this instance is the primary");
+                        // Its new timeline is in its control file only after a checkpoint:
+                        // a former primary cannot rewind to it before.
+                        tokio::spawn(checkpoint_once_primary(settings.socket_dir.clone()));
+                    }
+                }
+                Some(Told::Leased(now_leased)) => leased = now_leased,
+                Some(Told::Stop) if running == Running::Primary && !stopping => {
+                    warn!("another instance holds the primary's lease: stopping the server now; it starts again as a replica");
+                    stop_now(&mut server).await;
+                    break Ended::Stopped;
+                }
+                _ => {}
+            }
+        }
+    };
+    drop(role);
+    watching.abort();
+    if let Some(task) = following {
+        task.abort();
+    }
+    if matches!(ended, Ended::Exited(_)) && running == Running::Primary && leased {
+        keeper.release().await;
+    }
+    Ok(ended)
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Stops the server at once (an immediate shutdown: every backend ends, no commit after it;
+/// it recovers from its WAL at its next start), killing it if it lingers.
+async fn stop_now(server: &mut Child) {
+    signal_server(server, nix::sys::signal::Signal::SIGQUIT);
+    if tokio::time::timeout(Duration::from_secs(5), server.wait())
+        .await
+        .is_err()
+    {
+        let _ = server.kill().await;
+    }
+}
+
+/// Sends `signal` to a server child: SIGINT is a fast shutdown, SIGQUIT an immediate one.
+pub(super) fn signal_server(server: &Child, signal: nix::sys::signal::Signal) {
+    if let Some(pid) = server.id().and_then(|p| i32::try_from(p).ok()) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+    }
+}
+
+/// Promotes the server (a standby) through its socket, once it accepts connections.
+async fn promote_server(socket_dir: &Path) -> Result<(), InstanceError> {
+    let mut last = None;
+    for _ in 0..60 {
+        match Instance::local(socket_dir).await {
+            Ok(instance) => match instance.promote().await {
+                Ok(()) => return Ok(()),
+                Err(e) => last = Some(e),
+            },
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Err(last.map_or_else(
+        || InstanceError::Restore("the server could not be promoted".into()),
+        InstanceError::Sql,
+    ))
+}
+
+/// Waits while a server of an earlier pod still runs on `pgdata` (its `postmaster.pid` names a
+/// live process): two postmasters on one data directory would corrupt it, and PostgreSQL's own
+/// check would only end this one and cost a restart with back-off.
+async fn wait_for_an_old_server(pgdata: &Path) {
+    let started = Instant::now();
+    let mut said = false;
+    let lock_file = pgdata.join("postmaster.pid");
+    loop {
+        match old_postmaster(&lock_file) {
+            OldPostmaster::None => return,
+            // Dead, not yet reaped by whoever inherited it: PostgreSQL would take it for a
+            // live one. Its lock file goes; PostgreSQL's shared memory check still refuses to
+            // start while any process of the old server is attached.
+            OldPostmaster::Dead(pid) => {
+                info!(
+                    pid,
+                    "the server of an earlier pod is dead but not yet reaped: removing its lock file"
+                );
+                if let Err(e) = std::fs::remove_file(&lock_file) {
+                    warn!(error = %e, "could not remove the lock file of a dead server");
+                }
+                return;
+            }
+            OldPostmaster::Running(pid) => {
+                if started.elapsed() > Duration::from_secs(120) {
+                    warn!(
+                        pid,
+                        "a server of an earlier pod still runs on the data directory after 2 minutes: starting anyway (PostgreSQL refuses a second one)"
+                    );
+                    return;
+                }
+                if !said {
+                    info!(
+                        pid,
+                        "a server of an earlier pod still runs on the data directory: waiting for it to end"
+                    );
+                    said = true;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The process a `postmaster.pid` names.
+enum OldPostmaster {
+    /// No lock file, or it names no process (or one that is not a postgres).
+    None,
+    /// A process that has exited but not been reaped (a zombie).
+    Dead(i32),
+    Running(i32),
+}
+
+fn old_postmaster(lock_file: &Path) -> OldPostmaster {
+    let Some(pid) = std::fs::read_to_string(lock_file)
+        .ok()
+        .and_then(|t| t.lines().next()?.trim().parse::<i32>().ok())
+    else {
+        return OldPostmaster::None;
+    };
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return OldPostmaster::None;
+    };
+    // `pid (comm) state ...`: the state follows the last parenthesis.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    let comm = stat
+        .split_once('(')
+        .and_then(|(_, rest)| rest.rsplit_once(')'))
+        .map(|(c, _)| c);
+    match (state, comm) {
+        (Some('Z' | 'X'), Some(c)) if c.starts_with("postgres") => OldPostmaster::Dead(pid),
+        (_, Some(c)) if c.starts_with("postgres") => OldPostmaster::Running(pid),
+        _ => OldPostmaster::None,
+    }
+}
+
+/// Tells `parted` once this replica has streamed nothing for `PARTED_AFTER` while the primary
+/// at `host` answers on a later timeline than its own: it received WAL the promoted replica
+/// had not, and cannot follow until it is rewound.
+async fn watch_the_timeline(settings: Settings, host: String, parted: mpsc::Sender<()>) {
+    let mut streaming_at = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let streaming = match Instance::local(&settings.socket_dir).await {
+            Ok(instance) => instance.streaming().await.unwrap_or(false),
+            Err(_) => false,
+        };
+        if streaming {
+            streaming_at = Instant::now();
+            continue;
+        }
+        if streaming_at.elapsed() >= PARTED_AFTER && replica::primary_moved_on(&settings, &host).await == Some(true) {
+            let _ = parted.send(()).await;
+            return;
+        }
+    }
+}
+
+/// Runs one CHECKPOINT once the server is a primary. Two reasons:
+/// - PostgreSQL's checkpointer, which also forces the WAL segment switches of
+///   `archive_timeout`, starts while the server is still in recovery and then sleeps a whole
+///   `checkpoint_timeout` (five minutes) before it looks at `archive_timeout` again: a restarted
+///   server would archive nothing for that long unless something wakes it.
+/// - A promoted server writes its new timeline into its control file only at a checkpoint,
+///   and a former primary cannot rewind to it before (`replica.rs`).
+///
+/// A checkpoint request does both, and costs little after a start.
+async fn checkpoint_once_primary(socket_dir: PathBuf) {
+    for _ in 0..120 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let Ok(instance) = Instance::local(&socket_dir).await else {
+            continue;
+        };
+        match instance.in_recovery().await {
+            Ok(false) => {}
+            _ => continue,
+        }
+        match instance.checkpoint().await {
+            Ok(()) => info!(
+                "checkpointed as the primary: archive_timeout holds from the start, and the timeline is in the control file"
+            ),
+            Err(e) => {
+                warn!(error = %e, "could not checkpoint as the primary: archive_timeout and a former primary's rewind wait for the next checkpoint")
+            }
+        }
+        return;
+    }
+}

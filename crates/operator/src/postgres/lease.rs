@@ -1,0 +1,187 @@
+//! The primary's lease: a `coordination.k8s.io` Lease `<name>-primary` whose holder is the
+//! instance that may take writes. Only a database with replicas has one (a single instance has
+//! nothing to fail over to, and keeps serving without the API server).
+//!
+//! The holder's instance manager renews it every [`RENEW_EVERY`]; one that has not renewed for
+//! [`FENCE_AFTER`] (counted from when it sent its last successful renewal, on its own clock)
+//! stops its server at once, so it accepts no commit past that deadline. The operator fails over
+//! only once it has seen no renewal for [`LEASE`] (counted from when it saw the last one, on its
+//! own clock): since a renewal is seen after it was sent and `FENCE_AFTER < LEASE`, the old
+//! primary has stopped before any replica is promoted, whatever the clocks say, and whether the
+//! old primary is dead, partitioned or merely slow. No wait for the node controller.
+//!
+//! The operator changes the holder with the lease's resourceVersion as a precondition, so a
+//! late renewal and a failover cannot both succeed. An instance manager that finds another
+//! holder stops its server and starts again as a replica. Pure: what to do given what was
+//! read; the reads and writes are in `instance/keeper.rs` and the operator's pass.
+
+use std::time::Duration;
+
+/// How long the lease lasts without a renewal, as the operator counts it.
+pub const LEASE: Duration = Duration::from_secs(6);
+/// How often the holder renews it.
+pub const RENEW_EVERY: Duration = Duration::from_secs(1);
+/// How long a holder goes without a successful renewal before it stops its server.
+pub const FENCE_AFTER: Duration = Duration::from_secs(4);
+/// How long one request to the API server may take.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// What the deadline leaves for a stopped server's processes to be gone before the operator
+/// may promote: the instance manager stops its server on a timer of its own at the deadline,
+/// not after a read that may hang.
+pub const STOP_MARGIN: Duration = Duration::from_secs(2);
+
+/// What an instance does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Running {
+    Primary,
+    Replica,
+}
+
+/// What the instance manager read of the lease this time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    /// No lease: a single instance, nothing to fence.
+    Absent,
+    /// Its holder (none: released, the operator chooses).
+    HeldBy(Option<String>),
+    /// The API server could not be asked.
+    Unreadable,
+}
+
+/// What the instance manager does after a read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing to change.
+    Carry,
+    /// Renew the lease (this instance holds it).
+    Renew,
+    /// Renew, then promote the server: the operator chose this replica.
+    RenewAndPromote,
+    /// Stop the server now: another instance holds the lease, or this one could not renew it
+    /// in time. It starts again as what the lease then says.
+    Stop,
+}
+
+/// What instance `me`, running as `running`, does given what it read and how long since it
+/// last renewed (`since_renewed`: none if it never did; only a holder counts it).
+pub fn step(me: &str, running: Running, seen: &Seen, since_renewed: Option<Duration>, leased: bool) -> Step {
+    let overdue = since_renewed.is_none_or(|d| d >= FENCE_AFTER);
+    match (seen, running) {
+        (Seen::Absent, _) => Step::Carry,
+        (Seen::HeldBy(Some(holder)), Running::Primary) if holder == me => Step::Renew,
+        (Seen::HeldBy(Some(holder)), Running::Replica) if holder == me => Step::RenewAndPromote,
+        // Someone else's, or released: a primary stops; a replica carries on.
+        (Seen::HeldBy(_), Running::Primary) => Step::Stop,
+        (Seen::HeldBy(_), Running::Replica) => Step::Carry,
+        // Cannot be read: a primary under a lease keeps serving only until its deadline.
+        (Seen::Unreadable, Running::Primary) if leased && overdue => Step::Stop,
+        (Seen::Unreadable, _) => Step::Carry,
+    }
+}
+
+/// What an instance starts as, given the lease (when it can be read) and the plan's word.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Start {
+    Primary,
+    Replica,
+    /// Not yet: the lease must say (it cannot be read, or nobody holds it).
+    Wait,
+}
+
+/// What instance `me` starts as: under a lease (`leased`: the plan says the database has one)
+/// only what the lease says; a single instance as the plan says (`plan_primary`).
+pub fn start(me: &str, leased: bool, seen: &Seen, plan_primary: bool) -> Start {
+    match seen {
+        Seen::HeldBy(Some(holder)) if holder == me => Start::Primary,
+        Seen::HeldBy(Some(_)) => Start::Replica,
+        Seen::HeldBy(None) => Start::Wait,
+        Seen::Absent | Seen::Unreadable if !leased => {
+            if plan_primary {
+                Start::Primary
+            } else {
+                Start::Replica
+            }
+        }
+        Seen::Absent => {
+            // The plan says there is a lease and there is none (yet, or any more): the
+            // operator makes it first; until then only a replica may start.
+            if plan_primary { Start::Wait } else { Start::Replica }
+        }
+        Seen::Unreadable => Start::Wait,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ME: &str = "shop-0";
+
+    fn held(by: &str) -> Seen {
+        Seen::HeldBy(Some(by.into()))
+    }
+
+    #[test]
+    fn the_holder_renews_and_a_replica_chosen_by_the_operator_promotes() {
+        let fresh = Some(Duration::from_secs(1));
+        assert_eq!(step(ME, Running::Primary, &held(ME), fresh, true), Step::Renew);
+        assert_eq!(step(ME, Running::Replica, &held(ME), None, true), Step::RenewAndPromote);
+        assert_eq!(step(ME, Running::Replica, &held("shop-1"), None, true), Step::Carry);
+    }
+
+    #[test]
+    fn a_primary_stops_when_another_holds_the_lease_or_it_cannot_renew_in_time() {
+        assert_eq!(
+            step(ME, Running::Primary, &held("shop-1"), Some(Duration::ZERO), true),
+            Step::Stop
+        );
+        assert_eq!(step(ME, Running::Primary, &Seen::HeldBy(None), None, true), Step::Stop);
+        let unreadable = Seen::Unreadable;
+        assert_eq!(
+            step(
+                ME,
+                Running::Primary,
+                &unreadable,
+                Some(Duration::from_millis(3_900)),
+                true
+            ),
+            Step::Carry,
+            "within its deadline"
+        );
+        assert_eq!(
+            step(ME, Running::Primary, &unreadable, Some(FENCE_AFTER), true),
+            Step::Stop
+        );
+        // A single instance has no lease: the API server's absence stops nothing.
+        assert_eq!(step(ME, Running::Primary, &unreadable, None, false), Step::Carry);
+        assert_eq!(step(ME, Running::Primary, &Seen::Absent, None, true), Step::Carry);
+    }
+
+    #[test]
+    fn the_deadline_falls_before_the_operator_may_promote() {
+        assert!(
+            FENCE_AFTER + STOP_MARGIN <= LEASE,
+            "the server is stopped before a promotion"
+        );
+        assert!(
+            RENEW_EVERY + REQUEST_TIMEOUT < FENCE_AFTER,
+            "one slow renewal does not fence"
+        );
+    }
+
+    #[test]
+    fn an_instance_starts_as_the_lease_says_and_waits_when_it_cannot_know() {
+        assert_eq!(start(ME, true, &held(ME), false), Start::Primary);
+        assert_eq!(start(ME, true, &held("shop-1"), true), Start::Replica);
+        assert_eq!(start(ME, true, &Seen::HeldBy(None), true), Start::Wait);
+        assert_eq!(
+            start(ME, true, &Seen::Unreadable, true),
+            Start::Wait,
+            "a partitioned old primary"
+        );
+        assert_eq!(start(ME, true, &Seen::Absent, true), Start::Wait);
+        assert_eq!(start(ME, true, &Seen::Absent, false), Start::Replica);
+        // A single instance starts without the API server, as before replicas.
+        assert_eq!(start(ME, false, &Seen::Unreadable, true), Start::Primary);
+    }
+}
