@@ -276,14 +276,31 @@ async fn remove(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
         {
             Deletion::Removing
         }
-        (Some(tenant), NodeView::Present(node)) => {
+        (Some(tenant), NodeView::Present(node)) => 'drain: {
             let client = &tenant.client;
-            tenant::cordon(client, node).await.during(Stage::Cleanup)?;
-            crash::point("machine: Node cordoned, not drained");
+            // A request the cluster's API server fails (a timeout on a loaded machine, a
+            // restart) is tried again in a moment, as an unreachable cluster is: the back-off
+            // of a failed pass grows to minutes, and a rollout waits on this machine.
+            let cordoned = tenant::cordon(client, node).await.during(Stage::Cleanup);
+            if cordoned.is_ok() {
+                crash::point("machine: Node cordoned, not drained");
+            }
             // A Node that cannot be reached is drained without evictions once the timeout
             // has passed: its pods may be gone with it, and nothing else would end them.
             let force = !crate::core::nodes::ready(node) && past_timeout;
-            let progress = drain_pass(client, &names.node(), force).await.during(Stage::Cleanup)?;
+            let drained = match cordoned {
+                Ok(()) => drain_pass(client, &names.node(), force).await.during(Stage::Cleanup),
+                Err(e) => Err(e),
+            };
+            let progress = match drained {
+                Ok(progress) => progress,
+                Err(e) if e.is_transient() && !past_timeout => {
+                    break 'drain Deletion::TenantUnreachable(format!(
+                        "its cluster's API server failed a request: {e}"
+                    ));
+                }
+                Err(e) => return Err(e),
+            };
             if !progress.ending.is_empty() {
                 crash::point("machine: pods evicted, status not written");
             }
