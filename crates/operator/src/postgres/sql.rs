@@ -262,17 +262,19 @@ impl Instance {
         Ok((!in_recovery).then_some(timeline.max(0) as u32))
     }
 
-    /// Whether this standby's WAL receiver is streaming from its primary.
-    pub async fn streaming(&self) -> Result<bool, SqlError> {
+    /// Whether this standby's WAL receiver is streaming from its primary, and the last
+    /// position it replayed.
+    pub async fn streaming(&self) -> Result<(bool, Option<String>), SqlError> {
         let row = self
             .client
             .query_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming')",
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'),
+                        pg_last_wal_replay_lsn()::text",
                 &[],
             )
             .await
             .map_err(|e| self.failed(e))?;
-        Ok(row.get(0))
+        Ok((row.get(0), row.get(1)))
     }
 
     /// What the recovery that just ended replayed.

@@ -34,8 +34,8 @@ use crate::postgres::lease::{self, FENCE_AFTER, RENEW_EVERY, Running, Start};
 use crate::postgres::restore::InstancePlan;
 use crate::postgres::sql::Instance;
 
-/// How long a replica may stream nothing before it checks whether it was left behind on an
-/// old timeline.
+/// How long a replica may stream and replay nothing before it checks whether it was left
+/// behind on an old timeline.
 const PARTED_AFTER: Duration = Duration::from_secs(15);
 
 /// How the server ended.
@@ -348,22 +348,26 @@ fn old_postmaster(lock_file: &Path) -> OldPostmaster {
     }
 }
 
-/// Tells `parted` once this replica has streamed nothing for `PARTED_AFTER` while the primary
-/// at `host` answers on a later timeline than its own: it received WAL the promoted replica
-/// had not, and cannot follow until it is rewound.
+/// Tells `parted` once this replica has neither streamed nor replayed anything for
+/// `PARTED_AFTER` while the primary at `host` answers on a later timeline than its own: it
+/// received WAL the promoted replica had not, and cannot follow until it is rewound. (One
+/// still replaying the WAL it has, before it streams, is moving: it is left alone.)
 async fn watch_the_timeline(settings: Settings, host: String, parted: mpsc::Sender<()>) {
-    let mut streaming_at = Instant::now();
+    let mut moving_at = Instant::now();
+    let mut replayed = None;
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let streaming = match Instance::local(&settings.socket_dir).await {
-            Ok(instance) => instance.streaming().await.unwrap_or(false),
-            Err(_) => false,
+        let (streaming, now_replayed) = match Instance::local(&settings.socket_dir).await {
+            Ok(instance) => instance.streaming().await.unwrap_or((false, None)),
+            Err(_) => (false, None),
         };
-        if streaming {
-            streaming_at = Instant::now();
+        let replaying = now_replayed.is_some() && now_replayed != replayed;
+        replayed = now_replayed.or(replayed);
+        if streaming || replaying {
+            moving_at = Instant::now();
             continue;
         }
-        if streaming_at.elapsed() >= PARTED_AFTER && replica::primary_moved_on(&settings, &host).await == Some(true) {
+        if moving_at.elapsed() >= PARTED_AFTER && replica::primary_moved_on(&settings, &host).await == Some(true) {
             let _ = parted.send(()).await;
             return;
         }
