@@ -199,6 +199,10 @@ async fn serve(
                         running = Running::Primary;
                         let _ = role.send(running);
                         info!("promoted: this instance is the primary");
+                        // A primary follows nobody: the rejoin check ends here.
+                        if let Some(task) = &following {
+                            task.abort();
+                        }
                         // Its new timeline is in its control file only after a checkpoint:
                         // a former primary cannot rewind to it before.
                         tokio::spawn(checkpoint_once_primary(settings.socket_dir.clone()));
