@@ -31,7 +31,7 @@ use super::base_backup::ChannelReader;
 use super::keeper::Keeper;
 use super::progress::Reporter;
 use super::replica::{Role, clone_primary, mark_standby, role};
-use super::{DataDir, InstanceError, Settings, io, server_args, write_hba};
+use super::{DataDir, InstanceError, Settings, io, put_in_place, server_args, write_hba};
 use crate::postgres::lease::Seen;
 use crate::postgres::names::{RESTORE_RECORD, SUPERUSER};
 use crate::postgres::restore::{From, InstancePlan, RestorePlan};
@@ -129,21 +129,6 @@ fn staging(pgdata: &Path, extension: &str) -> Result<PathBuf, InstanceError> {
         std::fs::remove_dir_all(&staged).map_err(io(format!("removing the half-made {}", staged.display())))?;
     }
     Ok(staged)
-}
-
-/// Renames a whole `staged` data directory into place, durably.
-pub(super) fn put_in_place(staged: &Path, pgdata: &Path) -> Result<(), InstanceError> {
-    // An empty folder at the path (a mount point's leftover) gives way to the new database.
-    if pgdata.exists() {
-        std::fs::remove_dir(pgdata).map_err(io(format!("removing the empty {}", pgdata.display())))?;
-    }
-    std::fs::rename(staged, pgdata).map_err(io(format!("renaming {} to {}", staged.display(), pgdata.display())))?;
-    if let Some(parent) = pgdata.parent() {
-        std::fs::File::open(parent)
-            .and_then(|dir| dir.sync_all())
-            .map_err(io(format!("syncing {}", parent.display())))?;
-    }
-    Ok(())
 }
 
 /// Makes a new database in a folder beside the data directory, then renames it into place.
@@ -384,7 +369,7 @@ async fn recover(
     promoted.checkpoint().await?;
     let timeline = promoted.timeline().await?;
     drop(promoted);
-    super::run::signal_server(&server, nix::sys::signal::Signal::SIGINT);
+    super::signal_server(&server, nix::sys::signal::Signal::SIGINT);
     match tokio::time::timeout(STOP_GRACE, server.wait()).await {
         Ok(Ok(status)) if status.success() => {}
         Ok(Ok(status)) => {

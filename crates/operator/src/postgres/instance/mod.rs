@@ -211,6 +211,28 @@ pub(crate) fn write_hba(pgdata: &Path) -> Result<(), InstanceError> {
     std::fs::write(pgdata.join("pg_hba.conf"), hba_rules()).map_err(io("writing pg_hba.conf"))
 }
 
+/// Renames a whole `staged` data directory into place, durably.
+pub fn put_in_place(staged: &Path, pgdata: &Path) -> Result<(), InstanceError> {
+    // An empty folder at the path (a mount point's leftover) gives way to the new database.
+    if pgdata.exists() {
+        std::fs::remove_dir(pgdata).map_err(io(format!("removing the empty {}", pgdata.display())))?;
+    }
+    std::fs::rename(staged, pgdata).map_err(io(format!("renaming {} to {}", staged.display(), pgdata.display())))?;
+    if let Some(parent) = pgdata.parent() {
+        std::fs::File::open(parent)
+            .and_then(|dir| dir.sync_all())
+            .map_err(io(format!("syncing {}", parent.display())))?;
+    }
+    Ok(())
+}
+
+/// Sends `signal` to a server child: SIGINT is a fast shutdown, SIGQUIT an immediate one.
+pub fn signal_server(server: &tokio::process::Child, signal: nix::sys::signal::Signal) {
+    if let Some(pid) = server.id().and_then(|p| i32::try_from(p).ok()) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

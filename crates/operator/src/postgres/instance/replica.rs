@@ -260,7 +260,7 @@ async fn copy_anew(settings: &Settings, host: &str) -> Result<(), InstanceError>
     mark_standby(&staged)?;
     std::fs::remove_dir_all(&settings.pgdata)
         .map_err(io(format!("removing the data directory {}", settings.pgdata.display())))?;
-    super::bootstrap::put_in_place(&staged, &settings.pgdata)
+    super::put_in_place(&staged, &settings.pgdata)
 }
 
 #[cfg(test)]

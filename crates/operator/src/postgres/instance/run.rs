@@ -29,7 +29,9 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use super::keeper::{Keeper, Told};
-use super::{DataDir, InstanceError, Settings, bootstrap, io, replica, server_args, system_identifier, write_hba};
+use super::{
+    DataDir, InstanceError, Settings, bootstrap, io, replica, server_args, signal_server, system_identifier, write_hba,
+};
 use crate::postgres::lease::{self, FENCE_AFTER, RENEW_EVERY, Running, Start};
 use crate::postgres::restore::InstancePlan;
 use crate::postgres::sql::Instance;
@@ -245,13 +247,6 @@ async fn stop_now(server: &mut Child) {
         .is_err()
     {
         let _ = server.kill().await;
-    }
-}
-
-/// Sends `signal` to a server child: SIGINT is a fast shutdown, SIGQUIT an immediate one.
-pub(super) fn signal_server(server: &Child, signal: nix::sys::signal::Signal) {
-    if let Some(pid) = server.id().and_then(|p| i32::try_from(p).ok()) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
     }
 }
 
