@@ -483,3 +483,49 @@ impl Drop for Frozen {
         let _ = std::fs::write(&self.freeze_file, "0");
     }
 }
+
+/// When the test saw a change of the lease, and who held it then.
+type LeaseChanges = std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, Option<String>)>>>;
+
+/// Every change of a database's primary Lease, from a watch (each renewal is a change).
+pub struct LeaseWatch {
+    task: tokio::task::JoinHandle<()>,
+    seen: LeaseChanges,
+}
+
+impl LeaseWatch {
+    pub fn start(ns: &TestNamespace, lease: &str) -> Self {
+        use futures::StreamExt;
+        use kube::runtime::{WatchStreamExt, watcher};
+        let seen = LeaseChanges::default();
+        let record = seen.clone();
+        let leases = ns.api::<k8s_openapi::api::coordination::v1::Lease>();
+        let config = watcher::Config::default().fields(&format!("metadata.name={lease}"));
+        let task = tokio::spawn(async move {
+            let mut changes = watcher(leases, config).default_backoff().applied_objects().boxed();
+            while let Some(change) = changes.next().await {
+                if let Ok(lease) = change {
+                    let holder = lease.spec.and_then(|s| s.holder_identity).filter(|h| !h.is_empty());
+                    record.lock().unwrap().push((std::time::Instant::now(), holder));
+                }
+            }
+        });
+        Self { task, seen }
+    }
+
+    /// How long the lease went unchanged, as the watch saw it, before it first passed from
+    /// `from` to `to`: the old holder's last renewal to the handover.
+    pub fn silence_before_handover(&self, from: &str, to: &str) -> Option<Duration> {
+        let seen = self.seen.lock().unwrap();
+        let handover = seen
+            .windows(2)
+            .find(|w| w[0].1.as_deref() == Some(from) && w[1].1.as_deref() == Some(to))?;
+        Some(handover[1].0 - handover[0].0)
+    }
+}
+
+impl Drop for LeaseWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

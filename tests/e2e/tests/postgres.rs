@@ -814,10 +814,21 @@ async fn a_lost_primary_is_replaced_by_the_most_advanced_replica_and_comes_back_
 
     // The primary's pod frozen whole, as a hung node: it renews nothing, its lease runs out,
     // and the replica that received the most WAL is promoted; the Services follow it.
+    let lease = noops_e2e::postgres::LeaseWatch::start(&ns, "shop-primary");
     let frozen = noops_e2e::postgres::Frozen::pod(&ns, "shop-0");
     let first = wait_failed_over(&ns, "shop", "shop-0").await;
     assert!(first.reason.contains("ran out"), "{first:?}");
     eprintln!("frozen primary: {first:?}");
+    // One primary: the old one stops its server 4 s after its last renewal; the lease, seen
+    // by a watch (every renewal is a change), passed on only after it had gone unrenewed for
+    // longer than that (the operator waits 6 s).
+    let silence = lease
+        .silence_before_handover("shop-0", &first.to)
+        .expect("the watch saw the handover");
+    assert!(
+        silence > Duration::from_secs(5),
+        "the lease passed on after only {silence:?}"
+    );
     let pods = ns.pods();
     let labels = pods.get(&first.to).await.unwrap().metadata.labels.unwrap();
     assert_eq!(labels.get("noops.dev/role").map(String::as_str), Some("primary"));
