@@ -55,6 +55,7 @@ pub const PASSWORD_KEYS: [&str; 2] = ["password", "postgresql_password"];
     validation = Rule::new("self.metadata.name.size() <= 45").message("a PostgreSQL name is at most 45 characters: its StatefulSet, pod and volume names add to it"),
     validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("a PostgreSQL name must be a DNS label: lower-case letters, digits and '-', starting with a letter"),
     validation = Rule::new("self.spec.version == oldSelf.spec.version || !has(oldSelf.status) || !has(oldSelf.status.systemIdentifier)").message("spec.version cannot change once the database has run: major upgrades (pg_upgrade) are not supported yet; restore a backup into a new PostgreSQL instead"),
+    validation = Rule::new("!has(self.spec.synchronous) || self.spec.synchronous.number < self.spec.instances").message("spec.synchronous.number must be less than spec.instances: each synchronous replica is an instance beside the primary"),
     validation = Rule::new("has(self.spec.bootstrap) == has(oldSelf.spec.bootstrap) && (!has(self.spec.bootstrap) || self.spec.bootstrap == oldSelf.spec.bootstrap)").message("spec.bootstrap is immutable: it says how the database started"),
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Instances","type":"integer","jsonPath":".spec.instances"}"#,
@@ -100,6 +101,10 @@ pub struct PostgreSQLSpec {
     #[serde(default = "default_instances")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 9").message("instances must be between 1 and 9"))]
     pub instances: i32,
+    /// Synchronous replication: a commit is acknowledged only once `number` replicas have it
+    /// on disk, so that a failover loses none. Off by default (asynchronous: a failover may
+    /// lose the last commits the lost primary acknowledged).
+    pub synchronous: Option<SynchronousSpec>,
     /// Each instance's volume.
     #[serde(default)]
     #[x_kube(validation = Rule::new("self == oldSelf").message("storage is immutable: create a new PostgreSQL (from a backup) to change it"))]
@@ -149,6 +154,31 @@ pub type S3Destination = crate::backup::S3Destination<Postgres>;
 /// `<prefix>/<name>/`. The instance mounts it: with a claim on one node's disk, the instance
 /// runs on that node, and a lost node cannot be recovered from it.
 pub type VolumeDestination = crate::backup::VolumeDestination<Postgres>;
+
+/// Synchronous replication (`synchronous_standby_names = 'ANY <number> (...)'`).
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SynchronousSpec {
+    /// How many replicas must have a commit on disk before it is acknowledged; any of them.
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 8").message("synchronous.number must be between 1 and 8"))]
+    pub number: i32,
+    /// What happens while fewer than `number` replicas stream: `Required` (the default)
+    /// keeps commits waiting until enough are back, so that no acknowledged commit can be
+    /// lost; `Preferred` acknowledges them with the replicas there are (asynchronously when
+    /// none is), with a Warning and the `SynchronousReplicas` condition False.
+    #[serde(default)]
+    pub data_durability: DataDurability,
+}
+
+/// Whether commits wait for replicas that are not there (`synchronous.dataDurability`).
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DataDurability {
+    /// Commits wait until `number` replicas have them: none acknowledged can be lost.
+    #[default]
+    Required,
+    /// Commits go on with fewer replicas (with none: asynchronous) rather than wait.
+    Preferred,
+}
 
 /// How a new database starts.
 #[skip_serializing_none]
@@ -252,6 +282,9 @@ pub struct PostgreSQLStatus {
     /// lag and timeline.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub members: Vec<MemberStatus>,
+    /// What the primary's commits wait for (its `synchronous_standby_names`): empty while
+    /// they are acknowledged without a replica.
+    pub synchronous_standby_names: Option<String>,
     /// Why instances share a node, when they do (one node lost would take more than one).
     pub placement: Option<String>,
     /// The last failover: the primary lost, the replica promoted, why, and how long writes

@@ -265,6 +265,20 @@ pub fn postgres(pg: &PostgreSQL, around: &Around) -> Report {
         if let Some(shared) = &status.placement {
             report.fact("PLACEMENT", shared.clone());
         }
+        // What a commit waits for, and whether enough replicas are there to give it.
+        let commits = match (&pg.spec.synchronous, &status.synchronous_standby_names) {
+            (None, _) => "acknowledged by the primary alone (asynchronous)".to_string(),
+            (Some(_), Some(names)) => format!("wait for {names}"),
+            (Some(_), None) => "acknowledged by the primary alone for now".to_string(),
+        };
+        let short = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "SynchronousReplicas" && c.reason == "TooFewReplicas");
+        match short {
+            Some(c) => report.fact("COMMITS", format!("{commits}: {}", c.message)),
+            None => report.fact("commits", commits),
+        }
     }
     if let Some(endpoint) = &status.endpoint {
         report.fact("endpoint", endpoint.clone());
@@ -571,6 +585,16 @@ mod tests {
         };
         let text = postgres(&pg, &around).text();
         assert!(text.contains("2 of 2 ready, primary shop-0"), "{text}");
+        assert!(text.contains("asynchronous"), "{text}");
+        pg.spec.synchronous = Some(noops_api::postgres::SynchronousSpec {
+            number: 1,
+            data_durability: noops_api::postgres::DataDurability::Required,
+        });
+        if let Some(status) = pg.status.as_mut() {
+            status.synchronous_standby_names = Some(r#"ANY 1 ("shop-1")"#.into());
+        }
+        let text = postgres(&pg, &around).text();
+        assert!(text.contains(r#"wait for ANY 1 ("shop-1")"#), "{text}");
         assert!(text.contains("PLACEMENT"), "{text}");
         let line = text
             .lines()

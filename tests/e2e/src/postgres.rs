@@ -111,6 +111,40 @@ pub fn psql(ip: &str, user: &str, password: &str, db: &str, sql: &str) -> Result
     }
 }
 
+/// How a client connects to database `db` at `host` as `user`.
+fn client_config(
+    host: &str,
+    user: &str,
+    password: &str,
+    db: &str,
+    connect_timeout: Duration,
+) -> tokio_postgres::Config {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host(host)
+        .port(5432)
+        .user(user)
+        .password(password)
+        .dbname(db)
+        .connect_timeout(connect_timeout);
+    config
+}
+
+/// Whether `sql` (a commit) is acknowledged within `within`, as a client that gives up then
+/// sees it. (A statement timeout would not do: PostgreSQL ends a commit's wait for its
+/// synchronous replicas on a cancel and reports success, with a warning.)
+pub async fn commits_within(host: &str, user: &str, password: &str, db: &str, sql: &str, within: Duration) -> bool {
+    let config = client_config(host, user, password, db, Duration::from_secs(5));
+    let Ok((client, connection)) = config.connect(tokio_postgres::NoTls).await else {
+        return false;
+    };
+    tokio::spawn(connection);
+    matches!(
+        tokio::time::timeout(within, client.batch_execute(sql)).await,
+        Ok(Ok(()))
+    )
+}
+
 /// The value of `key` in Secret `name`.
 pub async fn secret_value(ns: &TestNamespace, name: &str, key: &str) -> String {
     let secret: Secret = ns.api::<Secret>().get(name).await.expect("Secret");
@@ -360,14 +394,7 @@ pub struct Ledger {
 
 impl Ledger {
     pub fn start(host: &str, user: &str, password: &str, db: &str, pause: Duration) -> Self {
-        let mut config = tokio_postgres::Config::new();
-        config
-            .host(host)
-            .port(5432)
-            .user(user)
-            .password(password)
-            .dbname(db)
-            .connect_timeout(Duration::from_secs(2));
+        let config = client_config(host, user, password, db, Duration::from_secs(2));
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stop_seen = stop.clone();
         let task = tokio::spawn(async move {

@@ -317,6 +317,29 @@ async fn bad_specs_are_refused_with_a_reason() {
             database_manifest("a.b", &spec("shop", "app", "")),
             "must be a DNS label",
         ),
+        // Synchronous replication.
+        (
+            database_manifest("p", &spec("shop", "app", "  synchronous: { number: 1 }\n")),
+            "spec.synchronous.number must be less than spec.instances",
+        ),
+        (
+            database_manifest(
+                "p",
+                &spec("shop", "app", "  instances: 3\n  synchronous: { number: 0 }\n"),
+            ),
+            "synchronous.number must be between 1 and 8",
+        ),
+        (
+            database_manifest(
+                "p",
+                &spec(
+                    "shop",
+                    "app",
+                    "  instances: 3\n  synchronous: { number: 1, dataDurability: Sometimes }\n",
+                ),
+            ),
+            "Unsupported value: \"Sometimes\"",
+        ),
         // Backups and bootstrap.
         (
             database_manifest("p", &spec("shop", "app", "  backup: { maxBackups: 3 }\n")),
@@ -449,6 +472,18 @@ async fn bad_specs_are_refused_with_a_reason() {
         let error = apply_error(&ns, yaml).unwrap_or_else(|| panic!("accepted:\n{yaml}"));
         assert!(error.contains(expected), "refused, but not with {expected:?}: {error}");
     }
+    // Scaled below what synchronous replication asks for: refused through the scale
+    // subresource too.
+    ns.apply(&database_manifest(
+        "q",
+        &spec("shop", "app", "  instances: 2\n  synchronous: { number: 1 }\n"),
+    ));
+    let scaled = noops_e2e::kubectl(&["scale", "-n", &ns.name, "pg/q", "--replicas=1"], None);
+    let said = String::from_utf8_lossy(&scaled.stderr);
+    assert!(
+        !scaled.status.success() && said.contains("spec.synchronous.number must be less than spec.instances"),
+        "{said}"
+    );
     // The version may change while the database has never run, not after.
     assert_eq!(
         apply_error(
@@ -780,6 +815,48 @@ async fn three_instances_stream_from_the_primary_and_serve_reads_behind_their_ow
     .await;
 }
 
+/// Database `shop` of three instances (with `extra` in its spec), Ready with its replicas
+/// streaming, a table `items`, and a ledger committing into it through `shop-rw` every 20 ms:
+/// (the owner's password, the address of `shop-rw`, the ledger).
+async fn three_instances_under_a_ledger(
+    ns: &TestNamespace,
+    extra: &str,
+) -> (String, String, noops_e2e::postgres::Ledger) {
+    ns.apply(&manifest("shop", "Pa55word", &format!("  instances: 3\n{extra}")));
+    wait_ready(ns, "shop", 3 * MINUTE).await;
+    wait_reason(ns, "shop", "ReplicasReady", "True", "Streaming").await;
+    let password = secret_value(ns, "shop-db", "postgresql_password").await;
+    let rw = service_ip(ns, "shop-rw").await;
+    psql(
+        &rw,
+        "app",
+        &password,
+        "shop",
+        "CREATE TABLE items (id bigint PRIMARY KEY)",
+    )
+    .unwrap();
+    let ledger = noops_e2e::postgres::Ledger::start(&rw, "app", &password, "shop", Duration::from_millis(20));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    (password, rw, ledger)
+}
+
+/// Waits until former primary `pod` of `shop` streams as a replica again.
+async fn wait_rejoined(ns: &TestNamespace, pod: &str) {
+    wait_until(
+        &format!("{pod} back, streaming from the new primary"),
+        3 * MINUTE,
+        || async {
+            let pg = ns.api::<PostgreSQL>().get("shop").await.ok();
+            pg.and_then(|pg| pg.status).is_some_and(|s| {
+                s.members
+                    .iter()
+                    .any(|m| m.name == pod && format!("{:?}", m.role) == "Replica" && m.streaming == Some(true))
+            })
+        },
+    )
+    .await;
+}
+
 /// Waits until the last failover of `name` has a new primary other than `old` taking writes.
 async fn wait_failed_over(ns: &TestNamespace, name: &str, old: &str) -> noops_api::postgres::FailoverStatus {
     let api = ns.api::<PostgreSQL>();
@@ -796,21 +873,7 @@ async fn a_lost_primary_is_replaced_by_the_most_advanced_replica_and_comes_back_
     install_crds();
     let ns = TestNamespace::new("pg-failover").await;
     let _operator = Operator::start(&ns.name, &["--controllers", "postgres"]);
-    ns.apply(&manifest("shop", "Pa55word", "  instances: 3\n"));
-    wait_ready(&ns, "shop", 3 * MINUTE).await;
-    wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
-    let password = secret_value(&ns, "shop-db", "postgresql_password").await;
-    let rw = service_ip(&ns, "shop-rw").await;
-    psql(
-        &rw,
-        "app",
-        &password,
-        "shop",
-        "CREATE TABLE items (id bigint PRIMARY KEY)",
-    )
-    .unwrap();
-    let ledger = noops_e2e::postgres::Ledger::start(&rw, "app", &password, "shop", Duration::from_millis(20));
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (password, rw, ledger) = three_instances_under_a_ledger(&ns, "").await;
 
     // The primary's pod frozen whole, as a hung node: it renews nothing, its lease runs out,
     // and the replica that received the most WAL is promoted; the Services follow it.
@@ -838,15 +901,7 @@ async fn a_lost_primary_is_replaced_by_the_most_advanced_replica_and_comes_back_
     frozen.thaw();
 
     // The old primary comes back as a replica of the new one (rewound), streaming.
-    wait_until("shop-0 back, streaming from the new primary", 3 * MINUTE, || async {
-        let pg = ns.api::<PostgreSQL>().get("shop").await.ok();
-        pg.and_then(|pg| pg.status).is_some_and(|s| {
-            s.members
-                .iter()
-                .any(|m| m.name == "shop-0" && format!("{:?}", m.role) == "Replica" && m.streaming == Some(true))
-        })
-    })
-    .await;
+    wait_rejoined(&ns, "shop-0").await;
 
     // The new primary's pod deleted gracefully: its server stops, it gives its lease up, and
     // the next replica is promoted at once.
@@ -914,4 +969,115 @@ async fn a_lost_primary_is_replaced_by_the_most_advanced_replica_and_comes_back_
         "writes waited {:?}",
         report.longest_gap
     );
+}
+
+#[tokio::test]
+async fn with_synchronous_replication_no_acknowledged_commit_is_lost_and_commits_wait_as_the_user_chose() {
+    install_crds();
+    let ns = TestNamespace::new("pg-sync").await;
+    let operator = Operator::start(&ns.name, &["--controllers", "postgres"]);
+    let (password, rw, ledger) = three_instances_under_a_ledger(&ns, "  synchronous: { number: 1 }\n").await;
+    let pg = wait_reason(&ns, "shop", "SynchronousReplicas", "True", "Synchronous").await;
+    assert_eq!(
+        pg.status.unwrap().synchronous_standby_names.as_deref(),
+        Some(r#"ANY 1 ("shop-1", "shop-2")"#)
+    );
+
+    // shop-2 stops (frozen): commits go on, acknowledged by shop-1 alone, and shop-2 falls
+    // behind. Then the primary and shop-1 stop together and shop-2 comes back: the only
+    // replica that answers lacks commits that were acknowledged, so it is not promoted.
+    let frozen_2 = noops_e2e::postgres::Frozen::pod(&ns, "shop-2");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let frozen_0 = noops_e2e::postgres::Frozen::pod(&ns, "shop-0");
+    let frozen_1 = noops_e2e::postgres::Frozen::pod(&ns, "shop-1");
+    frozen_2.thaw();
+    let waiting = wait_for(
+        "the failover waiting for a replica with every commit",
+        2 * MINUTE,
+        || async {
+            let pg = ns.api::<PostgreSQL>().get("shop").await.ok()?;
+            condition(&pg, "Ready")
+                .filter(|(s, r, m)| s == "False" && r == "PrimaryLost" && m.contains("2 must answer"))
+        },
+    )
+    .await;
+    eprintln!("primary and shop-1 stopped: {waiting:?}");
+    let status = ns.api::<PostgreSQL>().get("shop").await.unwrap().status.unwrap();
+    assert_eq!(
+        status.current_primary.as_deref(),
+        Some("shop-0"),
+        "nobody promoted meanwhile"
+    );
+    // shop-1 back: it holds every acknowledged commit, and is promoted.
+    frozen_1.thaw();
+    let failover = wait_failed_over(&ns, "shop", "shop-0").await;
+    assert_eq!(failover.to, "shop-1", "{failover:?}");
+    frozen_0.thaw();
+    wait_rejoined(&ns, "shop-0").await;
+    let pg = wait_reason(&ns, "shop", "SynchronousReplicas", "True", "Synchronous").await;
+    assert_eq!(
+        pg.status.unwrap().synchronous_standby_names.as_deref(),
+        Some(r#"ANY 1 ("shop-0", "shop-2")"#),
+        "the new primary waits for the others"
+    );
+
+    // The new primary's pod deleted: the other replica that holds every commit takes over.
+    ns.pods().delete("shop-1", &Default::default()).await.unwrap();
+    let second = wait_failed_over(&ns, "shop", "shop-1").await;
+    eprintln!("deleted primary: {second:?}");
+    wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
+    let report = ledger.stop().await;
+    let missing = report.missing(&noops_e2e::postgres::ids(&rw, "app", &password, "shop"));
+    eprintln!(
+        "{} commits acknowledged, {} uncertain, {} lost (synchronous replication), writes waited at most {:?}",
+        report.acked.len(),
+        report.uncertain.len(),
+        missing.len(),
+        report.longest_gap
+    );
+    assert!(report.acked.len() > 100, "too little history: {}", report.acked.len());
+    assert!(missing.is_empty(), "acknowledged and lost: {missing:?}");
+
+    // Both replicas stopped: with Required (the default) a commit waits for one of them...
+    let primary = second.to.clone();
+    let replicas: Vec<String> = ["shop-0", "shop-1", "shop-2"]
+        .into_iter()
+        .filter(|p| *p != primary)
+        .map(str::to_string)
+        .collect();
+    let frozen: Vec<_> = replicas
+        .iter()
+        .map(|r| noops_e2e::postgres::Frozen::pod(&ns, r))
+        .collect();
+    let commit = |id: i64, within: Duration| {
+        let (rw, password) = (rw.clone(), password.clone());
+        async move {
+            let sql = format!("INSERT INTO items VALUES ({id}) ON CONFLICT DO NOTHING");
+            noops_e2e::postgres::commits_within(&rw, "app", &password, "shop", &sql, within).await
+        }
+    };
+    assert!(
+        !commit(-1, Duration::from_secs(4)).await,
+        "a commit with no replica was acknowledged"
+    );
+    let short = wait_reason(&ns, "shop", "SynchronousReplicas", "False", "TooFewReplicas").await;
+    eprintln!("{:?}", condition(&short, "SynchronousReplicas"));
+    wait_event(&ns, "PostgreSQL", "shop", "SynchronousReplicasShort").await;
+    // ...and with Preferred, commits go on without them, said in the condition.
+    ns.apply(&manifest(
+        "shop",
+        "Pa55word",
+        "  instances: 3\n  synchronous: { number: 1, dataDurability: Preferred }\n",
+    ));
+    wait_until("a commit acknowledged with no replica", MINUTE, || {
+        commit(-2, Duration::from_secs(2))
+    })
+    .await;
+    let pg = wait_reason(&ns, "shop", "SynchronousReplicas", "False", "TooFewReplicas").await;
+    let (_, _, message) = condition(&pg, "SynchronousReplicas").unwrap();
+    assert!(message.contains("asynchronously"), "{message}");
+    drop(frozen);
+    wait_reason(&ns, "shop", "SynchronousReplicas", "True", "Synchronous").await;
+    wait_event(&ns, "PostgreSQL", "shop", "SynchronousReplicasBack").await;
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }

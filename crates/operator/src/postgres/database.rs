@@ -13,6 +13,7 @@ use super::replication;
 use super::secrets::{self, Password, PasswordProblem};
 use super::sql::{Archiver, Instance, InstanceFacts, Replication, SqlError};
 use super::status::InstanceState;
+use super::synchronous;
 use crate::core::stuck::stuck;
 
 /// What a pass did in the database, and what it learnt there.
@@ -36,6 +37,10 @@ pub struct InDatabase {
     /// Replication slots made and dropped this pass.
     pub slots_made: Vec<String>,
     pub slots_dropped: Vec<String>,
+    /// The primary's synchronous replication, and the list it was given this pass (if
+    /// changed).
+    pub synchronous: Option<synchronous::Seen>,
+    pub synchronous_set: Option<String>,
 }
 
 /// Where the instance stands and, if it serves, what this pass made in it.
@@ -93,7 +98,7 @@ pub async fn instance_and_database(
         if pg.spec.backup.is_some() {
             made.archiver = Some(instance.archiver().await?);
         }
-        keep_slots(pg, (names, primary), &instance, &mut made, may_change).await?;
+        keep_replication(pg, (names, primary), &instance, &mut made, may_change).await?;
         Ok::<_, SqlError>(Some((facts, made)))
     };
     match served.await {
@@ -108,8 +113,9 @@ pub async fn instance_and_database(
 
 /// The primary's replication slots, one per replica the spec asks for (made before the
 /// replica copies the primary, or soon after: `wal_keep_size` bridges the gap), a slot of an
-/// instance scaled away dropped once unused; and what the primary says of its replicas.
-async fn keep_slots(
+/// instance scaled away dropped once unused; its synchronous replication as the spec asks
+/// (`synchronous.rs`); and what the primary says of its replicas.
+async fn keep_replication(
     pg: &PostgreSQL,
     (names, primary): (&Names, &str),
     instance: &Instance,
@@ -131,6 +137,18 @@ async fn keep_slots(
         made.slots_made = make;
         made.slots_dropped = drop;
     }
+    let streaming = synchronous::streaming(&replication.standbys, names, pg.spec.instances);
+    let sync = pg.spec.synchronous.as_ref();
+    let wanted = synchronous::standby_names(sync, names, pg.spec.instances, primary, &streaming);
+    if may_change && wanted != replication.synchronous_standby_names {
+        instance.set_synchronous_standby_names(&wanted).await?;
+        replication.synchronous_standby_names = wanted.clone();
+        made.synchronous_set = Some(wanted);
+    }
+    made.synchronous = Some(synchronous::Seen {
+        synchronous: synchronous::named(&replication.synchronous_standby_names, &streaming),
+        setting: replication.synchronous_standby_names.clone(),
+    });
     made.replication = Some(replication);
     Ok(())
 }

@@ -6,6 +6,7 @@ use noops_api::postgres::PostgreSQLStatus;
 
 use super::database::InDatabase;
 use super::status::restored_message;
+use super::synchronous::SYNCHRONOUS_REPLICAS;
 
 use crate::core::events::Announcement;
 
@@ -54,6 +55,7 @@ pub fn announcements(
             ));
         }
     }
+    out.extend(synchronous_change(previous, status));
     let paused = |s: &PostgreSQLStatus| s.phase.as_deref() == Some("Paused");
     if paused(status) && !paused(previous) {
         out.push(Announcement::normal(
@@ -107,6 +109,23 @@ pub fn announcements(
         ));
     }
     out
+}
+
+/// Fewer synchronous replicas than asked (once there had been enough: a new database's
+/// replicas being made are not news), and enough again.
+fn synchronous_change(previous: &PostgreSQLStatus, status: &PostgreSQLStatus) -> Option<Announcement> {
+    let find = |s: &PostgreSQLStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == SYNCHRONOUS_REPLICAS)
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    let (was, (reason, message)) = (find(previous)?.0, find(status)?);
+    match (was.as_str(), reason.as_str()) {
+        ("Synchronous", "TooFewReplicas") => Some(Announcement::warning("SynchronousReplicasShort", message)),
+        ("TooFewReplicas", "Synchronous") => Some(Announcement::normal("SynchronousReplicasBack", message)),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

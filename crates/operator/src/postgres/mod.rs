@@ -52,6 +52,7 @@ pub mod sql;
 pub mod statefulset;
 pub mod status;
 pub mod store;
+pub mod synchronous;
 
 use std::sync::Arc;
 

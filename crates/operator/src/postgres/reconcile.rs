@@ -38,7 +38,7 @@ use super::secrets::{self, Password, PasswordProblem};
 use super::sql::Instance;
 use super::status::{self, InstanceState, StatusFacts};
 use super::store::{BaseBackupDestination, Destination};
-use super::{account, destination, failover, observe, replication, restore, services, statefulset};
+use super::{account, destination, failover, observe, replication, restore, services, statefulset, synchronous};
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
 use crate::core::backup::progress;
 use crate::core::backup::retention::{BackupsSummary, being_restored};
@@ -58,6 +58,12 @@ const LOOK_AGAIN_ARCHIVING: Duration = Duration::from_secs(60);
 const NOT_YET: Duration = Duration::from_secs(5);
 /// How often a data directory being made is looked at: a restore's progress in status.
 const BOOTSTRAPPING: Duration = Duration::from_secs(1);
+/// How long a failover waits for a replica to say where it is.
+const ASK_REPLICA_WITHIN: Duration = Duration::from_secs(3);
+/// How often a primary whose commits wait for replicas only while they are there
+/// (`synchronous.dataDurability: Preferred`) is asked which stream: a replica that stopped
+/// holds its commits until then.
+const SYNCHRONOUS_PREFERRED: Duration = Duration::from_secs(2);
 /// How often a replica handed the lease is looked at until it has promoted: the moment it
 /// takes writes is in the status (`lastFailover.promotedAt`), and nothing else wakes the pass.
 const PROMOTING: Duration = Duration::from_millis(500);
@@ -103,6 +109,13 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
         // A replica catching up, being rewound or copied anew changes no object the pass
         // watches: it is looked at until it streams.
         NOT_YET
+    } else if let Some(sync) = pg.spec.synchronous.as_ref().filter(|_| serving) {
+        // Nothing the pass watches changes when a replica stops replying: the primary is
+        // asked who streams, and with `Preferred` stops waiting for one that does not.
+        match sync.data_durability {
+            noops_api::postgres::DataDurability::Preferred => SYNCHRONOUS_PREFERRED,
+            noops_api::postgres::DataDurability::Required => NOT_YET,
+        }
     } else {
         pass.look_again(serving, &applied, kept.look_again)
     };
@@ -375,11 +388,26 @@ impl<'a> Pass<'a> {
                 if !candidates.is_empty() {
                     info!(from = ?from, candidates = ?candidates, "the primary is lost: where each Ready replica is");
                 }
-                match failover::choose(&self.names, &candidates, from.as_deref()) {
-                    None => {
-                        let message = format!(
-                            "{why}; no replica can be promoted (none is Ready and streaming): waiting for one, or for the primary to come back"
-                        );
+                let answered: Vec<String> = candidates.iter().map(|(pod, _)| pod.clone()).collect();
+                let spec = &self.pg.spec;
+                let choice = synchronous::enough_answered(
+                    spec.synchronous.as_ref(),
+                    &self.names,
+                    spec.instances,
+                    from.as_deref(),
+                    &answered,
+                )
+                .and_then(|()| {
+                    failover::choose(&self.names, &candidates, from.as_deref())
+                        .ok_or_else(|| "no replica can be promoted (none is Ready and streaming)".to_string())
+                });
+                let choice = match choice {
+                    Ok(chosen) => self.give_synchronous_list(children, &chosen).await.map(|()| chosen),
+                    Err(why_not) => Err(why_not),
+                };
+                match choice {
+                    Err(why_not) => {
+                        let message = format!("{why}; {why_not}: waiting for one, or for the primary to come back");
                         // Said once when it starts; the condition says it while it lasts.
                         let said = self
                             .pg
@@ -393,7 +421,7 @@ impl<'a> Pass<'a> {
                         }
                         primacy.no_replica = Some(message);
                     }
-                    Some(chosen) => {
+                    Ok(chosen) => {
                         let received = candidates
                             .iter()
                             .find(|(pod, _)| *pod == chosen)
@@ -432,6 +460,45 @@ impl<'a> Pass<'a> {
         Ok(primacy)
     }
 
+    /// Gives replica `chosen`, about to be handed the lease, the `synchronous_standby_names` it
+    /// will need as the primary, so that its first commit waits as the spec asks. `Err`: why
+    /// it cannot be handed the lease yet.
+    async fn give_synchronous_list(
+        &self,
+        children: &observe::Children,
+        chosen: &str,
+    ) -> std::result::Result<(), String> {
+        let spec = &self.pg.spec;
+        let wanted = synchronous::standby_names(spec.synchronous.as_ref(), &self.names, spec.instances, chosen, &[]);
+        if wanted.is_empty() {
+            // Asynchronous (or preferred, with no replica streaming from it yet): the next
+            // pass sets what it needs once it serves.
+            return Ok(());
+        }
+        let pods = replication::instance_pods(&self.names, &children.pods);
+        let ip = pods.get(chosen).and_then(|p| observe::ready_address(p));
+        let password = children
+            .superuser_secret
+            .as_deref()
+            .and_then(secrets::superuser_password);
+        let (Some(ip), Some(password)) = (ip, password) else {
+            return Err(format!("{chosen} is no longer Ready"));
+        };
+        let set = async {
+            let instance = Instance::connect(&ip, &password).await?;
+            instance.set_synchronous_standby_names(&wanted).await
+        };
+        match set.await {
+            Ok(()) => {
+                info!(replica = %chosen, setting = %wanted, "gave the replica to promote what its commits will wait for");
+                Ok(())
+            }
+            Err(e) => Err(format!(
+                "{chosen} could not be given its synchronous replicas before its promotion ({e})"
+            )),
+        }
+    }
+
     /// Where each Ready replica is (the last WAL position it received), but `lost`'s: what
     /// it says when asked, each asked at once.
     async fn positions(&self, children: &observe::Children, lost: Option<&str>) -> Vec<(String, failover::Position)> {
@@ -453,11 +520,16 @@ impl<'a> Pass<'a> {
                         let instance = Instance::connect(&ip, &password).await?;
                         instance.standby_position().await
                     };
-                    match position.await {
-                        Ok(Some(at)) => Some((name, at)),
-                        Ok(None) => None,
-                        Err(e) => {
+                    // A replica that does not answer at once is not waited for: the failover is.
+                    match tokio::time::timeout(ASK_REPLICA_WITHIN, position).await {
+                        Ok(Ok(Some(at))) => Some((name, at)),
+                        Ok(Ok(None)) => None,
+                        Ok(Err(e)) => {
                             info!(replica = %name, error = %e, "cannot ask a replica where it is: not a candidate");
+                            None
+                        }
+                        Err(_) => {
+                            info!(replica = %name, "a replica did not say where it is in time: not a candidate");
                             None
                         }
                     }
@@ -611,6 +683,9 @@ impl<'a> Pass<'a> {
         for slot in &made.slots_dropped {
             info!(%slot, "dropped the replication slot of an instance scaled away");
         }
+        if let Some(setting) = &made.synchronous_set {
+            info!(%setting, streaming = ?made.synchronous.as_ref().map(|s| &s.synchronous), "set what the primary's commits wait for (synchronous_standby_names)");
+        }
         if self.pg.spec.paused {
             return Ok(members);
         }
@@ -720,6 +795,7 @@ fn seen(
         primary: primacy.primary,
         failover: primacy.failover,
         primary_lost: primacy.no_replica,
+        synchronous: made.synchronous.clone(),
     }
 }
 

@@ -160,9 +160,11 @@ pub fn labels_to_set(pods: &BTreeMap<String, &Pod>, members: &[MemberStatus]) ->
 }
 
 /// Instances that are Ready: the primary serving, replicas streaming.
-pub fn ready_instances(members: &[MemberStatus], primary_serves: bool) -> i32 {
+pub fn ready_instances(members: &[MemberStatus], primary_serves: bool, names: &Names, instances: i32) -> i32 {
     members
         .iter()
+        // An instance scaled away still streams until its pod is gone: it is not counted.
+        .filter(|m| m.role == Role::Primary || names.ordinal(&m.name).is_some_and(|i| i < instances))
         .filter(|m| match m.role {
             Role::Primary => primary_serves,
             Role::Replica => m.ready && m.streaming == Some(true),
@@ -253,6 +255,7 @@ mod tests {
                     replay_lsn: Some("0/4FFFF00".into()),
                     lag_bytes: Some(0),
                     replay_lag_millis: Some(12),
+                    reply_age_millis: Some(300),
                 },
                 Standby {
                     name: "shop-2".into(),
@@ -263,6 +266,7 @@ mod tests {
                 },
             ],
             slots: vec![],
+            synchronous_standby_names: String::new(),
         };
         let now = jiff::Timestamp::now();
         let members = members(&pods, "shop-0", Some(&replication), now);
@@ -275,7 +279,12 @@ mod tests {
             vec![PRIMARY, REPLICA, REPLICA_BEHIND],
             "shop-2 is 32 MiB behind"
         );
-        assert_eq!(ready_instances(&members, true), 3);
+        assert_eq!(ready_instances(&members, true, &names, 3), 3);
+        assert_eq!(
+            ready_instances(&members, true, &names, 2),
+            2,
+            "shop-2, scaled away, is not counted while it goes"
+        );
         assert_eq!(
             shared_nodes(&members).unwrap(),
             "shop-1 and shop-2 share node n2: losing that node takes them together"

@@ -17,12 +17,21 @@ use super::names::{PORT, SUPERUSER};
 /// How long a connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long the server may take to answer a connection or a statement. A server that is
+/// stopped whole (a frozen process, a hung node) still has its kernel accept connections and
+/// acknowledge what is sent: without this, a pass that asked it would wait for ever.
+const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+
 #[derive(Debug, thiserror::Error)]
-#[error("PostgreSQL at {address}: {}", said(.source))]
-pub struct SqlError {
-    address: String,
-    #[source]
-    source: tokio_postgres::Error,
+pub enum SqlError {
+    #[error("PostgreSQL at {address}: {}", said(.source))]
+    Failed {
+        address: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    #[error("PostgreSQL at {address} did not answer in time")]
+    Silent { address: String },
 }
 
 /// What the server said (an error of the server's own is shown with its message, not as
@@ -70,6 +79,8 @@ pub struct Replication {
     pub standbys: Vec<Standby>,
     /// The physical slots named `noops_*`, and whether a standby uses each now.
     pub slots: Vec<(String, bool)>,
+    /// Its `synchronous_standby_names`.
+    pub synchronous_standby_names: String,
 }
 
 /// One standby connected to the primary, by its application name (its pod).
@@ -85,6 +96,8 @@ pub struct Standby {
     pub lag_bytes: Option<i64>,
     /// How far its replay is behind, as the primary measures it (none when idle).
     pub replay_lag_millis: Option<i64>,
+    /// How long ago it last replied (none: never).
+    pub reply_age_millis: Option<i64>,
 }
 
 /// A time column as RFC 3339 in UTC.
@@ -119,11 +132,19 @@ impl Instance {
             .user(SUPERUSER)
             .dbname("postgres")
             .application_name("noops")
+            // The operator's own changes (its role, the password, the database) never wait
+            // for synchronous replicas: a pass must not hang while they are away. What it
+            // made is made again if a failover loses it (it is looked at at every pass, and
+            // the password is set again once a new primary serves).
+            .options("-c synchronous_commit=local")
             .connect_timeout(CONNECT_TIMEOUT);
-        let (client, connection) = config.connect(NoTls).await.map_err(|source| SqlError {
-            address: address.clone(),
-            source,
-        })?;
+        let (client, connection) = match tokio::time::timeout(ANSWER_WITHIN, config.connect(NoTls)).await {
+            Ok(connected) => connected.map_err(|source| SqlError::Failed {
+                address: address.clone(),
+                source,
+            })?,
+            Err(_) => return Err(SqlError::Silent { address }),
+        };
         let task_address = address.clone();
         tokio::spawn(async move {
             if let Err(e) = connection.await {
@@ -134,31 +155,47 @@ impl Instance {
     }
 
     fn failed(&self, source: tokio_postgres::Error) -> SqlError {
-        SqlError {
+        SqlError::Failed {
             address: self.address.clone(),
             source,
         }
     }
 
+    /// What the server answers to `request`, if it answers within [`ANSWER_WITHIN`].
+    async fn answer<T>(
+        &self,
+        request: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, SqlError> {
+        self.answer_within(ANSWER_WITHIN, request).await
+    }
+
+    /// What the server answers to `request`, a statement that may take `within`.
+    async fn answer_within<T>(
+        &self,
+        within: Duration,
+        request: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, SqlError> {
+        match tokio::time::timeout(within, request).await {
+            Ok(answer) => answer.map_err(|e| self.failed(e)),
+            Err(_) => Err(SqlError::Silent {
+                address: self.address.clone(),
+            }),
+        }
+    }
+
     /// Whether `query` (with `name` as its one parameter) finds a row.
     async fn exists(&self, query: &str, name: &str) -> Result<bool, SqlError> {
-        let row = self
-            .client
-            .query_opt(query, &[&name])
-            .await
-            .map_err(|e| self.failed(e))?;
+        let row = self.answer(self.client.query_opt(query, &[&name])).await?;
         Ok(row.is_some())
     }
 
     pub async fn facts(&self) -> Result<InstanceFacts, SqlError> {
         let row = self
-            .client
-            .query_one(
+            .answer(self.client.query_one(
                 "SELECT current_setting('server_version'), system_identifier::text FROM pg_control_system()",
                 &[],
-            )
-            .await
-            .map_err(|e| self.failed(e))?;
+            ))
+            .await?;
         let version: String = row.get(0);
         Ok(InstanceFacts {
             server_version: version.split_whitespace().next().unwrap_or_default().to_string(),
@@ -177,10 +214,8 @@ impl Instance {
             identifier(user),
             literal(&verifier(password))
         );
-        self.client
-            .batch_execute(&statement)
-            .await
-            .map_err(|e| self.failed(e))?;
+        self.answer_within(Duration::from_secs(120), self.client.batch_execute(&statement))
+            .await?;
         Ok(true)
     }
 
@@ -191,7 +226,7 @@ impl Instance {
             identifier(user),
             literal(&verifier(password))
         );
-        self.client.batch_execute(&statement).await.map_err(|e| self.failed(e))
+        self.answer(self.client.batch_execute(&statement)).await
     }
 
     /// Makes database `db` owned by `owner` if it is not there; true if this call made it.
@@ -201,10 +236,8 @@ impl Instance {
         }
         // CREATE DATABASE cannot run in a transaction block, hence the simple query.
         let statement = format!("CREATE DATABASE {} OWNER {}", identifier(db), identifier(owner));
-        self.client
-            .batch_execute(&statement)
-            .await
-            .map_err(|e| self.failed(e))?;
+        self.answer_within(Duration::from_secs(120), self.client.batch_execute(&statement))
+            .await?;
         Ok(true)
     }
 }
@@ -217,7 +250,7 @@ impl Instance {
             rfc3339("last_archived_time"),
             rfc3339("last_failed_time")
         );
-        let row = self.client.query_one(&query, &[]).await.map_err(|e| self.failed(e))?;
+        let row = self.answer(self.client.query_one(&query, &[])).await?;
         Ok(Archiver {
             last_archived_wal: row.get(0),
             last_archived_time: row.get(1),
@@ -229,20 +262,19 @@ impl Instance {
     /// The text of the file at `path` on the instance (none if it is not there).
     pub async fn read_file(&self, path: &str) -> Result<Option<String>, SqlError> {
         let row = self
-            .client
-            .query_one("SELECT pg_read_file($1::text, 0, 1048576, true)", &[&path])
-            .await
-            .map_err(|e| self.failed(e))?;
+            .answer(
+                self.client
+                    .query_one("SELECT pg_read_file($1::text, 0, 1048576, true)", &[&path]),
+            )
+            .await?;
         Ok(row.get(0))
     }
 
     /// Whether the server still recovers.
     pub async fn in_recovery(&self) -> Result<bool, SqlError> {
         let row = self
-            .client
-            .query_one("SELECT pg_is_in_recovery()", &[])
-            .await
-            .map_err(|e| self.failed(e))?;
+            .answer(self.client.query_one("SELECT pg_is_in_recovery()", &[]))
+            .await?;
         Ok(row.get(0))
     }
 
@@ -250,13 +282,11 @@ impl Instance {
     /// its last restartpoint, which says nothing of where it replays).
     pub async fn primary_timeline(&self) -> Result<Option<u32>, SqlError> {
         let row = self
-            .client
-            .query_one(
+            .answer(self.client.query_one(
                 "SELECT pg_is_in_recovery(), timeline_id FROM pg_control_checkpoint()",
                 &[],
-            )
-            .await
-            .map_err(|e| self.failed(e))?;
+            ))
+            .await?;
         let in_recovery: bool = row.get(0);
         let timeline: i32 = row.get(1);
         Ok((!in_recovery).then_some(timeline.max(0) as u32))
@@ -266,14 +296,12 @@ impl Instance {
     /// position it replayed.
     pub async fn streaming(&self) -> Result<(bool, Option<String>), SqlError> {
         let row = self
-            .client
-            .query_one(
+            .answer(self.client.query_one(
                 "SELECT EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'),
                         pg_last_wal_replay_lsn()::text",
                 &[],
-            )
-            .await
-            .map_err(|e| self.failed(e))?;
+            ))
+            .await?;
         Ok((row.get(0), row.get(1)))
     }
 
@@ -283,7 +311,7 @@ impl Instance {
             "SELECT {}, pg_last_wal_replay_lsn()::text",
             rfc3339("pg_last_xact_replay_timestamp()")
         );
-        let row = self.client.query_one(&query, &[]).await.map_err(|e| self.failed(e))?;
+        let row = self.answer(self.client.query_one(&query, &[])).await?;
         Ok(Recovered {
             last_transaction: row.get(0),
             end_wal: row.get(1),
@@ -294,13 +322,11 @@ impl Instance {
     /// its step, the bytes streamed and the estimated total; none if none runs.
     pub async fn base_backup_progress(&self) -> Result<Option<WorkProgress>, SqlError> {
         let row = self
-            .client
-            .query_opt(
+            .answer(self.client.query_opt(
                 "SELECT phase, backup_streamed, backup_total FROM pg_stat_progress_basebackup ORDER BY pid LIMIT 1",
                 &[],
-            )
-            .await
-            .map_err(|e| self.failed(e))?;
+            ))
+            .await?;
         Ok(row.map(|row| WorkProgress {
             step: row.get(0),
             bytes_done: row.get(1),
@@ -310,32 +336,29 @@ impl Instance {
     }
 
     pub async fn checkpoint(&self) -> Result<(), SqlError> {
-        self.client
-            .batch_execute("CHECKPOINT")
+        // A checkpoint writes every dirty page: it may take a while on a busy server.
+        self.answer_within(Duration::from_secs(600), self.client.batch_execute("CHECKPOINT"))
             .await
-            .map_err(|e| self.failed(e))
     }
 
     /// The timeline of the last checkpoint.
     pub async fn timeline(&self) -> Result<i64, SqlError> {
         let row = self
-            .client
-            .query_one("SELECT timeline_id::bigint FROM pg_control_checkpoint()", &[])
-            .await
-            .map_err(|e| self.failed(e))?;
+            .answer(
+                self.client
+                    .query_one("SELECT timeline_id::bigint FROM pg_control_checkpoint()", &[]),
+            )
+            .await?;
         Ok(row.get(0))
     }
 
     /// Whether database `db` and role `user` are both there.
     pub async fn has_database_and_user(&self, db: &str, user: &str) -> Result<bool, SqlError> {
-        let row = self
-            .client
+        let row = self.answer(self.client
             .query_one(
                 "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1) AND EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $2)",
                 &[&db, &user],
-            )
-            .await
-            .map_err(|e| self.failed(e))?;
+            )).await?;
         Ok(row.get(0))
     }
 }
@@ -344,24 +367,22 @@ impl Instance {
     /// What the primary says of its replication.
     pub async fn replication(&self) -> Result<Replication, SqlError> {
         let row = self
-            .client
-            .query_one(
-                "SELECT pg_current_wal_lsn()::text, (SELECT timeline_id::bigint FROM pg_control_checkpoint())",
+            .answer(self.client.query_one(
+                "SELECT pg_current_wal_lsn()::text, (SELECT timeline_id::bigint FROM pg_control_checkpoint()), \
+                 current_setting('synchronous_standby_names')",
                 &[],
-            )
-            .await
-            .map_err(|e| self.failed(e))?;
+            ))
+            .await?;
         let standbys = self
-            .client
-            .query(
+            .answer(self.client.query(
                 "SELECT application_name, state, flush_lsn::text, replay_lsn::text, \
                  pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn)::bigint, \
-                 (extract(epoch FROM replay_lag) * 1000)::bigint \
+                 (extract(epoch FROM replay_lag) * 1000)::bigint, \
+                 (extract(epoch FROM clock_timestamp() - reply_time) * 1000)::bigint \
                  FROM pg_stat_replication ORDER BY application_name",
                 &[],
-            )
-            .await
-            .map_err(|e| self.failed(e))?
+            ))
+            .await?
             .into_iter()
             .map(|r| Standby {
                 name: r.get(0),
@@ -370,16 +391,14 @@ impl Instance {
                 replay_lsn: r.get(3),
                 lag_bytes: r.get(4),
                 replay_lag_millis: r.get(5),
+                reply_age_millis: r.get(6),
             })
             .collect();
-        let slots = self
-            .client
+        let slots = self.answer(self.client
             .query(
                 "SELECT slot_name::text, active FROM pg_replication_slots WHERE slot_type = 'physical' AND slot_name LIKE 'noops\\_%' ORDER BY slot_name",
                 &[],
-            )
-            .await
-            .map_err(|e| self.failed(e))?
+            )).await?
             .into_iter()
             .map(|r| (r.get(0), r.get(1)))
             .collect();
@@ -388,15 +407,30 @@ impl Instance {
             timeline: row.get(1),
             standbys,
             slots,
+            synchronous_standby_names: row.get(2),
         })
     }
 
-    /// Promotes a standby, waiting until it takes writes.
+    /// Sets `synchronous_standby_names` (in `postgresql.auto.conf`, which a copy or a rewind
+    /// of this instance carries too) and has the server take it now. Allowed on a standby.
+    pub async fn set_synchronous_standby_names(&self, value: &str) -> Result<(), SqlError> {
+        // Two statements: ALTER SYSTEM refuses to run in a (multi-statement) transaction.
+        self.answer(self.client.batch_execute(&format!(
+            "ALTER SYSTEM SET synchronous_standby_names = {}",
+            literal(value)
+        )))
+        .await?;
+        self.answer(self.client.batch_execute("SELECT pg_reload_conf()"))
+            .await?;
+        Ok(())
+    }
+
+    /// Promotes a standby, waiting until it takes writes; a server already promoted (by an
+    /// earlier request that was not answered in time) is left as it is.
     pub async fn promote(&self) -> Result<(), SqlError> {
-        self.client
-            .execute("SELECT pg_promote(true, 60)", &[])
-            .await
-            .map_err(|e| self.failed(e))?;
+        let promote = "SELECT CASE WHEN pg_is_in_recovery() THEN pg_promote(true, 60) ELSE true END";
+        self.answer_within(Duration::from_secs(70), self.client.execute(promote, &[]))
+            .await?;
         Ok(())
     }
 
@@ -405,15 +439,13 @@ impl Instance {
     /// last position it received (or replayed, if it streamed nothing). None: not a standby.
     pub async fn standby_position(&self) -> Result<Option<crate::postgres::failover::Position>, SqlError> {
         let row = self
-            .client
-            .query_one(
+            .answer(self.client.query_one(
                 "SELECT pg_is_in_recovery(),
                         coalesce(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn())::text,
                         (SELECT max(substr(name, 1, 8)) FROM pg_ls_waldir() WHERE name ~ '^[0-9A-F]{24}$')",
                 &[],
-            )
-            .await
-            .map_err(|e| self.failed(e))?;
+            ))
+            .await?;
         let in_recovery: bool = row.get(0);
         let lsn: Option<String> = row.get(1);
         let newest: Option<String> = row.get(2);
@@ -426,19 +458,18 @@ impl Instance {
 
     /// Makes physical replication slot `name`, keeping WAL from now on.
     pub async fn create_slot(&self, name: &str) -> Result<(), SqlError> {
-        self.client
-            .execute("SELECT pg_create_physical_replication_slot($1, true)", &[&name])
-            .await
-            .map_err(|e| self.failed(e))?;
+        self.answer(
+            self.client
+                .execute("SELECT pg_create_physical_replication_slot($1, true)", &[&name]),
+        )
+        .await?;
         Ok(())
     }
 
     /// Drops replication slot `name` (not in use).
     pub async fn drop_slot(&self, name: &str) -> Result<(), SqlError> {
-        self.client
-            .execute("SELECT pg_drop_replication_slot($1)", &[&name])
-            .await
-            .map_err(|e| self.failed(e))?;
+        self.answer(self.client.execute("SELECT pg_drop_replication_slot($1)", &[&name]))
+            .await?;
         Ok(())
     }
 }

@@ -3,7 +3,8 @@
 //! Conditions: `Ready` (serving, or why not), `Degraded` (what needs attention),
 //! `ContinuousArchiving` (WAL reaches the backup destination), `BackupSucceeded` (the newest
 //! finished base backup), `Restored` (the data directory came from a backup, or why a restore
-//! failed).
+//! failed), `SynchronousReplicas` (as many replicas as `spec.synchronous` asks acknowledge
+//! commits: `synchronous.rs`).
 
 use noops_api::PostgreSQL;
 use noops_api::condition::{DEGRADED, READY};
@@ -89,6 +90,8 @@ pub struct StatusFacts {
     pub failover: Option<FailoverStatus>,
     /// Why a lost primary is not replaced yet.
     pub primary_lost: Option<String>,
+    /// The primary's synchronous replication (when it serves).
+    pub synchronous: Option<super::synchronous::Seen>,
 }
 
 impl Default for InstanceState {
@@ -134,6 +137,16 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, now: jiff::Time
         restored(seen, restore.as_ref()),
         replicas_ready(pg, seen),
     ];
+    let synchronous_was = previous
+        .conditions
+        .iter()
+        .find(|c| c.type_ == super::synchronous::SYNCHRONOUS_REPLICAS)
+        .map(|c| c.reason.as_str());
+    decided.extend(super::synchronous::condition(
+        pg.spec.synchronous.as_ref(),
+        seen.synchronous.as_ref(),
+        synchronous_was,
+    ));
     decided.extend(archiving);
     decided.extend(seen.backups.condition.clone());
     let phase = if pg.spec.paused {
@@ -162,7 +175,12 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, now: jiff::Time
             .filter(|p| !p.is_empty())
             .or_else(|| Some(names.instance())),
         last_failover: last_failover(&previous, seen, ready, now),
-        ready_instances: Some(replication::ready_instances(&seen.members, ready)),
+        ready_instances: Some(replication::ready_instances(
+            &seen.members,
+            ready,
+            names,
+            pg.spec.instances,
+        )),
         selector: Some(
             names
                 .selector()
@@ -173,6 +191,10 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, now: jiff::Time
         ),
         members: replication::paced(&previous.members, seen.members.clone(), now),
         placement: replication::shared_nodes(&seen.members),
+        synchronous_standby_names: match &seen.synchronous {
+            Some(sync) => Some(sync.setting.clone()).filter(|s| !s.is_empty()),
+            None => previous.synchronous_standby_names.clone(),
+        },
         server_version: serving.map(|f| f.server_version.clone()).or(previous.server_version),
         system_identifier: serving
             .map(|f| f.system_identifier.clone())

@@ -85,6 +85,14 @@ pub fn standby_settings(settings: &Settings, host: &str, pod: &str) -> Vec<(&'st
         // Queries on the replica hold back the primary's vacuum rather than being cancelled.
         ("hot_standby_feedback", "on".into()),
         ("recovery_target_timeline", "latest".into()),
+        // A reply every second: the primary sees at once a replica that stops (with
+        // `synchronous.dataDurability: Preferred` it stops waiting for it: `synchronous.rs`).
+        ("wal_receiver_status_interval", "1s".into()),
+        // A primary that went silent (its node stopped, no reset ever comes) is given up in
+        // 10 s rather than PostgreSQL's 60, and the next try comes a second later: the
+        // replica follows a promoted one through the Service soon after the failover.
+        ("wal_receiver_timeout", "10s".into()),
+        ("wal_retrieve_retry_interval", "1s".into()),
     ]
 }
 
