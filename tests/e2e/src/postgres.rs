@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use noops_api::{PostgreSQL, PostgresBackup};
 
-use crate::{TestNamespace, kubectl_ok, pod_ready, wait_for};
+use crate::{TestNamespace, kubectl_ok, pod_ready, wait_for, wait_until};
 
 /// The psql of the PostgreSQL setup installs.
 pub const PSQL: &str = "/usr/lib/postgresql/15/bin/psql";
@@ -555,4 +555,64 @@ impl Drop for LeaseWatch {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// The ClusterIP of Service `name`.
+pub async fn service_ip(ns: &TestNamespace, name: &str) -> String {
+    let service = ns.api::<k8s_openapi::api::core::v1::Service>().get(name).await.unwrap();
+    service.spec.unwrap().cluster_ip.unwrap()
+}
+
+/// Database `shop` of three instances (with `extra` in its spec), Ready with its replicas
+/// streaming, a table `items`, and a ledger committing into it through `shop-rw` every 20 ms:
+/// (the owner's password, the address of `shop-rw`, the ledger).
+pub async fn three_instances_under_a_ledger(ns: &TestNamespace, extra: &str) -> (String, String, Ledger) {
+    ns.apply(&manifest("shop", "Pa55word", &format!("  instances: 3\n{extra}")));
+    wait_ready(ns, "shop", Duration::from_secs(180)).await;
+    wait_reason(ns, "shop", "ReplicasReady", "True", "Streaming").await;
+    let password = secret_value(ns, "shop-db", "postgresql_password").await;
+    let rw = service_ip(ns, "shop-rw").await;
+    psql(
+        &rw,
+        "app",
+        &password,
+        "shop",
+        "CREATE TABLE items (id bigint PRIMARY KEY)",
+    )
+    .unwrap();
+    let ledger = Ledger::start(&rw, "app", &password, "shop", Duration::from_millis(20));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    (password, rw, ledger)
+}
+
+/// Waits until former primary `pod` of `shop` streams as a replica again.
+pub async fn wait_rejoined(ns: &TestNamespace, pod: &str) {
+    wait_until(
+        &format!("{pod} back, streaming from the new primary"),
+        Duration::from_secs(180),
+        || async {
+            let pg = ns.api::<PostgreSQL>().get("shop").await.ok();
+            pg.and_then(|pg| pg.status).is_some_and(|s| {
+                s.members
+                    .iter()
+                    .any(|m| m.name == pod && format!("{:?}", m.role) == "Replica" && m.streaming == Some(true))
+            })
+        },
+    )
+    .await;
+}
+
+/// Waits until the last failover of `name` has a new primary other than `old` taking writes.
+pub async fn wait_failed_over(ns: &TestNamespace, name: &str, old: &str) -> noops_api::postgres::FailoverStatus {
+    let api = ns.api::<PostgreSQL>();
+    wait_for(
+        &format!("{name} failed over from {old}"),
+        Duration::from_secs(120),
+        || async {
+            let pg = api.get(name).await.ok()?;
+            let failover = pg.status?.last_failover?;
+            (failover.from.as_deref() == Some(old) && failover.promoted_at.is_some()).then_some(failover)
+        },
+    )
+    .await
 }

@@ -763,6 +763,69 @@ async fn a_postgresql_whose_node_dies_comes_back_elsewhere_from_its_backups_or_w
 
 #[tokio::test]
 #[ignore = "node faults disturb other tests: `make e2e` runs them alone"]
+async fn a_postgresql_primary_whose_node_stops_is_replaced_without_the_node_controller_losing_no_commit() {
+    use noops_e2e::postgres::*;
+
+    let _restore = RestoreNodesOnDrop;
+    install_crds();
+    let ns = TestNamespace::new("pg-ha-node").await;
+    ready_nodes(&ns.client, 3).await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "postgres"]);
+    let (password, rw, ledger) = three_instances_under_a_ledger(&ns, "  synchronous: { number: 1 }\n").await;
+    let pg = ns.api::<noops_api::PostgreSQL>().get("shop").await.unwrap();
+    assert_eq!(pg.status.unwrap().placement, None, "one instance a node");
+    let victim = pod_node(&ns.pods().get("shop-0").await.unwrap());
+
+    // The primary's machine dies: nothing on it says goodbye. Its lease runs out and a replica
+    // takes over, long before the node controller would evict anything.
+    node_fault(&["stop", &victim]);
+    let stopped = std::time::Instant::now();
+    let failover = wait_failed_over(&ns, "shop", "shop-0").await;
+    let replaced = stopped.elapsed();
+    eprintln!("node {victim} stopped: {failover:?}, promoted {replaced:?} after the stop");
+    let node = ns.client.clone();
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(node);
+    let still_ready = nodes
+        .get(&victim)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .conditions
+        .unwrap_or_default();
+    eprintln!(
+        "the node as the node controller saw it at the promotion: {:?}",
+        still_ready
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| (&c.status, &c.reason))
+    );
+
+    // The machine back: the old primary rejoins as a replica, rewound.
+    node_fault(&["start", &victim]);
+    wait_node_status(&ns.client, &victim, true, MINUTE).await;
+    wait_rejoined(&ns, "shop-0").await;
+    wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
+    let report = ledger.stop().await;
+    let missing = report.missing(&ids(&rw, "app", &password, "shop"));
+    eprintln!(
+        "{} commits acknowledged, {} uncertain, {} lost (synchronous replication), writes waited at most {:?}",
+        report.acked.len(),
+        report.uncertain.len(),
+        missing.len(),
+        report.longest_gap
+    );
+    assert!(missing.is_empty(), "acknowledged and lost: {missing:?}");
+    assert!(report.acked.len() > 100, "too little history: {}", report.acked.len());
+    assert!(
+        report.longest_gap < Duration::from_secs(30),
+        "writes waited {:?}",
+        report.longest_gap
+    );
+}
+
+#[tokio::test]
+#[ignore = "node faults disturb other tests: `make e2e` runs them alone"]
 async fn a_base_backup_whose_node_dies_fails_says_why_and_the_next_one_is_stored() {
     use noops_api::PostgresBackup;
     use noops_e2e::postgres::*;

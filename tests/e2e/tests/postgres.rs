@@ -7,8 +7,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use noops_api::PostgreSQL;
 use noops_e2e::postgres::{
-    condition, database_manifest, instance_ip, kubectl_get, manifest, psql, secret_value, wait_not_ready, wait_ready,
-    wait_reason,
+    condition, database_manifest, instance_ip, kubectl_get, manifest, psql, secret_value, service_ip,
+    three_instances_under_a_ledger, wait_failed_over, wait_not_ready, wait_ready, wait_reason, wait_rejoined,
 };
 use noops_e2e::{Operator, TestNamespace, apply_error, install_crds, kubectl_ok, wait_event, wait_for, wait_until};
 
@@ -682,12 +682,6 @@ async fn a_spec_the_api_server_refuses_is_reported_and_never_stops_a_serving_dat
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }
 
-/// The ClusterIP of Service `name`.
-async fn service_ip(ns: &TestNamespace, name: &str) -> String {
-    let service = ns.api::<k8s_openapi::api::core::v1::Service>().get(name).await.unwrap();
-    service.spec.unwrap().cluster_ip.unwrap()
-}
-
 #[tokio::test]
 async fn three_instances_stream_from_the_primary_and_serve_reads_behind_their_own_services() {
     install_crds();
@@ -813,59 +807,6 @@ async fn three_instances_stream_from_the_primary_and_serve_reads_behind_their_ow
         claims.get_opt("data-shop-2").await.is_ok_and(|c| c.is_none())
     })
     .await;
-}
-
-/// Database `shop` of three instances (with `extra` in its spec), Ready with its replicas
-/// streaming, a table `items`, and a ledger committing into it through `shop-rw` every 20 ms:
-/// (the owner's password, the address of `shop-rw`, the ledger).
-async fn three_instances_under_a_ledger(
-    ns: &TestNamespace,
-    extra: &str,
-) -> (String, String, noops_e2e::postgres::Ledger) {
-    ns.apply(&manifest("shop", "Pa55word", &format!("  instances: 3\n{extra}")));
-    wait_ready(ns, "shop", 3 * MINUTE).await;
-    wait_reason(ns, "shop", "ReplicasReady", "True", "Streaming").await;
-    let password = secret_value(ns, "shop-db", "postgresql_password").await;
-    let rw = service_ip(ns, "shop-rw").await;
-    psql(
-        &rw,
-        "app",
-        &password,
-        "shop",
-        "CREATE TABLE items (id bigint PRIMARY KEY)",
-    )
-    .unwrap();
-    let ledger = noops_e2e::postgres::Ledger::start(&rw, "app", &password, "shop", Duration::from_millis(20));
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    (password, rw, ledger)
-}
-
-/// Waits until former primary `pod` of `shop` streams as a replica again.
-async fn wait_rejoined(ns: &TestNamespace, pod: &str) {
-    wait_until(
-        &format!("{pod} back, streaming from the new primary"),
-        3 * MINUTE,
-        || async {
-            let pg = ns.api::<PostgreSQL>().get("shop").await.ok();
-            pg.and_then(|pg| pg.status).is_some_and(|s| {
-                s.members
-                    .iter()
-                    .any(|m| m.name == pod && format!("{:?}", m.role) == "Replica" && m.streaming == Some(true))
-            })
-        },
-    )
-    .await;
-}
-
-/// Waits until the last failover of `name` has a new primary other than `old` taking writes.
-async fn wait_failed_over(ns: &TestNamespace, name: &str, old: &str) -> noops_api::postgres::FailoverStatus {
-    let api = ns.api::<PostgreSQL>();
-    wait_for(&format!("{name} failed over from {old}"), 2 * MINUTE, || async {
-        let pg = api.get(name).await.ok()?;
-        let failover = pg.status?.last_failover?;
-        (failover.from.as_deref() == Some(old) && failover.promoted_at.is_some()).then_some(failover)
-    })
-    .await
 }
 
 #[tokio::test]

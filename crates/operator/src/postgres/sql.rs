@@ -456,6 +456,18 @@ impl Instance {
             .map(|lsn| crate::postgres::failover::Position { timeline, lsn }))
     }
 
+    /// Ends this standby's WAL receiver, if it runs (the server starts another): true if one
+    /// was ended.
+    pub async fn end_wal_receiver(&self) -> Result<bool, SqlError> {
+        let rows = self
+            .answer(
+                self.client
+                    .query("SELECT pg_terminate_backend(pid) FROM pg_stat_wal_receiver", &[]),
+            )
+            .await?;
+        Ok(rows.iter().any(|r| r.get::<_, bool>(0)))
+    }
+
     /// Makes physical replication slot `name`, keeping WAL from now on.
     pub async fn create_slot(&self, name: &str) -> Result<(), SqlError> {
         self.answer(

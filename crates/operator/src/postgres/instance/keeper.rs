@@ -32,6 +32,9 @@ pub enum Told {
     Leased(bool),
     /// Stop the server: another instance holds the lease.
     Stop,
+    /// The lease passed from one instance to another (a failover): a replica follows the new
+    /// primary now rather than once its stream from the old one times out.
+    HolderChanged,
 }
 
 impl Keeper {
@@ -120,6 +123,7 @@ impl Keeper {
         mut renewed: Option<Instant>,
     ) {
         let mut leased = None;
+        let mut holder: Option<String> = None;
         let mut tick = tokio::time::interval(RENEW_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -137,6 +141,13 @@ impl Keeper {
             if has != leased {
                 leased = has;
                 if told.send(Told::Leased(has.unwrap_or(false))).await.is_err() {
+                    return;
+                }
+            }
+            if let Seen::HeldBy(Some(now_held)) = &seen {
+                let moved = holder.as_ref().is_some_and(|h| h != now_held) && *now_held != self.me;
+                holder = Some(now_held.clone());
+                if moved && told.send(Told::HolderChanged).await.is_err() {
                     return;
                 }
             }

@@ -10,6 +10,9 @@
 //! - A primary stops its server at once (immediate shutdown: no commit after it) when it has
 //!   not renewed the lease for `FENCE_AFTER`, or when another instance holds it; a replica the
 //!   operator chose (it finds itself the holder) renews the lease and promotes.
+//! - A replica that sees the lease pass to another instance ends its stream from the old
+//!   primary at once and follows the new one through `<name>-rw` (a primary whose node stopped
+//!   never resets that stream: it would last until `wal_receiver_timeout`).
 //! - A former primary starts again as a replica: rewound to the new primary's timeline
 //!   (`replica.rs`), or copied anew when it cannot be.
 //! - The pod's SIGTERM is a fast shutdown (open transactions rolled back), not the smart one
@@ -211,6 +214,10 @@ async fn serve(
                     }
                 }
                 Some(Told::Leased(now_leased)) => leased = now_leased,
+                Some(Told::HolderChanged) if running == Running::Replica && !stopping => {
+                    info!("the primary's lease passed to another instance: reconnecting to follow the new primary");
+                    tokio::spawn(follow_anew(settings.socket_dir.clone()));
+                }
                 Some(Told::Stop) if running == Running::Primary && !stopping => {
                     warn!("another instance holds the primary's lease: stopping the server now; it starts again as a replica");
                     stop_now(&mut server).await;
@@ -370,6 +377,19 @@ async fn watch_the_timeline(settings: Settings, host: String, parted: mpsc::Send
             let _ = parted.send(()).await;
             return;
         }
+    }
+}
+
+/// Ends this replica's WAL receiver, so that the server starts another at once (a second
+/// later: `wal_retrieve_retry_interval`) through `<name>-rw`, which the operator has pointed at
+/// the new primary. Without this, a stream from a primary whose node stopped (no reset ever
+/// comes) lasts until `wal_receiver_timeout`.
+async fn follow_anew(socket_dir: PathBuf) {
+    let ended = async { Instance::local(&socket_dir).await?.end_wal_receiver().await };
+    match ended.await {
+        Ok(true) => info!("ended the stream from the old primary"),
+        Ok(false) => {}
+        Err(e) => warn!(error = %e, "could not end the stream from the old primary: it ends at its timeout"),
     }
 }
 
