@@ -372,6 +372,26 @@ pub struct LedgerReport {
 impl LedgerReport {
     /// Checks `present` (the ids in the table) against what was acknowledged: returns the
     /// acknowledged ids that are missing. Panics on an id present that was never attempted.
+    /// The acknowledged commits missing from `items` in database `shop` behind `rw` (as
+    /// `app`), after a line saying how the history went; `replication` names the mode for it.
+    /// Asserts the history is long enough to judge.
+    pub fn lost_in_shop(&self, rw: &str, password: &str, replication: &str) -> Vec<i64> {
+        let missing = self.missing(&ids(rw, "app", password, "shop"));
+        eprintln!(
+            "{} commits acknowledged, {} uncertain, {} lost ({replication} replication), writes waited at most {:?}",
+            self.acked.len(),
+            self.uncertain.len(),
+            missing.len(),
+            self.longest_gap
+        );
+        assert!(
+            self.acked.len() > 100,
+            "too little history to judge: {} acknowledged",
+            self.acked.len()
+        );
+        missing
+    }
+
     pub fn missing(&self, present: &[i64]) -> Vec<i64> {
         let present: std::collections::BTreeSet<i64> = present.iter().copied().collect();
         for id in &present {

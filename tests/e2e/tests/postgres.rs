@@ -885,19 +885,7 @@ async fn a_lost_primary_is_replaced_by_the_most_advanced_replica_and_comes_back_
     let report = ledger.stop().await;
     let pg = wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
     assert_eq!(pg.status.unwrap().current_primary.as_deref(), Some(second.to.as_str()));
-    let missing = report.missing(&noops_e2e::postgres::ids(&rw, "app", &password, "shop"));
-    eprintln!(
-        "{} commits acknowledged, {} uncertain, {} lost (asynchronous replication), writes waited at most {:?}",
-        report.acked.len(),
-        report.uncertain.len(),
-        missing.len(),
-        report.longest_gap
-    );
-    assert!(
-        report.acked.len() > 100,
-        "too little history to judge: {} acknowledged",
-        report.acked.len()
-    );
+    let missing = report.lost_in_shop(&rw, &password, "asynchronous");
     // Asynchronous: what is lost is what the old primary acknowledged and no replica received,
     // its last commits before it stopped.
     let first_lost = missing.first().copied().unwrap_or(i64::MAX);
@@ -968,15 +956,7 @@ async fn with_synchronous_replication_no_acknowledged_commit_is_lost_and_commits
     eprintln!("deleted primary: {second:?}");
     wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
     let report = ledger.stop().await;
-    let missing = report.missing(&noops_e2e::postgres::ids(&rw, "app", &password, "shop"));
-    eprintln!(
-        "{} commits acknowledged, {} uncertain, {} lost (synchronous replication), writes waited at most {:?}",
-        report.acked.len(),
-        report.uncertain.len(),
-        missing.len(),
-        report.longest_gap
-    );
-    assert!(report.acked.len() > 100, "too little history: {}", report.acked.len());
+    let missing = report.lost_in_shop(&rw, &password, "synchronous");
     assert!(missing.is_empty(), "acknowledged and lost: {missing:?}");
 
     // Both replicas stopped: with Required (the default) a commit waits for one of them...
