@@ -402,7 +402,7 @@ impl<'a> Pass<'a> {
                         .ok_or_else(|| "no replica can be promoted (none is Ready and streaming)".to_string())
                 });
                 let choice = match choice {
-                    Ok(chosen) => self.give_synchronous_list(children, &chosen).await.map(|()| chosen),
+                    Ok(chosen) => self.prepare_chosen(children, &chosen).await.map(|()| chosen),
                     Err(why_not) => Err(why_not),
                 };
                 match choice {
@@ -460,21 +460,15 @@ impl<'a> Pass<'a> {
         Ok(primacy)
     }
 
-    /// Gives replica `chosen`, about to be handed the lease, the `synchronous_standby_names` it
-    /// will need as the primary, so that its first commit waits as the spec asks. `Err`: why
-    /// it cannot be handed the lease yet.
-    async fn give_synchronous_list(
-        &self,
-        children: &observe::Children,
-        chosen: &str,
-    ) -> std::result::Result<(), String> {
+    /// Prepares replica `chosen`, about to be handed the lease: the replication slots of the
+    /// other instances (so that they stream from it as soon as they follow it, before it has
+    /// even promoted, rather than after the first pass once it serves), and the
+    /// `synchronous_standby_names` it will need as the primary, so that its first commit waits
+    /// as the spec asks. `Err`: why it cannot be handed the lease yet (only the list is a
+    /// must; slots not made now are made once it serves).
+    async fn prepare_chosen(&self, children: &observe::Children, chosen: &str) -> std::result::Result<(), String> {
         let spec = &self.pg.spec;
         let wanted = synchronous::standby_names(spec.synchronous.as_ref(), &self.names, spec.instances, chosen, &[]);
-        if wanted.is_empty() {
-            // Asynchronous (or preferred, with no replica streaming from it yet): the next
-            // pass sets what it needs once it serves.
-            return Ok(());
-        }
         let pods = replication::instance_pods(&self.names, &children.pods);
         let ip = pods.get(chosen).and_then(|p| observe::ready_address(p));
         let password = children
@@ -484,11 +478,24 @@ impl<'a> Pass<'a> {
         let (Some(ip), Some(password)) = (ip, password) else {
             return Err(format!("{chosen} is no longer Ready"));
         };
-        let set = async {
-            let instance = Instance::connect(&ip, &password).await?;
-            instance.set_synchronous_standby_names(&wanted).await
+        let instance = match Instance::connect(&ip, &password).await {
+            Ok(instance) => instance,
+            // Asynchronous: nothing it must have; the pass after its promotion makes the rest.
+            Err(e) if wanted.is_empty() => {
+                info!(replica = %chosen, error = %e, "cannot prepare the replica to promote: it gets its slots once it serves");
+                return Ok(());
+            }
+            Err(e) => return Err(format!("{chosen} could not be given its synchronous replicas ({e})")),
         };
-        match set.await {
+        for slot in replication::wanted_slots(&self.names, spec.instances, chosen) {
+            if let Err(e) = instance.ensure_slot(&slot).await {
+                info!(replica = %chosen, %slot, error = %e, "could not make a slot on the replica to promote: made once it serves");
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        match instance.set_synchronous_standby_names(&wanted).await {
             Ok(()) => {
                 info!(replica = %chosen, setting = %wanted, "gave the replica to promote what its commits will wait for");
                 Ok(())

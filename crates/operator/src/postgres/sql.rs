@@ -214,8 +214,7 @@ impl Instance {
             identifier(user),
             literal(&verifier(password))
         );
-        self.answer_within(Duration::from_secs(120), self.client.batch_execute(&statement))
-            .await?;
+        self.answer(self.client.batch_execute(&statement)).await?;
         Ok(true)
     }
 
@@ -474,6 +473,18 @@ impl Instance {
             self.client
                 .execute("SELECT pg_create_physical_replication_slot($1, true)", &[&name]),
         )
+        .await?;
+        Ok(())
+    }
+
+    /// Makes physical replication slot `name` unless it is there (a standby may have slots:
+    /// replicas of the one about to be promoted stream from it through them).
+    pub async fn ensure_slot(&self, name: &str) -> Result<(), SqlError> {
+        self.answer(self.client.execute(
+            "SELECT pg_create_physical_replication_slot($1, true) \
+             WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)",
+            &[&name],
+        ))
         .await?;
         Ok(())
     }
