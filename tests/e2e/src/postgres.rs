@@ -560,6 +560,19 @@ impl LeaseWatch {
         Self { task, seen }
     }
 
+    /// Every holder the lease had, in order, each once per stretch it held it (none: given
+    /// up).
+    pub fn holders(&self) -> Vec<Option<String>> {
+        let seen = self.seen.lock().unwrap();
+        let mut holders: Vec<Option<String>> = Vec::new();
+        for (_, holder) in seen.iter() {
+            if holders.last() != Some(holder) {
+                holders.push(holder.clone());
+            }
+        }
+        holders
+    }
+
     /// How long the lease went unchanged, as the watch saw it, before it first passed from
     /// `from` to `to`: the old holder's last renewal to the handover.
     pub fn silence_before_handover(&self, from: &str, to: &str) -> Option<Duration> {

@@ -127,7 +127,7 @@ async fn keep_replication(
         let wanted = replication::wanted_slots(names, pg.spec.instances, primary);
         let (make, drop) = replication::slot_changes(&wanted, &replication.slots);
         for slot in &make {
-            instance.create_slot(slot).await?;
+            instance.ensure_slot(slot).await?;
             replication.slots.push((slot.clone(), false));
         }
         for slot in &drop {

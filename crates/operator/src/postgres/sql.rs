@@ -467,18 +467,9 @@ impl Instance {
         Ok(rows.iter().any(|r| r.get::<_, bool>(0)))
     }
 
-    /// Makes physical replication slot `name`, keeping WAL from now on.
-    pub async fn create_slot(&self, name: &str) -> Result<(), SqlError> {
-        self.answer(
-            self.client
-                .execute("SELECT pg_create_physical_replication_slot($1, true)", &[&name]),
-        )
-        .await?;
-        Ok(())
-    }
-
-    /// Makes physical replication slot `name` unless it is there (a standby may have slots:
-    /// replicas of the one about to be promoted stream from it through them).
+    /// Makes physical replication slot `name`, keeping WAL from now on, unless it is there. (A
+    /// standby may have slots too: the replicas of one about to be promoted stream from it
+    /// through them.)
     pub async fn ensure_slot(&self, name: &str) -> Result<(), SqlError> {
         self.answer(self.client.execute(
             "SELECT pg_create_physical_replication_slot($1, true) \
