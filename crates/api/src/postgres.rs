@@ -34,6 +34,13 @@ use crate::backup::BackupsStatus;
 /// The keys of the password Secret the password is read from: `password`, or the key of the
 /// shell-script operator this one replaces.
 pub const PASSWORD_KEYS: [&str; 2] = ["password", "postgresql_password"];
+/// The annotation that asks for a switchover: its value names the instance to promote
+/// (`kubectl noops promote pg/<name> <instance>` sets it). The operator removes it once it has
+/// acted on it, or refused it with a `SwitchoverRefused` Event.
+pub const PROMOTE_ANNOTATION: &str = "noops.dev/promote";
+/// The most WAL a replica may lag behind the primary and still be switched to: about one WAL
+/// segment, which a streaming replica receives in well under a second.
+pub const SWITCHOVER_LAG_BOUND_BYTES: i64 = 16 * 1024 * 1024;
 
 /// The desired state of one PostgreSQL database.
 #[skip_serializing_none]
@@ -354,16 +361,20 @@ pub struct MemberStatus {
     pub observed_at: Option<Time>,
 }
 
-/// A failover: the primary's lease handed over to a replica.
+/// A failover or a switchover: the primary's lease handed over to a replica.
 #[skip_serializing_none]
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct FailoverStatus {
-    /// The primary lost, and the replica promoted.
+    /// The old primary (lost, or stepped down), and the replica promoted.
     pub from: Option<String>,
     pub to: String,
-    /// Why: the lease ran out, or the primary gave it up.
+    /// Why: the lease ran out, the primary gave it up, or a switchover was asked for.
     pub reason: String,
+    /// A switchover asked for (`noops.dev/promote`): the old primary stopped cleanly and the
+    /// replica had received all of its WAL before it was promoted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub switchover: bool,
     /// The last WAL position the promoted replica had received: with asynchronous
     /// replication, commits the old primary acknowledged after it are lost.
     pub received_lsn: Option<String>,

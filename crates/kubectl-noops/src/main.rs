@@ -1,11 +1,13 @@
 //! `kubectl noops`: the state of a noops resource at a glance, with what lies around it (its
 //! backups, its certificates, its last warnings), as text or JSON.
 //!
-//! `report` writes a tar.gz for a support request (`bundle.rs`).
+//! `report` writes a tar.gz for a support request (`bundle.rs`); `backup` takes one
+//! (`backup.rs`); `promote` asks for a PostgreSQL switchover (`promote.rs`).
 //!
 //! Install: put `kubectl-noops` on your PATH (`make setup` builds it into `.noops/bin`);
 //! kubectl finds it as `kubectl noops`. It reads the kubeconfig kubectl would (`KUBECONFIG`,
-//! `--kubeconfig`), and needs only get/list on the resources, Events and Secrets' metadata.
+//! `--kubeconfig`); `status` and `report` need only get/list on the resources, Events and
+//! Secrets' metadata; `backup`, `promote`, `pause` and `resume` also write.
 //!
 //! Exit codes, for scripts: 0 the resource is Ready, 2 it is not (or is paused), 1 it could
 //! not be read.
@@ -13,6 +15,7 @@
 mod backup;
 mod bundle;
 mod kinds;
+mod promote;
 mod report;
 
 use std::path::PathBuf;
@@ -80,6 +83,16 @@ enum Command {
         /// How many of the last lines of each log to take.
         #[arg(long, default_value_t = 5000)]
         log_lines: i64,
+    },
+    /// A switchover: makes `instance` the primary of `postgresql/<name>` (`pg/`), once the
+    /// primary has stepped down cleanly and the instance has all of its WAL; waits for it.
+    /// Refused for an instance that does not stream or lags too far behind.
+    Promote {
+        resource: String,
+        instance: String,
+        /// How long to wait, in seconds.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
     },
     /// Stops the operator changing the resource (`spec.paused`).
     Pause { resource: String },
@@ -285,6 +298,18 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let (path, summary) = bundle::write(&client, &namespace, kind, &name, &options).await?;
             println!("wrote {}: {summary}", path.display());
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Promote {
+            resource,
+            instance,
+            timeout,
+        } => {
+            let (kind, name) = parse_resource(&resource)?;
+            if kind != Kind::PostgreSQL {
+                bail!("only a PostgreSQL has instances to promote (pg/<name>)");
+            }
+            let deadline = std::time::Duration::from_secs(timeout);
+            promote::promote(&client, &namespace, &name, &instance, deadline).await
         }
         Command::Pause { resource } => set_paused(&client, &namespace, &resource, true).await,
         Command::Resume { resource } => set_paused(&client, &namespace, &resource, false).await,

@@ -92,6 +92,21 @@ pub async fn cluster_events(ns: &TestNamespace, name: &str) -> Vec<(String, Stri
         .collect()
 }
 
+/// The cluster's Events once `holds` is true of them (a minute at most). An Event comes
+/// after the status write of its pass, so a test that has just seen the status must wait for it.
+pub async fn cluster_events_when(
+    ns: &TestNamespace,
+    name: &str,
+    what: &str,
+    holds: impl Fn(&[(String, String)]) -> bool,
+) -> Vec<(String, String)> {
+    wait_for(what, Duration::from_secs(60), || async {
+        let events = cluster_events(ns, name).await;
+        holds(&events).then_some(events)
+    })
+    .await
+}
+
 /// The client URLs of the member pods `members` (by pod IP, reachable from this machine).
 pub async fn member_endpoints(ns: &TestNamespace, members: &[&str]) -> Vec<String> {
     let mut endpoints = vec![];

@@ -367,6 +367,8 @@ pub struct LedgerReport {
     pub uncertain: Vec<i64>,
     /// The longest time between two acknowledged commits: how long writes waited.
     pub longest_gap: Duration,
+    /// When each of `acked` was acknowledged.
+    pub acked_at: Vec<std::time::Instant>,
 }
 
 impl LedgerReport {
@@ -390,6 +392,17 @@ impl LedgerReport {
             self.acked.len()
         );
         missing
+    }
+
+    /// The longest time writes waited between `from` and `to`: the longest stretch between
+    /// two acknowledged commits that overlaps that window.
+    pub fn longest_gap_between(&self, from: std::time::Instant, to: std::time::Instant) -> Duration {
+        self.acked_at
+            .windows(2)
+            .filter(|w| w[1] >= from && w[0] <= to)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or(to - from)
     }
 
     pub fn missing(&self, present: &[i64]) -> Vec<i64> {
@@ -444,6 +457,7 @@ impl Ledger {
                         report.longest_gap = report.longest_gap.max(last_ack.elapsed());
                         last_ack = std::time::Instant::now();
                         report.acked.push(id);
+                        report.acked_at.push(last_ack);
                     }
                     _ => {
                         report.uncertain.push(id);

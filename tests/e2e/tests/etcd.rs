@@ -273,16 +273,19 @@ async fn a_cluster_bootstraps_scales_heals_and_goes_away_without_losing_a_write(
     let lost = before.iter().find(|m| **m != leader && **m != victim).unwrap().clone();
     lose_pod_and_volume(&ns, &lost);
     let replaced = wait_replaced(&ns, "main", 3, &lost).await;
-    let events = cluster_events(&ns, "main").await;
-    let removed_at = events
-        .iter()
-        .position(|(r, m)| r == "MemberRemoved" && m.contains(&lost))
-        .unwrap_or_else(|| panic!("no MemberRemoved for {lost}: {events:?}"));
     let successor = member_names(&replaced)
         .difference(&before)
         .next()
         .cloned()
         .expect("a new member");
+    let events = cluster_events_when(&ns, "main", "the successor's MemberAdded Event", |events| {
+        events.iter().any(|(r, m)| r == "MemberAdded" && m.contains(&successor))
+    })
+    .await;
+    let removed_at = events
+        .iter()
+        .position(|(r, m)| r == "MemberRemoved" && m.contains(&lost))
+        .unwrap_or_else(|| panic!("no MemberRemoved for {lost}: {events:?}"));
     let added_at = events
         .iter()
         .position(|(r, m)| r == "AddingMember" && m.contains(&successor))
@@ -492,7 +495,10 @@ async fn a_minor_upgrade_rolls_one_member_at_a_time_the_leader_last_without_losi
         uids_before
     );
     // One member at a time (each finished before the next began), the leader last.
-    let events = cluster_events(&ns, "main").await;
+    let events = cluster_events_when(&ns, "main", "three MemberUpgraded Events", |events| {
+        events.iter().filter(|(r, _)| r == "MemberUpgraded").count() == 3
+    })
+    .await;
     let upgrades: Vec<(&str, &str)> = events
         .iter()
         .filter(|(r, _)| r == "UpgradingMember" || r == "MemberUpgraded")
@@ -577,7 +583,10 @@ async fn an_image_that_cannot_be_pulled_is_reported_and_an_upgrade_or_a_reposito
         ids,
         "no member replaced"
     );
-    let events = cluster_events(&ns, "main").await;
+    let events = cluster_events_when(&ns, "main", "a MemberReverted Event", |events| {
+        events.iter().any(|(r, _)| r == "MemberReverted")
+    })
+    .await;
     assert!(events.iter().any(|(r, _)| r == "UpgradeReverted"), "{events:?}");
     assert!(events.iter().any(|(r, _)| r == "MemberReverted"), "{events:?}");
     assert!(

@@ -434,7 +434,11 @@ async fn a_cluster_that_lost_its_quorum_is_recovered_from_a_backup_only_when_ask
         ns.pods().get_opt(&leader).await.unwrap().is_some(),
         "the surviving member is left alone"
     );
-    assert!(cluster_events(&ns, "main").await.iter().any(|(r, _)| r == "QuorumLost"));
+    // Told after the status write that says it: waited for.
+    cluster_events_when(&ns, "main", "a QuorumLost Event", |events| {
+        events.iter().any(|(r, _)| r == "QuorumLost")
+    })
+    .await;
 
     // Asked for: the cluster starts again from the backup, under a new cluster ID.
     ask_recovery(&ns);

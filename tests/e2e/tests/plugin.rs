@@ -1,5 +1,6 @@
-//! `kubectl noops` (status, backup, report, pause, resume) against real resources, through kubectl's plugin lookup (the plugin
-//! on the PATH as `setup` puts it, in .noops/bin): what it prints for an EtcdCluster (members,
+//! `kubectl noops` (status, backup, report, pause, resume; `promote` is run in postgres.rs)
+//! against real resources, through kubectl's plugin lookup (the plugin on the PATH as `setup`
+//! puts it, in .noops/bin): what it prints for an EtcdCluster (members,
 //! leader, a backup and its size, certificates, the paused state) and a MaintPage (its side,
 //! paused and resumed), its JSON, and its exit codes. Needs `make cluster-up`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

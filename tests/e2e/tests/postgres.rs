@@ -957,14 +957,74 @@ async fn with_synchronous_replication_no_acknowledged_commit_is_lost_and_commits
         "the new primary waits for the others"
     );
 
-    // The new primary's pod deleted: the other replica that holds every commit takes over.
-    ns.pods().delete("shop-1", &Default::default()).await.unwrap();
-    let second = wait_failed_over(&ns, "shop", "shop-1").await;
+    // A switchover asked with the plugin to a replica that does not stream (frozen for
+    // longer than a reply may take): refused with the reason, the lease untouched.
+    let promote = |to: &'static str| {
+        let ns = ns.name.clone();
+        // The plugin waits: off the runtime, so that the ledger goes on meanwhile.
+        tokio::task::spawn_blocking(move || {
+            noops_e2e::plugin::kubectl_noops(&["promote", "pg/shop", to, "-n", &ns, "--timeout", "60"])
+        })
+    };
+    let frozen_0 = noops_e2e::postgres::Frozen::pod(&ns, "shop-0");
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let out = promote("shop-0").await.unwrap();
+    let said = format!(
+        "{}{}",
+        noops_e2e::plugin::stdout(&out),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("refused") && said.contains("shop-0"), "{said}");
+    frozen_0.thaw();
+    wait_rejoined(&ns, "shop-0").await;
+    let annotations = ns.api::<PostgreSQL>().get("shop").await.unwrap().metadata.annotations;
+    assert!(
+        annotations.is_none_or(|a| !a.contains_key("noops.dev/promote")),
+        "a request is acted on once"
+    );
+    // To a replica that streams: the primary steps down cleanly, the replica is promoted once
+    // it has all of its WAL, the old primary follows it; writes wait briefly, none is lost.
+    let asked = std::time::Instant::now();
+    let out = promote("shop-2").await.unwrap();
+    let done = std::time::Instant::now();
+    let said = format!(
+        "{}{}",
+        noops_e2e::plugin::stdout(&out),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("shop-2 is the primary"), "{said}");
+    eprintln!("switchover: {said}");
+    let switched = ns.api::<PostgreSQL>().get("shop").await.unwrap().status.unwrap();
+    let record = switched.last_failover.unwrap();
+    assert!(record.switchover, "{record:?}");
+    assert_eq!((record.from.as_deref(), record.to.as_str()), (Some("shop-1"), "shop-2"));
+    assert_eq!(
+        lease.holders(),
+        ["shop-0", "shop-1", "", "shop-2"].map(|h| Some(h.to_string()).filter(|h| !h.is_empty())),
+        "released by shop-1, then held by shop-2 only"
+    );
+    wait_rejoined(&ns, "shop-1").await;
+    wait_event(&ns, "PostgreSQL", "shop", "SwitchedOver").await;
+
+    // The new primary's pod deleted: a replica that holds every commit takes over.
+    ns.pods().delete("shop-2", &Default::default()).await.unwrap();
+    let second = wait_failed_over(&ns, "shop", "shop-2").await;
     eprintln!("deleted primary: {second:?}");
     wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
     let report = ledger.stop().await;
     let missing = report.lost_in_shop(&rw, &password, "synchronous");
     assert!(missing.is_empty(), "acknowledged and lost: {missing:?}");
+    let switchover_gap = report.longest_gap_between(asked, done);
+    eprintln!(
+        "switchover: writes waited {switchover_gap:?} (the operator measured {:?} ms)",
+        record.write_gap_millis
+    );
+    assert!(
+        switchover_gap < Duration::from_secs(3),
+        "writes waited {switchover_gap:?} in the switchover"
+    );
 
     // Both replicas stopped: with Required (the default) a commit waits for one of them...
     let primary = second.to.clone();

@@ -1,7 +1,7 @@
 //! What the instances may ask of the API server, and the primary's lease itself. Pure.
 //!
-//! The instances' pods run as a service account `<name>-instance` whose Role allows reading and
-//! renewing the database's lease, `<name>-primary`, and nothing else. The lease exists only
+//! The instances' pods run as a service account `<name>-instance` whose Role allows reading,
+//! watching and renewing the database's lease, `<name>-primary`, and nothing else. The lease exists only
 //! while the database has replicas (`lease.rs`).
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -31,7 +31,7 @@ pub fn service_account(names: &Names, owner: &OwnerReference) -> ServiceAccount 
     }
 }
 
-/// What the instances may do: read and renew the lease.
+/// What the instances may do: read, watch and renew the lease.
 pub fn role(names: &Names, owner: &OwnerReference) -> Role {
     Role {
         metadata: meta(names, owner, names.instance_account()),
@@ -39,7 +39,7 @@ pub fn role(names: &Names, owner: &OwnerReference) -> Role {
             api_groups: Some(vec!["coordination.k8s.io".into()]),
             resources: Some(vec!["leases".into()]),
             resource_names: Some(vec![names.lease()]),
-            verbs: vec!["get".into(), "update".into()],
+            verbs: vec!["get".into(), "watch".into(), "update".into()],
             ..Default::default()
         }]),
     }
@@ -78,9 +78,11 @@ pub fn lease(names: &Names, owner: &OwnerReference, holder: &str, now: jiff::Tim
     }
 }
 
-/// `lease` handed to `holder` now (its resourceVersion kept: the precondition of the write).
+/// `lease` handed to `holder` now (its resourceVersion kept: the precondition of the write),
+/// any switchover recorded on it over.
 pub fn hand_over(lease: &Lease, holder: &str, now: jiff::Timestamp) -> Lease {
     let mut next = lease.clone();
+    super::switchover::forget(&mut next);
     let spec = next.spec.get_or_insert_with(Default::default);
     spec.holder_identity = Some(holder.into());
     spec.acquire_time = Some(MicroTime(now));
@@ -112,7 +114,7 @@ mod tests {
         let rules = role.rules.unwrap();
         assert_eq!(rules.len(), 1);
         assert_eq!(rules[0].resource_names, Some(vec!["shop-primary".to_string()]));
-        assert_eq!(rules[0].verbs, vec!["get", "update"]);
+        assert_eq!(rules[0].verbs, vec!["get", "watch", "update"]);
         let binding = role_binding(&names, &owner());
         assert_eq!(binding.subjects.unwrap()[0].name, "shop-instance");
     }

@@ -34,7 +34,17 @@ pub fn announcements(
     }
     if let Some(failover) = &status.last_failover {
         let handed = |s: &PostgreSQLStatus| s.last_failover.as_ref().map(|f| f.handed_over_at.clone());
-        if handed(previous) != Some(failover.handed_over_at.clone()) {
+        if handed(previous) != Some(failover.handed_over_at.clone()) && failover.switchover {
+            out.push(Announcement::normal(
+                "SwitchedOver",
+                format!(
+                    "{} stepped down cleanly; promoted {}, which had received all of its WAL (up to {})",
+                    failover.from.as_deref().unwrap_or("the primary"),
+                    failover.to,
+                    failover.received_lsn.as_deref().unwrap_or("?")
+                ),
+            ));
+        } else if handed(previous) != Some(failover.handed_over_at.clone()) {
             out.push(Announcement::warning(
                 "FailedOver",
                 format!(

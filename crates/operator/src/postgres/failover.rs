@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use super::lease::LEASE;
 use super::names::Names;
+use super::switchover::Record;
 
 /// The lease as the pass sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +30,8 @@ pub struct LeaseView {
     /// How long the operator has seen it unchanged (none: not seen change yet since it started,
     /// counted as fresh).
     pub unchanged_for: Option<Duration>,
+    /// The switchover it records, if the operator released it for one.
+    pub switchover: Option<Record>,
 }
 
 /// What the pass does about the lease.
@@ -42,6 +45,8 @@ pub enum LeaseStep {
     Remove,
     /// Hand it over to a replica: the primary `from` is lost, for `why`.
     FailOver { from: Option<String>, why: String },
+    /// Released for a switchover (`switchover.rs`): carry it on.
+    SwitchOver(Record),
 }
 
 /// Who the primary is and what to do about the lease. `recorded`: the primary the status
@@ -58,6 +63,9 @@ pub fn primary(
         None => (known, LeaseStep::Keep),
         Some(_) if instances <= 1 && known == names.instance() => (known, LeaseStep::Remove),
         Some(view) => match &view.holder {
+            // Released by the operator for a switchover: the old primary stays the primary
+            // until the lease is handed over.
+            None if let Some(record) = &view.switchover => (record.from.clone(), LeaseStep::SwitchOver(record.clone())),
             None => (
                 known.clone(),
                 LeaseStep::FailOver {
@@ -125,6 +133,7 @@ mod tests {
             holder: holder.map(str::to_string),
             taken: true,
             unchanged_for: Some(Duration::from_secs(unchanged)),
+            switchover: None,
         }
     }
 
@@ -154,6 +163,7 @@ mod tests {
             holder: Some("shop-0".into()),
             taken: true,
             unchanged_for: None,
+            switchover: None,
         };
         assert_eq!(primary(&names, 3, Some(&unseen), None).1, LeaseStep::Keep);
         // A primary still in its init container has not taken the lease: not lost.
@@ -161,6 +171,7 @@ mod tests {
             holder: Some("shop-0".into()),
             taken: false,
             unchanged_for: Some(Duration::from_secs(300)),
+            switchover: None,
         };
         assert_eq!(primary(&names, 3, Some(&untaken), None).1, LeaseStep::Keep);
     }

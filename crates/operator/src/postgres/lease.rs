@@ -60,6 +60,10 @@ pub enum Step {
     /// Stop the server now: another instance holds the lease, or this one could not renew it
     /// in time. It starts again as what the lease then says.
     Stop,
+    /// The operator released the lease of this primary for a switchover (`switchover.rs`):
+    /// shut the server down cleanly, so that the replicas receive all of its WAL, and say
+    /// where it ended.
+    StepDown,
 }
 
 /// What instance `me`, running as `running`, does given what it read and how long since it
@@ -70,8 +74,10 @@ pub fn step(me: &str, running: Running, seen: &Seen, since_renewed: Option<Durat
         (Seen::Absent, _) => Step::Carry,
         (Seen::HeldBy(Some(holder)), Running::Primary) if holder == me => Step::Renew,
         (Seen::HeldBy(Some(holder)), Running::Replica) if holder == me => Step::RenewAndPromote,
-        // Someone else's, or released: a primary stops; a replica carries on.
-        (Seen::HeldBy(_), Running::Primary) => Step::Stop,
+        // Someone else's: a primary stops; released (only the operator releases a lease
+        // whose holder serves): it steps down; a replica carries on.
+        (Seen::HeldBy(Some(_)), Running::Primary) => Step::Stop,
+        (Seen::HeldBy(None), Running::Primary) => Step::StepDown,
         (Seen::HeldBy(_), Running::Replica) => Step::Carry,
         // Cannot be read: a primary under a lease keeps serving only until its deadline.
         (Seen::Unreadable, Running::Primary) if leased && overdue => Step::Stop,
@@ -135,7 +141,11 @@ mod tests {
             step(ME, Running::Primary, &held("shop-1"), Some(Duration::ZERO), true),
             Step::Stop
         );
-        assert_eq!(step(ME, Running::Primary, &Seen::HeldBy(None), None, true), Step::Stop);
+        assert_eq!(
+            step(ME, Running::Primary, &Seen::HeldBy(None), None, true),
+            Step::StepDown,
+            "released for a switchover"
+        );
         let unreadable = Seen::Unreadable;
         assert_eq!(
             step(

@@ -15,7 +15,8 @@
 //! - `backups.rs`: the first and the scheduled backups, and retention;
 //! - `node_loss.rs`: a node that died with the instance (and its volume) on it, pure;
 //! - `lease.rs`: the primary's lease: when its holder stops, when it may be handed over;
-//!   `failover.rs`: which replica is promoted, pure;
+//!   `failover.rs`: which replica is promoted, pure; `switchover.rs`: a primary that steps
+//!   down for a replica a user names, pure;
 //! - `replication.rs`: replicas: the primary's slots for them, the members of the status,
 //!   the pods' role labels, pure;
 //! - `status.rs`, `events.rs`: the status and the Events, pure, written only on change;
@@ -52,6 +53,7 @@ pub mod sql;
 pub mod statefulset;
 pub mod status;
 pub mod store;
+pub mod switchover;
 pub mod synchronous;
 
 use std::sync::Arc;

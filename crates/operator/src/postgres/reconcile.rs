@@ -10,20 +10,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource};
 use noops_api::postgres::BackupLocation;
 use noops_api::{PostgreSQL, PostgresBackup};
 use serde_json::json;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::backups;
 use super::context::Context;
@@ -35,10 +33,9 @@ use super::placement;
 use super::problem::PlanProblem;
 use super::restore::InstancePlan;
 use super::secrets::{self, Password, PasswordProblem};
-use super::sql::Instance;
 use super::status::{self, InstanceState, StatusFacts};
 use super::store::{BaseBackupDestination, Destination};
-use super::{account, destination, failover, observe, replication, restore, services, statefulset, synchronous};
+use super::{account, destination, observe, replication, restore, services, statefulset};
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
 use crate::core::backup::progress;
 use crate::core::backup::retention::{BackupsSummary, being_restored};
@@ -47,6 +44,9 @@ use crate::core::events::Announcement;
 use crate::core::stamp::{stamp, up_to_date};
 use crate::core::stuck::stuck;
 use crate::core::{DuringStage, Error, Result, Stage, crash};
+
+mod primacy;
+use primacy::Primacy;
 
 /// How often a serving database is looked at without a change. Everything that moves it
 /// comes through a watch (its spec, its pod, its StatefulSet, its password Secret, its
@@ -75,7 +75,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     let checked = pass.validate(&observed);
     // Who the primary is: with replicas, the lease's holder, handed over first if its time is
     // up. The rest of the pass builds around it.
-    let primacy = if pg.spec.paused {
+    let mut primacy = if pg.spec.paused {
         Primacy::as_is(&pass, &observed)
     } else {
         pass.keep_primary(&observed).await?
@@ -93,6 +93,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     let bootstrapping = matches!(instance, InstanceState::Bootstrapping);
     let (summary, kept) = pass.keep_backups(&observed, serving).await?;
     let promoting = primacy.failover.is_some()
+        || primacy.switching
         || pg
             .status
             .as_ref()
@@ -119,6 +120,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     } else {
         pass.look_again(serving, &applied, kept.look_again)
     };
+    let told = std::mem::take(&mut primacy.told);
     let seen = seen(
         &pass,
         (instance, members, primacy),
@@ -128,34 +130,8 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
         &made,
         summary,
     );
-    finish(&pass, &observed.children, seen, &made, &checked.password).await?;
+    finish(&pass, &observed.children, seen, (&made, told), &checked.password).await?;
     Ok(Action::requeue(look_again))
-}
-
-/// Who the primary is this pass, and what became of a primary lost.
-struct Primacy {
-    primary: String,
-    /// The lease handed over this pass.
-    failover: Option<noops_api::postgres::FailoverStatus>,
-    /// Why a lost primary is not replaced: no replica can be promoted.
-    no_replica: Option<String>,
-}
-
-impl Primacy {
-    /// Paused: the primary as the lease (or the status) says; nothing is handed over.
-    fn as_is(pass: &Pass, observed: &Observed) -> Self {
-        let primary = observed
-            .children
-            .lease
-            .as_deref()
-            .and_then(account::holder)
-            .unwrap_or_else(|| pass.primary.clone());
-        Self {
-            primary,
-            failover: None,
-            no_replica: None,
-        }
-    }
 }
 
 /// What every stage of one pass knows of the database.
@@ -344,205 +320,6 @@ impl<'a> Pass<'a> {
             apply(&self.api::<RoleBinding>(), &self.names.instance_account(), &binding).await?;
         }
         Ok(())
-    }
-
-    /// The primary's lease: made, removed, or handed over to the replica that received the
-    /// most WAL once the primary's time is up (`failover.rs`).
-    async fn keep_primary(&self, observed: &Observed) -> Result<Primacy> {
-        let children = &observed.children;
-        let lease = children.lease.as_deref();
-        let view = lease.map(|l| failover::LeaseView {
-            holder: account::holder(l),
-            taken: account::taken(l),
-            unchanged_for: self.ctx.lease_clock.unchanged_for(
-                &self.names.namespace,
-                &self.names.lease(),
-                l.metadata.resource_version.as_deref(),
-            ),
-        });
-        let recorded = self.pg.status.as_ref().and_then(|s| s.current_primary.as_deref());
-        let (primary, step) = failover::primary(&self.names, self.pg.spec.instances, view.as_ref(), recorded);
-        let mut primacy = Primacy {
-            primary,
-            failover: None,
-            no_replica: None,
-        };
-        let leases = self.api::<Lease>();
-        match step {
-            failover::LeaseStep::Keep => {}
-            failover::LeaseStep::Make(holder) => {
-                let lease = account::lease(&self.names, &self.owner, &holder, self.now);
-                if create_if_missing(&leases, &lease).await.during(Stage::Apply)? {
-                    info!(%holder, "made the primary's lease: the database has replicas");
-                }
-            }
-            failover::LeaseStep::Remove => {
-                delete_if_present(&leases, &self.names.lease(), &Default::default())
-                    .await
-                    .during(Stage::Apply)?;
-                info!("removed the primary's lease: the database is one instance again");
-            }
-            failover::LeaseStep::FailOver { from, why } => {
-                let Some(lease) = lease else { return Ok(primacy) };
-                let candidates = self.positions(children, from.as_deref()).await;
-                if !candidates.is_empty() {
-                    info!(from = ?from, candidates = ?candidates, "the primary is lost: where each Ready replica is");
-                }
-                let answered: Vec<String> = candidates.iter().map(|(pod, _)| pod.clone()).collect();
-                let spec = &self.pg.spec;
-                let choice = synchronous::enough_answered(
-                    spec.synchronous.as_ref(),
-                    &self.names,
-                    spec.instances,
-                    from.as_deref(),
-                    &answered,
-                )
-                .and_then(|()| {
-                    failover::choose(&self.names, &candidates, from.as_deref())
-                        .ok_or_else(|| "no replica can be promoted (none is Ready and streaming)".to_string())
-                });
-                let choice = match choice {
-                    Ok(chosen) => self.prepare_chosen(children, &chosen).await.map(|()| chosen),
-                    Err(why_not) => Err(why_not),
-                };
-                match choice {
-                    Err(why_not) => {
-                        let message = format!("{why}; {why_not}: waiting for one, or for the primary to come back");
-                        // Said once when it starts; the condition says it while it lasts.
-                        let said = self
-                            .pg
-                            .status
-                            .as_ref()
-                            .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "PrimaryLost"));
-                        if said {
-                            debug!(%message, "the primary is still lost");
-                        } else {
-                            warn!(%message, "the primary is lost");
-                        }
-                        primacy.no_replica = Some(message);
-                    }
-                    Ok(chosen) => {
-                        let received = candidates
-                            .iter()
-                            .find(|(pod, _)| *pod == chosen)
-                            .map(|(_, at)| at.lsn.clone())
-                            .unwrap_or_default();
-                        let next = account::hand_over(lease, &chosen, self.now);
-                        match leases.replace(&self.names.lease(), &Default::default(), &next).await {
-                            Ok(_) => {
-                                warn!(from = ?from, to = %chosen, %received, %why, "failed over: handed the primary's lease to the replica that received the most WAL");
-                                crash::point("postgres: lease handed over, status not written");
-                                let unchanged = view.as_ref().and_then(|v| v.unchanged_for).unwrap_or_default();
-                                primacy.failover = Some(noops_api::postgres::FailoverStatus {
-                                    from,
-                                    to: chosen.clone(),
-                                    reason: why,
-                                    received_lsn: Some(received),
-                                    primary_last_seen: Some(Time(
-                                        self.now - jiff::SignedDuration::try_from(unchanged).unwrap_or_default(),
-                                    )),
-                                    handed_over_at: Time(self.now),
-                                    promoted_at: None,
-                                    write_gap_millis: None,
-                                });
-                                primacy.primary = chosen;
-                            }
-                            // Renewed or handed over meanwhile: the next pass looks again.
-                            Err(kube::Error::Api(e)) if e.code == 409 => {
-                                info!("the primary's lease changed while choosing a replica: looking again");
-                            }
-                            Err(e) => return Err(e).during(Stage::Apply),
-                        }
-                    }
-                }
-            }
-        }
-        Ok(primacy)
-    }
-
-    /// Prepares replica `chosen`, about to be handed the lease: the replication slots of the
-    /// other instances (so that they stream from it as soon as they follow it, before it has
-    /// even promoted, rather than after the first pass once it serves), and the
-    /// `synchronous_standby_names` it will need as the primary, so that its first commit waits
-    /// as the spec asks. `Err`: why it cannot be handed the lease yet (only the list is a
-    /// must; slots not made now are made once it serves).
-    async fn prepare_chosen(&self, children: &observe::Children, chosen: &str) -> std::result::Result<(), String> {
-        let spec = &self.pg.spec;
-        let wanted = synchronous::standby_names(spec.synchronous.as_ref(), &self.names, spec.instances, chosen, &[]);
-        let pods = replication::instance_pods(&self.names, &children.pods);
-        let ip = pods.get(chosen).and_then(|p| observe::ready_address(p));
-        let password = children
-            .superuser_secret
-            .as_deref()
-            .and_then(secrets::superuser_password);
-        let (Some(ip), Some(password)) = (ip, password) else {
-            return Err(format!("{chosen} is no longer Ready"));
-        };
-        let instance = match Instance::connect(&ip, &password).await {
-            Ok(instance) => instance,
-            // Asynchronous: nothing it must have; the pass after its promotion makes the rest.
-            Err(e) if wanted.is_empty() => {
-                info!(replica = %chosen, error = %e, "cannot prepare the replica to promote: it gets its slots once it serves");
-                return Ok(());
-            }
-            Err(e) => return Err(format!("{chosen} could not be given its synchronous replicas ({e})")),
-        };
-        for slot in replication::wanted_slots(&self.names, spec.instances, chosen) {
-            if let Err(e) = instance.ensure_slot(&slot).await {
-                info!(replica = %chosen, %slot, error = %e, "could not make a slot on the replica to promote: made once it serves");
-            }
-        }
-        if wanted.is_empty() {
-            return Ok(());
-        }
-        match instance.set_synchronous_standby_names(&wanted).await {
-            Ok(()) => {
-                info!(replica = %chosen, setting = %wanted, "gave the replica to promote what its commits will wait for");
-                Ok(())
-            }
-            Err(e) => Err(format!(
-                "{chosen} could not be given its synchronous replicas before its promotion ({e})"
-            )),
-        }
-    }
-
-    /// Where each Ready replica is (the last WAL position it received), but `lost`'s: what
-    /// it says when asked, each asked at once.
-    async fn positions(&self, children: &observe::Children, lost: Option<&str>) -> Vec<(String, failover::Position)> {
-        let Some(password) = children
-            .superuser_secret
-            .as_deref()
-            .and_then(secrets::superuser_password)
-        else {
-            return Vec::new();
-        };
-        let asked = replication::instance_pods(&self.names, &children.pods)
-            .into_iter()
-            .filter(|(name, _)| Some(name.as_str()) != lost)
-            .filter_map(|(name, pod)| Some((name, observe::ready_address(pod)?)))
-            .map(|(name, ip)| {
-                let password = password.clone();
-                async move {
-                    let position = async {
-                        let instance = Instance::connect(&ip, &password).await?;
-                        instance.standby_position().await
-                    };
-                    // A replica that does not answer at once is not waited for: the failover is.
-                    match tokio::time::timeout(ASK_REPLICA_WITHIN, position).await {
-                        Ok(Ok(Some(at))) => Some((name, at)),
-                        Ok(Ok(None)) => None,
-                        Ok(Err(e)) => {
-                            info!(replica = %name, error = %e, "cannot ask a replica where it is: not a candidate");
-                            None
-                        }
-                        Err(_) => {
-                            info!(replica = %name, "a replica did not say where it is in time: not a candidate");
-                            None
-                        }
-                    }
-                }
-            });
-        futures::future::join_all(asked).await.into_iter().flatten().collect()
     }
 
     /// The plan's ConfigMap, which the pod's bootstrap reads, written before the StatefulSet.
@@ -1043,7 +820,7 @@ async fn finish(
     pass: &Pass<'_>,
     children: &observe::Children,
     seen: StatusFacts,
-    made: &InDatabase,
+    (made, told): (&InDatabase, Vec<Announcement>),
     password: &std::result::Result<Password, PasswordProblem>,
 ) -> Result<()> {
     let (pg, names, ctx, owner, now) = (pass.pg, &pass.names, pass.ctx, &pass.owner, pass.now);
@@ -1066,7 +843,8 @@ async fn finish(
         &names.name,
         &status::gauges(pg, &status, now),
     );
-    let events = announcements(pg, &previous, &status, made);
+    let mut events = announcements(pg, &previous, &status, made);
+    events.extend(told);
     if pg.status.as_ref() != Some(&status) {
         if status.restore != previous.restore || made.password_set {
             crash::point("postgres: restore or password seen, status not written");

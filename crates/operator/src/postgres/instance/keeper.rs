@@ -1,17 +1,24 @@
 //! The instance manager's side of the primary's lease (`postgres/lease.rs`): reading it, and
 //! renewing it while this instance holds it. A task of its own, so that a read the API server
 //! is slow to answer never delays the deadline the server runs to (`run.rs` keeps that timer).
+//!
+//! It reads the lease every second, and at once when a watch on the lease sees its holder
+//! change: a primary released for a switchover steps down, and the replica handed the lease
+//! promotes, without waiting for the next read (a switchover's write gap is mostly those
+//! waits). Without the watch (not allowed, or broken) the reads alone keep every promise.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{PostParams, WatchEvent, WatchParams};
 use tokio::sync::{mpsc, watch};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::postgres::lease::{self, RENEW_EVERY, REQUEST_TIMEOUT, Running, Seen, Step};
+use crate::postgres::switchover::{self, Stopped};
 
 /// The lease of this database, as this instance reaches it.
 #[derive(Clone)]
@@ -32,6 +39,8 @@ pub enum Told {
     Leased(bool),
     /// Stop the server: another instance holds the lease.
     Stop,
+    /// Step down for a switchover: the operator released the lease of this primary.
+    StepDown,
     /// The lease passed from one instance to another (a failover): a replica follows the new
     /// primary now rather than once its stream from the old one times out.
     HolderChanged,
@@ -113,6 +122,36 @@ impl Keeper {
         }
     }
 
+    /// Writes on the lease where this instance's server, stepped down for a switchover, ended
+    /// its WAL: the operator hands the lease over once the replica has received that far. Only
+    /// while the lease still records this instance stepping down; tried again while the API
+    /// server does not answer (the operator fails over if it hears nothing for a lease).
+    pub async fn report_stopped(&self, stopped: &Stopped) {
+        let Some(api) = &self.api else { return };
+        for _ in 0..10 {
+            let (seen, lease) = self.read().await;
+            if let (Seen::HeldBy(None), Some(lease)) = (&seen, lease) {
+                let ours = switchover::record(&lease).is_some_and(|r| r.from == self.me && r.stopped.is_none());
+                if !ours {
+                    return;
+                }
+                let next = switchover::with_stopped(&lease, stopped);
+                let params = PostParams::default();
+                let replace = api.replace(&self.name, &params, &next);
+                if matches!(tokio::time::timeout(REQUEST_TIMEOUT, replace).await, Ok(Ok(_))) {
+                    info!(?stopped, "told the operator where the stepped-down server's WAL ends");
+                    return;
+                }
+            } else if !matches!(seen, Seen::Unreadable) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        warn!(
+            "could not tell the operator where the stepped-down server's WAL ends: it fails over once the lease runs out"
+        );
+    }
+
     /// Runs until `running` is dropped: reads the lease every second, renews it while this
     /// instance holds it, and tells what it found. `renewed`: when this instance last renewed
     /// it, if it did before the task started.
@@ -126,8 +165,17 @@ impl Keeper {
         let mut holder: Option<String> = None;
         let mut tick = tokio::time::interval(RENEW_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (changed, mut holder_changed) = mpsc::channel(1);
+        let changes = self
+            .api
+            .clone()
+            .map(|api| tokio::spawn(holder_changes(api, self.name.clone(), changed)));
+        let _stop_changes = AbortOnDrop(changes);
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                Some(()) = holder_changed.recv() => {}
+            }
             if running.has_changed().is_err() {
                 return;
             }
@@ -169,6 +217,7 @@ impl Keeper {
                     })
                 }
                 Step::Stop => Some(Told::Stop),
+                Step::StepDown => Some(Told::StepDown),
             };
             if let Some(message) = message
                 && told.send(message).await.is_err()
@@ -177,4 +226,66 @@ impl Keeper {
             }
         }
     }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// The holder of a lease event's object.
+fn holder_of(lease: &Lease) -> Option<String> {
+    lease.spec.as_ref()?.holder_identity.clone().filter(|h| !h.is_empty())
+}
+
+/// Tells `changed` whenever a watch on lease `name` sees its holder change (renewals, which
+/// change only the renew time, tell nothing). Watches again from where it stopped; waits a
+/// second after an error (a watch this instance may not make gives up after a few).
+async fn holder_changes(api: Api<Lease>, name: String, changed: mpsc::Sender<()>) {
+    let params = WatchParams::default()
+        .fields(&format!("metadata.name={name}"))
+        .timeout(290);
+    let mut version = "0".to_string();
+    let mut holder: Option<Option<String>> = None;
+    let mut refused = 0;
+    while refused < 5 {
+        let stream = match api.watch(&params, &version).await {
+            Ok(stream) => stream,
+            Err(e) => {
+                refused += 1;
+                debug!(error = %e, "cannot watch the primary's lease: reading it every second");
+                tokio::time::sleep(RENEW_EVERY).await;
+                continue;
+            }
+        };
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            let lease = match event {
+                Ok(WatchEvent::Added(lease) | WatchEvent::Modified(lease) | WatchEvent::Deleted(lease)) => lease,
+                Ok(WatchEvent::Bookmark(_)) => continue,
+                // Gone (its version too old) or failed: watch again from the start.
+                Ok(WatchEvent::Error(_)) | Err(_) => {
+                    version = "0".into();
+                    break;
+                }
+            };
+            refused = 0;
+            if let Some(v) = lease.metadata.resource_version.clone() {
+                version = v;
+            }
+            let now = holder_of(&lease);
+            if holder.as_ref().is_some_and(|h| *h != now) && changed.try_send(()).is_err() && changed.is_closed() {
+                return;
+            }
+            holder = Some(now);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    warn!("cannot watch the primary's lease: reading it every second only");
 }

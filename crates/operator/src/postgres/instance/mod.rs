@@ -13,11 +13,13 @@
 //! - `replica.rs`: an instance that is not the primary: a copy of it, in standby, and a former
 //!   primary rewound to follow the new one;
 //! - `run.rs`: the PostgreSQL container: what the instance starts as, the server, and when the
-//!   primary's lease (`keeper.rs`) says to stop it.
+//!   primary's lease (`keeper.rs`) says to stop it, or to step down for a switchover;
+//! - `control.rs`: what the data directory's control file says.
 
 pub mod base_backup;
 pub mod bootstrap;
 pub mod cli;
+pub mod control;
 pub mod keeper;
 pub mod progress;
 pub mod remove;

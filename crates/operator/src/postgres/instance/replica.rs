@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::process::Command;
 use tracing::{info, warn};
 
-use super::{InstanceError, Settings, io};
+use super::{InstanceError, Settings, control, io};
 use crate::postgres::names::{Names, PORT, SUPERUSER};
 use crate::postgres::restore::InstancePlan;
 use crate::postgres::sql::Instance;
@@ -169,11 +169,7 @@ pub async fn prepare(settings: &Settings, plan: &InstancePlan) -> Result<(), Ins
 /// The timeline of the data directory's last checkpoint (or restartpoint), from its control
 /// file.
 async fn local_timeline(pgdata: &Path) -> Option<u32> {
-    let output = Command::new("pg_controldata").arg(pgdata).output().await.ok()?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    text.lines()
-        .find_map(|l| l.strip_prefix("Latest checkpoint's TimeLineID:"))
-        .and_then(|v| v.trim().parse().ok())
+    control::timeline(&control::read(pgdata).await?)
 }
 
 /// The timeline of the primary at `host`, if it answers as a primary.

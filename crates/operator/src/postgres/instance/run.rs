@@ -10,6 +10,9 @@
 //! - A primary stops its server at once (immediate shutdown: no commit after it) when it has
 //!   not renewed the lease for `FENCE_AFTER`, or when another instance holds it; a replica the
 //!   operator chose (it finds itself the holder) renews the lease and promotes.
+//! - A primary whose lease the operator released (a switchover, `switchover.rs`) shuts its
+//!   server down cleanly (its WAL senders send the replicas every record first), writes on the
+//!   lease where its WAL ended, and waits for the lease to say what it is next.
 //! - A replica that sees the lease pass to another instance ends its stream from the old
 //!   primary at once and follows the new one through `<name>-rw` (a primary whose node stopped
 //!   never resets that stream: it would last until `wal_receiver_timeout`).
@@ -33,15 +36,20 @@ use tracing::{info, warn};
 
 use super::keeper::{Keeper, Told};
 use super::{
-    DataDir, InstanceError, Settings, bootstrap, io, replica, server_args, signal_server, system_identifier, write_hba,
+    DataDir, InstanceError, Settings, bootstrap, control, io, replica, server_args, signal_server, system_identifier,
+    write_hba,
 };
 use crate::postgres::lease::{self, FENCE_AFTER, RENEW_EVERY, Running, Start};
 use crate::postgres::restore::InstancePlan;
 use crate::postgres::sql::Instance;
+use crate::postgres::switchover::Stopped;
 
 /// How long a replica may stream and replay nothing before it checks whether it was left
 /// behind on an old timeline.
 const PARTED_AFTER: Duration = Duration::from_secs(15);
+/// How long a primary stepping down may take to shut down cleanly before it is stopped at once
+/// (and the switchover given back to it: a replica may lack its last records then).
+const STEP_DOWN_WITHIN: Duration = Duration::from_secs(5);
 
 /// How the server ended.
 enum Ended {
@@ -49,6 +57,8 @@ enum Ended {
     Exited(ExitStatus),
     /// The lease stopped it: decide again what this instance is.
     Stopped,
+    /// It stepped down for a switchover: say where its WAL ended, then decide again.
+    SteppedDown,
 }
 
 /// Runs the instance until the server exits; returns its exit status. The data directory is
@@ -111,7 +121,9 @@ pub async fn run(settings: &Settings) -> Result<ExitStatus, InstanceError> {
         .await?
         {
             Ended::Exited(status) => return Ok(status),
-            Ended::Stopped => info!("the server is stopped: deciding again what this instance is"),
+            Ended::Stopped | Ended::SteppedDown => {
+                info!("the server is stopped: deciding again what this instance is")
+            }
         }
     }
 }
@@ -176,14 +188,26 @@ async fn serve(
     let following = follows.map(|host| tokio::spawn(watch_the_timeline(settings.clone(), host, parted_tx)));
     let mut deadline = renewed.map(|r| r + FENCE_AFTER);
     let mut stopping = false;
+    // When a step-down for a switchover began.
+    let mut stepping_down = None::<Instant>;
     let ended = loop {
         let fenced = deadline.filter(|_| leased && running == Running::Primary && !stopping);
         tokio::select! {
-            status = server.wait() => break Ended::Exited(status.map_err(io("waiting for postgres"))?),
+            status = server.wait() => {
+                let status = status.map_err(io("waiting for postgres"))?;
+                break if stepping_down.is_some() { Ended::SteppedDown } else { Ended::Exited(status) };
+            }
             _ = terminate.recv() => {
                 info!("SIGTERM: shutting the server down (fast)");
                 signal_server(&server, nix::sys::signal::Signal::SIGINT);
                 stopping = true;
+                // The pod is going: the container ends with the server.
+                stepping_down = None;
+            }
+            _ = sleep_until(stepping_down.map(|at| at + STEP_DOWN_WITHIN)) => {
+                warn!(within = ?STEP_DOWN_WITHIN, "the server did not shut down cleanly in time for the switchover: stopping it now; the switchover is given back to this instance");
+                stop_now(&mut server).await;
+                break Ended::SteppedDown;
             }
             _ = sleep_until(fenced) => {
                 warn!(deadline = ?FENCE_AFTER, "could not renew the primary's lease in time: stopping the server now, so that it takes no commit a failover could lose");
@@ -218,6 +242,12 @@ async fn serve(
                     info!("the primary's lease passed to another instance: reconnecting to follow the new primary");
                     tokio::spawn(follow_anew(settings.socket_dir.clone()));
                 }
+                Some(Told::StepDown) if running == Running::Primary && !stopping => {
+                    info!("the operator released the primary's lease for a switchover: shutting the server down cleanly, so that the replicas receive all of its WAL");
+                    signal_server(&server, nix::sys::signal::Signal::SIGINT);
+                    stopping = true;
+                    stepping_down = Some(Instant::now());
+                }
                 Some(Told::Stop) if running == Running::Primary && !stopping => {
                     warn!("another instance holds the primary's lease: stopping the server now; it starts again as a replica");
                     stop_now(&mut server).await;
@@ -234,6 +264,15 @@ async fn serve(
     }
     if matches!(ended, Ended::Exited(_)) && running == Running::Primary && leased {
         keeper.release().await;
+    }
+    if matches!(ended, Ended::SteppedDown) {
+        let stopped = match control::read(&settings.pgdata).await {
+            Some(text) => control::stopped(&text),
+            None => Stopped::Unclean,
+        };
+        info!(?stopped, "the server stepped down for a switchover");
+        keeper.report_stopped(&stopped).await;
+        return Ok(Ended::Stopped);
     }
     Ok(ended)
 }

@@ -1,0 +1,509 @@
+//! The lease stage of a pass: who the primary is, and the lease made, removed, handed over to
+//! a replica when the primary is lost (`failover.rs`), or released and handed over for a
+//! switchover a user asked for (`switchover.rs`).
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use noops_api::PostgreSQL;
+use noops_api::postgres::{FailoverStatus, PROMOTE_ANNOTATION};
+use serde_json::json;
+use tracing::{debug, info, warn};
+
+use super::{ASK_REPLICA_WITHIN, Observed, Pass};
+use crate::core::apply::{create_if_missing, delete_if_present};
+use crate::core::events::Announcement;
+use crate::core::{DuringStage, Result, Stage, crash};
+use crate::postgres::lease::LEASE;
+use crate::postgres::names::Names;
+use crate::postgres::sql::Instance;
+use crate::postgres::switchover::{self, Next, Record, Stopped};
+use crate::postgres::{account, failover, observe, replication, secrets, synchronous};
+
+/// Who the primary is this pass, and what became of a primary lost or asked to step down.
+pub(super) struct Primacy {
+    pub primary: String,
+    /// The lease handed over this pass.
+    pub failover: Option<FailoverStatus>,
+    /// Why a lost primary is not replaced: no replica can be promoted.
+    pub no_replica: Option<String>,
+    /// A switchover is under way: the pass looks again soon.
+    pub switching: bool,
+    /// What this stage decided that no status change tells (told after the status write).
+    pub told: Vec<Announcement>,
+}
+
+impl Primacy {
+    fn of(primary: String) -> Self {
+        Self {
+            primary,
+            failover: None,
+            no_replica: None,
+            switching: false,
+            told: Vec::new(),
+        }
+    }
+
+    /// Paused: the primary as the lease (or the status) says; nothing is handed over.
+    pub fn as_is(pass: &Pass, observed: &Observed) -> Self {
+        let primary = observed
+            .children
+            .lease
+            .as_deref()
+            .and_then(account::holder)
+            .unwrap_or_else(|| pass.primary.clone());
+        Self::of(primary)
+    }
+}
+
+/// How to reach instance `pod` as the superuser: its Ready address and the password.
+fn reach(children: &observe::Children, names: &Names, pod: &str) -> Option<(String, String)> {
+    let pods = replication::instance_pods(names, &children.pods);
+    let ip = observe::ready_address(pods.get(pod)?)?;
+    let password = children
+        .superuser_secret
+        .as_deref()
+        .and_then(secrets::superuser_password)?;
+    Some((ip, password))
+}
+
+/// The instance a user asked to promote (`noops.dev/promote`), if any.
+fn requested(pg: &PostgreSQL) -> Option<&str> {
+    pg.metadata
+        .annotations
+        .as_ref()?
+        .get(PROMOTE_ANNOTATION)
+        .map(|to| to.trim())
+        .filter(|to| !to.is_empty())
+}
+
+impl Pass<'_> {
+    /// The primary's lease: made, removed, handed over to the replica that received the most
+    /// WAL once the primary's time is up, or released for a switchover and handed over.
+    pub(super) async fn keep_primary(&self, observed: &Observed) -> Result<Primacy> {
+        let children = &observed.children;
+        let lease = children.lease.as_deref();
+        let unchanged_for = lease.and_then(|l| {
+            self.ctx.lease_clock.unchanged_for(
+                &self.names.namespace,
+                &self.names.lease(),
+                l.metadata.resource_version.as_deref(),
+            )
+        });
+        let view = lease.map(|l| failover::LeaseView {
+            holder: account::holder(l),
+            taken: account::taken(l),
+            unchanged_for,
+            switchover: switchover::record(l),
+        });
+        let recorded = self.pg.status.as_ref().and_then(|s| s.current_primary.as_deref());
+        let (primary, step) = failover::primary(&self.names, self.pg.spec.instances, view.as_ref(), recorded);
+        let mut primacy = Primacy::of(primary);
+        let leases = self.api::<Lease>();
+        match step {
+            failover::LeaseStep::Keep => {
+                let held = view
+                    .as_ref()
+                    .is_some_and(|v| v.taken && v.holder.as_ref() == Some(&primacy.primary));
+                if let (Some(to), Some(lease), true) = (requested(self.pg), lease, held) {
+                    self.ask_switchover(children, lease, to, &mut primacy).await?;
+                } else if requested(self.pg).is_some() && lease.is_none() {
+                    let why = "the database has one instance: there is no replica to promote".to_string();
+                    self.refuse_switchover(requested(self.pg).unwrap_or_default(), why, &mut primacy)
+                        .await?;
+                }
+            }
+            failover::LeaseStep::Make(holder) => {
+                let lease = account::lease(&self.names, &self.owner, &holder, self.now);
+                if create_if_missing(&leases, &lease).await.during(Stage::Apply)? {
+                    info!(%holder, "made the primary's lease: the database has replicas");
+                }
+            }
+            failover::LeaseStep::Remove => {
+                delete_if_present(&leases, &self.names.lease(), &Default::default())
+                    .await
+                    .during(Stage::Apply)?;
+                info!("removed the primary's lease: the database is one instance again");
+            }
+            failover::LeaseStep::FailOver { from, why } => {
+                if let Some(lease) = lease {
+                    self.fail_over(children, lease, unchanged_for, from, why, &mut primacy)
+                        .await?;
+                }
+            }
+            failover::LeaseStep::SwitchOver(record) => {
+                if let Some(lease) = lease {
+                    self.carry_switchover(children, lease, record, unchanged_for, &mut primacy)
+                        .await?;
+                }
+            }
+        }
+        Ok(primacy)
+    }
+
+    /// The primary `from` is lost (`why`): the lease goes to the replica that received the most
+    /// WAL, once enough replicas have said where they are. `unchanged`: how long the operator
+    /// has seen the lease unchanged.
+    async fn fail_over(
+        &self,
+        children: &observe::Children,
+        lease: &Lease,
+        unchanged: Option<Duration>,
+        from: Option<String>,
+        why: String,
+        primacy: &mut Primacy,
+    ) -> Result<()> {
+        let leases = self.api::<Lease>();
+        let candidates = self.positions(children, from.as_deref()).await;
+        if !candidates.is_empty() {
+            info!(from = ?from, candidates = ?candidates, "the primary is lost: where each Ready replica is");
+        }
+        let answered: Vec<String> = candidates.iter().map(|(pod, _)| pod.clone()).collect();
+        let spec = &self.pg.spec;
+        let choice = synchronous::enough_answered(
+            spec.synchronous.as_ref(),
+            &self.names,
+            spec.instances,
+            from.as_deref(),
+            &answered,
+        )
+        .and_then(|()| {
+            failover::choose(&self.names, &candidates, from.as_deref())
+                .ok_or_else(|| "no replica can be promoted (none is Ready and streaming)".to_string())
+        });
+        let choice = match choice {
+            Ok(chosen) => self.prepare_chosen(children, &chosen).await.map(|()| chosen),
+            Err(why_not) => Err(why_not),
+        };
+        match choice {
+            Err(why_not) => {
+                let message = format!("{why}; {why_not}: waiting for one, or for the primary to come back");
+                // Said once when it starts; the condition says it while it lasts.
+                let said = self
+                    .pg
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "PrimaryLost"));
+                if said {
+                    debug!(%message, "the primary is still lost");
+                } else {
+                    warn!(%message, "the primary is lost");
+                }
+                primacy.no_replica = Some(message);
+            }
+            Ok(chosen) => {
+                let received = candidates
+                    .iter()
+                    .find(|(pod, _)| *pod == chosen)
+                    .map(|(_, at)| at.lsn.clone())
+                    .unwrap_or_default();
+                let next = account::hand_over(lease, &chosen, self.now);
+                match leases.replace(&self.names.lease(), &Default::default(), &next).await {
+                    Ok(_) => {
+                        warn!(from = ?from, to = %chosen, %received, %why, "failed over: handed the primary's lease to the replica that received the most WAL");
+                        crash::point("postgres: lease handed over, status not written");
+                        let unchanged = unchanged.unwrap_or_default();
+                        primacy.failover = Some(noops_api::postgres::FailoverStatus {
+                            from,
+                            to: chosen.clone(),
+                            reason: why,
+                            received_lsn: Some(received),
+                            primary_last_seen: Some(Time(
+                                self.now - jiff::SignedDuration::try_from(unchanged).unwrap_or_default(),
+                            )),
+                            handed_over_at: Time(self.now),
+                            promoted_at: None,
+                            write_gap_millis: None,
+                            switchover: false,
+                        });
+                        primacy.primary = chosen;
+                    }
+                    // Renewed or handed over meanwhile: the next pass looks again.
+                    Err(kube::Error::Api(e)) if e.code == 409 => {
+                        info!("the primary's lease changed while choosing a replica: looking again");
+                    }
+                    Err(e) => return Err(e).during(Stage::Apply),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A user asked for `to` to be the primary: checked against what the primary says of its
+    /// stream, then the lease is released for it, the switchover recorded on it.
+    async fn ask_switchover(
+        &self,
+        children: &observe::Children,
+        lease: &Lease,
+        to: &str,
+        primacy: &mut Primacy,
+    ) -> Result<()> {
+        let from = primacy.primary.clone();
+        let standby = self.ask_primary_of(children, &from, to).await;
+        let checked = standby
+            .and_then(|standby| switchover::refusal(&self.names, self.pg.spec.instances, &from, to, standby.as_ref()));
+        let checked = match checked {
+            Ok(()) => self.prepare_chosen(children, to).await,
+            Err(why) => Err(why),
+        };
+        if let Err(why) = checked {
+            return self.refuse_switchover(to, why, primacy).await;
+        }
+        let next = switchover::step_down(lease, &from, to, self.now);
+        match self
+            .api::<Lease>()
+            .replace(&self.names.lease(), &Default::default(), &next)
+            .await
+        {
+            Ok(_) => {
+                info!(%from, %to, "switching over: released the primary's lease; the primary shuts down cleanly, then the replica is promoted once it has all of its WAL");
+                crash::point("postgres: lease released for a switchover");
+                primacy.switching = true;
+                primacy.told.push(Announcement::normal(
+                    "SwitchingOver",
+                    format!("{from} steps down for {to}, as asked: {to} is promoted once it has received all of {from}'s WAL"),
+                ));
+                self.forget_request().await
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                info!("the primary's lease changed while a switchover was being asked for: looking again");
+                Ok(())
+            }
+            Err(e) => Err(e).during(Stage::Apply),
+        }
+    }
+
+    /// What primary `from` says of `to`'s stream. `Err`: why it could not be asked.
+    async fn ask_primary_of(
+        &self,
+        children: &observe::Children,
+        from: &str,
+        to: &str,
+    ) -> std::result::Result<Option<crate::postgres::sql::Standby>, String> {
+        let Some((ip, password)) = reach(children, &self.names, from) else {
+            return Err(format!("the primary {from} is not Ready"));
+        };
+        let asked = async {
+            let instance = Instance::connect(&ip, &password).await?;
+            instance.replication().await
+        };
+        match tokio::time::timeout(ASK_REPLICA_WITHIN, asked).await {
+            Ok(Ok(replication)) => Ok(replication.standbys.into_iter().find(|s| s.name == to)),
+            Ok(Err(e)) => Err(format!(
+                "the primary {from} could not be asked about its replicas ({e})"
+            )),
+            Err(_) => Err(format!(
+                "the primary {from} did not say in time how its replicas stream"
+            )),
+        }
+    }
+
+    /// Refuses the switchover to `to`: the request goes, an Event says why.
+    async fn refuse_switchover(&self, to: &str, why: String, primacy: &mut Primacy) -> Result<()> {
+        warn!(%to, %why, "refused a switchover");
+        primacy.told.push(Announcement::warning(
+            "SwitchoverRefused",
+            format!("switchover to {to} refused: {why}"),
+        ));
+        self.forget_request().await
+    }
+
+    /// Removes the request annotation: it has been acted on.
+    async fn forget_request(&self) -> Result<()> {
+        let api = self.api::<PostgreSQL>();
+        let body = json!({ "metadata": { "annotations": { (PROMOTE_ANNOTATION): null } } });
+        match api
+            .patch(&self.names.name, &PatchParams::default(), &Patch::Merge(body))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(e).during(Stage::Apply),
+        }
+    }
+
+    /// A switchover under way (`switchover.rs`): waits for the old primary to stop and the
+    /// replica to receive its last record, then hands the lease over; gives it back to the old
+    /// primary when that cannot be; fails over if the old primary said nothing for a lease.
+    async fn carry_switchover(
+        &self,
+        children: &observe::Children,
+        lease: &Lease,
+        record: Record,
+        unchanged_for: Option<Duration>,
+        primacy: &mut Primacy,
+    ) -> Result<()> {
+        let received = match &record.stopped {
+            Some(Stopped::Clean(_)) => self.position_of(children, &record.to).await,
+            _ => None,
+        };
+        let since = record.at.map_or(switchover::CATCH_UP_WITHIN, |at| {
+            self.now.duration_since(at).try_into().unwrap_or_default()
+        });
+        let (from, to) = (record.from.clone(), record.to.clone());
+        match switchover::next(&record, unchanged_for, since, received.as_ref(), LEASE) {
+            Next::Wait => {
+                debug!(%from, %to, stopped = ?record.stopped, received = ?received, "switching over: waiting");
+                primacy.switching = true;
+            }
+            Next::HandOver => {
+                let next = account::hand_over(lease, &to, self.now);
+                match self
+                    .api::<Lease>()
+                    .replace(&self.names.lease(), &Default::default(), &next)
+                    .await
+                {
+                    Ok(_) => {
+                        let received = received.map(|r| r.lsn).unwrap_or_default();
+                        info!(%from, %to, %received, "switched over: handed the primary's lease to the replica, which has all of the old primary's WAL");
+                        crash::point("postgres: lease handed over for a switchover, status not written");
+                        primacy.failover = Some(FailoverStatus {
+                            from: Some(from),
+                            to: to.clone(),
+                            reason: "a switchover was asked for".into(),
+                            switchover: true,
+                            received_lsn: Some(received),
+                            primary_last_seen: record.at.map(Time),
+                            handed_over_at: Time(self.now),
+                            promoted_at: None,
+                            write_gap_millis: None,
+                        });
+                        primacy.primary = to;
+                    }
+                    Err(kube::Error::Api(e)) if e.code == 409 => {
+                        info!("the primary's lease changed during the switchover: looking again");
+                        primacy.switching = true;
+                    }
+                    Err(e) => return Err(e).during(Stage::Apply),
+                }
+            }
+            Next::GiveBack(why) => {
+                let next = account::hand_over(lease, &from, self.now);
+                match self
+                    .api::<Lease>()
+                    .replace(&self.names.lease(), &Default::default(), &next)
+                    .await
+                {
+                    Ok(_) => {
+                        warn!(%from, %to, %why, "gave the switchover up: the lease is back with the old primary");
+                        crash::point("postgres: switchover given back");
+                        primacy.primary = from.clone();
+                        primacy.told.push(Announcement::warning(
+                            "SwitchoverGivenBack",
+                            format!("the switchover to {to} was given up and {from} is the primary again: {why}"),
+                        ));
+                    }
+                    Err(kube::Error::Api(e)) if e.code == 409 => {
+                        info!("the primary's lease changed during the switchover: looking again");
+                        primacy.switching = true;
+                    }
+                    Err(e) => return Err(e).during(Stage::Apply),
+                }
+            }
+            Next::FailOver(why) => {
+                self.fail_over(children, lease, unchanged_for, Some(from), why, primacy)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Where replica `pod` is, if it says in time.
+    async fn position_of(&self, children: &observe::Children, pod: &str) -> Option<failover::Position> {
+        let (ip, password) = reach(children, &self.names, pod)?;
+        let asked = async { Instance::connect(&ip, &password).await?.standby_position().await };
+        match tokio::time::timeout(ASK_REPLICA_WITHIN, asked).await {
+            Ok(Ok(position)) => position,
+            Ok(Err(e)) => {
+                debug!(replica = %pod, error = %e, "cannot ask the replica where it is");
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Prepares replica `chosen`, about to be handed the lease: the replication slots of the
+    /// other instances (so that they stream from it as soon as they follow it, before it has
+    /// even promoted, rather than after the first pass once it serves), and the
+    /// `synchronous_standby_names` it will need as the primary, so that its first commit waits
+    /// as the spec asks. `Err`: why it cannot be handed the lease yet (only the list is a
+    /// must; slots not made now are made once it serves).
+    pub(super) async fn prepare_chosen(
+        &self,
+        children: &observe::Children,
+        chosen: &str,
+    ) -> std::result::Result<(), String> {
+        let spec = &self.pg.spec;
+        let wanted = synchronous::standby_names(spec.synchronous.as_ref(), &self.names, spec.instances, chosen, &[]);
+        let Some((ip, password)) = reach(children, &self.names, chosen) else {
+            return Err(format!("{chosen} is no longer Ready"));
+        };
+        let instance = match Instance::connect(&ip, &password).await {
+            Ok(instance) => instance,
+            // Asynchronous: nothing it must have; the pass after its promotion makes the rest.
+            Err(e) if wanted.is_empty() => {
+                info!(replica = %chosen, error = %e, "cannot prepare the replica to promote: it gets its slots once it serves");
+                return Ok(());
+            }
+            Err(e) => return Err(format!("{chosen} could not be given its synchronous replicas ({e})")),
+        };
+        for slot in replication::wanted_slots(&self.names, spec.instances, chosen) {
+            if let Err(e) = instance.ensure_slot(&slot).await {
+                info!(replica = %chosen, %slot, error = %e, "could not make a slot on the replica to promote: made once it serves");
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        match instance.set_synchronous_standby_names(&wanted).await {
+            Ok(()) => {
+                info!(replica = %chosen, setting = %wanted, "gave the replica to promote what its commits will wait for");
+                Ok(())
+            }
+            Err(e) => Err(format!(
+                "{chosen} could not be given its synchronous replicas before its promotion ({e})"
+            )),
+        }
+    }
+
+    /// Where each Ready replica is (the last WAL position it received), but `lost`'s: what
+    /// it says when asked, each asked at once.
+    async fn positions(&self, children: &observe::Children, lost: Option<&str>) -> Vec<(String, failover::Position)> {
+        let Some(password) = children
+            .superuser_secret
+            .as_deref()
+            .and_then(secrets::superuser_password)
+        else {
+            return Vec::new();
+        };
+        let asked = replication::instance_pods(&self.names, &children.pods)
+            .into_iter()
+            .filter(|(name, _)| Some(name.as_str()) != lost)
+            .filter_map(|(name, pod)| Some((name, observe::ready_address(pod)?)))
+            .map(|(name, ip)| {
+                let password = password.clone();
+                async move {
+                    let position = async {
+                        let instance = Instance::connect(&ip, &password).await?;
+                        instance.standby_position().await
+                    };
+                    // A replica that does not answer at once is not waited for: the failover is.
+                    match tokio::time::timeout(ASK_REPLICA_WITHIN, position).await {
+                        Ok(Ok(Some(at))) => Some((name, at)),
+                        Ok(Ok(None)) => None,
+                        Ok(Err(e)) => {
+                            info!(replica = %name, error = %e, "cannot ask a replica where it is: not a candidate");
+                            None
+                        }
+                        Err(_) => {
+                            info!(replica = %name, "a replica did not say where it is in time: not a candidate");
+                            None
+                        }
+                    }
+                }
+            });
+        futures::future::join_all(asked).await.into_iter().flatten().collect()
+    }
+}
