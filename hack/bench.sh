@@ -69,6 +69,12 @@ pg_table=$("$target_dir/debug/pg-bench" "$target_dir/release/noops" "$runs")
 echo
 echo "$pg_table"
 table+=$'\n\n'"$pg_table"
+# PostgreSQL with replicas (release build): how long writes wait when the primary's pod is
+# force-deleted or deleted and in a switchover, beside CloudNativePG's figures on this machine.
+pg_ha_table=$("$target_dir/debug/pg-ha-bench" "$target_dir/release/noops" "$runs")
+echo
+echo "$pg_ha_table"
+table+=$'\n\n'"$pg_ha_table"
 # Hosted control planes (release build): apply → Ready and an upgrade of 3 API servers, beside
 # the same binaries run by hand and Kamaji's published figures; how many fit on this machine.
 kcp_table=$("$target_dir/debug/kcp-bench" "$target_dir/release/noops" "$runs")

@@ -31,6 +31,20 @@ pub fn kubectl_noops(args: &[&str]) -> Output {
         .expect("kubectl")
 }
 
+/// `kubectl noops <args>` off the async runtime (a command that waits, such as `promote`,
+/// must not hold up what the test runs meanwhile): its exit code, and what it printed on
+/// standard output and error.
+pub async fn kubectl_noops_waiting(args: &[&str]) -> (Option<i32>, String) {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let out = kubectl_noops(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let said = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+        (out.status.code(), said)
+    })
+    .await
+    .expect("the plugin's thread")
+}
+
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -649,6 +649,12 @@ pub async fn wait_rejoined(ns: &TestNamespace, pod: &str) {
     .await;
 }
 
+/// The last failover (or switchover) `name`'s status records.
+pub async fn last_failover(ns: &TestNamespace, name: &str) -> noops_api::postgres::FailoverStatus {
+    let pg = ns.api::<PostgreSQL>().get(name).await.unwrap();
+    pg.status.and_then(|s| s.last_failover).expect("a failover recorded")
+}
+
 /// Waits until the last failover of `name` has a new primary other than `old` taking writes.
 pub async fn wait_failed_over(ns: &TestNamespace, name: &str, old: &str) -> noops_api::postgres::FailoverStatus {
     let api = ns.api::<PostgreSQL>();

@@ -7,10 +7,12 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use noops_api::PostgreSQL;
 use noops_e2e::postgres::{
-    condition, database_manifest, instance_ip, kubectl_get, manifest, psql, secret_value, service_ip,
+    condition, database_manifest, instance_ip, kubectl_get, last_failover, manifest, psql, secret_value, service_ip,
     three_instances_under_a_ledger, wait_failed_over, wait_not_ready, wait_ready, wait_reason, wait_rejoined,
 };
-use noops_e2e::{Operator, TestNamespace, apply_error, install_crds, kubectl_ok, wait_event, wait_for, wait_until};
+use noops_e2e::{
+    Operator, Supervisor, TestNamespace, apply_error, install_crds, kubectl_ok, wait_event, wait_for, wait_until,
+};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -813,7 +815,7 @@ async fn three_instances_stream_from_the_primary_and_serve_reads_behind_their_ow
 async fn a_lost_primary_is_replaced_by_the_most_advanced_replica_and_comes_back_as_a_replica() {
     install_crds();
     let ns = TestNamespace::new("pg-failover").await;
-    let _operator = Operator::start(&ns.name, &["--controllers", "postgres"]);
+    let operator = Operator::start(&ns.name, &["--controllers", "postgres"]);
     let (password, rw, ledger) = three_instances_under_a_ledger(&ns, "").await;
 
     // The primary's pod frozen whole, as a hung node: it renews nothing, its lease runs out,
@@ -881,11 +883,57 @@ async fn a_lost_primary_is_replaced_by_the_most_advanced_replica_and_comes_back_
             })
     })
     .await;
+    // A switchover, asynchronous, with the operator killed (SIGKILL) right after it released
+    // the lease and right after it handed it over: it finishes, and loses no commit.
+    drop(operator);
+    let points = std::env::temp_dir().join(format!("noops-pg-switchover-points-{}", ns.name));
+    let _ = std::fs::remove_file(&points);
+    let supervisor = Supervisor::start(&ns.name, &points);
+    wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
+    let target = ["shop-0", "shop-1", "shop-2"]
+        .into_iter()
+        .find(|p| *p != second.to)
+        .unwrap()
+        .to_string();
+    let switch_started = std::time::Instant::now();
+    let (code, said) =
+        noops_e2e::plugin::kubectl_noops_waiting(&["promote", "pg/shop", &target, "-n", &ns.name, "--timeout", "180"])
+            .await;
+    assert_eq!(code, Some(0), "{said}");
+    let crashed = std::fs::read_to_string(&points).unwrap_or_default();
+    for point in [
+        "postgres: lease released for a switchover",
+        "postgres: lease handed over for a switchover, status not written",
+    ] {
+        assert!(
+            crashed.lines().any(|l| l == point),
+            "never crashed at {point}: {crashed}"
+        );
+    }
+    let record = last_failover(&ns, "shop").await;
+    assert!(record.switchover && record.to == target, "{record:?}");
+    assert_eq!(record.from.as_deref(), Some(second.to.as_str()));
+    eprintln!("switchover through two operator kills: {said}");
+    wait_rejoined(&ns, &second.to).await;
+    let (restarts, _) = supervisor.stop().await;
+    assert!(restarts >= 2, "the operator was started again {restarts} times");
+
     tokio::time::sleep(Duration::from_secs(2)).await;
     let report = ledger.stop().await;
     let pg = wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
-    assert_eq!(pg.status.unwrap().current_primary.as_deref(), Some(second.to.as_str()));
+    assert_eq!(pg.status.unwrap().current_primary.as_deref(), Some(target.as_str()));
     let missing = report.lost_in_shop(&rw, &password, "asynchronous");
+    let since_switchover: Vec<i64> = report
+        .acked
+        .iter()
+        .zip(&report.acked_at)
+        .filter(|(_, at)| **at >= switch_started)
+        .map(|(id, _)| *id)
+        .collect();
+    assert!(
+        missing.iter().all(|id| !since_switchover.contains(id)),
+        "the switchover lost commits: {missing:?}"
+    );
     // Asynchronous: what is lost is what the old primary acknowledged and no replica received,
     // its last commits before it stopped.
     let first_lost = missing.first().copied().unwrap_or(i64::MAX);
@@ -957,47 +1005,62 @@ async fn with_synchronous_replication_no_acknowledged_commit_is_lost_and_commits
         "the new primary waits for the others"
     );
 
-    // A switchover asked with the plugin to a replica that does not stream (frozen for
-    // longer than a reply may take): refused with the reason, the lease untouched.
+    // A switchover to a replica that does not stream (frozen for longer than a reply may
+    // take), asked without the plugin (which checks the status first): the operator asks the
+    // primary, refuses with the reason, and removes the request; the lease is untouched.
     let promote = |to: &'static str| {
         let ns = ns.name.clone();
-        // The plugin waits: off the runtime, so that the ledger goes on meanwhile.
-        tokio::task::spawn_blocking(move || {
-            noops_e2e::plugin::kubectl_noops(&["promote", "pg/shop", to, "-n", &ns, "--timeout", "60"])
-        })
+        async move {
+            noops_e2e::plugin::kubectl_noops_waiting(&["promote", "pg/shop", to, "-n", &ns, "--timeout", "90"]).await
+        }
     };
     let frozen_0 = noops_e2e::postgres::Frozen::pod(&ns, "shop-0");
     tokio::time::sleep(Duration::from_secs(7)).await;
-    let out = promote("shop-0").await.unwrap();
-    let said = format!(
-        "{}{}",
-        noops_e2e::plugin::stdout(&out),
-        String::from_utf8_lossy(&out.stderr)
+    kubectl_ok(
+        &[
+            "annotate",
+            "-n",
+            &ns.name,
+            "postgresql/shop",
+            "noops.dev/promote=shop-0",
+        ],
+        None,
     );
-    assert_eq!(out.status.code(), Some(1), "{said}");
-    assert!(said.contains("refused") && said.contains("shop-0"), "{said}");
+    wait_event(&ns, "PostgreSQL", "shop", "SwitchoverRefused").await;
+    let events = kubectl_ok(
+        &[
+            "get",
+            "events",
+            "-n",
+            &ns.name,
+            "--field-selector",
+            "reason=SwitchoverRefused",
+        ],
+        None,
+    );
+    assert!(events.contains("shop-0 does not stream"), "{events}");
+    wait_until("the refused request removed", MINUTE, || async {
+        let pg = ns.api::<PostgreSQL>().get("shop").await.unwrap();
+        pg.metadata
+            .annotations
+            .is_none_or(|a| !a.contains_key("noops.dev/promote"))
+    })
+    .await;
+    // The plugin's own check: not an instance of the database.
+    let (code, said) = promote("shop-7").await;
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("refused") && said.contains("not an instance"), "{said}");
     frozen_0.thaw();
     wait_rejoined(&ns, "shop-0").await;
-    let annotations = ns.api::<PostgreSQL>().get("shop").await.unwrap().metadata.annotations;
-    assert!(
-        annotations.is_none_or(|a| !a.contains_key("noops.dev/promote")),
-        "a request is acted on once"
-    );
     // To a replica that streams: the primary steps down cleanly, the replica is promoted once
     // it has all of its WAL, the old primary follows it; writes wait briefly, none is lost.
     let asked = std::time::Instant::now();
-    let out = promote("shop-2").await.unwrap();
+    let (code, said) = promote("shop-2").await;
     let done = std::time::Instant::now();
-    let said = format!(
-        "{}{}",
-        noops_e2e::plugin::stdout(&out),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert_eq!(code, Some(0), "{said}");
     assert!(said.contains("shop-2 is the primary"), "{said}");
     eprintln!("switchover: {said}");
-    let switched = ns.api::<PostgreSQL>().get("shop").await.unwrap().status.unwrap();
-    let record = switched.last_failover.unwrap();
+    let record = last_failover(&ns, "shop").await;
     assert!(record.switchover, "{record:?}");
     assert_eq!((record.from.as_deref(), record.to.as_str()), (Some("shop-1"), "shop-2"));
     assert_eq!(

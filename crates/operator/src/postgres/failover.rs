@@ -193,6 +193,32 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_released_for_a_switchover_is_carried_on_not_failed_over() {
+        let names = names();
+        let record = Record {
+            from: "shop-0".into(),
+            to: "shop-2".into(),
+            at: None,
+            stopped: None,
+        };
+        let released = LeaseView {
+            switchover: Some(record.clone()),
+            ..view(None, 0)
+        };
+        assert_eq!(
+            primary(&names, 3, Some(&released), Some("shop-0")),
+            ("shop-0".into(), LeaseStep::SwitchOver(record.clone())),
+            "the old primary stays the primary until the handover"
+        );
+        // A record left on a lease that has a holder is no switchover under way.
+        let held = LeaseView {
+            switchover: Some(record),
+            ..view(Some("shop-2"), 1)
+        };
+        assert_eq!(primary(&names, 3, Some(&held), Some("shop-0")).1, LeaseStep::Keep);
+    }
+
+    #[test]
     fn the_replica_that_received_the_most_is_promoted_the_lowest_of_equals() {
         let names = names();
         assert_eq!(lsn("0/3000060"), Some(0x300_0060));

@@ -29,6 +29,8 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// may promote: the instance manager stops its server on a timer of its own at the deadline,
 /// not after a read that may hang.
 pub const STOP_MARGIN: Duration = Duration::from_secs(2);
+/// How long a server asked to stop at once (SIGQUIT) has before it is killed.
+pub const KILL_WITHIN: Duration = Duration::from_secs(5);
 
 /// What an instance does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

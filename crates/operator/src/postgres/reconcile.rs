@@ -35,7 +35,7 @@ use super::restore::InstancePlan;
 use super::secrets::{self, Password, PasswordProblem};
 use super::status::{self, InstanceState, StatusFacts};
 use super::store::{BaseBackupDestination, Destination};
-use super::{account, destination, observe, replication, restore, services, statefulset};
+use super::{account, destination, observe, replication, restore, services, statefulset, switchover};
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
 use crate::core::backup::progress;
 use crate::core::backup::retention::{BackupsSummary, being_restored};
@@ -75,7 +75,10 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     let checked = pass.validate(&observed);
     // Who the primary is: with replicas, the lease's holder, handed over first if its time is
     // up. The rest of the pass builds around it.
-    let mut primacy = if pg.spec.paused {
+    // Paused, nothing is handed over, but a switchover begun is finished: its primary has
+    // stopped.
+    let switching = observed.children.lease.as_deref().is_some_and(switchover::under_way);
+    let mut primacy = if pg.spec.paused && !switching {
         Primacy::as_is(&pass, &observed)
     } else {
         pass.keep_primary(&observed).await?

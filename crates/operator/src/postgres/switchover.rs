@@ -15,8 +15,9 @@
 //! 4. Given back: if the old primary could not stop cleanly, or the replica does not receive
 //!    its last record within [`CATCH_UP_WITHIN`], the lease goes back to the old primary, which
 //!    starts again as the primary: a switchover costs a write gap, never a commit. An old
-//!    primary that says nothing for a whole lease (it died meanwhile, or is cut off: its fence
-//!    deadline has stopped it by then) is lost, and a failover follows as for any lost primary.
+//!    primary that says nothing for [`SILENT_FOR`] (it died meanwhile, or is cut off: its
+//!    fence deadline or its step-down bound has stopped it by then) is lost, and a failover
+//!    follows as for any lost primary.
 //!
 //! The record lives on the lease, written with the release itself: an operator restarted at any
 //! point carries on from what the lease says.
@@ -36,13 +37,25 @@ pub const FROM_ANNOTATION: &str = "noops.dev/switchover-from";
 pub const TO_ANNOTATION: &str = "noops.dev/switchover-to";
 pub const AT_ANNOTATION: &str = "noops.dev/switchover-at";
 pub const STOPPED_ANNOTATION: &str = "noops.dev/stopped-at";
+/// The last switchover handed over: `<from>,<to>,<released at>,<received LSN>`, so that an
+/// operator that stopped right after the handover still records it in the status.
+pub const DONE_ANNOTATION: &str = "noops.dev/switched-over";
 /// The value of [`STOPPED_ANNOTATION`] for a server that did not stop cleanly.
 const UNCLEAN: &str = "unclean";
 
 pub use noops_api::postgres::SWITCHOVER_LAG_BOUND_BYTES as LAG_BOUND_BYTES;
 /// How long the chosen replica may take to receive the old primary's last record once it
-/// stopped, before the lease goes back to the old primary.
+/// stopped (as the operator saw the report), before the lease goes back to the old primary.
 pub const CATCH_UP_WITHIN: Duration = Duration::from_secs(10);
+/// How long a primary stepping down may take to shut down cleanly before it is stopped at
+/// once (and the switchover given back to it).
+pub const STEP_DOWN_WITHIN: Duration = Duration::from_secs(5);
+/// How long the operator waits, from the release, for the old primary to say it stopped
+/// before it counts it lost and fails over: longer than the slowest step-down (it sees the
+/// release within a read and a request, steps down for [`STEP_DOWN_WITHIN`], is killed within
+/// [`KILL_WITHIN`](super::lease::KILL_WITHIN)) and than its fence deadline, with the margin a stopped server's processes
+/// need to be gone. By then its server has stopped, whatever became of it.
+pub const SILENT_FOR: Duration = Duration::from_secs(16);
 
 /// Where a stopped server's WAL ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,6 +111,11 @@ fn format_stopped(stopped: &Stopped) -> String {
     }
 }
 
+/// Whether `lease` is released for a switchover now.
+pub fn under_way(lease: &Lease) -> bool {
+    record(lease).is_some() && super::account::holder(lease).is_none()
+}
+
 /// `lease` released by its holder `from` for `to`, the switchover recorded on it (its
 /// resourceVersion kept: the precondition of the write, so a renewal meanwhile wins).
 pub fn step_down(lease: &Lease, from: &str, to: &str, now: jiff::Timestamp) -> Lease {
@@ -125,13 +143,52 @@ pub fn with_stopped(lease: &Lease, stopped: &Stopped) -> Lease {
     next
 }
 
-/// `lease` without a switchover's record: it is over, one way or the other.
+/// `lease` without a switchover's record, nor the last one's: a handover ends it.
 pub fn forget(lease: &mut Lease) {
     if let Some(notes) = lease.metadata.annotations.as_mut() {
-        for key in [FROM_ANNOTATION, TO_ANNOTATION, AT_ANNOTATION, STOPPED_ANNOTATION] {
+        for key in [
+            FROM_ANNOTATION,
+            TO_ANNOTATION,
+            AT_ANNOTATION,
+            STOPPED_ANNOTATION,
+            DONE_ANNOTATION,
+        ] {
             notes.remove(key);
         }
     }
+}
+
+/// `lease` handed over to the replica of `record`, which had received up to `received`, the
+/// switchover noted as done.
+pub fn hand_over(lease: &Lease, record: &Record, received: &str, now: jiff::Timestamp) -> Lease {
+    let mut next = super::account::hand_over(lease, &record.to, now);
+    let at = record.at.map(|t| t.to_string()).unwrap_or_default();
+    next.metadata.annotations.get_or_insert_with(Default::default).insert(
+        DONE_ANNOTATION.into(),
+        format!("{},{},{at},{received}", record.from, record.to),
+    );
+    next
+}
+
+/// The last switchover handed over, as `lease` notes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Done {
+    pub from: String,
+    pub to: String,
+    pub at: Option<jiff::Timestamp>,
+    pub received: Option<String>,
+}
+
+pub fn done(lease: &Lease) -> Option<Done> {
+    let text = annotations(lease)?.get(DONE_ANNOTATION)?;
+    let mut parts = text.split(',');
+    let (from, to) = (parts.next()?.to_string(), parts.next()?.to_string());
+    Some(Done {
+        from,
+        to,
+        at: parts.next().and_then(|t| t.parse().ok()),
+        received: parts.next().filter(|r| !r.is_empty()).map(str::to_string),
+    })
 }
 
 /// Why replica `to` cannot be switched to now, as the primary `primary` reports its streams.
@@ -196,22 +253,17 @@ pub enum Next {
 }
 
 /// The next step of `record`. `unchanged_for`: how long the operator has seen the lease
-/// unchanged (none: not seen a change since it started); `since`: how long ago the operator
-/// released it, by the record; `received`: where the replica is, if it said.
-pub fn next(
-    record: &Record,
-    unchanged_for: Option<Duration>,
-    since: Duration,
-    received: Option<&Position>,
-    lease: Duration,
-) -> Next {
+/// unchanged (none: not seen a change since it started): since the release until the old
+/// primary reports, since its report after; `received`: where the replica is, if it said.
+pub fn next(record: &Record, unchanged_for: Option<Duration>, received: Option<&Position>) -> Next {
+    let unchanged = unchanged_for.unwrap_or_default();
     let Some(stopped) = &record.stopped else {
-        return if unchanged_for.is_some_and(|d| d >= lease) {
+        return if unchanged >= SILENT_FOR {
             Next::FailOver(format!(
                 "{} did not say it had stopped for the switchover to {} within {}s",
                 record.from,
                 record.to,
-                lease.as_secs()
+                SILENT_FOR.as_secs()
             ))
         } else {
             Next::Wait
@@ -223,10 +275,11 @@ pub fn next(
             record.from, record.to
         ));
     };
+    // Past the start of the shutdown checkpoint: every commit before it.
     let caught_up = received.is_some_and(|at| at.timeline == end.timeline && lsn(&at.lsn) > lsn(&end.lsn));
     if caught_up {
         Next::HandOver
-    } else if since >= CATCH_UP_WITHIN {
+    } else if unchanged >= CATCH_UP_WITHIN {
         Next::GiveBack(format!(
             "{} had not received {}'s last record ({end}) {}s after it stopped (it is at {})",
             record.to,
@@ -244,8 +297,9 @@ mod tests {
     use super::*;
     use crate::postgres::account;
     use crate::postgres::fixtures::{names, owner};
+    use crate::postgres::lease::{FENCE_AFTER, KILL_WITHIN, RENEW_EVERY, REQUEST_TIMEOUT, STOP_MARGIN};
 
-    const LEASE: Duration = Duration::from_secs(6);
+    const LEASE: Duration = crate::postgres::lease::LEASE;
 
     fn standby(state: &str, lag: i64, reply_age: Option<i64>) -> Standby {
         Standby {
@@ -305,9 +359,20 @@ mod tests {
         );
         let unclean = with_stopped(&released, &Stopped::Unclean);
         assert_eq!(record(&unclean).unwrap().stopped, Some(Stopped::Unclean));
-        let handed = account::hand_over(&stopped, "shop-2", now);
+        let handed = hand_over(&stopped, &record(&stopped).unwrap(), "0/50000A0", now);
         assert_eq!(record(&handed), None);
         assert_eq!(account::holder(&handed).as_deref(), Some("shop-2"));
+        assert_eq!(
+            done(&handed),
+            Some(Done {
+                from: "shop-0".into(),
+                to: "shop-2".into(),
+                at: Some(now),
+                received: Some("0/50000A0".into())
+            })
+        );
+        // A failover after it forgets it.
+        assert_eq!(done(&account::hand_over(&handed, "shop-1", now)), None);
     }
 
     #[test]
@@ -318,36 +383,38 @@ mod tests {
             at: None,
             stopped: s,
         };
-        let second = Duration::from_secs(1);
+        let second = Some(Duration::from_secs(1));
         // Still stopping.
-        assert_eq!(next(&stopped(None), Some(second), second, None, LEASE), Next::Wait);
-        assert_eq!(next(&stopped(None), None, 60 * second, None, LEASE), Next::Wait);
+        assert_eq!(next(&stopped(None), second, None), Next::Wait);
+        assert_eq!(next(&stopped(None), None, None), Next::Wait, "an operator just started");
+        assert_eq!(
+            next(&stopped(None), Some(LEASE), None),
+            Next::Wait,
+            "a step-down takes longer than a lease"
+        );
         assert!(matches!(
-            next(&stopped(None), Some(LEASE), LEASE, None, LEASE),
+            next(&stopped(None), Some(SILENT_FOR), None),
             Next::FailOver(why) if why.contains("did not say")
         ));
         let clean = stopped(Some(Stopped::Clean(at(1, "0/5000028"))));
         // Received up to the checkpoint's start, not past it: not yet.
-        assert_eq!(
-            next(&clean, Some(second), second, Some(&at(1, "0/5000028")), LEASE),
-            Next::Wait
-        );
-        assert_eq!(
-            next(&clean, Some(second), second, Some(&at(1, "0/50000A0")), LEASE),
-            Next::HandOver
-        );
+        assert_eq!(next(&clean, second, Some(&at(1, "0/5000028"))), Next::Wait);
+        assert_eq!(next(&clean, second, Some(&at(1, "0/50000A0"))), Next::HandOver);
         // Another timeline is not the old primary's WAL.
-        assert_eq!(
-            next(&clean, Some(second), second, Some(&at(2, "0/6000000")), LEASE),
-            Next::Wait
-        );
+        assert_eq!(next(&clean, second, Some(&at(2, "0/6000000"))), Next::Wait);
         assert!(matches!(
-            next(&clean, Some(second), CATCH_UP_WITHIN, Some(&at(1, "0/4000000")), LEASE),
+            next(&clean, Some(CATCH_UP_WITHIN), Some(&at(1, "0/4000000"))),
             Next::GiveBack(why) if why.contains("0/4000000 on timeline 1")
         ));
         assert!(matches!(
-            next(&stopped(Some(Stopped::Unclean)), Some(second), second, None, LEASE),
+            next(&stopped(Some(Stopped::Unclean)), second, None),
             Next::GiveBack(why) if why.contains("cleanly")
         ));
+    }
+
+    #[test]
+    fn the_old_primary_has_stopped_before_it_is_counted_lost() {
+        let slowest_step_down = RENEW_EVERY + REQUEST_TIMEOUT + STEP_DOWN_WITHIN + KILL_WITHIN;
+        assert!(slowest_step_down.max(FENCE_AFTER) + STOP_MARGIN <= SILENT_FOR);
     }
 }

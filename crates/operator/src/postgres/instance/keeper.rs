@@ -133,6 +133,7 @@ impl Keeper {
             if let (Seen::HeldBy(None), Some(lease)) = (&seen, lease) {
                 let ours = switchover::record(&lease).is_some_and(|r| r.from == self.me && r.stopped.is_none());
                 if !ours {
+                    info!("the lease no longer waits for this instance to step down: nothing to tell");
                     return;
                 }
                 let next = switchover::with_stopped(&lease, stopped);
@@ -143,6 +144,7 @@ impl Keeper {
                     return;
                 }
             } else if !matches!(seen, Seen::Unreadable) {
+                info!(lease = ?seen, "the lease was handed on meanwhile: nothing to tell");
                 return;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -245,8 +247,8 @@ fn holder_of(lease: &Lease) -> Option<String> {
 }
 
 /// Tells `changed` whenever a watch on lease `name` sees its holder change (renewals, which
-/// change only the renew time, tell nothing). Watches again from where it stopped; waits a
-/// second after an error (a watch this instance may not make gives up after a few).
+/// change only the renew time, tell nothing). Watches again from where it stopped, a second
+/// after an error; gives up only when not allowed to watch (a Role of an older operator).
 async fn holder_changes(api: Api<Lease>, name: String, changed: mpsc::Sender<()>) {
     let params = WatchParams::default()
         .fields(&format!("metadata.name={name}"))
@@ -254,12 +256,14 @@ async fn holder_changes(api: Api<Lease>, name: String, changed: mpsc::Sender<()>
     let mut version = "0".to_string();
     let mut holder: Option<Option<String>> = None;
     let mut refused = 0;
-    while refused < 5 {
+    while refused < 3 {
         let stream = match api.watch(&params, &version).await {
             Ok(stream) => stream,
             Err(e) => {
-                refused += 1;
-                debug!(error = %e, "cannot watch the primary's lease: reading it every second");
+                if matches!(&e, kube::Error::Api(status) if status.code == 403) {
+                    refused += 1;
+                }
+                debug!(error = %e, "cannot watch the primary's lease now: reading it every second meanwhile");
                 tokio::time::sleep(RENEW_EVERY).await;
                 continue;
             }
@@ -285,7 +289,7 @@ async fn holder_changes(api: Api<Lease>, name: String, changed: mpsc::Sender<()>
             }
             holder = Some(now);
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(RENEW_EVERY).await;
     }
-    warn!("cannot watch the primary's lease: reading it every second only");
+    warn!("not allowed to watch the primary's lease: reading it every second only");
 }

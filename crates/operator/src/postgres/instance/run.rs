@@ -39,17 +39,14 @@ use super::{
     DataDir, InstanceError, Settings, bootstrap, control, io, replica, server_args, signal_server, system_identifier,
     write_hba,
 };
-use crate::postgres::lease::{self, FENCE_AFTER, RENEW_EVERY, Running, Start};
+use crate::postgres::lease::{self, FENCE_AFTER, KILL_WITHIN, RENEW_EVERY, Running, Start};
 use crate::postgres::restore::InstancePlan;
 use crate::postgres::sql::Instance;
-use crate::postgres::switchover::Stopped;
+use crate::postgres::switchover::{STEP_DOWN_WITHIN, Stopped};
 
 /// How long a replica may stream and replay nothing before it checks whether it was left
 /// behind on an old timeline.
 const PARTED_AFTER: Duration = Duration::from_secs(15);
-/// How long a primary stepping down may take to shut down cleanly before it is stopped at once
-/// (and the switchover given back to it: a replica may lack its last records then).
-const STEP_DOWN_WITHIN: Duration = Duration::from_secs(5);
 
 /// How the server ended.
 enum Ended {
@@ -57,7 +54,8 @@ enum Ended {
     Exited(ExitStatus),
     /// The lease stopped it: decide again what this instance is.
     Stopped,
-    /// It stepped down for a switchover: say where its WAL ended, then decide again.
+    /// It stepped down for a switchover: say where its WAL ended, then decide again (or end,
+    /// if the pod is stopping).
     SteppedDown,
 }
 
@@ -188,8 +186,9 @@ async fn serve(
     let following = follows.map(|host| tokio::spawn(watch_the_timeline(settings.clone(), host, parted_tx)));
     let mut deadline = renewed.map(|r| r + FENCE_AFTER);
     let mut stopping = false;
-    // When a step-down for a switchover began.
+    // When a step-down for a switchover began; whether the pod is stopping.
     let mut stepping_down = None::<Instant>;
+    let mut terminated = false;
     let ended = loop {
         let fenced = deadline.filter(|_| leased && running == Running::Primary && !stopping);
         tokio::select! {
@@ -201,8 +200,9 @@ async fn serve(
                 info!("SIGTERM: shutting the server down (fast)");
                 signal_server(&server, nix::sys::signal::Signal::SIGINT);
                 stopping = true;
-                // The pod is going: the container ends with the server.
-                stepping_down = None;
+                // The pod is going: the container ends with the server (a step-down under
+                // way still says where its WAL ended first).
+                terminated = true;
             }
             _ = sleep_until(stepping_down.map(|at| at + STEP_DOWN_WITHIN)) => {
                 warn!(within = ?STEP_DOWN_WITHIN, "the server did not shut down cleanly in time for the switchover: stopping it now; the switchover is given back to this instance");
@@ -248,7 +248,8 @@ async fn serve(
                     stopping = true;
                     stepping_down = Some(Instant::now());
                 }
-                Some(Told::Stop) if running == Running::Primary && !stopping => {
+                // Another instance holds the lease (also while a step-down is slow): at once.
+                Some(Told::Stop) if running == Running::Primary && (!stopping || stepping_down.is_some()) => {
                     warn!("another instance holds the primary's lease: stopping the server now; it starts again as a replica");
                     stop_now(&mut server).await;
                     break Ended::Stopped;
@@ -272,7 +273,11 @@ async fn serve(
         };
         info!(?stopped, "the server stepped down for a switchover");
         keeper.report_stopped(&stopped).await;
-        return Ok(Ended::Stopped);
+        return Ok(if terminated {
+            Ended::Exited(ExitStatus::from_raw(0))
+        } else {
+            Ended::Stopped
+        });
     }
     Ok(ended)
 }
@@ -288,10 +293,7 @@ async fn sleep_until(deadline: Option<Instant>) {
 /// it recovers from its WAL at its next start), killing it if it lingers.
 async fn stop_now(server: &mut Child) {
     signal_server(server, nix::sys::signal::Signal::SIGQUIT);
-    if tokio::time::timeout(Duration::from_secs(5), server.wait())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(KILL_WITHIN, server.wait()).await.is_err() {
         let _ = server.kill().await;
     }
 }

@@ -16,11 +16,14 @@ use super::{ASK_REPLICA_WITHIN, Observed, Pass};
 use crate::core::apply::{create_if_missing, delete_if_present};
 use crate::core::events::Announcement;
 use crate::core::{DuringStage, Result, Stage, crash};
-use crate::postgres::lease::LEASE;
 use crate::postgres::names::Names;
 use crate::postgres::sql::Instance;
 use crate::postgres::switchover::{self, Next, Record, Stopped};
 use crate::postgres::{account, failover, observe, replication, secrets, synchronous};
+
+/// How long the checkpoint a primary makes before it steps down may take before the
+/// switchover goes on without it.
+const CHECKPOINT_WITHIN: Duration = Duration::from_secs(30);
 
 /// Who the primary is this pass, and what became of a primary lost or asked to step down.
 pub(super) struct Primacy {
@@ -104,15 +107,29 @@ impl Pass<'_> {
         let leases = self.api::<Lease>();
         match step {
             failover::LeaseStep::Keep => {
+                if let Some(lease) = lease {
+                    primacy.failover = self.passed_while_away(lease, &primacy.primary);
+                }
                 let held = view
                     .as_ref()
                     .is_some_and(|v| v.taken && v.holder.as_ref() == Some(&primacy.primary));
-                if let (Some(to), Some(lease), true) = (requested(self.pg), lease, held) {
-                    self.ask_switchover(children, lease, to, &mut primacy).await?;
-                } else if requested(self.pg).is_some() && lease.is_none() {
-                    let why = "the database has one instance: there is no replica to promote".to_string();
-                    self.refuse_switchover(requested(self.pg).unwrap_or_default(), why, &mut primacy)
-                        .await?;
+                match requested(self.pg) {
+                    // Paused: a request waits (a switchover begun goes on: `SwitchOver`).
+                    _ if self.pg.spec.paused => {}
+                    None => {}
+                    // Done (by a switchover whose operator stopped before it said so), or
+                    // asked for the primary: nothing to do.
+                    Some(to) if to == primacy.primary => {
+                        info!(primary = %primacy.primary, "the instance asked for is the primary: the request is done");
+                        self.forget_request().await;
+                    }
+                    Some(to) if lease.is_none() => {
+                        let why = "the database has one instance: there is no replica to promote";
+                        self.refuse_switchover(to, why.into(), &mut primacy).await;
+                    }
+                    Some(to) if held => self.ask_switchover(children, to, &mut primacy).await?,
+                    // Not taken yet (a new database): later.
+                    Some(_) => {}
                 }
             }
             failover::LeaseStep::Make(holder) => {
@@ -233,13 +250,7 @@ impl Pass<'_> {
 
     /// A user asked for `to` to be the primary: checked against what the primary says of its
     /// stream, then the lease is released for it, the switchover recorded on it.
-    async fn ask_switchover(
-        &self,
-        children: &observe::Children,
-        lease: &Lease,
-        to: &str,
-        primacy: &mut Primacy,
-    ) -> Result<()> {
+    async fn ask_switchover(&self, children: &observe::Children, to: &str, primacy: &mut Primacy) -> Result<()> {
         let from = primacy.primary.clone();
         let standby = self.ask_primary_of(children, &from, to).await;
         let checked = standby
@@ -249,14 +260,21 @@ impl Pass<'_> {
             Err(why) => Err(why),
         };
         if let Err(why) = checked {
-            return self.refuse_switchover(to, why, primacy).await;
+            self.refuse_switchover(to, why, primacy).await;
+            return Ok(());
         }
-        let next = switchover::step_down(lease, &from, to, self.now);
-        match self
-            .api::<Lease>()
-            .replace(&self.names.lease(), &Default::default(), &next)
-            .await
-        {
+        self.checkpoint(children, &from).await;
+        // The lease as it is now: the cache's is a renewal or two behind, and the release is
+        // made over the version it read.
+        let leases = self.api::<Lease>();
+        let lease = leases.get(&self.names.lease()).await.during(Stage::Observe)?;
+        if account::holder(&lease).as_deref() != Some(from.as_str()) {
+            info!("the primary's lease changed while a switchover was being asked for: looking again");
+            primacy.switching = true;
+            return Ok(());
+        }
+        let next = switchover::step_down(&lease, &from, to, self.now);
+        match leases.replace(&self.names.lease(), &Default::default(), &next).await {
             Ok(_) => {
                 info!(%from, %to, "switching over: released the primary's lease; the primary shuts down cleanly, then the replica is promoted once it has all of its WAL");
                 crash::point("postgres: lease released for a switchover");
@@ -265,14 +283,75 @@ impl Pass<'_> {
                     "SwitchingOver",
                     format!("{from} steps down for {to}, as asked: {to} is promoted once it has received all of {from}'s WAL"),
                 ));
-                self.forget_request().await
+                self.forget_request().await;
             }
+            // Renewed meanwhile: the next pass, soon, asks again.
             Err(kube::Error::Api(e)) if e.code == 409 => {
-                info!("the primary's lease changed while a switchover was being asked for: looking again");
-                Ok(())
+                info!("the primary renewed its lease while it was being released for a switchover: looking again");
+                primacy.switching = true;
             }
-            Err(e) => Err(e).during(Stage::Apply),
+            Err(e) => return Err(e).during(Stage::Apply),
         }
+        Ok(())
+    }
+
+    /// A checkpoint on primary `from` before it steps down, so that its shutdown checkpoint
+    /// has little left to write and the step-down stays short. Not a must: a slow step-down is
+    /// given back, never lost.
+    async fn checkpoint(&self, children: &observe::Children, from: &str) {
+        let Some((ip, password)) = reach(children, &self.names, from) else {
+            return;
+        };
+        let done = async { Instance::connect(&ip, &password).await?.checkpoint().await };
+        match tokio::time::timeout(CHECKPOINT_WITHIN, done).await {
+            Ok(Ok(())) => debug!(primary = %from, "checkpointed the primary before it steps down"),
+            Ok(Err(e)) => {
+                info!(primary = %from, error = %e, "could not checkpoint the primary before it steps down: going on")
+            }
+            Err(_) => info!(primary = %from, "the primary's checkpoint before it steps down takes long: going on"),
+        }
+    }
+
+    /// The handover to `holder` that this operator made and did not record in the status
+    /// before it stopped (the status names another primary, and no handover to it): recorded
+    /// now, from what the lease notes of it.
+    fn passed_while_away(&self, lease: &Lease, holder: &str) -> Option<FailoverStatus> {
+        let status = self.pg.status.as_ref()?;
+        let recorded = status.current_primary.as_deref()?;
+        let known = status.last_failover.as_ref().is_some_and(|f| f.to == holder);
+        if recorded == holder || known {
+            return None;
+        }
+        let handed_over_at = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.acquire_time.as_ref())
+            .map_or(self.now, |t| t.0);
+        info!(from = %recorded, to = %holder, "the lease passed while the operator was away: recording it");
+        Some(match switchover::done(lease).filter(|d| d.to == holder) {
+            Some(done) => FailoverStatus {
+                from: Some(done.from),
+                to: holder.to_string(),
+                reason: "a switchover was asked for".into(),
+                switchover: true,
+                received_lsn: done.received,
+                primary_last_seen: done.at.map(Time),
+                handed_over_at: Time(handed_over_at),
+                promoted_at: None,
+                write_gap_millis: None,
+            },
+            None => FailoverStatus {
+                from: Some(recorded.to_string()),
+                to: holder.to_string(),
+                reason: format!("the lease passed to {holder} by a handover the operator made just before it stopped"),
+                switchover: false,
+                received_lsn: None,
+                primary_last_seen: None,
+                handed_over_at: Time(handed_over_at),
+                promoted_at: None,
+                write_gap_millis: None,
+            },
+        })
     }
 
     /// What primary `from` says of `to`'s stream. `Err`: why it could not be asked.
@@ -301,26 +380,28 @@ impl Pass<'_> {
     }
 
     /// Refuses the switchover to `to`: the request goes, an Event says why.
-    async fn refuse_switchover(&self, to: &str, why: String, primacy: &mut Primacy) -> Result<()> {
+    async fn refuse_switchover(&self, to: &str, why: String, primacy: &mut Primacy) {
         warn!(%to, %why, "refused a switchover");
         primacy.told.push(Announcement::warning(
             "SwitchoverRefused",
             format!("switchover to {to} refused: {why}"),
         ));
-        self.forget_request().await
+        self.forget_request().await;
     }
 
-    /// Removes the request annotation: it has been acted on.
-    async fn forget_request(&self) -> Result<()> {
+    /// Removes the request annotation: it has been acted on. A failure is said and left to
+    /// the next pass (a request naming the primary is done), never a failed pass: the lease is
+    /// what a switchover goes by.
+    async fn forget_request(&self) {
         let api = self.api::<PostgreSQL>();
         let body = json!({ "metadata": { "annotations": { (PROMOTE_ANNOTATION): null } } });
         match api
             .patch(&self.names.name, &PatchParams::default(), &Patch::Merge(body))
             .await
         {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-            Err(e) => Err(e).during(Stage::Apply),
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => warn!(error = %e, "could not remove the switchover request (noops.dev/promote) it acted on"),
         }
     }
 
@@ -339,17 +420,15 @@ impl Pass<'_> {
             Some(Stopped::Clean(_)) => self.position_of(children, &record.to).await,
             _ => None,
         };
-        let since = record.at.map_or(switchover::CATCH_UP_WITHIN, |at| {
-            self.now.duration_since(at).try_into().unwrap_or_default()
-        });
         let (from, to) = (record.from.clone(), record.to.clone());
-        match switchover::next(&record, unchanged_for, since, received.as_ref(), LEASE) {
+        match switchover::next(&record, unchanged_for, received.as_ref()) {
             Next::Wait => {
                 debug!(%from, %to, stopped = ?record.stopped, received = ?received, "switching over: waiting");
                 primacy.switching = true;
             }
             Next::HandOver => {
-                let next = account::hand_over(lease, &to, self.now);
+                let at = received.as_ref().map(|r| r.lsn.clone()).unwrap_or_default();
+                let next = switchover::hand_over(lease, &record, &at, self.now);
                 match self
                     .api::<Lease>()
                     .replace(&self.names.lease(), &Default::default(), &next)
