@@ -116,8 +116,11 @@ pub async fn promote(
                 let from = done.from.as_deref().unwrap_or("the primary");
                 println!("{from} stepped down; {instance} has all of its WAL and is being promoted");
             }
-            if let Some(gap) = done.write_gap_millis.filter(|_| done.promoted_at.is_some()) {
-                println!("{instance} is the primary: writes waited {gap} ms");
+            if done.promoted_at.is_some() {
+                match done.write_gap_millis {
+                    Some(gap) => println!("{instance} is the primary: writes waited {gap} ms"),
+                    None => println!("{instance} is the primary"),
+                }
                 return Ok(ExitCode::SUCCESS);
             }
         }

@@ -912,16 +912,20 @@ async fn a_lost_primary_is_replaced_by_the_most_advanced_replica_and_comes_back_
     }
     let record = last_failover(&ns, "shop").await;
     assert!(record.switchover && record.to == target, "{record:?}");
+    // Recorded by the operator started after the kill that followed the handover, from the
+    // lease: when writes stopped is not known to it, and no gap is made up.
+    assert_eq!(record.write_gap_millis, None, "{record:?}");
     assert_eq!(record.from.as_deref(), Some(second.to.as_str()));
     eprintln!("switchover through two operator kills: {said}");
     wait_rejoined(&ns, &second.to).await;
-    let (restarts, _) = supervisor.stop().await;
-    assert!(restarts >= 2, "the operator was started again {restarts} times");
 
     tokio::time::sleep(Duration::from_secs(2)).await;
     let report = ledger.stop().await;
     let pg = wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
     assert_eq!(pg.status.unwrap().current_primary.as_deref(), Some(target.as_str()));
+    // (Stopped only now: the status above is the operator's.)
+    let (restarts, _) = supervisor.stop().await;
+    assert!(restarts >= 2, "the operator was started again {restarts} times");
     let missing = report.lost_in_shop(&rw, &password, "asynchronous");
     let since_switchover: Vec<i64> = report
         .acked

@@ -22,6 +22,9 @@ pub struct State {
     pub images: crate::core::images::Images,
     /// How long each primary's lease has gone unchanged.
     pub lease_clock: super::lease_clock::LeaseClock,
+    /// When this process started: a handover made before it was made by an operator that
+    /// may have stopped before it wrote the status.
+    pub started: jiff::Timestamp,
 }
 
 /// What every reconcile of this controller shares.

@@ -56,12 +56,13 @@ pub fn announcements(
             ));
         }
         let promoted = |s: &PostgreSQLStatus| s.last_failover.as_ref().and_then(|f| f.promoted_at.clone());
-        if promoted(previous).is_none()
-            && let (Some(_), Some(gap)) = (promoted(status), failover.write_gap_millis)
-        {
+        if promoted(previous).is_none() && promoted(status).is_some() {
+            let waited = failover
+                .write_gap_millis
+                .map_or_else(String::new, |gap| format!(": writes waited at most {gap} ms"));
             out.push(Announcement::normal(
                 "Promoted",
-                format!("{} takes writes: writes waited at most {gap} ms", failover.to),
+                format!("{} takes writes{waited}", failover.to),
             ));
         }
     }

@@ -59,9 +59,12 @@ pub enum Step {
     Renew,
     /// Renew, then promote the server: the operator chose this replica.
     RenewAndPromote,
-    /// Stop the server now: another instance holds the lease, or this one could not renew it
-    /// in time. It starts again as what the lease then says.
+    /// Stop the server now: another instance holds the lease. It starts again as what the
+    /// lease then says.
     Stop,
+    /// Stop the server now: this primary could not renew the lease in time (its fence
+    /// deadline; a server already stepping down keeps to its own bound).
+    Fence,
     /// The operator released the lease of this primary for a switchover (`switchover.rs`):
     /// shut the server down cleanly, so that the replicas receive all of its WAL, and say
     /// where it ended.
@@ -82,7 +85,7 @@ pub fn step(me: &str, running: Running, seen: &Seen, since_renewed: Option<Durat
         (Seen::HeldBy(None), Running::Primary) => Step::StepDown,
         (Seen::HeldBy(_), Running::Replica) => Step::Carry,
         // Cannot be read: a primary under a lease keeps serving only until its deadline.
-        (Seen::Unreadable, Running::Primary) if leased && overdue => Step::Stop,
+        (Seen::Unreadable, Running::Primary) if leased && overdue => Step::Fence,
         (Seen::Unreadable, _) => Step::Carry,
     }
 }
@@ -162,7 +165,7 @@ mod tests {
         );
         assert_eq!(
             step(ME, Running::Primary, &unreadable, Some(FENCE_AFTER), true),
-            Step::Stop
+            Step::Fence
         );
         // A single instance has no lease: the API server's absence stops nothing.
         assert_eq!(step(ME, Running::Primary, &unreadable, None, false), Step::Carry);

@@ -138,6 +138,7 @@ pub async fn run(runtime: Runtime) {
                 leases,
             },
             lease_clock,
+            started: jiff::Timestamp::now(),
             databases: databases.clone(),
             image,
             images,

@@ -307,8 +307,11 @@ fn last_failover(
     if last.promoted_at.is_none() && ready && seen.primary == last.to {
         let at = jiff::Timestamp::from_second(now.as_second()).unwrap_or(now);
         last.promoted_at = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at));
-        let from = last.primary_last_seen.as_ref().map_or(last.handed_over_at.0, |t| t.0);
-        last.write_gap_millis = Some(now.duration_since(from).as_millis() as i64);
+        // (A handover recorded after the operator restarted knows no such moment: no gap.)
+        last.write_gap_millis = last
+            .primary_last_seen
+            .as_ref()
+            .map(|from| now.duration_since(from.0).as_millis() as i64);
     }
     Some(last)
 }

@@ -51,11 +51,12 @@ pub const CATCH_UP_WITHIN: Duration = Duration::from_secs(10);
 /// once (and the switchover given back to it).
 pub const STEP_DOWN_WITHIN: Duration = Duration::from_secs(5);
 /// How long the operator waits, from the release, for the old primary to say it stopped
-/// before it counts it lost and fails over: longer than the slowest step-down (it sees the
-/// release within a read and a request, steps down for [`STEP_DOWN_WITHIN`], is killed within
-/// [`KILL_WITHIN`](super::lease::KILL_WITHIN)) and than its fence deadline, with the margin a stopped server's processes
-/// need to be gone. By then its server has stopped, whatever became of it.
-pub const SILENT_FOR: Duration = Duration::from_secs(16);
+/// before it counts it lost and fails over: longer than the slowest step-down and its report
+/// (it sees the release within a read and a request, steps down for [`STEP_DOWN_WITHIN`], is
+/// killed within [`KILL_WITHIN`](super::lease::KILL_WITHIN), then reads and writes the lease)
+/// and than its fence deadline, with the margin a stopped server's processes need to be gone.
+/// By then its server has stopped, whatever became of it.
+pub const SILENT_FOR: Duration = Duration::from_secs(20);
 
 /// Where a stopped server's WAL ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -415,6 +416,8 @@ mod tests {
     #[test]
     fn the_old_primary_has_stopped_before_it_is_counted_lost() {
         let slowest_step_down = RENEW_EVERY + REQUEST_TIMEOUT + STEP_DOWN_WITHIN + KILL_WITHIN;
-        assert!(slowest_step_down.max(FENCE_AFTER) + STOP_MARGIN <= SILENT_FOR);
+        // Its report: a read and a write of the lease.
+        let reported = slowest_step_down + 2 * REQUEST_TIMEOUT;
+        assert!(reported.max(FENCE_AFTER + STOP_MARGIN) < SILENT_FOR);
     }
 }

@@ -39,6 +39,8 @@ pub enum Told {
     Leased(bool),
     /// Stop the server: another instance holds the lease.
     Stop,
+    /// Stop the server: its fence deadline passed (the lease could not be renewed in time).
+    Fence,
     /// Step down for a switchover: the operator released the lease of this primary.
     StepDown,
     /// The lease passed from one instance to another (a failover): a replica follows the new
@@ -219,6 +221,7 @@ impl Keeper {
                     })
                 }
                 Step::Stop => Some(Told::Stop),
+                Step::Fence => Some(Told::Fence),
                 Step::StepDown => Some(Told::StepDown),
             };
             if let Some(message) = message
@@ -264,6 +267,7 @@ async fn holder_changes(api: Api<Lease>, name: String, changed: mpsc::Sender<()>
                     refused += 1;
                 }
                 debug!(error = %e, "cannot watch the primary's lease now: reading it every second meanwhile");
+                version = "0".into();
                 tokio::time::sleep(RENEW_EVERY).await;
                 continue;
             }

@@ -254,6 +254,13 @@ async fn serve(
                     stop_now(&mut server).await;
                     break Ended::Stopped;
                 }
+                // Its deadline passed (the lease could not be read in time). A server stepping
+                // down is stopping already, within its own bound, and says where it ended.
+                Some(Told::Fence) if running == Running::Primary && !stopping => {
+                    warn!("could not read the primary's lease past the fence deadline: stopping the server now, so that it takes no commit a failover could lose");
+                    stop_now(&mut server).await;
+                    break Ended::Stopped;
+                }
                 _ => {}
             }
         }
@@ -265,6 +272,10 @@ async fn serve(
     }
     if matches!(ended, Ended::Exited(_)) && running == Running::Primary && leased {
         keeper.release().await;
+    }
+    // The pod is going: whatever stopped the server, the container ends.
+    if terminated && matches!(ended, Ended::Stopped) {
+        return Ok(Ended::Exited(ExitStatus::from_raw(0)));
     }
     if matches!(ended, Ended::SteppedDown) {
         let stopped = match control::read(&settings.pgdata).await {

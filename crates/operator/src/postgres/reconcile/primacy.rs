@@ -21,9 +21,9 @@ use crate::postgres::sql::Instance;
 use crate::postgres::switchover::{self, Next, Record, Stopped};
 use crate::postgres::{account, failover, observe, replication, secrets, synchronous};
 
-/// How long the checkpoint a primary makes before it steps down may take before the
-/// switchover goes on without it.
-const CHECKPOINT_WITHIN: Duration = Duration::from_secs(30);
+/// How long the checkpoint a primary makes before it steps down may take: one that takes
+/// longer has too much to write for a clean step-down within its bound.
+const CHECKPOINT_WITHIN: Duration = Duration::from_secs(10);
 
 /// Who the primary is this pass, and what became of a primary lost or asked to step down.
 pub(super) struct Primacy {
@@ -259,11 +259,14 @@ impl Pass<'_> {
             Ok(()) => self.prepare_chosen(children, to).await,
             Err(why) => Err(why),
         };
+        let checked = match checked {
+            Ok(()) => self.checkpoint(children, &from).await,
+            Err(why) => Err(why),
+        };
         if let Err(why) = checked {
             self.refuse_switchover(to, why, primacy).await;
             return Ok(());
         }
-        self.checkpoint(children, &from).await;
         // The lease as it is now: the cache's is a renewal or two behind, and the release is
         // made over the version it read.
         let leases = self.api::<Lease>();
@@ -296,37 +299,42 @@ impl Pass<'_> {
     }
 
     /// A checkpoint on primary `from` before it steps down, so that its shutdown checkpoint
-    /// has little left to write and the step-down stays short. Not a must: a slow step-down is
-    /// given back, never lost.
-    async fn checkpoint(&self, children: &observe::Children, from: &str) {
+    /// has little left to write and the step-down stays within its bound. `Err`: the primary
+    /// did not checkpoint in time (it is busy, or going): no switchover now.
+    async fn checkpoint(&self, children: &observe::Children, from: &str) -> std::result::Result<(), String> {
         let Some((ip, password)) = reach(children, &self.names, from) else {
-            return;
+            return Err(format!("the primary {from} is not Ready"));
         };
         let done = async { Instance::connect(&ip, &password).await?.checkpoint().await };
         match tokio::time::timeout(CHECKPOINT_WITHIN, done).await {
-            Ok(Ok(())) => debug!(primary = %from, "checkpointed the primary before it steps down"),
-            Ok(Err(e)) => {
-                info!(primary = %from, error = %e, "could not checkpoint the primary before it steps down: going on")
+            Ok(Ok(())) => {
+                debug!(primary = %from, "checkpointed the primary before it steps down");
+                Ok(())
             }
-            Err(_) => info!(primary = %from, "the primary's checkpoint before it steps down takes long: going on"),
+            Ok(Err(e)) => Err(format!(
+                "the primary {from} could not checkpoint before stepping down ({e})"
+            )),
+            Err(_) => Err(format!(
+                "the primary {from} did not checkpoint within {}s, so it could not step down within its bound",
+                CHECKPOINT_WITHIN.as_secs()
+            )),
         }
     }
 
-    /// The handover to `holder` that this operator made and did not record in the status
-    /// before it stopped (the status names another primary, and no handover to it): recorded
-    /// now, from what the lease notes of it.
+    /// The handover to `holder` that an operator made and did not record in the status before
+    /// it stopped (the status names another primary, no handover to it is recorded, and it
+    /// was made before this process started: one of this process's own is recorded by its
+    /// pass, and the cache may show the status a moment late): recorded now, from what the
+    /// lease notes of it. When the old primary stopped taking writes is not known any more:
+    /// no write gap is said.
     fn passed_while_away(&self, lease: &Lease, holder: &str) -> Option<FailoverStatus> {
         let status = self.pg.status.as_ref()?;
         let recorded = status.current_primary.as_deref()?;
         let known = status.last_failover.as_ref().is_some_and(|f| f.to == holder);
-        if recorded == holder || known {
+        let handed_over_at = lease.spec.as_ref()?.acquire_time.as_ref()?.0;
+        if recorded == holder || known || handed_over_at >= self.ctx.started {
             return None;
         }
-        let handed_over_at = lease
-            .spec
-            .as_ref()
-            .and_then(|s| s.acquire_time.as_ref())
-            .map_or(self.now, |t| t.0);
         info!(from = %recorded, to = %holder, "the lease passed while the operator was away: recording it");
         Some(match switchover::done(lease).filter(|d| d.to == holder) {
             Some(done) => FailoverStatus {
@@ -335,7 +343,7 @@ impl Pass<'_> {
                 reason: "a switchover was asked for".into(),
                 switchover: true,
                 received_lsn: done.received,
-                primary_last_seen: done.at.map(Time),
+                primary_last_seen: None,
                 handed_over_at: Time(handed_over_at),
                 promoted_at: None,
                 write_gap_millis: None,
