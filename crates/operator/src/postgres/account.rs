@@ -78,11 +78,10 @@ pub fn lease(names: &Names, owner: &OwnerReference, holder: &str, now: jiff::Tim
     }
 }
 
-/// `lease` handed to `holder` now (its resourceVersion kept: the precondition of the write),
-/// any switchover recorded on it over.
+/// `lease` handed to `holder` now (its resourceVersion kept: the precondition of the write).
+/// (`switchover::hand_over_to` also ends what a switchover noted on it.)
 pub fn hand_over(lease: &Lease, holder: &str, now: jiff::Timestamp) -> Lease {
     let mut next = lease.clone();
-    super::switchover::forget(&mut next);
     let spec = next.spec.get_or_insert_with(Default::default);
     spec.holder_identity = Some(holder.into());
     spec.acquire_time = Some(MicroTime(now));

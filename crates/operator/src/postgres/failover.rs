@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use super::lease::LEASE;
 use super::names::Names;
+use super::position::{Position, lsn};
 use super::switchover::Record;
 
 /// The lease as the pass sees it.
@@ -85,28 +86,6 @@ pub fn primary(
             ),
             Some(holder) => (holder.clone(), LeaseStep::Keep),
         },
-    }
-}
-
-/// A WAL position (`X/Y`) as a number.
-pub fn lsn(text: &str) -> Option<u64> {
-    let (high, low) = text.split_once('/')?;
-    Some((u64::from_str_radix(high, 16).ok()? << 32) | u64::from_str_radix(low, 16).ok()?)
-}
-
-/// Where a replica is: the newest timeline it has WAL of, and the last WAL position it
-/// received. Positions compare by timeline first: a replica left on an older timeline (it
-/// received WAL of a lost primary past the point where a promoted replica's timeline parted
-/// from it) is behind, whatever its position says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Position {
-    pub timeline: u32,
-    pub lsn: String,
-}
-
-impl std::fmt::Display for Position {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} on timeline {}", self.lsn, self.timeline)
     }
 }
 

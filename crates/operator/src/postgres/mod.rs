@@ -16,7 +16,7 @@
 //! - `node_loss.rs`: a node that died with the instance (and its volume) on it, pure;
 //! - `lease.rs`: the primary's lease: when its holder stops, when it may be handed over;
 //!   `failover.rs`: which replica is promoted, pure; `switchover.rs`: a primary that steps
-//!   down for a replica a user names, pure;
+//!   down for a replica a user names, pure; `position.rs`: WAL positions they compare;
 //! - `replication.rs`: replicas: the primary's slots for them, the members of the status,
 //!   the pods' role labels, pure;
 //! - `status.rs`, `events.rs`: the status and the Events, pure, written only on change;
@@ -43,6 +43,7 @@ pub mod names;
 pub mod node_loss;
 pub mod observe;
 pub mod placement;
+pub mod position;
 pub mod problem;
 mod reconcile;
 pub mod replication;

@@ -436,7 +436,7 @@ impl Instance {
     /// Where this standby is: the newest timeline it has WAL of (the timeline in the names of
     /// its WAL segments: what it streamed is written under the timeline it came on) and the
     /// last position it received (or replayed, if it streamed nothing). None: not a standby.
-    pub async fn standby_position(&self) -> Result<Option<crate::postgres::failover::Position>, SqlError> {
+    pub async fn standby_position(&self) -> Result<Option<crate::postgres::position::Position>, SqlError> {
         let row = self
             .answer(self.client.query_one(
                 "SELECT pg_is_in_recovery(),
@@ -452,7 +452,7 @@ impl Instance {
         Ok(in_recovery
             .then_some(lsn)
             .flatten()
-            .map(|lsn| crate::postgres::failover::Position { timeline, lsn }))
+            .map(|lsn| crate::postgres::position::Position { timeline, lsn }))
     }
 
     /// Ends this standby's WAL receiver, if it runs (the server starts another): true if one

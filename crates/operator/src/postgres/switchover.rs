@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 
-use super::failover::{Position, lsn};
 use super::names::Names;
+use super::position::{Position, lsn};
 use super::sql::Standby;
 use super::synchronous::FRESH_REPLY;
 
@@ -159,10 +159,18 @@ pub fn forget(lease: &mut Lease) {
     }
 }
 
+/// `lease` handed to `holder` now (a failover, or a switchover given back): whatever a
+/// switchover noted on it is over.
+pub fn hand_over_to(lease: &Lease, holder: &str, now: jiff::Timestamp) -> Lease {
+    let mut next = super::account::hand_over(lease, holder, now);
+    forget(&mut next);
+    next
+}
+
 /// `lease` handed over to the replica of `record`, which had received up to `received`, the
 /// switchover noted as done.
 pub fn hand_over(lease: &Lease, record: &Record, received: &str, now: jiff::Timestamp) -> Lease {
-    let mut next = super::account::hand_over(lease, &record.to, now);
+    let mut next = hand_over_to(lease, &record.to, now);
     let at = record.at.map(|t| t.to_string()).unwrap_or_default();
     next.metadata.annotations.get_or_insert_with(Default::default).insert(
         DONE_ANNOTATION.into(),
@@ -373,7 +381,7 @@ mod tests {
             })
         );
         // A failover after it forgets it.
-        assert_eq!(done(&account::hand_over(&handed, "shop-1", now)), None);
+        assert_eq!(done(&hand_over_to(&handed, "shop-1", now)), None);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::path::Path;
 use tokio::process::Command;
 use tracing::warn;
 
-use crate::postgres::failover::Position;
+use crate::postgres::position::Position;
 use crate::postgres::switchover::Stopped;
 
 /// The control file of `pgdata` as `pg_controldata` prints it (none: it could not be read).

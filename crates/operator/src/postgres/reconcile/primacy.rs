@@ -216,7 +216,7 @@ impl Pass<'_> {
                     .find(|(pod, _)| *pod == chosen)
                     .map(|(_, at)| at.lsn.clone())
                     .unwrap_or_default();
-                let next = account::hand_over(lease, &chosen, self.now);
+                let next = switchover::hand_over_to(lease, &chosen, self.now);
                 match leases.replace(&self.names.lease(), &Default::default(), &next).await {
                     Ok(_) => {
                         warn!(from = ?from, to = %chosen, %received, %why, "failed over: handed the primary's lease to the replica that received the most WAL");
@@ -467,7 +467,7 @@ impl Pass<'_> {
                 }
             }
             Next::GiveBack(why) => {
-                let next = account::hand_over(lease, &from, self.now);
+                let next = switchover::hand_over_to(lease, &from, self.now);
                 match self
                     .api::<Lease>()
                     .replace(&self.names.lease(), &Default::default(), &next)
@@ -498,7 +498,11 @@ impl Pass<'_> {
     }
 
     /// Where replica `pod` is, if it says in time.
-    async fn position_of(&self, children: &observe::Children, pod: &str) -> Option<failover::Position> {
+    async fn position_of(
+        &self,
+        children: &observe::Children,
+        pod: &str,
+    ) -> Option<crate::postgres::position::Position> {
         let (ip, password) = reach(children, &self.names, pod)?;
         let asked = async { Instance::connect(&ip, &password).await?.standby_position().await };
         match tokio::time::timeout(ASK_REPLICA_WITHIN, asked).await {
@@ -557,7 +561,11 @@ impl Pass<'_> {
 
     /// Where each Ready replica is (the last WAL position it received), but `lost`'s: what
     /// it says when asked, each asked at once.
-    async fn positions(&self, children: &observe::Children, lost: Option<&str>) -> Vec<(String, failover::Position)> {
+    async fn positions(
+        &self,
+        children: &observe::Children,
+        lost: Option<&str>,
+    ) -> Vec<(String, crate::postgres::position::Position)> {
         let Some(password) = children
             .superuser_secret
             .as_deref()
