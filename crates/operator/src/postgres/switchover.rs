@@ -37,8 +37,8 @@ pub const FROM_ANNOTATION: &str = "noops.dev/switchover-from";
 pub const TO_ANNOTATION: &str = "noops.dev/switchover-to";
 pub const AT_ANNOTATION: &str = "noops.dev/switchover-at";
 pub const STOPPED_ANNOTATION: &str = "noops.dev/stopped-at";
-/// The last switchover handed over: `<from>,<to>,<released at>,<received LSN>`, so that an
-/// operator that stopped right after the handover still records it in the status.
+/// The last switchover handed over: `<from>,<to>,<received LSN>`, so that an operator that
+/// stopped right after the handover still records it in the status.
 pub const DONE_ANNOTATION: &str = "noops.dev/switched-over";
 /// The value of [`STOPPED_ANNOTATION`] for a server that did not stop cleanly.
 const UNCLEAN: &str = "unclean";
@@ -171,10 +171,9 @@ pub fn hand_over_to(lease: &Lease, holder: &str, now: jiff::Timestamp) -> Lease 
 /// switchover noted as done.
 pub fn hand_over(lease: &Lease, record: &Record, received: &str, now: jiff::Timestamp) -> Lease {
     let mut next = hand_over_to(lease, &record.to, now);
-    let at = record.at.map(|t| t.to_string()).unwrap_or_default();
     next.metadata.annotations.get_or_insert_with(Default::default).insert(
         DONE_ANNOTATION.into(),
-        format!("{},{},{at},{received}", record.from, record.to),
+        format!("{},{},{received}", record.from, record.to),
     );
     next
 }
@@ -184,7 +183,6 @@ pub fn hand_over(lease: &Lease, record: &Record, received: &str, now: jiff::Time
 pub struct Done {
     pub from: String,
     pub to: String,
-    pub at: Option<jiff::Timestamp>,
     pub received: Option<String>,
 }
 
@@ -195,13 +193,13 @@ pub fn done(lease: &Lease) -> Option<Done> {
     Some(Done {
         from,
         to,
-        at: parts.next().and_then(|t| t.parse().ok()),
         received: parts.next().filter(|r| !r.is_empty()).map(str::to_string),
     })
 }
 
-/// Why replica `to` cannot be switched to now, as the primary `primary` reports its streams.
-/// `standby`: what the primary says of `to`'s stream (none: it has none).
+/// Why replica `to` (not the primary: a request naming the primary is done) cannot be
+/// switched to now, as the primary `primary` reports its streams. `standby`: what the primary
+/// says of `to`'s stream (none: it has none).
 pub fn refusal(
     names: &Names,
     instances: i32,
@@ -209,9 +207,6 @@ pub fn refusal(
     to: &str,
     standby: Option<&Standby>,
 ) -> Result<(), String> {
-    if to == primary {
-        return Err(format!("{to} is the primary already"));
-    }
     match names.ordinal(to) {
         Some(i) if i < instances => {}
         _ => {
@@ -335,7 +330,6 @@ mod tests {
         let ok = standby("streaming", 1024, Some(300));
         assert_eq!(refusal(&names, 3, "shop-0", "shop-1", Some(&ok)), Ok(()));
         let why = |to: &str, s: Option<&Standby>| refusal(&names, 3, "shop-0", to, s).unwrap_err();
-        assert!(why("shop-0", Some(&ok)).contains("primary already"));
         assert!(why("shop-3", Some(&ok)).contains("not an instance"));
         assert!(why("other-1", Some(&ok)).contains("not an instance"));
         assert!(why("shop-1", None).contains("does not stream"));
@@ -376,7 +370,6 @@ mod tests {
             Some(Done {
                 from: "shop-0".into(),
                 to: "shop-2".into(),
-                at: Some(now),
                 received: Some("0/50000A0".into())
             })
         );
