@@ -853,9 +853,12 @@ async fn a_lost_primary_is_replaced_by_the_most_advanced_replica_and_comes_back_
     assert!(second.reason.contains("gave its lease up"), "{second:?}");
     eprintln!("deleted primary: {second:?}");
 
-    // The primary's pod force-deleted on a live node: its processes are killed, its
-    // replacement (same name, same volume) still holds the lease and recovers in place; no
-    // failover, no commit lost.
+    // The primary's pod force-deleted on a live node: the node agent still sends its
+    // processes SIGTERM and kills them at once. Either the instance manager had the time to
+    // stop the server and give its lease up (a failover, as for a deletion), or it was killed
+    // first and its replacement (same name, same volume) still holds the lease and recovers in
+    // place. Either way the database serves again from one primary, a pod of the new
+    // generation, and no commit the replicas had is lost.
     wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
     let old_uid = pods.get(&second.to).await.unwrap().metadata.uid;
     kubectl_ok(
@@ -870,19 +873,20 @@ async fn a_lost_primary_is_replaced_by_the_most_advanced_replica_and_comes_back_
         ],
         None,
     );
-    wait_until("the force-deleted primary back in place", 2 * MINUTE, || async {
-        let Ok(pod) = pods.get(&second.to).await else {
-            return false;
-        };
-        let pg = ns.api::<PostgreSQL>().get("shop").await.ok();
-        pod.metadata.uid != old_uid
-            && noops_e2e::pod_ready(&pod)
-            && pg.and_then(|p| p.status).is_some_and(|s| {
-                s.current_primary.as_deref() == Some(second.to.as_str())
-                    && s.last_failover.as_ref().is_some_and(|f| f.to == second.to)
-            })
+    let primary = wait_for("serving again after the force-delete", 2 * MINUTE, || async {
+        let pg = ns.api::<PostgreSQL>().get("shop").await.ok()?;
+        let status = pg.status?;
+        let primary = status.current_primary?;
+        let pod = pods.get(&primary).await.ok()?;
+        let failed_over = status
+            .last_failover
+            .as_ref()
+            .is_some_and(|f| f.from.as_deref() == Some(second.to.as_str()) && f.to == primary);
+        let in_place = primary == second.to && pod.metadata.uid != old_uid;
+        (noops_e2e::pod_ready(&pod) && (failed_over || in_place)).then_some(primary)
     })
     .await;
+    eprintln!("force-deleted primary {}: {primary} serves", second.to);
     // A switchover, asynchronous, with the operator killed (SIGKILL) right after it released
     // the lease and right after it handed it over: it finishes, and loses no commit.
     drop(operator);
@@ -892,7 +896,7 @@ async fn a_lost_primary_is_replaced_by_the_most_advanced_replica_and_comes_back_
     wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
     let target = ["shop-0", "shop-1", "shop-2"]
         .into_iter()
-        .find(|p| *p != second.to)
+        .find(|p| *p != primary)
         .unwrap()
         .to_string();
     let switch_started = std::time::Instant::now();
@@ -915,9 +919,9 @@ async fn a_lost_primary_is_replaced_by_the_most_advanced_replica_and_comes_back_
     // Recorded by the operator started after the kill that followed the handover, from the
     // lease: when writes stopped is not known to it, and no gap is made up.
     assert_eq!(record.write_gap_millis, None, "{record:?}");
-    assert_eq!(record.from.as_deref(), Some(second.to.as_str()));
+    assert_eq!(record.from.as_deref(), Some(primary.as_str()));
     eprintln!("switchover through two operator kills: {said}");
-    wait_rejoined(&ns, &second.to).await;
+    wait_rejoined(&ns, &primary).await;
 
     tokio::time::sleep(Duration::from_secs(2)).await;
     let report = ledger.stop().await;
