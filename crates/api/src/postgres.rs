@@ -369,10 +369,12 @@ pub struct FailoverStatus {
     /// The old primary (lost, or stepped down), and the replica promoted.
     pub from: Option<String>,
     pub to: String,
-    /// Why: the lease ran out, the primary gave it up, or a switchover was asked for.
+    /// Why: the lease ran out, the primary gave it up, a switchover was asked for, or a
+    /// rolling change ended with one.
     pub reason: String,
-    /// A switchover asked for (`noops.dev/promote`): the old primary stopped cleanly and the
-    /// replica had received all of its WAL before it was promoted.
+    /// A switchover (asked for with `noops.dev/promote`, or the last step of a rolling change):
+    /// the old primary stopped cleanly and the replica had received all of its WAL before it
+    /// was promoted.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub switchover: bool,
     /// The last WAL position the promoted replica had received: with asynchronous

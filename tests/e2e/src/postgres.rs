@@ -378,7 +378,13 @@ impl LedgerReport {
     /// `app`), after a line saying how the history went; `replication` names the mode for it.
     /// Asserts the history is long enough to judge.
     pub fn lost_in_shop(&self, rw: &str, password: &str, replication: &str) -> Vec<i64> {
-        let missing = self.missing(&ids(rw, "app", password, "shop"));
+        self.lost_in((rw, "app", password, "shop"), replication)
+    }
+
+    /// The acknowledged commits missing from `items` in database `db` at `host`, read as
+    /// `user`, after a line saying how the history went, as [`Self::lost_in_shop`].
+    pub fn lost_in(&self, (host, user, password, db): (&str, &str, &str, &str), replication: &str) -> Vec<i64> {
+        let missing = self.missing(&ids(host, user, password, db));
         eprintln!(
             "{} commits acknowledged, {} uncertain, {} lost ({replication} replication), writes waited at most {:?}",
             self.acked.len(),

@@ -179,6 +179,7 @@ mod tests {
             to: "shop-2".into(),
             at: None,
             stopped: None,
+            why: None,
         };
         let released = LeaseView {
             switchover: Some(record.clone()),

@@ -17,6 +17,7 @@
 //! - `lease.rs`: the primary's lease: when its holder stops, when it may be handed over;
 //!   `failover.rs`: which replica is promoted, pure; `switchover.rs`: a primary that steps
 //!   down for a replica a user names, pure; `position.rs`: WAL positions they compare;
+//! - `rollout.rs`: a change of the pod rolled out replicas first, then one switchover, pure;
 //! - `replication.rs`: replicas: the primary's slots for them, the members of the status,
 //!   the pods' role labels, pure;
 //! - `status.rs`, `events.rs`: the status and the Events, pure, written only on change;
@@ -48,6 +49,7 @@ pub mod problem;
 mod reconcile;
 pub mod replication;
 pub mod restore;
+pub mod rollout;
 pub mod secrets;
 pub mod services;
 pub mod sql;

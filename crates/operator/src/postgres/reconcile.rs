@@ -46,6 +46,7 @@ use crate::core::stuck::stuck;
 use crate::core::{DuringStage, Error, Result, Stage, crash};
 
 mod primacy;
+mod rolling;
 use primacy::Primacy;
 
 /// How often a serving database is looked at without a change. Everything that moves it
@@ -92,6 +93,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     };
     let (instance, made) = pass.in_database(&observed, &checked, &applied).await?;
     let members = pass.label_roles(&observed, &made).await?;
+    let rolling = pass.roll(&observed, &members, &mut primacy).await?;
     let serving = matches!(instance, InstanceState::Serving(_)) && made.database_ready;
     let bootstrapping = matches!(instance, InstanceState::Bootstrapping);
     let (summary, kept) = pass.keep_backups(&observed, serving).await?;
@@ -106,9 +108,10 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
         PROMOTING
     } else if bootstrapping {
         BOOTSTRAPPING
-    } else if members
-        .iter()
-        .any(|m| m.role == noops_api::postgres::Role::Replica && m.streaming != Some(true))
+    } else if rolling
+        || members
+            .iter()
+            .any(|m| m.role == noops_api::postgres::Role::Replica && m.streaming != Some(true))
     {
         // A replica catching up, being rewound or copied anew changes no object the pass
         // watches: it is looked at until it streams.

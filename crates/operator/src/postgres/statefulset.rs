@@ -12,7 +12,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec};
+use k8s_openapi::api::apps::v1::{
+    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec, StatefulSetUpdateStrategy,
+};
 use k8s_openapi::api::core::v1::{
     Affinity, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
     ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity,
@@ -169,6 +171,13 @@ pub fn build(
                     ..Default::default()
                 }),
             },
+            // The operator restarts the pods for a new template itself, replicas first and the
+            // primary after a switchover (`rollout.rs`): the StatefulSet's own rolling update
+            // goes by ordinal and would restart the primary wherever it stands.
+            update_strategy: Some(StatefulSetUpdateStrategy {
+                type_: Some("OnDelete".into()),
+                rolling_update: None,
+            }),
             volume_claim_templates: Some(vec![data_claim(pg, &labels)]),
             // The volumes go with the PostgreSQL (backups stay). A replica scaled away takes
             // its volume: scaled up again, it is copied anew from the primary rather than

@@ -37,6 +37,8 @@ pub const FROM_ANNOTATION: &str = "noops.dev/switchover-from";
 pub const TO_ANNOTATION: &str = "noops.dev/switchover-to";
 pub const AT_ANNOTATION: &str = "noops.dev/switchover-at";
 pub const STOPPED_ANNOTATION: &str = "noops.dev/stopped-at";
+/// Why the switchover is made: asked for, or the last step of a rolling change.
+pub const WHY_ANNOTATION: &str = "noops.dev/switchover-why";
 /// The last switchover handed over: `<from>,<to>,<received LSN>`, so that an operator that
 /// stopped right after the handover still records it in the status.
 pub const DONE_ANNOTATION: &str = "noops.dev/switched-over";
@@ -77,6 +79,8 @@ pub struct Record {
     pub at: Option<jiff::Timestamp>,
     /// What the old primary wrote once its server stopped.
     pub stopped: Option<Stopped>,
+    /// Why it is made.
+    pub why: Option<String>,
 }
 
 fn annotations(lease: &Lease) -> Option<&BTreeMap<String, String>> {
@@ -91,6 +95,7 @@ pub fn record(lease: &Lease) -> Option<Record> {
         to: notes.get(TO_ANNOTATION)?.clone(),
         at: notes.get(AT_ANNOTATION).and_then(|t| t.parse().ok()),
         stopped: notes.get(STOPPED_ANNOTATION).map(|s| parse_stopped(s)),
+        why: notes.get(WHY_ANNOTATION).cloned(),
     })
 }
 
@@ -117,15 +122,16 @@ pub fn under_way(lease: &Lease) -> bool {
     record(lease).is_some() && super::account::holder(lease).is_none()
 }
 
-/// `lease` released by its holder `from` for `to`, the switchover recorded on it (its
+/// `lease` released by its holder `from` for `to` (`why`), the switchover recorded on it (its
 /// resourceVersion kept: the precondition of the write, so a renewal meanwhile wins).
-pub fn step_down(lease: &Lease, from: &str, to: &str, now: jiff::Timestamp) -> Lease {
+pub fn step_down(lease: &Lease, (from, to): (&str, &str), why: &str, now: jiff::Timestamp) -> Lease {
     let mut next = lease.clone();
     next.metadata.managed_fields = None;
     let notes = next.metadata.annotations.get_or_insert_with(Default::default);
     notes.insert(FROM_ANNOTATION.into(), from.into());
     notes.insert(TO_ANNOTATION.into(), to.into());
     notes.insert(AT_ANNOTATION.into(), now.to_string());
+    notes.insert(WHY_ANNOTATION.into(), why.into());
     notes.remove(STOPPED_ANNOTATION);
     if let Some(spec) = next.spec.as_mut() {
         spec.holder_identity = None;
@@ -152,6 +158,7 @@ pub fn forget(lease: &mut Lease) {
             TO_ANNOTATION,
             AT_ANNOTATION,
             STOPPED_ANNOTATION,
+            WHY_ANNOTATION,
             DONE_ANNOTATION,
         ] {
             notes.remove(key);
@@ -171,10 +178,14 @@ pub fn hand_over_to(lease: &Lease, holder: &str, now: jiff::Timestamp) -> Lease 
 /// switchover noted as done.
 pub fn hand_over(lease: &Lease, record: &Record, received: &str, now: jiff::Timestamp) -> Lease {
     let mut next = hand_over_to(lease, &record.to, now);
-    next.metadata.annotations.get_or_insert_with(Default::default).insert(
+    let notes = next.metadata.annotations.get_or_insert_with(Default::default);
+    notes.insert(
         DONE_ANNOTATION.into(),
         format!("{},{},{received}", record.from, record.to),
     );
+    if let Some(why) = &record.why {
+        notes.insert(WHY_ANNOTATION.into(), why.clone());
+    }
     next
 }
 
@@ -184,16 +195,19 @@ pub struct Done {
     pub from: String,
     pub to: String,
     pub received: Option<String>,
+    pub why: Option<String>,
 }
 
 pub fn done(lease: &Lease) -> Option<Done> {
-    let text = annotations(lease)?.get(DONE_ANNOTATION)?;
+    let notes = annotations(lease)?;
+    let text = notes.get(DONE_ANNOTATION)?;
     let mut parts = text.split(',');
     let (from, to) = (parts.next()?.to_string(), parts.next()?.to_string());
     Some(Done {
         from,
         to,
         received: parts.next().filter(|r| !r.is_empty()).map(str::to_string),
+        why: notes.get(WHY_ANNOTATION).cloned(),
     })
 }
 
@@ -348,13 +362,14 @@ mod tests {
         let now = jiff::Timestamp::now();
         let mut held = account::lease(&names, &owner(), "shop-0", now);
         held.metadata.resource_version = Some("7".into());
-        let released = step_down(&held, "shop-0", "shop-2", now);
+        let released = step_down(&held, ("shop-0", "shop-2"), "a switchover was asked for", now);
         assert_eq!(account::holder(&released), None);
         assert_eq!(released.metadata.resource_version.as_deref(), Some("7"));
         let recorded = record(&released).unwrap();
         assert_eq!((recorded.from.as_str(), recorded.to.as_str()), ("shop-0", "shop-2"));
         assert_eq!(recorded.at, Some(now));
         assert_eq!(recorded.stopped, None);
+        assert_eq!(recorded.why.as_deref(), Some("a switchover was asked for"));
         let stopped = with_stopped(&released, &Stopped::Clean(at(3, "0/5000028")));
         assert_eq!(
             record(&stopped).unwrap().stopped,
@@ -370,7 +385,8 @@ mod tests {
             Some(Done {
                 from: "shop-0".into(),
                 to: "shop-2".into(),
-                received: Some("0/50000A0".into())
+                received: Some("0/50000A0".into()),
+                why: Some("a switchover was asked for".into()),
             })
         );
         // A failover after it forgets it.
@@ -384,6 +400,7 @@ mod tests {
             to: "shop-1".into(),
             at: None,
             stopped: s,
+            why: None,
         };
         let second = Some(Duration::from_secs(1));
         // Still stopping.

@@ -72,8 +72,30 @@ fn reach(children: &observe::Children, names: &Names, pod: &str) -> Option<(Stri
     Some((ip, password))
 }
 
+/// Why a switchover is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Asker {
+    /// A user named the replica (`noops.dev/promote`): a refusal is a Warning, and the
+    /// request goes either way.
+    User,
+    /// The last step of a rolling change (`rollout.rs`): a refusal waits for the next pass.
+    Rollout,
+}
+
+impl Asker {
+    fn reason(self) -> &'static str {
+        match self {
+            Asker::User => ASKED_FOR,
+            Asker::Rollout => "the last step of a rolling change: every replica runs the new revision",
+        }
+    }
+}
+
+/// Why a switchover a user asked for was made.
+const ASKED_FOR: &str = "a switchover was asked for";
+
 /// The instance a user asked to promote (`noops.dev/promote`), if any.
-fn requested(pg: &PostgreSQL) -> Option<&str> {
+pub(super) fn requested(pg: &PostgreSQL) -> Option<&str> {
     pg.metadata
         .annotations
         .as_ref()?
@@ -127,7 +149,7 @@ impl Pass<'_> {
                         let why = "the database has one instance: there is no replica to promote";
                         self.refuse_switchover(to, why.into(), &mut primacy).await;
                     }
-                    Some(to) if held => self.ask_switchover(children, to, &mut primacy).await?,
+                    Some(to) if held => self.ask_switchover(children, to, Asker::User, &mut primacy).await?,
                     // Not taken yet (a new database): later.
                     Some(_) => {}
                 }
@@ -248,9 +270,15 @@ impl Pass<'_> {
         Ok(())
     }
 
-    /// A user asked for `to` to be the primary: checked against what the primary says of its
+    /// `asker` asks for `to` to be the primary: checked against what the primary says of its
     /// stream, then the lease is released for it, the switchover recorded on it.
-    async fn ask_switchover(&self, children: &observe::Children, to: &str, primacy: &mut Primacy) -> Result<()> {
+    pub(super) async fn ask_switchover(
+        &self,
+        children: &observe::Children,
+        to: &str,
+        asker: Asker,
+        primacy: &mut Primacy,
+    ) -> Result<()> {
         let from = primacy.primary.clone();
         let standby = self.ask_primary_of(children, &from, to).await;
         let checked = standby
@@ -263,9 +291,16 @@ impl Pass<'_> {
             Ok(()) => self.checkpoint(children, &from).await,
             Err(why) => Err(why),
         };
-        if let Err(why) = checked {
-            self.refuse_switchover(to, why, primacy).await;
-            return Ok(());
+        match (checked, asker) {
+            (Ok(()), _) => {}
+            (Err(why), Asker::User) => {
+                self.refuse_switchover(to, why, primacy).await;
+                return Ok(());
+            }
+            (Err(why), Asker::Rollout) => {
+                info!(%to, %why, "the rolling change waits to switch over");
+                return Ok(());
+            }
         }
         // The lease as it is now: the cache's is a renewal or two behind, and the release is
         // made over the version it read.
@@ -276,17 +311,25 @@ impl Pass<'_> {
             primacy.switching = true;
             return Ok(());
         }
-        let next = switchover::step_down(&lease, &from, to, self.now);
+        let next = switchover::step_down(&lease, (&from, to), asker.reason(), self.now);
         match leases.replace(&self.names.lease(), &Default::default(), &next).await {
             Ok(_) => {
-                info!(%from, %to, "switching over: released the primary's lease; the primary shuts down cleanly, then the replica is promoted once it has all of its WAL");
+                info!(%from, %to, why = asker.reason(), "switching over: released the primary's lease; the primary shuts down cleanly, then the replica is promoted once it has all of its WAL");
                 crash::point("postgres: lease released for a switchover");
                 primacy.switching = true;
+                let why = match asker {
+                    Asker::User => "as asked".to_string(),
+                    Asker::Rollout => format!("the last step of a rolling change ({to} runs the new revision)"),
+                };
                 primacy.told.push(Announcement::normal(
                     "SwitchingOver",
-                    format!("{from} steps down for {to}, as asked: {to} is promoted once it has received all of {from}'s WAL"),
+                    format!(
+                        "{from} steps down for {to}, {why}: {to} is promoted once it has received all of {from}'s WAL"
+                    ),
                 ));
-                self.forget_request().await;
+                if asker == Asker::User {
+                    self.forget_request().await;
+                }
             }
             // Renewed meanwhile: the next pass, soon, asks again.
             Err(kube::Error::Api(e)) if e.code == 409 => {
@@ -340,7 +383,7 @@ impl Pass<'_> {
             Some(done) => FailoverStatus {
                 from: Some(done.from),
                 to: holder.to_string(),
-                reason: "a switchover was asked for".into(),
+                reason: done.why.unwrap_or_else(|| ASKED_FOR.into()),
                 switchover: true,
                 received_lsn: done.received,
                 primary_last_seen: None,
@@ -449,7 +492,7 @@ impl Pass<'_> {
                         primacy.failover = Some(FailoverStatus {
                             from: Some(from),
                             to: to.clone(),
-                            reason: "a switchover was asked for".into(),
+                            reason: record.why.clone().unwrap_or_else(|| ASKED_FOR.into()),
                             switchover: true,
                             received_lsn: Some(received),
                             primary_last_seen: record.at.map(Time),

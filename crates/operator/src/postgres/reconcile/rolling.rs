@@ -1,0 +1,108 @@
+//! The rolling stage of a pass: a change of the instances' pod carried out by `rollout.rs`'s
+//! next step (a replica restarted, or the switchover that ends it).
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, Preconditions};
+use noops_api::postgres::MemberStatus;
+use tracing::{debug, info};
+
+use super::primacy::{Asker, Primacy, requested};
+use super::{Observed, Pass};
+use crate::core::events::Announcement;
+use crate::core::stuck::stuck;
+use crate::core::{DuringStage, Result, Stage, crash};
+use crate::postgres::rollout::{self, Instances, Step};
+use crate::postgres::{replication, statefulset};
+
+impl Pass<'_> {
+    /// Carries a rolling change one step on, unless something else moves the primary this
+    /// pass (a failover, a switchover, a user's request) or the database is paused. Returns
+    /// whether a change is rolling out (the pass looks again soon).
+    pub(super) async fn roll(
+        &self,
+        observed: &Observed,
+        members: &[MemberStatus],
+        primacy: &mut Primacy,
+    ) -> Result<bool> {
+        let children = &observed.children;
+        let busy = self.pg.spec.paused
+            || primacy.switching
+            || primacy.failover.is_some()
+            || primacy.no_replica.is_some()
+            || requested(self.pg).is_some();
+        let Some(revision) = children.statefulset.as_deref().and_then(rollout::update_revision) else {
+            return Ok(false);
+        };
+        if busy {
+            return Ok(false);
+        }
+        let pods = replication::instance_pods(&self.names, &children.pods);
+        let stuck: BTreeSet<String> = pods
+            .iter()
+            .filter(|(_, pod)| stuck([**pod], self.now).is_some())
+            .map(|(name, _)| name.clone())
+            .collect();
+        let instances = Instances {
+            pods: &pods,
+            members,
+            stuck: &stuck,
+            primary: &primacy.primary,
+            wanted: statefulset::pods_kept(self.pg, &self.names, &primacy.primary),
+        };
+        match rollout::next(&self.names, revision, &instances) {
+            Step::Done => Ok(false),
+            Step::Wait(why) => {
+                debug!(%why, "a rolling change waits");
+                Ok(true)
+            }
+            Step::Restart { pod, why } => {
+                let Some(uid) = pods.get(&pod).and_then(|p| p.metadata.uid.clone()) else {
+                    return Ok(true);
+                };
+                if self.restart(&pod, &uid, revision).await? {
+                    info!(%pod, %why, "rolling change: restarted an instance on the StatefulSet's new revision");
+                    crash::point("postgres: instance restarted for a rolling change");
+                    primacy
+                        .told
+                        .push(Announcement::normal("RestartingInstance", format!("restarting {why}")));
+                }
+                Ok(true)
+            }
+            Step::SwitchOver { to } => {
+                self.ask_switchover(children, &to, Asker::Rollout, primacy).await?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Deletes instance `pod` (of uid `uid`, judged not to run `revision`) for the StatefulSet
+    /// to make again: confirmed first against the StatefulSet as the API server has it (the
+    /// cache may be behind a pod already made on a newer revision). Whether it was deleted.
+    async fn restart(&self, pod: &str, uid: &str, revision: &str) -> Result<bool> {
+        let sts = self
+            .api::<StatefulSet>()
+            .get(&self.names.statefulset())
+            .await
+            .during(Stage::Observe)?;
+        if rollout::update_revision(&sts) != Some(revision) {
+            info!(%pod, "the StatefulSet moved on since the cache saw it: looking again");
+            return Ok(false);
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_string()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match self.api::<Pod>().delete(pod, &params).await {
+            Ok(_) => Ok(true),
+            // Gone, or a new pod of that name already: the next pass looks again.
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(false),
+            Err(e) => Err(e).during(Stage::Apply),
+        }
+    }
+}
