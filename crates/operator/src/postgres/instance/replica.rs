@@ -75,8 +75,12 @@ pub fn write_passfile(settings: &Settings) -> Result<PathBuf, InstanceError> {
 
 /// The settings that make the server a standby of the primary at `host`, as `pod`.
 pub fn standby_settings(settings: &Settings, host: &str, pod: &str) -> Vec<(&'static str, String)> {
+    // `target_session_attrs=read-write`: only a primary is streamed from. Through `<name>-rw`
+    // during a switchover, a replica could otherwise reach the old primary just restarted as a
+    // replica and stream from it (cascading), out of the new primary's sight: a synchronous
+    // primary would wait for it in vain.
     let conninfo = format!(
-        "host={host} port={PORT} user={SUPERUSER} passfile={} application_name={pod} sslmode=disable connect_timeout=5",
+        "host={host} port={PORT} user={SUPERUSER} passfile={} application_name={pod} sslmode=disable connect_timeout=5 target_session_attrs=read-write",
         passfile(settings).display()
     );
     vec![
@@ -317,6 +321,10 @@ mod tests {
             "{conninfo}"
         );
         assert!(!conninfo.contains("password="), "{conninfo}");
+        assert!(
+            conninfo.ends_with("target_session_attrs=read-write"),
+            "only from a primary: {conninfo}"
+        );
         assert!(standby.contains(&("primary_slot_name", "noops_shop_1".into())));
     }
 }
