@@ -69,3 +69,21 @@ pub fn backup(name: &str, postgresql: &str, phase: &str, system_id: &str, comple
     }))
     .unwrap()
 }
+
+/// A Ready instance as the primary reports it: a replica streaming with `lag` bytes to go.
+pub fn member(name: &str, role: noops_api::postgres::Role, lag: i64) -> noops_api::postgres::MemberStatus {
+    let replica = role == noops_api::postgres::Role::Replica;
+    noops_api::postgres::MemberStatus {
+        name: name.into(),
+        role,
+        node: None,
+        ready: true,
+        timeline: None,
+        received_lsn: None,
+        replayed_lsn: None,
+        lag_bytes: replica.then_some(lag),
+        lag_millis: None,
+        streaming: replica.then_some(true),
+        observed_at: None,
+    }
+}

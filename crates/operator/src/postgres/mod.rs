@@ -17,6 +17,7 @@
 //! - `lease.rs`: the primary's lease: when its holder stops, when it may be handed over;
 //!   `failover.rs`: which replica is promoted, pure; `switchover.rs`: a primary that steps
 //!   down for a replica a user names, pure; `position.rs`: WAL positions they compare;
+//! - `drain.rs`: the PodDisruptionBudgets, and a primary whose node is drained, pure;
 //! - `rollout.rs`: a change of the pod rolled out replicas first, then one switchover, pure;
 //! - `replication.rs`: replicas: the primary's slots for them, the members of the status,
 //!   the pods' role labels, pure;
@@ -32,6 +33,7 @@ pub mod backups;
 mod context;
 pub mod database;
 pub mod destination;
+pub mod drain;
 pub mod events;
 pub mod failover;
 #[cfg(test)]
@@ -63,7 +65,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;
 use kube::core::PartialObjectMeta;
@@ -114,11 +117,14 @@ pub async fn run(runtime: Runtime) {
     let (service_accounts, _) = shared_cache(scoped_api::<ServiceAccount>(&client, &namespace), ours.clone()).await;
     let (roles, _) = shared_cache(scoped_api::<Role>(&client, &namespace), ours.clone()).await;
     let (role_bindings, _) = shared_cache(scoped_api::<RoleBinding>(&client, &namespace), ours.clone()).await;
-    let (leases, lease_changes) = shared_cache(scoped_api::<Lease>(&client, &namespace), ours).await;
+    let (leases, lease_changes) = shared_cache(scoped_api::<Lease>(&client, &namespace), ours.clone()).await;
+    let (budgets, _) = shared_cache(scoped_api::<PodDisruptionBudget>(&client, &namespace), ours).await;
+    let (nodes, node_changes) = shared_cache(kube::Api::<Node>::all(client.clone()), watcher::Config::default()).await;
     // A renewal every second wakes nobody: the clock wakes a database when its lease runs out
     // or is given up.
     let (lease_clock, lease_wakes) = lease_clock::LeaseClock::start(lease_changes);
     let (user_secrets, secret_changes) = UserSecrets::watch(&client, &namespace).await;
+    let pods_of_nodes = pods.clone();
     let controller = controller_of::<PostgreSQL>(&client, &namespace, MAX_CONCURRENT_RECONCILES);
     let databases = controller.store();
     let ctx = Context::new(
@@ -139,6 +145,8 @@ pub async fn run(runtime: Runtime) {
                 roles,
                 role_bindings,
                 leases,
+                budgets,
+                nodes,
             },
             lease_clock,
             started: jiff::Timestamp::now(),
@@ -182,10 +190,45 @@ pub async fn run(runtime: Runtime) {
                 pg.spec.password_secret == name || credentials == Some(&name)
             })
         })
+        // A node cordoned (a drain begins) wakes the databases with an instance on it: a
+        // primary there switches over before the drain asks again.
+        .watches_shared_stream(node_changes, drained_node_wakes(pods_of_nodes))
         .reconcile_on(lease_wakes)
         .graceful_shutdown_on(shutdown.fired());
     drive(controller, &namespace, ctx, |pg, ctx: Arc<Context>| async move {
         reconcile::reconcile(pg, &ctx).await
     })
     .await;
+}
+
+/// Maps a node's changes to the databases to wake: those with an instance on it, once, when it
+/// is cordoned (its status changes every few seconds and wakes nobody).
+fn drained_node_wakes(
+    pods: kube::runtime::reflector::Store<Pod>,
+) -> impl Fn(Arc<Node>) -> Vec<lease_clock::Wake> + Send + Sync + 'static {
+    let cordoned = std::sync::Mutex::new(std::collections::BTreeSet::<String>::new());
+    move |node: Arc<Node>| {
+        let name = node.name_any();
+        let mut seen = cordoned.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let newly = if observe::cordoned(&node) {
+            seen.insert(name.clone())
+        } else {
+            seen.remove(&name);
+            false
+        };
+        if !newly {
+            return Vec::new();
+        }
+        let mut databases: Vec<lease_clock::Wake> = pods
+            .state()
+            .iter()
+            .filter(|p| observe::node(p).as_deref() == Some(name.as_str()))
+            .filter_map(|p| {
+                let database = p.labels().get(names::POSTGRES_LABEL)?;
+                Some(ObjectRef::new(database).within(&p.namespace().unwrap_or_default()))
+            })
+            .collect();
+        databases.dedup();
+        databases
+    }
 }

@@ -133,6 +133,30 @@ impl Names {
         format!("{}-primary", self.name)
     }
 
+    /// The metadata of child `name`: in the database's namespace, with its labels, owned by it.
+    pub fn child(
+        &self,
+        name: String,
+        owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
+    ) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(name),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(self.labels()),
+            owner_references: Some(vec![owner.clone()]),
+            ..Default::default()
+        }
+    }
+
+    /// The PodDisruptionBudgets of the primary's pod and of the replicas' (`drain.rs`).
+    pub fn primary_budget(&self) -> String {
+        format!("{}-primary", self.name)
+    }
+
+    pub fn replicas_budget(&self) -> String {
+        format!("{}-replicas", self.name)
+    }
+
     /// The service account of the instances, and its Role and RoleBinding: read and renew the
     /// primary's lease, nothing else.
     pub fn instance_account(&self) -> String {

@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::runtime::reflector::{ObjectRef, Store};
 use noops_api::PostgresBackup;
@@ -26,6 +27,9 @@ pub struct Caches {
     pub roles: Store<Role>,
     pub role_bindings: Store<RoleBinding>,
     pub leases: Store<Lease>,
+    pub budgets: Store<PodDisruptionBudget>,
+    /// Every node: which are being drained.
+    pub nodes: Store<Node>,
 }
 
 /// The children of one PostgreSQL.
@@ -49,6 +53,10 @@ pub struct Children {
     pub role_binding: Option<Arc<RoleBinding>>,
     /// The primary's lease (with replicas).
     pub lease: Option<Arc<Lease>>,
+    /// The PodDisruptionBudgets by name (`drain.rs`).
+    pub budgets: std::collections::BTreeMap<String, Arc<PodDisruptionBudget>>,
+    /// The nodes being drained (cordoned).
+    pub cordoned: std::collections::BTreeSet<String>,
 }
 
 impl Children {
@@ -103,6 +111,17 @@ pub fn children(caches: &Caches, names: &Names) -> Children {
         role: get(&caches.roles, &names.instance_account(), ns),
         role_binding: get(&caches.role_bindings, &names.instance_account(), ns),
         lease: get(&caches.leases, &names.lease(), ns),
+        budgets: [names.primary_budget(), names.replicas_budget()]
+            .into_iter()
+            .filter_map(|n| Some((n.clone(), get(&caches.budgets, &n, ns)?)))
+            .collect(),
+        cordoned: caches
+            .nodes
+            .state()
+            .iter()
+            .filter(|n| cordoned(n))
+            .filter_map(|n| n.metadata.name.clone())
+            .collect(),
     }
 }
 
@@ -190,6 +209,11 @@ pub fn pod_without_its_claim(children: &Children) -> Option<String> {
         .as_deref()
         .is_none_or(|c| c.metadata.deletion_timestamp.is_some());
     claim_gone.then(|| pod.metadata.name.clone()).flatten()
+}
+
+/// Whether `node` is being drained (cordoned: nothing new is scheduled on it).
+pub fn cordoned(node: &Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
 }
 
 /// The node a pod runs on.

@@ -13,6 +13,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -35,7 +36,7 @@ use super::restore::InstancePlan;
 use super::secrets::{self, Password, PasswordProblem};
 use super::status::{self, InstanceState, StatusFacts};
 use super::store::{BaseBackupDestination, Destination};
-use super::{account, destination, observe, replication, restore, services, statefulset, switchover};
+use super::{account, destination, drain, observe, replication, restore, services, statefulset, switchover};
 use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
 use crate::core::backup::progress;
 use crate::core::backup::retention::{BackupsSummary, being_restored};
@@ -269,6 +270,7 @@ impl<'a> Pass<'a> {
                 }
             }
         }
+        self.apply_budgets(children).await.during(Stage::Apply)?;
         self.replace_pods_that_cannot_start(children).await?;
         // A node that died with the instance on it.
         let node_lost = match children
@@ -324,6 +326,27 @@ impl<'a> Pass<'a> {
         stamp(&mut binding);
         if !up_to_date(&binding, children.role_binding.as_deref()) {
             apply(&self.api::<RoleBinding>(), &self.names.instance_account(), &binding).await?;
+        }
+        Ok(())
+    }
+
+    /// The PodDisruptionBudgets the instances get (`drain.rs`), and none they no longer do.
+    async fn apply_budgets(&self, children: &observe::Children) -> kube::Result<()> {
+        let api = self.api::<PodDisruptionBudget>();
+        let wanted = drain::budgets(&self.names, &self.owner, self.pg.spec.instances);
+        for mut budget in wanted.iter().cloned() {
+            stamp(&mut budget);
+            let name = budget.metadata.name.clone().unwrap_or_default();
+            if !up_to_date(&budget, children.budgets.get(&name).map(|b| b.as_ref())) {
+                apply(&api, &name, &budget).await?;
+                info!(budget = %name, "applied a disruption budget: drains take the instances as it says");
+            }
+        }
+        for name in children.budgets.keys() {
+            if !wanted.iter().any(|b| b.metadata.name.as_ref() == Some(name)) {
+                delete_if_present(&api, name, &Default::default()).await?;
+                info!(budget = %name, "removed a disruption budget the instances no longer get");
+            }
         }
         Ok(())
     }

@@ -144,7 +144,7 @@ pub fn next(names: &Names, revision: &str, instances: &Instances) -> Step {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::postgres::fixtures::names;
+    use crate::postgres::fixtures::{self, names};
 
     fn pod(name: &str, revision: &str, ready: bool) -> Pod {
         serde_json::from_value(serde_json::json!({
@@ -155,19 +155,11 @@ mod tests {
     }
 
     fn member(name: &str, role: Role, streaming: bool, lag: i64) -> MemberStatus {
-        MemberStatus {
-            name: name.into(),
-            role,
-            node: None,
-            ready: true,
-            timeline: None,
-            received_lsn: None,
-            replayed_lsn: None,
-            lag_bytes: (role == Role::Replica).then_some(lag),
-            lag_millis: None,
-            streaming: (role == Role::Replica).then_some(streaming),
-            observed_at: None,
+        let mut m = fixtures::member(name, role, lag);
+        if role == Role::Replica {
+            m.streaming = Some(streaming);
         }
+        m
     }
 
     struct Case {

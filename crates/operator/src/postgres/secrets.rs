@@ -7,7 +7,7 @@ use std::io::Read;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use noops_api::postgres::{PASSWORD_KEYS, PostgreSQLStatus};
 
 use super::names::{Names, PORT, SUPERUSER};
@@ -116,13 +116,7 @@ pub fn new_password() -> std::io::Result<String> {
 
 fn secret(name: String, names: &Names, owner: &OwnerReference, data: BTreeMap<String, String>) -> Secret {
     Secret {
-        metadata: ObjectMeta {
-            name: Some(name),
-            namespace: Some(names.namespace.clone()),
-            labels: Some(names.labels()),
-            owner_references: Some(vec![owner.clone()]),
-            ..Default::default()
-        },
+        metadata: names.child(name, owner),
         type_: Some("Opaque".into()),
         string_data: None,
         data: Some(data.into_iter().map(|(k, v)| (k, ByteString(v.into_bytes()))).collect()),
@@ -176,6 +170,7 @@ pub fn connection_secret(names: &Names, owner: &OwnerReference, db: &str, user: 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn user_secret(data: &[(&str, &[u8])]) -> Secret {
         Secret {

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use noops_api::PostgreSQL;
 use noops_api::postgres::ServiceType;
@@ -71,13 +71,7 @@ fn service(
     selector: BTreeMap<String, String>,
 ) -> Service {
     Service {
-        metadata: ObjectMeta {
-            name: Some(name),
-            namespace: Some(names.namespace.clone()),
-            labels: Some(names.labels()),
-            owner_references: Some(vec![owner.clone()]),
-            ..Default::default()
-        },
+        metadata: names.child(name, owner),
         spec: Some(ServiceSpec {
             type_: Some(type_.into()),
             selector: Some(selector),

@@ -73,20 +73,23 @@ fn reach(children: &observe::Children, names: &Names, pod: &str) -> Option<(Stri
 }
 
 /// Why a switchover is asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Asker {
     /// A user named the replica (`noops.dev/promote`): a refusal is a Warning, and the
     /// request goes either way.
     User,
     /// The last step of a rolling change (`rollout.rs`): a refusal waits for the next pass.
     Rollout,
+    /// The primary's node is being drained (`drain.rs`): likewise.
+    Drain { node: String },
 }
 
 impl Asker {
-    fn reason(self) -> &'static str {
+    fn reason(&self) -> String {
         match self {
-            Asker::User => ASKED_FOR,
-            Asker::Rollout => "the last step of a rolling change: every replica runs the new revision",
+            Asker::User => ASKED_FOR.into(),
+            Asker::Rollout => "the last step of a rolling change: every replica runs the new revision".into(),
+            Asker::Drain { node } => format!("node {node}, the primary's, is being drained"),
         }
     }
 }
@@ -149,7 +152,7 @@ impl Pass<'_> {
                         let why = "the database has one instance: there is no replica to promote";
                         self.refuse_switchover(to, why.into(), &mut primacy).await;
                     }
-                    Some(to) if held => self.ask_switchover(children, to, Asker::User, &mut primacy).await?,
+                    Some(to) if held => self.ask_switchover(children, to, &Asker::User, &mut primacy).await?,
                     // Not taken yet (a new database): later.
                     Some(_) => {}
                 }
@@ -276,7 +279,7 @@ impl Pass<'_> {
         &self,
         children: &observe::Children,
         to: &str,
-        asker: Asker,
+        asker: &Asker,
         primacy: &mut Primacy,
     ) -> Result<()> {
         let from = primacy.primary.clone();
@@ -297,8 +300,8 @@ impl Pass<'_> {
                 self.refuse_switchover(to, why, primacy).await;
                 return Ok(());
             }
-            (Err(why), Asker::Rollout) => {
-                info!(%to, %why, "the rolling change waits to switch over");
+            (Err(why), _) => {
+                info!(%to, %why, asked = %asker.reason(), "a switchover waits");
                 return Ok(());
             }
         }
@@ -311,15 +314,16 @@ impl Pass<'_> {
             primacy.switching = true;
             return Ok(());
         }
-        let next = switchover::step_down(&lease, (&from, to), asker.reason(), self.now);
+        let next = switchover::step_down(&lease, (&from, to), &asker.reason(), self.now);
         match leases.replace(&self.names.lease(), &Default::default(), &next).await {
             Ok(_) => {
-                info!(%from, %to, why = asker.reason(), "switching over: released the primary's lease; the primary shuts down cleanly, then the replica is promoted once it has all of its WAL");
+                info!(%from, %to, why = %asker.reason(), "switching over: released the primary's lease; the primary shuts down cleanly, then the replica is promoted once it has all of its WAL");
                 crash::point("postgres: lease released for a switchover");
                 primacy.switching = true;
                 let why = match asker {
                     Asker::User => "as asked".to_string(),
                     Asker::Rollout => format!("the last step of a rolling change ({to} runs the new revision)"),
+                    Asker::Drain { node } => format!("as node {node} is being drained"),
                 };
                 primacy.told.push(Announcement::normal(
                     "SwitchingOver",
@@ -327,7 +331,7 @@ impl Pass<'_> {
                         "{from} steps down for {to}, {why}: {to} is promoted once it has received all of {from}'s WAL"
                     ),
                 ));
-                if asker == Asker::User {
+                if *asker == Asker::User {
                     self.forget_request().await;
                 }
             }

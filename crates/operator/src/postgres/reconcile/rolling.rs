@@ -1,5 +1,6 @@
-//! The rolling stage of a pass: a change of the instances' pod carried out by `rollout.rs`'s
-//! next step (a replica restarted, or the switchover that ends it).
+//! The rolling stage of a pass: a primary whose node is drained steps down (`drain.rs`), and a
+//! change of the instances' pod is carried out by `rollout.rs`'s next step (a replica
+//! restarted, or the switchover that ends it).
 
 use std::collections::BTreeSet;
 
@@ -14,6 +15,7 @@ use super::{Observed, Pass};
 use crate::core::events::Announcement;
 use crate::core::stuck::stuck;
 use crate::core::{DuringStage, Result, Stage, crash};
+use crate::postgres::drain::{self, Drain};
 use crate::postgres::rollout::{self, Instances, Step};
 use crate::postgres::{replication, statefulset};
 
@@ -33,12 +35,24 @@ impl Pass<'_> {
             || primacy.failover.is_some()
             || primacy.no_replica.is_some()
             || requested(self.pg).is_some();
-        let Some(revision) = children.statefulset.as_deref().and_then(rollout::update_revision) else {
-            return Ok(false);
-        };
         if busy {
             return Ok(false);
         }
+        match drain::primary_drain(&self.names, &primacy.primary, members, &children.cordoned) {
+            Drain::Stay => {}
+            Drain::StepDownFor { node, to } => {
+                self.ask_switchover(children, &to, &Asker::Drain { node }, primacy)
+                    .await?;
+                return Ok(true);
+            }
+            Drain::Held { node, why } => {
+                debug!(%node, %why, "the primary's node is being drained and the primary stays: its budget holds the drain");
+                return Ok(true);
+            }
+        }
+        let Some(revision) = children.statefulset.as_deref().and_then(rollout::update_revision) else {
+            return Ok(false);
+        };
         let pods = replication::instance_pods(&self.names, &children.pods);
         let stuck: BTreeSet<String> = pods
             .iter()
@@ -72,7 +86,7 @@ impl Pass<'_> {
                 Ok(true)
             }
             Step::SwitchOver { to } => {
-                self.ask_switchover(children, &to, Asker::Rollout, primacy).await?;
+                self.ask_switchover(children, &to, &Asker::Rollout, primacy).await?;
                 Ok(true)
             }
         }
