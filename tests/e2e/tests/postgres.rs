@@ -855,34 +855,8 @@ async fn rolls_out_a_new_image_with_one_switchover(ns: &TestNamespace, rw: &str,
     let lease = noops_e2e::postgres::LeaseWatch::start(ns, "shop-primary");
     let ledger = noops_e2e::postgres::Ledger::start(rw, "shop", password, "ledger", Duration::from_millis(20));
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let image = "registry.local/postgres:15";
-    kubectl_ok(
-        &[
-            "patch",
-            "pg/shop",
-            "-n",
-            &ns.name,
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"imageRepository":"registry.local/postgres"}}"#,
-        ],
-        None,
-    );
-    let pods = ns.pods();
-    wait_until("every instance on the new image, streaming", 5 * MINUTE, || async {
-        let all = pods.list(&Default::default()).await.unwrap().items;
-        let updated = all
-            .iter()
-            .filter(|p| p.metadata.name.as_deref().is_some_and(|n| n.starts_with("shop-")))
-            .filter(|p| {
-                let spec = p.spec.as_ref().unwrap();
-                spec.containers[0].image.as_deref() == Some(image) && noops_e2e::pod_ready(p)
-            })
-            .count();
-        let pg = ns.api::<PostgreSQL>().get("shop").await.unwrap();
-        updated == 3 && condition(&pg, "ReplicasReady").is_some_and(|(s, r, _)| s == "True" && r == "Streaming")
-    })
-    .await;
+    let image = pull_from_a_mirror(ns);
+    wait_all_on_image(ns, image).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let report = ledger.stop().await;
     let holders = lease.holders();
@@ -912,6 +886,42 @@ async fn rolls_out_a_new_image_with_one_switchover(ns: &TestNamespace, rw: &str,
         "writes waited {:?}",
         report.longest_gap
     );
+}
+
+/// Changes `shop`'s image repository to a mirror's (a rolling change); returns the image.
+fn pull_from_a_mirror(ns: &TestNamespace) -> &'static str {
+    kubectl_ok(
+        &[
+            "patch",
+            "pg/shop",
+            "-n",
+            &ns.name,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"imageRepository":"registry.local/postgres"}}"#,
+        ],
+        None,
+    );
+    "registry.local/postgres:15"
+}
+
+/// Waits until every instance of `shop` runs `image`, Ready, the replicas streaming.
+async fn wait_all_on_image(ns: &TestNamespace, image: &str) {
+    let pods = ns.pods();
+    wait_until("every instance on the new image, streaming", 5 * MINUTE, || async {
+        let all = pods.list(&Default::default()).await.unwrap().items;
+        let updated = all
+            .iter()
+            .filter(|p| p.metadata.name.as_deref().is_some_and(|n| n.starts_with("shop-")))
+            .filter(|p| {
+                let spec = p.spec.as_ref().unwrap();
+                spec.containers[0].image.as_deref() == Some(image) && noops_e2e::pod_ready(p)
+            })
+            .count();
+        let pg = ns.api::<PostgreSQL>().get("shop").await.unwrap();
+        updated == 3 && condition(&pg, "ReplicasReady").is_some_and(|(s, r, _)| s == "True" && r == "Streaming")
+    })
+    .await;
 }
 
 /// The primary `shop`'s status names.
@@ -997,7 +1007,8 @@ async fn a_lost_primary_is_replaced_by_the_most_advanced_replica_and_comes_back_
     .await;
     eprintln!("force-deleted primary {}: {primary} serves", second.to);
     // A switchover, asynchronous, with the operator killed (SIGKILL) right after it released
-    // the lease and right after it handed it over: it finishes, and loses no commit.
+    // the lease and right after it handed it over: it finishes, and loses no commit. (Then a
+    // rolling change, below, under the same kills.)
     drop(operator);
     let points = std::env::temp_dir().join(format!("noops-pg-switchover-points-{}", ns.name));
     let _ = std::fs::remove_file(&points);
@@ -1032,10 +1043,29 @@ async fn a_lost_primary_is_replaced_by_the_most_advanced_replica_and_comes_back_
     eprintln!("switchover through two operator kills: {said}");
     wait_rejoined(&ns, &primary).await;
 
+    // A rolling change with the operator killed right after it restarted a replica: the
+    // operator started again goes on from the pods' revisions, and the change ends with one
+    // switchover away from the primary.
+    let image = pull_from_a_mirror(&ns);
+    wait_all_on_image(&ns, image).await;
+    let crashed = std::fs::read_to_string(&points).unwrap_or_default();
+    assert!(
+        crashed
+            .lines()
+            .any(|l| l == "postgres: instance restarted for a rolling change"),
+        "never crashed during the rollout: {crashed}"
+    );
+    let rolled = wait_failed_over(&ns, "shop", &target).await;
+    assert!(
+        rolled.switchover && rolled.reason.contains("rolling change"),
+        "{rolled:?}"
+    );
+    eprintln!("rolling change through an operator kill: {rolled:?}");
+
     tokio::time::sleep(Duration::from_secs(2)).await;
     let report = ledger.stop().await;
     let pg = wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
-    assert_eq!(pg.status.unwrap().current_primary.as_deref(), Some(target.as_str()));
+    assert_eq!(pg.status.unwrap().current_primary.as_deref(), Some(rolled.to.as_str()));
     // (Stopped only now: the status above is the operator's.)
     let (restarts, _) = supervisor.stop().await;
     assert!(restarts >= 2, "the operator was started again {restarts} times");
