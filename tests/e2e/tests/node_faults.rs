@@ -826,16 +826,22 @@ async fn a_postgresql_primary_whose_node_stops_is_replaced_without_the_node_cont
     })
     .await;
     let drain_started = std::time::Instant::now();
-    kubectl_ok(
-        &[
-            "drain",
-            &drained,
-            "--pod-selector=noops.dev/postgres=shop",
-            "--delete-emptydir-data",
-            "--timeout=180s",
-        ],
-        None,
-    );
+    // Off the runtime's thread: the ledger shares it, and kubectl blocks for the whole drain.
+    let node = drained.clone();
+    tokio::task::spawn_blocking(move || {
+        kubectl_ok(
+            &[
+                "drain",
+                &node,
+                "--pod-selector=noops.dev/postgres=shop",
+                "--delete-emptydir-data",
+                "--timeout=180s",
+            ],
+            None,
+        )
+    })
+    .await
+    .unwrap();
     let drain_ended = std::time::Instant::now();
     let switched = last_failover(&ns, "shop").await;
     eprintln!(
@@ -861,10 +867,9 @@ async fn a_postgresql_primary_whose_node_stops_is_replaced_without_the_node_cont
     );
     let drain_gap = report.longest_gap_between(drain_started, drain_ended);
     eprintln!("the drain: writes waited at most {drain_gap:?}");
-    // About 6.4 s here (the switchover itself ~0.4 s as the operator counts it; the rest is
-    // the synchronous replicas following the new primary): less than a failover's lease.
+    // A switchover's gap: about a second alone on the machine.
     assert!(
-        drain_gap < Duration::from_secs(10),
+        drain_gap <= Duration::from_secs(3),
         "the drain: writes waited {drain_gap:?}"
     );
 }
