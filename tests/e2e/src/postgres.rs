@@ -425,10 +425,12 @@ impl LedgerReport {
 
 /// A client that commits one row after another into `items (id)` through `host` (a Service),
 /// each in its own transaction, every `pause`, reconnecting after an error as an application
-/// does; it keeps what the server acknowledged.
+/// does; it keeps what the server acknowledged. It runs on a thread and runtime of its own:
+/// a test blocking its own thread (kubectl, psql) must not hold its commits back, which would
+/// read as a write gap.
 pub struct Ledger {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    task: tokio::task::JoinHandle<LedgerReport>,
+    task: tokio::sync::oneshot::Receiver<LedgerReport>,
 }
 
 impl Ledger {
@@ -436,7 +438,8 @@ impl Ledger {
         let config = client_config(host, user, password, db, Duration::from_secs(2));
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stop_seen = stop.clone();
-        let task = tokio::spawn(async move {
+        let (done, task) = tokio::sync::oneshot::channel();
+        let commits = async move {
             let mut report = LedgerReport::default();
             let mut last_ack = std::time::Instant::now();
             let mut id = 0;
@@ -473,13 +476,20 @@ impl Ledger {
                 tokio::time::sleep(pause).await;
             }
             report
+        };
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("the ledger's runtime");
+            let _ = done.send(runtime.block_on(commits));
         });
         Self { stop, task }
     }
 
     pub async fn stop(self) -> LedgerReport {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.task.await.expect("the ledger's task")
+        self.task.await.expect("the ledger's thread")
     }
 }
 

@@ -867,9 +867,9 @@ async fn a_postgresql_primary_whose_node_stops_is_replaced_without_the_node_cont
     );
     let drain_gap = report.longest_gap_between(drain_started, drain_ended);
     eprintln!("the drain: writes waited at most {drain_gap:?}");
-    // A switchover's gap: about a second alone on the machine.
+    // A switchover's gap: 1.2–2.1 s seen; a failover would cost a lease (6 s) and more.
     assert!(
-        drain_gap <= Duration::from_secs(3),
+        drain_gap <= Duration::from_secs(4),
         "the drain: writes waited {drain_gap:?}"
     );
 }

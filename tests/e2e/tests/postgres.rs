@@ -879,10 +879,10 @@ async fn rolls_out_a_new_image_with_one_switchover(ns: &TestNamespace, rw: &str,
     assert!(!reasons.iter().any(|r| r == "FailedOver"), "{reasons:?}");
     let missing = report.lost_in((rw, "shop", password, "ledger"), "synchronous");
     assert!(missing.is_empty(), "lost {missing:?}");
-    // About 1.1 s alone on this machine, 2.2 s seen beside three other tests: the bound is
-    // the loaded one.
+    // About 1.1 s alone on this machine, 2.2 s seen beside three other tests; a failover
+    // would cost a lease (6 s) and more.
     assert!(
-        report.longest_gap <= Duration::from_secs(3),
+        report.longest_gap <= Duration::from_secs(4),
         "writes waited {:?}",
         report.longest_gap
     );
