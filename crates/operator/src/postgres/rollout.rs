@@ -100,13 +100,16 @@ pub fn next(names: &Names, revision: &str, instances: &Instances) -> Step {
     // stuck: it cannot start) is restarted first: it may be what the new revision fixes. One
     // still starting is waited for, as the StatefulSet's own rolling update does.
     let replicas_outdated = outdated.iter().rev().filter(|name| **name != primary);
-    let broken = |name: &&&str| {
-        let ready = pods.get(**name).is_some_and(|p| observe::ready_address(p).is_some());
-        (ready && !healthy(name)) || stuck.contains(**name)
-    };
+    let ready = |name: &str| pods.get(name).is_some_and(|p| observe::ready_address(p).is_some());
+    let broken = |name: &&&str| (ready(name) && !healthy(name)) || stuck.contains(**name);
     if let Some(broken) = replicas_outdated.clone().find(broken) {
-        if let Some(other) = pods.keys().find(|n| n.as_str() != *broken && !healthy(n)) {
-            return Step::Wait(format!("{other} is not Ready and streaming yet"));
+        // Restarting it takes nothing that serves: only a pod still starting (the last one
+        // restarted, say) is waited for. Several broken ones go one after another.
+        if let Some(other) = pods
+            .keys()
+            .find(|n| n.as_str() != *broken && !ready(n) && !stuck.contains(n.as_str()))
+        {
+            return Step::Wait(format!("{other} is starting"));
         }
         return Step::Restart {
             pod: broken.to_string(),
@@ -256,13 +259,25 @@ mod tests {
     }
 
     #[test]
-    fn an_outdated_replica_that_does_not_stream_is_restarted_at_once_unless_another_is_down() {
+    fn an_outdated_replica_that_does_not_stream_is_restarted_at_once_unless_another_is_starting() {
         let mut case = Case::three(["old", "old", "old"], 0);
         case.members[1].streaming = Some(false);
         assert!(matches!(case.next("shop-0"), Step::Restart { pod, .. } if pod == "shop-1"));
-        // A second one down: one at a time still.
+        // Both replicas serve nothing (a setting the new revision fixes): one after another,
+        // the highest first, never waiting for the other to stream.
         case.members[2].streaming = Some(false);
-        assert!(matches!(case.next("shop-0"), Step::Wait(_)));
+        assert!(matches!(case.next("shop-0"), Step::Restart { pod, .. } if pod == "shop-2"));
+        case.pods[2] = pod("shop-2", "new", false);
+        case.members[2].ready = false;
+        assert!(
+            matches!(case.next("shop-0"), Step::Wait(why) if why.contains("shop-2 is starting")),
+            "the one restarted is waited for"
+        );
+        case.stuck.insert("shop-2".into());
+        assert!(
+            matches!(case.next("shop-0"), Step::Restart { pod, .. } if pod == "shop-1"),
+            "a new revision that cannot start either holds no broken replica back"
+        );
     }
 
     #[test]
