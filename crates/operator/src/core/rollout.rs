@@ -3,6 +3,7 @@
 //! report Ready only on these answers.
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::Pod;
 
 /// Whether the Deployment runs `replicas` Ready pods of its current spec (and its controller
 /// has seen that spec).
@@ -69,6 +70,27 @@ pub fn statefulset_rolled_out(statefulset: Option<&StatefulSet>, replicas: i32) 
         && status.replicas == replicas
         && status.updated_replicas.unwrap_or(0) == replicas
         && status.ready_replicas.unwrap_or(0) >= replicas
+}
+
+/// The label a StatefulSet gives each pod: the revision of the template it was made from.
+pub const REVISION_LABEL: &str = "controller-revision-hash";
+
+/// The revision every pod of the StatefulSet should run: its update revision, once its
+/// controller has seen its current spec (before, the revision it says is the old spec's).
+pub fn statefulset_update_revision(statefulset: &StatefulSet) -> Option<&str> {
+    let status = statefulset.status.as_ref()?;
+    let seen = status.observed_generation? >= statefulset.metadata.generation?;
+    seen.then_some(status.update_revision.as_deref()?)
+}
+
+/// Whether `pod` (of a StatefulSet) was made from revision `revision`.
+pub fn runs_revision(pod: &Pod, revision: &str) -> bool {
+    pod.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(REVISION_LABEL))
+        .map(String::as_str)
+        == Some(revision)
 }
 
 /// Ready pods of a StatefulSet.
@@ -138,5 +160,27 @@ mod tests {
         );
         let short = fixtures::statefulset("etcd").replicas(3).ready(2).build();
         assert!(!statefulset_rolled_out(Some(&short), 3));
+    }
+
+    #[test]
+    fn the_update_revision_counts_once_the_controller_has_seen_the_spec() {
+        let seen = fixtures::statefulset("pg")
+            .generation(2)
+            .ready(3)
+            .revisions("pg-1", "pg-2")
+            .build();
+        assert_eq!(statefulset_update_revision(&seen), Some("pg-2"));
+        let mut unseen = seen.clone();
+        unseen.metadata.generation = Some(3);
+        assert_eq!(
+            statefulset_update_revision(&unseen),
+            None,
+            "the revision is the old spec's"
+        );
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "pg-0", "labels": { REVISION_LABEL: "pg-1" } },
+        }))
+        .unwrap();
+        assert!(runs_revision(&pod, "pg-1") && !runs_revision(&pod, "pg-2"));
     }
 }

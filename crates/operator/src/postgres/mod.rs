@@ -52,6 +52,8 @@ mod reconcile;
 pub mod replication;
 pub mod restore;
 pub mod rollout;
+#[cfg(test)]
+mod rollout_interleavings;
 pub mod secrets;
 pub mod services;
 pub mod sql;
@@ -228,6 +230,7 @@ fn drained_node_wakes(
                 Some(ObjectRef::new(database).within(&p.namespace().unwrap_or_default()))
             })
             .collect();
+        databases.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         databases.dedup();
         databases
     }

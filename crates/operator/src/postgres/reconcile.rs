@@ -43,7 +43,6 @@ use crate::core::backup::retention::{BackupsSummary, being_restored};
 use crate::core::cache::in_namespace;
 use crate::core::events::Announcement;
 use crate::core::stamp::{stamp, up_to_date};
-use crate::core::stuck::stuck;
 use crate::core::{DuringStage, Error, Result, Stage, crash};
 
 mod primacy;
@@ -411,21 +410,10 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// A pod that cannot start never makes way for a corrected one by itself (the StatefulSet
-    /// waits for it to be Ready first): it is deleted, and the StatefulSet makes the new one.
-    /// A pod that waits for a volume claim that is gone is deleted too: the StatefulSet makes
-    /// both anew.
+    /// A pod that waits for a volume claim that is gone is deleted: the StatefulSet makes both
+    /// anew. (A pod that cannot start on an old spec is the rolling stage's: `reconcile/rolling.rs`.)
     async fn replace_pods_that_cannot_start(&self, children: &observe::Children) -> Result<()> {
         let pods = self.api::<Pod>();
-        if let Some(pod) = outdated_stuck_pod(children, self.now) {
-            delete_if_present(&pods, &pod, &Default::default())
-                .await
-                .during(Stage::Apply)?;
-            info!(
-                pod,
-                "deleted the instance's pod, which cannot start, for one of the new spec"
-            );
-        }
         if let Some(pod) = observe::pod_without_its_claim(children) {
             // The caches may have seen a new pod before its new claim: the API server says.
             let claim = self
@@ -662,21 +650,6 @@ async fn check_placement(pg: &PostgreSQL, ctx: &Context) -> Result<Option<PlanPr
     };
     let nodes = Api::<Node>::all(ctx.client.clone()).list(&Default::default()).await?;
     Ok(placement::no_node_fits(Some(resources), &nodes.items))
-}
-
-/// The instance's pod, if it cannot start and the StatefulSet has a newer revision for it.
-fn outdated_stuck_pod(children: &observe::Children, now: jiff::Timestamp) -> Option<String> {
-    let pod = children.instance.as_deref()?;
-    stuck([pod], now)?;
-    let update = children
-        .statefulset
-        .as_deref()?
-        .status
-        .as_ref()?
-        .update_revision
-        .clone()?;
-    let revision = pod.metadata.labels.as_ref()?.get("controller-revision-hash")?;
-    (*revision != update).then(|| pod.metadata.name.clone()).flatten()
 }
 
 /// Looks at the node of an instance pod stuck in its deletion, and acts as `node_loss.rs`

@@ -11,16 +11,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use noops_api::postgres::{MemberStatus, Role};
 
 use super::names::Names;
 use super::observe;
 use super::replication::{LAG_BOUND_BYTES, REPLICA, role_label};
-
-/// The label the StatefulSet gives each pod: the revision of the template it was made from.
-pub const REVISION_LABEL: &str = "controller-revision-hash";
+use crate::core::rollout::runs_revision;
 
 /// The next step of a rollout.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,22 +33,15 @@ pub enum Step {
     SwitchOver { to: String },
 }
 
-/// The revision every pod should run: the StatefulSet's update revision, once its controller
-/// has seen its current spec (before, the revision it says is the old spec's).
-pub fn update_revision(sts: &StatefulSet) -> Option<&str> {
-    let status = sts.status.as_ref()?;
-    let seen = status.observed_generation? >= sts.metadata.generation?;
-    seen.then_some(status.update_revision.as_deref()?)
-}
-
-/// Whether `pod` runs revision `revision`.
-pub fn runs(pod: &Pod, revision: &str) -> bool {
-    pod.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(REVISION_LABEL))
-        .map(String::as_str)
-        == Some(revision)
+/// An outdated pod that cannot start (`stuck`), if any: restarted whatever else goes on (a
+/// failover, a switchover, a rollout waiting), since it serves nothing and the new revision
+/// may be what lets it start: a single instance whose bad image the user corrected, say. The
+/// StatefulSet makes no pod of the new revision before the old one is gone.
+pub fn stuck_outdated(revision: &str, pods: &BTreeMap<String, &Pod>, stuck: &BTreeSet<String>) -> Option<String> {
+    pods.iter()
+        .filter(|(name, pod)| stuck.contains(name.as_str()) && !runs_revision(pod, revision))
+        .map(|(name, _)| name.clone())
+        .next_back()
 }
 
 /// The instances as a rollout sees them.
@@ -78,7 +68,7 @@ pub fn next(names: &Names, revision: &str, instances: &Instances) -> Step {
     } = *instances;
     let outdated: Vec<&str> = pods
         .iter()
-        .filter(|(_, pod)| !runs(pod, revision))
+        .filter(|(_, pod)| !runs_revision(pod, revision))
         .map(|(name, _)| name.as_str())
         .collect();
     if outdated.is_empty() {
@@ -96,12 +86,12 @@ pub fn next(names: &Names, revision: &str, instances: &Instances) -> Step {
         Some(m) => m.ready,
         None => false,
     };
-    // An outdated replica that serves nothing (Ready and not streaming as it should, or
-    // stuck: it cannot start) is restarted first: it may be what the new revision fixes. One
-    // still starting is waited for, as the StatefulSet's own rolling update does.
+    // An outdated replica that serves nothing (Ready and not streaming as it should; one that
+    // cannot start is `stuck_outdated`'s) is restarted first: it may be what the new revision
+    // fixes. One still starting is waited for, as the StatefulSet's own rolling update does.
     let replicas_outdated = outdated.iter().rev().filter(|name| **name != primary);
     let ready = |name: &str| pods.get(name).is_some_and(|p| observe::ready_address(p).is_some());
-    let broken = |name: &&&str| (ready(name) && !healthy(name)) || stuck.contains(**name);
+    let broken = |name: &&&str| ready(name) && !healthy(name);
     if let Some(broken) = replicas_outdated.clone().find(broken) {
         // Restarting it takes nothing that serves: only a pod still starting (the last one
         // restarted, say) is waited for. Several broken ones go one after another.
@@ -147,6 +137,7 @@ pub fn next(names: &Names, revision: &str, instances: &Instances) -> Step {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::rollout::REVISION_LABEL;
     use crate::postgres::fixtures::{self, names};
 
     fn pod(name: &str, revision: &str, ready: bool) -> Pod {
@@ -192,12 +183,19 @@ mod tests {
             self.next_of(primary, self.pods.len() as i32)
         }
 
-        fn next_of(&self, primary: &str, wanted: i32) -> Step {
-            let pods = self
-                .pods
+        fn by_name(&self) -> BTreeMap<String, &Pod> {
+            self.pods
                 .iter()
                 .map(|p| (p.metadata.name.clone().unwrap(), p))
-                .collect();
+                .collect()
+        }
+
+        fn stuck_outdated(&self) -> Option<String> {
+            stuck_outdated("new", &self.by_name(), &self.stuck)
+        }
+
+        fn next_of(&self, primary: &str, wanted: i32) -> Step {
+            let pods = self.by_name();
             let instances = Instances {
                 pods: &pods,
                 members: &self.members,
@@ -281,14 +279,25 @@ mod tests {
     }
 
     #[test]
-    fn an_outdated_replica_still_starting_is_waited_for_and_one_stuck_is_restarted() {
+    fn an_outdated_pod_still_starting_is_waited_for_and_one_stuck_is_restarted_primary_or_not() {
         let mut case = Case::three(["old", "old", "old"], 0);
         case.pods[2] = pod("shop-2", "old", false);
         case.members[2].ready = false;
         case.members[2].streaming = Some(false);
         assert!(matches!(case.next("shop-0"), Step::Wait(why) if why.contains("shop-2")));
+        assert_eq!(case.stuck_outdated(), None, "starting, not stuck");
         case.stuck.insert("shop-2".into());
-        assert!(matches!(case.next("shop-0"), Step::Restart { pod, .. } if pod == "shop-2"));
+        assert_eq!(case.stuck_outdated().as_deref(), Some("shop-2"));
+        // The only instance, on a bad image the user then corrected.
+        let mut one = Case {
+            pods: vec![pod("shop-0", "old", false)],
+            members: vec![member("shop-0", Role::Primary, false, 0)],
+            stuck: BTreeSet::from(["shop-0".to_string()]),
+        };
+        assert_eq!(one.stuck_outdated().as_deref(), Some("shop-0"));
+        // Stuck on the new revision itself: nothing to restart it to.
+        one.pods[0] = pod("shop-0", "new", false);
+        assert_eq!(one.stuck_outdated(), None);
     }
 
     #[test]
@@ -321,19 +330,5 @@ mod tests {
         };
         assert!(matches!(one.next("shop-0"), Step::Restart { pod, .. } if pod == "shop-0"));
         assert_eq!(Case::three(["new", "new", "new"], 2).next("shop-2"), Step::Done);
-    }
-
-    #[test]
-    fn the_revision_counts_once_the_statefulset_has_seen_its_spec() {
-        let sts = |generation: i64, observed: i64| -> StatefulSet {
-            serde_json::from_value(serde_json::json!({
-                "metadata": { "name": "shop", "generation": generation },
-                "spec": { "selector": {}, "template": {}, "serviceName": "shop" },
-                "status": { "replicas": 3, "observedGeneration": observed, "updateRevision": "shop-abc" },
-            }))
-            .unwrap()
-        };
-        assert_eq!(update_revision(&sts(2, 2)), Some("shop-abc"));
-        assert_eq!(update_revision(&sts(3, 2)), None);
     }
 }

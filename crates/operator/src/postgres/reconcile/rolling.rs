@@ -1,6 +1,6 @@
-//! The rolling stage of a pass: a primary whose node is drained steps down (`drain.rs`), and a
-//! change of the instances' pod is carried out by `rollout.rs`'s next step (a replica
-//! restarted, or the switchover that ends it).
+//! The rolling stage of a pass: an outdated pod that cannot start is replaced, a primary whose
+//! node is drained steps down (`drain.rs`), and a change of the instances' pod is carried out
+//! by `rollout.rs`'s next step (a replica restarted, or the switchover that ends it).
 
 use std::collections::BTreeSet;
 
@@ -13,6 +13,7 @@ use tracing::{debug, info};
 use super::primacy::{Asker, Primacy, requested};
 use super::{Observed, Pass};
 use crate::core::events::Announcement;
+use crate::core::rollout::statefulset_update_revision;
 use crate::core::stuck::stuck;
 use crate::core::{DuringStage, Result, Stage, crash};
 use crate::postgres::drain::{self, Drain};
@@ -30,8 +31,25 @@ impl Pass<'_> {
         primacy: &mut Primacy,
     ) -> Result<bool> {
         let children = &observed.children;
-        let busy = self.pg.spec.paused
-            || primacy.switching
+        if self.pg.spec.paused {
+            return Ok(false);
+        }
+        let revision = children.statefulset.as_deref().and_then(statefulset_update_revision);
+        let pods = replication::instance_pods(&self.names, &children.pods);
+        let stuck: BTreeSet<String> = pods
+            .iter()
+            .filter(|(_, pod)| stuck([**pod], self.now).is_some())
+            .map(|(name, _)| name.clone())
+            .collect();
+        // A pod that cannot start moves nothing: replaced even while the primary moves.
+        if let Some(revision) = revision
+            && let Some(pod) = rollout::stuck_outdated(revision, &pods, &stuck)
+        {
+            let why = format!("{pod}, which cannot start, on the new revision");
+            self.restart_step(&pods, (&pod, &why), revision, primacy).await?;
+            return Ok(true);
+        }
+        let busy = primacy.switching
             || primacy.failover.is_some()
             || primacy.no_replica.is_some()
             || requested(self.pg).is_some();
@@ -50,15 +68,9 @@ impl Pass<'_> {
                 return Ok(true);
             }
         }
-        let Some(revision) = children.statefulset.as_deref().and_then(rollout::update_revision) else {
+        let Some(revision) = revision else {
             return Ok(false);
         };
-        let pods = replication::instance_pods(&self.names, &children.pods);
-        let stuck: BTreeSet<String> = pods
-            .iter()
-            .filter(|(_, pod)| stuck([**pod], self.now).is_some())
-            .map(|(name, _)| name.clone())
-            .collect();
         let instances = Instances {
             pods: &pods,
             members,
@@ -73,16 +85,7 @@ impl Pass<'_> {
                 Ok(true)
             }
             Step::Restart { pod, why } => {
-                let Some(uid) = pods.get(&pod).and_then(|p| p.metadata.uid.clone()) else {
-                    return Ok(true);
-                };
-                if self.restart(&pod, &uid, revision).await? {
-                    info!(%pod, %why, "rolling change: restarted an instance on the StatefulSet's new revision");
-                    crash::point("postgres: instance restarted for a rolling change");
-                    primacy
-                        .told
-                        .push(Announcement::normal("RestartingInstance", format!("restarting {why}")));
-                }
+                self.restart_step(&pods, (&pod, &why), revision, primacy).await?;
                 Ok(true)
             }
             Step::SwitchOver { to } => {
@@ -90,6 +93,27 @@ impl Pass<'_> {
                 Ok(true)
             }
         }
+    }
+
+    /// Restarts instance `pod` of `pods` on `revision` (`why`), and says so.
+    async fn restart_step(
+        &self,
+        pods: &std::collections::BTreeMap<String, &Pod>,
+        (pod, why): (&str, &str),
+        revision: &str,
+        primacy: &mut Primacy,
+    ) -> Result<()> {
+        let Some(uid) = pods.get(pod).and_then(|p| p.metadata.uid.clone()) else {
+            return Ok(());
+        };
+        if self.restart(pod, &uid, revision).await? {
+            info!(%pod, %why, "restarted an instance on the StatefulSet's new revision");
+            crash::point("postgres: instance restarted for a rolling change");
+            primacy
+                .told
+                .push(Announcement::normal("RestartingInstance", format!("restarting {why}")));
+        }
+        Ok(())
     }
 
     /// Deletes instance `pod` (of uid `uid`, judged not to run `revision`) for the StatefulSet
@@ -101,7 +125,7 @@ impl Pass<'_> {
             .get(&self.names.statefulset())
             .await
             .during(Stage::Observe)?;
-        if rollout::update_revision(&sts) != Some(revision) {
+        if statefulset_update_revision(&sts) != Some(revision) {
             info!(%pod, "the StatefulSet moved on since the cache saw it: looking again");
             return Ok(false);
         }
