@@ -37,6 +37,9 @@ kubelet_port=10250
 node_lease_seconds=8
 node_monitor_grace_seconds=10
 eviction_toleration_seconds=10
+# How often a node writes its pods' ConfigMap, Secret and token files again (the kubelet's
+# --sync-frequency, 1 minute upstream): a renewed certificate reaches its pods within this.
+node_sync_seconds=10
 
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 node_agent_bin="$target_dir/debug/noops-node"
@@ -118,6 +121,7 @@ start_node() {
     --images "$root/cluster/images.yaml" --kubernetes-version "$k8s_version" --api-service "$api_service_ip:443"
     --kubelet-port "$kubelet_port" --tls-cert "$pki/$name-serving.crt" --tls-key "$pki/$name-serving.key"
     --client-ca "$pki/kubelet-client-ca.crt" --node-lease-seconds "$node_lease_seconds"
+    --sync-frequency-seconds "$node_sync_seconds"
     --private-path "$cluster" --private-path "$kubeconfig")
   cg=$(node_cgroup "$k")
   if [ -n "$cg" ] && mkdir -p "$cg" 2>/dev/null; then

@@ -115,6 +115,11 @@ struct Args {
     /// First back-off before restarting a crashed container (doubles up to 5 minutes).
     #[arg(long, default_value = "10", value_name = "SECONDS")]
     crash_backoff_seconds: u64,
+    /// How often a running pod's ConfigMap, Secret, downward API and token files are written
+    /// again (the kubelet's `--sync-frequency`, 1 minute by default; the local Kubernetes uses
+    /// less so that a renewed certificate reaches its pods in seconds).
+    #[arg(long, default_value = "60", value_name = "SECONDS")]
+    sync_frequency_seconds: u64,
     /// A path of this machine that containers must not read (the cluster's state, keys and
     /// kubeconfigs); repeatable. Containers see an empty folder (or file) there.
     #[arg(long = "private-path", value_name = "PATH")]
@@ -260,6 +265,7 @@ async fn main() -> anyhow::Result<()> {
         gateway,
         api_service,
         crash_backoff: Duration::from_secs(args.crash_backoff_seconds.max(1)),
+        sync_frequency: Duration::from_secs(args.sync_frequency_seconds.max(1)),
         private_paths: args.private_paths.clone(),
         cgroups,
     });

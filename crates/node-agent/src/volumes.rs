@@ -248,9 +248,14 @@ impl Volumes<'_> {
             } else if let Some(dapi) = &source.downward_api {
                 downward_files(volume, &self.facts, dapi.items.as_deref().unwrap_or(&[]), default_mode)?
             } else if let Some(token) = &source.service_account_token {
-                let jwt = self
-                    .request_token(volume, token.audience.clone(), token.expiration_seconds)
-                    .await?;
+                let written = std::fs::read_to_string(self.dir.join(volume).join(&token.path)).ok();
+                let jwt = match written.filter(|jwt| token_still_fresh(jwt, jiff::Timestamp::now().as_second())) {
+                    Some(jwt) => jwt,
+                    None => {
+                        self.request_token(volume, token.audience.clone(), token.expiration_seconds)
+                            .await?
+                    }
+                };
                 let mode = default_mode.unwrap_or(DEFAULT_MODE) as u32;
                 FileSet::from([(
                     token.path.clone(),
@@ -306,6 +311,28 @@ impl Volumes<'_> {
             message: "token request returned no token".into(),
         })
     }
+}
+
+/// Whether a token already written is kept rather than asked for again: as the kubelet does, a
+/// token is renewed once 80% of its life has passed or it is a day old. Asking for a new one at
+/// every volume refresh would sign a token per pod every few seconds.
+fn token_still_fresh(jwt: &str, now: i64) -> bool {
+    use base64::Engine as _;
+    #[derive(serde::Deserialize)]
+    struct Claims {
+        iat: i64,
+        exp: i64,
+    }
+    let claims = jwt
+        .split('.')
+        .nth(1)
+        .and_then(|payload| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).ok())
+        .and_then(|json| serde_json::from_slice::<Claims>(&json).ok());
+    let Some(Claims { iat, exp }) = claims else {
+        return false;
+    };
+    let renew_at = iat + (exp - iat) * 4 / 5;
+    now < renew_at.min(iat + 24 * 3600)
 }
 
 fn is_generated(v: &Volume) -> bool {
@@ -447,6 +474,33 @@ pub fn open_to_all(dir: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn jwt(claims: &str) -> String {
+        use base64::Engine as _;
+        let part = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        format!("{}.{}.signature", part(r#"{"alg":"RS256"}"#), part(claims))
+    }
+
+    #[test]
+    fn a_token_is_kept_until_four_fifths_of_its_life_or_a_day() {
+        let hour = jwt(r#"{"iat":1000,"exp":4600,"sub":"system:serviceaccount:a:b"}"#);
+        assert!(token_still_fresh(&hour, 1000));
+        assert!(token_still_fresh(&hour, 1000 + 2879));
+        assert!(!token_still_fresh(&hour, 1000 + 2880), "renewed at 80% of an hour");
+        let year = jwt(r#"{"iat":0,"exp":31536000}"#);
+        assert!(token_still_fresh(&year, 86399));
+        assert!(
+            !token_still_fresh(&year, 86400),
+            "renewed after a day whatever its expiry"
+        );
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_token_is_asked_for_again() {
+        assert!(!token_still_fresh("", 0));
+        assert!(!token_still_fresh("not.a.jwt", 0));
+        assert!(!token_still_fresh(&jwt(r#"{"iat":"x"}"#), 0));
+    }
 
     #[test]
     fn items_pick_and_rename_keys() {

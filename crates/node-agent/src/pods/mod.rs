@@ -50,6 +50,9 @@ pub struct Agent {
     pub api_service: (Ipv4Addr, u16),
     /// First delay before restarting a crashed container; doubles up to five minutes.
     pub crash_backoff: Duration,
+    /// How often a running pod's generated volumes are written again (ConfigMap and Secret
+    /// changes, tokens near their end): the kubelet's `--sync-frequency`.
+    pub sync_frequency: Duration,
     /// Paths of this machine that containers must not read.
     pub private_paths: Vec<PathBuf>,
     /// Each container's cgroup, which holds every process it starts.

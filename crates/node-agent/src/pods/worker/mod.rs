@@ -223,7 +223,7 @@ impl PodWorker {
             deadline = deadline.min(self.next_sandbox_try);
         }
         if self.sandbox.is_some() {
-            deadline = deadline.min(self.last_volume_refresh + sandbox::VOLUME_REFRESH);
+            deadline = deadline.min(self.last_volume_refresh + self.agent.sync_frequency);
         }
         for slot in self.init.iter().chain(self.main.iter()) {
             if let Some(t) = slot.next_start {

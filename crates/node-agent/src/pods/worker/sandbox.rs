@@ -3,7 +3,6 @@
 //! back-off while they cannot be.
 
 use std::net::Ipv4Addr;
-use std::time::Duration;
 
 use kube::runtime::events::EventType;
 use tokio::time::Instant;
@@ -13,9 +12,6 @@ use super::PodWorker;
 use crate::downward::PodFacts;
 use crate::pods::launch::{self, PodSandbox};
 use crate::volumes::Volumes;
-
-/// How often generated volumes are refreshed (ConfigMap/Secret changes, token renewal).
-pub(super) const VOLUME_REFRESH: Duration = Duration::from_secs(60);
 
 impl PodWorker {
     pub(super) async fn ensure_sandbox(&mut self) {
@@ -109,7 +105,7 @@ impl PodWorker {
     }
 
     pub(super) async fn refresh_volumes_if_due(&mut self) {
-        if self.last_volume_refresh.elapsed() < VOLUME_REFRESH {
+        if self.last_volume_refresh.elapsed() < self.agent.sync_frequency {
             return;
         }
         self.last_volume_refresh = Instant::now();
