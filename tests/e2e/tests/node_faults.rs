@@ -876,6 +876,131 @@ async fn a_postgresql_primary_whose_node_stops_is_replaced_without_the_node_cont
 
 #[tokio::test]
 #[ignore = "node faults disturb other tests: `make e2e` runs them alone"]
+async fn a_postgresql_primary_cut_off_by_a_partition_takes_no_commit_past_its_fence_and_rejoins_when_healed() {
+    use noops_e2e::postgres::*;
+    // The instance manager's fence: a primary that has not renewed its lease for this long
+    // stops its server (2 s before the lease, 6 s, runs out and a replica may be promoted).
+    const FENCE_AFTER: Duration = Duration::from_secs(4);
+
+    let _restore = RestoreNodesOnDrop;
+    install_crds();
+    let ns = TestNamespace::new("pg-ha-cut").await;
+    ready_nodes(&ns.client, 3).await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "postgres"]);
+    // Asynchronous: the isolated primary could go on acknowledging commits on its own, so
+    // only its fence stops it (synchronous, its commits would wait for replicas it cannot reach).
+    let (password, rw, ledger) = three_instances_under_a_ledger(&ns, "").await;
+    let primary = ns.pods().get("shop-0").await.unwrap();
+    let cut = pod_node(&primary);
+    let primary_ip = pod_ip(&primary).unwrap();
+    psql(
+        &rw,
+        "app",
+        &password,
+        "shop",
+        "CREATE TABLE inside (id bigint PRIMARY KEY)",
+    )
+    .unwrap();
+
+    // A client on the primary's side of the partition: a pod on its node committing straight
+    // to the primary's address, printing each acknowledged id with the time (this machine's
+    // clock). It tolerates the node being unreachable, so it stays to be read after the heal.
+    let script = format!(
+        "i=0; while true; do i=$((i+1)); psql -h {primary_ip} -U app -d shop -qAtc \"INSERT INTO inside VALUES ($i)\" >/dev/null 2>&1 && echo \"ack $i $(date +%s.%N)\"; sleep 0.05; done"
+    );
+    ns.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{ name: inside }}\nspec:\n  nodeName: {cut}\n  restartPolicy: Never\n  tolerations: [{{ operator: Exists }}]\n  containers:\n  - name: client\n    image: postgres:15\n    env:\n    - {{ name: PGPASSWORD, valueFrom: {{ secretKeyRef: {{ name: shop-db, key: postgresql_password }} }} }}\n    - {{ name: PGCONNECT_TIMEOUT, value: \"2\" }}\n    command: [\"bash\", \"-c\", {script:?}]\n"
+    ));
+    let inside_acks = || async {
+        let log = ns
+            .pods()
+            .logs("inside", &LogParams::default())
+            .await
+            .unwrap_or_default();
+        log.lines()
+            .filter_map(|l| {
+                let mut words = l.strip_prefix("ack ")?.split(' ');
+                let id: i64 = words.next()?.parse().ok()?;
+                let at: f64 = words.next()?.parse().ok()?;
+                Some((id, std::time::UNIX_EPOCH + Duration::from_secs_f64(at)))
+            })
+            .collect::<Vec<_>>()
+    };
+    wait_until("the client beside the primary committing", MINUTE, || async {
+        inside_acks().await.len() > 10
+    })
+    .await;
+
+    // The cut: the primary's node reaches nothing outside its own pods, the API server
+    // included, so the primary cannot renew its lease.
+    node_fault(&["partition", &cut]);
+    let (cut_at, cut_instant) = (std::time::SystemTime::now(), std::time::Instant::now());
+    let failover = wait_failed_over(&ns, "shop", "shop-0").await;
+    eprintln!(
+        "node {cut} cut off: {failover:?}, promoted {:?} after the cut",
+        cut_instant.elapsed()
+    );
+    // Past the lease and the failover, with the partition still on: the isolated primary
+    // stays down, as it cannot read the lease.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    node_fault(&["heal", &cut]);
+    wait_rejoined(&ns, "shop-0").await;
+    wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
+    let report = ledger.stop().await;
+
+    // The isolated primary took no commit past its fence deadline (counted from its last
+    // renewal, at the latest the cut), and its last one came before the new primary's first.
+    let acks = inside_acks().await;
+    let (last_id, last_at) = *acks.last().unwrap();
+    let after_cut = last_at.duration_since(cut_at).unwrap_or_default();
+    eprintln!(
+        "the client beside the isolated primary: {} commits acknowledged, the last ({last_id}) {after_cut:?} after the cut",
+        acks.len()
+    );
+    assert!(
+        after_cut <= FENCE_AFTER + Duration::from_secs(1),
+        "the isolated primary acknowledged commit {last_id} {after_cut:?} after the cut, past its fence deadline"
+    );
+    // The ledger's first commit after the cut, which the new primary acknowledged (the old
+    // one is unreachable from this machine).
+    let first_on_new = report
+        .acked_at
+        .iter()
+        .find(|at| **at > cut_instant + Duration::from_millis(500))
+        .copied()
+        .unwrap();
+    assert!(
+        cut_instant + after_cut < first_on_new,
+        "the isolated primary acknowledged a commit {after_cut:?} after the cut, once the new primary took writes ({:?} after it)",
+        first_on_new - cut_instant
+    );
+    // What the isolated primary acknowledged after the cut never reached a replica: the
+    // rejoin rewound it away. Nothing else is missing.
+    let present: BTreeSet<i64> = psql(&rw, "app", &password, "shop", "SELECT id FROM inside")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    let kept_after_cut = acks
+        .iter()
+        .filter(|(id, at)| *at > cut_at && present.contains(id))
+        .count();
+    let acked_after_cut = acks.iter().filter(|(_, at)| *at > cut_at).count();
+    eprintln!("of its {acked_after_cut} commits acknowledged after the cut, {kept_after_cut} are on the new primary");
+    // Asynchronous: the ledger may lose only commits the old primary acknowledged just before
+    // the cut (its replicas' lag, milliseconds here).
+    let missing = report.lost_in_shop(&rw, &password, "asynchronous");
+    for id in &missing {
+        let at = report.acked_at[report.acked.iter().position(|a| a == id).unwrap()];
+        assert!(
+            at + Duration::from_secs(1) > cut_instant,
+            "commit {id}, acknowledged long before the cut, is lost"
+        );
+    }
+}
+
+#[tokio::test]
+#[ignore = "node faults disturb other tests: `make e2e` runs them alone"]
 async fn a_base_backup_whose_node_dies_fails_says_why_and_the_next_one_is_stored() {
     use noops_api::PostgresBackup;
     use noops_e2e::postgres::*;
