@@ -110,6 +110,7 @@ pub fn apply_error(ns: &TestNamespace, yaml: &str) -> Option<String> {
 pub struct TestNamespace {
     pub name: String,
     pub client: Client,
+    made: std::time::Instant,
 }
 
 impl TestNamespace {
@@ -153,7 +154,11 @@ impl TestNamespace {
             || async { sa.get_opt("default").await.ok().flatten().is_some() },
         )
         .await;
-        Self { name, client }
+        Self {
+            name,
+            client,
+            made: std::time::Instant::now(),
+        }
     }
 
     /// Applies a multi-document YAML manifest in this namespace.
@@ -217,6 +222,27 @@ impl Drop for TestNamespace {
             }
         }
         let _ = kubectl(&["delete", "namespace", &self.name, "--wait=false"], None);
+        record_duration(&self.name, self.made.elapsed());
+    }
+}
+
+/// Where each test namespace's life is recorded (`seconds<TAB>test<TAB>namespace`), so that
+/// `make e2e` can print the slowest tests: libtest's own timings are not on stable Rust.
+pub fn durations_file() -> PathBuf {
+    root().join(".noops/e2e-durations.tsv")
+}
+
+fn record_duration(namespace: &str, lived: Duration) {
+    use std::io::Write as _;
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    let line = format!("{:.0}\t{test}\t{namespace}\n", lived.as_secs_f64());
+    // One short write to a file opened for appending: lines of tests running at once never mix.
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(durations_file())
+    {
+        let _ = file.write_all(line.as_bytes());
     }
 }
 
