@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use noops::core::metrics::{BackupGauges, Metrics};
+use noops::core::metrics::{BackupGauges, Metrics, ReplicaLag, ReplicationGauges};
 use promql_parser::parser::Expr;
 use promql_parser::util::{ExprVisitor, walk_expr};
 
@@ -38,6 +38,19 @@ fn exported() -> BTreeSet<String> {
         },
     );
     metrics.set_certificate_expiry("EtcdCluster", "db", "main", "main-server", jiff::Timestamp::UNIX_EPOCH);
+    metrics.set_replication(
+        "db",
+        "shop",
+        &ReplicationGauges {
+            wanted: 2,
+            streaming: 2,
+            lag: vec![ReplicaLag {
+                instance: "shop-1".into(),
+                bytes: Some(0),
+                seconds: Some(0.0),
+            }],
+        },
+    );
     let text = metrics.render();
     let mut names = BTreeSet::new();
     for line in text.lines() {

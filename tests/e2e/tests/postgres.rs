@@ -688,7 +688,7 @@ async fn a_spec_the_api_server_refuses_is_reported_and_never_stops_a_serving_dat
 async fn three_instances_stream_from_the_primary_and_serve_reads_behind_their_own_services() {
     install_crds();
     let ns = TestNamespace::new("pg-replicas").await;
-    let _operator = Operator::start(&ns.name, &["--controllers", "postgres"]);
+    let operator = Operator::start(&ns.name, &["--controllers", "postgres"]);
     // The example, as a user applies it.
     let example = std::fs::read_to_string(noops_e2e::root().join("examples/postgres/replicas.yaml")).unwrap();
     ns.apply(&example.replace("change-me", "Pa55word"));
@@ -734,6 +734,33 @@ async fn three_instances_stream_from_the_primary_and_serve_reads_behind_their_ow
         let labels = ns.pods().get(pod).await.unwrap().metadata.labels.unwrap();
         assert_eq!(labels.get("noops.dev/role").map(String::as_str), Some(role), "{pod}");
     }
+    // What the alerts on replicas read: replicas asked for, streaming, and each one's lag.
+    let resource = format!("kind=\"PostgreSQL\",namespace=\"{}\",name=\"shop\"", ns.name);
+    let replicas_in_metrics = |wanted: f64, lagging: &'static [&'static str]| {
+        let (operator, resource) = (&operator, resource.clone());
+        async move {
+            let series = |metric: &str, instance: Option<&str>| match instance {
+                Some(i) => format!("{metric}{{{resource},instance=\"{i}\"}}"),
+                None => format!("{metric}{{{resource}}}"),
+            };
+            wait_until(&format!("{wanted} replicas streaming in /metrics"), MINUTE, || async {
+                let mut right = operator.metric(&series("noops_postgres_replicas_wanted", None)).await == Some(wanted)
+                    && operator
+                        .metric(&series("noops_postgres_replicas_streaming", None))
+                        .await
+                        == Some(wanted);
+                for instance in ["shop-0", "shop-1", "shop-2"] {
+                    let lag = operator
+                        .metric(&series("noops_postgres_replication_lag_bytes", Some(instance)))
+                        .await;
+                    right &= lag.is_some() == lagging.contains(&instance);
+                }
+                right
+            })
+            .await;
+        }
+    };
+    replicas_in_metrics(2.0, &["shop-1", "shop-2"]).await;
 
     // Writes through <name>-rw (and <name>), reads through <name>-ro, which refuses writes.
     let password = secret_value(&ns, "shop-db", "postgresql_password").await;
@@ -821,6 +848,9 @@ async fn three_instances_stream_from_the_primary_and_serve_reads_behind_their_ow
     let pg = wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
     assert_eq!(pg.status.unwrap().ready_instances, Some(2));
     replicated("200").await;
+    // The series of the replica scaled away go with it.
+    let replica = if primary == "shop-0" { "shop-1" } else { "shop-0" };
+    replicas_in_metrics(1.0, if replica == "shop-1" { &["shop-1"] } else { &["shop-0"] }).await;
     let claims = ns.api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>();
     wait_until("shop-2's volume gone with it", MINUTE, || async {
         claims.get_opt("data-shop-2").await.is_ok_and(|c| c.is_none())

@@ -1,7 +1,8 @@
 //! Prometheus metrics of every controller: reconciles by result, errors by reason, reconcile
 //! duration, whether this replica leads, and the requests it sends to the API server; and per
 //! resource what people alert on: an etcd cluster's health, the age of the last backup against
-//! its schedule, the last archived WAL, and when each certificate the operator issued expires.
+//! its schedule, the last archived WAL, a PostgreSQL's replicas and their lag, and when each
+//! certificate the operator issued expires.
 //! `charts/noops/files/` holds the alerting rules and the dashboard built on them (a test
 //! parses every query and checks each metric it names is one of these).
 
@@ -69,6 +70,25 @@ impl CertificateLabels {
     }
 }
 
+/// One instance of a noops resource (a PostgreSQL's replica).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct InstanceLabels {
+    kind: String,
+    namespace: String,
+    name: String,
+    instance: String,
+}
+
+impl InstanceLabels {
+    fn resource(&self) -> ResourceLabels {
+        ResourceLabels {
+            kind: self.kind.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        }
+    }
+}
+
 type HistogramFamily = Family<ControllerLabels, Histogram, fn() -> Histogram>;
 type Seconds = Gauge<f64, AtomicU64>;
 
@@ -84,6 +104,25 @@ pub struct BackupGauges {
     pub last_archived_wal: Option<f64>,
     /// Whether the last archiving attempt failed (PostgreSQL).
     pub archiving_failing: Option<bool>,
+}
+
+/// What a PostgreSQL's status says of its replicas.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReplicationGauges {
+    /// The replicas its spec asks for (instances less the primary).
+    pub wanted: i64,
+    /// The replicas streaming from the primary now.
+    pub streaming: i64,
+    /// Each replica's lag: WAL bytes not received yet, and seconds its replay trails the
+    /// primary (either unknown while it does not stream).
+    pub lag: Vec<ReplicaLag>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReplicaLag {
+    pub instance: String,
+    pub bytes: Option<i64>,
+    pub seconds: Option<f64>,
 }
 
 /// The operator's metrics, registered once and shared by every controller.
@@ -104,9 +143,14 @@ pub struct Metrics {
     wal_last_archived: Family<ResourceLabels, Seconds>,
     wal_archiving_failing: Family<ResourceLabels, Gauge>,
     certificate_expiry: Family<CertificateLabels, Seconds>,
+    replicas_wanted: Family<ResourceLabels, Gauge>,
+    replicas_streaming: Family<ResourceLabels, Gauge>,
+    replication_lag_bytes: Family<InstanceLabels, Gauge>,
+    replication_lag_seconds: Family<InstanceLabels, Seconds>,
     /// The resources and certificates that have series, likewise.
     resources: Mutex<BTreeSet<ResourceLabels>>,
     certificates: Mutex<BTreeSet<CertificateLabels>>,
+    instances: Mutex<BTreeSet<InstanceLabels>>,
 }
 
 impl Default for Metrics {
@@ -193,6 +237,30 @@ impl Metrics {
             "When a certificate the operator issued expires, by resource and Secret",
             certificate_expiry.clone(),
         );
+        let replicas_wanted = Family::<ResourceLabels, Gauge>::default();
+        registry.register(
+            "postgres_replicas_wanted",
+            "The replicas a PostgreSQL's spec asks for (instances less the primary)",
+            replicas_wanted.clone(),
+        );
+        let replicas_streaming = Family::<ResourceLabels, Gauge>::default();
+        registry.register(
+            "postgres_replicas_streaming",
+            "The replicas of a PostgreSQL streaming from its primary now",
+            replicas_streaming.clone(),
+        );
+        let replication_lag_bytes = Family::<InstanceLabels, Gauge>::default();
+        registry.register(
+            "postgres_replication_lag_bytes",
+            "WAL a PostgreSQL's replica has not received yet, in bytes",
+            replication_lag_bytes.clone(),
+        );
+        let replication_lag_seconds = Family::<InstanceLabels, Seconds>::default();
+        registry.register(
+            "postgres_replication_lag_seconds",
+            "How far a PostgreSQL replica's replay trails its primary, as the primary measures it",
+            replication_lag_seconds.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -211,6 +279,11 @@ impl Metrics {
             certificate_expiry,
             resources: Mutex::new(BTreeSet::new()),
             certificates: Mutex::new(BTreeSet::new()),
+            replicas_wanted,
+            replicas_streaming,
+            replication_lag_bytes,
+            replication_lag_seconds,
+            instances: Mutex::new(BTreeSet::new()),
         }
     }
 
@@ -268,6 +341,60 @@ impl Metrics {
         }
     }
 
+    /// Records what the status of PostgreSQL `namespace`/`name` says of its replicas; the lag
+    /// series of instances no longer listed go.
+    pub fn set_replication(&self, namespace: &str, name: &str, gauges: &ReplicationGauges) {
+        let labels = ResourceLabels {
+            kind: "PostgreSQL".into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        self.replicas_wanted.get_or_create(&labels).set(gauges.wanted);
+        self.replicas_streaming.get_or_create(&labels).set(gauges.streaming);
+        let listed: Vec<InstanceLabels> = gauges
+            .lag
+            .iter()
+            .map(|lag| InstanceLabels {
+                kind: labels.kind.clone(),
+                namespace: labels.namespace.clone(),
+                name: labels.name.clone(),
+                instance: lag.instance.clone(),
+            })
+            .collect();
+        for (instance, lag) in listed.iter().zip(&gauges.lag) {
+            match lag.bytes {
+                Some(bytes) => {
+                    self.replication_lag_bytes.get_or_create(instance).set(bytes);
+                }
+                None => {
+                    self.replication_lag_bytes.remove(instance);
+                }
+            }
+            match lag.seconds {
+                Some(seconds) => {
+                    self.replication_lag_seconds.get_or_create(instance).set(seconds);
+                }
+                None => {
+                    self.replication_lag_seconds.remove(instance);
+                }
+            }
+        }
+        if let Ok(mut known) = self.instances.lock() {
+            known.retain(|instance| {
+                let gone = instance.resource() == labels && !listed.contains(instance);
+                if gone {
+                    self.replication_lag_bytes.remove(instance);
+                    self.replication_lag_seconds.remove(instance);
+                }
+                !gone
+            });
+            known.extend(listed);
+        }
+        if let Ok(mut known) = self.resources.lock() {
+            known.insert(labels);
+        }
+    }
+
     /// Records that the certificate in Secret `secret` of resource `kind` `namespace`/`name`
     /// expires at `not_after`.
     pub fn set_certificate_expiry(
@@ -303,6 +430,8 @@ impl Metrics {
                     self.backup_interval.remove(labels);
                     self.wal_last_archived.remove(labels);
                     self.wal_archiving_failing.remove(labels);
+                    self.replicas_wanted.remove(labels);
+                    self.replicas_streaming.remove(labels);
                     return false;
                 }
                 true
@@ -312,6 +441,16 @@ impl Metrics {
             known.retain(|labels| {
                 if gone(&labels.resource()) {
                     self.certificate_expiry.remove(labels);
+                    return false;
+                }
+                true
+            });
+        }
+        if let Ok(mut known) = self.instances.lock() {
+            known.retain(|labels| {
+                if gone(&labels.resource()) {
+                    self.replication_lag_bytes.remove(labels);
+                    self.replication_lag_seconds.remove(labels);
                     return false;
                 }
                 true
@@ -406,6 +545,54 @@ mod tests {
         );
         assert!(text.contains("noops_leader 1"), "{text}");
         assert!(text.contains("noops_reconcile_duration_seconds_bucket"), "{text}");
+    }
+
+    #[test]
+    fn a_replicas_lag_series_goes_with_the_replica_and_all_go_with_the_database() {
+        let m = Metrics::new();
+        let lag = |instance: &str, bytes, seconds| ReplicaLag {
+            instance: instance.into(),
+            bytes,
+            seconds,
+        };
+        m.set_replication(
+            "db",
+            "shop",
+            &ReplicationGauges {
+                wanted: 2,
+                streaming: 1,
+                lag: vec![lag("shop-1", Some(4096), Some(0.25)), lag("shop-2", None, None)],
+            },
+        );
+        let text = m.render();
+        for series in [
+            r#"noops_postgres_replicas_wanted{kind="PostgreSQL",namespace="db",name="shop"} 2"#,
+            r#"noops_postgres_replicas_streaming{kind="PostgreSQL",namespace="db",name="shop"} 1"#,
+            r#"noops_postgres_replication_lag_bytes{kind="PostgreSQL",namespace="db",name="shop",instance="shop-1"} 4096"#,
+            r#"noops_postgres_replication_lag_seconds{kind="PostgreSQL",namespace="db",name="shop",instance="shop-1"} 0.25"#,
+        ] {
+            assert!(text.contains(series), "{series} in {text}");
+        }
+        assert!(
+            !text.contains(r#"instance="shop-2""#),
+            "no lag known, no series: {text}"
+        );
+        // Scaled down to one replica (shop-1 gone, shop-2 streaming now).
+        m.set_replication(
+            "db",
+            "shop",
+            &ReplicationGauges {
+                wanted: 1,
+                streaming: 1,
+                lag: vec![lag("shop-2", Some(0), Some(0.0))],
+            },
+        );
+        let text = m.render();
+        assert!(!text.contains(r#"instance="shop-1""#), "{text}");
+        assert!(text.contains(r#"instance="shop-2"} 0"#), "{text}");
+        m.retain_resources("PostgreSQL", |_, _| false);
+        let text = m.render();
+        assert!(!text.contains(r#"name="shop""#), "{text}");
     }
 
     #[test]

@@ -845,6 +845,9 @@ async fn finish(
         &names.name,
         &status::gauges(pg, &status, now),
     );
+    ctx.core
+        .metrics
+        .set_replication(&names.namespace, &names.name, &status::replication_gauges(pg, &status));
     let mut events = announcements(pg, &previous, &status, made);
     events.extend(told);
     if pg.status.as_ref() != Some(&status) {

@@ -18,7 +18,7 @@ use super::sql::{Archiver, InstanceFacts};
 use crate::core::backup::gauges::epoch_seconds;
 use crate::core::backup::retention::BackupsSummary;
 use crate::core::conditions::{Decided, merge};
-use crate::core::metrics::BackupGauges;
+use crate::core::metrics::{BackupGauges, ReplicaLag, ReplicationGauges};
 use crate::core::stuck::Stuck;
 
 pub const CONTINUOUS_ARCHIVING: &str = "ContinuousArchiving";
@@ -116,6 +116,23 @@ pub fn gauges(pg: &PostgreSQL, status: &PostgreSQLStatus, now: jiff::Timestamp) 
         });
     }
     gauges
+}
+
+/// What the status says of the replicas, for the metrics: those the spec asks for, those
+/// streaming, and each one's lag.
+pub fn replication_gauges(pg: &PostgreSQL, status: &PostgreSQLStatus) -> ReplicationGauges {
+    let replicas = status.members.iter().filter(|m| m.role == Role::Replica);
+    ReplicationGauges {
+        wanted: i64::from(pg.spec.instances.max(1) - 1),
+        streaming: replicas.clone().filter(|m| m.streaming == Some(true)).count() as i64,
+        lag: replicas
+            .map(|m| ReplicaLag {
+                instance: m.name.clone(),
+                bytes: m.lag_bytes,
+                seconds: m.lag_millis.map(|ms| ms as f64 / 1000.0),
+            })
+            .collect(),
+    }
 }
 
 pub fn build(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, now: jiff::Timestamp) -> PostgreSQLStatus {
