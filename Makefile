@@ -45,7 +45,7 @@ e2e: setup ## End-to-end tests on the local Kubernetes (3 nodes); node-fault tes
 	@echo "the slowest end-to-end tests (seconds, from their namespaces' lives):"
 	@sort -rn .noops/e2e-durations.tsv | head -15 | cut -f1,2
 
-chaos: setup ## Long fault runs: hundreds of node kills, etcd and PostgreSQL faults (NOOPS_CHAOS_NODE_KILLS, NOOPS_CHAOS_ETCD_FAULTS, NOOPS_CHAOS_PG_FAULTS, default 200 each; NOOPS_CHAOS_ETCD_MAJORITY_FAULTS, 60), management nodes under a whole cluster (NOOPS_CHAOS_CLUSTER_FAULTS, 30)
+chaos: setup ## Long fault runs: hundreds of node kills, etcd and PostgreSQL faults (NOOPS_CHAOS_NODE_KILLS, NOOPS_CHAOS_ETCD_FAULTS, NOOPS_CHAOS_PG_FAULTS, default 200 each; NOOPS_CHAOS_ETCD_MAJORITY_FAULTS, 60), 500 faults of a PostgreSQL primary with replicas (NOOPS_CHAOS_PG_HA_FAULTS), management nodes under a whole cluster (NOOPS_CHAOS_CLUSTER_FAULTS, 30)
 	@NODES=$(E2E_NODES) hack/cluster-up.sh
 	@source hack/lib.sh && stop_demo_operator
 	NOOPS_CHAOS_NODE_KILLS=$${NOOPS_CHAOS_NODE_KILLS:-200} cargo test -p noops-e2e --quiet --test node_faults \
@@ -55,6 +55,8 @@ chaos: setup ## Long fault runs: hundreds of node kills, etcd and PostgreSQL fau
 	  cargo test -p noops-e2e --quiet --test etcd_chaos -- --nocapture
 	NOOPS_CHAOS_PG_FAULTS=$${NOOPS_CHAOS_PG_FAULTS:-200} cargo test -p noops-e2e --quiet --test postgres_chaos \
 	  -- --nocapture
+	NOOPS_CHAOS_PG_HA_FAULTS=$${NOOPS_CHAOS_PG_HA_FAULTS:-500} cargo test -p noops-e2e --quiet --test node_faults \
+	  -- --ignored --test-threads=1 --nocapture repeated_primary_faults
 	NOOPS_CHAOS_CLUSTER_FAULTS=$${NOOPS_CHAOS_CLUSTER_FAULTS:-30} cargo test -p noops-e2e --quiet --test node_faults \
 	  -- --ignored --test-threads=1 --nocapture a_cluster_keeps_every_tenant_object
 

@@ -999,6 +999,145 @@ async fn a_postgresql_primary_cut_off_by_a_partition_takes_no_commit_past_its_fe
     }
 }
 
+/// The faults of a PostgreSQL primary that the HA chaos test injects.
+#[derive(Debug, Clone, Copy)]
+enum PrimaryFault {
+    /// Its pod force-deleted: a failover, or its replacement recovers in place.
+    PodKilled,
+    /// Its node stopped, started again once a replica took over.
+    NodeStopped,
+    /// Its node cut off, healed once a replica took over.
+    Partitioned,
+    /// The operator SIGKILLed and started again (no failover).
+    OperatorKilled,
+    /// Every process of its server stopped (SIGSTOP), its instance manager running on;
+    /// resumed once a replica took over.
+    ServerHung,
+}
+
+const PRIMARY_FAULTS: [PrimaryFault; 5] = [
+    PrimaryFault::PodKilled,
+    PrimaryFault::NodeStopped,
+    PrimaryFault::Partitioned,
+    PrimaryFault::OperatorKilled,
+    PrimaryFault::ServerHung,
+];
+
+#[tokio::test]
+#[ignore = "node faults disturb other tests: `make e2e` runs them alone"]
+async fn repeated_primary_faults_lose_no_acknowledged_commit_and_leave_one_primary() {
+    use noops_api::PostgreSQL;
+    use noops_e2e::postgres::*;
+    let rounds = chaos::rounds("NOOPS_CHAOS_PG_HA_FAULTS", PRIMARY_FAULTS.len());
+    let mut dice = chaos::Dice::from_env();
+    let _restore = RestoreNodesOnDrop;
+    install_crds();
+    let ns = TestNamespace::new("pg-ha-chaos").await;
+    ready_nodes(&ns.client, 3).await;
+    let controllers = ["--controllers", "postgres"];
+    let mut operator = Operator::start(&ns.name, &controllers);
+    let (password, rw, ledger) = three_instances_under_a_ledger(&ns, "  synchronous: { number: 1 }\n").await;
+    let superuser = superuser_password(&ns, "shop").await;
+    let status = || async {
+        let pg = ns.api::<PostgreSQL>().get("shop").await.unwrap();
+        pg.status.unwrap_or_default()
+    };
+    let mut injected: BTreeMap<String, usize> = BTreeMap::new();
+    let mut failovers = 0;
+    for round in 0..rounds {
+        // One of each kind first; the rest are drawn.
+        let fault = PRIMARY_FAULTS[if round < PRIMARY_FAULTS.len() {
+            round
+        } else {
+            dice.roll(PRIMARY_FAULTS.len() as u64) as usize
+        }];
+        let before = status().await;
+        let primary = before.current_primary.clone().unwrap();
+        let primary_pod = ns.pods().get(&primary).await.unwrap();
+        let node = pod_node(&primary_pod);
+        let taken_over = || async {
+            wait_for(&format!("a replica taking over from {primary}"), 2 * MINUTE, || async {
+                let now = status().await.last_failover?;
+                (Some(&now) != before.last_failover.as_ref()
+                    && now.from.as_deref() == Some(primary.as_str())
+                    && now.promoted_at.is_some())
+                .then_some(now)
+            })
+            .await
+        };
+        match fault {
+            PrimaryFault::PodKilled => {
+                kubectl_ok(
+                    &["delete", "pod", "-n", &ns.name, &primary, "--grace-period=0", "--force"],
+                    None,
+                );
+                // A failover, or the new pod of the same name still holding the lease.
+                let (old_uid, pods) = (primary_pod.metadata.uid.clone(), ns.pods());
+                wait_until("serving again after the force-delete", 2 * MINUTE, || async {
+                    let now = status().await;
+                    let failed_over = now.last_failover != before.last_failover;
+                    let Some(current) = now.current_primary else { return false };
+                    let pod = pods.get(&current).await.ok();
+                    pod.is_some_and(|p| pod_ready(&p) && (failed_over || p.metadata.uid != old_uid))
+                })
+                .await;
+                if status().await.last_failover != before.last_failover {
+                    failovers += 1;
+                }
+            }
+            PrimaryFault::NodeStopped => {
+                node_fault(&["stop", &node]);
+                taken_over().await;
+                failovers += 1;
+                node_fault(&["start", &node]);
+                wait_node_status(&ns.client, &node, true, MINUTE).await;
+            }
+            PrimaryFault::Partitioned => {
+                node_fault(&["partition", &node]);
+                taken_over().await;
+                failovers += 1;
+                node_fault(&["heal", &node]);
+                wait_node_status(&ns.client, &node, true, MINUTE).await;
+            }
+            PrimaryFault::OperatorKilled => {
+                operator.kill();
+                operator = Operator::start(&ns.name, &controllers);
+            }
+            PrimaryFault::ServerHung => {
+                let hung = StoppedServer::of(&ns, &primary);
+                taken_over().await;
+                failovers += 1;
+                wait_until("every process of the hung server killed", MINUTE, || async { hung.gone() }).await;
+                hung.resume();
+            }
+        }
+        *injected.entry(format!("{fault:?}")).or_default() += 1;
+        // Whole again: every replica streams, and exactly one instance takes writes.
+        wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
+        let mut primaries = vec![];
+        for pod in ["shop-0", "shop-1", "shop-2"] {
+            let ip = pod_ip(&ns.pods().get(pod).await.unwrap()).unwrap();
+            if psql(&ip, "postgres", &superuser, "postgres", "SELECT pg_is_in_recovery()").unwrap() == "f" {
+                primaries.push(pod);
+            }
+        }
+        let current = status().await.current_primary;
+        assert_eq!(
+            primaries.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+            Vec::from_iter(current),
+            "round {round} ({fault:?}): the instances that take writes against the status's primary"
+        );
+    }
+    let report = ledger.stop().await;
+    let missing = report.lost_in_shop(&rw, &password, "synchronous");
+    println!(
+        "chaos: injected {rounds} primary faults {injected:?}, {failovers} failovers; acknowledged commits lost: {}; writes waited at most {:?}",
+        missing.len(),
+        report.longest_gap
+    );
+    assert!(missing.is_empty(), "acknowledged and lost: {missing:?}");
+}
+
 #[tokio::test]
 #[ignore = "node faults disturb other tests: `make e2e` runs them alone"]
 async fn a_base_backup_whose_node_dies_fails_says_why_and_the_next_one_is_stored() {

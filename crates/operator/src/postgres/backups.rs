@@ -69,7 +69,9 @@ pub fn of_database<'a>(pg: &PostgreSQL, backups: &'a [PostgresBackup]) -> Vec<&'
 }
 
 /// Whether a first backup is to be made now: the database serves with a destination, and no
-/// backup of it there has succeeded, runs, or failed a moment ago. Pure.
+/// backup of it there has succeeded, runs, or failed a moment ago (a pause that doubles with
+/// each failure), unless WAL has been archived since the last failure: the destination works
+/// now (a bucket made, credentials fixed), so the user need not wait out the pause. Pure.
 pub fn first_backup_due(pg: &PostgreSQL, of_database: &[&PostgresBackup], serving: bool, now: jiff::Timestamp) -> bool {
     let Some(destination) = pg.spec.backup.as_ref().and_then(Destination::of_spec) else {
         return false;
@@ -101,7 +103,14 @@ pub fn first_backup_due(pg: &PostgreSQL, of_database: &[&PostgresBackup], servin
         .iter()
         .filter_map(|b| b.status.as_ref()?.progress.completed_at.as_ref().map(|t| t.0))
         .max();
-    last.is_none_or(|at| crate::core::backup::schedule::elapsed(at, now) >= pause)
+    let archived = pg
+        .status
+        .as_ref()
+        .and_then(|s| s.last_archived_time.as_ref())
+        .map(|t| t.0);
+    last.is_none_or(|at| {
+        crate::core::backup::schedule::elapsed(at, now) >= pause || archived.is_some_and(|archived| archived > at)
+    })
 }
 
 /// Why `backup.schedule` cannot be followed, if it cannot: the schema counts its fields, but
@@ -317,6 +326,19 @@ mod tests {
             "two minutes after a second one"
         );
         assert!(first_backup_due(&pg, &[&failed, &again], true, at(1221)));
+        // WAL archived since the last failure: the destination works now, no more pause.
+        let mut fixed = pg.clone();
+        if let Some(status) = fixed.status.as_mut() {
+            status.last_archived_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(1150)));
+        }
+        assert!(first_backup_due(&fixed, &[&failed, &again], true, at(1151)));
+        if let Some(status) = fixed.status.as_mut() {
+            status.last_archived_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(1050)));
+        }
+        assert!(
+            !first_backup_due(&fixed, &[&failed, &again], true, at(1151)),
+            "archived before the last failure says nothing"
+        );
     }
 
     #[test]
