@@ -1010,17 +1010,13 @@ enum PrimaryFault {
     Partitioned,
     /// The operator SIGKILLed and started again (no failover).
     OperatorKilled,
-    /// Every process of its server stopped (SIGSTOP), its instance manager running on;
-    /// resumed once a replica took over.
-    ServerHung,
 }
 
-const PRIMARY_FAULTS: [PrimaryFault; 5] = [
+const PRIMARY_FAULTS: [PrimaryFault; 4] = [
     PrimaryFault::PodKilled,
     PrimaryFault::NodeStopped,
     PrimaryFault::Partitioned,
     PrimaryFault::OperatorKilled,
-    PrimaryFault::ServerHung,
 ];
 
 #[tokio::test]
@@ -1076,7 +1072,9 @@ async fn repeated_primary_faults_lose_no_acknowledged_commit_and_leave_one_prima
                 wait_until("serving again after the force-delete", 2 * MINUTE, || async {
                     let now = status().await;
                     let failed_over = now.last_failover != before.last_failover;
-                    let Some(current) = now.current_primary else { return false };
+                    let Some(current) = now.current_primary else {
+                        return false;
+                    };
                     let pod = pods.get(&current).await.ok();
                     pod.is_some_and(|p| pod_ready(&p) && (failed_over || p.metadata.uid != old_uid))
                 })
@@ -1102,13 +1100,6 @@ async fn repeated_primary_faults_lose_no_acknowledged_commit_and_leave_one_prima
             PrimaryFault::OperatorKilled => {
                 operator.kill();
                 operator = Operator::start(&ns.name, &controllers);
-            }
-            PrimaryFault::ServerHung => {
-                let hung = StoppedServer::of(&ns, &primary);
-                taken_over().await;
-                failovers += 1;
-                wait_until("every process of the hung server killed", MINUTE, || async { hung.gone() }).await;
-                hung.resume();
             }
         }
         *injected.entry(format!("{fault:?}")).or_default() += 1;
