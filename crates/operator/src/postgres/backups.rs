@@ -70,8 +70,11 @@ pub fn of_database<'a>(pg: &PostgreSQL, backups: &'a [PostgresBackup]) -> Vec<&'
 
 /// Whether a first backup is to be made now: the database serves with a destination, and no
 /// backup of it there has succeeded, runs, or failed a moment ago (a pause that doubles with
-/// each failure), unless WAL has been archived since the last failure: the destination works
-/// now (a bucket made, credentials fixed), so the user need not wait out the pause. Pure.
+/// each failure), unless the destination was seen broken and works again since: WAL archiving
+/// failed after the failure before the last one (or at all, after a first one) and has
+/// succeeded since the last, as when a bucket is made or credentials are fixed, so the user
+/// need not wait out the pause. Once per such repair: a backup that goes on failing while
+/// archiving works (for any other reason) keeps its pauses. Pure.
 pub fn first_backup_due(pg: &PostgreSQL, of_database: &[&PostgresBackup], serving: bool, now: jiff::Timestamp) -> bool {
     let Some(destination) = pg.spec.backup.as_ref().and_then(Destination::of_spec) else {
         return false;
@@ -99,18 +102,23 @@ pub fn first_backup_due(pg: &PostgreSQL, of_database: &[&PostgresBackup], servin
     let pause = FIRST_AGAIN_AFTER
         .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1)))
         .min(FIRST_AGAIN_AT_MOST);
-    let last = here
+    let mut failed_at: Vec<jiff::Timestamp> = here
         .iter()
         .filter_map(|b| b.status.as_ref()?.progress.completed_at.as_ref().map(|t| t.0))
-        .max();
-    let archived = pg
-        .status
-        .as_ref()
-        .and_then(|s| s.last_archived_time.as_ref())
-        .map(|t| t.0);
-    last.is_none_or(|at| {
-        crate::core::backup::schedule::elapsed(at, now) >= pause || archived.is_some_and(|archived| archived > at)
-    })
+        .collect();
+    failed_at.sort();
+    let Some(&last) = failed_at.last() else {
+        return true;
+    };
+    let before_last = failed_at.iter().rev().nth(1).copied();
+    let status = pg.status.as_ref();
+    let archived = status.and_then(|s| s.last_archived_time.as_ref()).map(|t| t.0);
+    let archive_failed = status.and_then(|s| s.last_failed_time.as_ref()).map(|t| t.0);
+    let repaired = match (archive_failed, archived) {
+        (Some(broken), Some(works)) => works > broken && works > last && before_last.is_none_or(|b| broken > b),
+        _ => false,
+    };
+    repaired || crate::core::backup::schedule::elapsed(last, now) >= pause
 }
 
 /// Why `backup.schedule` cannot be followed, if it cannot: the schema counts its fields, but
@@ -284,6 +292,7 @@ mod tests {
         assert_eq!(starting_from(&pg), None, "it ran: the backup is no longer in use");
     }
     use crate::postgres::fixtures::{backup, postgres, with_backups};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn at(seconds: i64) -> jiff::Timestamp {
         jiff::Timestamp::from_second(seconds).unwrap()
@@ -326,19 +335,51 @@ mod tests {
             "two minutes after a second one"
         );
         assert!(first_backup_due(&pg, &[&failed, &again], true, at(1221)));
-        // WAL archived since the last failure: the destination works now, no more pause.
-        let mut fixed = pg.clone();
-        if let Some(status) = fixed.status.as_mut() {
-            status.last_archived_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(1150)));
-        }
-        assert!(first_backup_due(&fixed, &[&failed, &again], true, at(1151)));
-        if let Some(status) = fixed.status.as_mut() {
-            status.last_archived_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(1050)));
-        }
+        // Archiving failed after the failure before the last (the destination was broken) and
+        // works since the last: repaired, no more pause.
+        let archiving = |failed: Option<i64>, archived: i64| {
+            let mut pg = pg.clone();
+            if let Some(status) = pg.status.as_mut() {
+                status.last_failed_time = failed.map(|t| Time(at(t)));
+                status.last_archived_time = Some(Time(at(archived)));
+            }
+            pg
+        };
+        let repaired = archiving(Some(1050), 1150);
+        assert!(first_backup_due(&repaired, &[&failed, &again], true, at(1151)));
         assert!(
-            !first_backup_due(&fixed, &[&failed, &again], true, at(1151)),
+            !first_backup_due(&archiving(Some(1050), 1090), &[&failed, &again], true, at(1151)),
             "archived before the last failure says nothing"
         );
+        // A backup that fails while archiving works (for another reason) keeps its pauses: no
+        // archive failure since the failure before the last, or none at all.
+        assert!(!first_backup_due(
+            &archiving(Some(980), 1150),
+            &[&failed, &again],
+            true,
+            at(1151)
+        ));
+        assert!(!first_backup_due(
+            &archiving(None, 1150),
+            &[&failed, &again],
+            true,
+            at(1151)
+        ));
+        // After one failure, an archive failure at any time before counts once: the retry that
+        // follows, failing again, waits.
+        assert!(first_backup_due(
+            &archiving(Some(500), 1000),
+            &[&failed],
+            true,
+            at(1001)
+        ));
+        let retried = backup("shop-3", "shop", "Failed", "7", 1010);
+        assert!(!first_backup_due(
+            &archiving(Some(500), 1020),
+            &[&failed, &retried],
+            true,
+            at(1021)
+        ));
     }
 
     #[test]
