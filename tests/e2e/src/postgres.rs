@@ -603,6 +603,19 @@ impl LeaseWatch {
         holders
     }
 
+    /// Every handover straight from one holder to another (not given up first), with how long
+    /// the old holder had gone without a renewal, as the watch saw it: at least the fence
+    /// deadline, or two primaries could have taken commits at once.
+    pub fn direct_handovers(&self) -> Vec<(String, String, Duration)> {
+        let seen = self.seen.lock().unwrap();
+        seen.windows(2)
+            .filter_map(|w| match (&w[0].1, &w[1].1) {
+                (Some(from), Some(to)) if from != to => Some((from.clone(), to.clone(), w[1].0 - w[0].0)),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// How long the lease went unchanged, as the watch saw it, before it first passed from
     /// `from` to `to`: the old holder's last renewal to the handover.
     pub fn silence_before_handover(&self, from: &str, to: &str) -> Option<Duration> {

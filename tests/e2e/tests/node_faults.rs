@@ -1034,6 +1034,8 @@ async fn repeated_primary_faults_lose_no_acknowledged_commit_and_leave_one_prima
     let mut operator = Operator::start(&ns.name, &controllers);
     let (password, rw, ledger) = three_instances_under_a_ledger(&ns, "  synchronous: { number: 1 }\n").await;
     let superuser = superuser_password(&ns, "shop").await;
+    // Every change of the lease, from a watch: no handover between rounds goes unseen.
+    let lease = LeaseWatch::start(&ns, "shop-primary");
     let status = || async {
         let pg = ns.api::<PostgreSQL>().get("shop").await.unwrap();
         pg.status.unwrap_or_default()
@@ -1119,6 +1121,17 @@ async fn repeated_primary_faults_lose_no_acknowledged_commit_and_leave_one_prima
             "round {round} ({fault:?}): the instances that take writes against the status's primary"
         );
     }
+    // One primary at a time: a lease taken from a holder that did not give it up passed on
+    // only after that holder had gone past its fence deadline (4 s) without renewing.
+    let handovers = lease.direct_handovers();
+    let early: Vec<_> = handovers
+        .iter()
+        .filter(|(_, _, quiet)| *quiet < Duration::from_secs(4))
+        .collect();
+    assert!(
+        early.is_empty(),
+        "handed over before the old primary's fence: {early:?}"
+    );
     let report = ledger.stop().await;
     let missing = report.lost_in_shop(&rw, &password, "synchronous");
     println!(
