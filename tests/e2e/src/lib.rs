@@ -110,7 +110,6 @@ pub fn apply_error(ns: &TestNamespace, yaml: &str) -> Option<String> {
 pub struct TestNamespace {
     pub name: String,
     pub client: Client,
-    made: std::time::Instant,
 }
 
 impl TestNamespace {
@@ -154,11 +153,7 @@ impl TestNamespace {
             || async { sa.get_opt("default").await.ok().flatten().is_some() },
         )
         .await;
-        Self {
-            name,
-            client,
-            made: std::time::Instant::now(),
-        }
+        Self { name, client }
     }
 
     /// Applies a multi-document YAML manifest in this namespace.
@@ -198,6 +193,36 @@ impl TestNamespace {
     }
 }
 
+impl TestNamespace {
+    /// Every pod's log, whole, in `.noops/e2e-logs/<namespace>/`: the story of a failure is
+    /// often told by an instance or a member, and goes with the namespace.
+    fn keep_pod_logs(&self) {
+        let dir = root().join(".noops/e2e-logs").join(&self.name);
+        let listed = kubectl(&["get", "pods", "-n", &self.name, "-o", "name"], None);
+        let pods = String::from_utf8_lossy(&listed.stdout).to_string();
+        if pods.trim().is_empty() || std::fs::create_dir_all(&dir).is_err() {
+            return;
+        }
+        for pod in pods.lines().take(40) {
+            let log = kubectl(
+                &[
+                    "logs",
+                    "-n",
+                    &self.name,
+                    pod,
+                    "--all-containers",
+                    "--prefix",
+                    "--timestamps",
+                ],
+                None,
+            );
+            let file = dir.join(format!("{}.log", pod.trim_start_matches("pod/")));
+            let _ = std::fs::write(file, [log.stdout, log.stderr].concat());
+        }
+        eprintln!("--- pod logs: {}", dir.display());
+    }
+}
+
 impl Drop for TestNamespace {
     fn drop(&mut self) {
         if std::thread::panicking() {
@@ -220,29 +245,9 @@ impl Drop for TestNamespace {
                     eprintln!("{line}");
                 }
             }
+            self.keep_pod_logs();
         }
         let _ = kubectl(&["delete", "namespace", &self.name, "--wait=false"], None);
-        record_duration(&self.name, self.made.elapsed());
-    }
-}
-
-/// Where each test namespace's life is recorded (`seconds<TAB>test<TAB>namespace`), so that
-/// `make e2e` can print the slowest tests: libtest's own timings are not on stable Rust.
-pub fn durations_file() -> PathBuf {
-    root().join(".noops/e2e-durations.tsv")
-}
-
-fn record_duration(namespace: &str, lived: Duration) {
-    use std::io::Write as _;
-    let test = std::thread::current().name().unwrap_or("?").to_string();
-    let line = format!("{:.0}\t{test}\t{namespace}\n", lived.as_secs_f64());
-    // One short write to a file opened for appending: lines of tests running at once never mix.
-    if let Ok(mut file) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(durations_file())
-    {
-        let _ = file.write_all(line.as_bytes());
     }
 }
 

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Runs end-to-end tests from one pool across every test binary, JOBS at a time, the longest first.
+# `cargo test` runs its test binaries one after another, so while a binary's last long test ran
+# the other slots stood idle: minutes per binary, a quarter of `make test` on 2 cores.
+#
+# usage: hack/e2e-run.sh [--jobs N] [--ignored] [--skip SUBSTRING]... -- CARGO_TEST_ARGS...
+#   CARGO_TEST_ARGS choose the test binaries (`-p noops-e2e --test node_faults`); --ignored runs
+#   only the ignored tests; --skip leaves out the tests whose names contain SUBSTRING.
+# Each test runs alone in its binary (`--exact`), its output in .noops/e2e-logs/, printed whole
+# if it fails. Seconds per test are appended to .noops/e2e-times.tsv and order the next run; a
+# fresh clone orders by tests/e2e/expected-seconds.tsv.
+set -euo pipefail
+# Read whole before it runs (the braces, closed by `exit`): an edit during a long run cannot
+# change what the running copy does next.
+{
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+jobs=4
+ignored=()
+skips=()
+while (($#)); do
+  case $1 in
+    --jobs) jobs=$2; shift 2 ;;
+    --ignored) ignored=(--ignored); shift ;;
+    --skip) skips+=("$2"); shift 2 ;;
+    --) shift; break ;;
+    *) echo "e2e-run: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+logs=$root/.noops/e2e-logs
+times=$root/.noops/e2e-times.tsv
+mkdir -p "$logs"
+
+# Build once; the executables are the integration-test targets (not the crate's own binaries).
+mapfile -t binaries < <(cargo test --quiet --no-run --message-format=json "$@" |
+  grep '"kind":\["test"\]' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4)
+((${#binaries[@]})) || { echo "e2e-run: no test binary in: $*" >&2; exit 2; }
+
+plan=$(mktemp)
+run_times=$(mktemp)
+trap 'rm -f "$plan" "$run_times"' EXIT
+tests_of() { "$1" --list --format terse "${@:2}" | sed -n 's/: test$//p' | sort; }
+for binary in "${binaries[@]}"; do
+  # `--list` names the ignored tests too; `--list --ignored` only them.
+  if ((${#ignored[@]})); then
+    names=$(tests_of "$binary" --ignored)
+  else
+    names=$(comm -23 <(tests_of "$binary") <(tests_of "$binary" --ignored))
+  fi
+  while read -r name; do
+    [[ -n $name ]] || continue
+    for skip in "${skips[@]}"; do [[ $name == *"$skip"* ]] && continue 2; done
+    printf '%s\t%s\n' "$binary" "$name" >>"$plan"
+  done <<<"$names"
+done
+
+# Longest first, so the last tests to start are short ones; a test never timed counts a minute.
+hints=$root/tests/e2e/expected-seconds.tsv
+touch "$times"
+ordered=$(awk -F'\t' -v plan="$plan" 'FILENAME != plan { secs[$2] = $1; next }
+  { print (($2 in secs) ? secs[$2] : 60) "\t" $0 }' "$hints" "$times" "$plan" |
+  sort -t$'\t' -k1,1rn | cut -f2-)
+total=$(wc -l <"$plan")
+echo "e2e-run: $total tests from ${#binaries[@]} binaries, $jobs at a time"
+
+run_one() {
+  local binary=$1 name=$2 started=$SECONDS result=ok
+  local log=$logs/$(basename "${binary%-*}")-$name.log
+  "$binary" --exact "$name" --test-threads=1 "${ignored[@]}" >"$log" 2>&1 || result=FAILED
+  local secs=$((SECONDS - started))
+  printf '%-6s %4ss  %s\n' "$result" "$secs" "$name"
+  # One short append per test: lines of tests ending together never mix.
+  printf '%s\t%s\t%s\t%s\n' "$secs" "$name" "$result" "$log" >>"$run_times"
+}
+
+running=0
+while IFS=$'\t' read -r binary name; do
+  if ((running >= jobs)); then
+    wait -n || true
+    running=$((running - 1))
+  fi
+  run_one "$binary" "$name" &
+  running=$((running + 1))
+done <<<"$ordered"
+wait
+
+cut -f1,2 "$run_times" >>"$times"
+# Keep the file short: the latest runs are what orders the next.
+tail -n 2000 "$times" >"$times.tmp" && mv "$times.tmp" "$times"
+
+echo "e2e-run: the slowest (seconds):"
+sort -t$'\t' -k1,1rn "$run_times" | head -10 | cut -f1,2 | sed 's/^/  /'
+failed=$(awk -F'\t' '$3 == "FAILED"' "$run_times")
+if [[ -n $failed ]]; then
+  while IFS=$'\t' read -r _ name _ log; do
+    echo "---- $name ($log) ----"
+    cat "$log"
+  done <<<"$failed"
+  echo "e2e-run: $(wc -l <<<"$failed") of $total failed:"
+  cut -f2 <<<"$failed" | sed 's/^/  /'
+  exit 1
+fi
+echo "e2e-run: all $total passed"
+exit
+}
