@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use super::lease::LEASE;
+use super::lease::{LEASE, RENEW_EVERY};
 use super::names::Names;
 use super::position::{Position, lsn};
 use super::switchover::Record;
@@ -87,6 +87,21 @@ pub fn primary(
             Some(holder) => (holder.clone(), LeaseStep::Keep),
         },
     }
+}
+
+/// How long a holder may go without renewing its lease before a pass stops asking its server
+/// anything: a primary that is dead or cut off answers no connection, and a pass waiting for
+/// one to time out would hold the failover back (the lease running out wakes a pass that
+/// cannot start before the last one ends). Two renewals missed: a slow API server alone
+/// rarely does that, and the failover is still `LEASE` away.
+pub const NOT_ASKED_AFTER: Duration = Duration::from_secs(2 * RENEW_EVERY.as_secs());
+
+/// How long the lease's holder `primary` has gone without renewing it, if that is long enough
+/// that its server is not asked this pass (`NOT_ASKED_AFTER`). A lease not yet taken (a new
+/// primary still starting) or handed over is not silent.
+pub fn silent_for(view: &LeaseView, primary: &str) -> Option<Duration> {
+    let held = view.taken && view.holder.as_deref() == Some(primary);
+    view.unchanged_for.filter(|d| held && *d >= NOT_ASKED_AFTER)
 }
 
 /// The replica to promote among `candidates` (pod, where it is), none of them the lost
@@ -243,5 +258,21 @@ mod tests {
             ),
         ];
         assert_eq!(choose(&names(), &candidates, Some("shop-1")).as_deref(), Some("shop-0"));
+    }
+
+    #[test]
+    fn a_holder_that_missed_two_renewals_is_not_asked_before_its_lease_runs_out() {
+        assert_eq!(silent_for(&view(Some("shop-0"), 1), "shop-0"), None);
+        assert_eq!(
+            silent_for(&view(Some("shop-0"), 3), "shop-0"),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(silent_for(&view(Some("shop-1"), 3), "shop-0"), None, "handed over");
+        let unstarted = LeaseView {
+            taken: false,
+            ..view(Some("shop-0"), 30)
+        };
+        assert_eq!(silent_for(&unstarted, "shop-0"), None, "a new primary still starting");
+        assert!(NOT_ASKED_AFTER < LEASE);
     }
 }

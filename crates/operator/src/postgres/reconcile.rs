@@ -91,7 +91,9 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     } else {
         pass.apply_children(&observed, &checked).await?
     };
-    let (instance, made) = pass.in_database(&observed, &checked, &applied).await?;
+    let (instance, made) = pass
+        .in_database(&observed, &checked, &applied, primacy.silent_for)
+        .await?;
     let members = pass.label_roles(&observed, &made).await?;
     let rolling = pass.roll(&observed, &members, &mut primacy).await?;
     let serving = matches!(instance, InstanceState::Serving(_)) && made.database_ready;
@@ -435,13 +437,26 @@ impl<'a> Pass<'a> {
     }
 
     /// The instance and the database in it: as the superuser, its owner, the password, the
-    /// database; what it says of its WAL archiving and of a restore.
+    /// database; what it says of its WAL archiving and of a restore. A primary silent on its
+    /// lease (`silent_for`) is not asked: the failover must not wait for a connection to it
+    /// to time out.
     async fn in_database(
         &self,
         observed: &Observed,
         checked: &Checked,
         applied: &Applied,
+        silent_for: Option<Duration>,
     ) -> Result<(InstanceState, InDatabase)> {
+        if let Some(silent) = silent_for {
+            let why = format!(
+                "{} has not renewed the primary's lease for {}s: not asked until it does (a replica is promoted at {}s)",
+                self.primary,
+                silent.as_secs(),
+                super::lease::LEASE.as_secs()
+            );
+            info!(%why, "not asking the primary this pass");
+            return Ok((InstanceState::Unreachable(why), InDatabase::default()));
+        }
         let previous = self.pg.status.clone().unwrap_or_default();
         let pod = observed.children.instance.as_deref();
         let (mut instance, made) = database::instance_and_database(

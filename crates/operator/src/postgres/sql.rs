@@ -14,8 +14,10 @@ use tracing::warn;
 
 use super::names::{PORT, SUPERUSER};
 
-/// How long a connection attempt may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a connection attempt may take: a server a few hops away on this cluster's network
+/// answers in milliseconds, and a pass waiting on one that is gone holds back what follows (a
+/// failover among it).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How long the server may take to answer a connection or a statement. A server that is
 /// stopped whole (a frozen process, a hung node) still has its kernel accept connections and

@@ -34,6 +34,9 @@ pub(super) struct Primacy {
     pub no_replica: Option<String>,
     /// A switchover is under way: the pass looks again soon.
     pub switching: bool,
+    /// How long the primary has not renewed its lease, once that is long enough that its
+    /// server is not asked this pass (`failover::NOT_ASKED_AFTER`).
+    pub silent_for: Option<Duration>,
     /// What this stage decided that no status change tells (told after the status write).
     pub told: Vec<Announcement>,
 }
@@ -45,6 +48,7 @@ impl Primacy {
             failover: None,
             no_replica: None,
             switching: false,
+            silent_for: None,
             told: Vec::new(),
         }
     }
@@ -135,6 +139,7 @@ impl Pass<'_> {
                 if let Some(lease) = lease {
                     primacy.failover = self.passed_while_away(lease, &primacy.primary);
                 }
+                primacy.silent_for = view.as_ref().and_then(|v| failover::silent_for(v, &primacy.primary));
                 let held = view
                     .as_ref()
                     .is_some_and(|v| v.taken && v.holder.as_ref() == Some(&primacy.primary));
