@@ -4,10 +4,13 @@
 //! - the primary's pod is force-deleted (its processes killed; the pod comes back in place on
 //!   its volume, still holding the lease),
 //! - the primary's pod is deleted (a failover: its server stops and gives its lease up),
+//! - the primary's node is stopped (`hack/node.sh stop`: a failover once its lease runs out,
+//!   without the node controller),
 //! - a switchover is asked for with `kubectl noops promote`,
 //!
 //! each beside CloudNativePG 1.30's figures measured on this same machine (the PostgreSQL HA
-//! issue's: force-deleting its primary took 22.7–23.7 s, 3 instances Ready 43–45 s), and
+//! issue's: force-deleting its primary took 22.7–23.7 s, stopping its node 28.6–29.7 s,
+//! 3 instances Ready 43–45 s), and
 //! apply → 3 instances Ready. Every run checks that no acknowledged commit was lost.
 //!
 //! Usage: pg-ha-bench <noops binary> [runs]; prints a Markdown table.
@@ -24,6 +27,7 @@ use noops_e2e::*;
 /// CloudNativePG 1.30 on this machine (3 instances, alternated runs), the lower bound of each.
 const CNPG_READY: f64 = 43.0;
 const CNPG_PRIMARY_DELETED: f64 = 22.7;
+const CNPG_NODE_STOPPED: f64 = 28.6;
 const MINUTE: Duration = Duration::from_secs(60);
 
 /// The primary of `shop` now.
@@ -56,7 +60,9 @@ async fn main() {
     // (The ledger's table and its first seconds of commits are in the helper's time.)
     let ready = t.elapsed().as_secs_f64();
 
-    let (mut forced, mut deleted, mut switched, mut switched_operator) = (vec![], vec![], vec![], vec![]);
+    let _restore = RestoreNodesOnDrop;
+    let (mut forced, mut deleted, mut stopped, mut switched, mut switched_operator) =
+        (vec![], vec![], vec![], vec![], vec![]);
     for _ in 0..runs {
         // The primary's pod force-deleted on its live node.
         wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
@@ -86,6 +92,34 @@ async fn main() {
         wait_failed_over(&ns, "shop", &old).await;
         wait_rejoined(&ns, &old).await;
         deleted.push((from, Instant::now()));
+
+        // The primary's node stopped: its lease runs out, a replica is promoted; the node
+        // started again, the old primary rejoins.
+        wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
+        let old = primary(&ns).await;
+        let node = pod_node(&ns.pods().get(&old).await.unwrap());
+        let from = Instant::now();
+        node_fault(&["stop", &node]);
+        wait_failed_over(&ns, "shop", &old).await;
+        wait_until("writes again after the node stop", MINUTE, || {
+            let (rw, password) = (rw.clone(), password.clone());
+            async move {
+                commits_within(
+                    &rw,
+                    "app",
+                    &password,
+                    "shop",
+                    "SELECT txid_current()",
+                    Duration::from_secs(2),
+                )
+                .await
+            }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stopped.push((from, Instant::now()));
+        node_fault(&["start", &node]);
+        wait_rejoined(&ns, &old).await;
 
         // A switchover to another replica.
         wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
@@ -130,6 +164,12 @@ async fn main() {
         &gaps(&deleted),
         "primary force-deleted → serving (s)",
         CNPG_PRIMARY_DELETED,
+    );
+    row(
+        "primary's node stopped: writes waited (s)",
+        &gaps(&stopped),
+        "primary's node stopped → serving (s)",
+        CNPG_NODE_STOPPED,
     );
     row(
         "switchover (`kubectl noops promote`): writes waited (s)",
