@@ -561,6 +561,73 @@ impl Drop for Frozen {
     }
 }
 
+/// Every process of a PostgreSQL pod's server stopped (SIGSTOP: the postmaster, then each of
+/// its children), its instance manager running on: a server that hangs, as on a volume that
+/// hangs every write. Resumed (SIGCONT) when dropped, if anything of it is left.
+pub struct StoppedServer {
+    postmaster: i32,
+    children: Vec<i32>,
+}
+
+/// (pid, parent) of every process.
+fn processes() -> Vec<(i32, i32)> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_string_lossy().parse::<i32>().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let parent = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, parent))
+        })
+        .collect()
+}
+
+impl StoppedServer {
+    pub fn of(ns: &TestNamespace, pod: &str) -> Self {
+        let manager = instance_manager(ns, pod).unwrap_or_else(|| panic!("no instance manager of {pod}"));
+        let postmaster = processes()
+            .into_iter()
+            .find(|(_, parent)| *parent == manager)
+            .map(|(pid, _)| pid)
+            .unwrap_or_else(|| panic!("no server of {pod}"));
+        signal(postmaster, "STOP");
+        let children: Vec<i32> = processes()
+            .into_iter()
+            .filter(|(_, parent)| *parent == postmaster)
+            .map(|(pid, _)| pid)
+            .collect();
+        for child in &children {
+            signal(*child, "STOP");
+        }
+        Self { postmaster, children }
+    }
+
+    /// Whether no process of the server is left.
+    pub fn gone(&self) -> bool {
+        let alive: Vec<i32> = processes().into_iter().map(|(pid, _)| pid).collect();
+        !std::iter::once(&self.postmaster)
+            .chain(&self.children)
+            .any(|pid| alive.contains(pid))
+    }
+
+    pub fn resume(self) {}
+}
+
+impl Drop for StoppedServer {
+    fn drop(&mut self) {
+        for pid in std::iter::once(&self.postmaster).chain(&self.children) {
+            signal(*pid, "CONT");
+        }
+    }
+}
+
+fn signal(pid: i32, signal: &str) {
+    let _ = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status();
+}
+
 /// When the test saw a change of the lease, and who held it then.
 type LeaseChanges = std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, Option<String>)>>>;
 

@@ -1010,13 +1010,17 @@ enum PrimaryFault {
     Partitioned,
     /// The operator SIGKILLed and started again (no failover).
     OperatorKilled,
+    /// Every process of its server stopped (SIGSTOP), its instance manager running on;
+    /// resumed once a replica took over.
+    ServerHung,
 }
 
-const PRIMARY_FAULTS: [PrimaryFault; 4] = [
+const PRIMARY_FAULTS: [PrimaryFault; 5] = [
     PrimaryFault::PodKilled,
     PrimaryFault::NodeStopped,
     PrimaryFault::Partitioned,
     PrimaryFault::OperatorKilled,
+    PrimaryFault::ServerHung,
 ];
 
 #[tokio::test]
@@ -1102,6 +1106,13 @@ async fn repeated_primary_faults_lose_no_acknowledged_commit_and_leave_one_prima
             PrimaryFault::OperatorKilled => {
                 operator.kill();
                 operator = Operator::start(&ns.name, &controllers);
+            }
+            PrimaryFault::ServerHung => {
+                let hung = StoppedServer::of(&ns, &primary);
+                taken_over().await;
+                failovers += 1;
+                wait_until("every process of the hung server killed", MINUTE, || async { hung.gone() }).await;
+                hung.resume();
             }
         }
         *injected.entry(format!("{fault:?}")).or_default() += 1;

@@ -1271,6 +1271,19 @@ async fn with_synchronous_replication_no_acknowledged_commit_is_lost_and_commits
     let second = wait_failed_over(&ns, "shop", "shop-2").await;
     eprintln!("deleted primary: {second:?}");
     wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
+
+    // The new primary's server hangs: every process of it stopped, its instance manager
+    // running on. It stops answering, so the lease is renewed no more; at the deadline the
+    // server is killed whole and the lease given up, and a replica holding every commit takes
+    // over. Resumed, nothing of the old server is left to acknowledge anything.
+    let hung = noops_e2e::postgres::StoppedServer::of(&ns, &second.to);
+    let third = wait_failed_over(&ns, "shop", &second.to).await;
+    assert!(third.reason.contains("gave its lease up"), "{third:?}");
+    eprintln!("hung server: {third:?}");
+    wait_until("every process of the hung server killed", MINUTE, || async { hung.gone() }).await;
+    hung.resume();
+    wait_rejoined(&ns, &second.to).await;
+    wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
     let report = ledger.stop().await;
     let missing = report.lost_in_shop(&rw, &password, "synchronous");
     assert!(missing.is_empty(), "acknowledged and lost: {missing:?}");
@@ -1285,7 +1298,7 @@ async fn with_synchronous_replication_no_acknowledged_commit_is_lost_and_commits
     );
 
     // Both replicas stopped: with Required (the default) a commit waits for one of them...
-    let primary = second.to.clone();
+    let primary = third.to.clone();
     let replicas: Vec<String> = ["shop-0", "shop-1", "shop-2"]
         .into_iter()
         .filter(|p| *p != primary)

@@ -31,6 +31,13 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 pub const STOP_MARGIN: Duration = Duration::from_secs(2);
 /// How long a server asked to stop at once (SIGQUIT) has before it is killed.
 pub const KILL_WITHIN: Duration = Duration::from_secs(5);
+/// How long a primary's server may go without answering its instance manager (a connection
+/// and a query over its socket) before the lease is renewed no more: a server that hangs (a
+/// stopped process, a volume that hangs every write) then fences itself and a replica takes
+/// over, as if its node had died.
+pub const SILENT_AFTER: Duration = Duration::from_secs(3);
+/// How long one look at the server may take.
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(2);
 
 /// What an instance does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +94,22 @@ pub fn step(me: &str, running: Running, seen: &Seen, since_renewed: Option<Durat
         // Cannot be read: a primary under a lease keeps serving only until its deadline.
         (Seen::Unreadable, Running::Primary) if leased && overdue => Step::Fence,
         (Seen::Unreadable, _) => Step::Carry,
+    }
+}
+
+/// Whether the server counts as silent, given how long since it last answered (none: not
+/// yet since it started, as while it recovers, which may take long and is not a hang).
+pub fn silent(since_last_answer: Option<Duration>) -> bool {
+    since_last_answer.is_some_and(|d| d >= SILENT_AFTER)
+}
+
+/// `step`, for a server that may be silent: a primary whose server does not answer renews no
+/// more, so its own deadline stops it and the operator fails over once the lease runs out.
+/// Everything else is as the lease says.
+pub fn unless_silent(step: Step, silent: bool) -> Step {
+    match step {
+        Step::Renew if silent => Step::Carry,
+        other => other,
     }
 }
 
@@ -170,6 +193,26 @@ mod tests {
         // A single instance has no lease: the API server's absence stops nothing.
         assert_eq!(step(ME, Running::Primary, &unreadable, None, false), Step::Carry);
         assert_eq!(step(ME, Running::Primary, &Seen::Absent, None, true), Step::Carry);
+    }
+
+    #[test]
+    fn a_primary_whose_server_stopped_answering_renews_no_more() {
+        let fresh = Some(Duration::from_secs(1));
+        let renew = step(ME, Running::Primary, &held(ME), fresh, true);
+        assert!(!silent(None), "a server that has not answered yet is starting, not hung");
+        assert!(!silent(Some(Duration::from_millis(2_900))));
+        assert!(silent(Some(SILENT_AFTER)));
+        assert_eq!(unless_silent(renew, false), Step::Renew);
+        assert_eq!(unless_silent(renew, true), Step::Carry);
+        // Only renewals wait for the server: a chosen replica still promotes, a primary that
+        // lost the lease still stops.
+        for other in [Step::RenewAndPromote, Step::Stop, Step::Fence, Step::StepDown] {
+            assert_eq!(unless_silent(other, true), other);
+        }
+        assert!(
+            ANSWER_WITHIN < SILENT_AFTER,
+            "one look that times out is not silence"
+        );
     }
 
     #[test]

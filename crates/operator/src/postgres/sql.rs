@@ -36,6 +36,13 @@ pub enum SqlError {
     Silent { address: String },
 }
 
+impl SqlError {
+    /// Whether the server itself sent this error (it answers, if only to refuse).
+    pub fn sent_by_the_server(&self) -> bool {
+        matches!(self, SqlError::Failed { source, .. } if source.as_db_error().is_some())
+    }
+}
+
 /// What the server said (an error of the server's own is shown with its message, not as
 /// tokio-postgres's bare "db error").
 fn said(error: &tokio_postgres::Error) -> String {

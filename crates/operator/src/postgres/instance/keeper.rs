@@ -162,9 +162,11 @@ impl Keeper {
     pub async fn watch(
         self,
         running: watch::Receiver<Running>,
+        answered: watch::Receiver<Option<Instant>>,
         told: mpsc::Sender<Told>,
         mut renewed: Option<Instant>,
     ) {
+        let mut said_silent = false;
         let mut leased = None;
         let mut holder: Option<String> = None;
         let mut tick = tokio::time::interval(RENEW_EVERY);
@@ -204,7 +206,17 @@ impl Keeper {
                 }
             }
             let since = renewed.map(|r| r.elapsed());
-            let message = match lease::step(&self.me, now_running, &seen, since, leased.unwrap_or(false)) {
+            let silent = lease::silent(answered.borrow().map(|at| at.elapsed()));
+            if silent != said_silent && now_running == Running::Primary {
+                if silent {
+                    warn!(after = ?lease::SILENT_AFTER, "the server does not answer: renewing the primary's lease no more, so that a replica takes over");
+                } else {
+                    info!("the server answers again");
+                }
+                said_silent = silent;
+            }
+            let step = lease::step(&self.me, now_running, &seen, since, leased.unwrap_or(false));
+            let message = match lease::unless_silent(step, silent) {
                 Step::Carry => None,
                 step @ (Step::Renew | Step::RenewAndPromote) => {
                     let sent = Instant::now();

@@ -10,6 +10,11 @@
 //! - A primary stops its server at once (immediate shutdown: no commit after it) when it has
 //!   not renewed the lease for `FENCE_AFTER`, or when another instance holds it; a replica the
 //!   operator chose (it finds itself the holder) renews the lease and promotes.
+//! - A primary renews only while its server answers (a connection and a query over its socket
+//!   every second): a server that hangs (a stopped process, a volume that hangs every write)
+//!   reaches its deadline like a cut-off one, and is killed whole then (the postmaster and
+//!   every child: a stopped process would not act on a request to stop, and could acknowledge
+//!   a commit when it resumes).
 //! - A primary whose lease the operator released (a switchover, `switchover.rs`) shuts its
 //!   server down cleanly (its WAL senders send the replicas every record first), writes on the
 //!   lease where its WAL ended, and waits for the lease to say what it is next.
@@ -180,8 +185,14 @@ async fn serve(
         tokio::spawn(checkpoint_once_primary(settings.socket_dir.clone()));
     }
     let (role, role_seen) = watch::channel(running);
+    let (answered_tx, answered) = watch::channel(None);
+    let probing = tokio::spawn(look_at_the_primary(
+        settings.socket_dir.clone(),
+        role_seen.clone(),
+        answered_tx,
+    ));
     let (told_tx, mut told) = mpsc::channel(8);
-    let watching = tokio::spawn(keeper.clone().watch(role_seen, told_tx, renewed));
+    let watching = tokio::spawn(keeper.clone().watch(role_seen, answered.clone(), told_tx, renewed));
     let (parted_tx, mut parted) = mpsc::channel(1);
     let following = follows.map(|host| tokio::spawn(watch_the_timeline(settings.clone(), host, parted_tx)));
     let mut deadline = renewed.map(|r| r + FENCE_AFTER);
@@ -189,6 +200,10 @@ async fn serve(
     // When a step-down for a switchover began; whether the pod is stopping.
     let mut stepping_down = None::<Instant>;
     let mut terminated = false;
+    // The server was killed for not answering: the lease is given up, so that a replica takes
+    // over at once rather than this instance starting again as the primary on what may be a
+    // sick volume.
+    let mut hung = false;
     let ended = loop {
         let fenced = deadline.filter(|_| leased && running == Running::Primary && !stopping);
         tokio::select! {
@@ -210,8 +225,14 @@ async fn serve(
                 break Ended::SteppedDown;
             }
             _ = sleep_until(fenced) => {
-                warn!(deadline = ?FENCE_AFTER, "could not renew the primary's lease in time: stopping the server now, so that it takes no commit a failover could lose");
-                stop_now(&mut server).await;
+                if lease::silent(answered.borrow().map(|at| at.elapsed())) {
+                    warn!(deadline = ?FENCE_AFTER, "the server has not answered, so the primary's lease was not renewed: killing every process of the server now, so that it takes no commit a failover could lose");
+                    kill_now(&mut server).await;
+                    hung = true;
+                } else {
+                    warn!(deadline = ?FENCE_AFTER, "could not renew the primary's lease in time: stopping the server now, so that it takes no commit a failover could lose");
+                    stop_now(&mut server).await;
+                }
                 break Ended::Stopped;
             }
             Some(()) = parted.recv(), if running == Running::Replica && !stopping => {
@@ -267,10 +288,11 @@ async fn serve(
     };
     drop(role);
     watching.abort();
+    probing.abort();
     if let Some(task) = following {
         task.abort();
     }
-    if matches!(ended, Ended::Exited(_)) && running == Running::Primary && leased {
+    if (matches!(ended, Ended::Exited(_)) || hung) && running == Running::Primary && leased {
         keeper.release().await;
     }
     // The pod is going: whatever stopped the server, the container ends.
@@ -305,7 +327,71 @@ async fn sleep_until(deadline: Option<Instant>) {
 async fn stop_now(server: &mut Child) {
     signal_server(server, nix::sys::signal::Signal::SIGQUIT);
     if tokio::time::timeout(KILL_WITHIN, server.wait()).await.is_err() {
-        let _ = server.kill().await;
+        kill_now(server).await;
+    }
+}
+
+/// Kills every process of the server, stopped ones included: the postmaster, then its
+/// children (each of which PostgreSQL puts in a session of its own, so no process group holds
+/// them all), and waits for the postmaster to be gone.
+async fn kill_now(server: &mut Child) {
+    // Listed first: once the postmaster is gone its children are no longer its own.
+    let children = server.id().map(children_of).unwrap_or_default();
+    let _ = server.kill().await;
+    for child in children {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child), nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+/// The processes whose parent is `parent` (from /proc).
+fn children_of(parent: u32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // The command name is in parentheses and may hold spaces: the parent is the
+            // second field after it.
+            let ppid: u32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            (ppid == parent).then_some(pid)
+        })
+        .collect()
+}
+
+/// Looks at the server every [`RENEW_EVERY`] while it is the primary, and records when it
+/// last answered: connected and queried over its socket within [`lease::ANSWER_WITHIN`]. An
+/// error it sends (too many connections, shutting down) is an answer too; only silence is not.
+async fn look_at_the_primary(
+    socket_dir: PathBuf,
+    mut running: watch::Receiver<Running>,
+    answered: watch::Sender<Option<Instant>>,
+) {
+    let mut tick = tokio::time::interval(RENEW_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if running.has_changed().is_err() {
+            return;
+        }
+        if *running.borrow_and_update() != Running::Primary {
+            continue;
+        }
+        let look = async {
+            let instance = Instance::local(&socket_dir).await?;
+            instance.in_recovery().await
+        };
+        let answer = tokio::time::timeout(lease::ANSWER_WITHIN, look).await;
+        let spoke = match answer {
+            Ok(Ok(_)) => true,
+            Ok(Err(e)) => e.sent_by_the_server(),
+            Err(_) => false,
+        };
+        if spoke {
+            answered.send_replace(Some(Instant::now()));
+        }
     }
 }
 
