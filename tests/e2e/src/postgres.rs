@@ -622,9 +622,12 @@ impl Drop for StoppedServer {
     }
 }
 
+/// Sends `signal` to `pid`; one that is gone already (killed by its instance manager) is no
+/// news.
 fn signal(pid: i32, signal: &str) {
     let _ = std::process::Command::new("kill")
         .args([&format!("-{signal}"), &pid.to_string()])
+        .stderr(std::process::Stdio::null())
         .status();
 }
 

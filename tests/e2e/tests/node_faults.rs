@@ -1028,7 +1028,19 @@ const PRIMARY_FAULTS: [PrimaryFault; 5] = [
 async fn repeated_primary_faults_lose_no_acknowledged_commit_and_leave_one_primary() {
     use noops_api::PostgreSQL;
     use noops_e2e::postgres::*;
-    let rounds = chaos::rounds("NOOPS_CHAOS_PG_HA_FAULTS", PRIMARY_FAULTS.len());
+    // NOOPS_CHAOS_PG_HA_KINDS=Partitioned,ServerHung draws only those (to chase one).
+    let kinds: Vec<PrimaryFault> = match std::env::var("NOOPS_CHAOS_PG_HA_KINDS") {
+        Ok(names) => PRIMARY_FAULTS
+            .into_iter()
+            .filter(|f| names.split(',').any(|n| n.trim() == format!("{f:?}")))
+            .collect(),
+        Err(_) => PRIMARY_FAULTS.to_vec(),
+    };
+    assert!(
+        !kinds.is_empty(),
+        "NOOPS_CHAOS_PG_HA_KINDS names none of {PRIMARY_FAULTS:?}"
+    );
+    let rounds = chaos::rounds("NOOPS_CHAOS_PG_HA_FAULTS", kinds.len());
     let mut dice = chaos::Dice::from_env();
     let _restore = RestoreNodesOnDrop;
     install_crds();
@@ -1048,10 +1060,10 @@ async fn repeated_primary_faults_lose_no_acknowledged_commit_and_leave_one_prima
     let mut failovers = 0;
     for round in 0..rounds {
         // One of each kind first; the rest are drawn.
-        let fault = PRIMARY_FAULTS[if round < PRIMARY_FAULTS.len() {
+        let fault = kinds[if round < kinds.len() {
             round
         } else {
-            dice.roll(PRIMARY_FAULTS.len() as u64) as usize
+            dice.roll(kinds.len() as u64) as usize
         }];
         let before = status().await;
         let primary = before.current_primary.clone().unwrap();
@@ -1111,7 +1123,10 @@ async fn repeated_primary_faults_lose_no_acknowledged_commit_and_leave_one_prima
                 let hung = StoppedServer::of(&ns, &primary);
                 taken_over().await;
                 failovers += 1;
-                wait_until("every process of the hung server killed", MINUTE, || async { hung.gone() }).await;
+                wait_until("every process of the hung server killed", MINUTE, || async {
+                    hung.gone()
+                })
+                .await;
                 hung.resume();
             }
         }
