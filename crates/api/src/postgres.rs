@@ -152,6 +152,23 @@ pub struct BackupSpec {
     /// from its clients. Default: no limit.
     #[x_kube(validation = Rule::new("self >= 32 && self <= 1048576").message("backup.baseBackupMaxRate is in KiB per second, between 32 and 1048576 (1 GiB/s)"))]
     pub base_backup_max_rate: Option<i32>,
+    /// Which instance base backups read: `Primary` (the default), or `PreferStandby`, the
+    /// streaming replica least behind when there is one (the primary when none is), so that
+    /// a backup's reads do not compete with the primary's clients. WAL is archived by the
+    /// primary alone either way; a backup read from a replica is recorded only once the
+    /// primary has archived the WAL it ends in.
+    #[serde(default)]
+    pub target: BackupTarget,
+}
+
+/// Which instance base backups read (`backup.target`).
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum BackupTarget {
+    /// The primary.
+    #[default]
+    Primary,
+    /// A streaming replica, the least behind; the primary when none streams.
+    PreferStandby,
 }
 
 pub use crate::backup::Postgres;

@@ -61,6 +61,8 @@ pub struct PostgresBackupStatus {
     pub server_version: Option<String>,
     /// The pod that takes it.
     pub pod: Option<String>,
+    /// The instance it reads (a replica with `backup.target: PreferStandby`).
+    pub instance: Option<String>,
 }
 
 #[cfg(test)]

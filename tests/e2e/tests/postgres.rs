@@ -1280,7 +1280,10 @@ async fn with_synchronous_replication_no_acknowledged_commit_is_lost_and_commits
     let third = wait_failed_over(&ns, "shop", &second.to).await;
     assert!(third.reason.contains("gave its lease up"), "{third:?}");
     eprintln!("hung server: {third:?}");
-    wait_until("every process of the hung server killed", MINUTE, || async { hung.gone() }).await;
+    wait_until("every process of the hung server killed", MINUTE, || async {
+        hung.gone()
+    })
+    .await;
     hung.resume();
     wait_rejoined(&ns, &second.to).await;
     wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;

@@ -716,3 +716,73 @@ async fn a_lost_volume_whose_backups_are_not_in_the_new_destination_is_held_not_
     assert!(status.restore.is_some(), "it says it was restored");
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }
+
+/// The WAL segment that holds the last byte before `end` on `timeline`.
+fn segment_of_last_byte(end: &str, timeline: i64) -> String {
+    let (high, low) = end.split_once('/').unwrap();
+    let last = ((u64::from_str_radix(high, 16).unwrap() << 32) | u64::from_str_radix(low, 16).unwrap()) - 1;
+    let number = last / (16 << 20);
+    format!("{timeline:08X}{:08X}{:08X}", number >> 8, number & 0xff)
+}
+
+#[tokio::test]
+async fn a_base_backup_read_from_a_replica_waits_for_the_primarys_archive_and_restores_every_commit() {
+    install_crds();
+    let ns = TestNamespace::new("pg-standby-backup").await;
+    s3::deploy(&ns);
+    s3::create_bucket(&ns, "pg-backups").await;
+    let _operator = Operator::start(&ns.name, &CONTROLLERS);
+    let backup = backup_to_bucket(&ns, "pg-backups", "    target: PreferStandby\n");
+    let (_, rw, ledger) = three_instances_under_a_ledger(&ns, &backup).await;
+    let primary = ns
+        .api::<PostgreSQL>()
+        .get("shop")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .current_primary
+        .unwrap();
+
+    // Taken while the client commits: from a streaming replica, not the primary.
+    ns.apply(
+        "apiVersion: noops.dev/v1alpha1\nkind: PostgresBackup\nmetadata: { name: from-a-replica }\nspec: { postgresql: shop }\n",
+    );
+    let backups = ns.api::<PostgresBackup>();
+    let taken = wait_for("the backup read from a replica stored", 3 * MINUTE, || async {
+        let backup = backups.get_opt("from-a-replica").await.ok()??;
+        (phase(&backup) == "Succeeded").then_some(backup)
+    })
+    .await;
+    let status = taken.status.unwrap();
+    let instance = status.instance.clone().unwrap();
+    assert!(
+        instance != primary && instance.starts_with("shop-"),
+        "read {instance}, the primary is {primary}"
+    );
+    // Recorded only once the primary had archived the segment it ends in: whole from the
+    // moment it says Succeeded.
+    let segment = segment_of_last_byte(status.end_wal.as_deref().unwrap(), status.timeline.unwrap());
+    let store = s3::bucket(&ns, "pg-backups").await;
+    let key = Key::from(format!("{}/{segment}.gz", status.destination.unwrap().wal));
+    assert!(
+        store.head(&key).await.is_ok(),
+        "{key} not archived when the backup was recorded"
+    );
+
+    // A new database from it holds every commit acknowledged until the client stopped (all of
+    // them archived since).
+    let report = ledger.stop().await;
+    let superuser = superuser_password(&ns, "shop").await;
+    let last = current_segment(&rw, &superuser);
+    wait_archived(&rw, &superuser, &last, MINUTE).await;
+    ns.apply(&manifest(
+        "copy",
+        "copy-pw",
+        "  bootstrap:\n    fromBackup: { name: from-a-replica }\n",
+    ));
+    wait_ready(&ns, "copy", 3 * MINUTE).await;
+    let copy_ip = instance_ip(&ns, "copy").await;
+    let missing = report.lost_in((&copy_ip, "app", "copy-pw", "shop"), "restored from a replica's backup");
+    assert!(missing.is_empty(), "acknowledged and not restored: {missing:?}");
+}

@@ -199,7 +199,10 @@ mod tests {
     fn a_primary_whose_server_stopped_answering_renews_no_more() {
         let fresh = Some(Duration::from_secs(1));
         let renew = step(ME, Running::Primary, &held(ME), fresh, true);
-        assert!(!silent(None), "a server that has not answered yet is starting, not hung");
+        assert!(
+            !silent(None),
+            "a server that has not answered yet is starting, not hung"
+        );
         assert!(!silent(Some(Duration::from_millis(2_900))));
         assert!(silent(Some(SILENT_AFTER)));
         assert_eq!(unless_silent(renew, false), Step::Renew);
@@ -209,10 +212,7 @@ mod tests {
         for other in [Step::RenewAndPromote, Step::Stop, Step::Fence, Step::StepDown] {
             assert_eq!(unless_silent(other, true), other);
         }
-        assert!(
-            ANSWER_WITHIN < SILENT_AFTER,
-            "one look that times out is not silence"
-        );
+        assert!(ANSWER_WITHIN < SILENT_AFTER, "one look that times out is not silence");
     }
 
     #[test]

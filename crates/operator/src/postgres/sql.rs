@@ -349,6 +349,12 @@ impl Instance {
             .await
     }
 
+    /// Switches to a new WAL segment (`pg_switch_wal()`): the one being written is archived
+    /// now rather than at `archive_timeout`.
+    pub async fn switch_wal(&self) -> Result<(), SqlError> {
+        self.answer(self.client.batch_execute("SELECT pg_switch_wal()")).await
+    }
+
     /// The timeline of the last checkpoint.
     pub async fn timeline(&self) -> Result<i64, SqlError> {
         let row = self

@@ -4,8 +4,9 @@
 //! moment from its end on.
 //!
 //! Pipeline of one reconcile (`reconcile.rs`): read the backup and its database → record where
-//! it goes → have a pod take it (`pods.rs`; what the pod runs is
-//! `crate::postgres::instance::base_backup`) → status and Event. Deleting a PostgresBackup
+//! it goes → have a pod take it from the instance `backup.target` names (`source.rs`;
+//! `pods.rs`; what the pod runs is `crate::postgres::instance::base_backup`) → status and
+//! Event. Deleting a PostgresBackup
 //! deletes its base backup and the WAL only it needed. The PostgreSQL controller makes the
 //! first and the scheduled PostgresBackups and applies retention (`crate::postgres::backups`).
 //! What every backup controller shares (context, finalizer, the end of a pass) is the backup
@@ -13,6 +14,7 @@
 
 pub mod pods;
 mod reconcile;
+mod source;
 
 use crate::core::backup::controller::{self, BackupController};
 use crate::core::controller::Registration;

@@ -41,27 +41,41 @@ impl Job {
     }
 }
 
-/// The pod that takes a base backup of the instance at `host` into `location` (the database's
-/// names in `names`, its major version `version`).
+/// The instance a base backup reads, and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reading<'a> {
+    /// Its address.
+    pub host: &'a str,
+    /// A replica: where the primary is, whose archive the backup waits for.
+    pub primary: Option<String>,
+    /// The most it reads, in KiB per second.
+    pub max_rate_kib: Option<i32>,
+}
+
+/// The pod that takes a base backup of the instance `from` reads into `location` (the
+/// database's names in `names`, its major version `version`).
 #[allow(clippy::too_many_arguments)]
 pub fn base_pod(
     name: &str,
     backup: &str,
     names: &Names,
     version: &str,
-    host: &str,
-    max_rate_kib: Option<i32>,
+    from: &Reading,
     location: &BackupLocation,
     operator_image: &str,
     owner: &OwnerReference,
 ) -> Option<Pod> {
     let mut args = vec![
         "base-backup".to_string(),
-        format!("--host={host}"),
+        format!("--host={}", from.host),
         format!("--label={backup}"),
         format!("--folder={}", location.base),
     ];
-    args.extend(max_rate_kib.map(|kib| format!("--max-rate-kib={kib}")));
+    args.extend(from.max_rate_kib.map(|kib| format!("--max-rate-kib={kib}")));
+    if let Some(primary) = &from.primary {
+        args.push(format!("--archived-by={primary}"));
+        args.push(format!("--wal-folder={}", location.wal));
+    }
     let password = EnvVar {
         name: "PGPASSWORD".into(),
         value_from: Some(EnvVarSource {
@@ -201,13 +215,17 @@ mod tests {
             namespace: "prod".into(),
             image_repository: "postgres".into(),
         };
+        let from = Reading {
+            host: "10.0.0.7",
+            primary: None,
+            max_rate_kib: Some(4096),
+        };
         let pod = base_pod(
             "shop-1-base",
             "shop-1",
             &names,
             "15",
-            "10.0.0.7",
-            Some(4096),
+            &from,
             &location(),
             "noops:dev",
             &owner(),
@@ -245,6 +263,35 @@ mod tests {
         assert!(env.iter().any(|e| e.name == store::STORE_ENV));
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
         assert_eq!(pod.metadata.labels.unwrap()[labels::COMPONENT], COMPONENT);
+
+        // From a replica: it waits for the primary to archive the WAL the backup ends in.
+        let from = Reading {
+            host: "10.0.0.8",
+            primary: Some("shop-rw.prod.svc".into()),
+            max_rate_kib: None,
+        };
+        let pod = base_pod(
+            "shop-1-base",
+            "shop-1",
+            &names,
+            "15",
+            &from,
+            &location(),
+            "noops:dev",
+            &owner(),
+        )
+        .unwrap();
+        let args = pod.spec.unwrap().containers[0].args.clone().unwrap();
+        assert_eq!(
+            args[2..],
+            [
+                "--host=10.0.0.8",
+                "--label=shop-1",
+                "--folder=postgres/prod/shop/base/shop-1",
+                "--archived-by=shop-rw.prod.svc",
+                format!("--wal-folder={}", location().wal).as_str(),
+            ]
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@ use noops_api::postgres_backup::{PostgresBackup, PostgresBackupStatus};
 use tracing::{debug, info};
 
 use super::pods::{self, BackupOf, Job};
+use super::source;
 use crate::core::apply::{controller_reference, create_if_missing};
 use crate::core::backup::controller::{
     Begun, Context, Deletion, backup_resource, conclude, deleting_for, finish_clean_up, remove_pod, write_status,
@@ -77,10 +78,13 @@ pub async fn make(mut begun: Begun<PostgresBackup>, ctx: Arc<Context>) -> Result
     let under_way = match &verdict {
         Verdict::InProgress { .. } if progress::progress_due(previous.as_ref(), begun.now) => {
             let read = match &pg {
-                Some(pg) => tokio::time::timeout(PROGRESS_READ_TIMEOUT, streamed(pg, &ctx))
-                    .await
-                    .ok()
-                    .flatten(),
+                Some(pg) => tokio::time::timeout(
+                    PROGRESS_READ_TIMEOUT,
+                    streamed(pg, begun.status.instance.as_deref(), &ctx),
+                )
+                .await
+                .ok()
+                .flatten(),
                 None => None,
             };
             progress::paced(previous.as_ref(), read, begun.now)
@@ -99,13 +103,14 @@ pub async fn make(mut begun: Begun<PostgresBackup>, ctx: Arc<Context>) -> Result
     .await
 }
 
-/// How far the running base backup has got, as the server that streams it says; none if it
-/// cannot say now (the report is news, not a reason to fail).
-async fn streamed(pg: &PostgreSQL, ctx: &Context) -> Option<WorkProgress> {
+/// How far the running base backup has got, as `instance`, the server that streams it, says
+/// (a backup begun before the status named it: the first instance); none if it cannot say now
+/// (the report is news, not a reason to fail).
+async fn streamed(pg: &PostgreSQL, instance: Option<&str>, ctx: &Context) -> Option<WorkProgress> {
     let names = Names::of(pg);
     let namespace = &names.namespace;
     let pod = Api::<Pod>::namespaced(ctx.client.clone(), namespace)
-        .get_opt(&names.instance())
+        .get_opt(&instance.map_or_else(|| names.instance(), str::to_string))
         .await
         .ok()??;
     let ip = observe::ready_address(&pod)?;
@@ -158,7 +163,7 @@ async fn look(begun: &mut Begun<PostgresBackup>, ctx: &Context) -> Result<Option
         }
         // Once recorded, where it goes stays: a pass after the database's destination was
         // edited (or removed) still goes where the status says.
-        (Some(pg), Some(location)) => attempt(backup, pg, &location, started, now, ctx).await?,
+        (Some(pg), Some(location)) => attempt(backup, pg, &location, (started, now), status, ctx).await?,
         (Some(pg), None) => match where_to(pg, &backup.name_any()) {
             Err(verdict) => verdict,
             Ok((location, url)) => {
@@ -174,7 +179,7 @@ async fn look(begun: &mut Begun<PostgresBackup>, ctx: &Context) -> Result<Option
                 }
                 crash::point("postgres backup: destination recorded, no pod made");
                 info!(postgresql = %backup.spec.postgresql, location = %url, "backing up");
-                attempt(backup, pg, &location, started, now, ctx).await?
+                attempt(backup, pg, &location, (started, now), status, ctx).await?
             }
         },
     };
@@ -235,14 +240,15 @@ fn where_to(pg: &PostgreSQL, backup: &str) -> std::result::Result<(BackupLocatio
     Ok((location, url))
 }
 
-/// One look at the pod that takes the backup: made if there is none (once the instance
-/// serves), read once it has ended, stopped past [`RUN_DEADLINE`].
+/// One look at the pod that takes the backup: made if there is none (once an instance it may
+/// read serves, `source.rs`; the one chosen goes in `status.instance`), read once it has
+/// ended, stopped past [`RUN_DEADLINE`].
 async fn attempt(
     backup: &PostgresBackup,
     pg: &PostgreSQL,
     location: &BackupLocation,
-    started: jiff::Timestamp,
-    now: jiff::Timestamp,
+    (started, now): (jiff::Timestamp, jiff::Timestamp),
+    status: &mut PostgresBackupStatus,
     ctx: &Context,
 ) -> Result<Verdict> {
     if let Some(verdict) = pod_progress(backup, started, now, ctx).await? {
@@ -265,14 +271,20 @@ async fn attempt(
             });
         }
     }
-    let instance = pods.get_opt(&names.instance()).await?;
-    let Some(host) = instance.as_ref().and_then(observe::ready_address) else {
+    let candidates = source::candidates(pg, &names);
+    let mut chosen = None;
+    for candidate in &candidates {
+        let pod = pods.get_opt(&candidate.instance).await?;
+        if let Some(host) = pod.as_ref().and_then(observe::ready_address) {
+            chosen = Some((candidate, host));
+            break;
+        }
+    }
+    let Some((source, host)) = chosen else {
+        let primary = candidates.last().map(|c| c.instance.clone()).unwrap_or_default();
         return Ok(Verdict::Wait {
             reason: "InstanceNotReady",
-            message: format!(
-                "the instance {} is not serving: a base backup waits for it",
-                names.instance()
-            ),
+            message: format!("the primary {primary} is not serving: a base backup waits for it"),
         });
     };
     let Some(owner) = controller_reference(backup) else {
@@ -282,13 +294,19 @@ async fn attempt(
         });
     };
     let version = &pg.spec.version;
+    let from = pods::Reading {
+        host: &host,
+        // From a replica, the pod waits for the primary to archive the WAL the backup ends
+        // in, asking it to switch segments through `<name>-rw`.
+        primary: source.standby.then(|| names.primary_host()),
+        max_rate_kib: pg.spec.backup.as_ref().and_then(|b| b.base_backup_max_rate),
+    };
     let Some(pod) = pods::base_pod(
         &name,
         &backup.name_any(),
         &names,
         version,
-        &host,
-        pg.spec.backup.as_ref().and_then(|b| b.base_backup_max_rate),
+        &from,
         location,
         &ctx.image,
         &owner,
@@ -300,8 +318,9 @@ async fn attempt(
     };
     if create_if_missing(&pods, &pod).await? {
         crash::point("postgres backup: pod made");
-        info!(pod = %name, %host, "a pod takes the base backup");
+        info!(pod = %name, instance = %source.instance, standby = source.standby, "a pod takes the base backup");
     }
+    status.instance = Some(source.instance.clone());
     Ok(taking(&name))
 }
 

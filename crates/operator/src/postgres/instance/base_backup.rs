@@ -3,9 +3,10 @@
 //! the way (for the WAL positions in `backup_label` and `backup_manifest`, and the system
 //! identifier in `global/pg_control`). Memory stays bounded whatever the database's size.
 //!
-//! The WAL is not in the tar (`--wal-method=none`): `pg_basebackup` returns only once the
-//! server has archived every segment the backup needs, so the backup is whole with the
-//! archive. The tar appears in the store only once its upload completes, and `backup.json`,
+//! The WAL is not in the tar (`--wal-method=none`): from the primary, `pg_basebackup` returns
+//! only once the server has archived every segment the backup needs, so the backup is whole
+//! with the archive; from a replica, which archives nothing, the pod waits for the primary's
+//! archive itself (`standby_backup.rs`). The tar appears in the store only once its upload completes, and `backup.json`,
 //! which describes it, only after that: a backup cut short leaves nothing that looks like one.
 
 use std::collections::BTreeMap;
@@ -20,6 +21,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::Command;
 
+use super::standby_backup::{ArchivedBy, wait_archived};
 use crate::postgres::names::{PORT, SUPERUSER};
 use crate::postgres::store::{BASE_TAR, RECORD};
 
@@ -67,13 +69,15 @@ const WANTED: [&str; 4] = ["backup_label", "backup_manifest", "global/pg_control
 
 /// Takes a base backup of the server at `host` into `folder` of `store`, labelled `label`,
 /// reading at most `max_rate_kib` KiB per second if given. The superuser's password is in the
-/// environment (`PGPASSWORD`).
+/// environment (`PGPASSWORD`). A replica's backup (`archived_by`) is recorded only once the
+/// primary has archived the WAL it ends in (`standby_backup.rs`).
 pub async fn take(
     host: &str,
     label: &str,
     store: Arc<dyn ObjectStore>,
     folder: &str,
     max_rate_kib: Option<u32>,
+    archived_by: Option<&ArchivedBy>,
 ) -> Result<Taken, BackupError> {
     let mut child = Command::new("pg_basebackup")
         .args(["--host", host, "--port", &PORT.to_string(), "--username", SUPERUSER])
@@ -156,6 +160,9 @@ pub async fn take(
         }
     };
     writer.finish().await?;
+    if let Some(by) = archived_by {
+        wait_archived(&store, by, &taken.end_wal, taken.timeline).await?;
+    }
     let record = serde_json::to_vec_pretty(&taken).map_err(|e| BackupError::Unexpected(e.to_string()))?;
     store
         .put(&Path::from(format!("{folder}/{RECORD}")), PutPayload::from(record))

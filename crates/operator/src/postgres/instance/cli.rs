@@ -8,7 +8,7 @@ use clap::Subcommand;
 use tracing::info;
 
 use super::bootstrap::Bootstrapped;
-use super::{Archive, Settings, base_backup, bootstrap, remove, wal};
+use super::{Archive, Settings, base_backup, bootstrap, remove, standby_backup, wal};
 use crate::postgres::names::{LEASE_ENV, POD_NAME_ENV, POD_NAMESPACE_ENV, ROOT_ENV};
 use crate::postgres::store::{self, STORE_ENV};
 
@@ -61,6 +61,12 @@ pub enum PgInstanceCommand {
         /// The most it reads, in KiB per second.
         #[arg(long)]
         max_rate_kib: Option<u32>,
+        /// Read from a replica: the primary's address, whose archive of the WAL the backup
+        /// ends in it waits for (in `--wal-folder` of the store).
+        #[arg(long, requires = "wal_folder")]
+        archived_by: Option<String>,
+        #[arg(long, requires = "archived_by")]
+        wal_folder: Option<String>,
     },
     /// Deletes the base backup in `--base`, and the WAL in `--wal` before segment
     /// `--keep-wal-from` (a delete pod).
@@ -215,9 +221,14 @@ pub async fn run(command: PgInstanceCommand) -> ! {
             label,
             folder,
             max_rate_kib,
+            archived_by,
+            wal_folder,
         } => {
+            let archived_by = archived_by
+                .zip(wal_folder)
+                .map(|(primary, wal_folder)| standby_backup::ArchivedBy { primary, wal_folder });
             let taken = match store::open_told(STORE_ENV) {
-                Ok(store) => base_backup::take(&host, &label, store, &folder, max_rate_kib)
+                Ok(store) => base_backup::take(&host, &label, store, &folder, max_rate_kib, archived_by.as_ref())
                     .await
                     .map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),

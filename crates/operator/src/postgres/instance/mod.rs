@@ -25,6 +25,7 @@ pub mod progress;
 pub mod remove;
 pub mod replica;
 pub mod run;
+pub mod standby_backup;
 pub mod wal;
 
 use std::os::unix::fs::PermissionsExt;
