@@ -55,8 +55,11 @@ pub fn announcements(
                 ),
             ));
         }
+        // Once per handover: a replica that promoted before the pass that handed it the lease
+        // asked it is promoted in the same status as the handover.
         let promoted = |s: &PostgreSQLStatus| s.last_failover.as_ref().and_then(|f| f.promoted_at.clone());
-        if promoted(previous).is_none() && promoted(status).is_some() {
+        let new_handover = handed(previous) != Some(failover.handed_over_at.clone());
+        if promoted(status).is_some() && (promoted(previous).is_none() || new_handover) {
             let waited = failover
                 .write_gap_millis
                 .map_or_else(String::new, |gap| format!(": writes waited at most {gap} ms"));
@@ -213,5 +216,40 @@ mod tests {
             "{told:?}"
         );
         assert!(announcements(&pg, &restored, &restored, &InDatabase::default()).is_empty());
+    }
+
+    #[test]
+    fn each_promotion_is_told_once_also_when_seen_in_the_pass_that_handed_the_lease_over() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let pg = postgres("shop");
+        let at = |s: i64| Time(jiff::Timestamp::from_second(s).unwrap());
+        let failover = |from: &str, to: &str, handed: i64, promoted: Option<i64>| PostgreSQLStatus {
+            last_failover: Some(noops_api::postgres::FailoverStatus {
+                from: Some(from.into()),
+                to: to.into(),
+                reason: "the primary's lease ran out".into(),
+                switchover: false,
+                received_lsn: None,
+                primary_last_seen: None,
+                handed_over_at: at(handed),
+                promoted_at: promoted.map(at),
+                write_gap_millis: None,
+            }),
+            ..Default::default()
+        };
+        let told = |before: &PostgreSQLStatus, after: &PostgreSQLStatus| {
+            announcements(&pg, before, after, &InDatabase::default())
+                .into_iter()
+                .map(|a| a.reason)
+                .collect::<Vec<_>>()
+        };
+        let first = failover("shop-0", "shop-1", 100, Some(101));
+        let handed = failover("shop-1", "shop-0", 200, None);
+        let promoted = failover("shop-1", "shop-0", 200, Some(201));
+        assert_eq!(told(&first, &handed), ["FailedOver"]);
+        assert_eq!(told(&handed, &promoted), ["Promoted"]);
+        assert!(told(&promoted, &promoted).is_empty());
+        // Promoted before the handing pass asked it: both in one status.
+        assert_eq!(told(&first, &promoted), ["FailedOver", "Promoted"]);
     }
 }

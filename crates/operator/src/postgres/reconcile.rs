@@ -37,7 +37,7 @@ use super::secrets::{self, Password, PasswordProblem};
 use super::status::{self, InstanceState, StatusFacts};
 use super::store::{BaseBackupDestination, Destination};
 use super::{account, destination, drain, observe, replication, restore, services, statefulset, switchover};
-use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
+use crate::core::apply::{apply, apply_status_at, controller_reference, create_if_missing, delete_if_present};
 use crate::core::backup::progress;
 use crate::core::backup::retention::{BackupsSummary, being_restored};
 use crate::core::cache::in_namespace;
@@ -151,6 +151,9 @@ struct Pass<'a> {
     now: jiff::Timestamp,
     /// The primary instance's pod: as the status last said until the lease stage decides.
     primary: String,
+    /// The PostgreSQL's resourceVersion as this pass last knows it: read, or moved on by its
+    /// own write of the object (the switchover request removed); the status is written over it.
+    version: std::sync::Mutex<Option<String>>,
 }
 
 /// What the pass read: from the caches, and the user's Secret (`core::user_secrets`).
@@ -202,7 +205,22 @@ impl<'a> Pass<'a> {
             ctx,
             now: jiff::Timestamp::now(),
             primary,
+            version: std::sync::Mutex::new(pg.metadata.resource_version.clone()),
         })
+    }
+
+    /// The PostgreSQL's resourceVersion as this pass last knows it.
+    fn version(&self) -> Option<String> {
+        self.version
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records the version this pass's own write of the PostgreSQL left.
+    fn wrote(&self, written: &PostgreSQL) {
+        *self.version.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            written.metadata.resource_version.clone();
     }
 
     fn api<K>(&self) -> Api<K>
@@ -869,9 +887,18 @@ async fn finish(
         if status.restore != previous.restore || made.password_set {
             crash::point("postgres: restore or password seen, status not written");
         }
+        // Written only over the version this pass read (or its own write of the object): a
+        // pass that read a cache not yet holding the last pass's status (woken by that pass's
+        // own pod changes) would write an older failover record over a newer one.
         let api: Api<PostgreSQL> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        let body = json!({ "apiVersion": "noops.dev/v1alpha1", "kind": "PostgreSQL", "status": status });
-        apply_status(&api, &names.name, &body).await.during(Stage::Status)?;
+        let mut version = pass.version();
+        if !apply_status_at(&api, &names.name, &mut version, &status)
+            .await
+            .during(Stage::Status)?
+        {
+            info!("the PostgreSQL changed since this pass read it: the next pass writes its status and tells its news");
+            return Ok(());
+        }
     }
     let reference = pg.object_ref(&());
     for announcement in events {

@@ -459,7 +459,7 @@ impl Pass<'_> {
             .patch(&self.names.name, &PatchParams::default(), &Patch::Merge(body))
             .await
         {
-            Ok(_) => {}
+            Ok(written) => self.wrote(&written),
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => warn!(error = %e, "could not remove the switchover request (noops.dev/promote) it acted on"),
         }
