@@ -1,6 +1,7 @@
 //! One malformed MaintPage must not stop the operator's watch. The CRD schema is loosened for a
-//! moment to store an object the operator cannot read, so this test has its own binary: cargo
-//! runs test binaries one after another, and no other test sees the loosened schema.
+//! moment to store an object the operator cannot read, so no other test may run meanwhile: it
+//! is ignored by the pool of `make e2e` and run after it, alone, with the node-fault tests
+//! (`hack/e2e-run.sh --ignored`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -13,6 +14,7 @@ use noops_api::maintpage::Side;
 use noops_e2e::*;
 
 #[tokio::test]
+#[ignore = "loosens the MaintPage schema for a moment: `make e2e` runs it alone, after the rest"]
 async fn a_malformed_maintpage_gets_an_event_and_the_others_are_still_reconciled() {
     install_crds();
     let ns = TestNamespace::new("mp-malformed").await;
