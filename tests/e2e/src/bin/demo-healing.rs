@@ -1,11 +1,12 @@
 //! The demo's healing part (`make demo`, after the maintenance switch): an EtcdCluster of three
-//! members and a PostgreSQL, both backed up to an object store, each under a client that
-//! writes without pause. Then the node that holds the database and one etcd member stops, as
-//! a machine that dies. The operator (deploy/, in the cluster) replaces the member and brings
-//! the database back on another node from its backups; the demo prints what it sees meanwhile,
-//! then the acknowledged writes that were lost: none for etcd; for PostgreSQL, only writes of
-//! the last seconds before the stop, as `archiveTimeoutSeconds` bounds them. It exits non-zero
-//! if a write is lost beyond that bound, and leaves namespace `demo-healing` to look at.
+//! members and a PostgreSQL of three instances with synchronous replication, both backed up to
+//! an object store, each under a client that writes without pause. The database's primary is
+//! moved onto the node that will stop (`kubectl noops promote`, a switchover); then that node,
+//! which also holds one etcd member, stops, as a machine that dies. The operator (deploy/, in
+//! the cluster) replaces the member and promotes a replica once the primary's lease runs out,
+//! without waiting for the node controller; the demo prints what it sees meanwhile, then the
+//! acknowledged writes that were lost: none for either. It exits non-zero if one was, and
+//! leaves namespace `demo-healing` to look at.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -19,10 +20,7 @@ use noops_e2e::*;
 
 const MINUTE: Duration = Duration::from_secs(60);
 const NAMESPACE: &str = "demo-healing";
-/// PostgreSQL's `archive_timeout`: what a lost node may cost it.
-const ARCHIVE_TIMEOUT_SECONDS: u64 = 5;
-/// Beyond the archive timeout: the upload of the last segment on a busy machine.
-const ARCHIVE_SLACK: Duration = Duration::from_secs(5);
+const PASSWORD: &str = "demo-Pa55";
 
 fn log(what: &str) {
     println!("{} {what}", jiff::Zoned::now().strftime("%H:%M:%S"));
@@ -65,8 +63,21 @@ async fn state_line(ns: &TestNamespace) -> String {
     let etcd_phase = etcd.and_then(|c| c.status?.phase).unwrap_or_else(|| "?".into());
     let pg = ns.api::<PostgreSQL>().get("shop").await.ok().and_then(|p| p.status);
     let pg_phase = pg.as_ref().and_then(|s| s.phase.clone()).unwrap_or_else(|| "?".into());
-    let pg_node = pg.and_then(|s| s.node).unwrap_or_else(|| "?".into());
-    format!("etcd {etcd_phase} [{members}]; PostgreSQL {pg_phase} on {pg_node}")
+    let primary = pg.as_ref().and_then(|s| s.current_primary.clone()).unwrap_or_default();
+    let instances = pg
+        .map(|s| {
+            s.members
+                .iter()
+                .map(|m| {
+                    let role = if m.name == primary { " primary" } else { "" };
+                    let down = if m.ready { "" } else { " DOWN" };
+                    format!("{}@{}{role}{down}", m.name, m.node.as_deref().unwrap_or("?"))
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
+    format!("etcd {etcd_phase} [{members}]; PostgreSQL {pg_phase} [{instances}]")
 }
 
 #[tokio::main]
@@ -93,36 +104,26 @@ async fn main() {
         .or(candidates.first())
         .map(|n| n.to_string())
         .unwrap();
-    let others: Vec<&String> = nodes.iter().filter(|n| **n != victim).collect();
 
-    log(&format!(
-        "an EtcdCluster of 3 members and a PostgreSQL (on {victim}), both backed up to the store"
-    ));
+    log("an EtcdCluster of 3 members and a PostgreSQL of 3 instances, both backed up to the store");
     ns.apply(&etcd::cluster_manifest(
         "main",
         3,
         &etcd::etcd_version("3.5"),
         &etcd::backup_spec(&ns, Some("*/10 * * * *"), 3),
     ));
-    // The members spread over the nodes (one each) before any node is cordoned.
-    etcd::wait_cluster_ready(&ns, "main", 3, 3 * MINUTE).await;
-    // The database starts on the node that will stop: the others are cordoned meanwhile.
-    for node in &others {
-        kubectl_ok(&["cordon", node], None);
-    }
+    // A commit is acknowledged once a replica has it too: a lost node costs none.
     ns.apply(&postgres::manifest(
         "shop",
-        "demo-Pa55",
+        PASSWORD,
         &format!(
-            "  backup:\n    schedule: \"0 * * * *\"\n    archiveTimeoutSeconds: {ARCHIVE_TIMEOUT_SECONDS}\n    s3: {{ endpoint: \"{}\", bucket: backups, credentialsSecret: object-store-credentials }}\n",
+            "  instances: 3\n  synchronous: {{ number: 1 }}\n  backup:\n    schedule: \"0 * * * *\"\n    s3: {{ endpoint: \"{}\", bucket: backups, credentialsSecret: object-store-credentials }}\n",
             s3::service_url(&ns)
         ),
     ));
-    postgres::wait_ready(&ns, "shop", 3 * MINUTE).await;
-    for node in &others {
-        kubectl_ok(&["uncordon", node], None);
-    }
     let cluster = etcd::wait_cluster_ready(&ns, "main", 3, 3 * MINUTE).await;
+    postgres::wait_ready(&ns, "shop", 3 * MINUTE).await;
+    postgres::wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
     postgres::wait_condition(&ns, "shop", "BackupSucceeded", "True", 3 * MINUTE).await;
     log("kubectl noops backup etcd/main (the PostgreSQL took its first backup as it started)");
     let out = kubectl_noops(&["backup", "etcd/main", "-n", NAMESPACE]);
@@ -133,26 +134,51 @@ async fn main() {
         kubectl_ok(&["get", "etcd,pg,etcdbackups,postgresbackups", "-n", NAMESPACE], None)
     );
 
-    log("a client on each: etcd writes a key and reads it back, PostgreSQL commits a row, without pause");
+    // The primary onto the node that will stop, by a switchover (its instance there is a
+    // replica, or the primary already).
+    let pods = ns.pods();
+    let mut on_victim_instance = None;
+    for instance in ["shop-0", "shop-1", "shop-2"] {
+        if pods.get(instance).await.is_ok_and(|p| pod_node(&p) == victim) {
+            on_victim_instance = Some(instance);
+        }
+    }
+    let moved = on_victim_instance.expect("an instance on every node");
+    log(&format!(
+        "kubectl noops promote pg/shop {moved} (a switchover: the primary onto {victim})"
+    ));
+    let out = kubectl_noops(&["promote", "pg/shop", moved, "-n", NAMESPACE]);
+    print!("{}", stdout(&out));
+    let databases = ns.api::<PostgreSQL>();
+    wait_until(&format!("{moved} the primary"), 2 * MINUTE, || async {
+        databases
+            .get("shop")
+            .await
+            .ok()
+            .and_then(|p| p.status?.current_primary)
+            .as_deref()
+            == Some(moved)
+    })
+    .await;
+    postgres::wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
+
+    log(
+        "a client on each: etcd writes a key and reads it back, PostgreSQL commits a row through shop-rw, without pause",
+    );
     let names: Vec<String> = etcd::member_names(&cluster).into_iter().collect();
     let endpoints = etcd::member_endpoints(&ns, &names.iter().map(String::as_str).collect::<Vec<_>>()).await;
     let etcd_writer = etcd::Writer::start(etcd::etcd_client(&ns, "main", &endpoints).await);
-    let ip = postgres::instance_ip(&ns, "shop").await;
-    postgres::make_items(&ip, "demo-Pa55", 0);
-    let pg_writer = postgres::Writer::start(&ip, "app", "demo-Pa55", "shop", 0, Duration::from_millis(20)).await;
-    // When each PostgreSQL write was acknowledged: what a loss is measured against.
-    let mut acked_at: Vec<(Instant, i64)> = Vec::new();
-    let sample_until = |until: Instant, acked_at: &mut Vec<(Instant, i64)>, writer: &postgres::Writer| {
-        let now = Instant::now();
-        if acked_at.last().is_none_or(|(_, id)| *id != writer.acked()) {
-            acked_at.push((now, writer.acked()));
-        }
-        now < until
-    };
-    let until = Instant::now() + Duration::from_secs(10);
-    while sample_until(until, &mut acked_at, &pg_writer) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let rw = postgres::service_ip(&ns, "shop-rw").await;
+    postgres::psql(
+        &rw,
+        "app",
+        PASSWORD,
+        "shop",
+        "CREATE TABLE items (id bigint PRIMARY KEY)",
+    )
+    .unwrap();
+    let ledger = postgres::Ledger::start(&rw, "app", PASSWORD, "shop", Duration::from_millis(20));
+    tokio::time::sleep(Duration::from_secs(10)).await;
     let on_victim: Vec<String> = ns
         .api::<EtcdCluster>()
         .get("main")
@@ -171,21 +197,18 @@ async fn main() {
         "the demo stops a node with exactly one etcd member on it: {on_victim:?} run on {victim}"
     );
     log(&format!(
-        "stopping node {victim} (etcd member {}, the PostgreSQL instance); {} rows committed so far",
+        "stopping node {victim} (etcd member {}, the PostgreSQL primary {moved})",
         on_victim.join(", "),
-        pg_writer.acked()
     ));
     let _restore = RestoreNodesOnDrop;
-    let _ = sample_until(Instant::now(), &mut acked_at, &pg_writer);
     node_fault(&["stop", &victim]);
-    // From when the stop is done: a row acknowledged while it ran counts as before it (strict).
     let stopped = Instant::now();
 
-    // Healed: etcd Ready with 3 members, none on the stopped node; PostgreSQL Ready elsewhere.
+    // Healed: etcd Ready with 3 members, none on the stopped node; PostgreSQL Ready with a
+    // primary elsewhere.
     let mut last = String::new();
     let deadline = stopped + 6 * MINUTE;
     loop {
-        let _ = sample_until(Instant::now() + MINUTE, &mut acked_at, &pg_writer);
         let line = state_line(&ns).await;
         if line != last {
             println!("{:>5.1}s  {line}", stopped.elapsed().as_secs_f64());
@@ -197,10 +220,13 @@ async fn main() {
                     .as_ref()
                     .is_some_and(|s| s.members.iter().all(|m| m.node.as_deref() != Some(victim.as_str())))
         });
-        let pg_healed = ns.api::<PostgreSQL>().get("shop").await.ok().is_some_and(|p| {
+        let pg_healed = databases.get("shop").await.ok().is_some_and(|p| {
             postgres::condition(&p, "Ready").is_some_and(|c| c.0 == "True")
-                && p.status.as_ref().and_then(|s| s.node.as_deref()) != Some(victim.as_str())
-                && p.status.as_ref().and_then(|s| s.observed_generation) == p.metadata.generation
+                && p.status.as_ref().and_then(|s| s.current_primary.as_deref()) != Some(moved)
+                && p.status
+                    .as_ref()
+                    .and_then(|s| s.last_failover.as_ref())
+                    .is_some_and(|f| f.from.as_deref() == Some(moved) && f.promoted_at.is_some())
         });
         if etcd_healed && pg_healed {
             break;
@@ -222,23 +248,18 @@ async fn main() {
     let mut checker = etcd::members_client(&ns, "main", &cluster).await;
     let etcd_lost = history.lost_writes(&mut checker).await.unwrap();
     let stale = history.check_reads().err();
-    // PostgreSQL: the rows acknowledged before the stop that the database no longer has; each
-    // must have been acknowledged within the archive timeout (and slack) before the stop.
-    let pg_acked = pg_writer.stop().await;
-    let ip = postgres::instance_ip(&ns, "shop").await;
-    let pg_kept = postgres::contiguous_ids(&ip, "app", "demo-Pa55", "shop");
-    let pg_lost = (pg_acked - pg_kept).max(0);
-    let bound = Duration::from_secs(ARCHIVE_TIMEOUT_SECONDS) + ARCHIVE_SLACK;
-    let first_lost_at = acked_at.iter().find(|(_, id)| *id > pg_kept).map(|(at, _)| *at);
-    let lost_before_stop = first_lost_at.map(|at| stopped.saturating_duration_since(at));
-    postgres::psql(
-        &ip,
-        "app",
-        "demo-Pa55",
-        "shop",
-        &format!("INSERT INTO items VALUES ({})", pg_kept + 1),
-    )
-    .unwrap();
+    // PostgreSQL: the commits acknowledged that the new primary does not have.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let report = ledger.stop().await;
+    let pg_lost = report.lost_in((&rw, "app", PASSWORD, "shop"), "synchronous");
+    let failover = databases
+        .get("shop")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .last_failover
+        .unwrap();
 
     log("kubectl noops status etcd/main");
     print!("{}", stdout(&kubectl_noops(&["status", "etcd/main", "-n", NAMESPACE])));
@@ -257,13 +278,13 @@ async fn main() {
         history.reads(),
         stale.is_none()
     );
-    let within = lost_before_stop.map_or_else(
-        || "none".into(),
-        |d| format!("all acknowledged in the last {:.1}s before the stop", d.as_secs_f64()),
-    );
     println!(
-        "  PostgreSQL: {pg_lost} of {pg_acked} committed rows lost, {within} (bound: archiveTimeoutSeconds {ARCHIVE_TIMEOUT_SECONDS}s + {}s); it takes writes again",
-        ARCHIVE_SLACK.as_secs()
+        "  PostgreSQL: {} of {} acknowledged commits lost (bound: 0, synchronous replication); {} promoted {:.1}s after {moved} last renewed its lease; writes waited at most {:.1}s",
+        pg_lost.len(),
+        report.acked.len(),
+        failover.to,
+        failover.write_gap_millis.unwrap_or_default() as f64 / 1000.0,
+        report.longest_gap.as_secs_f64()
     );
     ns.keep();
     let mut failed = vec![];
@@ -273,13 +294,10 @@ async fn main() {
     if let Some(stale) = stale {
         failed.push(format!("etcd returned a stale read: {stale}"));
     }
-    if lost_before_stop.is_some_and(|d| d > bound) {
-        failed.push(format!(
-            "PostgreSQL lost rows acknowledged more than {}s before the stop",
-            bound.as_secs()
-        ));
+    if !pg_lost.is_empty() {
+        failed.push(format!("PostgreSQL lost acknowledged commits {pg_lost:?}"));
     }
-    if history.acked_writes() < 100 || pg_acked < 100 {
+    if history.acked_writes() < 100 || report.acked.len() < 100 {
         failed.push("too few writes to judge by".into());
     }
     if !failed.is_empty() {

@@ -215,22 +215,24 @@ mod tests {
             namespace: "prod".into(),
             image_repository: "postgres".into(),
         };
-        let from = Reading {
+        let pod_reading = |from: &Reading| {
+            base_pod(
+                "shop-1-base",
+                "shop-1",
+                &names,
+                "15",
+                from,
+                &location(),
+                "noops:dev",
+                &owner(),
+            )
+            .unwrap()
+        };
+        let pod = pod_reading(&Reading {
             host: "10.0.0.7",
             primary: None,
             max_rate_kib: Some(4096),
-        };
-        let pod = base_pod(
-            "shop-1-base",
-            "shop-1",
-            &names,
-            "15",
-            &from,
-            &location(),
-            "noops:dev",
-            &owner(),
-        )
-        .unwrap();
+        });
         let spec = pod.spec.unwrap();
         let container = &spec.containers[0];
         assert_eq!(container.image.as_deref(), Some("postgres:15"));
@@ -265,22 +267,11 @@ mod tests {
         assert_eq!(pod.metadata.labels.unwrap()[labels::COMPONENT], COMPONENT);
 
         // From a replica: it waits for the primary to archive the WAL the backup ends in.
-        let from = Reading {
+        let pod = pod_reading(&Reading {
             host: "10.0.0.8",
             primary: Some("shop-rw.prod.svc".into()),
             max_rate_kib: None,
-        };
-        let pod = base_pod(
-            "shop-1-base",
-            "shop-1",
-            &names,
-            "15",
-            &from,
-            &location(),
-            "noops:dev",
-            &owner(),
-        )
-        .unwrap();
+        });
         let args = pod.spec.unwrap().containers[0].args.clone().unwrap();
         assert_eq!(
             args[2..],
