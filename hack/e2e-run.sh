@@ -33,13 +33,20 @@ times=$root/.noops/e2e-times.tsv
 mkdir -p "$logs"
 
 # Build once; the executables are the integration-test targets (not the crate's own binaries).
-mapfile -t binaries < <(cargo test --quiet --no-run --message-format=json "$@" |
-  grep '"kind":\["test"\]' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4)
+# A build that fails stops the run, with the compiler's words (the JSON hides them).
+if ! built=$(cargo test --quiet --no-run --message-format=json "$@"); then
+  cargo test --no-run "$@" || true
+  echo "e2e-run: the tests do not build" >&2
+  exit 1
+fi
+mapfile -t binaries < <(grep '"kind":\["test"\]' <<<"$built" | grep -o '"executable":"[^"]*"' | cut -d'"' -f4)
 ((${#binaries[@]})) || { echo "e2e-run: no test binary in: $*" >&2; exit 2; }
 
 plan=$(mktemp)
 run_times=$(mktemp)
 trap 'rm -f "$plan" "$run_times"' EXIT
+# Interrupted, the tests running go too (background jobs of a script ignore SIGINT).
+trap 'kill $(jobs -p) 2>/dev/null; exit 130' INT TERM
 tests_of() { "$1" --list --format terse "${@:2}" | sed -n 's/: test$//p' | sort; }
 for binary in "${binaries[@]}"; do
   # `--list` names the ignored tests too; `--list --ignored` only them.
@@ -62,6 +69,10 @@ ordered=$(awk -F'\t' -v plan="$plan" 'FILENAME != plan { secs[$2] = $1; next }
   { print (($2 in secs) ? secs[$2] : 60) "\t" $0 }' "$hints" "$times" "$plan" |
   sort -t$'\t' -k1,1rn | cut -f2-)
 total=$(wc -l <"$plan")
+if ((total == 0)); then
+  echo "e2e-run: no test to run in: $*"
+  exit 0
+fi
 echo "e2e-run: $total tests from ${#binaries[@]} binaries, $jobs at a time"
 
 run_one() {

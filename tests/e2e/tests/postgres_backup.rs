@@ -732,7 +732,12 @@ async fn a_base_backup_read_from_a_replica_waits_for_the_primarys_archive_and_re
     s3::deploy(&ns);
     s3::create_bucket(&ns, "pg-backups").await;
     let _operator = Operator::start(&ns.name, &CONTROLLERS);
-    let backup = backup_to_bucket(&ns, "pg-backups", "    target: PreferStandby\n");
+    // archive_timeout long (5 min): the segment a backup ends in is archived at once only if
+    // the backup's pod asks the primary to switch segments, as it must.
+    let backup = format!(
+        "  backup:\n    archiveTimeoutSeconds: 300\n    target: PreferStandby\n    s3: {{ endpoint: \"{}\", bucket: pg-backups, credentialsSecret: object-store-credentials }}\n",
+        s3::service_url(&ns)
+    );
     let (_, rw, ledger) = three_instances_under_a_ledger(&ns, &backup).await;
     let primary = ns
         .api::<PostgreSQL>()
@@ -775,6 +780,7 @@ async fn a_base_backup_read_from_a_replica_waits_for_the_primarys_archive_and_re
     let report = ledger.stop().await;
     let superuser = superuser_password(&ns, "shop").await;
     let last = current_segment(&rw, &superuser);
+    psql(&rw, "postgres", &superuser, "postgres", "SELECT pg_switch_wal()").unwrap();
     wait_archived(&rw, &superuser, &last, MINUTE).await;
     ns.apply(&manifest(
         "copy",

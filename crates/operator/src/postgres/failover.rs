@@ -92,9 +92,10 @@ pub fn primary(
 /// How long a holder may go without renewing its lease before a pass stops asking its server
 /// anything: a primary that is dead or cut off answers no connection, and a pass waiting for
 /// one to time out would hold the failover back (the lease running out wakes a pass that
-/// cannot start before the last one ends). Two renewals missed: a slow API server alone
-/// rarely does that, and the failover is still `LEASE` away.
-pub const NOT_ASKED_AFTER: Duration = Duration::from_secs(2 * RENEW_EVERY.as_secs());
+/// cannot start before the last one ends). Three renewals missed: a slow API server alone
+/// rarely does that, and a pass that starts just before it waits at most a connection timeout
+/// (3 s), ending before the lease (6 s) runs out.
+pub const NOT_ASKED_AFTER: Duration = Duration::from_secs(3 * RENEW_EVERY.as_secs());
 
 /// How long the lease's holder `primary` has gone without renewing it, if that is long enough
 /// that its server is not asked this pass (`NOT_ASKED_AFTER`). A lease not yet taken (a new
@@ -261,13 +262,13 @@ mod tests {
     }
 
     #[test]
-    fn a_holder_that_missed_two_renewals_is_not_asked_before_its_lease_runs_out() {
-        assert_eq!(silent_for(&view(Some("shop-0"), 1), "shop-0"), None);
+    fn a_holder_that_missed_three_renewals_is_not_asked_before_its_lease_runs_out() {
+        assert_eq!(silent_for(&view(Some("shop-0"), 2), "shop-0"), None);
         assert_eq!(
-            silent_for(&view(Some("shop-0"), 3), "shop-0"),
-            Some(Duration::from_secs(3))
+            silent_for(&view(Some("shop-0"), 4), "shop-0"),
+            Some(Duration::from_secs(4))
         );
-        assert_eq!(silent_for(&view(Some("shop-1"), 3), "shop-0"), None, "handed over");
+        assert_eq!(silent_for(&view(Some("shop-1"), 4), "shop-0"), None, "handed over");
         let unstarted = LeaseView {
             taken: false,
             ..view(Some("shop-0"), 30)

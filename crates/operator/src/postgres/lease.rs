@@ -33,8 +33,8 @@ pub const STOP_MARGIN: Duration = Duration::from_secs(2);
 pub const KILL_WITHIN: Duration = Duration::from_secs(5);
 /// How long a primary's server may go without answering its instance manager (a connection
 /// and a query over its socket) before the lease is renewed no more: a server that hangs (a
-/// stopped process, a volume that hangs every write) then fences itself and a replica takes
-/// over, as if its node had died.
+/// stopped or stuck process) then fences itself and a replica takes over, as if its node had
+/// died. (The question writes nothing: a volume that hangs only writes is not seen by it.)
 pub const SILENT_AFTER: Duration = Duration::from_secs(3);
 /// How long one look at the server may take.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(2);

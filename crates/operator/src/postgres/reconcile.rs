@@ -94,7 +94,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     let (instance, made) = pass
         .in_database(&observed, &checked, &applied, primacy.silent_for)
         .await?;
-    let members = pass.label_roles(&observed, &made).await?;
+    let members = pass.label_roles(&observed, &made, primacy.silent_for.is_some()).await?;
     let rolling = pass.roll(&observed, &members, &mut primacy).await?;
     let serving = matches!(instance, InstanceState::Serving(_)) && made.database_ready;
     let bootstrapping = matches!(instance, InstanceState::Bootstrapping);
@@ -503,12 +503,17 @@ impl<'a> Pass<'a> {
     }
 
     /// Each instance as the primary reports it, and its pod's role label set to match (unless
-    /// paused): `<name>-ro` follows the label.
+    /// paused): `<name>-ro` follows the label. A primary not asked this pass (`silent`) said
+    /// nothing of its replicas: they stay as the status last said, and so do their labels.
     async fn label_roles(
         &self,
         observed: &Observed,
         made: &InDatabase,
+        silent: bool,
     ) -> Result<Vec<noops_api::postgres::MemberStatus>> {
+        if silent {
+            return Ok(self.pg.status.as_ref().map(|s| s.members.clone()).unwrap_or_default());
+        }
         let pods = replication::instance_pods(&self.names, &observed.children.pods);
         let members = replication::members(&pods, &self.primary, made.replication.as_ref(), self.now);
         for slot in &made.slots_made {
@@ -870,36 +875,55 @@ async fn finish(
                 .during(Stage::Apply)?;
         }
     }
-    let previous = pg.status.clone().unwrap_or_default();
-    let status = status::build(pg, names, &seen, now);
+    // Written only over the version this pass knows (read, or left by its own write of the
+    // object): a pass woken by the last pass's own pod changes may read a cache that does not
+    // hold that pass's status yet, and must not write an older failover record over it. Found
+    // changed, the status is built again over the object as the API server has it, once: what
+    // this pass did and saw (a handover, its news) is kept, over the newest record.
+    let api: Api<PostgreSQL> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let mut current = std::borrow::Cow::Borrowed(pg);
+    let mut version = pass.version();
+    let mut again = false;
+    let (previous, status) = loop {
+        let previous = current.status.clone().unwrap_or_default();
+        let status = status::build(&current, names, &seen, now);
+        if current.status.as_ref() == Some(&status) {
+            break (previous, status);
+        }
+        if status.restore != previous.restore || made.password_set {
+            crash::point("postgres: restore or password seen, status not written");
+        }
+        if apply_status_at(&api, &names.name, &mut version, &status)
+            .await
+            .during(Stage::Status)?
+        {
+            break (previous, status);
+        }
+        if again {
+            info!("the PostgreSQL changed again while its status was written: the next pass writes it");
+            return Ok(());
+        }
+        info!("the PostgreSQL changed since this pass read it: building its status again over the object as it is now");
+        let Some(fresh) = api.get_opt(&names.name).await.during(Stage::Status)? else {
+            return Ok(());
+        };
+        version = fresh.metadata.resource_version.clone();
+        current = std::borrow::Cow::Owned(fresh);
+        again = true;
+    };
     ctx.core.metrics.set_backups(
         "PostgreSQL",
         &names.namespace,
         &names.name,
-        &status::gauges(pg, &status, now),
+        &status::gauges(&current, &status, now),
     );
-    ctx.core
-        .metrics
-        .set_replication(&names.namespace, &names.name, &status::replication_gauges(pg, &status));
-    let mut events = announcements(pg, &previous, &status, made);
+    ctx.core.metrics.set_replication(
+        &names.namespace,
+        &names.name,
+        &status::replication_gauges(&current, &status),
+    );
+    let mut events = announcements(&current, &previous, &status, made);
     events.extend(told);
-    if pg.status.as_ref() != Some(&status) {
-        if status.restore != previous.restore || made.password_set {
-            crash::point("postgres: restore or password seen, status not written");
-        }
-        // Written only over the version this pass read (or its own write of the object): a
-        // pass that read a cache not yet holding the last pass's status (woken by that pass's
-        // own pod changes) would write an older failover record over a newer one.
-        let api: Api<PostgreSQL> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        let mut version = pass.version();
-        if !apply_status_at(&api, &names.name, &mut version, &status)
-            .await
-            .during(Stage::Status)?
-        {
-            info!("the PostgreSQL changed since this pass read it: the next pass writes its status and tells its news");
-            return Ok(());
-        }
-    }
     let reference = pg.object_ref(&());
     for announcement in events {
         ctx.core.events.tell(&reference, announcement).await;

@@ -10,8 +10,9 @@
 //!
 //! each beside CloudNativePG 1.30's figures measured on this same machine (the PostgreSQL HA
 //! issue's: force-deleting its primary took 22.7–23.7 s, stopping its node 28.6–29.7 s,
-//! 3 instances Ready 43–45 s), and
-//! apply → 3 instances Ready. Every run checks that no acknowledged commit was lost.
+//! 3 instances Ready 43–45 s), and apply → 3 instances Ready. Every run checks that no
+//! acknowledged commit was lost but, asynchronous, what a primary acknowledged in its last
+//! seconds before its node stopped (reported).
 //!
 //! Usage: pg-ha-bench <noops binary> [runs]; prints a Markdown table.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -136,6 +137,22 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let report = ledger.stop().await;
     let missing = report.lost_in_shop(&rw, &password, "asynchronous");
+    // Asynchronous: a stopped node may take with it what its primary acknowledged and no
+    // replica had received yet, its last moments. Nothing else may be lost.
+    let acked_at: std::collections::BTreeMap<i64, Instant> = report
+        .acked
+        .iter()
+        .copied()
+        .zip(report.acked_at.iter().copied())
+        .collect();
+    let at_a_stop = |id: &i64| {
+        acked_at.get(id).is_some_and(|at| {
+            stopped
+                .iter()
+                .any(|(stop, _)| *at + Duration::from_secs(5) >= *stop && *at <= *stop + Duration::from_secs(1))
+        })
+    };
+    let (at_stops, unexplained): (Vec<i64>, Vec<i64>) = missing.iter().copied().partition(at_a_stop);
     let gaps = |windows: &[(Instant, Instant)]| -> Vec<f64> {
         windows
             .iter()
@@ -179,14 +196,14 @@ async fn main() {
     );
     println!();
     println!(
-        "The operator saw the new primary take writes {} s after the release in the switchovers; {} commits acknowledged, {} lost.",
+        "The operator saw the new primary take writes {} s after the release in the switchovers; {} commits acknowledged, {} lost (all acknowledged by a primary in its last 5 s before its node stopped; asynchronous replication).",
         switched_operator
             .iter()
             .map(|s| format!("{s:.1}"))
             .collect::<Vec<_>>()
             .join(" "),
         report.acked.len(),
-        missing.len()
+        at_stops.len()
     );
-    assert!(missing.is_empty(), "acknowledged and lost: {missing:?}");
+    assert!(unexplained.is_empty(), "acknowledged and lost: {unexplained:?}");
 }

@@ -42,6 +42,10 @@ pub struct Taken {
     /// When the server started it (from `backup_label`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<String>,
+    /// The timeline its WAL ends on (the last of `backup_manifest`'s WAL ranges): another than
+    /// `timeline` if a replica it was read from followed a promotion meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_timeline: Option<i64>,
 }
 
 /// Why a base backup failed.
@@ -161,7 +165,7 @@ pub async fn take(
     };
     writer.finish().await?;
     if let Some(by) = archived_by {
-        wait_archived(&store, by, &taken.end_wal, taken.timeline).await?;
+        wait_archived(&store, by, &taken.end_wal, taken.end_timeline.unwrap_or(taken.timeline)).await?;
     }
     let record = serde_json::to_vec_pretty(&taken).map_err(|e| BackupError::Unexpected(e.to_string()))?;
     store
@@ -197,12 +201,12 @@ pub fn describe(files: &BTreeMap<String, Vec<u8>>, size: i64, sha256: String) ->
         .ok_or_else(|| BackupError::Unexpected("backup_label has no START TIMELINE".into()))?;
     let manifest: serde_json::Value = serde_json::from_str(&text("backup_manifest")?)
         .map_err(|e| BackupError::Unexpected(format!("backup_manifest is not JSON: {e}")))?;
-    let end_wal = manifest["WAL-Ranges"]
-        .as_array()
-        .and_then(|ranges| ranges.last())
+    let last_range = manifest["WAL-Ranges"].as_array().and_then(|ranges| ranges.last());
+    let end_wal = last_range
         .and_then(|range| range["End-LSN"].as_str())
         .map(str::to_string)
         .ok_or_else(|| BackupError::Unexpected("backup_manifest has no WAL range".into()))?;
+    let end_timeline = last_range.and_then(|range| range["Timeline"].as_i64());
     let control = files
         .get("global/pg_control")
         .filter(|c| c.len() >= 8)
@@ -218,6 +222,7 @@ pub fn describe(files: &BTreeMap<String, Vec<u8>>, size: i64, sha256: String) ->
         system_identifier: u64::from_le_bytes(id).to_string(),
         server_version: text("PG_VERSION")?.trim().to_string(),
         start_time: field("START TIME"),
+        end_timeline,
     })
 }
 
@@ -292,6 +297,7 @@ mod tests {
         assert_eq!(taken.start_wal, "0/2000028");
         assert_eq!(taken.end_wal, "0/2000100");
         assert_eq!(taken.timeline, 1);
+        assert_eq!(taken.end_timeline, Some(1));
         assert_eq!(taken.system_identifier, "7300000000000000001");
         assert_eq!(taken.server_version, "15");
         assert_eq!(taken.start_time.as_deref(), Some("2026-11-24 16:35:24 UTC"));

@@ -11,8 +11,8 @@
 //!   not renewed the lease for `FENCE_AFTER`, or when another instance holds it; a replica the
 //!   operator chose (it finds itself the holder) renews the lease and promotes.
 //! - A primary renews only while its server answers (a connection and a query over its socket
-//!   every second): a server that hangs (a stopped process, a volume that hangs every write)
-//!   reaches its deadline like a cut-off one, and is killed whole then (the postmaster and
+//!   every second): a server that hangs (a stopped or stuck process) reaches its deadline like
+//!   a cut-off one, and is killed whole then (the postmaster and
 //!   every child: a stopped process would not act on a request to stop, and could acknowledge
 //!   a commit when it resumes).
 //! - A primary whose lease the operator released (a switchover, `switchover.rs`) shuts its
@@ -331,15 +331,19 @@ async fn stop_now(server: &mut Child) {
     }
 }
 
-/// Kills every process of the server, stopped ones included: the postmaster, then its
-/// children (each of which PostgreSQL puts in a session of its own, so no process group holds
-/// them all), and waits for the postmaster to be gone.
+/// Kills every process of the server, stopped ones included: the postmaster and its children
+/// (each of which PostgreSQL puts in a session of its own, so no process group holds them
+/// all), all before waiting for any (a postmaster stuck in the kernel may take long to go, and
+/// its children must not outlive the kill meanwhile); then waits for the postmaster, a while.
 async fn kill_now(server: &mut Child) {
     // Listed first: once the postmaster is gone its children are no longer its own.
     let children = server.id().map(children_of).unwrap_or_default();
-    let _ = server.kill().await;
+    let _ = server.start_kill();
     for child in children {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child), nix::sys::signal::Signal::SIGKILL);
+    }
+    if tokio::time::timeout(KILL_WITHIN, server.wait()).await.is_err() {
+        warn!(within = ?KILL_WITHIN, "the killed server has not gone yet: going on without it");
     }
 }
 

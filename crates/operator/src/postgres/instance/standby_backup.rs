@@ -39,8 +39,9 @@ pub fn last_segment(end: &str, timeline: i64) -> Option<String> {
     segment_name(&format!("{:X}/{:X}", before >> 32, before & 0xffff_ffff), timeline)
 }
 
-/// Waits until the store holds the segment that backup ends in, at WAL `end` of `timeline`
-/// (or the same segment of the primary's timeline, if it was promoted meanwhile).
+/// Waits until the store holds the segment the backup ends in, at WAL `end` of `timeline`
+/// (the timeline of its last WAL range): that one only, since an older timeline's segment of
+/// the same number may hold WAL the new primary does not have.
 pub async fn wait_archived(
     store: &Arc<dyn ObjectStore>,
     by: &ArchivedBy,
@@ -52,18 +53,15 @@ pub async fn wait_archived(
     info!(segment = %wanted, primary = %by.primary, "read from a replica: waiting for the primary to archive the WAL the backup ends in");
     let started = Instant::now();
     let mut asked: Option<Instant> = None;
-    let mut names = vec![wanted.clone()];
+    let key = Path::from(format!("{}/{wanted}{WAL_SUFFIX}", by.wal_folder));
     loop {
-        for name in &names {
-            let key = Path::from(format!("{}/{name}{WAL_SUFFIX}", by.wal_folder));
-            match store.head(&key).await {
-                Ok(_) => {
-                    info!(segment = %name, waited = ?started.elapsed(), "the primary archived the WAL the backup ends in");
-                    return Ok(());
-                }
-                Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => warn!(error = %e, "cannot look for the archived segment yet"),
+        match store.head(&key).await {
+            Ok(_) => {
+                info!(segment = %wanted, waited = ?started.elapsed(), "the primary archived the WAL the backup ends in");
+                return Ok(());
             }
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => warn!(error = %e, "cannot look for the archived segment yet"),
         }
         if started.elapsed() > PATIENCE {
             return Err(unexpected(format!(
@@ -74,31 +72,20 @@ pub async fn wait_archived(
         }
         if asked.is_none_or(|at| at.elapsed() >= SWITCH_EVERY) {
             asked = Some(Instant::now());
-            if let Some(now_on) = switch_segments(&by.primary).await {
-                let also = last_segment(end, i64::from(now_on));
-                names.extend(also.filter(|n| !names.contains(n)));
-            }
+            switch_segments(&by.primary).await;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
 /// Asks the primary at `host` to switch to a new WAL segment, so that the one being written is
-/// archived now; returns the primary's timeline. The superuser's password is in the
-/// environment (`PGPASSWORD`), as for `pg_basebackup`.
-async fn switch_segments(host: &str) -> Option<u32> {
+/// archived now. The superuser's password is in the environment (`PGPASSWORD`), as for
+/// `pg_basebackup`.
+async fn switch_segments(host: &str) {
     let password = std::env::var("PGPASSWORD").unwrap_or_default();
-    let asked = async {
-        let instance = Instance::connect(host, &password).await?;
-        instance.switch_wal().await?;
-        instance.primary_timeline().await
-    };
-    match asked.await {
-        Ok(timeline) => timeline,
-        Err(e) => {
-            warn!(error = %e, "cannot ask the primary to switch WAL segments: waiting for its archive_timeout");
-            None
-        }
+    let asked = async { Instance::connect(host, &password).await?.switch_wal().await };
+    if let Err(e) = asked.await {
+        warn!(error = %e, "cannot ask the primary to switch WAL segments: waiting for its archive_timeout");
     }
 }
 

@@ -384,10 +384,13 @@ impl Pass<'_> {
         let recorded = status.current_primary.as_deref()?;
         let known = status.last_failover.as_ref().is_some_and(|f| f.to == holder);
         let handed_over_at = lease.spec.as_ref()?.acquire_time.as_ref()?.0;
-        if recorded == holder || known || handed_over_at >= self.ctx.started {
+        if recorded == holder || known {
             return None;
         }
-        info!(from = %recorded, to = %holder, "the lease passed while the operator was away: recording it");
+        // Handed over by this operator, and not recorded: the pass that did it found the
+        // object changed and wrote no status (`finish`). Recorded now, with what the lease says.
+        let ours = handed_over_at >= self.ctx.started;
+        info!(from = %recorded, to = %holder, ours, "the lease passed and the status does not say so: recording it");
         Some(match switchover::done(lease).filter(|d| d.to == holder) {
             Some(done) => FailoverStatus {
                 from: Some(done.from),
@@ -403,7 +406,11 @@ impl Pass<'_> {
             None => FailoverStatus {
                 from: Some(recorded.to_string()),
                 to: holder.to_string(),
-                reason: format!("the lease passed to {holder} by a handover the operator made just before it stopped"),
+                reason: if ours {
+                    format!("the lease passed to {holder} in a pass whose status write found the object changed")
+                } else {
+                    format!("the lease passed to {holder} by a handover the operator made just before it stopped")
+                },
                 switchover: false,
                 received_lsn: None,
                 primary_last_seen: None,
@@ -453,14 +460,19 @@ impl Pass<'_> {
     /// the next pass (a request naming the primary is done), never a failed pass: the lease is
     /// what a switchover goes by.
     async fn forget_request(&self) {
+        // Over the version this pass knows only: a pass that read a stale cache must not take
+        // the newest version for its status write (`finish`).
         let api = self.api::<PostgreSQL>();
-        let body = json!({ "metadata": { "annotations": { (PROMOTE_ANNOTATION): null } } });
+        let body = json!({ "metadata": {
+            "resourceVersion": self.version(),
+            "annotations": { (PROMOTE_ANNOTATION): null },
+        } });
         match api
             .patch(&self.names.name, &PatchParams::default(), &Patch::Merge(body))
             .await
         {
             Ok(written) => self.wrote(&written),
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
             Err(e) => warn!(error = %e, "could not remove the switchover request (noops.dev/promote) it acted on"),
         }
     }
