@@ -1058,6 +1058,8 @@ async fn repeated_primary_faults_lose_no_acknowledged_commit_and_leave_one_prima
     };
     let mut injected: BTreeMap<String, usize> = BTreeMap::new();
     let mut failovers = 0;
+    // Each round's fault and when it began and ended: how long writes waited in each.
+    let mut windows: Vec<(PrimaryFault, std::time::Instant, std::time::Instant)> = vec![];
     for round in 0..rounds {
         // One of each kind first; the rest are drawn.
         let fault = kinds[if round < kinds.len() {
@@ -1065,6 +1067,7 @@ async fn repeated_primary_faults_lose_no_acknowledged_commit_and_leave_one_prima
         } else {
             dice.roll(kinds.len() as u64) as usize
         }];
+        let began = std::time::Instant::now();
         let before = status().await;
         let primary = before.current_primary.clone().unwrap();
         let primary_pod = ns.pods().get(&primary).await.unwrap();
@@ -1131,6 +1134,7 @@ async fn repeated_primary_faults_lose_no_acknowledged_commit_and_leave_one_prima
             }
         }
         *injected.entry(format!("{fault:?}")).or_default() += 1;
+        windows.push((fault, began, std::time::Instant::now()));
         // Whole again: every replica streams, and exactly one instance takes writes.
         wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
         let mut primaries = vec![];
@@ -1160,6 +1164,16 @@ async fn repeated_primary_faults_lose_no_acknowledged_commit_and_leave_one_prima
     );
     let report = ledger.stop().await;
     let missing = report.lost_in_shop(&rw, &password, "synchronous");
+    // The longest waits, and in which rounds: a slow recovery is named, not just counted.
+    let mut waits: Vec<(Duration, usize, PrimaryFault)> = windows
+        .iter()
+        .enumerate()
+        .map(|(round, (fault, from, to))| (report.longest_gap_between(*from, *to), round, *fault))
+        .collect();
+    waits.sort_by(|a, b| b.0.cmp(&a.0));
+    for (waited, round, fault) in waits.iter().take(3) {
+        println!("chaos: round {round} ({fault:?}): writes waited {waited:?}");
+    }
     println!(
         "chaos: injected {rounds} primary faults {injected:?}, {failovers} failovers; acknowledged commits lost: {}; writes waited at most {:?}",
         missing.len(),
