@@ -1170,7 +1170,7 @@ async fn repeated_primary_faults_lose_no_acknowledged_commit_and_leave_one_prima
         .enumerate()
         .map(|(round, (fault, from, to))| (report.longest_gap_between(*from, *to), round, *fault))
         .collect();
-    waits.sort_by(|a, b| b.0.cmp(&a.0));
+    waits.sort_by_key(|w| std::cmp::Reverse(w.0));
     for (waited, round, fault) in waits.iter().take(3) {
         println!("chaos: round {round} ({fault:?}): writes waited {waited:?}");
     }

@@ -165,7 +165,9 @@ pub async fn take(
     };
     writer.finish().await?;
     if let Some(by) = archived_by {
-        wait_archived(&store, by, &taken.end_wal, taken.end_timeline.unwrap_or(taken.timeline)).await?;
+        wait_archived(&store, by, &taken.end_wal, taken.end_timeline.unwrap_or(taken.timeline))
+            .await
+            .map_err(|e| BackupError::Unexpected(e.to_string()))?;
     }
     let record = serde_json::to_vec_pretty(&taken).map_err(|e| BackupError::Unexpected(e.to_string()))?;
     store

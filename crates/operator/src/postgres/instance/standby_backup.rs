@@ -12,7 +12,6 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use tracing::{info, warn};
 
-use super::base_backup::BackupError;
 use super::wal::segment_name;
 use crate::postgres::position::lsn;
 use crate::postgres::sql::Instance;
@@ -22,6 +21,11 @@ use crate::postgres::store::WAL_SUFFIX;
 const PATIENCE: Duration = Duration::from_secs(600);
 /// How often the primary is asked to switch segments while the backup waits.
 const SWITCH_EVERY: Duration = Duration::from_secs(10);
+
+/// Why the backup is not whole: the WAL it ends in was not archived.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotArchived(String);
 
 /// Where the primary archives: the backup waits for its archive.
 #[derive(Debug, Clone)]
@@ -47,9 +51,8 @@ pub async fn wait_archived(
     by: &ArchivedBy,
     end: &str,
     timeline: i64,
-) -> Result<(), BackupError> {
-    let unexpected = |why: String| BackupError::Unexpected(why);
-    let wanted = last_segment(end, timeline).ok_or_else(|| unexpected(format!("no WAL segment ends at {end}")))?;
+) -> Result<(), NotArchived> {
+    let wanted = last_segment(end, timeline).ok_or_else(|| NotArchived(format!("no WAL segment ends at {end}")))?;
     info!(segment = %wanted, primary = %by.primary, "read from a replica: waiting for the primary to archive the WAL the backup ends in");
     let started = Instant::now();
     let mut asked: Option<Instant> = None;
@@ -64,7 +67,7 @@ pub async fn wait_archived(
             Err(e) => warn!(error = %e, "cannot look for the archived segment yet"),
         }
         if started.elapsed() > PATIENCE {
-            return Err(unexpected(format!(
+            return Err(NotArchived(format!(
                 "read from a replica, the backup ends in WAL segment {wanted}, which the primary at {} did not archive within {}s: the backup would not be whole",
                 by.primary,
                 PATIENCE.as_secs()
