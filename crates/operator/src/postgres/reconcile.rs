@@ -37,7 +37,7 @@ use super::secrets::{self, Password, PasswordProblem};
 use super::status::{self, InstanceState, StatusFacts};
 use super::store::{BaseBackupDestination, Destination};
 use super::{account, destination, drain, observe, replication, restore, services, statefulset, switchover};
-use crate::core::apply::{apply, apply_status_at, controller_reference, create_if_missing, delete_if_present};
+use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
 use crate::core::backup::progress;
 use crate::core::backup::retention::{BackupsSummary, being_restored};
 use crate::core::cache::in_namespace;
@@ -151,9 +151,6 @@ struct Pass<'a> {
     now: jiff::Timestamp,
     /// The primary instance's pod: as the status last said until the lease stage decides.
     primary: String,
-    /// The PostgreSQL's resourceVersion as this pass last knows it: read, or moved on by its
-    /// own write of the object (the switchover request removed); the status is written over it.
-    version: std::sync::Mutex<Option<String>>,
 }
 
 /// What the pass read: from the caches, and the user's Secret (`core::user_secrets`).
@@ -205,22 +202,7 @@ impl<'a> Pass<'a> {
             ctx,
             now: jiff::Timestamp::now(),
             primary,
-            version: std::sync::Mutex::new(pg.metadata.resource_version.clone()),
         })
-    }
-
-    /// The PostgreSQL's resourceVersion as this pass last knows it.
-    fn version(&self) -> Option<String> {
-        self.version
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Records the version this pass's own write of the PostgreSQL left.
-    fn wrote(&self, written: &PostgreSQL) {
-        *self.version.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-            written.metadata.resource_version.clone();
     }
 
     fn api<K>(&self) -> Api<K>
@@ -875,54 +857,32 @@ async fn finish(
                 .during(Stage::Apply)?;
         }
     }
-    // Written only over the version this pass knows (read, or left by its own write of the
-    // object): a pass woken by the last pass's own pod changes may read a cache that does not
-    // hold that pass's status yet, and must not write an older failover record over it. Found
-    // changed, the status is built again over the object as the API server has it, once: what
-    // this pass did and saw (a handover, its news) is kept, over the newest record.
+    // (Written unguarded: a guard on the pass's resourceVersion, tried in 97eda33, lost news
+    // and made switchovers slower under load; a pass that read a stale cache can still write an
+    // older failover record back, which the next pass records again from the lease.)
     let api: Api<PostgreSQL> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    let mut current = std::borrow::Cow::Borrowed(pg);
-    let mut version = pass.version();
-    let mut again = false;
-    let (previous, status) = loop {
-        let previous = current.status.clone().unwrap_or_default();
-        let status = status::build(&current, names, &seen, now);
-        if current.status.as_ref() == Some(&status) {
-            break (previous, status);
-        }
+    let current = pg;
+    let previous = current.status.clone().unwrap_or_default();
+    let status = status::build(current, names, &seen, now);
+    if current.status.as_ref() != Some(&status) {
         if status.restore != previous.restore || made.password_set {
             crash::point("postgres: restore or password seen, status not written");
         }
-        if apply_status_at(&api, &names.name, &mut version, &status)
-            .await
-            .during(Stage::Status)?
-        {
-            break (previous, status);
-        }
-        if again {
-            info!("the PostgreSQL changed again while its status was written: the next pass writes it");
-            return Ok(());
-        }
-        info!("the PostgreSQL changed since this pass read it: building its status again over the object as it is now");
-        let Some(fresh) = api.get_opt(&names.name).await.during(Stage::Status)? else {
-            return Ok(());
-        };
-        version = fresh.metadata.resource_version.clone();
-        current = std::borrow::Cow::Owned(fresh);
-        again = true;
-    };
+        let body = json!({ "apiVersion": "noops.dev/v1alpha1", "kind": "PostgreSQL", "status": status });
+        apply_status(&api, &names.name, &body).await.during(Stage::Status)?;
+    }
     ctx.core.metrics.set_backups(
         "PostgreSQL",
         &names.namespace,
         &names.name,
-        &status::gauges(&current, &status, now),
+        &status::gauges(current, &status, now),
     );
     ctx.core.metrics.set_replication(
         &names.namespace,
         &names.name,
-        &status::replication_gauges(&current, &status),
+        &status::replication_gauges(current, &status),
     );
-    let mut events = announcements(&current, &previous, &status, made);
+    let mut events = announcements(current, &previous, &status, made);
     events.extend(told);
     let reference = pg.object_ref(&());
     for announcement in events {

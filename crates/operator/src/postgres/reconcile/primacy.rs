@@ -382,14 +382,21 @@ impl Pass<'_> {
     fn passed_while_away(&self, lease: &Lease, holder: &str) -> Option<FailoverStatus> {
         let status = self.pg.status.as_ref()?;
         let recorded = status.current_primary.as_deref()?;
-        let known = status.last_failover.as_ref().is_some_and(|f| f.to == holder);
+        let last_to = status.last_failover.as_ref().map(|f| f.to.as_str());
         let handed_over_at = lease.spec.as_ref()?.acquire_time.as_ref()?.0;
-        if recorded == holder || known {
+        // Known: the last record is of this holder, or it has held the lease from the start.
+        if last_to == Some(holder) || (recorded == holder && last_to.is_none()) {
             return None;
         }
-        // Handed over by this operator, and not recorded: the pass that did it found the
-        // object changed and wrote no status (`finish`). Recorded now, with what the lease says.
+        // Handed over by this operator and not recorded: a pass that read a stale cache wrote
+        // an older record back over it (`finish`). Recorded now, with what the lease says; the
+        // old primary is the last record's new one when the status already names this holder.
         let ours = handed_over_at >= self.ctx.started;
+        let recorded = if recorded == holder {
+            last_to.unwrap_or(recorded)
+        } else {
+            recorded
+        };
         info!(from = %recorded, to = %holder, ours, "the lease passed and the status does not say so: recording it");
         Some(match switchover::done(lease).filter(|d| d.to == holder) {
             Some(done) => FailoverStatus {
@@ -407,7 +414,9 @@ impl Pass<'_> {
                 from: Some(recorded.to_string()),
                 to: holder.to_string(),
                 reason: if ours {
-                    format!("the lease passed to {holder} in a pass whose status write found the object changed")
+                    format!(
+                        "the lease passed to {holder}; its record was written over by a pass that read a stale cache"
+                    )
                 } else {
                     format!("the lease passed to {holder} by a handover the operator made just before it stopped")
                 },
@@ -460,19 +469,14 @@ impl Pass<'_> {
     /// the next pass (a request naming the primary is done), never a failed pass: the lease is
     /// what a switchover goes by.
     async fn forget_request(&self) {
-        // Over the version this pass knows only: a pass that read a stale cache must not take
-        // the newest version for its status write (`finish`).
         let api = self.api::<PostgreSQL>();
-        let body = json!({ "metadata": {
-            "resourceVersion": self.version(),
-            "annotations": { (PROMOTE_ANNOTATION): null },
-        } });
+        let body = json!({ "metadata": { "annotations": { (PROMOTE_ANNOTATION): null } } });
         match api
             .patch(&self.names.name, &PatchParams::default(), &Patch::Merge(body))
             .await
         {
-            Ok(written) => self.wrote(&written),
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => warn!(error = %e, "could not remove the switchover request (noops.dev/promote) it acted on"),
         }
     }
