@@ -1015,6 +1015,18 @@ enum PrimaryFault {
     ServerHung,
 }
 
+impl PrimaryFault {
+    /// How long writes may wait in a round of this fault before it counts as a stall, not a
+    /// slow failover (those are measured by `make bench`): a pod kill costs ~2 s, a failover
+    /// ~6-8 s; the bounds leave room for a loaded machine.
+    fn stall_after(self) -> Duration {
+        match self {
+            PrimaryFault::PodKilled | PrimaryFault::OperatorKilled => Duration::from_secs(20),
+            PrimaryFault::NodeStopped | PrimaryFault::Partitioned | PrimaryFault::ServerHung => Duration::from_secs(40),
+        }
+    }
+}
+
 const PRIMARY_FAULTS: [PrimaryFault; 5] = [
     PrimaryFault::PodKilled,
     PrimaryFault::NodeStopped,
@@ -1180,6 +1192,11 @@ async fn repeated_primary_faults_lose_no_acknowledged_commit_and_leave_one_prima
         report.longest_gap
     );
     assert!(missing.is_empty(), "acknowledged and lost: {missing:?}");
+    let stalls: Vec<_> = waits
+        .iter()
+        .filter(|(waited, _, fault)| *waited > fault.stall_after())
+        .collect();
+    assert!(stalls.is_empty(), "writes stalled (waited, round, fault): {stalls:?}");
 }
 
 #[tokio::test]

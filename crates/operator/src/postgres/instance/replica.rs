@@ -79,8 +79,13 @@ pub fn standby_settings(settings: &Settings, host: &str, pod: &str) -> Vec<(&'st
     // during a switchover, a replica could otherwise reach the old primary just restarted as a
     // replica and stream from it (cascading), out of the new primary's sight: a synchronous
     // primary would wait for it in vain.
+    // `tcp_user_timeout`: the WAL receiver ignores `connect_timeout`. Right after the primary's
+    // pod is replaced, a connection to the Service can still be sent to the gone pod's address,
+    // and the kernel retries that SYN there (its conntrack entry keeps the old endpoint) for
+    // over a minute while commits wait; with it the attempt ends in 3 s and the next one, a
+    // second later, reaches the new primary. It also ends a stream whose primary went silent.
     let conninfo = format!(
-        "host={host} port={PORT} user={SUPERUSER} passfile={} application_name={pod} sslmode=disable connect_timeout=5 target_session_attrs=read-write",
+        "host={host} port={PORT} user={SUPERUSER} passfile={} application_name={pod} sslmode=disable connect_timeout=5 tcp_user_timeout=3000 target_session_attrs=read-write",
         passfile(settings).display()
     );
     vec![
@@ -321,6 +326,8 @@ mod tests {
             "{conninfo}"
         );
         assert!(!conninfo.contains("password="), "{conninfo}");
+        // The WAL receiver's connection attempts are bounded by the kernel, not libpq.
+        assert!(conninfo.contains("tcp_user_timeout=3000"), "{conninfo}");
         assert!(
             conninfo.ends_with("target_session_attrs=read-write"),
             "only from a primary: {conninfo}"
