@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 
 use crate::{http_get_explained, pod_ready};
@@ -14,6 +15,8 @@ use crate::{http_get_explained, pod_ready};
 pub struct Poller {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<(usize, Vec<String>)>,
+    /// What the request path looked like meanwhile, told when a request failed.
+    paths: Vec<EndpointHistory>,
 }
 
 impl Poller {
@@ -28,31 +31,125 @@ impl Poller {
                 // A generous limit: on a loaded machine a live pod can take seconds to answer.
                 match http_get_explained(&address, "/", Duration::from_secs(5)).await {
                     Ok(body) if body.contains("hello") => answered += 1,
-                    other => failed.push(format!("sent {sent}: {other:?}")),
+                    other => failed.push(format!(
+                        "sent {sent}, failed after {} ms: {other:?}",
+                        started.elapsed().as_millis()
+                    )),
                 }
                 tokio::time::sleep(Duration::from_millis(100).saturating_sub(started.elapsed())).await;
             }
             (answered, failed)
         });
-        Self { stop, task }
+        Self {
+            stop,
+            task,
+            paths: vec![],
+        }
+    }
+
+    /// Also follows the endpoints of a Service on the request's path (the load balancer's, the
+    /// app's), so that a failed request can be matched with what changed there.
+    pub fn following(mut self, path: EndpointHistory) -> Self {
+        self.paths.push(path);
+        self
     }
 
     pub async fn stop(self) -> (usize, Vec<String>) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for path in &self.paths {
+            path.task.abort();
+        }
         self.task.await.unwrap()
     }
 
     /// Stops, asserting that no request failed and that more than `at_least` were answered.
     pub async fn stop_expecting_every_answer(self, at_least: usize) {
+        let histories: Vec<String> = self.paths.iter().map(EndpointHistory::told).collect();
         let (answered, failed) = self.stop().await;
         assert!(
             failed.is_empty(),
-            "{} of {} requests failed: {failed:?}",
+            "{} of {} requests failed: {failed:#?}\n{}",
             failed.len(),
-            answered + failed.len()
+            answered + failed.len(),
+            histories.join("\n")
         );
         assert!(answered > at_least, "only {answered} requests");
     }
+}
+
+/// Every change of a Service's endpoints, from a watch of its EndpointSlices: each address with
+/// its conditions, stamped with when the watch saw it.
+pub struct EndpointHistory {
+    what: String,
+    task: tokio::task::JoinHandle<()>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl EndpointHistory {
+    /// `what` names the Service in what is told (e.g. "management lb").
+    pub fn start(what: &str, slices: Api<EndpointSlice>, service: &str) -> Self {
+        use futures::StreamExt;
+        use kube::runtime::watcher;
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = seen.clone();
+        let selector = format!("kubernetes.io/service-name={service}");
+        let task = tokio::spawn(async move {
+            let stream = watcher(slices, watcher::Config::default().labels(&selector));
+            futures::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                let line = match event {
+                    Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) => endpoints_line(&s),
+                    Ok(watcher::Event::Delete(s)) => {
+                        format!("{} deleted", s.metadata.name.unwrap_or_default())
+                    }
+                    Ok(watcher::Event::Init | watcher::Event::InitDone) => continue,
+                    Err(e) => format!("watch error: {e}"),
+                };
+                record
+                    .lock()
+                    .unwrap()
+                    .push(format!("{} {line}", jiff::Timestamp::now()));
+            }
+        });
+        Self {
+            what: what.to_string(),
+            task,
+            seen,
+        }
+    }
+
+    fn told(&self) -> String {
+        format!(
+            "endpoints of the {} as they changed:\n  {}",
+            self.what,
+            self.seen.lock().unwrap().join("\n  ")
+        )
+    }
+}
+
+/// One slice's addresses with their conditions (r: ready, s: serving, t: terminating) and node.
+fn endpoints_line(slice: &EndpointSlice) -> String {
+    let endpoints: Vec<String> = slice
+        .endpoints
+        .iter()
+        .map(|e| {
+            let c = e.conditions.clone().unwrap_or_default();
+            let flag = |v: Option<bool>, letter: &'static str| if v == Some(true) { letter } else { "-" };
+            format!(
+                "{}[{}{}{}]@{}",
+                e.addresses.join(","),
+                flag(c.ready, "r"),
+                flag(c.serving, "s"),
+                flag(c.terminating, "t"),
+                e.node_name.as_deref().unwrap_or("?")
+            )
+        })
+        .collect();
+    format!(
+        "{}: {}",
+        slice.metadata.name.as_deref().unwrap_or_default(),
+        endpoints.join(" ")
+    )
 }
 
 /// Every change of the app's pods, from a watch: the fewest Ready at once, and how many changes

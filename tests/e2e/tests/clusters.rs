@@ -12,7 +12,7 @@ use noops_e2e::clusters::{CONTROLLERS, MostMachinesWatch, SkewWatch, UpgradeOrde
 use noops_e2e::deletions::DeletionWatch;
 use noops_e2e::plugin::{kubectl_noops, stdout};
 use noops_e2e::tenant::{ForgetMachines, Tenant, wait_machines_gone, wait_nodes_at};
-use noops_e2e::traffic::{BudgetWatch, Poller, load_balancer, web_app};
+use noops_e2e::traffic::{BudgetWatch, EndpointHistory, Poller, load_balancer, web_app};
 use noops_e2e::*;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -264,7 +264,13 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
     tenant.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=180s"], None);
     let address = load_balancer(&ns, "acme").await;
     let pods = Api::namespaced(tenant.client.clone(), "default");
-    let poller = Poller::start(address);
+    let poller = Poller::start(address)
+        .following(EndpointHistory::start("management's lb", ns.api(), "lb"))
+        .following(EndpointHistory::start(
+            "tenant's web",
+            Api::namespaced(tenant.client.clone(), "default"),
+            "web",
+        ));
     let budget = BudgetWatch::start(pods, 2);
     let skew = SkewWatch::start(nodes.clone(), ns.api::<KubernetesControlPlane>(), "acme".into());
     let order = UpgradeOrderWatch::start(&ns, "acme", "1.34.4", &["general", "burst"]);

@@ -11,7 +11,7 @@ use noops_api::{Machine, MachineDeployment, MachineSet};
 use noops_e2e::certificates::{certificate_in, not_after, presented_certificate};
 use noops_e2e::deletions::DeletionWatch;
 use noops_e2e::tenant::{ForgetMachines, Tenant, wait_machines_gone, wait_nodes_at};
-use noops_e2e::traffic::{Poller, held_app, load_balancer, web_app_without_budget};
+use noops_e2e::traffic::{EndpointHistory, Poller, held_app, load_balancer, web_app_without_budget};
 use noops_e2e::*;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -515,7 +515,13 @@ async fn a_machine_deployment_scales_and_rolls_to_a_new_version_without_a_failed
     assert!(logs.contains(&format!("http://{target}:8080/ hello")), "{logs}");
     assert!(logs.contains("http://web.default.svc.cluster.local/ hello"), "{logs}");
     let address = load_balancer(&ns, "c").await;
-    let poller = Poller::start(address.clone());
+    let poller = Poller::start(address.clone())
+        .following(EndpointHistory::start("management's lb", ns.api(), "lb"))
+        .following(EndpointHistory::start(
+            "tenant's web",
+            Api::namespaced(tenant.client.clone(), "default"),
+            "web",
+        ));
 
     // The control plane first, then the machines to 1.34, one more at a time and none fewer
     // (the watch judges each deletion). An app whose budget allows no eviction holds the drain
