@@ -36,10 +36,11 @@ lint: ## cargo fmt --check and clippy with warnings as errors
 unit: ## Unit tests (no cluster)
 	cargo test --workspace --quiet --lib --bins
 
-e2e: setup ## End-to-end tests on the local Kubernetes (3 nodes), 4 at a time over every binary, longest first; the ignored ones (node faults, a loosened schema) run last, alone
+e2e: setup ## End-to-end tests on the local Kubernetes (3 nodes), 4 at a time over every binary (2 with tenant clusters), longest first; the ignored ones (node faults, a loosened schema) run last, alone
 	@NODES=$(E2E_NODES) hack/cluster-up.sh
 	@source hack/lib.sh && stop_demo_operator
-	@RUST_BACKTRACE=0 hack/e2e-run.sh --jobs 4 -- -p noops-e2e -p noops-sample-operator --test '*'
+	@RUST_BACKTRACE=0 hack/e2e-run.sh --jobs 4 --heavy 'clusters|cluster_lifecycle|machines' --heavy-jobs 2 \
+	  -- -p noops-e2e -p noops-sample-operator --test '*'
 	@RUST_BACKTRACE=0 hack/e2e-run.sh --jobs 1 --ignored -- -p noops-e2e --test node_faults --test maintpage_malformed
 
 chaos: setup ## Long fault runs: hundreds of node kills, etcd and PostgreSQL faults (NOOPS_CHAOS_NODE_KILLS, NOOPS_CHAOS_ETCD_FAULTS, NOOPS_CHAOS_PG_FAULTS, default 200 each; NOOPS_CHAOS_ETCD_MAJORITY_FAULTS, 60), 500 faults of a PostgreSQL primary with replicas (NOOPS_CHAOS_PG_HA_FAULTS), management nodes under a whole cluster (NOOPS_CHAOS_CLUSTER_FAULTS, 30)

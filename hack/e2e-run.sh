@@ -3,9 +3,13 @@
 # `cargo test` runs its test binaries one after another, so while a binary's last long test ran
 # the other slots stood idle: minutes per binary, a quarter of `make test` on 2 cores.
 #
-# usage: hack/e2e-run.sh [--jobs N] [--ignored] [--skip SUBSTRING]... -- CARGO_TEST_ARGS...
+# usage: hack/e2e-run.sh [--jobs N] [--heavy BINARIES --heavy-jobs M] [--ignored]
+#                        [--skip SUBSTRING]... -- CARGO_TEST_ARGS...
 #   CARGO_TEST_ARGS choose the test binaries (`-p noops-e2e --test node_faults`); --ignored runs
-#   only the ignored tests; --skip leaves out the tests whose names contain SUBSTRING.
+#   only the ignored tests; --skip leaves out the tests whose names contain SUBSTRING; the tests
+#   of the binaries named in BINARIES (`clusters|machines`, a regular expression on the binary's
+#   name) run at most M at a time: each runs whole tenant clusters of machines, and the longest
+#   tests, started together, were four of them at once on 2 cores.
 # Each test runs alone in its binary (`--exact`), its output in .noops/e2e-logs/, printed whole
 # if it fails. Seconds per test are appended to .noops/e2e-times.tsv and order the next run; a
 # fresh clone orders by tests/e2e/expected-seconds.tsv.
@@ -16,11 +20,15 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 jobs=4
+heavy='^$'
+heavy_jobs=0
 ignored=()
 skips=()
 while (($#)); do
   case $1 in
     --jobs) jobs=$2; shift 2 ;;
+    --heavy) heavy="^($2)\$"; shift 2 ;;
+    --heavy-jobs) heavy_jobs=$2; shift 2 ;;
     --ignored) ignored=(--ignored); shift ;;
     --skip) skips+=("$2"); shift 2 ;;
     --) shift; break ;;
@@ -85,15 +93,36 @@ run_one() {
   printf '%s\t%s\t%s\t%s\n' "$secs" "$name" "$result" "$log" >>"$run_times"
 }
 
-running=0
-while IFS=$'\t' read -r binary name; do
-  if ((running >= jobs)); then
-    wait -n || true
-    running=$((running - 1))
+is_heavy() {
+  local base
+  base=$(basename "${1%-*}")
+  ((heavy_jobs > 0)) && [[ $base =~ $heavy ]]
+}
+# The next test in order that may start now: a heavy one only below its own limit.
+mapfile -t queue <<<"$ordered"
+heavy_pids=()
+while ((${#queue[@]})); do
+  alive=()
+  for pid in "${heavy_pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive+=("$pid"); done
+  heavy_pids=("${alive[@]}")
+  pick=-1
+  if (($(jobs -rp | wc -l) < jobs)); then
+    for i in "${!queue[@]}"; do
+      if ! is_heavy "${queue[i]%%$'\t'*}" || ((${#heavy_pids[@]} < heavy_jobs)); then
+        pick=$i
+        break
+      fi
+    done
   fi
+  if ((pick < 0)); then
+    wait -n || true
+    continue
+  fi
+  IFS=$'\t' read -r binary name <<<"${queue[pick]}"
+  queue=("${queue[@]:0:pick}" "${queue[@]:pick+1}")
   run_one "$binary" "$name" &
-  running=$((running + 1))
-done <<<"$ordered"
+  is_heavy "$binary" && heavy_pids+=("$!")
+done
 wait
 
 # Only passing runs order the next: a test that failed early would look short.
