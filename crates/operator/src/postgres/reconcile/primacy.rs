@@ -24,6 +24,8 @@ use crate::postgres::{account, failover, observe, replication, secrets, synchron
 /// How long the checkpoint a primary makes before it steps down may take: one that takes
 /// longer has too much to write for a clean step-down within its bound.
 const CHECKPOINT_WITHIN: Duration = Duration::from_secs(10);
+/// How many times a lease release for a switchover that met a renewal is made again at once.
+const RELEASE_CONFLICTS: u32 = 3;
 
 /// Who the primary is this pass, and what became of a primary lost or asked to step down.
 pub(super) struct Primacy {
@@ -311,16 +313,25 @@ impl Pass<'_> {
             }
         }
         // The lease as it is now: the cache's is a renewal or two behind, and the release is
-        // made over the version it read.
+        // made over the version it read. The primary renews it every second, so a release can
+        // meet a renewal made since it was read: it is read and made again at once, a few
+        // times, rather than a pass later (seconds of the switchover's write gap).
         let leases = self.api::<Lease>();
-        let lease = leases.get(&self.names.lease()).await.during(Stage::Observe)?;
-        if account::holder(&lease).as_deref() != Some(from.as_str()) {
-            info!("the primary's lease changed while a switchover was being asked for: looking again");
-            primacy.switching = true;
-            return Ok(());
-        }
-        let next = switchover::step_down(&lease, (&from, to), &asker.reason(), self.now);
-        match leases.replace(&self.names.lease(), &Default::default(), &next).await {
+        let mut conflicts = 0;
+        let released = loop {
+            let lease = leases.get(&self.names.lease()).await.during(Stage::Observe)?;
+            if account::holder(&lease).as_deref() != Some(from.as_str()) {
+                info!("the primary's lease changed while a switchover was being asked for: looking again");
+                primacy.switching = true;
+                return Ok(());
+            }
+            let next = switchover::step_down(&lease, (&from, to), &asker.reason(), self.now);
+            match leases.replace(&self.names.lease(), &Default::default(), &next).await {
+                Err(kube::Error::Api(e)) if e.code == 409 && conflicts < RELEASE_CONFLICTS => conflicts += 1,
+                other => break other,
+            }
+        };
+        match released {
             Ok(_) => {
                 info!(%from, %to, why = %asker.reason(), "switching over: released the primary's lease; the primary shuts down cleanly, then the replica is promoted once it has all of its WAL");
                 crash::point("postgres: lease released for a switchover");
@@ -340,7 +351,7 @@ impl Pass<'_> {
                     self.forget_request().await;
                 }
             }
-            // Renewed meanwhile: the next pass, soon, asks again.
+            // Renewed meanwhile, each time: the next pass, soon, asks again.
             Err(kube::Error::Api(e)) if e.code == 409 => {
                 info!("the primary renewed its lease while it was being released for a switchover: looking again");
                 primacy.switching = true;
