@@ -85,6 +85,11 @@ impl Pass<'_> {
                 Ok(true)
             }
             Step::Restart { pod, why } => {
+                let last = self.pg.status.as_ref().and_then(|s| s.last_failover.as_ref());
+                if let Some(why) = rollout::former_primary_kept(&pod, last, self.now) {
+                    debug!(%why, "a rolling change waits");
+                    return Ok(true);
+                }
                 self.restart_step(&pods, (&pod, &why), revision, primacy).await?;
                 Ok(true)
             }
