@@ -11,8 +11,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use noops_api::postgres::{FailoverStatus, MemberStatus, Role};
+use noops_api::postgres::{MemberStatus, Role};
 
 use super::names::Names;
 use super::observe;
@@ -134,22 +135,24 @@ pub fn next(names: &Names, revision: &str, instances: &Instances) -> Step {
     }
 }
 
-/// How long the former primary of a handover keeps its pod once the new primary took writes:
-/// the `<name>-rw` Service's endpoints move first (the endpoint controller, then every node's
-/// kube-proxy), so that no client's connection is sent to an address already gone (a SYN there
-/// goes unanswered until the client's own timeout: seconds added to a switchover's write gap).
-pub const FORMER_PRIMARY_KEPT: jiff::SignedDuration = jiff::SignedDuration::from_secs(3);
+/// How long after the primary's lease changed hands no instance's pod is restarted: the
+/// `<name>-rw` Service's endpoints move to the new primary first (the endpoint controller, then
+/// every node's kube-proxy), so that no client's connection is sent to the former primary's
+/// address once it is gone (a SYN there goes unanswered until the client's own timeout: seconds
+/// added to a switchover's write gap).
+pub const AFTER_HANDOVER: jiff::SignedDuration = jiff::SignedDuration::from_secs(3);
 
-/// Why restarting `pod` waits, if it does: it is the primary that the last handover moved away
-/// from, less than `FORMER_PRIMARY_KEPT` ago (from the new primary taking writes, or from the
-/// handover while that is not seen yet). Pure.
-pub fn former_primary_kept(pod: &str, last: Option<&FailoverStatus>, now: jiff::Timestamp) -> Option<String> {
-    let last = last.filter(|f| f.from.as_deref() == Some(pod))?;
-    let since = last.promoted_at.as_ref().unwrap_or(&last.handed_over_at).0;
-    (now < since + FORMER_PRIMARY_KEPT).then(|| {
+/// Why a restart waits, if it does: `lease` changed hands less than `AFTER_HANDOVER` ago (its
+/// acquire time). The lease is the one the pass took the primary from, so a cache that lags
+/// cannot show the former primary as a replica without also showing when it stopped being
+/// the primary. Pure.
+pub fn settling_after_handover(lease: Option<&Lease>, now: jiff::Timestamp) -> Option<String> {
+    let spec = lease?.spec.as_ref()?;
+    let since = spec.acquire_time.as_ref()?.0;
+    (now < since + AFTER_HANDOVER).then(|| {
         format!(
-            "{pod} was the primary until {} took over at {since}: the Services move off it before its pod goes",
-            last.to
+            "the primary's lease passed to {} at {since}: the Services move to it before a pod goes",
+            spec.holder_identity.as_deref().unwrap_or("nobody")
         )
     })
 }
@@ -353,33 +356,24 @@ mod tests {
     }
 
     #[test]
-    fn the_former_primary_keeps_its_pod_until_the_services_moved_off_it() {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-        let promoted: jiff::Timestamp = "2026-11-28T06:00:00Z".parse().unwrap();
-        let handover = FailoverStatus {
-            from: Some("shop-0".into()),
-            to: "shop-1".into(),
-            handed_over_at: Time(promoted - jiff::SignedDuration::from_millis(300)),
-            promoted_at: Some(Time(promoted)),
-            reason: "a switchover was asked for".into(),
-            switchover: true,
-            received_lsn: None,
-            primary_last_seen: None,
-            write_gap_millis: None,
+    fn no_pod_is_restarted_until_the_services_followed_a_handover() {
+        use k8s_openapi::api::coordination::v1::LeaseSpec;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        let handed: jiff::Timestamp = "2026-11-28T06:00:00Z".parse().unwrap();
+        let lease = Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: Some("shop-1".into()),
+                acquire_time: Some(MicroTime(handed)),
+                ..Default::default()
+            }),
+            ..Default::default()
         };
-        let at = |secs: i64| promoted + jiff::SignedDuration::from_secs(secs);
-        let why = former_primary_kept("shop-0", Some(&handover), at(1)).unwrap();
+        let at = |millis: i64| handed + jiff::SignedDuration::from_millis(millis);
+        let why = settling_after_handover(Some(&lease), at(2900)).unwrap();
         assert!(why.contains("shop-1"), "{why}");
-        assert_eq!(former_primary_kept("shop-0", Some(&handover), at(3)), None);
-        // Another instance, or no handover at all, waits for nothing.
-        assert_eq!(former_primary_kept("shop-2", Some(&handover), at(1)), None);
-        assert_eq!(former_primary_kept("shop-0", None, at(1)), None);
-        // Not seen taking writes yet: counted from the handover.
-        let unseen = FailoverStatus {
-            promoted_at: None,
-            ..handover
-        };
-        assert!(former_primary_kept("shop-0", Some(&unseen), at(2)).is_some());
-        assert_eq!(former_primary_kept("shop-0", Some(&unseen), at(3)), None);
+        assert_eq!(settling_after_handover(Some(&lease), at(3000)), None);
+        // No lease (one instance), or one never acquired, holds nothing back.
+        assert_eq!(settling_after_handover(None, at(0)), None);
+        assert_eq!(settling_after_handover(Some(&Lease::default()), at(0)), None);
     }
 }

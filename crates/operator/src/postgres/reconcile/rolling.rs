@@ -85,8 +85,7 @@ impl Pass<'_> {
                 Ok(true)
             }
             Step::Restart { pod, why } => {
-                let last = self.pg.status.as_ref().and_then(|s| s.last_failover.as_ref());
-                if let Some(why) = rollout::former_primary_kept(&pod, last, self.now) {
+                if let Some(why) = rollout::settling_after_handover(children.lease.as_deref(), self.now) {
                     debug!(%why, "a rolling change waits");
                     return Ok(true);
                 }
