@@ -861,10 +861,9 @@ async fn finish(
     // and made switchovers slower under load; a pass that read a stale cache can still write an
     // older failover record back, which the next pass records again from the lease.)
     let api: Api<PostgreSQL> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    let current = pg;
-    let previous = current.status.clone().unwrap_or_default();
-    let status = status::build(current, names, &seen, now);
-    if current.status.as_ref() != Some(&status) {
+    let previous = pg.status.clone().unwrap_or_default();
+    let status = status::build(pg, names, &seen, now);
+    if pg.status.as_ref() != Some(&status) {
         if status.restore != previous.restore || made.password_set {
             crash::point("postgres: restore or password seen, status not written");
         }
@@ -875,14 +874,12 @@ async fn finish(
         "PostgreSQL",
         &names.namespace,
         &names.name,
-        &status::gauges(current, &status, now),
+        &status::gauges(pg, &status, now),
     );
-    ctx.core.metrics.set_replication(
-        &names.namespace,
-        &names.name,
-        &status::replication_gauges(current, &status),
-    );
-    let mut events = announcements(current, &previous, &status, made);
+    ctx.core
+        .metrics
+        .set_replication(&names.namespace, &names.name, &status::replication_gauges(pg, &status));
+    let mut events = announcements(pg, &previous, &status, made);
     events.extend(told);
     let reference = pg.object_ref(&());
     for announcement in events {
