@@ -93,6 +93,12 @@ struct RunArgs {
     /// cannot reach the public registries. A resource's `spec.imageRepository` wins over it.
     #[arg(long, env = "NOOPS_IMAGE_REGISTRY")]
     image_registry: Option<String>,
+    /// Secrets to pull images with (comma separated), for a registry that asks for
+    /// credentials: every pod the operator makes for etcd, PostgreSQL, a control plane, a
+    /// MaintPage or a machine names them in `imagePullSecrets`. Each must exist in the
+    /// namespaces of those pods.
+    #[arg(long, value_delimiter = ',', env = "NOOPS_IMAGE_PULL_SECRETS")]
+    image_pull_secrets: Vec<String>,
     /// Seconds the leaf certificates the operator issues are valid (etcd's peer, server and
     /// client certificates; a control plane's serving, client and kubeconfig certificates); each
     /// is issued again with a third of that left. Keep that third well above the time kubelets
@@ -223,6 +229,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let image = args.image.clone();
     let images = noops::core::images::Images {
         registry: args.image_registry.clone(),
+        pull_secrets: args.image_pull_secrets.clone(),
     };
     let certificate_lifetime = std::time::Duration::from_secs(args.certificate_lifetime_seconds);
     let leader_metric = metrics.clone();

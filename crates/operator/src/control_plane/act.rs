@@ -200,7 +200,7 @@ pub async fn apply_deployments(
         };
         let Some(release) = release else { continue };
         let certificates = certificates_not_after(names, component, live);
-        let desired = desired::deployment(kcp, names, component, release, &certificates, owner);
+        let desired = desired::deployment(kcp, names, component, release, &certificates, &ctx.images, owner);
         let live = live.deployments.get(&component);
         if !live.is_some_and(|l| up_to_date(&desired, Some(l))) {
             apply(&deployments, &names.deployment(component), &desired).await?;

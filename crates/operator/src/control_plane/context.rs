@@ -1,5 +1,5 @@
 //! What every pass of the KubernetesControlPlane controller shares: the core, the watch caches
-//! of the children, and the certificate lifetime.
+//! of the children, the certificate lifetime and the pull secrets.
 
 use std::time::Duration;
 
@@ -20,6 +20,9 @@ pub struct State {
     pub pods: Store<Pod>,
     /// How long a leaf certificate lasts (issued again with a third of it left).
     pub certificate_lifetime: Duration,
+    /// The Secrets the components' pods pull their images with (the registry setting is not
+    /// theirs: their images are Kubernetes' own releases).
+    pub images: crate::core::images::Images,
 }
 
 /// What every reconcile of this controller shares.

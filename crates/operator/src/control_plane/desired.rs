@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, ContainerPort, HTTPGetAction, KeyToPath, PodAffinityTerm, PodAntiAffinity, PodSpec,
-    PodTemplateSpec, Probe, ProjectedVolumeSource, SecretProjection, Service, ServicePort, ServiceSpec, Volume,
-    VolumeMount, VolumeProjection, WeightedPodAffinityTerm,
+    Affinity, Container, ContainerPort, HTTPGetAction, KeyToPath, PodAffinityTerm, PodAntiAffinity, PodSecurityContext,
+    PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, SecretProjection, Service, ServicePort, ServiceSpec,
+    Volume, VolumeMount, VolumeProjection, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -18,6 +18,8 @@ use noops_api::etcd::{EtcdCluster, EtcdClusterSpec, TlsSpec};
 use super::certificates::{Authority, Certificate, KUBECONFIG_KEY};
 use super::names::{API_SERVER_PORT, Component, Names};
 use super::versions::Release;
+use crate::core::images::Images;
+use crate::core::pod_security::runtime_default_seccomp;
 use crate::core::stamp::stamp;
 
 /// Where every component finds its certificates and keys.
@@ -344,13 +346,14 @@ pub fn mounted_certificates(names: &Names, component: Component) -> Vec<String> 
 }
 
 /// The Deployment of `component` at `release`; `certificates` is when the certificates its
-/// pods mount expire (see [`CERTIFICATES_ANNOTATION`]).
+/// pods mount expire (see [`CERTIFICATES_ANNOTATION`]); `images` gives the pull secrets.
 pub fn deployment(
     kcp: &KubernetesControlPlane,
     names: &Names,
     component: Component,
     release: &Release,
     certificates: &str,
+    images: &Images,
     owner: &OwnerReference,
 ) -> Deployment {
     let (command, port, readiness, liveness) = process(kcp, names, component);
@@ -410,6 +413,11 @@ pub fn deployment(
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
                     termination_grace_period_seconds: Some(SHUTDOWN_DELAY_SECONDS + 30),
+                    image_pull_secrets: images.image_pull_secrets(),
+                    security_context: Some(PodSecurityContext {
+                        seccomp_profile: runtime_default_seccomp(),
+                        ..Default::default()
+                    }),
                     ..Default::default()
                 }),
             },
@@ -464,7 +472,11 @@ mod tests {
         let names = Names::of(&kcp);
         let owner = owner_reference("KubernetesControlPlane", "team-a", "u1");
         let release = Release::of("1.34").unwrap();
-        let api = deployment(&kcp, &names, Component::ApiServer, &release, "", &owner);
+        let private = Images {
+            pull_secrets: vec!["registry-creds".into()],
+            ..Default::default()
+        };
+        let api = deployment(&kcp, &names, Component::ApiServer, &release, "", &private, &owner);
         let command = command_of(&api);
         assert_eq!(command[0], "kube-apiserver");
         assert!(command.contains(&"--etcd-servers=https://team-a-etcd-client.tenants.svc:2379".to_string()));
@@ -488,6 +500,10 @@ mod tests {
             (readiness.path.as_deref(), readiness.scheme.as_deref()),
             (Some("/readyz"), Some("HTTPS"))
         );
+        let pod = spec.template.spec.as_ref().unwrap();
+        assert_eq!(pod.image_pull_secrets, private.image_pull_secrets());
+        let seccomp = pod.security_context.as_ref().and_then(|s| s.seccomp_profile.as_ref());
+        assert_eq!(seccomp.map(|p| p.type_.as_str()), Some("RuntimeDefault"));
         // Two controller-managers and schedulers with three API servers; one with one.
         assert_eq!(replicas(&kcp, Component::Scheduler), 2);
         assert_eq!(replicas(&control_plane("b").build(), Component::ControllerManager), 1);

@@ -76,6 +76,7 @@ pub async fn run(runtime: Runtime) {
         metrics,
         shutdown,
         certificate_lifetime,
+        images,
         ..
     } = runtime;
     let ours = watcher::Config::default().labels(CONTROL_PLANE_LABEL);
@@ -99,6 +100,7 @@ pub async fn run(runtime: Runtime) {
             secrets,
             pods,
             certificate_lifetime,
+            images,
         },
     );
     let controller = controller_of::<KubernetesControlPlane>(&client, &namespace, MAX_CONCURRENT_RECONCILES)

@@ -54,7 +54,8 @@ pub struct Runtime {
     pub image: String,
     /// How long the certificates the operator issues are valid.
     pub certificate_lifetime: std::time::Duration,
-    /// Where the services' images are pulled from (`--image-registry`).
+    /// Where the services' images are pulled from, and with which Secrets (`--image-registry`,
+    /// `--image-pull-secrets`).
     pub images: super::images::Images,
 }
 

@@ -2,14 +2,20 @@
 //! project's own repository, the same path in a registry of yours (`noops run
 //! --image-registry`, for a mirror or a cluster with no way out), or a repository a resource
 //! names itself (`spec.imageRepository`). The tag is always the resource's version, so an
-//! upgrade is still a version change. Pure.
+//! upgrade is still a version change. A registry that asks for credentials gets them from the
+//! Secrets `noops run --image-pull-secrets` names, which every pod the operator makes for an
+//! operand carries. Pure.
 
-/// The operator-wide choice of registry.
+use k8s_openapi::api::core::v1::LocalObjectReference;
+
+/// The operator-wide choice of registry, and the credentials to pull with.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Images {
     /// A registry (and path) that holds the projects' images under their own paths, such as
     /// `registry.example.com/mirror`; none: the projects' registries.
     pub registry: Option<String>,
+    /// The Secrets (in each operand's namespace) that pods pull their images with.
+    pub pull_secrets: Vec<String>,
 }
 
 impl Images {
@@ -23,6 +29,19 @@ impl Images {
             Some(registry) if !registry.is_empty() => format!("{registry}/{}", path_in_registry(default)),
             _ => default.to_string(),
         }
+    }
+
+    /// The `imagePullSecrets` of a pod: none when there are none, so that an applied object
+    /// does not gain an empty field (nor a blank name from a stray comma).
+    pub fn image_pull_secrets(&self) -> Option<Vec<LocalObjectReference>> {
+        let secrets: Vec<_> = self
+            .pull_secrets
+            .iter()
+            .map(|name| name.trim())
+            .filter(|name| !name.is_empty())
+            .map(|name| LocalObjectReference { name: name.into() })
+            .collect();
+        (!secrets.is_empty()).then_some(secrets)
     }
 }
 
@@ -48,6 +67,7 @@ mod tests {
 
         let mirror = Images {
             registry: Some("registry.example.com/mirror/".into()),
+            ..Default::default()
         };
         assert_eq!(
             mirror.repository("quay.io/coreos/etcd", None),
@@ -70,5 +90,26 @@ mod tests {
             mirror.repository("postgres", Some("")),
             "registry.example.com/mirror/library/postgres"
         );
+    }
+
+    #[test]
+    fn pods_carry_the_pull_secrets_only_when_there_are_some() {
+        assert_eq!(Images::default().image_pull_secrets(), None);
+        let blank = Images {
+            pull_secrets: vec!["".into(), " ".into()],
+            ..Default::default()
+        };
+        assert_eq!(blank.image_pull_secrets(), None);
+        let private = Images {
+            pull_secrets: vec!["mirror-creds".into(), " ".into(), "quay-creds".into()],
+            ..Default::default()
+        };
+        let names: Vec<String> = private
+            .image_pull_secrets()
+            .unwrap()
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(names, ["mirror-creds", "quay-creds"]);
     }
 }

@@ -4,7 +4,8 @@
 //! pruning of children no longer wanted, per-object back-off, error classification, metrics,
 //! nodes and the volumes pinned to them, certificates from the operator's own CAs (`pki`), and
 //! the crash points of the crash-safety tests, downward-API variables, clients of a tenant's
-//! cluster (`tenant`).
+//! cluster (`tenant`), where images are pulled from (`images`) and what pods declare for Pod
+//! Security (`pod_security`).
 //! `backup/` is the backup kit every engine's backups are made of.
 
 pub mod api_requests;
@@ -25,6 +26,7 @@ pub mod labels;
 pub mod metrics;
 pub mod nodes;
 pub mod pki;
+pub mod pod_security;
 pub mod prune;
 pub mod rollout;
 pub mod stamp;

@@ -146,7 +146,15 @@ impl Runner<'_> {
         let ns = &self.names.namespace;
         self.create_volume(member).await?;
         if !self.children.pods.contains_key(member) {
-            let pod = pod::member_pod(self.cluster, self.names, member, version, initial_cluster, self.owner);
+            let pod = pod::member_pod(
+                self.cluster,
+                self.names,
+                member,
+                version,
+                initial_cluster,
+                &self.ctx.images,
+                self.owner,
+            );
             let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), ns);
             if create_if_missing(&api, &pod).await? {
                 info!(member, "started a member pod");
@@ -253,6 +261,7 @@ impl Runner<'_> {
             &version,
             backup,
             &self.ctx.image,
+            &self.ctx.images,
             self.owner,
         ) else {
             return Ok(NEXT_STEP);
@@ -408,7 +417,15 @@ impl Runner<'_> {
             // empty under an identity that may have voted.
             let me = vec![(member.clone(), self.names.peer_url(member))];
             let version = self.restart_version(member);
-            let pod = pod::member_pod(self.cluster, self.names, member, &version, &me, self.owner);
+            let pod = pod::member_pod(
+                self.cluster,
+                self.names,
+                member,
+                &version,
+                &me,
+                &self.ctx.images,
+                self.owner,
+            );
             if !create_if_missing(&pods, &pod).await? {
                 continue;
             }

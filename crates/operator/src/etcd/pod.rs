@@ -6,8 +6,8 @@
 
 use k8s_openapi::api::core::v1::{
     Affinity, ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
-    PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm, PodAntiAffinity, PodSpec, Probe, SecretVolumeSource,
-    Volume, VolumeMount, WeightedPodAffinityTerm,
+    PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, Probe,
+    SecretVolumeSource, Volume, VolumeMount, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -15,6 +15,8 @@ use noops_api::EtcdCluster;
 
 use super::bootstrap::STATE_KEY;
 use super::names::{CLIENT_PORT, METRICS_PORT, Names, PEER_PORT};
+use crate::core::images::Images;
+use crate::core::pod_security::runtime_default_seccomp;
 
 /// Where a member keeps its data, inside its volume.
 pub const DATA_DIR: &str = "/var/lib/etcd/data";
@@ -151,13 +153,14 @@ fn member_args(
 }
 
 /// The pod of `member`. `initial_cluster` lists every member etcd knows, this one included, as
-/// (name, peer URL); a member that has data ignores it.
+/// (name, peer URL); a member that has data ignores it. `images` gives its pull secrets.
 pub fn member_pod(
     cluster: &EtcdCluster,
     names: &Names,
     member: &str,
     version: &str,
     initial_cluster: &[(String, String)],
+    images: &Images,
     owner: &OwnerReference,
 ) -> Pod {
     let mut args = member_args(cluster, names, member, initial_cluster);
@@ -232,6 +235,11 @@ pub fn member_pod(
             termination_grace_period_seconds: Some(30),
             enable_service_links: Some(false),
             restart_policy: Some("Always".into()),
+            image_pull_secrets: images.image_pull_secrets(),
+            security_context: Some(PodSecurityContext {
+                seccomp_profile: runtime_default_seccomp(),
+                ..Default::default()
+            }),
             ..Default::default()
         }),
         status: None,
@@ -272,15 +280,26 @@ mod tests {
     #[test]
     fn a_member_runs_etcd_from_the_registry_or_the_clusters_own_repository() {
         let mut cluster = fixtures::cluster().build();
-        let mirror = crate::core::images::Images {
+        let mirror = Images {
             registry: Some("mirror.example/m".into()),
+            pull_secrets: vec!["mirror-creds".into()],
         };
         let image = |cluster: &EtcdCluster| {
             let names = Names::pulling_from(cluster, &mirror);
-            let pod = member_pod(cluster, &names, "main-0", "3.5.21", &[], &fixtures::owner());
+            let pod = member_pod(cluster, &names, "main-0", "3.5.21", &[], &mirror, &fixtures::owner());
             pod.spec.unwrap().containers[0].image.clone().unwrap()
         };
         assert_eq!(image(&cluster), "mirror.example/m/coreos/etcd:v3.5.21");
+        let names = Names::pulling_from(&cluster, &mirror);
+        let spec = member_pod(&cluster, &names, "main-0", "3.5.21", &[], &mirror, &fixtures::owner())
+            .spec
+            .unwrap();
+        assert_eq!(spec.image_pull_secrets, mirror.image_pull_secrets());
+        let seccomp = spec.security_context.and_then(|s| s.seccomp_profile).unwrap();
+        assert_eq!(
+            seccomp.type_, "RuntimeDefault",
+            "Pod Security \"restricted\" asks for it"
+        );
         cluster.spec.image_repository = Some("own.example/etcd".into());
         assert_eq!(image(&cluster), "own.example/etcd:v3.5.21");
     }
@@ -293,7 +312,15 @@ mod tests {
             ("main-0".to_string(), names.peer_url("main-0")),
             ("main-1".to_string(), names.peer_url("main-1")),
         ];
-        let pod = member_pod(&cluster, &names, "main-1", "3.5.21", &initial, &fixtures::owner());
+        let pod = member_pod(
+            &cluster,
+            &names,
+            "main-1",
+            "3.5.21",
+            &initial,
+            &Images::default(),
+            &fixtures::owner(),
+        );
         let spec = pod.spec.as_ref().unwrap();
         assert_eq!(
             (spec.hostname.as_deref(), spec.subdomain.as_deref()),
@@ -341,7 +368,15 @@ mod tests {
     fn ephemeral_and_plain_clusters() {
         let cluster = fixtures::cluster().ephemeral().without_tls().build();
         let names = Names::of(&cluster);
-        let pod = member_pod(&cluster, &names, "main-0", "3.6.4", &[], &fixtures::owner());
+        let pod = member_pod(
+            &cluster,
+            &names,
+            "main-0",
+            "3.6.4",
+            &[],
+            &Images::default(),
+            &fixtures::owner(),
+        );
         let spec = pod.spec.unwrap();
         assert!(spec.volumes.as_ref().unwrap()[0].empty_dir.is_some());
         assert_eq!(spec.volumes.unwrap().len(), 1, "no certificates");

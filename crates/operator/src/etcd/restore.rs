@@ -15,8 +15,8 @@
 //! it ended.
 
 use k8s_openapi::api::core::v1::{
-    Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, PersistentVolumeClaimVolumeSource, Pod, PodSpec,
-    SecretKeySelector, Volume, VolumeMount,
+    Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext,
+    PodSpec, SecretKeySelector, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use noops_api::EtcdCluster;
@@ -26,6 +26,8 @@ use super::names::Names;
 use super::pod::{DATA_DIR, image, spread, token};
 use super::store::{self, Destination, SnapshotDestination};
 use crate::core::backup::destination::claim_volume;
+use crate::core::images::Images;
+use crate::core::pod_security::runtime_default_seccomp;
 use crate::core::stuck::stuck;
 
 /// The scratch space of a restore pod (an emptyDir): the snapshot and the restored data.
@@ -208,7 +210,8 @@ fn fetch_container(
 }
 
 /// The restore pod for `member`, restoring `backup` (which [`usable`] accepted) with the etcd
-/// of `version`; `noops_image` is the operator's own image.
+/// of `version`; `noops_image` is the operator's own image, `images` gives the pull secrets.
+#[allow(clippy::too_many_arguments)]
 pub fn restore_pod(
     cluster: &EtcdCluster,
     names: &Names,
@@ -216,6 +219,7 @@ pub fn restore_pod(
     version: &str,
     backup: &EtcdBackup,
     noops_image: &str,
+    images: &Images,
     owner: &OwnerReference,
 ) -> Option<Pod> {
     let status = backup.status.as_ref()?;
@@ -298,6 +302,11 @@ pub fn restore_pod(
             // Where the restore pod runs, the volume is made: only where the member may run.
             affinity: Some(spread(cluster, names)),
             tolerations: (!cluster.spec.pod.tolerations.is_empty()).then(|| cluster.spec.pod.tolerations.clone()),
+            image_pull_secrets: images.image_pull_secrets(),
+            security_context: Some(PodSecurityContext {
+                seccomp_profile: runtime_default_seccomp(),
+                ..Default::default()
+            }),
             ..Default::default()
         }),
         status: None,
@@ -369,6 +378,7 @@ mod tests {
             "3.5.21",
             &backup("Succeeded"),
             "noops:test",
+            &Images::default(),
             &fixtures::owner(),
         )
         .unwrap();
@@ -433,6 +443,7 @@ mod tests {
             "3.5.21",
             &from_volume,
             "noops:test",
+            &Images::default(),
             &fixtures::owner(),
         )
         .unwrap();

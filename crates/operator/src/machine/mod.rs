@@ -57,6 +57,7 @@ pub async fn run(runtime: Runtime) {
         metrics,
         shutdown,
         certificate_lifetime,
+        images,
         ..
     } = runtime;
     let (pods, pod_changes) = shared_cache(
@@ -85,6 +86,7 @@ pub async fn run(runtime: Runtime) {
             provider: provider::PodProvider {
                 client: client.clone(),
                 pods,
+                images,
             },
             tenants,
             certificate_lifetime,

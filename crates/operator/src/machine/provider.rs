@@ -26,6 +26,7 @@ use super::names::{CLUSTER_LABEL, Names};
 use crate::core::Result;
 use crate::core::apply::{create_if_missing, delete_if_present};
 use crate::core::downward::pod_ip_env;
+use crate::core::images::Images;
 
 /// Where the VM's agent finds its bootstrap Secret.
 const BOOTSTRAP_DIR: &str = "/etc/noops/machine";
@@ -89,6 +90,8 @@ pub struct PodProvider {
     pub client: kube::Client,
     /// The VM pods (labelled with their machine), from a watch.
     pub pods: Store<Pod>,
+    /// The Secrets VM pods pull their images with (the registry setting is not theirs).
+    pub images: Images,
 }
 
 impl Provider for PodProvider {
@@ -100,7 +103,7 @@ impl Provider for PodProvider {
     async fn create(&self, spec: &VmSpec) -> Result<()> {
         // Made once and never changed (a new version is a new machine): created, not applied.
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &spec.names.namespace);
-        create_if_missing(&api, &vm_pod(spec)).await?;
+        create_if_missing(&api, &vm_pod(spec, &self.images)).await?;
         Ok(())
     }
 
@@ -258,8 +261,9 @@ fn proxy_container(spec: &VmSpec) -> Container {
     }
 }
 
-/// The VM pod. Pure.
-pub fn vm_pod(spec: &VmSpec) -> Pod {
+/// The VM pod, pulled with the Secrets `images` names. Privileged (it is a whole machine), it
+/// goes without the seccomp profile the operator's other pods declare. Pure.
+pub fn vm_pod(spec: &VmSpec, images: &Images) -> Pod {
     let names = &spec.names;
     Pod {
         metadata: ObjectMeta {
@@ -292,6 +296,7 @@ pub fn vm_pod(spec: &VmSpec) -> Pod {
             // Its tenant pods stop with it: give them time to end.
             termination_grace_period_seconds: Some(30),
             affinity: Some(spread(&names.cluster)),
+            image_pull_secrets: images.image_pull_secrets(),
             ..Default::default()
         }),
         ..Default::default()
@@ -415,7 +420,7 @@ mod tests {
 
     #[test]
     fn the_vm_runs_the_agent_of_its_version_with_its_flavor_and_kube_proxy_beside_it() {
-        let pod = vm_pod(&spec());
+        let pod = vm_pod(&spec(), &Images::default());
         let pod_spec = pod.spec.unwrap();
         let node = &pod_spec.containers[0];
         assert_eq!(node.image.as_deref(), Some("noops/node:v1.34.4"));

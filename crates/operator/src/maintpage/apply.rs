@@ -103,6 +103,7 @@ pub fn hand_edits(desired: &Children, live: &Live) -> Vec<(&'static str, String)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::images::Images;
     use crate::maintpage::desired::{build, selector};
     use crate::maintpage::fixtures::{self, plan};
     use noops_api::maintpage::Side;
@@ -110,7 +111,7 @@ mod tests {
     #[test]
     fn hand_edits_are_described_but_spec_changes_are_not() {
         let mp = fixtures::maintpage().build();
-        let desired = build(&mp, &plan(Side::App, 0), &fixtures::owner());
+        let desired = build(&mp, &plan(Side::App, 0), &Images::default(), &fixtures::owner());
         let mut edited = desired.app.clone();
         edited.spec.as_mut().unwrap().template.spec.as_mut().unwrap().containers[0].image = Some("evil:2".into());
         let mut service = desired.service.clone();
@@ -129,7 +130,12 @@ mod tests {
         // The user changes the image in the spec, and a switch moves the selector: both make
         // the live children differ from the new desired ones, and neither is a hand edit.
         let changed = fixtures::maintpage().app_image("app:2").build();
-        let next = build(&changed, &plan(Side::Maintenance, 1), &fixtures::owner());
+        let next = build(
+            &changed,
+            &plan(Side::Maintenance, 1),
+            &Images::default(),
+            &fixtures::owner(),
+        );
         let before = Live {
             app: Some(desired.app.clone()),
             maintenance: Some(desired.maintenance.clone()),

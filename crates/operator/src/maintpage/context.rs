@@ -1,5 +1,5 @@
-//! What every pass of the MaintPage controller shares: the core, and the watch caches of the
-//! children.
+//! What every pass of the MaintPage controller shares: the core, the watch caches of the
+//! children, and the pull secrets.
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -13,6 +13,9 @@ pub struct State {
     pub services: Store<Service>,
     /// The pods of both sides (to tell pods that cannot start, before the Deployment does).
     pub pods: Store<Pod>,
+    /// The Secrets both sides' pods pull their images with (the registry setting is not
+    /// theirs: their images are the user's).
+    pub images: crate::core::images::Images,
 }
 
 /// What every reconcile of this controller shares.

@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use noops_api::maintpage::{MaintPage, ServiceType, Side};
 
 use super::switch::Plan;
+use crate::core::images::Images;
 use crate::core::labels;
 use crate::core::stamp::stamp;
 
@@ -56,6 +57,7 @@ fn meta(mp: &MaintPage, name: String, side: Option<Side>, owner: &OwnerReference
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn deployment(
     mp: &MaintPage,
     side: Side,
@@ -64,6 +66,7 @@ fn deployment(
     args: &Option<Vec<String>>,
     port: i32,
     replicas: i32,
+    images: &Images,
 ) -> Deployment {
     let name = match side {
         Side::App => mp.spec.app.name.clone(),
@@ -113,6 +116,8 @@ fn deployment(
                 }),
                 spec: Some(PodSpec {
                     containers: vec![container],
+                    // The user's own images: what they need of seccomp is theirs to say.
+                    image_pull_secrets: images.image_pull_secrets(),
                     ..Default::default()
                 }),
             },
@@ -122,8 +127,9 @@ fn deployment(
     }
 }
 
-/// Builds every child of `mp` for `plan`, stamped. `owner` is the controller reference to `mp`.
-pub fn build(mp: &MaintPage, plan: &Plan, owner: &OwnerReference) -> Children {
+/// Builds every child of `mp` for `plan`, stamped. `owner` is the controller reference to `mp`;
+/// `images` gives the pods' pull secrets.
+pub fn build(mp: &MaintPage, plan: &Plan, images: &Images, owner: &OwnerReference) -> Children {
     let spec = &mp.spec;
     let app = deployment(
         mp,
@@ -133,6 +139,7 @@ pub fn build(mp: &MaintPage, plan: &Plan, owner: &OwnerReference) -> Children {
         &spec.app.args,
         spec.app.port,
         spec.app.replicas,
+        images,
     );
     let maintenance = deployment(
         mp,
@@ -142,6 +149,7 @@ pub fn build(mp: &MaintPage, plan: &Plan, owner: &OwnerReference) -> Children {
         &spec.maintenance.args,
         spec.maintenance.port,
         plan.maintenance_replicas,
+        images,
     );
     let node_port = match spec.service.type_ {
         ServiceType::NodePort => spec.service.node_port,
@@ -189,6 +197,7 @@ mod tests {
         let c = build(
             &fixtures::maintpage().build(),
             &plan(Side::Maintenance, 1),
+            &Images::default(),
             &fixtures::owner(),
         );
         assert_eq!(c.app.metadata.name.as_deref(), Some("shop"));

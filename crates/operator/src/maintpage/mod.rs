@@ -53,6 +53,7 @@ pub async fn run(runtime: Runtime) {
         namespace,
         metrics,
         shutdown,
+        images,
         ..
     } = runtime;
     let deployments = scoped_api::<Deployment>(&client, &namespace);
@@ -70,6 +71,7 @@ pub async fn run(runtime: Runtime) {
             deployments: deployment_store,
             services: service_store,
             pods: pod_store,
+            images,
         },
     );
     let controller = controller_of::<MaintPage>(&client, &namespace, MAX_CONCURRENT_RECONCILES)

@@ -116,7 +116,7 @@ mod tests {
     fn the_published_side_comes_from_the_status_not_from_the_live_selector() {
         let mp = fixtures::maintpage().build();
         let plan = switch::plan(&mp.spec, &Facts::default(), jiff::Timestamp::UNIX_EPOCH);
-        let children = desired::build(&mp, &plan, &fixtures::owner());
+        let children = desired::build(&mp, &plan, &Default::default(), &fixtures::owner());
         let live = Live {
             service: Some(children.service.clone()),
             ..Default::default()

@@ -69,7 +69,7 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
     let owner = controller_reference(mp.as_ref())
         .ok_or_else(|| Error::Internal("the MaintPage has no uid yet".into()))
         .during(Stage::Validate)?;
-    let children = desired::build(&mp, &plan, &owner);
+    let children = desired::build(&mp, &plan, &ctx.images, &owner);
     let hand_edits = apply::hand_edits(&children, &observation.live);
 
     let Some(applied) = apply::apply_children(&ctx.client, &namespace, &children, &observation.live)

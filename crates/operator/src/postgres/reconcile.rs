@@ -385,6 +385,7 @@ impl<'a> Pass<'a> {
             &self.ctx.image,
             checked.bootstrap_source.as_ref(),
             &self.primary,
+            &self.ctx.images,
         );
         stamp(&mut sts);
         if up_to_date(&sts, children.statefulset.as_deref()) {

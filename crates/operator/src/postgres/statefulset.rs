@@ -33,6 +33,8 @@ use super::names::{
 };
 use super::restore::{PLAN_DIR, PLAN_FILE};
 use super::store::{self, BaseBackupDestination, Destination, PodAccess, Role};
+use crate::core::images::Images;
+use crate::core::pod_security::runtime_default_seccomp;
 
 /// How long PostgreSQL has to shut down (fast: open transactions are rolled back) before it is
 /// killed (and recovers from its WAL at the next start).
@@ -86,7 +88,7 @@ pub fn pods_kept(pg: &PostgreSQL, names: &Names, primary: &str) -> i32 {
 
 /// The StatefulSet of `pg`, whose primary is pod `primary`. `operator_image` runs the init
 /// container that installs the instance manager; `bootstrap_source` is where a
-/// `bootstrap.fromBackup` backup is.
+/// `bootstrap.fromBackup` backup is; `images` gives the pull secrets.
 pub fn build(
     pg: &PostgreSQL,
     names: &Names,
@@ -94,6 +96,7 @@ pub fn build(
     operator_image: &str,
     bootstrap_source: Option<&BackupLocation>,
     primary: &str,
+    images: &Images,
 ) -> StatefulSet {
     let labels = names.labels();
     let mut pod_labels: BTreeMap<String, String> = labels.clone();
@@ -161,11 +164,13 @@ pub fn build(
                     automount_service_account_token: Some(true),
                     enable_service_links: Some(false),
                     termination_grace_period_seconds: Some(SHUTDOWN_GRACE_SECONDS),
+                    image_pull_secrets: images.image_pull_secrets(),
                     security_context: Some(PodSecurityContext {
                         run_as_user: Some(POSTGRES_UID),
                         run_as_group: Some(POSTGRES_UID),
                         fs_group: Some(POSTGRES_UID),
                         run_as_non_root: Some(true),
+                        seccomp_profile: runtime_default_seccomp(),
                         ..Default::default()
                     }),
                     ..Default::default()
@@ -324,11 +329,25 @@ mod tests {
     use super::*;
     use crate::postgres::fixtures::{owner, postgres};
 
+    /// The StatefulSet of `pg` with `primary` as its primary, with the project's images.
+    fn built(pg: &PostgreSQL, primary: &str) -> StatefulSet {
+        build(
+            pg,
+            &Names::of(pg),
+            &owner(),
+            "noops:dev",
+            None,
+            primary,
+            &Images::default(),
+        )
+    }
+
     #[test]
     fn postgres_comes_from_the_registry_or_the_databases_own_repository() {
         let mut pg = postgres("shop");
-        let mirror = crate::core::images::Images {
+        let mirror = Images {
             registry: Some("mirror.example/m".into()),
+            ..Default::default()
         };
         let images = |pg: &PostgreSQL| {
             let sts = build(
@@ -338,6 +357,7 @@ mod tests {
                 "noops:dev",
                 None,
                 "shop-0",
+                &mirror,
             );
             let pod = sts.spec.unwrap().template.spec.unwrap();
             let bootstrap = pod.init_containers.unwrap()[1].image.clone().unwrap();
@@ -354,7 +374,7 @@ mod tests {
     fn the_instance_runs_the_instance_manager_from_the_operator_image_on_its_own_volume() {
         let pg = postgres("shop");
         let names = Names::of(&pg);
-        let sts = build(&pg, &names, &owner(), "noops:dev", None, "shop-0");
+        let sts = build(&pg, &names, &owner(), "noops:dev", None, "shop-0", &Images::default());
         let spec = sts.spec.unwrap();
         assert_eq!(spec.replicas, Some(1), "one instance unless asked");
         let pod = spec.template.spec.unwrap();
@@ -371,6 +391,10 @@ mod tests {
                 .contains(&format!("--to={INSTANCE_MANAGER}"))
         );
         assert_eq!(pod.service_account_name.as_deref(), Some("shop-instance"));
+        assert_eq!(pod.image_pull_secrets, None, "none configured: no empty field applied");
+        let security = pod.security_context.as_ref().unwrap();
+        assert_eq!(security.run_as_user, Some(POSTGRES_UID));
+        assert_eq!(security.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
         let claim = &spec.volume_claim_templates.unwrap()[0];
         assert_eq!(claim.metadata.name.as_deref(), Some(DATA_VOLUME));
         let size = &claim
@@ -393,11 +417,11 @@ mod tests {
     fn instances_are_pods_of_the_statefulset_that_know_their_names_and_keep_apart() {
         let mut pg = postgres("shop");
         pg.spec.instances = 3;
-        let sts = build(&pg, &Names::of(&pg), &owner(), "noops:dev", None, "shop-0");
+        let sts = built(&pg, "shop-0");
         let spec = sts.spec.unwrap();
         assert_eq!(spec.replicas, Some(3));
         pg.spec.instances = 2;
-        let keeps_its_primary = build(&pg, &Names::of(&pg), &owner(), "noops:dev", None, "shop-2");
+        let keeps_its_primary = built(&pg, "shop-2");
         assert_eq!(
             keeps_its_primary.spec.unwrap().replicas,
             Some(3),
@@ -417,7 +441,7 @@ mod tests {
     fn resources_go_to_the_postgres_container() {
         let mut pg = postgres("shop");
         pg.spec.resources = Some(serde_json::from_value(serde_json::json!({ "limits": { "memory": "1Gi" } })).unwrap());
-        let sts = build(&pg, &Names::of(&pg), &owner(), "noops:dev", None, "shop-0");
+        let sts = built(&pg, "shop-0");
         let pod = sts.spec.unwrap().template.spec.unwrap();
         assert_eq!(pod.containers[0].resources, pg.spec.resources);
     }
@@ -437,7 +461,15 @@ mod tests {
             wal: "postgres/old/wal/1".into(),
             ..Default::default()
         };
-        let sts = build(&pg, &names, &owner(), "noops:dev", Some(&source), "shop-0");
+        let sts = build(
+            &pg,
+            &names,
+            &owner(),
+            "noops:dev",
+            Some(&source),
+            "shop-0",
+            &Images::default(),
+        );
         let pod = sts.spec.unwrap().template.spec.unwrap();
         let inits = pod.init_containers.unwrap();
         assert_eq!(
@@ -495,7 +527,15 @@ mod tests {
             ("old-backups", Some(true))
         );
 
-        let without = build(&postgres("shop"), &names, &owner(), "noops:dev", None, "shop-0");
+        let without = build(
+            &postgres("shop"),
+            &names,
+            &owner(),
+            "noops:dev",
+            None,
+            "shop-0",
+            &Images::default(),
+        );
         let env = without.spec.unwrap().template.spec.unwrap().containers[0]
             .env
             .clone()

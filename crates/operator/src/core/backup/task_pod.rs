@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::DeleteParams;
 
+use crate::core::pod_security::runtime_default_seccomp;
 use crate::core::stuck::stuck;
 
 /// The name of the pod that does `job` for `owner` (uid `uid`): `<owner>-<job>`, shortened
@@ -32,14 +33,17 @@ pub struct Owned<'a> {
 /// A task pod running `spec`: owned by the object it works for (it goes with it), run once
 /// (never restarted: a failure is read and a fresh pod made), without Service links or an API
 /// token (it never calls the API), its volumes' files given to its security context's
-/// `fsGroup` only when they are not its already.
+/// `fsGroup` only when they are not its already, under the runtime's default seccomp profile
+/// (`core::pod_security`).
 pub fn build(owned: Owned, mut spec: PodSpec) -> Pod {
     spec.restart_policy = Some("Never".into());
     spec.enable_service_links = Some(false);
     spec.automount_service_account_token = Some(false);
-    if let Some(security) = spec.security_context.as_mut() {
+    let security = spec.security_context.get_or_insert_with(Default::default);
+    if security.fs_group.is_some() {
         security.fs_group_change_policy = Some("OnRootMismatch".into());
     }
+    security.seccomp_profile = runtime_default_seccomp();
     Pod {
         metadata: ObjectMeta {
             name: Some(owned.name.into()),

@@ -281,7 +281,17 @@ async fn attempt_to_volume(
             // The pod is given a little less than what is left, so that it reports before
             // the operator gives up on it.
             let seconds = limit.as_secs().saturating_sub(10).max(10);
-            let pod = volume::save_pod(&name, &names, destination, key, &endpoint, seconds, &ctx.image, &owner);
+            let pod = volume::save_pod(
+                &name,
+                &names,
+                destination,
+                key,
+                &endpoint,
+                seconds,
+                &ctx.image,
+                &ctx.images,
+                &owner,
+            );
             if create_if_missing(&pods, &pod).await? {
                 info!(pod = %name, %endpoint, "a pod saves the snapshot into the volume");
             }
@@ -422,7 +432,7 @@ async fn delete_from_volume(
                 return Ok(Some(Err(("the EtcdBackup has no uid".into(), false))));
             };
             let place = (namespace.as_str(), backup.spec.cluster.as_str());
-            let pod = volume::delete_pod(&name, place, destination, key, &ctx.image, &owner);
+            let pod = volume::delete_pod(&name, place, destination, key, &ctx.image, &ctx.images, &owner);
             if let Err(e) = create_if_missing(&pods, &pod).await {
                 return Ok(Some(Err((format!("pod {name} cannot be made: {e}"), true))));
             }

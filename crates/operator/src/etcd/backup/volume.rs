@@ -12,6 +12,7 @@ use noops_api::etcd::VolumeDestination;
 
 use crate::core::backup::task_pod;
 pub use crate::core::backup::task_pod::{Outcome, outcome};
+use crate::core::images::Images;
 use crate::core::labels;
 use crate::etcd::names::Names;
 
@@ -47,7 +48,7 @@ pub fn pod_name(backup: &str, uid: &str, job: Job) -> String {
 }
 
 /// The pod that saves a snapshot of the member at `endpoint` to `key` in the volume, within
-/// `limit_seconds`.
+/// `limit_seconds`; `images` gives its pull secrets.
 #[allow(clippy::too_many_arguments)]
 pub fn save_pod(
     name: &str,
@@ -57,6 +58,7 @@ pub fn save_pod(
     endpoint: &str,
     limit_seconds: u64,
     image: &str,
+    images: &Images,
     owner: &OwnerReference,
 ) -> Pod {
     let mut args = vec![
@@ -88,7 +90,7 @@ pub fn save_pod(
         });
     }
     let place = (names.namespace.as_str(), names.cluster.as_str());
-    pod(name, place, Job::Save, args, mounts, volumes, image, owner)
+    pod(name, place, Job::Save, args, mounts, volumes, image, images, owner)
 }
 
 /// The pod that deletes the snapshot at `key` in the volume; `place` is the namespace and the
@@ -99,6 +101,7 @@ pub fn delete_pod(
     destination: &VolumeDestination,
     key: &str,
     image: &str,
+    images: &Images,
     owner: &OwnerReference,
 ) -> Pod {
     let args = vec![
@@ -107,7 +110,17 @@ pub fn delete_pod(
         format!("--key={key}"),
     ];
     let (volume, mount) = claim_volume(&destination.claim_name, "backup", MOUNT, false);
-    pod(name, place, Job::Delete, args, vec![mount], vec![volume], image, owner)
+    pod(
+        name,
+        place,
+        Job::Delete,
+        args,
+        vec![mount],
+        vec![volume],
+        image,
+        images,
+        owner,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -119,6 +132,7 @@ fn pod(
     mounts: Vec<VolumeMount>,
     volumes: Vec<Volume>,
     image: &str,
+    images: &Images,
     owner: &OwnerReference,
 ) -> Pod {
     let owned = task_pod::Owned {
@@ -137,6 +151,7 @@ fn pod(
             ..Default::default()
         }],
         volumes: Some(volumes),
+        image_pull_secrets: images.image_pull_secrets(),
         // The operator's image runs as 65532: the volume's files are made its group's.
         security_context: Some(PodSecurityContext {
             fs_group: Some(OPERATOR_GROUP),
@@ -189,6 +204,7 @@ mod tests {
             "https://10.0.0.5:2379",
             590,
             "noops:test",
+            &Images::default(),
             &fixtures::owner(),
         );
         let spec = pod.spec.unwrap();

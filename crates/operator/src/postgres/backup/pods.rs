@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use crate::core::backup::task_pod;
 use noops_api::postgres::BackupLocation;
 
+use crate::core::images::Images;
 use crate::core::labels;
 use crate::postgres::image::{POSTGRES_UID, image, install_container};
 use crate::postgres::names::{CONTROLLER_DIR, INSTANCE_MANAGER, Names};
@@ -53,7 +54,7 @@ pub struct Reading<'a> {
 }
 
 /// The pod that takes a base backup of the instance `from` reads into `location` (the
-/// database's names in `names`, its major version `version`).
+/// database's names in `names`, its major version `version`); `images` gives its pull secrets.
 #[allow(clippy::too_many_arguments)]
 pub fn base_pod(
     name: &str,
@@ -63,6 +64,7 @@ pub fn base_pod(
     from: &Reading,
     location: &BackupLocation,
     operator_image: &str,
+    images: &Images,
     owner: &OwnerReference,
 ) -> Option<Pod> {
     let mut args = vec![
@@ -102,6 +104,7 @@ pub fn base_pod(
         vec![password],
         location,
         operator_image,
+        images,
         owner,
     )
 }
@@ -113,6 +116,7 @@ pub fn delete_pod(
     location: &BackupLocation,
     keep_wal_from: Option<&str>,
     operator_image: &str,
+    images: &Images,
     owner: &OwnerReference,
 ) -> Option<Pod> {
     let mut args = vec!["remove-backup".to_string(), format!("--base={}", location.base)];
@@ -120,7 +124,17 @@ pub fn delete_pod(
         args.push(format!("--wal={}", location.wal));
         args.push(format!("--keep-wal-from={segment}"));
     }
-    pod(name, place, Job::Delete, args, vec![], location, operator_image, owner)
+    pod(
+        name,
+        place,
+        Job::Delete,
+        args,
+        vec![],
+        location,
+        operator_image,
+        images,
+        owner,
+    )
 }
 
 /// Where a backup's pods run: the namespace, the PostgreSQL (which may be gone) and the
@@ -143,6 +157,7 @@ fn pod(
     mut env: Vec<EnvVar>,
     location: &BackupLocation,
     operator_image: &str,
+    images: &Images,
     owner: &OwnerReference,
 ) -> Option<Pod> {
     let destination = Destination::of_location(location)?;
@@ -183,6 +198,7 @@ fn pod(
             ..Default::default()
         }],
         volumes: Some(volumes),
+        image_pull_secrets: images.image_pull_secrets(),
         security_context: Some(PodSecurityContext {
             run_as_user: Some(POSTGRES_UID),
             run_as_group: Some(POSTGRES_UID),
@@ -215,6 +231,10 @@ mod tests {
             namespace: "prod".into(),
             image_repository: "postgres".into(),
         };
+        let private = Images {
+            pull_secrets: vec!["registry-creds".into()],
+            ..Default::default()
+        };
         let pod_reading = |from: &Reading| {
             base_pod(
                 "shop-1-base",
@@ -224,6 +244,7 @@ mod tests {
                 from,
                 &location(),
                 "noops:dev",
+                &private,
                 &owner(),
             )
             .unwrap()
@@ -265,6 +286,10 @@ mod tests {
         assert!(env.iter().any(|e| e.name == store::STORE_ENV));
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
         assert_eq!(pod.metadata.labels.unwrap()[labels::COMPONENT], COMPONENT);
+        assert_eq!(spec.image_pull_secrets, private.image_pull_secrets());
+        let security = spec.security_context.unwrap();
+        assert_eq!(security.run_as_user, Some(POSTGRES_UID));
+        assert_eq!(security.seccomp_profile.unwrap().type_, "RuntimeDefault");
 
         // From a replica: it waits for the primary to archive the WAL the backup ends in.
         let pod = pod_reading(&Reading {
@@ -294,11 +319,19 @@ mod tests {
             version: "15",
         };
         let args = |keep| {
-            delete_pod("x-delete", place, &location(), keep, "noops:dev", &owner())
-                .unwrap()
-                .spec
-                .unwrap()
-                .containers[0]
+            delete_pod(
+                "x-delete",
+                place,
+                &location(),
+                keep,
+                "noops:dev",
+                &Images::default(),
+                &owner(),
+            )
+            .unwrap()
+            .spec
+            .unwrap()
+            .containers[0]
                 .args
                 .clone()
                 .unwrap()

@@ -309,6 +309,7 @@ async fn attempt(
         &from,
         location,
         &ctx.image,
+        &ctx.images,
         &owner,
     ) else {
         return Ok(Verdict::Failed {
@@ -507,8 +508,9 @@ async fn start_deletion(
         version: &version,
     };
     let name = pod_name(backup, Job::Delete);
+    let keep_from = keep_from.as_deref();
     let Some(pod) = controller_reference(backup)
-        .and_then(|owner| pods::delete_pod(&name, place, location, keep_from.as_deref(), &ctx.image, &owner))
+        .and_then(|owner| pods::delete_pod(&name, place, location, keep_from, &ctx.image, &ctx.images, &owner))
     else {
         return Ok(Some(Err(("the recorded destination names no store".into(), true))));
     };
