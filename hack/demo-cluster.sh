@@ -18,13 +18,16 @@ kubectl create namespace "$ns" >/dev/null
 
 log "applying examples/kubernetes/cluster.yaml: one manifest for a whole cluster"
 kubectl apply -n "$ns" -f "$root/examples/kubernetes/cluster.yaml"
-# The cluster's progress from its status (phase, versions, each pool), a line whenever it changes.
-progress='{.status.phase}: cluster at {.status.version}, control plane {.status.controlPlane}, nodes {.status.nodes}'
-progress+='{range .status.pools[*]}; pool {.name} {.updated}/{.desired} at {.version} ({.ready} ready){end}'
+# The cluster's progress from its status (phase, versions, each pool), a line whenever it changes;
+# a value the status does not hold yet says so rather than print nothing.
+progress='{{with .status}}{{or .phase "Pending"}}: cluster at {{or .version "no version yet"}}'
+progress+=', control plane {{or .controlPlane "not made yet"}}, nodes {{or .nodes "none yet"}}'
+progress+='{{range .pools}}; pool {{.name}} {{or .updated 0}}/{{.desired}} at {{or .version "no version yet"}}'
+progress+=' ({{or .ready 0}} ready){{end}}{{else}}no status yet{{end}}'
 show_until() {
   local done_when=$1 limit=$2 last="" now deadline=$((SECONDS + $2))
   until eval "$done_when"; do
-    now=$(kubectl get -n "$ns" kc "$cluster" -o jsonpath="$progress" 2>/dev/null || true)
+    now=$(kubectl get -n "$ns" kc "$cluster" -o go-template="$progress" 2>/dev/null || true)
     [ "$now" = "$last" ] || { log "$now"; last=$now; }
     [ $SECONDS -lt $deadline ] || die "the cluster did not get there within ${limit}s (kubectl get -n $ns kc,kcp,md,machines; operator logs: kubectl logs -n noops-system deployment/noops-operator)"
     sleep 2

@@ -23,6 +23,17 @@ impl Decided {
     }
 }
 
+/// The message of a condition that passes on `inner` under reason `outer`: the inner reason
+/// and message, without the reason when it is the outer one (a message never repeats its
+/// reason: "MachinesDegraded: MachinesDegraded: ..." told nothing twice).
+pub fn passed_on(outer: &str, inner: &Condition) -> String {
+    if inner.reason == outer {
+        inner.message.clone()
+    } else {
+        format!("{}: {}", inner.reason, inner.message)
+    }
+}
+
 /// Merges decided conditions into the previous list: a condition whose status did not change
 /// keeps its `lastTransitionTime`; types not decided now are kept as they were.
 pub fn merge(

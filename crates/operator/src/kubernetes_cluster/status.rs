@@ -9,7 +9,7 @@ use noops_api::machine_deployment::MachineDeployment;
 use super::autoscale::Decision;
 use super::desired::POOL_LABEL;
 use super::plan::{Plan, PoolView, Step};
-use crate::core::conditions::{Decided, merge};
+use crate::core::conditions::{Decided, merge, passed_on};
 
 pub const CONTROL_PLANE_READY: &str = "ControlPlaneReady";
 pub const WORKERS_READY: &str = "WorkersReady";
@@ -259,7 +259,7 @@ fn degraded(f: &StatusFacts) -> Decided {
             DEGRADED,
             true,
             "ControlPlaneDegraded",
-            format!("{}: {}", c.reason, c.message),
+            passed_on("ControlPlaneDegraded", c),
         );
     }
     let pools: Vec<String> =
@@ -271,7 +271,7 @@ fn degraded(f: &StatusFacts) -> Decided {
                 let stalled = status.phase.as_deref() == Some("Stalled");
                 let c = condition(&status.conditions, DEGRADED).filter(|c| c.status == "True");
                 match (stalled, c) {
-                    (_, Some(c)) => Some(format!("pool {}: {}: {}", p.name, c.reason, c.message)),
+                    (_, Some(c)) => Some(format!("pool {}: {}", p.name, passed_on("PoolDegraded", c))),
                     (true, None) => Some(format!("pool {}: its rollout stalled", p.name)),
                     _ => None,
                 }

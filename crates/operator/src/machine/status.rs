@@ -103,6 +103,19 @@ pub fn build(facts: &StatusFacts, now: jiff::Timestamp) -> MachineStatus {
     }
 }
 
+/// A machine whose Node has joined but was never Ready: still starting, not degraded. Known
+/// from the machine's own Ready condition, which is True once the Node was Ready and keeps the
+/// reason `NodeNotReady` when it went NotReady after that.
+fn node_starting(facts: &StatusFacts, phase: MachinePhase, node_ready: bool) -> bool {
+    let previous_ready = facts
+        .machine
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
+    let was_ready = previous_ready.is_some_and(|c| c.status == "True" || c.reason == "NodeNotReady");
+    phase == MachinePhase::Running && !node_ready && matches!(facts.node, NodeView::Present(_)) && !was_ready
+}
+
 fn conditions(facts: &StatusFacts, phase: MachinePhase, joined: bool) -> Vec<Decided> {
     let mut decided = Vec::new();
     let node_ready = facts.node.ready();
@@ -112,28 +125,38 @@ fn conditions(facts: &StatusFacts, phase: MachinePhase, joined: bool) -> Vec<Dec
         } => Some(format!("the VM cannot start: {reason}: {message}")),
         _ => None,
     };
-    let not_ready = why_not_ready(facts, phase, node_ready, vm_problem.clone());
+    let starting = node_starting(facts, phase, node_ready);
+    let not_ready = if starting {
+        Some((
+            "NodeStarting",
+            format!("its Node joined and is getting Ready: {}", node_not_ready(facts.node)),
+        ))
+    } else {
+        why_not_ready(facts, phase, node_ready, vm_problem.clone())
+    };
     decided.push(match &not_ready {
         None => Decided::new(READY, true, "NodeReady", "its Node is Ready"),
         Some((reason, message)) => Decided::new(READY, false, reason, message.clone()),
     });
     decided.extend(node_health(facts, node_ready, joined));
-    let progressing = matches!(
-        phase,
-        MachinePhase::Provisioning | MachinePhase::Provisioned | MachinePhase::Deleting
-    );
+    let progressing = starting
+        || matches!(
+            phase,
+            MachinePhase::Provisioning | MachinePhase::Provisioned | MachinePhase::Deleting
+        );
     decided.push(Decided::new(
         PROGRESSING,
         progressing,
         match phase {
             MachinePhase::Deleting => "Deleting",
             MachinePhase::Provisioning | MachinePhase::Provisioned => "Provisioning",
+            MachinePhase::Running if starting => "NodeStarting",
             MachinePhase::Running => "Provisioned",
             MachinePhase::Failed => "MachineFailed",
             MachinePhase::Pending => "Pending",
         },
         match phase {
-            MachinePhase::Running => "the machine joined its cluster".to_string(),
+            MachinePhase::Running if !starting => "the machine joined its cluster".to_string(),
             _ => not_ready.as_ref().map(|(_, m)| m.clone()).unwrap_or_default(),
         },
     ));
@@ -141,7 +164,7 @@ fn conditions(facts: &StatusFacts, phase: MachinePhase, joined: bool) -> Vec<Dec
         (MachinePhase::Failed, _) => Some(("MachineFailed", "the machine's VM is gone or stopped".into())),
         (MachinePhase::Pending, Admission::Refused(reason, message)) => Some((reason, message.clone())),
         _ if vm_problem.is_some() => Some(("VmCannotStart", vm_problem.clone().unwrap_or_default())),
-        (MachinePhase::Running, _) if !node_ready && matches!(facts.node, NodeView::Present(_)) => {
+        (MachinePhase::Running, _) if !starting && !node_ready && matches!(facts.node, NodeView::Present(_)) => {
             Some(("NodeNotReady", node_not_ready(facts.node)))
         }
         _ => None,
@@ -340,11 +363,44 @@ mod tests {
             "the VM's until the Node says"
         );
 
-        let lost = build(&facts(&lost_node), now);
+        // A Node that joined and is not Ready yet: the machine is starting, not degraded (a
+        // cluster being made raises no Warning for it).
+        let starting = build(&facts(&lost_node), now);
+        assert_eq!(condition(&starting, READY).1, "NodeStarting");
+        assert_eq!(condition(&starting, PROGRESSING).0, "True");
+        assert_eq!(condition(&starting, DEGRADED).0, "False");
+        assert_eq!(
+            condition(&starting, NODE_HEALTHY).1,
+            "NodeNotReady",
+            "the health check still counts it"
+        );
+
+        // Once Ready, a Node that goes NotReady is a degraded machine, pass after pass.
+        let mut was_ready = m.clone();
+        was_ready.status = Some(ready.clone());
+        let lost = build(
+            &StatusFacts {
+                machine: &was_ready,
+                ..facts(&lost_node)
+            },
+            now,
+        );
         let (status, reason, message) = condition(&lost, NODE_HEALTHY);
         assert_eq!((status, reason), ("False", "NodeNotReady"));
         assert!(message.contains("not known to be Ready"), "{message}");
         assert_eq!(condition(&lost, DEGRADED).0, "True");
+        assert_eq!(condition(&lost, READY).1, "NodeNotReady");
+        let mut still_lost = m.clone();
+        still_lost.status = Some(lost);
+        let again = build(
+            &StatusFacts {
+                machine: &still_lost,
+                ..facts(&lost_node)
+            },
+            now,
+        );
+        assert_eq!(condition(&again, DEGRADED).0, "True");
+        assert_eq!(condition(&again, PROGRESSING).0, "False");
 
         let joining = build(&facts(&missing), now);
         assert_eq!(joining.phase, Some(MachinePhase::Provisioned));

@@ -6,8 +6,9 @@ use noops_api::machine_deployment::{MachineDeployment, MachineDeploymentStatus};
 use noops_api::machine_set::MachineSet;
 
 use super::plan::{DeploymentPlan, TEMPLATE_HASH_LABEL, template_hash};
-use crate::core::conditions::{Decided, merge};
+use crate::core::conditions::{Decided, merge, passed_on};
 use crate::machine_set::health::scaled;
+use crate::machine_set::status::MACHINES_DEGRADED;
 
 /// True while at least `replicas - maxUnavailable` machines are available.
 pub const AVAILABLE: &str = "Available";
@@ -78,7 +79,7 @@ pub fn build(
     let current_problem = current
         .and_then(|s| s.status.as_ref())
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == DEGRADED && c.status == "True"))
-        .map(|c| format!("{}: {}", c.reason, c.message));
+        .map(|c| passed_on(MACHINES_DEGRADED, c));
 
     let decided = decide(
         md,
@@ -205,7 +206,7 @@ fn decide(md: &MachineDeployment, counts: &Counts, at: Situation, current_proble
                 .clone()
                 .unwrap_or_else(|| "the rollout makes no progress".into()),
         ),
-        (false, Some(problem)) => Decided::new(DEGRADED, true, "MachinesDegraded", problem.clone()),
+        (false, Some(problem)) => Decided::new(DEGRADED, true, MACHINES_DEGRADED, problem.clone()),
         (false, None) => Decided::new(DEGRADED, false, "AsExpected", "nothing is wrong"),
     });
     decided
@@ -282,6 +283,15 @@ mod tests {
         assert_eq!(condition(&first, PROGRESSING).0, "True");
         assert_eq!(condition(&first, READY).0, "False");
         assert_eq!(condition(&first, AVAILABLE).0, "True", "the old machines serve");
+        // The set's reason is the deployment's: said once, not twice.
+        assert_eq!(
+            condition(&first, DEGRADED),
+            (
+                "True".into(),
+                "MachinesDegraded".into(),
+                "pool-x (VmCannotStart: the VM cannot start: ImagePullBackOff)".into()
+            )
+        );
         // Nothing moved for longer than the deadline.
         new.status = Some(first.clone());
         let later = build(&new, &sets, &p, now + jiff::SignedDuration::from_secs(61));

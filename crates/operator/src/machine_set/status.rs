@@ -7,6 +7,9 @@ use noops_api::machine_set::{MachineSet, MachineSetStatus};
 use super::plan::{SetPlan, ready};
 use crate::core::conditions::{Decided, merge};
 
+/// Degraded's reason when machines of the set are (its message names them and why).
+pub const MACHINES_DEGRADED: &str = "MachinesDegraded";
+
 /// False while unhealthy machines are left alone because too many are unhealthy at once.
 pub const REMEDIATION_ALLOWED: &str = "RemediationAllowed";
 
@@ -73,7 +76,7 @@ pub fn build(set: &MachineSet, machines: &[Machine], plan: &SetPlan, now: jiff::
         .collect();
     decided.push(match (&plan.repair_held, stuck.is_empty()) {
         (Some(held), _) => Decided::new(DEGRADED, true, held.reason, held.message.clone()),
-        (None, false) => Decided::new(DEGRADED, true, "MachinesDegraded", stuck.join("; ")),
+        (None, false) => Decided::new(DEGRADED, true, MACHINES_DEGRADED, stuck.join("; ")),
         (None, true) => Decided::new(DEGRADED, false, "AsExpected", "nothing is wrong"),
     });
     decided.push(match &plan.repair_held {
