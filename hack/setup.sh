@@ -54,7 +54,14 @@ fi
 "$root/hack/build-upstream.sh"
 
 # --- Rust ----------------------------------------------------------------------------------------
-command -v cargo >/dev/null || die "cargo is missing: install Rust (https://rustup.rs)"
+# Rust is the one thing setup does not install (a toolchain is the user's choice): say what is
+# needed and how to get it. The minimum is the workspace's rust-version.
+rust_minimum=$(sed -nE 's/^rust-version = "([0-9.]+)"/\1/p' "$root/Cargo.toml")
+rust_hint="install Rust $rust_minimum or newer: curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy, then open a new shell (or: source ~/.cargo/env)"
+command -v cargo >/dev/null || die "cargo is missing: $rust_hint"
+rust_have=$(rustc --version | awk '{print $2}')
+[ "$(printf '%s\n%s\n' "$rust_minimum" "$rust_have" | sort -V | head -1)" = "$rust_minimum" ] ||
+  die "Rust $rust_have is older than $rust_minimum: rustup update stable (or $rust_hint)"
 log "building the Rust workspace"
 (cd "$root" && cargo build --workspace --bins --quiet)
 # The kubectl plugin, where kubectl finds it for `kubectl noops` with .noops/bin on the PATH.
