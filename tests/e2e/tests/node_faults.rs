@@ -1149,6 +1149,11 @@ async fn repeated_primary_faults_lose_no_acknowledged_commit_and_leave_one_prima
         windows.push((fault, began, std::time::Instant::now()));
         // Whole again: every replica streams, and exactly one instance takes writes.
         wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
+        // A long run tells how far it got: a failure in round 300 is then not a mystery.
+        println!(
+            "chaos: round {round} ({fault:?} of {primary}) whole again after {:.1} s",
+            began.elapsed().as_secs_f64()
+        );
         let mut primaries = vec![];
         for pod in ["shop-0", "shop-1", "shop-2"] {
             let ip = pod_ip(&ns.pods().get(pod).await.unwrap()).unwrap();
