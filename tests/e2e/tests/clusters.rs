@@ -12,7 +12,7 @@ use noops_e2e::clusters::{CONTROLLERS, MostMachinesWatch, SkewWatch, UpgradeOrde
 use noops_e2e::deletions::DeletionWatch;
 use noops_e2e::plugin::{kubectl_noops, stdout};
 use noops_e2e::tenant::{ForgetMachines, Tenant, wait_machines_gone, wait_nodes_at};
-use noops_e2e::traffic::{BudgetWatch, EndpointHistory, Poller, load_balancer, web_app};
+use noops_e2e::traffic::{BudgetWatch, EndpointHistory, Poller, held_app, load_balancer, web_app};
 use noops_e2e::*;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -280,6 +280,11 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
         "noops.dev/kubernetescluster=acme,noops.dev/pool=general",
     );
 
+    // An app whose budget allows no eviction: the drain of its machine waits for it, and the
+    // cluster says so itself (machine, pod and budget), not just "Upgrading".
+    tenant.apply(&held_app());
+    tenant.kubectl_ok(&["rollout", "status", "deployment/held", "--timeout=120s"], None);
+
     // The upgrade: the control plane, then pool general, then pool burst.
     kubectl_ok(
         &[
@@ -308,6 +313,19 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
             })
     })
     .await;
+    let held = wait_for("the cluster naming the drain its budget holds", 12 * MINUTE, || async {
+        let status = clusters.get("acme").await.ok()?.status?;
+        let upgrading = status.conditions.into_iter().find(|c| c.type_ == "Upgrading")?;
+        (upgrading.status == "True" && upgrading.message.contains("held: pool ")).then_some(upgrading.message)
+    })
+    .await;
+    assert!(
+        held.contains("machine acme-")
+            && held.contains("default/held-")
+            && held.contains("(budget held needs 1 healthy pods"),
+        "{held}"
+    );
+    tenant.kubectl_ok(&["delete", "pdb", "held"], None);
     let upgraded = wait_cluster(&ns, "acme", "1.34.4", 15 * MINUTE).await;
     let upgrade = upgraded.status.unwrap().upgrade.unwrap();
     assert_eq!((upgrade.from.as_str(), upgrade.to.as_str()), ("1.33.13", "1.34.4"));

@@ -572,6 +572,18 @@ async fn a_machine_deployment_scales_and_rolls_to_a_new_version_without_a_failed
         "rolled out while an old machine drains: {ready:?}"
     );
     assert_eq!(md.phase.as_deref(), Some("Rolling"));
+    // What holds it is named on the deployment: the machine, the pod and the budget.
+    let deleting = md.conditions.iter().find(|c| c.type_ == "MachinesDeleting").unwrap();
+    assert_eq!(
+        (deleting.status.as_str(), deleting.reason.as_str()),
+        ("True", "DrainHeld")
+    );
+    assert!(
+        deleting.message.starts_with("machine pool-")
+            && deleting.message.contains("default/held-")
+            && deleting.message.contains("(budget held needs 1 healthy pods"),
+        "{deleting:?}"
+    );
     let line = kubectl_ok(&["get", "md/pool", "-n", &ns.name, "--no-headers"], None);
     assert!(line.contains("Rolling"), "{line}");
     tenant.kubectl_ok(&["delete", "pdb", "held"], None);

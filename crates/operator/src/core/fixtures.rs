@@ -4,7 +4,7 @@
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentCondition, DeploymentSpec, DeploymentStatus, StatefulSet, StatefulSetSpec, StatefulSetStatus,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
 
 /// A controller owner reference to a noops resource.
 pub fn owner_reference(kind: &str, name: &str, uid: &str) -> OwnerReference {
@@ -141,5 +141,17 @@ impl StatefulSetFixture {
 
     pub fn build(self) -> StatefulSet {
         self.0
+    }
+}
+
+/// A condition as a status holds it (its transition time of no interest to the test).
+pub fn condition(type_: &str, status: bool, reason: &str, message: &str) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: if status { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: None,
+        last_transition_time: Time(jiff::Timestamp::UNIX_EPOCH),
     }
 }

@@ -10,6 +10,8 @@ use super::autoscale::Decision;
 use super::desired::POOL_LABEL;
 use super::plan::{Plan, PoolView, Step};
 use crate::core::conditions::{Decided, merge, passed_on};
+use crate::machine::status::DRAIN_HELD;
+use crate::machine_set::status::MACHINES_DELETING;
 
 pub const CONTROL_PLANE_READY: &str = "ControlPlaneReady";
 pub const WORKERS_READY: &str = "WorkersReady";
@@ -159,7 +161,29 @@ fn workers_ready(f: &StatusFacts, pools: &[PoolStatus]) -> Decided {
     }
 }
 
-fn upgrading(upgrade: Option<&ClusterUpgradeStatus>) -> Decided {
+/// Drains that PodDisruptionBudgets hold in the pools, as their MachineDeployments say
+/// (`MachinesDeleting`, reason DrainHeld): "pool workers: machine m1: a PodDisruptionBudget
+/// keeps shop/web-1 (budget web needs 1 healthy pods and has 1) on the Node for now; ...".
+fn held_drains(f: &StatusFacts) -> Vec<String> {
+    f.kc.spec
+        .workers
+        .iter()
+        .filter_map(|p| {
+            let status = f.deployment(&p.name)?.status.as_ref()?;
+            let c = condition(&status.conditions, MACHINES_DELETING)
+                .filter(|c| c.status == "True" && c.reason == DRAIN_HELD)?;
+            Some(format!("pool {}: {}", p.name, c.message))
+        })
+        .collect()
+}
+
+fn upgrading(upgrade: Option<&ClusterUpgradeStatus>, held: &[String]) -> Decided {
+    // What holds the upgrade, told where a user watching it looks.
+    let held = if held.is_empty() {
+        String::new()
+    } else {
+        format!("; held: {}", held.join("; "))
+    };
     match upgrade {
         Some(u) if u.step == SET_BACK => Decided::new(
             UPGRADING,
@@ -175,7 +199,7 @@ fn upgrading(upgrade: Option<&ClusterUpgradeStatus>) -> Decided {
             } else {
                 "UpgradingPool"
             },
-            format!("from {} to {}: {}", u.from, u.to, u.step),
+            format!("from {} to {}: {}{held}", u.from, u.to, u.step),
         ),
         _ => Decided::new(UPGRADING, false, "UpToDate", "no upgrade under way"),
     }
@@ -388,7 +412,7 @@ pub fn build(f: &StatusFacts, now: jiff::Timestamp) -> KubernetesClusterStatus {
         ready,
         control_plane_ready,
         workers_ready,
-        upgrading(upgrade.as_ref()),
+        upgrading(upgrade.as_ref(), &held_drains(f)),
         scaling(f),
         degraded,
     ];
@@ -496,6 +520,54 @@ mod tests {
         let upgrade = done.upgrade.unwrap();
         assert_eq!(upgrade.finished, vec!["ControlPlane", "Pool a", "Pool b"]);
         assert_eq!(upgrade.step, "Done");
+    }
+
+    #[test]
+    fn an_upgrade_a_budget_holds_names_the_machine_the_pod_and_the_budget() {
+        let mut kc = cluster("1.34", "[{ name: a, replicas: 1 }]");
+        kc.status = Some(KubernetesClusterStatus {
+            version: Some("1.33.13".into()),
+            ..Default::default()
+        });
+        let held = "machine acme-a-1: a PodDisruptionBudget keeps shop/web-1 (budget web needs 1 healthy pods and has 1) on the Node for now";
+        let spec = serde_json::from_value(serde_json::json!({
+            "clusterName": "acme", "replicas": 1,
+            "selector": { "matchLabels": { "pool": "a" } },
+            "template": { "metadata": { "labels": { "pool": "a" } }, "spec": { "version": "1.34" } },
+        }))
+        .unwrap();
+        let mut pool = MachineDeployment::new("acme-a", spec);
+        pool.metadata.labels = Some([(POOL_LABEL.to_string(), "a".to_string())].into());
+        pool.status = Some(noops_api::machine_deployment::MachineDeploymentStatus {
+            conditions: vec![crate::core::fixtures::condition(
+                MACHINES_DELETING,
+                true,
+                DRAIN_HELD,
+                held,
+            )],
+            ..Default::default()
+        });
+        let plan = plan_at(Step::Pool("a".into()), "1.34.4");
+        let status = build(
+            &StatusFacts {
+                kc: &kc,
+                control_plane: None,
+                deployments: std::slice::from_ref(&pool),
+                views: &[],
+                plan: &plan,
+                taken: None,
+                autoscale: None,
+                rejected: vec![],
+            },
+            jiff::Timestamp::now(),
+        );
+        let upgrading = status.conditions.iter().find(|c| c.type_ == UPGRADING).unwrap();
+        assert_eq!(upgrading.reason, "UpgradingPool");
+        assert!(
+            upgrading.message.contains(&format!("held: pool a: {held}")),
+            "{}",
+            upgrading.message
+        );
     }
 
     #[test]

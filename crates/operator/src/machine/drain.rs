@@ -15,7 +15,9 @@ use crate::core::Result;
 /// What a pass of a drain leaves.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DrainProgress {
-    /// Pods a PodDisruptionBudget keeps on the Node for now (`namespace/name`).
+    /// Pods a PodDisruptionBudget keeps on the Node for now: `namespace/name`, and the budget
+    /// with what it needs when the API server said (`namespace/name (budget web needs 1
+    /// healthy pods and has 1)`).
     pub blocked: Vec<String>,
     /// Pods evicted or deleted that have not ended yet.
     pub ending: Vec<String>,
@@ -82,6 +84,25 @@ fn key(pod: &Pod) -> String {
     )
 }
 
+/// `pod` and the budget that refused its eviction, as the API server names it in the refusal's
+/// causes ("The disruption budget web needs 1 healthy pods and has 1 currently"). Pure.
+fn held_by(pod: &str, refusal: &kube::core::Status) -> String {
+    let budget = refusal
+        .details
+        .as_ref()
+        .and_then(|d| d.causes.iter().find(|c| c.reason == "DisruptionBudget"))
+        .map(|c| {
+            c.message
+                .trim_start_matches("The disruption budget ")
+                .trim_end_matches(" currently")
+                .to_string()
+        });
+    match budget {
+        Some(budget) => format!("{pod} (budget {budget})"),
+        None => pod.to_string(),
+    }
+}
+
 /// One pass of the drain of Node `node`: evicts what may go (or, with `force`, deletes it).
 pub async fn drain_pass(client: &Client, node: &str, force: bool) -> Result<DrainProgress> {
     let pods = Api::<Pod>::all(client.clone())
@@ -118,7 +139,7 @@ pub async fn drain_pass(client: &Client, node: &str, force: bool) -> Result<Drai
                     progress.ending.push(key(&pod));
                 }
                 // A PodDisruptionBudget allows no disruption now.
-                Err(kube::Error::Api(e)) if e.code == 429 => progress.blocked.push(key(&pod)),
+                Err(kube::Error::Api(e)) if e.code == 429 => progress.blocked.push(held_by(&key(&pod), &e)),
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => return Err(e.into()),
             },
@@ -168,5 +189,26 @@ mod tests {
             ..Default::default()
         };
         assert!(!blocked.done());
+    }
+
+    #[test]
+    fn a_refused_eviction_names_its_budget() {
+        // What kube-apiserver answers an eviction a budget refuses.
+        let refusal: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 429,
+            "reason": "TooManyRequests",
+            "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+            "details": { "causes": [{
+                "reason": "DisruptionBudget",
+                "message": "The disruption budget web needs 1 healthy pods and has 1 currently"
+            }]}
+        }))
+        .unwrap();
+        assert_eq!(
+            held_by("shop/web-1", &refusal),
+            "shop/web-1 (budget web needs 1 healthy pods and has 1)"
+        );
+        let bare = kube::core::Status::failure("too many requests", "TooManyRequests");
+        assert_eq!(held_by("shop/web-1", &bare), "shop/web-1");
     }
 }

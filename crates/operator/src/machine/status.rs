@@ -9,6 +9,15 @@ use super::plan::{Admission, NodeView, phase};
 use super::provider::VmState;
 use crate::core::conditions::{Decided, merge};
 
+/// How long a drain may wait on PodDisruptionBudgets before the machine counts as degraded:
+/// long enough for a budget to let pods go one after another as their replacements start,
+/// short enough that a budget that allows nothing is raised while someone still watches.
+pub const DRAIN_HELD_AFTER: jiff::SignedDuration = jiff::SignedDuration::from_mins(5);
+
+/// Degraded's reason for a drain held past [`DRAIN_HELD_AFTER`] (and, higher up, the reason of
+/// a MachineSet's or MachineDeployment's `MachinesDeleting` while a budget holds a drain).
+pub const DRAIN_HELD: &str = "DrainHeld";
+
 /// The machine's Node is Ready (False: why not, and since when).
 pub const NODE_HEALTHY: &str = "NodeHealthy";
 /// The drain of a machine being deleted: False names the pods that hold it.
@@ -88,7 +97,7 @@ pub fn build(facts: &StatusFacts, now: jiff::Timestamp) -> MachineStatus {
         ),
         _ => (None, None),
     };
-    let decided = conditions(facts, phase, joined);
+    let decided = conditions(facts, phase, joined, now);
     MachineStatus {
         observed_generation: machine.metadata.generation,
         conditions: merge(&previous.conditions, &decided, machine.metadata.generation, now),
@@ -116,7 +125,7 @@ fn node_starting(facts: &StatusFacts, phase: MachinePhase, node_ready: bool) -> 
     phase == MachinePhase::Running && !node_ready && matches!(facts.node, NodeView::Present(_)) && !was_ready
 }
 
-fn conditions(facts: &StatusFacts, phase: MachinePhase, joined: bool) -> Vec<Decided> {
+fn conditions(facts: &StatusFacts, phase: MachinePhase, joined: bool, now: jiff::Timestamp) -> Vec<Decided> {
     let mut decided = Vec::new();
     let node_ready = facts.node.ready();
     let vm_problem = match facts.vm {
@@ -161,6 +170,7 @@ fn conditions(facts: &StatusFacts, phase: MachinePhase, joined: bool) -> Vec<Dec
         },
     ));
     let degraded: Option<(&'static str, String)> = match (phase, facts.admission) {
+        _ if drain_held(facts, now).is_some() => drain_held(facts, now),
         (MachinePhase::Failed, _) => Some(("MachineFailed", "the machine's VM is gone or stopped".into())),
         (MachinePhase::Pending, Admission::Refused(reason, message)) => Some((reason, message.clone())),
         _ if vm_problem.is_some() => Some(("VmCannotStart", vm_problem.clone().unwrap_or_default())),
@@ -227,6 +237,26 @@ fn node_health(facts: &StatusFacts, node_ready: bool, joined: bool) -> Option<De
         )),
         NodeView::NotAsked | NodeView::Unreachable(_) => None,
     }
+}
+
+/// A drain that PodDisruptionBudgets have held past [`DRAIN_HELD_AFTER`]: (reason, message
+/// naming the pods and their budgets).
+fn drain_held(facts: &StatusFacts, now: jiff::Timestamp) -> Option<(&'static str, String)> {
+    let Some(Deletion::Draining(progress)) = facts.deletion else {
+        return None;
+    };
+    let started = facts.machine.status.as_ref()?.drain_started_at.as_ref()?.0;
+    let waited = now.duration_since(started);
+    (!progress.blocked.is_empty() && waited >= DRAIN_HELD_AFTER).then(|| {
+        (
+            DRAIN_HELD,
+            format!(
+                "its drain has waited {} min: a PodDisruptionBudget keeps {} on the Node",
+                waited.as_mins(),
+                progress.blocked.join(", ")
+            ),
+        )
+    })
 }
 
 /// The drain of a machine being deleted.
@@ -447,6 +477,34 @@ mod tests {
         let (s, reason, message) = condition(&status, DRAINING_SUCCEEDED);
         assert_eq!((s, reason), ("False", "EvictionBlocked"));
         assert!(message.contains("shop/web-1"), "{message}");
+        assert_eq!(
+            condition(&status, DEGRADED).0,
+            "False",
+            "a drain just begun waits quietly"
+        );
+        // Held past the bound, the machine is degraded: its MachineSet, deployment and
+        // cluster pass that up, so a blocked drain is told from a slow one.
+        let mut held = m.clone();
+        held.status = Some(MachineStatus {
+            drain_started_at: Some(Time(now - DRAIN_HELD_AFTER - jiff::SignedDuration::from_secs(60))),
+            ..status.clone()
+        });
+        let status = build(
+            &StatusFacts {
+                machine: &held,
+                admission: &refused,
+                vm: &VmState::Running { address: None },
+                node: &node("True"),
+                deletion: Some(&blocked),
+            },
+            now,
+        );
+        let (s, reason, message) = condition(&status, DEGRADED);
+        assert_eq!((s, reason), ("True", "DrainHeld"));
+        assert!(
+            message.contains("waited 6 min") && message.contains("shop/web-1"),
+            "{message}"
+        );
 
         // A Node that could not be reached: its pods deleted, and the status keeps saying so.
         let forced = Deletion::DrainedWithoutEviction(vec!["shop/web-2".into()]);

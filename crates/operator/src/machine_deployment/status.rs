@@ -1,14 +1,15 @@
 //! The status of a MachineDeployment, from its MachineSets and the plan. Pure.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use noops_api::condition::{DEGRADED, PROGRESSING, READY};
 use noops_api::machine_deployment::{MachineDeployment, MachineDeploymentStatus};
 use noops_api::machine_set::MachineSet;
 
 use super::plan::{DeploymentPlan, TEMPLATE_HASH_LABEL, template_hash};
 use crate::core::conditions::{Decided, merge, passed_on};
+use crate::machine::status::DRAIN_HELD;
 use crate::machine_set::health::scaled;
-use crate::machine_set::status::MACHINES_DEGRADED;
+use crate::machine_set::status::{MACHINES_DEGRADED, MACHINES_DELETING};
 
 /// True while at least `replicas - maxUnavailable` machines are available.
 pub const AVAILABLE: &str = "Available";
@@ -81,7 +82,9 @@ pub fn build(
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == DEGRADED && c.status == "True"))
         .map(|c| passed_on(MACHINES_DEGRADED, c));
 
-    let decided = decide(
+    let deleting_machines = machines_deleting(sets);
+    let held = (deleting_machines.reason == DRAIN_HELD).then_some(deleting_machines.message.as_str());
+    let mut decided = decide(
         md,
         &Counts {
             available,
@@ -95,7 +98,9 @@ pub fn build(
             stalled,
         },
         current_problem,
+        held,
     );
+    decided.push(deleting_machines.clone());
     MachineDeploymentStatus {
         observed_generation: md.metadata.generation,
         conditions: merge(&previous.conditions, &decided, md.metadata.generation, now),
@@ -119,6 +124,30 @@ pub fn build(
     }
 }
 
+/// [`MACHINES_DELETING`] of a deployment: its sets' together.
+fn machines_deleting(sets: &[MachineSet]) -> Decided {
+    let deleting: Vec<&Condition> = sets
+        .iter()
+        .filter_map(|s| s.status.as_ref())
+        .filter_map(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == MACHINES_DELETING && c.status == "True")
+        })
+        .collect();
+    let held: Vec<&str> = deleting
+        .iter()
+        .filter(|c| c.reason == DRAIN_HELD)
+        .map(|c| c.message.as_str())
+        .collect();
+    let all: Vec<&str> = deleting.iter().map(|c| c.message.as_str()).collect();
+    match (all.is_empty(), held.is_empty()) {
+        (true, _) => Decided::new(MACHINES_DELETING, false, "NoneDeleting", "no machine is being deleted"),
+        (false, false) => Decided::new(MACHINES_DELETING, true, DRAIN_HELD, held.join("; ")),
+        (false, true) => Decided::new(MACHINES_DELETING, true, "Deleting", all.join("; ")),
+    }
+}
+
 /// The machine counts the conditions speak of.
 #[derive(Clone, Copy)]
 struct Counts {
@@ -138,7 +167,13 @@ struct Situation {
 
 /// Ready, Available, Progressing and Degraded. `current_problem`: why the current set's machines
 /// are degraded, if they are.
-fn decide(md: &MachineDeployment, counts: &Counts, at: Situation, current_problem: Option<String>) -> Vec<Decided> {
+fn decide(
+    md: &MachineDeployment,
+    counts: &Counts,
+    at: Situation,
+    current_problem: Option<String>,
+    held: Option<&str>,
+) -> Vec<Decided> {
     let Counts {
         available,
         updated,
@@ -150,7 +185,12 @@ fn decide(md: &MachineDeployment, counts: &Counts, at: Situation, current_proble
         rolling,
         stalled,
     } = at;
-    let counts = format!("{available}/{wanted} available, {updated} of the current template, {deleting} being deleted");
+    let mut counts =
+        format!("{available}/{wanted} available, {updated} of the current template, {deleting} being deleted");
+    // What holds a machine's deletion, in every message that a rollout's watcher reads.
+    if let Some(held) = held {
+        counts.push_str(&format!("; held: {held}"));
+    }
     let mut decided = vec![if plan_complete {
         Decided::new(READY, true, "RolledOut", counts.clone())
     } else {
@@ -259,6 +299,37 @@ mod tests {
     fn condition(status: &MachineDeploymentStatus, type_: &str) -> (String, String, String) {
         let c = status.conditions.iter().find(|c| c.type_ == type_).unwrap();
         (c.status.clone(), c.reason.clone(), c.message.clone())
+    }
+
+    #[test]
+    fn a_drain_a_budget_holds_in_an_older_set_is_named_by_the_deployment() {
+        let now = jiff::Timestamp::now();
+        let old = md("1.33");
+        let new = md("1.34");
+        let mut older = set(&old, 0, 0, 0, None);
+        let held = "machine pool-a: a PodDisruptionBudget keeps shop/web-1 (budget web needs 1 healthy pods and has 1) on the Node for now";
+        let status = older.status.get_or_insert_with(Default::default);
+        status.deleting_replicas = Some(1);
+        status.conditions.push(crate::core::fixtures::condition(
+            MACHINES_DELETING,
+            true,
+            DRAIN_HELD,
+            held,
+        ));
+        let sets = vec![older, set(&new, 2, 2, 2, None)];
+        let views: Vec<SetView> = sets.iter().map(SetView::of).collect();
+        let status = build(&new, &sets, &plan(&new, &views), now);
+        assert_eq!(
+            condition(&status, MACHINES_DELETING),
+            ("True".into(), DRAIN_HELD.into(), held.into())
+        );
+        let (_, _, progressing) = condition(&status, PROGRESSING);
+        assert!(progressing.ends_with(&format!("; held: {held}")), "{progressing}");
+        assert_eq!(
+            status.phase.as_deref(),
+            Some("Rolling"),
+            "not rolled out while it drains"
+        );
     }
 
     #[test]
