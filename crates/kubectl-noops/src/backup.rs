@@ -10,8 +10,8 @@ use kube::{Client, ResourceExt};
 use noops_api::backup::BackupProgress;
 use noops_api::{EtcdBackup, EtcdBackupSpec, PostgresBackup, PostgresBackupSpec};
 
-use crate::Kind;
 use crate::report::{age, size};
+use crate::resources::Kind;
 
 /// The name of an on-demand backup of `name` made at `now`: sortable, and the resource's.
 pub fn backup_name(name: &str, now: jiff::Timestamp) -> String {
@@ -66,6 +66,12 @@ pub async fn take(
             make_and_wait(Api::namespaced(client.clone(), namespace), object, progress, deadline).await
         }
         Kind::MaintPage => bail!("a MaintPage has nothing to back up"),
+        Kind::EtcdBackup | Kind::PostgresBackup => {
+            bail!("{kind} {name} is a backup already: back up what it backs up (etcd/<cluster> or pg/<database>)")
+        }
+        Kind::MachineDeployment | Kind::MachineSet | Kind::Machine => bail!(
+            "machines keep no state to back up: their cluster's state is its control plane's etcd (kubectl noops backup etcd/<control plane>-etcd)"
+        ),
         Kind::KubernetesCluster | Kind::KubernetesControlPlane => bail!(
             "a cluster's state is its control plane's etcd: back up that EtcdCluster \
              (kubectl noops backup etcd/<the name in status.etcd of its KubernetesControlPlane>)"

@@ -19,12 +19,12 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, LogParams};
 use kube::{Client, ResourceExt};
 use noops_api::{
-    EtcdBackup, EtcdCluster, KubernetesCluster, KubernetesControlPlane, Machine, MachineDeployment, MachineSet,
-    MaintPage, PostgreSQL, PostgresBackup,
+    EtcdBackup, EtcdCluster, KubernetesControlPlane, Machine, MachineDeployment, MachineSet, PostgresBackup,
 };
 use serde_json::Value;
 
-use crate::{Kind, NOT_AFTER_ANNOTATION};
+use crate::resources::Kind;
+use crate::status::NOT_AFTER_ANNOTATION;
 
 /// What goes in place of a secret value.
 const REDACTED: &str = "<redacted>";
@@ -85,17 +85,6 @@ fn child_kinds() -> Vec<ApiResource> {
     ]
 }
 
-/// The API resource of a kind the plugin knows.
-pub fn resource_of(kind: Kind) -> ApiResource {
-    match kind {
-        Kind::EtcdCluster => ApiResource::erase::<EtcdCluster>(&()),
-        Kind::PostgreSQL => ApiResource::erase::<PostgreSQL>(&()),
-        Kind::MaintPage => ApiResource::erase::<MaintPage>(&()),
-        Kind::KubernetesCluster => ApiResource::erase::<KubernetesCluster>(&()),
-        Kind::KubernetesControlPlane => ApiResource::erase::<KubernetesControlPlane>(&()),
-    }
-}
-
 /// Writes the report of `kind/name`; returns where, and a line that says what it holds.
 pub async fn write(
     client: &Client,
@@ -105,7 +94,7 @@ pub async fn write(
     options: &Options,
 ) -> anyhow::Result<(PathBuf, String)> {
     let now = jiff::Timestamp::now();
-    let root_resource = resource_of(kind);
+    let root_resource = kind.resource();
     let root = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &root_resource)
         .get(name)
         .await
@@ -149,7 +138,7 @@ pub async fn write(
         pod_logs(client, namespace, pod, options.log_lines, &mut files).await;
     }
     operator_logs(client, options, &mut files).await;
-    match crate::status(client, namespace, kind, name).await {
+    match crate::status::status(client, namespace, kind, name).await {
         Ok(report) => {
             files.files.insert("status.txt".into(), report.text());
             files.json("status.json".into(), &report);

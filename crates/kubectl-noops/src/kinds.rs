@@ -1,5 +1,12 @@
 //! The report of each kind, from the resource and what lies around it (its backups, the
 //! certificates the operator issued it, its Warning Events). Pure: the time is a parameter.
+//! The machine kinds and the backups have files of their own.
+
+mod backups;
+mod machines;
+
+pub use backups::{etcd_backup, postgres_backup};
+pub use machines::{machine, machine_deployment, machine_set};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use noops_api::backup::BackupProgress;

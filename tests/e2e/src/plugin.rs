@@ -115,3 +115,39 @@ pub async fn assert_no_secret_in(ns: &TestNamespace, files: &BTreeMap<String, St
     }
     values.len()
 }
+
+/// `kubectl __complete noops <words>`, as a shell asks kubectl to complete `kubectl noops …`,
+/// with `kubectl_complete-noops` (what `kubectl noops completion kubectl` prints) on the PATH:
+/// the candidates, one a line, then `:<directive>`.
+pub fn complete_through_kubectl(ns: &TestNamespace, words: &[&str]) -> String {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = std::env::temp_dir().join(format!("noops-completion-{}", ns.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("kubectl_complete-noops");
+    let out = kubectl_noops(&["completion", "kubectl"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    std::fs::write(&script, &out.stdout).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}:{}",
+        dir.display(),
+        root().join(".noops/bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new(upstream_bin("kubectl"))
+        .args(["__complete", "noops"])
+        .args(words)
+        .env("PATH", path)
+        .env("KUBECONFIG", kubeconfig())
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    stdout(&out)
+}
+
+/// The line of `text` that contains `what`.
+pub fn line_with<'a>(text: &'a str, what: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.contains(what))
+        .unwrap_or_else(|| panic!("no line with {what:?} in\n{text}"))
+}

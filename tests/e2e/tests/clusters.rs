@@ -252,6 +252,7 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
     let out = kubectl_noops(&["status", "kcp/acme", "-n", &ns.name]);
     assert_eq!(out.status.code(), Some(0), "{}{out:?}", stdout(&out));
     assert!(stdout(&out).contains("1.33.13"), "{}", stdout(&out));
+    the_plugin_draws_the_cluster_and_reaches_it(&ns).await;
 
     let tenant = Tenant::ready(&ns, "acme", MINUTE).await;
     let nodes: Api<Node> = Api::all(tenant.client.clone());
@@ -604,4 +605,107 @@ spec:
     );
     tenant.kubectl_ok(&["get", "nodes"], None);
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
+}
+
+/// `kubectl noops describe kc/acme` draws the cluster's tree, each object Ready and each
+/// machine with its node; `kubeconfig kc/acme` writes a private file with which kubectl from
+/// this machine lists the tenant's nodes; `status` and `get` answer for the machines, their
+/// sets and deployments. (Here rather than in plugin.rs: tests that need a tenant cluster
+/// share one.)
+async fn the_plugin_draws_the_cluster_and_reaches_it(ns: &TestNamespace) {
+    use noops_api::Machine;
+    use noops_e2e::plugin::{complete_through_kubectl, line_with};
+    let machines = ns.api::<Machine>().list(&Default::default()).await.unwrap().items;
+    assert_eq!(machines.len(), 3, "{machines:?}");
+
+    let out = kubectl_noops(&["describe", "kc/acme", "-n", &ns.name]);
+    let tree = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{tree}{out:?}");
+    let mut at = 0;
+    for start in [
+        format!("KubernetesCluster {}/acme ", ns.name),
+        "KubernetesControlPlane acme ".to_string(),
+        "EtcdCluster acme-etcd ".to_string(),
+        "MachineDeployment acme-general ".to_string(),
+        "MachineDeployment acme-burst ".to_string(),
+    ] {
+        let line = line_with(&tree, &start);
+        let index = tree.find(line).unwrap();
+        assert!(index >= at, "{start:?} out of order:\n{tree}");
+        at = index;
+        assert!(line.contains(" True "), "not Ready: {line}\n{tree}");
+    }
+    for machine in &machines {
+        let name = machine.metadata.name.clone().unwrap();
+        let node = machine.status.clone().unwrap().node_name.unwrap();
+        let line = line_with(&tree, &format!("Machine {name} "));
+        assert!(
+            line.contains(" True ") && line.contains(&format!("node {node}")),
+            "{line}\n{tree}"
+        );
+        let out = kubectl_noops(&["status", &format!("ma/{name}"), "-n", &ns.name]);
+        let text = stdout(&out);
+        assert_eq!(out.status.code(), Some(0), "{text}{out:?}");
+        assert!(
+            text.starts_with(&format!("Machine {}/{name}: Ready (Running)\n", ns.name)),
+            "{text}"
+        );
+        assert!(text.contains(&format!("noops://{}/{name}", ns.name)), "{text}");
+        let set = machine.metadata.owner_references.as_ref().unwrap()[0].name.clone();
+        let out = kubectl_noops(&["status", &format!("ms/{set}"), "-n", &ns.name]);
+        assert_eq!(out.status.code(), Some(0), "{}{out:?}", stdout(&out));
+        assert!(
+            line_with(&stdout(&out), &format!("{name} ")).contains(&node),
+            "{}",
+            stdout(&out)
+        );
+    }
+    for pool in ["md/acme-general", "md/acme-burst", "etcd/acme-etcd"] {
+        let out = kubectl_noops(&["status", pool, "-n", &ns.name]);
+        assert_eq!(out.status.code(), Some(0), "{pool}: {}{out:?}", stdout(&out));
+    }
+
+    // The admin kubeconfig, written private; kubectl from here lists the tenant's nodes with it.
+    let file = std::env::temp_dir().join(format!("noops-plugin-{}.kubeconfig", ns.name));
+    let out = kubectl_noops(&["kubeconfig", "kc/acme", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+    let nodes = kubectl_with(&file, &["get", "nodes", "-o", "name"], None);
+    assert!(
+        nodes.status.success(),
+        "kubectl get nodes with the written kubeconfig: {nodes:?}"
+    );
+    let mut listed: Vec<String> = stdout(&nodes).lines().map(String::from).collect();
+    listed.sort();
+    let mut expected: Vec<String> = machines
+        .iter()
+        .map(|m| format!("node/{}", m.status.clone().unwrap().node_name.unwrap()))
+        .collect();
+    expected.sort();
+    assert_eq!(listed, expected);
+    let out = kubectl_noops(&["kubeconfig", "kcp/acme", "-n", &ns.name]);
+    assert_eq!(stdout(&out), std::fs::read_to_string(&file).unwrap());
+    let _ = std::fs::remove_file(&file);
+
+    // `get`: every object of the cluster, each Ready; completion names the cluster.
+    let listed = stdout(&kubectl_noops(&["get", "-n", &ns.name]));
+    for (kind, object) in [
+        ("KubernetesCluster", "acme"),
+        ("KubernetesControlPlane", "acme"),
+        ("EtcdCluster", "acme-etcd"),
+        ("MachineDeployment", "acme-general"),
+        ("MachineDeployment", "acme-burst"),
+    ] {
+        let line = listed
+            .lines()
+            .find(|l| l.starts_with(&format!("{kind} ")) && l.split_whitespace().nth(1) == Some(object))
+            .unwrap_or_else(|| panic!("no {kind} {object} in\n{listed}"));
+        assert_eq!(line.split_whitespace().nth(2), Some("True"), "{line}\n{listed}");
+    }
+    let completed = complete_through_kubectl(ns, &["-n", &ns.name, "describe", "kc/"]);
+    assert!(completed.starts_with("kc/acme\n"), "{completed}");
 }

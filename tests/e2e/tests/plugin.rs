@@ -1,16 +1,23 @@
-//! `kubectl noops` (status, backup, report, pause, resume; `promote` is run in postgres.rs)
-//! against real resources, through kubectl's plugin lookup (the plugin on the PATH as `setup`
-//! puts it, in .noops/bin): what it prints for an EtcdCluster (members,
-//! leader, a backup and its size, certificates, the paused state) and a MaintPage (its side,
-//! paused and resumed), its JSON, and its exit codes. Needs `make cluster-up`.
+//! `kubectl noops` (status, get, describe, kubeconfig, backup, report, pause, resume,
+//! completion; `promote` is run in postgres.rs) against real resources, through kubectl's
+//! plugin lookup (the plugin on the PATH as `setup` puts it, in .noops/bin): what it prints
+//! for an EtcdCluster (members, leader, a backup and its size, certificates, the paused state),
+//! its EtcdBackup, a MaintPage (its side, paused and resumed), machines that wait and machines
+//! that run, a whole tenant cluster's tree, its JSON, and its exit codes; the admin kubeconfig
+//! it writes reaches the tenant from here; kubectl completes `kubectl noops` through the
+//! script it prints. Needs `make cluster-up`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
+use noops_api::Machine;
 use noops_e2e::etcd::{
     claim_manifest, cluster_manifest, etcd_version, volume_backup_spec, wait_backup_done, wait_cluster_ready,
 };
-use noops_e2e::plugin::{assert_no_secret_in, kubectl_noops, report_files, stdout};
+use noops_e2e::plugin::{
+    assert_no_secret_in, complete_through_kubectl, kubectl_noops, line_with, report_files, stdout,
+};
+use noops_e2e::tenant::ForgetMachines;
 use noops_e2e::*;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -91,6 +98,21 @@ async fn status_shows_members_leader_backups_certificates_and_the_paused_state()
         assert!(text.contains(secret), "no certificate {secret}:\n{text}");
     }
 
+    // The backup itself: Ready once stored, with its cluster, its size and where it went.
+    let out = kubectl_noops(&["status", &format!("etcdbackup/{manual}"), "-n", &ns.name]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}{out:?}");
+    assert!(
+        text.starts_with(&format!("EtcdBackup {}/{manual}: Ready (Succeeded)\n", ns.name)),
+        "{text}"
+    );
+    assert!(text.contains("EtcdCluster main"), "{text}");
+    assert!(text.contains("pvc://etcd-backups/"), "{text}");
+    assert!(
+        text.contains(&kib) || text.contains(&mib) || text.contains(&bytes),
+        "size {size} not in {text}"
+    );
+
     // JSON, for scripts.
     let out = kubectl_noops(&["status", "etcd/main", "-n", &ns.name, "-o", "json"]);
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -163,6 +185,45 @@ async fn status_shows_members_leader_backups_certificates_and_the_paused_state()
     let published = text.lines().find(|l| l.trim_start().starts_with("published")).unwrap();
     assert!(published.trim_end().ends_with("app"), "{text}");
 
+    // Every noops resource of the namespace, a line each with its Ready condition and phase;
+    // with -A, of every namespace, with the namespace.
+    let out = kubectl_noops(&["get", "-n", &ns.name]);
+    let listed = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{listed}{out:?}");
+    assert!(
+        listed.starts_with("KIND") && !listed.lines().next().unwrap().contains("NAMESPACE"),
+        "{listed}"
+    );
+    let row = |listed: &str, kind: &str, name: &str| {
+        listed
+            .lines()
+            .find(|l| {
+                let cells: Vec<&str> = l.split_whitespace().collect();
+                cells.first() == Some(&kind) && cells.contains(&name)
+            })
+            .unwrap_or_else(|| panic!("no {kind} {name} in\n{listed}"))
+            .to_string()
+    };
+    let etcd_row = row(&listed, "EtcdCluster", "main");
+    assert!(
+        etcd_row.contains(" True ") && etcd_row.contains("Running"),
+        "{etcd_row}"
+    );
+    let backup_row = row(&listed, "EtcdBackup", &manual);
+    assert!(
+        backup_row.contains(" True ") && backup_row.contains("Succeeded"),
+        "{backup_row}"
+    );
+    assert!(row(&listed, "MaintPage", "shop").contains(" True "), "{listed}");
+    let out = kubectl_noops(&["get", "-A"]);
+    let everywhere = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(everywhere.lines().next().unwrap().contains("NAMESPACE"), "{everywhere}");
+    assert!(
+        row(&everywhere, "EtcdCluster", "main").contains(&ns.name),
+        "{everywhere}"
+    );
+
     // Paused, a MaintPage asked for its maintenance page keeps the Service on the app and
     // says so; resumed, it switches.
     let selector = || {
@@ -220,4 +281,123 @@ async fn status_shows_members_leader_backups_certificates_and_the_paused_state()
     assert!(String::from_utf8_lossy(&out.stderr).contains("EtcdCluster"), "{out:?}");
     let out = kubectl_noops(&["status", "deployment/x", "-n", &ns.name]);
     assert_eq!(out.status.code(), Some(1));
+}
+
+#[tokio::test]
+async fn machines_that_wait_say_why_in_status_get_and_completion() {
+    install_crds();
+    let ns = TestNamespace::new("plugin-machines").await;
+    let _forget = ForgetMachines(ns.name.clone());
+    let operator = Operator::start(&ns.name, &["--controllers", "machine,machineset,machinedeployment"]);
+    // A pool of a control plane that does not exist: its machines are made, and wait saying
+    // why (no VM is made for them: cheap).
+    ns.apply(
+        "apiVersion: noops.dev/v1alpha1\nkind: MachineDeployment\nmetadata: { name: pool }\nspec:\n  clusterName: nowhere\n  replicas: 2\n  selector: { matchLabels: { pool: p } }\n  template:\n    metadata: { labels: { pool: p } }\n    spec: { version: \"1.34\" }\n",
+    );
+    let machines = ns.api::<Machine>();
+    let waiting = wait_for("2 machines saying ClusterNotFound", 2 * MINUTE, || async {
+        let listed = machines.list(&Default::default()).await.ok()?.items;
+        let saying = listed
+            .iter()
+            .filter(|m| {
+                m.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "False" && c.reason == "ClusterNotFound")
+                })
+            })
+            .count();
+        (listed.len() == 2 && saying == 2).then_some(listed)
+    })
+    .await;
+    let mut names: Vec<String> = waiting.iter().map(|m| m.metadata.name.clone().unwrap()).collect();
+    names.sort();
+    let set = waiting[0].metadata.owner_references.as_ref().unwrap()[0].name.clone();
+
+    // A Machine: not Ready, Pending, no node, and why.
+    let out = kubectl_noops(&["status", &format!("ma/{}", names[0]), "-n", &ns.name]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(2), "{text}{out:?}");
+    assert!(
+        text.starts_with(&format!("Machine {}/{}: Not ready (Pending)\n", ns.name, names[0])),
+        "{text}"
+    );
+    assert!(line_with(&text, "node").contains("not joined yet"), "{text}");
+    assert!(line_with(&text, "cluster").contains("nowhere"), "{text}");
+    assert!(
+        text.contains("Ready (ClusterNotFound): no KubernetesControlPlane \"nowhere\""),
+        "{text}"
+    );
+
+    // Its MachineSet: both machines, each not Ready with the reason.
+    let out = kubectl_noops(&["status", &format!("machineset/{set}"), "-n", &ns.name]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(2), "{text}{out:?}");
+    assert!(line_with(&text, "deployment").contains("pool"), "{text}");
+    for machine in &names {
+        assert!(
+            line_with(&text, &format!("{machine} ")).contains("False (ClusterNotFound)"),
+            "{text}"
+        );
+    }
+
+    // Its MachineDeployment: the strategy, the set marked current; and as JSON.
+    let out = kubectl_noops(&["status", "md/pool", "-n", &ns.name]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(2), "{text}{out:?}");
+    assert!(
+        text.starts_with(&format!("MachineDeployment {}/pool: Not ready", ns.name)),
+        "{text}"
+    );
+    assert!(text.contains("RollingUpdate (maxSurge 1, maxUnavailable 0)"), "{text}");
+    assert!(line_with(&text, &format!("{set} ")).contains('*'), "{text}");
+    let out = kubectl_noops(&["status", "md/pool", "-n", &ns.name, "-o", "json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (json["kind"].as_str(), json["ready"].as_bool()),
+        (Some("MachineDeployment"), Some(false))
+    );
+
+    // `get`: each with its Ready condition and reason.
+    let listed = stdout(&kubectl_noops(&["get", "-n", &ns.name]));
+    for machine in &names {
+        let line = line_with(&listed, &format!("{machine} "));
+        assert!(
+            line.starts_with("Machine ") && line.contains("False") && line.contains("ClusterNotFound"),
+            "{listed}"
+        );
+    }
+    assert!(
+        line_with(&listed, &format!("{set} ")).starts_with("MachineSet "),
+        "{listed}"
+    );
+    assert!(
+        line_with(&listed, "pool ").starts_with("MachineDeployment "),
+        "{listed}"
+    );
+
+    // kubectl completes the kinds, then the names it reads from the cluster.
+    let kinds = complete_through_kubectl(&ns, &["status", ""]);
+    assert!(kinds.lines().any(|l| l == "ma/") && kinds.ends_with(":6\n"), "{kinds}");
+    let completed = complete_through_kubectl(&ns, &["-n", &ns.name, "status", "ma/"]);
+    let expected: Vec<String> = names.iter().map(|n| format!("ma/{n}")).collect();
+    let offered: Vec<&str> = completed.lines().filter(|l| !l.starts_with(':')).collect();
+    assert_eq!(offered, expected, "{completed}");
+    for shell in ["bash", "zsh", "fish"] {
+        let out = kubectl_noops(&["completion", shell]);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        assert!(stdout(&out).contains("kubectl-noops"), "{shell}");
+    }
+
+    // What is not there, or not a cluster, says so with exit code 1.
+    for args in [
+        ["describe", "kc/nothing"],
+        ["describe", "md/pool"],
+        ["kubeconfig", "kc/nothing"],
+        ["kubeconfig", "md/pool"],
+    ] {
+        let out = kubectl_noops(&[args[0], args[1], "-n", &ns.name]);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
+    }
+    assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());
 }
