@@ -1,7 +1,8 @@
-//! Nodes and the volumes that live on them: whether a node is Ready, and which node a local
-//! volume is pinned to. Pure; shared by every engine that must tell a dead node from a slow one.
+//! Nodes and the volumes that live on them: whether a node is Ready, whether a pod could be
+//! placed on it, and which node a local volume is pinned to. Pure; shared by every engine that
+//! must tell a dead node from a slow one, or place members apart.
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolume};
+use k8s_openapi::api::core::v1::{Affinity, Node, NodeSelectorRequirement, PersistentVolume, Taint, Toleration};
 
 /// Whether `node` is Ready.
 pub fn ready(node: &Node) -> bool {
@@ -35,6 +36,73 @@ pub fn pinned_node(pv: &PersistentVolume) -> Option<String> {
         pinned = Some(node);
     }
     pinned
+}
+
+/// Whether a pod with `tolerations` and `affinity` could be placed on `node` now: it is Ready,
+/// not cordoned, every taint that keeps pods off is tolerated, and the pod's required node
+/// affinity (if any) admits it. Room (CPU, memory) is the scheduler's question, not this one.
+pub fn could_hold(node: &Node, tolerations: &[Toleration], affinity: Option<&Affinity>) -> bool {
+    let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
+    let taints = node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default();
+    let keeps_off = |t: &&Taint| t.effect == "NoSchedule" || t.effect == "NoExecute";
+    ready(node)
+        && !cordoned
+        && taints
+            .iter()
+            .filter(keeps_off)
+            .all(|t| tolerations.iter().any(|o| tolerates(o, t)))
+        && admitted_by(node, affinity)
+}
+
+/// Whether `toleration` tolerates `taint`, as the scheduler reads it.
+fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
+    let effect = toleration
+        .effect
+        .as_deref()
+        .is_none_or(|e| e.is_empty() || e == taint.effect);
+    let key = toleration.key.as_deref().unwrap_or_default();
+    match toleration.operator.as_deref() {
+        Some("Exists") => effect && (key.is_empty() || key == taint.key),
+        _ => {
+            effect
+                && key == taint.key
+                && toleration.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default()
+        }
+    }
+}
+
+/// Whether the required node affinity of `affinity` admits `node` (one of its terms matches).
+fn admitted_by(node: &Node, affinity: Option<&Affinity>) -> bool {
+    let Some(required) = affinity
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
+    else {
+        return true;
+    };
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let holds = |r: &NodeSelectorRequirement, value: Option<&String>| {
+        let values = r.values.as_deref().unwrap_or_default();
+        match r.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            // Gt and Lt compare numbers: not guessed at here, taken as admitting.
+            _ => true,
+        }
+    };
+    required.node_selector_terms.iter().any(|term| {
+        term.match_expressions
+            .iter()
+            .flatten()
+            .all(|r| holds(r, labels.get(&r.key)))
+            && term
+                .match_fields
+                .iter()
+                .flatten()
+                .all(|r| r.key != "metadata.name" || holds(r, Some(&name)))
+    })
 }
 
 #[cfg(test)]
@@ -92,5 +160,39 @@ mod tests {
         assert!(ready(&node("True")));
         assert!(!ready(&node("Unknown")));
         assert!(!ready(&Node::default()));
+    }
+
+    #[test]
+    fn a_node_could_hold_a_pod_only_ready_uncordoned_with_its_taints_tolerated_and_its_affinity_met() {
+        let node = |name: &str, zone: &str, taint: Option<&str>, cordoned: bool| -> Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": name, "labels": { "zone": zone } },
+                "spec": {
+                    "unschedulable": cordoned,
+                    "taints": taint.map(|key| vec![serde_json::json!({ "key": key, "effect": "NoSchedule" })]).unwrap_or_default(),
+                },
+                "status": { "conditions": [{ "type": "Ready", "status": "True" }] },
+            }))
+            .unwrap()
+        };
+        let plain = node("a", "z1", None, false);
+        assert!(could_hold(&plain, &[], None));
+        assert!(!could_hold(&node("b", "z1", None, true), &[], None), "cordoned");
+        let tainted = node("c", "z1", Some("dedicated"), false);
+        assert!(!could_hold(&tainted, &[], None));
+        let tolerate: Toleration =
+            serde_json::from_value(serde_json::json!({ "key": "dedicated", "operator": "Exists" })).unwrap();
+        assert!(could_hold(&tainted, std::slice::from_ref(&tolerate), None));
+        let mut down = plain.clone();
+        down.status = None;
+        assert!(!could_hold(&down, &[], None), "not Ready");
+        let in_z2: Affinity = serde_json::from_value(serde_json::json!({ "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": { "nodeSelectorTerms": [
+                { "matchExpressions": [{ "key": "zone", "operator": "In", "values": ["z2"] }] }
+            ]}
+        }}))
+        .unwrap();
+        assert!(!could_hold(&plain, &[], Some(&in_z2)));
+        assert!(could_hold(&node("d", "z2", None, false), &[], Some(&in_z2)));
     }
 }

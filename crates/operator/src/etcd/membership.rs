@@ -138,6 +138,8 @@ pub struct ClusterFacts {
     pub upgrade_to: Option<String>,
     /// For a new cluster from a backup: how the restore into the first member stands.
     pub restore: Option<Restore>,
+    /// Where the members' pods are, and which nodes could hold one.
+    pub spread: super::spread::Spread,
     /// Now (an operation begun now starts at this time).
     pub now: jiff::Timestamp,
 }
@@ -365,6 +367,21 @@ fn change_asked(facts: &ClusterFacts, voters: &[&MemberFacts]) -> Option<Step> {
             return Some(operation(facts, OperationKind::RemoveMember, &m.name, "scale down"));
         }
     }
+    // Members apart again: one beside another moves to a node that holds none, the way any
+    // member is replaced (removed, then its successor added by the scaling rule, its pod
+    // preferring the emptiest node), one at a time and only while every member is healthy.
+    if all_healthy {
+        let names: Vec<&str> = voters.iter().map(|m| m.name.as_str()).collect();
+        let leader = voters.iter().find(|m| m.leader).map(|m| m.name.as_str());
+        if let Some((member, from, to)) = facts.spread.member_to_move(&names, leader) {
+            return Some(operation(
+                facts,
+                OperationKind::RemoveMember,
+                &member,
+                &format!("it shares node {from} with another member while {to} holds none: a successor is added there"),
+            ));
+        }
+    }
     // Defragmentation: only while every member is healthy (the one being defragmented stops
     // serving for a while), one at a time, the leader last.
     if all_healthy {
@@ -541,7 +558,7 @@ fn clean_up(m: &MemberFacts) -> Option<Step> {
 }
 
 /// Orders member names by their numeric suffix (`main-10` after `main-9`).
-fn index_order(a: &str, b: &str) -> std::cmp::Ordering {
+pub(super) fn index_order(a: &str, b: &str) -> std::cmp::Ordering {
     let index = |n: &str| n.rsplit('-').next().and_then(|i| i.parse::<i64>().ok()).unwrap_or(-1);
     index(a).cmp(&index(b))
 }
@@ -826,6 +843,7 @@ mod tests {
             ephemeral: false,
             upgrade_to: None,
             restore: None,
+            spread: Default::default(),
             now: jiff::Timestamp::UNIX_EPOCH,
         }
     }
@@ -853,6 +871,40 @@ mod tests {
             started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
         });
         c
+    }
+
+    #[test]
+    fn a_member_beside_another_is_replaced_on_a_node_with_none_only_while_all_are_healthy() {
+        let mut c = cluster(3, three());
+        c.spread = crate::etcd::spread::Spread {
+            members: [("main-0", "n1"), ("main-1", "n2"), ("main-2", "n2")]
+                .into_iter()
+                .map(|(m, n)| (m.to_string(), n.to_string()))
+                .collect(),
+            eligible: ["n1", "n2", "n3"].into_iter().map(String::from).collect(),
+            settled: true,
+        };
+        // Removed first (the newest that does not lead); the scaling rule adds its successor.
+        let step = next_step(&c);
+        assert_eq!(begun(&step), (OperationKind::RemoveMember, "main-2".into()));
+        let Step::Begin(op) = step else { unreachable!() };
+        assert!(
+            op.reason.contains("shares node n2") && op.reason.contains("n3 holds none"),
+            "{}",
+            op.reason
+        );
+        // Never while a member is unhealthy, nor before the members settled.
+        let mut sick = c.clone();
+        sick.members[0].healthy = false;
+        sick.members[0].unhealthy_for = Some(Duration::from_secs(5));
+        assert!(matches!(next_step(&sick), Step::Wait { .. }), "{:?}", next_step(&sick));
+        let mut young = c.clone();
+        young.spread.settled = false;
+        assert!(matches!(next_step(&young), Step::Wait { .. }));
+        // Without a node that holds none, sharing is the best there is.
+        let mut full = c.clone();
+        full.spread.eligible.remove("n3");
+        assert!(matches!(next_step(&full), Step::Wait { .. }));
     }
 
     #[test]

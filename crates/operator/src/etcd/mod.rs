@@ -7,6 +7,7 @@
 //! - `validate.rs`: what the schema cannot check (owned flags, the version against what runs);
 //! - `membership.rs`: the next membership step, pure: bootstrap, learner join and promotion,
 //!   scale up and down, removal of a lost member before its successor is added;
+//! - `spread.rs`: members apart: which share a node, and which to move where, pure;
 //! - `bootstrap.rs`, `tls.rs`, `pod.rs`, `volume.rs`, `services.rs`: the children, pure;
 //! - `status.rs`: the status, pure, written only if it changed;
 //! - `backups.rs`, `restore.rs`: scheduled backups and retention, and a restore's pods;
@@ -36,6 +37,7 @@ mod reconcile;
 pub mod restore;
 pub mod services;
 pub mod snapshot;
+pub mod spread;
 pub mod status;
 pub mod store;
 pub mod tls;
@@ -46,7 +48,7 @@ pub mod volume;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
@@ -88,6 +90,8 @@ pub async fn run(runtime: Runtime) {
     let (services, _) = shared_cache(scoped_api::<Service>(&client, &namespace), ours.clone()).await;
     let (config_maps, _) = shared_cache(scoped_api::<ConfigMap>(&client, &namespace), ours.clone()).await;
     let (budgets, _) = shared_cache(scoped_api::<PodDisruptionBudget>(&client, &namespace), ours).await;
+    // Which nodes could hold a member: members that share a node move to one that holds none.
+    let (nodes, _) = shared_cache(kube::Api::<Node>::all(client.clone()), watcher::Config::default()).await;
     let (backups, backup_changes) = shared_cache(
         scoped_api::<EtcdBackup>(&client, &namespace),
         watcher::Config::default(),
@@ -112,6 +116,7 @@ pub async fn run(runtime: Runtime) {
                 config_maps,
                 budgets,
                 backups,
+                nodes,
             },
             user_secrets,
             image,

@@ -40,6 +40,8 @@ pub struct Caches {
     pub budgets: Store<PodDisruptionBudget>,
     /// Every EtcdBackup (they carry no cluster label until scheduled, and outlive clusters).
     pub backups: Store<noops_api::etcd_backup::EtcdBackup>,
+    /// Every Node: where members could be.
+    pub nodes: Store<Node>,
 }
 
 fn of_cluster<K: kube::Resource>(objects: Vec<Arc<K>>, names: &Names) -> impl Iterator<Item = Arc<K>> {
@@ -327,6 +329,7 @@ pub fn facts(
     children: &Children,
     etcd: &EtcdView,
     nodes_down: &BTreeMap<String, String>,
+    nodes: &[Arc<Node>],
     now: jiff::Timestamp,
 ) -> ClusterFacts {
     let status = cluster.status.clone().unwrap_or_default();
@@ -388,6 +391,7 @@ pub fn facts(
         upgrade_to: Some(cluster.spec.version.clone()),
         // Known only to the reconcile, which reads the backup.
         restore: None,
+        spread: super::spread::Spread::of(cluster, &children.pods, nodes, now),
         now,
     }
 }
@@ -541,6 +545,7 @@ mod tests {
             &children,
             &etcd,
             &BTreeMap::new(),
+            &[],
             jiff::Timestamp::UNIX_EPOCH,
         );
         assert!(f.bootstrapped && f.reachable);
@@ -591,6 +596,7 @@ mod tests {
             &children,
             &etcd,
             &BTreeMap::new(),
+            &[],
             jiff::Timestamp::UNIX_EPOCH,
         );
         let named = |f: &ClusterFacts| -> Vec<String> {
@@ -673,6 +679,7 @@ mod tests {
             &Children::default(),
             &EtcdView::default(),
             &BTreeMap::new(),
+            &[],
             jiff::Timestamp::from_second(1040).unwrap(),
         );
         assert!(!f.reachable);

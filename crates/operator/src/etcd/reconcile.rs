@@ -124,7 +124,16 @@ impl<'a> Pass<'a> {
             observe::ask_etcd(&EtcdAccess::new(credentials.clone()), children, &self.names).await
         };
         let nodes_down = observe::nodes_down(&self.ctx.client, children, &etcd).await?;
-        let facts = observe::facts(self.cluster, &self.names, children, &etcd, &nodes_down, self.now);
+        let nodes = self.ctx.caches.nodes.state();
+        let facts = observe::facts(
+            self.cluster,
+            &self.names,
+            children,
+            &etcd,
+            &nodes_down,
+            &nodes,
+            self.now,
+        );
         Ok((etcd, credentials, facts))
     }
 
@@ -318,6 +327,18 @@ impl<'a> Pass<'a> {
                 status::MEMBER_POD_STUCK,
                 format!("{}: {}", stuck.reason, stuck.message),
             ));
+        }
+        // Members that came to share a node are told once, when the status starts saying so.
+        let says_shared = |conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]| {
+            conditions
+                .iter()
+                .find(|c| c.reason == status::MEMBERS_SHARE_NODE)
+                .map(|c| c.message.clone())
+        };
+        if let Some(message) = says_shared(&status.conditions)
+            && says_shared(&self.previous.conditions).is_none()
+        {
+            later.push(Announcement::warning(status::MEMBERS_SHARE_NODE, message));
         }
         let metrics = &self.ctx.core.metrics;
         metrics.set_etcd_cluster(

@@ -30,6 +30,8 @@ pub struct Problems {
 
 /// The reason of a member pod that cannot start.
 pub const MEMBER_POD_STUCK: &str = "MemberPodStuck";
+/// Degraded's reason while voting members share a node whose loss would lose the quorum.
+pub const MEMBERS_SHARE_NODE: &str = "MembersShareNode";
 /// The reason while members come back on their own volumes (their pods were gone).
 pub const RESTARTING_MEMBERS: &str = "RestartingMembers";
 
@@ -207,6 +209,8 @@ struct Standing<'a> {
     coming_back: Option<String>,
     paused: bool,
     upgrade_to: Option<&'a str>,
+    /// Voting members that share a node with more members than the cluster can lose.
+    crowded: Option<String>,
 }
 
 impl<'a> Standing<'a> {
@@ -247,6 +251,13 @@ impl<'a> Standing<'a> {
             coming_back: super::membership::coming_back(facts),
             paused: cluster.spec.paused,
             upgrade_to: facts.upgrade_to.as_deref(),
+            crowded: facts.spread.shared(
+                &members
+                    .iter()
+                    .filter(|m| m.id.is_some() && !m.learner)
+                    .map(|m| m.name.as_str())
+                    .collect::<Vec<_>>(),
+            ),
         }
     }
 
@@ -358,6 +369,15 @@ fn degraded(standing: &Standing, problems: &Problems) -> Decided {
             true,
             "MembersUnhealthy",
             format!("unhealthy: {}", standing.unhealthy.join(", ")),
+        )
+    } else if let Some(shared) = &standing.crowded {
+        Decided::new(
+            DEGRADED,
+            true,
+            MEMBERS_SHARE_NODE,
+            format!(
+                "{shared}: losing that node would lose the quorum; one moves once every member is healthy and a node that could hold it has none"
+            ),
         )
     } else {
         Decided::new(DEGRADED, false, "AsExpected", "no problems found")
@@ -475,6 +495,7 @@ mod tests {
             ephemeral: false,
             upgrade_to: None,
             restore: None,
+            spread: Default::default(),
             now: jiff::Timestamp::UNIX_EPOCH,
         }
     }
