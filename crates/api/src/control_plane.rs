@@ -129,15 +129,40 @@ impl Default for TenantEtcdSpec {
 #[skip_serializing_none]
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Default)]
 #[x_kube(validation = Rule::new("!has(self.nodePort) || self.type == 'NodePort'").message("service.nodePort needs service.type: NodePort"))]
+#[x_kube(validation = Rule::new("!has(self.externalEndpoint) || has(self.externalEndpoint.host) || self.type == 'LoadBalancer'").message("service.externalEndpoint.host is needed unless service.type is LoadBalancer"))]
 #[serde(rename_all = "camelCase")]
 pub struct ApiServerServiceSpec {
     /// `ClusterIP` (the default): reached from pods and from this cluster's nodes; `NodePort`:
-    /// also on every node's address.
+    /// also on every node's address; `LoadBalancer`: also at the address a load balancer
+    /// gives it.
     #[serde(default, rename = "type")]
     pub type_: ApiServerServiceType,
     /// The node port with `NodePort`; one is chosen if unset.
     #[x_kube(validation = Rule::new("self >= 30000 && self <= 32767").message("service.nodePort must be in the node port range, 30000 to 32767"))]
     pub node_port: Option<i32>,
+    /// Where clients outside this cluster reach the API servers. Named in the serving
+    /// certificate, and in the admin Secret's `external-kubeconfig`. With `LoadBalancer` and
+    /// no host, the load balancer's address once it has one.
+    pub external_endpoint: Option<ExternalEndpoint>,
+    /// More names and addresses the serving certificate holds (a DNS name in front of the
+    /// endpoint, another address of it).
+    #[serde(default, rename = "extraSANs", skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self.all(n, n.size() > 0 && n.size() <= 253)").message("service.extraSANs must be names or addresses of at most 253 characters"))]
+    pub extra_sans: Vec<String>,
+}
+
+/// An address and port of the API servers outside this cluster.
+#[skip_serializing_none]
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ExternalEndpoint {
+    /// A DNS name or an IP address; with `LoadBalancer`, the load balancer's if unset.
+    #[schemars(length(max = 253))]
+    pub host: Option<String>,
+    /// Default: the node port with `NodePort`, else 6443.
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 65535").message("service.externalEndpoint.port must be a port, 1 to 65535"))]
+    pub port: Option<i32>,
 }
 
 /// How the API server's Service is published.
@@ -146,6 +171,7 @@ pub enum ApiServerServiceType {
     #[default]
     ClusterIP,
     NodePort,
+    LoadBalancer,
 }
 
 /// The tenant's address ranges (IPv4). Checked here, so a KubernetesCluster refuses what its
@@ -240,6 +266,9 @@ pub struct KubernetesControlPlaneStatus {
     pub ready: Option<String>,
     /// Where clients connect: `https://<address>:6443`.
     pub endpoint: Option<String>,
+    /// Where clients outside this cluster connect, when `service.externalEndpoint` says (and,
+    /// with a load balancer, once it has an address).
+    pub external_endpoint: Option<String>,
     /// The Secret with the admin kubeconfig (key `kubeconfig`).
     pub admin_kubeconfig_secret: Option<String>,
     /// The tenant's etcd in one line: ready members, version, phase.

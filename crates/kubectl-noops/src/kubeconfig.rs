@@ -2,9 +2,11 @@
 //! from the Secret the resource's status names (key `kubeconfig`), to standard output or into
 //! a file only its owner may read.
 //!
-//! The operator writes one admin kubeconfig, for the ClusterIP of the API servers' Service:
-//! it works from pods, and from the machine the local Kubernetes runs on, which routes to
-//! ClusterIPs (docs/kubernetes.md). There is no other variant to prefer.
+//! The operator writes an admin kubeconfig for the ClusterIP of the API servers' Service
+//! (`kubeconfig`: it works from pods, and from the machine the local Kubernetes runs on, which
+//! routes to ClusterIPs), and, when the control plane has `service.externalEndpoint`, one for
+//! that endpoint (`external-kubeconfig`), for clients outside the cluster. The external one is
+//! given when there is one, unless `--internal` asks for the Service's.
 
 use std::io::Write as _;
 use std::path::Path;
@@ -20,9 +22,12 @@ use crate::resources::Kind;
 
 /// The key of the admin kubeconfig in its Secret.
 pub const KUBECONFIG_KEY: &str = "kubeconfig";
+/// The key of the admin kubeconfig for the external endpoint, when there is one.
+pub const EXTERNAL_KUBECONFIG_KEY: &str = "external-kubeconfig";
 
-/// The admin kubeconfig of `kind` `name`, as text.
-pub async fn read(client: &Client, namespace: &str, kind: Kind, name: &str) -> anyhow::Result<String> {
+/// The admin kubeconfig of `kind` `name`, as text: the external endpoint's if there is one
+/// and `internal` is false.
+pub async fn read(client: &Client, namespace: &str, kind: Kind, name: &str, internal: bool) -> anyhow::Result<String> {
     let named = match kind {
         Kind::KubernetesCluster => Api::<KubernetesCluster>::namespaced(client.clone(), namespace)
             .get(name)
@@ -50,16 +55,22 @@ pub async fn read(client: &Client, namespace: &str, kind: Kind, name: &str) -> a
         .get(&secret)
         .await
         .with_context(|| format!("reading Secret {namespace}/{secret} (kubectl noops kubeconfig needs get on it)"))?;
-    text_of(&secret)
+    text_of(&secret, internal)
 }
 
-/// The kubeconfig in `secret`.
-fn text_of(secret: &Secret) -> anyhow::Result<String> {
+/// The kubeconfig in `secret`: the external one if it holds one and `internal` is false.
+fn text_of(secret: &Secret, internal: bool) -> anyhow::Result<String> {
     let name = secret.metadata.name.as_deref().unwrap_or_default();
-    let Some(bytes) = secret.data.as_ref().and_then(|d| d.get(KUBECONFIG_KEY)) else {
-        bail!("Secret {name} has no key {KUBECONFIG_KEY} yet");
+    let data = secret.data.as_ref();
+    let external = data.and_then(|d| d.get(EXTERNAL_KUBECONFIG_KEY)).filter(|_| !internal);
+    let (key, bytes) = match external {
+        Some(bytes) => (EXTERNAL_KUBECONFIG_KEY, bytes),
+        None => match data.and_then(|d| d.get(KUBECONFIG_KEY)) {
+            Some(bytes) => (KUBECONFIG_KEY, bytes),
+            None => bail!("Secret {name} has no key {KUBECONFIG_KEY} yet"),
+        },
     };
-    String::from_utf8(bytes.0.clone()).with_context(|| format!("the {KUBECONFIG_KEY} of Secret {name} is not text"))
+    String::from_utf8(bytes.0.clone()).with_context(|| format!("the {key} of Secret {name} is not text"))
 }
 
 /// The server the current context of `text` talks to: said when it is written to a file.
@@ -123,12 +134,24 @@ users:
     fn the_kubeconfig_is_the_secrets_key_and_names_its_server() {
         let mut secret = Secret::default();
         secret.metadata.name = Some("acme-admin-kubeconfig".into());
-        assert!(text_of(&secret).unwrap_err().to_string().contains("no key kubeconfig"));
+        assert!(
+            text_of(&secret, false)
+                .unwrap_err()
+                .to_string()
+                .contains("no key kubeconfig")
+        );
         secret.data = Some([(KUBECONFIG_KEY.to_string(), ByteString(KUBECONFIG.into()))].into());
-        let text = text_of(&secret).unwrap();
+        let text = text_of(&secret, false).unwrap();
         assert_eq!(text, KUBECONFIG);
         assert_eq!(server_of(&text).as_deref(), Some("https://10.96.0.9:6443"));
         assert_eq!(server_of("not: [a kubeconfig"), None);
+        // An external endpoint's kubeconfig is given first, the Service's when asked for.
+        let external = KUBECONFIG.replace("https://10.96.0.9:6443", "https://127.0.0.1:31443");
+        if let Some(data) = secret.data.as_mut() {
+            data.insert(EXTERNAL_KUBECONFIG_KEY.into(), ByteString(external.clone().into()));
+        }
+        assert_eq!(text_of(&secret, false).unwrap(), external);
+        assert_eq!(text_of(&secret, true).unwrap(), KUBECONFIG);
     }
 
     #[cfg(unix)]

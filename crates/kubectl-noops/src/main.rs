@@ -90,6 +90,10 @@ enum Command {
         /// Write it to this file (mode 0600) instead of standard output.
         #[arg(short = 'f', long, value_hint = ValueHint::FilePath)]
         output: Option<PathBuf>,
+        /// The kubeconfig for the API servers' Service (from pods and this cluster's nodes),
+        /// even when the control plane has an external endpoint.
+        #[arg(long)]
+        internal: bool,
     },
     /// Takes a backup now (an EtcdBackup or a PostgresBackup) and waits for it, a line per
     /// change; exit code 0 once it is stored, 1 if it fails.
@@ -203,9 +207,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{}", describe::describe(&client, &namespace, kind, &name).await?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Kubeconfig { resource, output } => {
+        Command::Kubeconfig {
+            resource,
+            output,
+            internal,
+        } => {
             let (kind, name) = parse_resource(&resource)?;
-            let text = kubeconfig::read(&client, &namespace, kind, &name).await?;
+            let text = kubeconfig::read(&client, &namespace, kind, &name, internal).await?;
             match output {
                 None => print!("{text}"),
                 Some(path) => {

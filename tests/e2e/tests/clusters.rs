@@ -287,18 +287,7 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
     tenant.kubectl_ok(&["rollout", "status", "deployment/held", "--timeout=120s"], None);
 
     // The upgrade: the control plane, then pool general, then pool burst.
-    kubectl_ok(
-        &[
-            "patch",
-            "-n",
-            &ns.name,
-            "kc/acme",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"version":"1.34"}}"#,
-        ],
-        None,
-    );
+    ns.merge_spec("kc/acme", serde_json::json!({ "version": "1.34" }));
     let clusters = ns.api::<KubernetesCluster>();
     wait_until("the cluster Upgrading, the control plane first", 2 * MINUTE, || async {
         clusters
@@ -665,10 +654,43 @@ async fn the_plugin_draws_the_cluster_and_reaches_it(ns: &TestNamespace) {
         assert_eq!(out.status.code(), Some(0), "{pool}: {}{out:?}", stdout(&out));
     }
 
-    // The admin kubeconfig, written private; kubectl from here lists the tenant's nodes with it.
+    // Published outside this cluster: a node port, at an address this machine reaches (the
+    // local Kubernetes serves node ports on 127.0.0.1). The control plane says where, and the
+    // admin Secret gets a kubeconfig that names it.
+    ns.merge_spec(
+        "kc/acme",
+        serde_json::json!({ "controlPlane": { "service": { "type": "NodePort", "externalEndpoint": { "host": "127.0.0.1" } } } }),
+    );
+    let control_planes = ns.api::<KubernetesControlPlane>();
+    let external = wait_for("the control plane's external endpoint", 2 * MINUTE, || async {
+        let status = control_planes.get("acme").await.ok()?.status?;
+        status
+            .external_endpoint
+            .filter(|e| e.starts_with("https://127.0.0.1:3"))
+    })
+    .await;
+    let secrets = ns.api::<k8s_openapi::api::core::v1::Secret>();
+    wait_until("the admin Secret's external kubeconfig", MINUTE, || async {
+        secrets
+            .get("acme-admin-kubeconfig")
+            .await
+            .ok()
+            .and_then(|s| s.data)
+            .is_some_and(|d| d.contains_key("external-kubeconfig"))
+    })
+    .await;
+
+    // The admin kubeconfig, written private, names that endpoint; kubectl from here lists the
+    // tenant's nodes with it.
     let file = std::env::temp_dir().join(format!("noops-plugin-{}.kubeconfig", ns.name));
     let out = kubectl_noops(&["kubeconfig", "kc/acme", "-n", &ns.name, "-f", file.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(stdout(&out).contains(&external), "{}", stdout(&out));
+    let internal = stdout(&kubectl_noops(&["kubeconfig", "kc/acme", "-n", &ns.name, "--internal"]));
+    assert!(
+        !internal.contains("127.0.0.1") && internal.contains("https://10.96."),
+        "{internal}"
+    );
     {
         use std::os::unix::fs::PermissionsExt as _;
         let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;

@@ -12,7 +12,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource};
 use noops_api::{EtcdCluster, KubernetesControlPlane};
 
-use super::certificates::{self, Addresses, Authority, Certificate};
+use super::certificates::{self, Addresses, Authority, Certificate, Servers};
 use super::context::Context;
 use super::desired;
 use super::names::{Component, Names};
@@ -129,12 +129,11 @@ pub async fn issue_due(
     live: &Live,
     authorities: &Authorities,
     addresses: &Addresses,
-    service_ip: IpAddr,
+    servers: &Servers,
     owner: &OwnerReference,
     now: jiff::Timestamp,
 ) -> Result<Vec<Certificate>> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    let server = certificates::server_url(service_ip);
     let mut issued = Vec::new();
     for certificate in Certificate::ALL {
         let leaf = certificate.leaf(names, addresses);
@@ -150,6 +149,7 @@ pub async fn issue_due(
             )
         };
         let live_secret = live.secrets.get(&name);
+        let server = servers.said_for(certificate);
         if !certificates::due(live_secret, &leaf, ca, &server, now, ctx.certificate_lifetime) {
             if let Some(at) = live_secret.and_then(pki::not_after) {
                 expires(at);
@@ -159,7 +159,7 @@ pub async fn issue_due(
         let made = ca
             .issue(&leaf, now, ctx.certificate_lifetime)
             .map_err(|e| Error::Certificate(e.to_string()))?;
-        let secret = certificates::leaf_secret(names, certificate, &leaf, &made, ca, &server, owner);
+        let secret = certificates::leaf_secret(names, certificate, &leaf, &made, ca, servers, owner);
         apply(&secrets, &name, &secret).await?;
         expires(made.not_after);
         crash::point("control plane: a certificate issued");

@@ -73,6 +73,27 @@ pub struct Addresses {
     pub tenant_service_ip: Option<IpAddr>,
     /// The tenant's DNS domain.
     pub dns_domain: String,
+    /// Names and addresses outside clients use (`endpoint::extra_names`).
+    pub extra: Vec<String>,
+}
+
+/// Where kubeconfigs send their clients: the Service's ClusterIP, and for the admin's, the
+/// external endpoint too when there is one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Servers {
+    pub internal: String,
+    pub external: Option<String>,
+}
+
+impl Servers {
+    /// What `certificate`'s Secret is made for, as its issued-for hash records it: a change
+    /// of the external endpoint makes the admin's Secret again, and only the admin's.
+    pub fn said_for(&self, certificate: Certificate) -> String {
+        match (certificate, &self.external) {
+            (Certificate::Admin, Some(external)) => format!("{} {external}", self.internal),
+            _ => self.internal.clone(),
+        }
+    }
 }
 
 impl Certificate {
@@ -145,6 +166,14 @@ impl Certificate {
                     .flatten()
                     .chain([IpAddr::V4(Ipv4Addr::LOCALHOST)])
                     .collect();
+                for extra in &addresses.extra {
+                    match extra.parse::<IpAddr>() {
+                        Ok(ip) if !leaf.ips.contains(&ip) => leaf.ips.push(ip),
+                        Ok(_) => {}
+                        Err(_) if !leaf.dns_names.contains(extra) => leaf.dns_names.push(extra.clone()),
+                        Err(_) => {}
+                    }
+                }
                 leaf
             }
             Certificate::KubeletClient => {
@@ -224,13 +253,25 @@ pub fn leaf_secret(
     leaf: &pki::Leaf,
     issued: &Issued,
     ca: &Ca,
-    server: &str,
+    servers: &Servers,
     owner: &OwnerReference,
 ) -> Secret {
     let (mut data, mut annotations) = issued.secret_data(ca);
-    annotations.insert(ISSUED_FOR_ANNOTATION.into(), issued_for(leaf, server));
+    annotations.insert(
+        ISSUED_FOR_ANNOTATION.into(),
+        issued_for(leaf, &servers.said_for(certificate)),
+    );
     if let Some(user) = certificate.kubeconfig_user() {
-        data.insert(KUBECONFIG_KEY.into(), kubeconfig(names, user, issued, ca, server));
+        data.insert(
+            KUBECONFIG_KEY.into(),
+            kubeconfig(names, user, issued, ca, &servers.internal),
+        );
+        if let (Certificate::Admin, Some(external)) = (certificate, &servers.external) {
+            data.insert(
+                super::endpoint::EXTERNAL_KUBECONFIG_KEY.into(),
+                kubeconfig(names, user, issued, ca, external),
+            );
+        }
     }
     let type_ = match certificate.kubeconfig_user() {
         Some(_) => "Opaque",
@@ -291,6 +332,14 @@ mod tests {
             service_ip: Some(IpAddr::from(service_ip)),
             tenant_service_ip: tenant_service_ip("10.112.0.0/16"),
             dns_domain: "cluster.local".into(),
+            extra: vec![],
+        }
+    }
+
+    fn only(url: &str) -> Servers {
+        Servers {
+            internal: url.into(),
+            external: None,
         }
     }
 
@@ -327,7 +376,15 @@ mod tests {
         let leaf = Certificate::ApiServer.leaf(&names(), &addresses([10, 96, 3, 4]));
         let issued = ca.issue(&leaf, at(0), YEAR).unwrap();
         let url = server_url(IpAddr::from([10, 96, 3, 4]));
-        let secret = leaf_secret(&names(), Certificate::ApiServer, &leaf, &issued, &ca, &url, &owner);
+        let secret = leaf_secret(
+            &names(),
+            Certificate::ApiServer,
+            &leaf,
+            &issued,
+            &ca,
+            &only(&url),
+            &owner,
+        );
         assert!(due(None, &leaf, &ca, &url, at(0), YEAR), "missing");
         assert!(!due(Some(&secret), &leaf, &ca, &url, at(1), YEAR));
         assert!(
@@ -341,7 +398,7 @@ mod tests {
         );
         let admin = Certificate::Admin.leaf(&names(), &addresses([10, 96, 3, 4]));
         let issued = ca.issue(&admin, at(0), YEAR).unwrap();
-        let kubeconfig = leaf_secret(&names(), Certificate::Admin, &admin, &issued, &ca, &url, &owner);
+        let kubeconfig = leaf_secret(&names(), Certificate::Admin, &admin, &issued, &ca, &only(&url), &owner);
         let elsewhere = server_url(IpAddr::from([10, 96, 9, 9]));
         assert!(!due(Some(&kubeconfig), &admin, &ca, &url, at(1), YEAR));
         assert!(
@@ -362,11 +419,40 @@ mod tests {
         let issued = ca.issue(&leaf, at(0), YEAR).unwrap();
         let owner = owner_reference("KubernetesControlPlane", "team-a", "u1");
         let url = server_url(IpAddr::from([10, 96, 3, 4]));
-        let secret = leaf_secret(&names(), Certificate::Admin, &leaf, &issued, &ca, &url, &owner);
+        let secret = leaf_secret(&names(), Certificate::Admin, &leaf, &issued, &ca, &only(&url), &owner);
         let data = secret.data.unwrap();
         let kubeconfig = String::from_utf8(data[KUBECONFIG_KEY].0.clone()).unwrap();
         let parsed: serde_json::Value = serde_saphyr::from_str(&kubeconfig).unwrap();
         assert_eq!(parsed["clusters"][0]["cluster"]["server"], "https://10.96.3.4:6443");
+        assert!(!data.contains_key(super::super::endpoint::EXTERNAL_KUBECONFIG_KEY));
+        // With an external endpoint: a second kubeconfig naming it, and the serving
+        // certificate naming its host.
+        let servers = Servers {
+            internal: url.clone(),
+            external: Some("https://api.acme.example:443".into()),
+        };
+        let secret = leaf_secret(&names(), Certificate::Admin, &leaf, &issued, &ca, &servers, &owner);
+        let data = secret.data.unwrap();
+        let external = String::from_utf8(data[super::super::endpoint::EXTERNAL_KUBECONFIG_KEY].0.clone()).unwrap();
+        let parsed: serde_json::Value = serde_saphyr::from_str(&external).unwrap();
+        assert_eq!(
+            parsed["clusters"][0]["cluster"]["server"],
+            "https://api.acme.example:443"
+        );
+        assert_ne!(
+            servers.said_for(Certificate::Admin),
+            only(&url).said_for(Certificate::Admin)
+        );
+        assert_eq!(
+            servers.said_for(Certificate::Scheduler),
+            url,
+            "only the admin's follows it"
+        );
+        let mut outside = addresses([10, 96, 3, 4]);
+        outside.extra = vec!["api.acme.example".into(), "203.0.113.5".into()];
+        let serving = Certificate::ApiServer.leaf(&names(), &outside);
+        assert!(serving.dns_names.contains(&"api.acme.example".to_string()));
+        assert!(serving.ips.contains(&IpAddr::from([203, 0, 113, 5])));
         assert_eq!(parsed["current-context"], "kubernetes-admin@team-a");
         assert_eq!(parsed["users"][0]["name"], "kubernetes-admin");
         assert_eq!(tenant_service_ip("10.112.0.0/16"), Some(IpAddr::from([10, 112, 0, 1])));

@@ -93,10 +93,15 @@ pub fn etcd_cluster_applied(etcd: &EtcdCluster) -> serde_json::Value {
 /// The Service in front of the API servers.
 pub fn service(kcp: &KubernetesControlPlane, names: &Names, owner: &OwnerReference) -> Service {
     let node_port = matches!(kcp.spec.service.type_, ApiServerServiceType::NodePort);
+    let type_ = match kcp.spec.service.type_ {
+        ApiServerServiceType::ClusterIP => "ClusterIP",
+        ApiServerServiceType::NodePort => "NodePort",
+        ApiServerServiceType::LoadBalancer => "LoadBalancer",
+    };
     let mut service = Service {
         metadata: meta(names, names.service(), Some(Component::ApiServer.part()), owner),
         spec: Some(ServiceSpec {
-            type_: Some(if node_port { "NodePort" } else { "ClusterIP" }.into()),
+            type_: Some(type_.into()),
             selector: Some(names.selector(Component::ApiServer)),
             ports: Some(vec![ServicePort {
                 name: Some("https".into()),

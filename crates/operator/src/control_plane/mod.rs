@@ -19,6 +19,7 @@ mod act;
 pub(crate) mod certificates;
 mod context;
 mod desired;
+mod endpoint;
 #[cfg(test)]
 mod fixtures;
 pub(crate) mod names;

@@ -9,8 +9,9 @@ use kube::{Api, Resource, ResourceExt};
 use noops_api::control_plane::{KubernetesControlPlane, KubernetesControlPlaneStatus};
 use serde_json::json;
 
-use super::certificates::{Addresses, Certificate, tenant_service_ip};
+use super::certificates::{Addresses, Certificate, Servers, server_url, tenant_service_ip};
 use super::context::Context;
+use super::endpoint;
 use super::names::Names;
 use super::plan::{Plan, Step};
 use super::status::StatusFacts;
@@ -49,6 +50,7 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
     let plan = plan::plan(target, &observation.facts);
 
     let mut service_ip = observation.live.service.as_ref().and_then(act::cluster_ip);
+    let mut external = endpoint::external(&kcp.spec.service, observation.live.service.as_ref()).map(|(_, url)| url);
     let mut issued = Vec::new();
     if !kcp.spec.paused && range_taken.is_none() {
         let etcd = desired::etcd_cluster(&kcp, &names, &plan.etcd_version, &owner);
@@ -57,6 +59,7 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
             .await
             .during(Stage::Apply)?;
         service_ip = act::cluster_ip(&applied);
+        external = endpoint::external(&kcp.spec.service, Some(&applied)).map(|(_, url)| url);
         let authorities = act::ensure_authorities(ctx, &names, &observation.live, &owner, now)
             .await
             .during(Stage::Apply)?;
@@ -65,6 +68,11 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
                 service_ip: Some(ip),
                 tenant_service_ip: tenant_service_ip(&kcp.spec.networking.service_cidr),
                 dns_domain: kcp.spec.networking.dns_domain.clone(),
+                extra: endpoint::extra_names(&kcp.spec.service, Some(&applied)),
+            };
+            let servers = Servers {
+                internal: server_url(ip),
+                external: external.clone(),
             };
             issued = act::issue_due(
                 ctx,
@@ -72,7 +80,7 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
                 &observation.live,
                 &authorities,
                 &addresses,
-                ip,
+                &servers,
                 &owner,
                 now,
             )
@@ -94,6 +102,7 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
         plan: &plan,
         observation: &observation,
         service_ip,
+        external_endpoint: external,
         range_taken: range_taken.as_deref(),
     };
     let status = status::build(&facts, now);

@@ -22,6 +22,8 @@ pub struct StatusFacts<'a> {
     pub observation: &'a Observation,
     /// The Service's ClusterIP, once it has one.
     pub service_ip: Option<IpAddr>,
+    /// Where clients outside this cluster connect, if that is known.
+    pub external_endpoint: Option<String>,
     /// Why the tenant's ranges cannot be used here, if one overlaps this cluster's.
     pub range_taken: Option<&'a str>,
 }
@@ -254,6 +256,7 @@ pub fn build(f: &StatusFacts, now: jiff::Timestamp) -> KubernetesControlPlaneSta
         version: f.running_version(),
         ready: Some(format!("{}/{asked}", f.ready_api_servers())),
         endpoint: endpoint(f),
+        external_endpoint: f.external_endpoint.clone(),
         admin_kubeconfig_secret: Some(Certificate::Admin.secret(f.names))
             .filter(|name| f.observation.live.secrets.contains_key(name)),
         etcd: etcd_line(f),
@@ -312,6 +315,7 @@ mod tests {
             plan: &p,
             observation: &obs,
             service_ip,
+            external_endpoint: None,
             range_taken: None,
         };
         build(&f, at(s))
@@ -354,6 +358,7 @@ mod tests {
                 plan: &p,
                 observation: &obs,
                 service_ip: Some(IpAddr::from([10, 96, 0, 9])),
+                external_endpoint: None,
                 range_taken: None,
             };
             build(&f, at(1))
@@ -387,6 +392,7 @@ mod tests {
             plan: &p,
             observation: &obs,
             service_ip: None,
+            external_endpoint: None,
             range_taken: Some(why),
         };
         let status = build(&f, at(0));
