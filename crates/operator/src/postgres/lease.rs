@@ -38,6 +38,11 @@ pub const KILL_WITHIN: Duration = Duration::from_secs(5);
 pub const SILENT_AFTER: Duration = Duration::from_secs(3);
 /// How long one look at the server may take.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(2);
+/// How long a server that became the primary may take to answer at all. A server in crash
+/// recovery answers at once ("the database system is starting up" is an answer), so only one
+/// that never opened its socket or hangs is silent this long (a volume that hangs from the
+/// start, a process stopped right after it started).
+pub const FIRST_ANSWER_WITHIN: Duration = Duration::from_secs(15);
 
 /// What an instance does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,10 +102,14 @@ pub fn step(me: &str, running: Running, seen: &Seen, since_renewed: Option<Durat
     }
 }
 
-/// Whether the server counts as silent, given how long since it last answered (none: not
-/// yet since it started, as while it recovers, which may take long and is not a hang).
-pub fn silent(since_last_answer: Option<Duration>) -> bool {
-    since_last_answer.is_some_and(|d| d >= SILENT_AFTER)
+/// Whether the server counts as silent, given how long since it last answered and how long
+/// since it became the primary: [`SILENT_AFTER`] without an answer once it has answered, and
+/// [`FIRST_ANSWER_WITHIN`] while it never has (it may still be opening its socket).
+pub fn silent(since_last_answer: Option<Duration>, since_primary: Option<Duration>) -> bool {
+    match since_last_answer {
+        Some(since) => since >= SILENT_AFTER,
+        None => since_primary.is_some_and(|since| since >= FIRST_ANSWER_WITHIN),
+    }
 }
 
 /// `step`, for a server that may be silent: a primary whose server does not answer renews no
@@ -200,11 +209,20 @@ mod tests {
         let fresh = Some(Duration::from_secs(1));
         let renew = step(ME, Running::Primary, &held(ME), fresh, true);
         assert!(
-            !silent(None),
-            "a server that has not answered yet is starting, not hung"
+            !silent(None, Some(Duration::from_secs(5))),
+            "a server that has not answered yet may still be opening its socket"
         );
-        assert!(!silent(Some(Duration::from_millis(2_900))));
-        assert!(silent(Some(SILENT_AFTER)));
+        assert!(!silent(None, None), "not the primary: nobody asks it");
+        assert!(
+            silent(None, Some(FIRST_ANSWER_WITHIN)),
+            "a server stopped before it ever answered is silent all the same"
+        );
+        assert!(!silent(
+            Some(Duration::from_millis(2_900)),
+            Some(Duration::from_secs(60))
+        ));
+        assert!(silent(Some(SILENT_AFTER), Some(Duration::from_secs(60))));
+        assert!(SILENT_AFTER < FIRST_ANSWER_WITHIN && FIRST_ANSWER_WITHIN < 2 * LEASE + LEASE);
         assert_eq!(unless_silent(renew, false), Step::Renew);
         assert_eq!(unless_silent(renew, true), Step::Carry);
         // Only renewals wait for the server: a chosen replica still promotes, a primary that

@@ -162,7 +162,7 @@ impl Keeper {
     pub async fn watch(
         self,
         running: watch::Receiver<Running>,
-        answered: watch::Receiver<Option<Instant>>,
+        answered: watch::Receiver<super::run::Answers>,
         told: mpsc::Sender<Told>,
         mut renewed: Option<Instant>,
     ) {
@@ -206,7 +206,7 @@ impl Keeper {
                 }
             }
             let since = renewed.map(|r| r.elapsed());
-            let silent = lease::silent(answered.borrow().map(|at| at.elapsed()));
+            let silent = answered.borrow().silent();
             if silent != said_silent && now_running == Running::Primary {
                 if silent {
                     warn!(after = ?lease::SILENT_AFTER, "the server does not answer: renewing the primary's lease no more, so that a replica takes over");
