@@ -158,7 +158,7 @@ pub struct ApiServerServiceSpec {
 #[serde(rename_all = "camelCase")]
 pub struct ExternalEndpoint {
     /// A DNS name or an IP address; with `LoadBalancer`, the load balancer's if unset.
-    #[schemars(length(max = 253))]
+    #[schemars(length(min = 1, max = 253))]
     pub host: Option<String>,
     /// Default: the node port with `NodePort`, else 6443.
     #[x_kube(validation = Rule::new("self >= 1 && self <= 65535").message("service.externalEndpoint.port must be a port, 1 to 65535"))]

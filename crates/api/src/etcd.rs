@@ -343,6 +343,9 @@ pub struct Operation {
     pub reason: String,
     /// The version the member moves to (upgrades).
     pub version: Option<String>,
+    /// The node the member is made on: a member added to spread the members over nodes
+    /// again, before one on a crowded node goes.
+    pub node: Option<String>,
     /// When it started.
     pub started_at: Time,
 }

@@ -661,6 +661,7 @@ mod tests {
                 member_id: None,
                 reason: "scale up".into(),
                 version: None,
+                node: None,
                 started_at: Time(at("2026-11-26T11:59:15Z")),
             }),
             ..Default::default()

@@ -306,7 +306,10 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
     let held = wait_for("the cluster naming the drain its budget holds", 12 * MINUTE, || async {
         let status = clusters.get("acme").await.ok()?.status?;
         let upgrading = status.conditions.into_iter().find(|c| c.type_ == "Upgrading")?;
-        (upgrading.status == "True" && upgrading.message.contains("held: pool ")).then_some(upgrading.message)
+        (upgrading.status == "True"
+            && upgrading.message.contains("held: pool ")
+            && upgrading.message.contains("default/held-"))
+        .then_some(upgrading.message)
     })
     .await;
     assert!(

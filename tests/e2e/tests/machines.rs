@@ -563,7 +563,13 @@ async fn a_machine_deployment_scales_and_rolls_to_a_new_version_without_a_failed
     let md = wait_for("the deployment to count the draining machine", MINUTE, || async {
         let md = md_api.get("pool").await.ok()?;
         let status = md.status.clone()?;
-        (status.deleting_replicas == Some(1) && status.updated_replicas == Some(3)).then_some(status)
+        // The held drain named, and counted: the deployment's MachinesDeleting comes from the
+        // set's, a pass after the set counted its machine.
+        let named = status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "MachinesDeleting" && c.reason == "DrainHeld");
+        (status.deleting_replicas == Some(1) && status.updated_replicas == Some(3) && named).then_some(status)
     })
     .await;
     let ready = md.conditions.iter().find(|c| c.type_ == "Ready").unwrap();

@@ -50,7 +50,13 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
     let plan = plan::plan(target, &observation.facts);
 
     let mut service_ip = observation.live.service.as_ref().and_then(act::cluster_ip);
-    let mut external = endpoint::external(&kcp.spec.service, observation.live.service.as_ref()).map(|(_, url)| url);
+    let previous_external = kcp.status.as_ref().and_then(|s| s.external_endpoint.clone());
+    let mut external = endpoint::external(
+        &kcp.spec.service,
+        observation.live.service.as_ref(),
+        previous_external.as_deref(),
+    )
+    .map(|(_, url)| url);
     let mut issued = Vec::new();
     if !kcp.spec.paused && range_taken.is_none() {
         let etcd = desired::etcd_cluster(&kcp, &names, &plan.etcd_version, &owner);
@@ -59,7 +65,8 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
             .await
             .during(Stage::Apply)?;
         service_ip = act::cluster_ip(&applied);
-        external = endpoint::external(&kcp.spec.service, Some(&applied)).map(|(_, url)| url);
+        external =
+            endpoint::external(&kcp.spec.service, Some(&applied), previous_external.as_deref()).map(|(_, url)| url);
         let authorities = act::ensure_authorities(ctx, &names, &observation.live, &owner, now)
             .await
             .during(Stage::Apply)?;
@@ -68,7 +75,7 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
                 service_ip: Some(ip),
                 tenant_service_ip: tenant_service_ip(&kcp.spec.networking.service_cidr),
                 dns_domain: kcp.spec.networking.dns_domain.clone(),
-                extra: endpoint::extra_names(&kcp.spec.service, Some(&applied)),
+                extra: endpoint::extra_names(&kcp.spec.service, Some(&applied), previous_external.as_deref()),
             };
             let servers = Servers {
                 internal: server_url(ip),

@@ -71,7 +71,13 @@ impl StatusFacts<'_> {
         status
             .conditions
             .iter()
-            .find(|c| c.type_ == "Degraded" && c.status == "True" && c.reason != "MembersUnhealthy")
+            // Members being replaced or moved apart: the EtcdCluster says so and mends it.
+            .find(|c| {
+                c.type_ == "Degraded"
+                    && c.status == "True"
+                    && c.reason != "MembersUnhealthy"
+                    && c.reason != crate::etcd::status::MEMBERS_SHARE_NODE
+            })
             .map(|c| (c.reason.as_str(), c.message.as_str()))
     }
 

@@ -92,7 +92,12 @@ fn admitted_by(node: &Node, affinity: Option<&Affinity>) -> bool {
             _ => true,
         }
     };
-    required.node_selector_terms.iter().any(|term| {
+    // A term that says nothing matches no node, as the scheduler reads it.
+    let says_something = |term: &&k8s_openapi::api::core::v1::NodeSelectorTerm| {
+        term.match_expressions.as_ref().is_some_and(|e| !e.is_empty())
+            || term.match_fields.as_ref().is_some_and(|f| !f.is_empty())
+    };
+    required.node_selector_terms.iter().filter(says_something).any(|term| {
         term.match_expressions
             .iter()
             .flatten()

@@ -1,6 +1,7 @@
-//! What the pods the operator makes for an operand declare so that a namespace enforcing Pod
-//! Security "restricted" admits them: the container runtime's default seccomp profile, set
-//! at the pod level. (A VM's pod is privileged and cannot be restricted: it does without.) Pure.
+//! The container runtime's default seccomp profile, set at the pod level on the pods the
+//! operator makes for an operand: one of the things Pod Security "restricted" asks (the others,
+//! a non-root user and no privilege escalation, depend on what each operand's image allows).
+//! A VM's pod is privileged and does without. Pure.
 
 use k8s_openapi::api::core::v1::SeccompProfile;
 

@@ -142,11 +142,18 @@ impl Runner<'_> {
     }
 
     /// Creates the volume (if the cluster keeps data) and the pod of `member`; either may exist.
-    async fn make_member(&self, member: &str, version: &str, initial_cluster: &[(String, String)]) -> Result<()> {
+    /// `node`: the node the pod must run on (a member added to spread the members).
+    async fn make_member(
+        &self,
+        member: &str,
+        version: &str,
+        initial_cluster: &[(String, String)],
+        node: Option<&str>,
+    ) -> Result<()> {
         let ns = &self.names.namespace;
         self.create_volume(member).await?;
         if !self.children.pods.contains_key(member) {
-            let pod = pod::member_pod(
+            let mut pod = pod::member_pod(
                 self.cluster,
                 self.names,
                 member,
@@ -155,6 +162,9 @@ impl Runner<'_> {
                 &self.ctx.images,
                 self.owner,
             );
+            if let Some(node) = node {
+                pod::pin_to_node(&mut pod, node);
+            }
             let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), ns);
             if create_if_missing(&api, &pod).await? {
                 info!(member, "started a member pod");
@@ -243,7 +253,7 @@ impl Runner<'_> {
         self.set_state(true).await?;
         let me = vec![(member.clone(), self.names.peer_url(&member))];
         let version = self.version(&member, outcome.operation.as_ref());
-        self.make_member(&member, &version, &me).await?;
+        self.make_member(&member, &version, &me, None).await?;
         crash::point("bootstrap: first member started");
         Ok(NEXT_STEP)
     }
@@ -319,6 +329,7 @@ impl Runner<'_> {
             member_id: None,
             reason: format!("recovery from EtcdBackup {backup}"),
             version: None,
+            node: None,
             started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(self.now),
         });
         later.push(Announcement::warning(
@@ -390,7 +401,12 @@ impl Runner<'_> {
     async fn start_member(&self, member: String, outcome: &mut Outcome) -> Result<Duration> {
         let initial = self.initial_cluster(&member);
         let version = self.version(&member, outcome.operation.as_ref());
-        self.make_member(&member, &version, &initial).await?;
+        let node = outcome
+            .operation
+            .as_ref()
+            .filter(|op| op.member == member)
+            .and_then(|op| op.node.clone());
+        self.make_member(&member, &version, &initial, node.as_deref()).await?;
         crash::point("add: learner's pod made");
         Ok(NEXT_STEP)
     }

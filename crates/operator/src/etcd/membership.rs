@@ -217,6 +217,7 @@ fn operation(facts: &ClusterFacts, kind: OperationKind, member: &str, reason: &s
         member_id: None,
         reason: reason.to_string(),
         version: None,
+        node: None,
         started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(facts.now),
     })
 }
@@ -358,7 +359,19 @@ fn change_asked(facts: &ClusterFacts, voters: &[&MemberFacts]) -> Option<Step> {
                 reason: "scaling down waits until every member is healthy".into(),
             });
         }
-        // The newest member that does not lead: there are at least two voters, one leads.
+        // A member of the most crowded node (a member added to spread them ends the move
+        // here), else the newest member that does not lead: there are at least two voters,
+        // one leads.
+        let names: Vec<&str> = voters.iter().map(|m| m.name.as_str()).collect();
+        let leader = voters.iter().find(|m| m.leader).map(|m| m.name.as_str());
+        if let Some(m) = facts.spread.crowded_member(&names, leader) {
+            return Some(operation(
+                facts,
+                OperationKind::RemoveMember,
+                &m,
+                "scale down: a member of the node that holds the most",
+            ));
+        }
         if let Some(m) = voters
             .iter()
             .filter(|m| !m.leader)
@@ -367,19 +380,26 @@ fn change_asked(facts: &ClusterFacts, voters: &[&MemberFacts]) -> Option<Step> {
             return Some(operation(facts, OperationKind::RemoveMember, &m.name, "scale down"));
         }
     }
-    // Members apart again: one beside another moves to a node that holds none, the way any
-    // member is replaced (removed, then its successor added by the scaling rule, its pod
-    // preferring the emptiest node), one at a time and only while every member is healthy.
-    if all_healthy {
+    // Members apart again: a member is added on a node that holds two fewer than the most
+    // crowded one (its pod must run there), then the scale-down rule above gives up one of the
+    // crowded node's: never fewer voters than asked for. One at a time, only while every
+    // member is healthy.
+    if all_healthy && voters.len() == facts.replicas {
         let names: Vec<&str> = voters.iter().map(|m| m.name.as_str()).collect();
         let leader = voters.iter().find(|m| m.leader).map(|m| m.name.as_str());
         if let Some((member, from, to)) = facts.spread.member_to_move(&names, leader) {
-            return Some(operation(
+            let mut step = operation(
                 facts,
-                OperationKind::RemoveMember,
-                &member,
-                &format!("it shares node {from} with another member while {to} holds none: a successor is added there"),
-            ));
+                OperationKind::AddMember,
+                &facts.next_member,
+                &format!(
+                    "spread: {member} shares node {from} while {to} holds none; a member is added on {to}, then one of {from}'s goes"
+                ),
+            );
+            if let Step::Begin(op) = &mut step {
+                op.node = Some(to);
+            }
+            return Some(step);
         }
     }
     // Defragmentation: only while every member is healthy (the one being defragmented stops
@@ -868,6 +888,7 @@ mod tests {
             member_id: None,
             reason: "test".into(),
             version: Some("3.6.16".into()),
+            node: None,
             started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
         });
         c
@@ -884,10 +905,16 @@ mod tests {
             eligible: ["n1", "n2", "n3"].into_iter().map(String::from).collect(),
             settled: true,
         };
-        // Removed first (the newest that does not lead); the scaling rule adds its successor.
+        // A member added first, on the node with none; the cluster never has fewer voters.
         let step = next_step(&c);
-        assert_eq!(begun(&step), (OperationKind::RemoveMember, "main-2".into()));
+        assert_eq!(begun(&step), (OperationKind::AddMember, "main-9".into()));
         let Step::Begin(op) = step else { unreachable!() };
+        assert_eq!(op.node.as_deref(), Some("n3"));
+        // Once it is a voter, one of the crowded node's goes (not the leader).
+        let mut four = c.clone();
+        four.members.push(member("main-9", 19));
+        four.spread.members.insert("main-9".into(), "n3".into());
+        assert_eq!(begun(&next_step(&four)), (OperationKind::RemoveMember, "main-2".into()));
         assert!(
             op.reason.contains("shares node n2") && op.reason.contains("n3 holds none"),
             "{}",

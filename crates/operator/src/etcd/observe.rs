@@ -612,6 +612,7 @@ mod tests {
             member_id: None,
             reason: "scale up".into(),
             version: None,
+            node: None,
             started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
         });
         assert_eq!(named(&f), vec!["main-0", "main-4"], "the learner being added");

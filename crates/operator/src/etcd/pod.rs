@@ -5,9 +5,10 @@
 //! state ConfigMap (see `bootstrap.rs`); members spread over nodes when they can.
 
 use k8s_openapi::api::core::v1::{
-    Affinity, ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
-    PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, Probe,
-    SecretVolumeSource, Volume, VolumeMount, WeightedPodAffinityTerm,
+    Affinity, ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, NodeAffinity,
+    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm,
+    PodAntiAffinity, PodSecurityContext, PodSpec, Probe, SecretVolumeSource, Volume, VolumeMount,
+    WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -246,6 +247,33 @@ pub fn member_pod(
     }
 }
 
+/// `pod` made to run on `node` only (a member added to spread the members: the move's whole
+/// point is that node), on top of whatever node affinity the cluster asks for.
+pub fn pin_to_node(pod: &mut Pod, node: &str) {
+    let on_node = NodeSelectorRequirement {
+        key: "kubernetes.io/hostname".into(),
+        operator: "In".into(),
+        values: Some(vec![node.to_string()]),
+    };
+    let Some(spec) = pod.spec.as_mut() else { return };
+    let required = spec
+        .affinity
+        .get_or_insert_with(Affinity::default)
+        .node_affinity
+        .get_or_insert_with(NodeAffinity::default)
+        .required_during_scheduling_ignored_during_execution
+        .get_or_insert_with(NodeSelector::default);
+    // Terms are ORed: the node goes into each, or makes the only one.
+    if required.node_selector_terms.is_empty() {
+        required.node_selector_terms.push(NodeSelectorTerm::default());
+    }
+    for term in &mut required.node_selector_terms {
+        term.match_expressions
+            .get_or_insert_with(Vec::new)
+            .push(on_node.clone());
+    }
+}
+
 /// The initial cluster token: the EtcdCluster's UID, so that every cluster (a restored one
 /// too) gets a cluster ID of its own.
 pub fn token(cluster: &EtcdCluster, names: &Names) -> String {
@@ -393,5 +421,33 @@ mod tests {
             forbidden_extra_args(&cluster),
             vec!["--name=evil".to_string(), "--initial-cluster-state=new".to_string()]
         );
+    }
+
+    #[test]
+    fn a_member_added_to_spread_the_members_must_run_on_its_node() {
+        let cluster = fixtures::cluster().build();
+        let names = Names::of(&cluster);
+        let mut pod = member_pod(
+            &cluster,
+            &names,
+            "main-3",
+            "3.5.21",
+            &[],
+            &Images::default(),
+            &fixtures::owner(),
+        );
+        pin_to_node(&mut pod, "n3");
+        let required = pod.spec.unwrap().affinity.unwrap().node_affinity.unwrap();
+        let terms = required
+            .required_during_scheduling_ignored_during_execution
+            .unwrap()
+            .node_selector_terms;
+        assert_eq!(terms.len(), 1);
+        let on = &terms[0].match_expressions.as_ref().unwrap()[0];
+        assert_eq!(
+            (on.key.as_str(), on.operator.as_str()),
+            ("kubernetes.io/hostname", "In")
+        );
+        assert_eq!(on.values.as_deref(), Some(&["n3".to_string()][..]));
     }
 }

@@ -332,7 +332,7 @@ impl<'a> Pass<'a> {
         let says_shared = |conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]| {
             conditions
                 .iter()
-                .find(|c| c.reason == status::MEMBERS_SHARE_NODE)
+                .find(|c| c.reason == status::MEMBERS_SHARE_NODE && c.status == "True")
                 .map(|c| c.message.clone())
         };
         if let Some(message) = says_shared(&status.conditions)

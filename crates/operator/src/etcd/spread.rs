@@ -1,10 +1,11 @@
 //! Members apart. Member pods prefer different nodes, but a member replaced while a node was
 //! down lands beside another, and nothing moved it back when the node returned: one more node
 //! failure then took two members and the quorum with it. Once every member is healthy and a
-//! node that could hold a member holds none, a member that shares a node is moved there the
-//! way any member is replaced (removed from etcd, then a successor added, its pod preferring
-//! the emptiest node), one at a time; until then the status says which members share a node.
-//! Pure.
+//! node that could hold a member holds two fewer than the most crowded one, a member is added
+//! there (a learner whose pod must run on that node, promoted once caught up), then the scale
+//! rule takes the cluster back to its size by removing a member of the most crowded node: the
+//! cluster never has fewer voters than asked for on the way. One move at a time; until then
+//! the status says which members share a node. Pure.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -78,7 +79,7 @@ impl Spread {
     /// and main-3 share node-2", if any do: losing that one node would lose the quorum. (Five
     /// members on three nodes share nodes, two to a node, and lose no quorum with one.)
     pub fn shared(&self, voters: &[&str]) -> Option<String> {
-        let can_lose = voters.len() - (voters.len() / 2 + 1);
+        let can_lose = voters.len().saturating_sub(voters.len() / 2 + 1);
         let shared: Vec<String> = self
             .by_node(voters)
             .into_iter()
@@ -86,6 +87,12 @@ impl Spread {
             .map(|(node, members)| format!("{} share node {node}", members.join(" and ")))
             .collect();
         (!shared.is_empty()).then(|| shared.join("; "))
+    }
+
+    /// Whether a member of `voters` could move to spread them (see [`Spread::member_to_move`]),
+    /// settled or not.
+    pub fn could_spread(&self, voters: &[&str]) -> bool {
+        self.move_of(voters, None).is_some()
     }
 
     /// A member of `voters` to move, as (member, its node, the node that could take it): one
@@ -96,6 +103,26 @@ impl Spread {
         if !self.settled {
             return None;
         }
+        self.move_of(voters, keep)
+    }
+
+    /// The member of `voters` to give up when there is one too many: one on the most crowded
+    /// node when that node holds more than one (so a member added to spread them ends the
+    /// move), the newest there that is not `keep`; None when no node holds two.
+    pub fn crowded_member(&self, voters: &[&str], keep: Option<&str>) -> Option<String> {
+        let by_node = self.by_node(voters);
+        let (_, members) = by_node
+            .iter()
+            .filter(|(_, members)| members.len() > 1)
+            .max_by_key(|(node, members)| (members.len(), std::cmp::Reverse(*node)))?;
+        members
+            .iter()
+            .filter(|m| Some(**m) != keep)
+            .max_by(|a, b| super::membership::index_order(a, b))
+            .map(|m| m.to_string())
+    }
+
+    fn move_of(&self, voters: &[&str], keep: Option<&str>) -> Option<(String, String, String)> {
         let by_node = self.by_node(voters);
         let load = |node: &str| by_node.get(node).map_or(0, Vec::len);
         let (crowded, members) = by_node
@@ -152,6 +179,24 @@ mod tests {
         };
         assert_eq!(unsettled.member_to_move(&voters, None), None);
         assert!(unsettled.shared(&voters).is_some(), "still said");
+    }
+
+    #[test]
+    fn one_too_many_gives_up_a_member_of_the_most_crowded_node() {
+        // A member added on n3 to spread them: four voters, main-1 and main-2 share n2.
+        let voters = ["main-0", "main-1", "main-2", "main-3"];
+        let added = spread(
+            &[("main-0", "n1"), ("main-1", "n2"), ("main-2", "n2"), ("main-3", "n3")],
+            &["n1", "n2", "n3"],
+        );
+        assert_eq!(added.crowded_member(&voters, Some("main-2")).as_deref(), Some("main-1"));
+        assert_eq!(added.crowded_member(&voters, None).as_deref(), Some("main-2"));
+        let apart = spread(&[("main-0", "n1"), ("main-1", "n2")], &["n1", "n2", "n3"]);
+        assert_eq!(apart.crowded_member(&["main-0", "main-1"], None), None);
+        assert!(spread(&[("main-0", "n1"), ("main-1", "n1")], &["n1", "n2"]).could_spread(&["main-0", "main-1"]));
+        // No voters yet (a cluster starting): nothing shared, nothing to move.
+        assert_eq!(added.shared(&[]), None);
+        assert!(!added.could_spread(&[]));
     }
 
     #[test]

@@ -209,8 +209,9 @@ struct Standing<'a> {
     coming_back: Option<String>,
     paused: bool,
     upgrade_to: Option<&'a str>,
-    /// Voting members that share a node with more members than the cluster can lose.
-    crowded: Option<String>,
+    /// Voting members that share a node with more members than the cluster can lose, and
+    /// whether a node that could hold one has room to spread them.
+    crowded: Option<(String, bool)>,
 }
 
 impl<'a> Standing<'a> {
@@ -251,13 +252,17 @@ impl<'a> Standing<'a> {
             coming_back: super::membership::coming_back(facts),
             paused: cluster.spec.paused,
             upgrade_to: facts.upgrade_to.as_deref(),
-            crowded: facts.spread.shared(
-                &members
+            crowded: {
+                let voters: Vec<&str> = members
                     .iter()
                     .filter(|m| m.id.is_some() && !m.learner)
                     .map(|m| m.name.as_str())
-                    .collect::<Vec<_>>(),
-            ),
+                    .collect();
+                facts
+                    .spread
+                    .shared(&voters)
+                    .map(|shared| (shared, facts.spread.could_spread(&voters)))
+            },
         }
     }
 
@@ -370,15 +375,20 @@ fn degraded(standing: &Standing, problems: &Problems) -> Decided {
             "MembersUnhealthy",
             format!("unhealthy: {}", standing.unhealthy.join(", ")),
         )
-    } else if let Some(shared) = &standing.crowded {
-        Decided::new(
-            DEGRADED,
-            true,
-            MEMBERS_SHARE_NODE,
+    } else if let Some((shared, could_spread)) = &standing.crowded {
+        // Said either way, never "no problems found"; degraded only while a node could take a
+        // member (a cluster of one node, or with every other node down, is as spread as it can
+        // be, and a Degraded that nothing can end would only train people to ignore it).
+        let message = if *could_spread {
             format!(
-                "{shared}: losing that node would lose the quorum; one moves once every member is healthy and a node that could hold it has none"
-            ),
-        )
+                "{shared}: losing that node would lose the quorum; a member moves to another node once every member is healthy"
+            )
+        } else {
+            format!(
+                "{shared}: losing that node would lose the quorum, and no other node could hold a member now; they move once one can"
+            )
+        };
+        Decided::new(DEGRADED, *could_spread, MEMBERS_SHARE_NODE, message)
     } else {
         Decided::new(DEGRADED, false, "AsExpected", "no problems found")
     }

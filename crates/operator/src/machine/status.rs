@@ -14,6 +14,9 @@ use crate::core::conditions::{Decided, merge};
 /// short enough that a budget that allows nothing is raised while someone still watches.
 pub const DRAIN_HELD_AFTER: jiff::SignedDuration = jiff::SignedDuration::from_mins(5);
 
+/// How long after its Node joined a machine whose Node was never Ready counts as starting.
+pub const STARTING_AT_MOST: jiff::SignedDuration = jiff::SignedDuration::from_mins(10);
+
 /// Degraded's reason for a drain held past [`DRAIN_HELD_AFTER`] (and, higher up, the reason of
 /// a MachineSet's or MachineDeployment's `MachinesDeleting` while a budget holds a drain).
 pub const DRAIN_HELD: &str = "DrainHeld";
@@ -115,14 +118,19 @@ pub fn build(facts: &StatusFacts, now: jiff::Timestamp) -> MachineStatus {
 /// A machine whose Node has joined but was never Ready: still starting, not degraded. Known
 /// from the machine's own Ready condition, which is True once the Node was Ready and keeps the
 /// reason `NodeNotReady` when it went NotReady after that.
-fn node_starting(facts: &StatusFacts, phase: MachinePhase, node_ready: bool) -> bool {
-    let previous_ready = facts
-        .machine
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
+fn node_starting(facts: &StatusFacts, phase: MachinePhase, node_ready: bool, now: jiff::Timestamp) -> bool {
+    let previous = facts.machine.status.as_ref();
+    let previous_ready = previous.and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
     let was_ready = previous_ready.is_some_and(|c| c.status == "True" || c.reason == "NodeNotReady");
-    phase == MachinePhase::Running && !node_ready && matches!(facts.node, NodeView::Present(_)) && !was_ready
+    // A Node never Ready long after it joined is not starting any more: it is degraded.
+    let joined_long_ago = previous
+        .and_then(|s| s.node_joined_at.as_ref())
+        .is_some_and(|at| now.duration_since(at.0) >= STARTING_AT_MOST);
+    phase == MachinePhase::Running
+        && !node_ready
+        && matches!(facts.node, NodeView::Present(_))
+        && !was_ready
+        && !joined_long_ago
 }
 
 fn conditions(facts: &StatusFacts, phase: MachinePhase, joined: bool, now: jiff::Timestamp) -> Vec<Decided> {
@@ -134,7 +142,7 @@ fn conditions(facts: &StatusFacts, phase: MachinePhase, joined: bool, now: jiff:
         } => Some(format!("the VM cannot start: {reason}: {message}")),
         _ => None,
     };
-    let starting = node_starting(facts, phase, node_ready);
+    let starting = node_starting(facts, phase, node_ready, now);
     let not_ready = if starting {
         Some((
             "NodeStarting",
@@ -245,14 +253,24 @@ fn drain_held(facts: &StatusFacts, now: jiff::Timestamp) -> Option<(&'static str
     let Some(Deletion::Draining(progress)) = facts.deletion else {
         return None;
     };
-    let started = facts.machine.status.as_ref()?.drain_started_at.as_ref()?.0;
-    let waited = now.duration_since(started);
-    (!progress.blocked.is_empty() && waited >= DRAIN_HELD_AFTER).then(|| {
+    let status = facts.machine.status.as_ref()?;
+    let started = status.drain_started_at.as_ref()?.0;
+    // Once said, said until the drain ends: a budget that lets pods go one at a time
+    // alternates between holding and not, and the condition would flap with it.
+    let said = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == DEGRADED && c.status == "True" && c.reason == DRAIN_HELD);
+    if progress.blocked.is_empty() {
+        return said.map(|c| (DRAIN_HELD, c.message.clone()));
+    }
+    (now.duration_since(started) >= DRAIN_HELD_AFTER).then(|| {
         (
             DRAIN_HELD,
             format!(
-                "its drain has waited {} min: a PodDisruptionBudget keeps {} on the Node",
-                waited.as_mins(),
+                "its drain, begun at {}, has waited more than {} min: a PodDisruptionBudget keeps {} on the Node",
+                started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                DRAIN_HELD_AFTER.as_mins(),
                 progress.blocked.join(", ")
             ),
         )
@@ -404,6 +422,21 @@ mod tests {
             "NodeNotReady",
             "the health check still counts it"
         );
+        // Never Ready long after it joined: no longer starting, degraded.
+        let mut stuck = m.clone();
+        stuck.status = Some(MachineStatus {
+            node_joined_at: Some(Time(now - STARTING_AT_MOST)),
+            ..starting.clone()
+        });
+        let stuck = build(
+            &StatusFacts {
+                machine: &stuck,
+                ..facts(&lost_node)
+            },
+            now,
+        );
+        assert_eq!(condition(&stuck, DEGRADED).0, "True");
+        assert_eq!(condition(&stuck, DEGRADED).1, "NodeNotReady");
 
         // Once Ready, a Node that goes NotReady is a degraded machine, pass after pass.
         let mut was_ready = m.clone();
@@ -502,9 +535,27 @@ mod tests {
         let (s, reason, message) = condition(&status, DEGRADED);
         assert_eq!((s, reason), ("True", "DrainHeld"));
         assert!(
-            message.contains("waited 6 min") && message.contains("shop/web-1"),
+            message.contains("more than 5 min") && message.contains("shop/web-1"),
             "{message}"
         );
+        // Between two evictions the budget holds nothing for a moment: still said, unchanged.
+        let mut between = held.clone();
+        between.status = Some(status.clone());
+        let evicting = Deletion::Draining(DrainProgress {
+            ending: vec!["shop/web-1".into()],
+            ..Default::default()
+        });
+        let later = build(
+            &StatusFacts {
+                machine: &between,
+                admission: &refused,
+                vm: &VmState::Running { address: None },
+                node: &node("True"),
+                deletion: Some(&evicting),
+            },
+            now + jiff::SignedDuration::from_secs(90),
+        );
+        assert_eq!(condition(&later, DEGRADED), condition(&status, DEGRADED));
 
         // A Node that could not be reached: its pods deleted, and the status keeps saying so.
         let forced = Deletion::DrainedWithoutEviction(vec!["shop/web-2".into()]);

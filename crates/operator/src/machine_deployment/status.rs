@@ -77,10 +77,19 @@ pub fn build(
     } else {
         "ScalingUp"
     };
+    // The current set's machines first; else an older set's (a drain held past its bound is
+    // an old machine's).
+    let degraded_of = |s: &MachineSet| {
+        s.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == DEGRADED && c.status == "True")
+            .map(|c| passed_on(MACHINES_DEGRADED, c))
+    };
     let current_problem = current
-        .and_then(|s| s.status.as_ref())
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == DEGRADED && c.status == "True"))
-        .map(|c| passed_on(MACHINES_DEGRADED, c));
+        .and_then(degraded_of)
+        .or_else(|| sets.iter().filter(|s| !is_current(s)).find_map(degraded_of));
 
     let deleting_machines = machines_deleting(sets);
     let held = (deleting_machines.reason == DRAIN_HELD).then_some(deleting_machines.message.as_str());
@@ -218,17 +227,21 @@ fn decide(
         counts.clone(),
     ));
     decided.push(if stalled {
-        Decided::new(
-            PROGRESSING,
-            false,
-            "ProgressDeadlineExceeded",
-            format!(
-                "no progress for {}s; the old machines are left as they are until the template is fixed: {}",
-                md.spec.progress_deadline_seconds,
+        let why = match held {
+            // An old machine's drain is what waits, not the new machines.
+            Some(held) => format!("held: {held}"),
+            None => format!(
+                "the old machines are left as they are until the template is fixed: {}",
                 current_problem
                     .clone()
                     .unwrap_or_else(|| "the new machines do not become ready".into())
             ),
+        };
+        Decided::new(
+            PROGRESSING,
+            false,
+            "ProgressDeadlineExceeded",
+            format!("no progress for {}s; {why}", md.spec.progress_deadline_seconds),
         )
     } else if plan_complete {
         Decided::new(PROGRESSING, true, "NewMachineSetAvailable", counts.clone())
