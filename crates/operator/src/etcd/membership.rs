@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use noops_api::etcd::{Operation, OperationKind};
 
-use super::names::RECOVER_ANNOTATION;
+use super::names::{RECOVER_ANNOTATION, index_order};
 use super::restore::Restore;
 
 /// How long a member may be unhealthy (its process crashing, its node gone) before it is
@@ -575,12 +575,6 @@ fn clean_up(m: &MemberFacts) -> Option<Step> {
         PodState::Ready | PodState::Starting => Some(delete(false)),
         PodState::Missing | PodState::Terminating => m.volume.then(|| delete(false)),
     }
-}
-
-/// Orders member names by their numeric suffix (`main-10` after `main-9`).
-pub(super) fn index_order(a: &str, b: &str) -> std::cmp::Ordering {
-    let index = |n: &str| n.rsplit('-').next().and_then(|i| i.parse::<i64>().ok()).unwrap_or(-1);
-    index(a).cmp(&index(b))
 }
 
 /// Why a member that etcd knows is gone for good, if it is.

@@ -203,6 +203,12 @@ impl Names {
     }
 }
 
+/// Orders member names by their numeric suffix (`main-10` after `main-9`).
+pub fn index_order(a: &str, b: &str) -> std::cmp::Ordering {
+    let index = |n: &str| n.rsplit('-').next().and_then(|i| i.parse::<i64>().ok()).unwrap_or(-1);
+    index(a).cmp(&index(b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -118,7 +118,7 @@ impl Spread {
         members
             .iter()
             .filter(|m| Some(**m) != keep)
-            .max_by(|a, b| super::membership::index_order(a, b))
+            .max_by(|a, b| super::names::index_order(a, b))
             .map(|m| m.to_string())
     }
 
@@ -135,7 +135,7 @@ impl Spread {
         let member = members
             .iter()
             .filter(|m| Some(**m) != keep)
-            .max_by(|a, b| super::membership::index_order(a, b))
+            .max_by(|a, b| super::names::index_order(a, b))
             .or(members.first())?;
         Some((member.to_string(), crowded.to_string(), emptiest.clone()))
     }

@@ -112,6 +112,25 @@ pub fn silent(since_last_answer: Option<Duration>, since_primary: Option<Duratio
     }
 }
 
+/// What an instance manager has heard from its server while it is the primary.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Answers {
+    /// Since when it is the primary (its first answer is awaited from then).
+    pub primary_since: Option<std::time::Instant>,
+    /// When it last answered.
+    pub last: Option<std::time::Instant>,
+}
+
+impl Answers {
+    /// Whether the server counts as silent now ([`silent`]).
+    pub fn silent(&self) -> bool {
+        silent(
+            self.last.map(|at| at.elapsed()),
+            self.primary_since.map(|at| at.elapsed()),
+        )
+    }
+}
+
 /// `step`, for a server that may be silent: a primary whose server does not answer renews no
 /// more, so its own deadline stops it and the operator fails over once the lease runs out.
 /// Everything else is as the lease says.

@@ -162,7 +162,7 @@ impl Keeper {
     pub async fn watch(
         self,
         running: watch::Receiver<Running>,
-        answered: watch::Receiver<super::run::Answers>,
+        answered: watch::Receiver<lease::Answers>,
         told: mpsc::Sender<Told>,
         mut renewed: Option<Instant>,
     ) {

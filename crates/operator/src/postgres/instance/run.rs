@@ -185,7 +185,7 @@ async fn serve(
         tokio::spawn(checkpoint_once_primary(settings.socket_dir.clone()));
     }
     let (role, role_seen) = watch::channel(running);
-    let (answered_tx, answered) = watch::channel(Answers::default());
+    let (answered_tx, answered) = watch::channel(lease::Answers::default());
     let probing = tokio::spawn(look_at_the_primary(
         settings.socket_dir.clone(),
         role_seen.clone(),
@@ -365,32 +365,13 @@ fn children_of(parent: u32) -> Vec<i32> {
         .collect()
 }
 
-/// What the instance manager has heard from its server while it is the primary.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Answers {
-    /// Since when it is the primary (its first answer is awaited from then).
-    pub primary_since: Option<Instant>,
-    /// When it last answered.
-    pub last: Option<Instant>,
-}
-
-impl Answers {
-    /// Whether the server counts as silent now ([`lease::silent`]).
-    pub fn silent(&self) -> bool {
-        lease::silent(
-            self.last.map(|at| at.elapsed()),
-            self.primary_since.map(|at| at.elapsed()),
-        )
-    }
-}
-
 /// Looks at the server every [`RENEW_EVERY`] while it is the primary, and records when it
 /// last answered: connected and queried over its socket within [`lease::ANSWER_WITHIN`]. An
 /// error it sends (too many connections, shutting down) is an answer too; only silence is not.
 async fn look_at_the_primary(
     socket_dir: PathBuf,
     mut running: watch::Receiver<Running>,
-    answered: watch::Sender<Answers>,
+    answered: watch::Sender<lease::Answers>,
 ) {
     let mut tick = tokio::time::interval(RENEW_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
