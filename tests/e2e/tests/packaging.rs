@@ -359,7 +359,8 @@ async fn the_chart_with_its_defaults_runs_under_pod_security_restricted() {
     let namespaces = format!("namespaces={{{}}}", watched.name);
     let yaml = template(&release, &home.name, &[&namespaces, "controllers={maintpage}"]).unwrap();
     // Rejected pods would show as a ReplicaSet that never gets them, so the rollout waits.
-    let applied = noops_e2e::kubectl(&["apply", "-n", &home.name, "-f", "-"], Some(&yaml));
+    // Every namespaced object names its namespace (the Role in the watched one too).
+    let applied = noops_e2e::kubectl(&["apply", "-f", "-"], Some(&yaml));
     assert!(applied.status.success(), "{}", String::from_utf8_lossy(&applied.stderr));
     let warnings = String::from_utf8_lossy(&applied.stderr).to_string();
     assert!(!warnings.contains("violate PodSecurity"), "{warnings}");
