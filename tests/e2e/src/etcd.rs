@@ -548,6 +548,16 @@ impl Writer {
     }
 }
 
+/// Removes what a writer left (its register and the key of each write), so that another
+/// writer's history is judged against its own writes only.
+pub async fn forget_writes(client: &mut Client) {
+    client.delete(REGISTER, None).await.unwrap();
+    client
+        .delete(WRITTEN, Some(etcd_client::DeleteOptions::new().with_prefix()))
+        .await
+        .unwrap();
+}
+
 /// Checks a writer's history and the data it left, with a summary on failure.
 pub async fn assert_no_write_lost(history: &History, client: &mut Client, min_acked: usize) {
     let summary = format!(

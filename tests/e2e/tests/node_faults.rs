@@ -490,6 +490,7 @@ async fn an_etcd_member_whose_node_dies_is_removed_then_replaced_without_losing_
 
     // The machine comes back: nothing of the old member rejoins, and a member that shares a
     // node moves to it (removed, then a successor added), every acknowledged write kept.
+    forget_writes(&mut checker).await;
     let writer = Writer::start(etcd_client(&ns, "main", &[service_endpoint(&ns, "main").await]).await);
     node_fault(&["start", &victim_node]);
     wait_node_status(&ns.client, &victim_node, true, MINUTE).await;
