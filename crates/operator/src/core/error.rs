@@ -79,6 +79,15 @@ pub enum Error {
 }
 
 /// What a reconcile through kube's `finalizer()` helper ends in: its own error, or the API's.
+/// Whether `error` is the API server refusing to make an object in a namespace being deleted:
+/// waiting cannot help (a finalizer that needs a pod there must let go, not wait for ever).
+pub fn namespace_terminating(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status
+        .details
+        .as_ref()
+        .is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating")))
+}
+
 pub fn from_finalizer(
     result: std::result::Result<kube::runtime::controller::Action, kube::runtime::finalizer::Error<Error>>,
 ) -> Result<kube::runtime::controller::Action> {
@@ -189,5 +198,18 @@ mod tests {
         }));
         let tagged = Err::<(), _>(api).during(Stage::Apply).unwrap_err();
         assert_eq!((tagged.reason(), tagged.is_transient()), ("Conflict", true));
+    }
+
+    #[test]
+    fn a_namespace_being_deleted_is_told_from_other_refusals() {
+        let refusal: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": 403, "reason": "Forbidden",
+            "message": "pods \"x\" is forbidden: unable to create new content in namespace demo because it is being terminated",
+            "details": { "name": "x", "kind": "pods", "causes": [{ "reason": "NamespaceTerminating", "message": "namespace demo is being terminated", "field": "metadata.namespace" }] }
+        }))
+        .unwrap();
+        assert!(namespace_terminating(&kube::Error::Api(Box::new(refusal))));
+        let other = kube::core::Status::failure("forbidden", "Forbidden").with_code(403);
+        assert!(!namespace_terminating(&kube::Error::Api(Box::new(other))));
     }
 }

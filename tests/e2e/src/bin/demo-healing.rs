@@ -4,8 +4,9 @@
 //! moved onto the node that will stop (`kubectl noops promote`, a switchover); then that node,
 //! which also holds one etcd member, stops, as a machine that dies. The operator (deploy/, in
 //! the cluster) replaces the member and promotes a replica once the primary's lease runs out,
-//! without waiting for the node controller; the demo prints what it sees meanwhile, then the
-//! acknowledged writes that were lost: none for either. It exits non-zero if one was, and
+//! without waiting for the node controller; the demo prints what it sees meanwhile, then, the
+//! node back, the etcd members spread over three nodes again, and the acknowledged writes that
+//! were lost: none for either. It exits non-zero if one was (or the members stay crowded), and
 //! leaves namespace `demo-healing` to look at.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -270,6 +271,34 @@ async fn main() {
     node_fault(&["start", &victim]);
     ready_nodes(&ns.client, 3).await;
 
+    // The member that replaced the lost one came to share a node: once the node is back, a
+    // member is added on it and one of the shared node's goes, so that one node failure can
+    // no longer take the quorum.
+    log("etcd members spread over the nodes again");
+    let clusters: Api<EtcdCluster> = Api::namespaced(ns.client.clone(), NAMESPACE);
+    let spread = tokio::time::timeout(Duration::from_secs(180), async {
+        loop {
+            let status = clusters.get("main").await.ok().and_then(|c| c.status);
+            if let Some(status) = status {
+                let nodes: std::collections::BTreeSet<_> =
+                    status.members.iter().filter_map(|m| m.node.clone()).collect();
+                if nodes.len() == 3 && status.members.len() == 3 && status.operation.is_none() {
+                    return status.members;
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    })
+    .await;
+    match &spread {
+        Ok(members) => {
+            for m in members {
+                println!("  {}  on {}", m.name, m.node.as_deref().unwrap_or("?"));
+            }
+        }
+        Err(_) => println!("  they still share a node after 3 minutes (kubectl noops status etcd/main -n {NAMESPACE})"),
+    }
+
     log("acknowledged writes lost");
     println!(
         "  etcd:       {} of {} acknowledged writes lost (bound: 0); {} reads, none stale: {}",
@@ -296,6 +325,9 @@ async fn main() {
     }
     if !pg_lost.is_empty() {
         failed.push(format!("PostgreSQL lost acknowledged commits {pg_lost:?}"));
+    }
+    if spread.is_err() {
+        failed.push("etcd members still share a node".into());
     }
     if history.acked_writes() < 100 || report.acked.len() < 100 {
         failed.push("too few writes to judge by".into());

@@ -434,7 +434,9 @@ async fn delete_from_volume(
             let place = (namespace.as_str(), backup.spec.cluster.as_str());
             let pod = volume::delete_pod(&name, place, destination, key, &ctx.image, &ctx.images, &owner);
             if let Err(e) = create_if_missing(&pods, &pod).await {
-                return Ok(Some(Err((format!("pod {name} cannot be made: {e}"), true))));
+                // Its namespace is going: no pod will ever be made there.
+                let waiting_helps = !crate::core::error::namespace_terminating(&e);
+                return Ok(Some(Err((format!("pod {name} cannot be made: {e}"), waiting_helps))));
             }
             None
         }

@@ -519,6 +519,11 @@ async fn start_deletion(
     crash::point("postgres backup: delete pod made");
     Ok(match made {
         Ok(_) => None,
+        // Its namespace is going: no pod will ever be made there, so the files stay.
+        Err(e) if crate::core::error::namespace_terminating(&e) => Some(Err((
+            format!("pod {name} cannot be made: its namespace is being deleted"),
+            false,
+        ))),
         Err(e) => Some(Err((format!("pod {name} cannot be made: {e}"), true))),
     })
 }
