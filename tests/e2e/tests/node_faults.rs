@@ -492,6 +492,32 @@ async fn an_etcd_member_whose_node_dies_is_removed_then_replaced_without_losing_
     // node moves to it (removed, then a successor added), every acknowledged write kept.
     forget_writes(&mut checker).await;
     let writer = Writer::start(etcd_client(&ns, "main", &[service_endpoint(&ns, "main").await]).await);
+    // Every status the move goes through, from a watch: never fewer voters than asked for
+    // (the member on the free node is added before one of the shared node's goes).
+    let fewest_voters = std::sync::Arc::new(std::sync::Mutex::new((usize::MAX, String::new())));
+    let voter_watch = {
+        use futures::StreamExt;
+        use kube::runtime::{WatchStreamExt, watcher};
+        let statuses = watcher(api.clone(), watcher::Config::default().fields("metadata.name=main"))
+            .default_backoff()
+            .applied_objects();
+        let fewest = fewest_voters.clone();
+        tokio::spawn(async move {
+            futures::pin_mut!(statuses);
+            while let Some(Ok(cluster)) = statuses.next().await {
+                let members = cluster.status.map(|s| s.members).unwrap_or_default();
+                let voters = members.iter().filter(|m| m.id.is_some() && !m.learner).count();
+                let mut seen = fewest.lock().unwrap();
+                if voters < seen.0 {
+                    let names: Vec<String> = members
+                        .iter()
+                        .map(|m| format!("{}{}", m.name, if m.learner { "(learner)" } else { "" }))
+                        .collect();
+                    *seen = (voters, names.join(","));
+                }
+            }
+        })
+    };
     node_fault(&["start", &victim_node]);
     wait_node_status(&ns.client, &victim_node, true, MINUTE).await;
     let apart = wait_for("the members on three nodes again", 5 * MINUTE, || async {
@@ -506,6 +532,12 @@ async fn an_etcd_member_whose_node_dies_is_removed_then_replaced_without_losing_
     })
     .await;
     assert!(!apart.members.iter().any(|m| m.name == leader));
+    voter_watch.abort();
+    let (fewest, then) = fewest_voters.lock().unwrap().clone();
+    assert_eq!(
+        fewest, 3,
+        "fewest voters while the members moved apart: {fewest} ({then})"
+    );
     let history = writer.stop().await;
     let names: Vec<&str> = apart.members.iter().map(|m| m.name.as_str()).collect();
     let mut checker = etcd_client(&ns, "main", &member_endpoints(&ns, &names).await).await;

@@ -223,15 +223,14 @@ fn pod_image(pod: &Pod) -> Option<&str> {
 /// Members that are not healthy and the node that holds them, where that node is not Ready
 /// (or its Node object is gone): the node its pod is bound to or, for a pod not placed yet or
 /// none, the node its local volume is pinned to. Asked only about members that do not answer
-/// healthy, so a healthy cluster reads no Node.
+/// healthy, so a healthy cluster reads no volume. Nodes come from the cache (`nodes`).
 pub async fn nodes_down(
     client: &kube::Client,
     children: &Children,
     etcd: &EtcdView,
+    nodes: &Store<Node>,
 ) -> Result<BTreeMap<String, String>, kube::Error> {
-    let node_api: kube::Api<Node> = kube::Api::all(client.clone());
     let volume_api: kube::Api<PersistentVolume> = kube::Api::all(client.clone());
-    let mut ready: BTreeMap<String, bool> = BTreeMap::new();
     let mut down = BTreeMap::new();
     let unhealthy: BTreeSet<&String> = children
         .pods
@@ -260,18 +259,9 @@ pub async fn nodes_down(
             },
         };
         let Some(node) = node else { continue };
-        let is_ready = match ready.get(&node) {
-            Some(known) => *known,
-            None => {
-                let answer = node_api
-                    .get_opt(&node)
-                    .await?
-                    .as_ref()
-                    .is_some_and(crate::core::nodes::ready);
-                ready.insert(node.clone(), answer);
-                answer
-            }
-        };
+        let is_ready = nodes
+            .get(&kube::runtime::reflector::ObjectRef::new(&node))
+            .is_some_and(|n| crate::core::nodes::ready(&n));
         if !is_ready {
             down.insert(member.clone(), node);
         }

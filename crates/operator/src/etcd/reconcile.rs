@@ -123,7 +123,7 @@ impl<'a> Pass<'a> {
         } else {
             observe::ask_etcd(&EtcdAccess::new(credentials.clone()), children, &self.names).await
         };
-        let nodes_down = observe::nodes_down(&self.ctx.client, children, &etcd).await?;
+        let nodes_down = observe::nodes_down(&self.ctx.client, children, &etcd, &self.ctx.caches.nodes).await?;
         let nodes = self.ctx.caches.nodes.state();
         let facts = observe::facts(
             self.cluster,
