@@ -909,6 +909,11 @@ mod tests {
         four.members.push(member("main-9", 19));
         four.spread.members.insert("main-9".into(), "n3".into());
         assert_eq!(begun(&next_step(&four)), (OperationKind::RemoveMember, "main-2".into()));
+        // A cache one pass behind, without the new member's pod: still one of the crowded
+        // node's, never the member just added.
+        let mut behind = four.clone();
+        behind.spread.members.remove("main-9");
+        assert_eq!(begun(&next_step(&behind)), (OperationKind::RemoveMember, "main-2".into()));
         assert!(
             op.reason.contains("shares node n2") && op.reason.contains("n3 holds none"),
             "{}",
