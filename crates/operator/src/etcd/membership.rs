@@ -913,7 +913,10 @@ mod tests {
         // node's, never the member just added.
         let mut behind = four.clone();
         behind.spread.members.remove("main-9");
-        assert_eq!(begun(&next_step(&behind)), (OperationKind::RemoveMember, "main-2".into()));
+        assert_eq!(
+            begun(&next_step(&behind)),
+            (OperationKind::RemoveMember, "main-2".into())
+        );
         assert!(
             op.reason.contains("shares node n2") && op.reason.contains("n3 holds none"),
             "{}",
