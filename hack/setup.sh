@@ -10,6 +10,8 @@ source "$(dirname "$0")/lib.sh"
 declare -A wanted=(
   [ip]=iproute2 [iptables]=iptables [nft]=nftables [conntrack]=conntrack [openssl]=openssl
   [curl]=curl [sysctl]=procps [nsenter]=util-linux [setsid]=util-linux
+  # The alerting rules' unit tests (promtool) and the Prometheus the monitoring test runs.
+  [promtool]=prometheus [prometheus]=prometheus
 )
 missing=()
 for cmd in "${!wanted[@]}"; do
@@ -35,8 +37,19 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" = 0 ] || die "missing packages (${missing[*]}) and not root to install them"
   log "installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
+  # Debian's prometheus (and postgresql) would start a service of their own: the tests run
+  # their own, so services are told not to start while installing (unless a policy is there).
+  policy=/usr/sbin/policy-rc.d
+  own_policy=
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\n# noops setup: no service starts while it installs packages.\nexit 101\n' >"$policy"
+    chmod +x "$policy"
+    own_policy=1
+    trap 'rm -f "$policy"' EXIT
+  fi
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${missing[@]}" | sort -u) >/dev/null
+  [ -z "$own_policy" ] || rm -f "$policy"
 fi
 
 # --- Go (only for building upstream binaries) ---------------------------------------------------

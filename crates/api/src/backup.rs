@@ -134,6 +134,9 @@ pub struct VolumeDestination<E: Engine> {
 pub struct BackupsStatus {
     /// The schedule's bookmark: the scheduled time of the last scheduled backup made.
     pub last_scheduled_time: Option<Time>,
+    /// When the schedule was first followed: one with no successful backup twice its interval
+    /// after this has never worked (the NoopsBackupNeverSucceeded alert).
+    pub schedule_since: Option<Time>,
     /// The newest successful backup.
     pub last_backup: Option<String>,
     /// When the newest successful backup completed.

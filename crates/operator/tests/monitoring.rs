@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use noops::core::metrics::{BackupGauges, Metrics, ReplicaLag, ReplicationGauges};
+use noops::core::resource_metrics::{ConditionState, ResourceState};
 use promql_parser::parser::Expr;
 use promql_parser::util::{ExprVisitor, walk_expr};
 
@@ -35,6 +36,21 @@ fn exported() -> BTreeSet<String> {
             interval: Some(1.0),
             last_archived_wal: Some(1.0),
             archiving_failing: Some(false),
+            schedule_since: Some(1.0),
+        },
+    );
+    metrics.set_resource_state(
+        "EtcdCluster",
+        "db",
+        "main",
+        ResourceState {
+            created: Some(1.0),
+            phase: Some("Running".into()),
+            conditions: vec![ConditionState {
+                type_: "Ready".into(),
+                holds: true,
+                since: Some(1.0),
+            }],
         },
     );
     metrics.set_certificate_expiry("EtcdCluster", "db", "main", "main-server", jiff::Timestamp::UNIX_EPOCH);
@@ -172,9 +188,61 @@ fn every_alert_parses_and_names_only_exported_metrics() {
         "NoopsWalArchivingFailing",
         "NoopsReconcileErrorsRising",
         "NoopsCertificateExpiringSoon",
+        "NoopsOperatorAbsent",
+        "NoopsBackupNeverSucceeded",
+        "NoopsResourceNotReady",
+        "NoopsProgressingTooLong",
     ] {
         assert!(alerts.iter().any(|a| a == wanted), "no alert {wanted}: {alerts:?}");
     }
+}
+
+/// The alerts of the rules file, by name.
+fn alert_names() -> BTreeSet<String> {
+    let rules: serde_json::Value = serde_saphyr::from_str(&chart_file("prometheus-rules.yaml")).unwrap();
+    rules["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .filter_map(|r| r["alert"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// Every alert, evaluated by Prometheus's own rule engine (`promtool test rules`) on series
+/// like those the operator serves: quiet before its fault has lasted, firing with the
+/// resource's own labels and annotations, resolved once the fault ends.
+#[test]
+fn promtool_fires_and_resolves_every_alert() {
+    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/monitoring/prometheus-rules.test.yaml");
+    let tests: serde_json::Value = serde_saphyr::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let (mut fired, mut quiet) = (BTreeSet::new(), BTreeSet::new());
+    for test in tests["tests"].as_array().unwrap() {
+        for check in test["alert_rule_test"].as_array().unwrap() {
+            let alert = check["alertname"].as_str().unwrap().to_string();
+            let firing = check["exp_alerts"].as_array().is_some_and(|a| !a.is_empty());
+            if firing { &mut fired } else { &mut quiet }.insert(alert);
+        }
+    }
+    let alerts = alert_names();
+    let not_fired: Vec<&String> = alerts.difference(&fired).collect();
+    let never_quiet: Vec<&String> = alerts.difference(&quiet).collect();
+    assert!(
+        not_fired.is_empty() && never_quiet.is_empty(),
+        "{} does not fire {not_fired:?}, or never expects quiet {never_quiet:?}",
+        file.display()
+    );
+    let run = std::process::Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(&file)
+        .output()
+        .unwrap_or_else(|e| panic!("promtool: {e} (make setup installs Debian's prometheus package)"));
+    assert!(
+        run.status.success(),
+        "promtool test rules:\n{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
 }
 
 #[test]
@@ -189,6 +257,30 @@ fn every_dashboard_panel_parses_and_names_only_exported_metrics() {
             if let Some(problem) = problems(expr, &exported) {
                 panic!("panel {}: {problem}", panel["title"]);
             }
+            // A panel of resources follows the namespace and resource chosen at the top.
+            if expr.contains("namespace") {
+                assert!(
+                    expr.contains(r#"namespace=~"$namespace""#) && expr.contains(r#"=~"$name""#),
+                    "panel {} ignores the namespace or resource chosen: {expr}",
+                    panel["title"]
+                );
+            }
         }
+    }
+    let variables: Vec<&str> = dashboard["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert_eq!(variables, ["datasource", "namespace", "kind", "name"]);
+    for variable in &dashboard["templating"]["list"].as_array().unwrap()[1..] {
+        let query = variable["query"]["query"].as_str().unwrap();
+        let inner = query
+            .strip_prefix("label_values(")
+            .and_then(|q| q.rsplit_once(','))
+            .map(|(selector, _)| selector)
+            .unwrap_or_else(|| panic!("variable query {query}"));
+        assert_eq!(problems(inner, &exported), None, "variable {}", variable["name"]);
     }
 }

@@ -21,14 +21,7 @@ pub fn row(what: &str, times: &[f64], bound_what: &str, bound: f64) {
     );
 }
 
-/// A loopback port free now.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use crate::free_port;
 
 /// A memory figure of process `pid` from its `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in MiB;
 /// 0 if it is gone.

@@ -20,6 +20,7 @@ pub mod chaos;
 pub mod clusters;
 pub mod deletions;
 pub mod etcd;
+pub mod frozen;
 pub mod plugin;
 pub mod postgres;
 pub mod s3;
@@ -374,6 +375,15 @@ pub fn built_kubernetes_version() -> String {
         .expect("k8s.io/kubernetes in tools/k8s/go.mod")
 }
 
+/// A loopback port free now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A `noops run` process outside the cluster (admin kubeconfig), killed when dropped.
 pub struct Operator {
     child: std::process::Child,
@@ -407,11 +417,7 @@ impl Operator {
     fn start_process(binary: &Path, namespace: &str, extra: &[&str], kubeconfig: &Path, env: &[(&str, &str)]) -> Self {
         let binary = binary.to_path_buf();
         assert!(binary.exists(), "{} is missing: run `make setup`", binary.display());
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let http = format!("127.0.0.1:{port}");
         let log = std::env::temp_dir().join(format!("noops-operator-{namespace}-{port}.log"));
         let out = std::fs::File::create(&log).unwrap();

@@ -522,14 +522,11 @@ fn instance_manager(ns: &TestNamespace, pod: &str) -> Option<i32> {
     })
 }
 
-/// A PostgreSQL pod frozen whole (its cgroup), as a hung node or a paused VM would be: its
-/// instance manager renews nothing and stops nothing, its server answers nothing. Thawed when
-/// dropped.
-pub struct Frozen {
-    freeze_file: std::path::PathBuf,
-}
+pub use crate::frozen::Frozen;
 
 impl Frozen {
+    /// A PostgreSQL pod frozen whole (its cgroup), as a hung node or a paused VM would be: its
+    /// instance manager renews nothing and stops nothing, its server answers nothing.
     pub fn pod(ns: &TestNamespace, pod: &str) -> Self {
         let pid = instance_manager(ns, pod).unwrap_or_else(|| panic!("no instance manager of {pod}"));
         let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
@@ -538,26 +535,7 @@ impl Frozen {
             .find_map(|l| l.strip_prefix("0::"))
             .unwrap_or_else(|| panic!("{pod} is in no cgroup v2: {cgroup}"));
         // The container's cgroup is in its pod's: freeze the whole pod.
-        let pod_cgroup = std::path::Path::new(path.trim()).parent().unwrap().to_path_buf();
-        let freeze_file = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
-            .iter()
-            .map(|root| {
-                std::path::Path::new(root)
-                    .join(pod_cgroup.strip_prefix("/").unwrap())
-                    .join("cgroup.freeze")
-            })
-            .find(|f| f.exists())
-            .unwrap_or_else(|| panic!("no cgroup.freeze for {}", pod_cgroup.display()));
-        std::fs::write(&freeze_file, "1").unwrap();
-        Self { freeze_file }
-    }
-
-    pub fn thaw(self) {}
-}
-
-impl Drop for Frozen {
-    fn drop(&mut self) {
-        let _ = std::fs::write(&self.freeze_file, "0");
+        Self::cgroup(std::path::Path::new(path.trim()).parent().unwrap())
     }
 }
 

@@ -163,6 +163,23 @@ fn every_value_of_the_chart_renders() {
     );
     assert_eq!(pod["spec"]["securityContext"]["runAsNonRoot"], true);
     assert!(operator_pod(&["spreadAcrossNodes="])["spec"]["topologySpreadConstraints"].is_null());
+    // Labels a Prometheus selects its ServiceMonitors and rules by (kube-prometheus-stack's
+    // `release`), beside the chart's own.
+    let monitoring = rendered(&[
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.serviceMonitor.labels.release=kps",
+        "metrics.prometheusRule.enabled=true",
+        "metrics.prometheusRule.labels.release=kps",
+        "metrics.prometheusRule.labels.team=platform",
+    ]);
+    let monitor = &monitoring["ServiceMonitor/noops-system/noops-operator"]["metadata"]["labels"];
+    assert_eq!(monitor["release"], "kps");
+    assert_eq!(monitor["app.kubernetes.io/name"], "noops-operator");
+    let rule = &monitoring["PrometheusRule/noops-system/noops"]["metadata"]["labels"];
+    assert_eq!(
+        (&rule["release"], &rule["team"], &rule["app.kubernetes.io/name"]),
+        (&"kps".into(), &"platform".into(), &"noops-operator".into())
+    );
     // The budget: on by default, its bound a value, or none.
     let budget =
         &rendered(&["podDisruptionBudget.maxUnavailable=2"])["PodDisruptionBudget/noops-system/noops-operator"];
@@ -248,6 +265,7 @@ fn an_unknown_or_mistyped_value_is_refused() {
         "logFormat=yaml",
         "spreadAcrossNodes=Always",
         "podDisruptionBudget.minAvailable=1",
+        "metrics.serviceMonitor.labels.release=1",
         "metrics.serviceMonitor.enable=true",
     ] {
         let refused = template("noops", "noops-system", &[setting]);

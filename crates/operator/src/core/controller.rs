@@ -26,10 +26,14 @@ use tracing::{Instrument, debug, warn};
 
 /// How soon an object whose cleanup is under way ([`Error::UnderWay`]) is looked at again.
 const UNDER_WAY_CHECK: Duration = Duration::from_secs(2);
+/// How often each object's state series are read again from the cache (a scrape sees a
+/// change of condition at most this late).
+const STATE_SERIES_EVERY: Duration = Duration::from_secs(5);
 
 use super::backoff::Backoff;
 use super::events::{Announcement, Events};
 use super::metrics::Metrics;
+use super::resource_metrics::ResourceState;
 use super::{Error, Result};
 
 /// One controller of the operator.
@@ -111,20 +115,39 @@ pub async fn drive<K, S, R, Fut>(
     ctx: Arc<Context<S>>,
     reconcile: R,
 ) where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
     S: Send + Sync + 'static,
     R: Fn(Arc<K>, Arc<Context<S>>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<Action>> + Send + 'static,
 {
-    // The per-resource series of an object that is gone go with it (those of namespaces
-    // another instance of this controller watches are not this one's to judge).
+    // Each object's state as series, read from the cache; the per-resource series of an
+    // object that is gone go with it (those of namespaces another instance of this controller
+    // watches are not this one's to judge).
     let store = controller.store();
     let metrics = ctx.core.metrics.clone();
     let scope = namespace.clone();
     let janitor = tokio::spawn(async move {
         let kind = K::kind(&()).to_string();
         loop {
-            tokio::time::sleep(Duration::from_secs(30)).await;
+            tokio::time::sleep(STATE_SERIES_EVERY).await;
+            for object in store.state() {
+                let Ok(object) = &object.0 else { continue };
+                let Ok(json) = serde_json::to_value(object) else {
+                    continue;
+                };
+                let meta = object.meta();
+                let (Some(namespace), Some(name)) = (&meta.namespace, &meta.name) else {
+                    continue;
+                };
+                metrics.set_resource_state(&kind, namespace, name, ResourceState::read(&json));
+            }
             metrics.retain_resources(&kind, |namespace, name| {
                 scope.as_deref().is_some_and(|watched| watched != namespace)
                     || store

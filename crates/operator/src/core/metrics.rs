@@ -1,6 +1,6 @@
 //! Prometheus metrics of every controller: reconciles by result, errors by reason, reconcile
 //! duration, whether this replica leads, and the requests it sends to the API server; and per
-//! resource what people alert on: an etcd cluster's health, the age of the last backup against
+//! resource what people alert on: its conditions and phase (resource_metrics.rs), an etcd cluster's health, the age of the last backup against
 //! its schedule, the last archived WAL, a PostgreSQL's replicas and their lag, and when each
 //! certificate the operator issued expires.
 //! `charts/noops/files/` holds the alerting rules and the dashboard built on them (a test
@@ -8,7 +8,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::sync::atomic::AtomicI64;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -19,6 +19,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::api_requests::{CountRequests, RequestCounts};
+use super::resource_metrics::{ResourceLabels, ResourceState, ResourceStates, Seconds};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
@@ -41,14 +42,6 @@ struct ControllerLabels {
 struct ClusterLabels {
     namespace: String,
     cluster: String,
-}
-
-/// One noops resource.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
-struct ResourceLabels {
-    kind: String,
-    namespace: String,
-    name: String,
 }
 
 /// One certificate of a noops resource, by the Secret that holds it.
@@ -90,7 +83,6 @@ impl InstanceLabels {
 }
 
 type HistogramFamily = Family<ControllerLabels, Histogram, fn() -> Histogram>;
-type Seconds = Gauge<f64, AtomicU64>;
 
 /// What a resource's status says of its backups and WAL archive, as seconds since the epoch
 /// (`None`: no such series for it).
@@ -104,6 +96,8 @@ pub struct BackupGauges {
     pub last_archived_wal: Option<f64>,
     /// Whether the last archiving attempt failed (PostgreSQL).
     pub archiving_failing: Option<bool>,
+    /// When the schedule was first followed (for a schedule).
+    pub schedule_since: Option<f64>,
 }
 
 /// What a PostgreSQL's status says of its replicas.
@@ -140,6 +134,7 @@ pub struct Metrics {
     etcd_clusters: Mutex<BTreeSet<ClusterLabels>>,
     backup_last_success: Family<ResourceLabels, Seconds>,
     backup_interval: Family<ResourceLabels, Seconds>,
+    backup_schedule_since: Family<ResourceLabels, Seconds>,
     wal_last_archived: Family<ResourceLabels, Seconds>,
     wal_archiving_failing: Family<ResourceLabels, Gauge>,
     certificate_expiry: Family<CertificateLabels, Seconds>,
@@ -151,6 +146,8 @@ pub struct Metrics {
     resources: Mutex<BTreeSet<ResourceLabels>>,
     certificates: Mutex<BTreeSet<CertificateLabels>>,
     instances: Mutex<BTreeSet<InstanceLabels>>,
+    /// Every resource's conditions and phase (resource_metrics.rs).
+    states: ResourceStates,
 }
 
 impl Default for Metrics {
@@ -219,6 +216,12 @@ impl Metrics {
             "The time between two scheduled backups of a resource",
             backup_interval.clone(),
         );
+        let backup_schedule_since = Family::<ResourceLabels, Seconds>::default();
+        registry.register(
+            "backup_schedule_since_timestamp_seconds",
+            "When the backup schedule of a resource was first followed",
+            backup_schedule_since.clone(),
+        );
         let wal_last_archived = Family::<ResourceLabels, Seconds>::default();
         registry.register(
             "postgres_wal_last_archived_timestamp_seconds",
@@ -261,6 +264,7 @@ impl Metrics {
             "How far a PostgreSQL replica's replay trails its primary, as the primary measures it",
             replication_lag_seconds.clone(),
         );
+        let states = ResourceStates::register(&mut registry);
         Self {
             registry,
             reconciles,
@@ -274,6 +278,7 @@ impl Metrics {
             etcd_clusters: Mutex::new(BTreeSet::new()),
             backup_last_success,
             backup_interval,
+            backup_schedule_since,
             wal_last_archived,
             wal_archiving_failing,
             certificate_expiry,
@@ -284,7 +289,18 @@ impl Metrics {
             replication_lag_bytes,
             replication_lag_seconds,
             instances: Mutex::new(BTreeSet::new()),
+            states,
         }
+    }
+
+    /// Records what the object of `kind` `namespace/name` says of its state.
+    pub fn set_resource_state(&self, kind: &str, namespace: &str, name: &str, state: ResourceState) {
+        let resource = ResourceLabels {
+            kind: kind.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        self.states.set(resource, state);
     }
 
     /// Records the health of EtcdCluster `cluster` in `namespace`.
@@ -325,6 +341,7 @@ impl Metrics {
         };
         seconds(&self.backup_last_success, gauges.last_success);
         seconds(&self.backup_interval, gauges.interval);
+        seconds(&self.backup_schedule_since, gauges.schedule_since);
         seconds(&self.wal_last_archived, gauges.last_archived_wal);
         match gauges.archiving_failing {
             Some(failing) => {
@@ -419,15 +436,17 @@ impl Metrics {
         }
     }
 
-    /// Drops the backup and certificate series of resources of `kind` for which
+    /// Drops the state, backup and certificate series of resources of `kind` for which
     /// `exists(namespace, name)` is false.
     pub fn retain_resources(&self, kind: &str, exists: impl Fn(&str, &str) -> bool) {
+        self.states.retain(kind, &exists);
         let gone = |labels: &ResourceLabels| labels.kind == kind && !exists(&labels.namespace, &labels.name);
         if let Ok(mut known) = self.resources.lock() {
             known.retain(|labels| {
                 if gone(labels) {
                     self.backup_last_success.remove(labels);
                     self.backup_interval.remove(labels);
+                    self.backup_schedule_since.remove(labels);
                     self.wal_last_archived.remove(labels);
                     self.wal_archiving_failing.remove(labels);
                     self.replicas_wanted.remove(labels);
@@ -623,6 +642,7 @@ mod tests {
             interval: Some(3600.0),
             last_archived_wal: Some(1_700_000_100.0),
             archiving_failing: Some(true),
+            schedule_since: Some(1_690_000_000.0),
         };
         m.set_backups("PostgreSQL", "shop", "db", &gauges);
         m.set_backups("EtcdCluster", "shop", "main", &BackupGauges::default());
@@ -632,6 +652,7 @@ mod tests {
         for line in [
             r#"noops_backup_last_success_timestamp_seconds{kind="PostgreSQL",namespace="shop",name="db"} 1700000000"#,
             r#"noops_backup_schedule_interval_seconds{kind="PostgreSQL",namespace="shop",name="db"} 3600"#,
+            r#"noops_backup_schedule_since_timestamp_seconds{kind="PostgreSQL",namespace="shop",name="db"} 1690000000"#,
             r#"noops_postgres_wal_last_archived_timestamp_seconds{kind="PostgreSQL",namespace="shop",name="db"} 1700000100"#,
             r#"noops_postgres_wal_archiving_failing{kind="PostgreSQL",namespace="shop",name="db"} 1"#,
             r#"noops_certificate_expiry_timestamp_seconds{kind="EtcdCluster",namespace="shop",name="main",secret="main-server"} 1800000000"#,
@@ -653,7 +674,12 @@ mod tests {
                 ..Default::default()
             },
         );
-        assert!(!m.render().contains("noops_backup_schedule_interval_seconds{"));
+        let text = m.render();
+        assert!(!text.contains("noops_backup_schedule_interval_seconds{"), "{text}");
+        assert!(
+            !text.contains("noops_backup_schedule_since_timestamp_seconds{"),
+            "{text}"
+        );
         m.retain_resources("EtcdCluster", |_, _| false);
         let text = m.render();
         assert!(!text.contains("main-server"), "{text}");

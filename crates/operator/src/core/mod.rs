@@ -28,6 +28,7 @@ pub mod nodes;
 pub mod pki;
 pub mod pod_security;
 pub mod prune;
+pub mod resource_metrics;
 pub mod rollout;
 pub mod stamp;
 pub mod stuck;

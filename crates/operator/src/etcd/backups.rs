@@ -93,6 +93,8 @@ pub async fn keep(
             }
         }
         look_again = Some(due.next_in);
+    } else {
+        summary.no_schedule();
     }
     let ours = of_cluster(cluster, backups);
     let gone = retention::beyond_max(&ours, |name| being_restored.contains(name), spec.max_backups, now);

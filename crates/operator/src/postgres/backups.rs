@@ -219,6 +219,8 @@ pub async fn keep(
             }
         }
         look_again = Some(look_again.map_or(due.next_in, |l: Duration| l.min(due.next_in)));
+    } else {
+        summary.no_schedule();
     }
 
     // Backups a new database is being restored from are never deleted under it.

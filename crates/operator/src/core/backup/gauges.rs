@@ -19,6 +19,7 @@ pub fn of(status: &BackupsStatus, schedule: Option<&str>, now: jiff::Timestamp) 
             .and_then(|s| schedule::parse(s).ok())
             .and_then(|cron| schedule::interval(&cron, now))
             .map(|d| d.as_secs_f64()),
+        schedule_since: schedule.and(status.schedule_since.as_ref()).map(|t| epoch_seconds(t.0)),
         ..Default::default()
     }
 }
@@ -36,11 +37,15 @@ mod tests {
     fn the_last_success_and_the_schedules_interval() {
         let status = BackupsStatus {
             last_backup_time: Some(Time(at("2026-11-26T10:00:00Z"))),
+            schedule_since: Some(Time(at("2026-11-20T00:00:00Z"))),
             ..Default::default()
         };
         let gauges = of(&status, Some("0 */6 * * *"), at("2026-11-26T13:00:00Z"));
         assert_eq!(gauges.last_success, Some(epoch_seconds(at("2026-11-26T10:00:00Z"))));
         assert_eq!(gauges.interval, Some(6.0 * 3600.0));
+        assert_eq!(gauges.schedule_since, Some(epoch_seconds(at("2026-11-20T00:00:00Z"))));
+        // A schedule taken away takes its series with it, whatever the status still says.
+        assert_eq!(of(&status, None, at("2026-11-26T13:00:00Z")).schedule_since, None);
     }
 
     #[test]

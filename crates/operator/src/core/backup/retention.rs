@@ -75,11 +75,17 @@ impl BackupsSummary {
         }
     }
 
+    /// No schedule (any more): one added later is followed from then on.
+    pub fn no_schedule(&mut self) {
+        self.status.schedule_since = None;
+    }
+
     /// Where `pattern` stands now: the scheduled time due now, if one is, and how long until the
     /// next. The bookmark moves to the time due (a schedule first seen now makes its first
-    /// backup at its next time).
+    /// backup at its next time, and is followed since now).
     pub fn follow_schedule(&mut self, pattern: &str, now: jiff::Timestamp) -> Result<Due, BadSchedule> {
         let cron = schedule::parse(pattern)?;
+        self.status.schedule_since.get_or_insert(Time(now));
         let last = self.status.last_scheduled_time.as_ref().map_or(now, |t| t.0);
         let due = schedule::due(&cron, last, now)?;
         self.status.last_scheduled_time = Some(Time(due.now.unwrap_or(last)));
