@@ -15,6 +15,8 @@ use noops_e2e::traffic::web_app;
 use noops_e2e::*;
 
 const MINUTE: Duration = Duration::from_secs(60);
+/// How soon after a cluster made from a backup is Ready its apps run on its new machines.
+const APPS_BACK_WITHIN: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn a_cluster_deleted_comes_back_from_its_scheduled_backup_and_its_deployment_runs_on_new_machines() {
@@ -89,6 +91,7 @@ async fn a_cluster_deleted_comes_back_from_its_scheduled_backup_and_its_deployme
         ),
     ));
     wait_cluster(&ns, "second", "1.34.4", 5 * MINUTE).await;
+    let ready_at = std::time::Instant::now();
     let tenant = Tenant::ready(&ns, "second", MINUTE).await;
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(tenant.client.clone(), "default");
     wait_until("the app's pods running on the new machine", 4 * MINUTE, || async {
@@ -103,6 +106,14 @@ async fn a_cluster_deleted_comes_back_from_its_scheduled_backup_and_its_deployme
         running.len() == 2
     })
     .await;
+    // The operator knows none of the old Nodes' machines exists: it removes them and their
+    // pods as soon as the new control plane serves, not after their heartbeats are missed and
+    // their pods evicted (two minutes).
+    let back_after = ready_at.elapsed();
+    assert!(
+        back_after <= APPS_BACK_WITHIN,
+        "the app ran on the new machine {back_after:?} after the cluster was Ready"
+    );
     wait_event(&ns, "KubernetesCluster", "second", "StaleNodeRemoved").await;
     let nodes = Api::<Node>::all(tenant.client.clone())
         .list(&ListParams::default())

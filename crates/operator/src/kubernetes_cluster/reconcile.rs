@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
@@ -170,11 +171,13 @@ async fn observe_tenant(
     }
 }
 
-/// Deletes the tenant's Nodes whose machine is gone, as a cloud's node controller deletes the
-/// Nodes of instances that no longer exist: a cluster restored from a backup remembers the
-/// Nodes of the old one, and their pods would wait minutes for eviction. Only Nodes that are
-/// not Ready, and only after the Machines are listed from the API (a Machine the cache has
-/// not seen yet keeps its Node).
+/// Deletes the tenant's Nodes whose machine is gone, and the pods bound to them, as a cloud's
+/// node controller and the pod garbage collector do for instances that no longer exist, but at
+/// once: a cluster restored from a backup remembers the Nodes of the old one (Ready, until
+/// their heartbeats are missed) and their pods (until evicted, then collected), which kept its
+/// apps from the new machines for two minutes. A Node goes only once the Machines are listed
+/// from the API (a Machine the cache has not seen yet keeps its Node); its pods go without a
+/// grace period, since nothing runs them any more.
 async fn remove_stale_nodes(
     kc: &KubernetesCluster,
     view: &tenant::TenantView,
@@ -186,7 +189,7 @@ async fn remove_stale_nodes(
         .into_iter()
         .filter_map(|m| m.metadata.name)
         .collect();
-    if tenant::stale_nodes(&seen.not_ready, &namespace, &known).is_empty() {
+    if tenant::stale_nodes(&seen.providers, &namespace, &known).is_empty() {
         return Ok(());
     }
     let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -197,10 +200,25 @@ async fn remove_stale_nodes(
         .into_iter()
         .filter_map(|m| m.metadata.name)
         .collect();
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(view.client.clone());
-    for node in tenant::stale_nodes(&seen.not_ready, &namespace, &listed) {
+    let nodes: Api<Node> = Api::all(view.client.clone());
+    let pods: Api<Pod> = Api::all(view.client.clone());
+    for node in tenant::stale_nodes(&seen.providers, &namespace, &listed) {
         delete_if_present(&nodes, &node, &Default::default()).await?;
-        info!(%node, "deleted a tenant Node whose machine is gone");
+        let bound = pods
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await?;
+        let now = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        };
+        for pod in &bound.items {
+            let (Some(pod_namespace), Some(pod_name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
+                continue;
+            };
+            let api: Api<Pod> = Api::namespaced(view.client.clone(), pod_namespace);
+            delete_if_present(&api, pod_name, &now).await?;
+        }
+        info!(%node, pods = bound.items.len(), "deleted a tenant Node whose machine is gone, and its pods");
         ctx.core
             .events
             .tell(
@@ -208,7 +226,8 @@ async fn remove_stale_nodes(
                 Announcement::normal(
                     "StaleNodeRemoved",
                     format!(
-                        "deleted Node {node}: the machine it names no longer exists, so its pods can run elsewhere"
+                        "deleted Node {node} and its {} pods: the machine it names no longer exists, so they can run elsewhere",
+                        bound.items.len()
                     ),
                 ),
             )

@@ -49,8 +49,8 @@ pub struct Seen {
     pub pending: Vec<PendingPod>,
     /// Ready Nodes, with what runs on each.
     pub ready: BTreeMap<String, NodeUse>,
-    /// Nodes that are not Ready, with the machine their providerID names (`noops://<namespace>/<machine>`).
-    pub not_ready: Vec<(String, Option<String>)>,
+    /// Every Node, with its providerID (`noops://<namespace>/<machine>` names a machine).
+    pub providers: Vec<(String, Option<String>)>,
     /// Nodes whose kubelet stopped reporting (Ready `Unknown`): lost, unlike a Node that has
     /// just joined and is not Ready yet (`False`).
     pub lost: BTreeSet<String>,
@@ -69,9 +69,8 @@ impl TenantView {
             .map_err(|e| e.to_string())?;
         let pods = self.pods.state();
         let nodes = self.nodes.state();
-        let not_ready = nodes
+        let providers = nodes
             .iter()
-            .filter(|n| !crate::core::nodes::ready(n))
             .filter_map(|n| {
                 let provider = n.spec.as_ref().and_then(|s| s.provider_id.clone());
                 Some((n.metadata.name.clone()?, provider))
@@ -125,22 +124,23 @@ impl TenantView {
         Ok(Seen {
             pending,
             ready,
-            not_ready,
+            providers,
             lost,
         })
     }
 }
 
-/// Nodes of `not_ready` whose providerID names a machine of `namespace` that is not among
-/// `machines`: the machine is gone (a cluster restored from a backup remembers the Nodes of the
-/// old one), so nothing will make the Node Ready again. Pure.
+/// Nodes whose providerID names a machine of `namespace` that is not among `machines`: the
+/// machine is gone, so nothing runs on the Node whatever its status says. A cluster restored
+/// from a backup remembers the Nodes of the old one as Ready until their heartbeats are
+/// missed, and their pods until those are evicted: minutes an app waits for nothing. Pure.
 pub fn stale_nodes(
-    not_ready: &[(String, Option<String>)],
+    providers: &[(String, Option<String>)],
     namespace: &str,
     machines: &std::collections::BTreeSet<String>,
 ) -> Vec<String> {
     let prefix = format!("noops://{namespace}/");
-    not_ready
+    providers
         .iter()
         .filter_map(|(node, provider)| {
             let machine = provider.as_deref()?.strip_prefix(&prefix)?;
@@ -273,14 +273,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_a_node_that_is_not_ready_and_names_a_machine_that_is_gone_is_stale() {
-        let not_ready = vec![
+    fn only_a_node_that_names_a_machine_of_ours_that_is_gone_is_stale() {
+        let providers = vec![
             ("old-1".to_string(), Some("noops://tenants/old-1".to_string())),
             ("live-2".to_string(), Some("noops://tenants/live-2".to_string())),
             ("other".to_string(), Some("noops://elsewhere/old-3".to_string())),
             ("by-hand".to_string(), None),
         ];
         let machines = std::collections::BTreeSet::from(["live-2".to_string()]);
-        assert_eq!(stale_nodes(&not_ready, "tenants", &machines), vec!["old-1".to_string()]);
+        assert_eq!(stale_nodes(&providers, "tenants", &machines), vec!["old-1".to_string()]);
     }
 }
