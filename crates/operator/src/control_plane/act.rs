@@ -6,9 +6,9 @@
 use std::net::IpAddr;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Patch, PatchParams};
+use kube::api::{EvictParams, Patch, PatchParams};
 use kube::{Api, Resource};
 use noops_api::{EtcdCluster, KubernetesControlPlane};
 
@@ -211,4 +211,16 @@ pub async fn apply_deployments(
         }
     }
     Ok(())
+}
+
+/// Evicts `pod` of the control plane (a replica that shares its node with another; its
+/// Deployment makes one that prefers a node without one). Whether it went: a budget that allows
+/// no disruption now (429) or a pod already gone leaves it for a later pass.
+pub async fn evict_to_spread(ctx: &Context, names: &Names, pod: &str) -> Result<bool> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    match pods.evict(pod, &EvictParams::default()).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 429 || e.code == 404 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }

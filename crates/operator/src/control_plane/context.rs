@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret, Service};
 use kube::runtime::reflector::Store;
 use noops_api::EtcdCluster;
 
@@ -16,8 +16,10 @@ pub struct State {
     pub services: Store<Service>,
     /// The certificates and kubeconfigs, and the etcd client certificate the EtcdCluster makes.
     pub secrets: Store<Secret>,
-    /// The pods of the components (why a rollout cannot go on).
+    /// The pods of the components (why a rollout cannot go on, where each runs).
     pub pods: Store<Pod>,
+    /// The nodes, for which could take a pod of a component that shares one (spread.rs).
+    pub nodes: Store<Node>,
     /// How long a leaf certificate lasts (issued again with a third of it left).
     pub certificate_lifetime: Duration,
     /// The Secrets the components' pods pull their images with (the registry setting is not

@@ -27,13 +27,14 @@ mod observe;
 mod plan;
 mod ranges;
 mod reconcile;
+mod spread;
 mod status;
 pub(crate) mod versions;
 
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret, Service};
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -87,6 +88,8 @@ pub async fn run(runtime: Runtime) {
         shared_cache(scoped_api::<Deployment>(&client, &namespace), ours.clone()).await;
     let (services, service_changes) = shared_cache(scoped_api::<Service>(&client, &namespace), ours.clone()).await;
     let (pods, pod_changes) = shared_cache(scoped_api::<Pod>(&client, &namespace), ours).await;
+    // Which nodes could take a component's pod that shares a node with another (spread.rs).
+    let (nodes, _) = shared_cache(kube::Api::<Node>::all(client.clone()), watcher::Config::default()).await;
     // Its own certificates, and the etcd client certificate its EtcdCluster makes.
     let noops = watcher::Config::default().labels(&labels::managed_by_noops());
     let (secrets, secret_changes) = shared_cache(scoped_api::<Secret>(&client, &namespace), noops).await;
@@ -100,6 +103,7 @@ pub async fn run(runtime: Runtime) {
             services,
             secrets,
             pods,
+            nodes,
             certificate_lifetime,
             images,
         },

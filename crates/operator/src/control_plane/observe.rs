@@ -13,6 +13,7 @@ use super::certificates::{Authority, Certificate};
 use super::context::Context;
 use super::desired::replicas;
 use super::names::{Component, Names};
+use super::spread::Spread;
 use super::versions::Release;
 use crate::core::conditions::is_true;
 use crate::core::rollout::{deployment_ready_replicas, deployment_rolled_out, image_of};
@@ -97,6 +98,8 @@ pub struct Observation {
     pub stuck: BTreeMap<Component, Stuck>,
     /// When a pod that waits would count as stuck, if one does (look again then).
     pub recheck_after: Option<std::time::Duration>,
+    /// Where the components' pods run, and which nodes could take one.
+    pub spread: Spread,
 }
 
 /// The Kubernetes version of a Deployment's image (`…/kube-apiserver:v1.34.4` → `1.34.4`).
@@ -161,6 +164,7 @@ pub fn observe(kcp: &KubernetesControlPlane, names: &Names, ctx: &Context, now: 
         .collect();
     let mut stuck_components = BTreeMap::new();
     let mut recheck_after = None;
+    let mut by_component = BTreeMap::new();
     for component in Component::ALL {
         let selector = names.selector(component);
         let mine: Vec<&Pod> = pods
@@ -175,7 +179,9 @@ pub fn observe(kcp: &KubernetesControlPlane, names: &Names, ctx: &Context, now: 
         }
         let again = crate::core::stuck::recheck_after(mine.iter().copied(), now);
         recheck_after = [recheck_after, again].into_iter().flatten().min();
+        by_component.insert(component, mine);
     }
+    let spread = Spread::of(&by_component, &ctx.nodes.state(), now);
     Observation {
         live: Live {
             etcd,
@@ -186,5 +192,6 @@ pub fn observe(kcp: &KubernetesControlPlane, names: &Names, ctx: &Context, now: 
         facts,
         stuck: stuck_components,
         recheck_after,
+        spread,
     }
 }

@@ -8,6 +8,7 @@ use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use noops_api::control_plane::{KubernetesControlPlane, KubernetesControlPlaneStatus};
 use serde_json::json;
+use tracing::info;
 
 use super::certificates::{Addresses, Certificate, Servers, server_url, tenant_service_ip};
 use super::context::Context;
@@ -16,7 +17,7 @@ use super::names::Names;
 use super::plan::{Plan, Step};
 use super::status::StatusFacts;
 use super::versions::Release;
-use super::{act, desired, observe, plan, ranges, status};
+use super::{act, desired, observe, plan, ranges, spread, status};
 use crate::core::apply::{apply_status, controller_reference};
 use crate::core::events::Announcement;
 use crate::core::pki::NOT_AFTER_ANNOTATION;
@@ -58,6 +59,7 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
     )
     .map(|(_, url)| url);
     let mut issued = Vec::new();
+    let mut moved = None;
     if !kcp.spec.paused && range_taken.is_none() {
         let etcd = desired::etcd_cluster(&kcp, &names, &plan.etcd_version, &owner);
         let service = desired::service(&kcp, &names, &owner);
@@ -99,6 +101,7 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
                 act::apply_deployments(ctx, &kcp, &names, &plan, &observation.live, &owner)
                     .await
                     .during(Stage::Apply)?;
+                moved = move_apart(ctx, &kcp, &names, &plan, &observation.spread).await?;
             }
         }
     }
@@ -114,7 +117,10 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
     };
     let status = status::build(&facts, now);
     let reference = kcp.object_ref(&());
-    for announcement in announcements(kcp.status.as_ref(), &status, &plan, &issued) {
+    for announcement in announcements(kcp.status.as_ref(), &status, &plan, &issued)
+        .into_iter()
+        .chain(moved)
+    {
         ctx.core.events.tell(&reference, announcement).await;
     }
     if kcp.status.as_ref() != Some(&status) {
@@ -125,11 +131,41 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
     let renew = next_renewal(&observation.live.secrets, now, ctx.certificate_lifetime);
     // A taken range is looked at again now and then: this cluster's ranges may change.
     let recheck_ranges = range_taken.as_ref().map(|_| RANGES_RECHECK);
-    let again = [renew, observation.recheck_after, recheck_ranges]
+    // Pods that share a node are looked at again: a node that comes back wakes nothing here.
+    let recheck_spread = observation.spread.together().map(|_| spread::RECHECK);
+    let again = [renew, observation.recheck_after, recheck_ranges, recheck_spread]
         .into_iter()
         .flatten()
         .min();
     Ok(again.map(Action::requeue).unwrap_or_else(Action::await_change))
+}
+
+/// Evicts one pod of a component whose pods share a node another could take (spread.rs),
+/// once every part runs the release asked for; what to tell of it.
+async fn move_apart(
+    ctx: &Context,
+    kcp: &KubernetesControlPlane,
+    names: &Names,
+    plan: &Plan,
+    spread: &spread::Spread,
+) -> Result<Option<Announcement>> {
+    if plan.step != Step::Done {
+        return Ok(None);
+    }
+    let Some((component, pod, from, to)) = spread.pod_to_move(|c| desired::replicas(kcp, c)) else {
+        return Ok(None);
+    };
+    if !act::evict_to_spread(ctx, names, &pod).await.during(Stage::Apply)? {
+        return Ok(None);
+    }
+    info!(%pod, %from, %to, "evicted a replica that shared its node, so that its replacement runs apart");
+    Ok(Some(Announcement::normal(
+        "ReplicaMoved",
+        format!(
+            "evicted {pod} from node {from}, which it shared with another {}: its replacement prefers node {to}",
+            component.part()
+        ),
+    )))
 }
 
 /// When the first leaf certificate is due again (a third of its lifetime before it expires).

@@ -14,6 +14,9 @@ use super::plan::{Plan, Step};
 use super::ranges::RANGE_TAKEN;
 use crate::core::conditions::{Decided, merge};
 
+/// The reason of a Degraded condition that says which replicas share a node.
+pub const REPLICAS_SHARE_NODE: &str = "ReplicasShareNode";
+
 /// What the status is built from.
 pub struct StatusFacts<'a> {
     pub kcp: &'a KubernetesControlPlane,
@@ -167,6 +170,17 @@ fn degraded(f: &StatusFacts) -> Decided {
         let message = format!("{} of {asked} API servers Ready", f.ready_api_servers());
         return Decided::new("Degraded", true, "APIServerNotReady", message);
     }
+    // Replicas on one node go down together with it: said while they could be moved apart
+    // (and they are, one at a time), and said without alarm when no other node could take one.
+    let spread = &f.observation.spread;
+    if let Some(shared) = spread.shared() {
+        let message = format!("{shared}: one node failure would take them together; moving them apart, one at a time");
+        return Decided::new("Degraded", true, REPLICAS_SHARE_NODE, message);
+    }
+    if let Some(together) = spread.together() {
+        let message = format!("{together}; no other node could take one now");
+        return Decided::new("Degraded", false, REPLICAS_SHARE_NODE, message);
+    }
     Decided::new("Degraded", false, "AsExpected", "every part is Ready")
 }
 
@@ -289,6 +303,7 @@ mod tests {
             facts,
             stuck: BTreeMap::new(),
             recheck_after: None,
+            spread: Default::default(),
         }
     }
 
@@ -312,14 +327,20 @@ mod tests {
             };
             obs.stuck.insert(component, said);
         }
-        let p = plan(Release::of(&kcp.spec.version).unwrap(), &facts);
+        status_observed(kcp, &obs, s)
+    }
+
+    /// The status `kcp` gets from `obs` at the time `s`.
+    fn status_observed(kcp: &KubernetesControlPlane, obs: &Observation, s: i64) -> KubernetesControlPlaneStatus {
+        let facts = &obs.facts;
+        let p = plan(Release::of(&kcp.spec.version).unwrap(), facts);
         let names = Names::of(kcp);
         let service_ip = Some(IpAddr::from([10, 96, 0, 9]));
         let f = StatusFacts {
             kcp,
             names: &names,
             plan: &p,
-            observation: &obs,
+            observation: obs,
             service_ip,
             external_endpoint: None,
             range_taken: None,
@@ -327,8 +348,8 @@ mod tests {
         build(&f, at(s))
     }
 
-    #[test]
-    fn what_its_etcd_cluster_says_is_wrong_makes_the_control_plane_degraded() {
+    /// A control plane that has served, every part at 1.34.4 and rolled out.
+    fn served() -> (KubernetesControlPlane, Facts) {
         let served = KubernetesControlPlaneStatus {
             version: Some("1.34.4".into()),
             ..Default::default()
@@ -338,6 +359,46 @@ mod tests {
         for component in Component::ALL {
             facts.deployed(component, "1.34.4", true);
         }
+        (kcp, facts)
+    }
+
+    #[test]
+    fn replicas_that_share_a_node_are_said_and_an_alarm_only_while_another_could_take_one() {
+        use crate::control_plane::spread::{Placed, Spread};
+        let (kcp, facts) = served();
+        let on = |node: &str| Placed {
+            node: node.into(),
+            ready: true,
+            young: false,
+        };
+        let status_with = |eligible: &[&str]| {
+            let mut obs = observation(facts.clone());
+            obs.spread = Spread {
+                pods: BTreeMap::from([(
+                    Component::ControllerManager,
+                    BTreeMap::from([("cm-a".to_string(), on("n1")), ("cm-b".to_string(), on("n1"))]),
+                )]),
+                eligible: eligible.iter().map(|n| n.to_string()).collect(),
+            };
+            status_observed(&kcp, &obs, 0)
+        };
+        let movable = status_with(&["n1", "n2"]);
+        assert_eq!(condition(&movable, "Degraded"), ("True", REPLICAS_SHARE_NODE));
+        assert_eq!(condition(&movable, "Ready"), ("True", "Ready"));
+        let message = &movable
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded")
+            .unwrap()
+            .message;
+        assert!(message.contains("cm-a and cm-b share node n1"), "{message}");
+        let alone = status_with(&["n1"]);
+        assert_eq!(condition(&alone, "Degraded"), ("False", REPLICAS_SHARE_NODE));
+    }
+
+    #[test]
+    fn what_its_etcd_cluster_says_is_wrong_makes_the_control_plane_degraded() {
+        let (kcp, facts) = served();
         let degraded_etcd = |reason: &str| {
             let condition = k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
                 type_: "Degraded".into(),
