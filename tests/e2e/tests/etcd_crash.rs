@@ -139,3 +139,95 @@ async fn the_operator_killed_at_each_crash_point_always_converges_and_loses_noth
         "one restart per crash point, no crash of another kind"
     );
 }
+
+/// Makes `dir` what a first member leaves when its node dies a few milliseconds into its very
+/// first start: etcd (3.6, started here on loopback ports) made the data directory, then was
+/// killed before it wrote the member into it. Tries kills a little earlier or later until a
+/// start on what is left waits for voters it never recorded.
+fn cut_short_first_start(dir: &std::path::Path) {
+    let etcd = upstream_bin("etcd-3.6/etcd");
+    let (peer, client) = (free_port(), free_port());
+    let args = [
+        "--name=cut-0".to_string(),
+        format!("--data-dir={}", dir.display()),
+        format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+        format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+        format!("--listen-client-urls=http://127.0.0.1:{client}"),
+        format!("--advertise-client-urls=http://127.0.0.1:{client}"),
+        format!("--initial-cluster=cut-0=http://127.0.0.1:{peer}"),
+        "--initial-cluster-state=new".to_string(),
+    ];
+    let start = || {
+        std::process::Command::new(&etcd)
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    for attempt in 0..200u64 {
+        let _ = std::fs::remove_dir_all(dir);
+        let mut first = start();
+        std::thread::sleep(Duration::from_millis(5 + attempt % 30));
+        let _ = first.kill();
+        let _ = first.wait();
+        if !dir.join("member/wal").exists() {
+            continue;
+        }
+        let mut again = start();
+        std::thread::sleep(Duration::from_secs(2));
+        let _ = again.kill();
+        let output = again.wait_with_output().unwrap();
+        let log = String::from_utf8_lossy(&output.stderr);
+        if log.contains("voters=()") && !log.contains("became leader") {
+            return;
+        }
+    }
+    panic!("could not cut a first start short in 200 tries");
+}
+
+#[tokio::test]
+async fn a_first_member_whose_start_was_cut_short_starts_again_and_the_cluster_forms() {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    install_crds();
+    let ns = TestNamespace::new("etcd-cut").await;
+    // The volume the first member will get, already holding what a node that died a few
+    // milliseconds into the member's first start leaves: provisioned by a pod that mounts it
+    // (an etcd of its own in another folder), then filled here.
+    ns.apply(
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: { name: cut-0-data }\nspec: { accessModes: [ReadWriteOnce], resources: { requests: { storage: 1Gi } } }\n",
+    );
+    let image = format!("quay.io/coreos/etcd:v{}", etcd_version("3.6"));
+    ns.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{ name: provision }}\nspec:\n  containers:\n    - name: etcd\n      image: {image}\n      command: [/usr/local/bin/etcd, --data-dir=/var/lib/etcd/elsewhere]\n      volumeMounts: [{{ name: data, mountPath: /var/lib/etcd }}]\n  volumes: [{{ name: data, persistentVolumeClaim: {{ claimName: cut-0-data }} }}]\n"
+    ));
+    ns.wait_pod_ready("provision", 2 * MINUTE).await;
+    ns.pods()
+        .delete("provision", &kube::api::DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let folder = claim_folder(&ns, "cut-0-data").await;
+    let cut = tokio::task::spawn_blocking(move || cut_short_first_start(&folder.join("data")));
+    cut.await.unwrap();
+    let claims = ns.api::<PersistentVolumeClaim>();
+    let first_claim = claims.get("cut-0-data").await.unwrap().metadata.uid;
+
+    // The cluster is made on it: its first member waits for voters it never recorded, and is
+    // started again on a new volume.
+    let _operator = Operator::start(&ns.name, &["--controllers", "etcd"]);
+    ns.apply(&cluster_manifest("cut", 1, &etcd_version("3.6"), ""));
+    let ready = wait_cluster_ready(&ns, "cut", 1, 4 * MINUTE).await;
+    assert!(ready.status.unwrap().cluster_id.is_some());
+    let events = cluster_events(&ns, "cut").await;
+    assert!(
+        events.iter().any(|(reason, _)| reason == "BootstrapRestarted"),
+        "{events:?}"
+    );
+    assert_ne!(
+        claims.get("cut-0-data").await.unwrap().metadata.uid,
+        first_claim,
+        "a new volume"
+    );
+    let pod = ns.pods().get("cut-0").await.unwrap();
+    assert!(pod_ready(&pod));
+}

@@ -204,6 +204,7 @@ impl Runner<'_> {
             Step::RestoreBlocked { reason, message } => self.restore_blocked(reason, message, outcome, later).await,
             Step::RecoverFromBackup { backup } => self.recover_from_backup(backup, outcome, later).await,
             Step::FinishBootstrap { member } => self.finish_bootstrap(member, outcome, later).await,
+            Step::StartOver { member } => self.start_over(member).await,
             Step::AddLearner { member } => self.add_learner(member, outcome).await,
             Step::StartMember { member } => self.start_member(member, outcome).await,
             Step::RestartMembers { members } => self.restart_members(members).await,
@@ -588,6 +589,27 @@ impl Runner<'_> {
         self.tell(
             Announcement::normal("MemberRemoved", format!("{member} is no longer a member"))
                 .related(self.member_ref(&member)),
+        )
+        .await;
+        Ok(NEXT_STEP)
+    }
+
+    /// Takes [`Step::StartOver`].
+    async fn start_over(&self, member: String) -> Result<Duration> {
+        self.delete_member(member.clone(), false).await?;
+        warn!(
+            member,
+            "the first member committed nothing and names no leader: its start was cut short; starting it again on a new volume"
+        );
+        self.tell(
+            Announcement::warning(
+                "BootstrapRestarted",
+                format!(
+                    "{member} answered with nothing committed and no leader {}s after its pod was made: its first start was cut short (etcd then waits forever for members it never recorded); deleted its pod and volume to start it again (nothing was committed, nothing is lost)",
+                    super::membership::EMPTY_START_PATIENCE.as_secs()
+                ),
+            )
+            .related(self.member_ref(&member)),
         )
         .await;
         Ok(NEXT_STEP)

@@ -39,6 +39,9 @@ pub const QUORUM_GRACE: Duration = Duration::from_secs(10);
 /// How long a pod being deleted by a live node is waited for before its member is judged by
 /// its health alone.
 pub const LEAVING_PATIENCE: Duration = Duration::from_secs(300);
+/// How long after its pod was made a first member that answers with nothing committed counts
+/// as a start cut short: a single member elects itself within seconds.
+pub const EMPTY_START_PATIENCE: Duration = Duration::from_secs(45);
 /// How long one member's upgrade (stop, start on the new version, become healthy) may take
 /// before it is abandoned and the member is treated like any unhealthy one.
 pub const UPGRADE_DEADLINE: Duration = Duration::from_secs(300);
@@ -88,9 +91,37 @@ pub struct MemberFacts {
     /// the pods evicted meanwhile), for at most [`LEAVING_PATIENCE`]: it is made again on its
     /// volume in a moment.
     pub leaving_live_node: bool,
+    /// It answers, names no leader and has committed nothing (raft index 0) though its pod was
+    /// made [`EMPTY_START_PATIENCE`] ago: holding nothing, it loses nothing if started anew.
+    pub holds_nothing: bool,
+    /// Its volume is being deleted (a member is not started on it again until it is gone).
+    pub volume_leaving: bool,
 }
 
 impl MemberFacts {
+    /// A healthy voting member `name` with ID `id`, its pod Ready on its volume (for tests).
+    #[cfg(test)]
+    pub fn fixture(name: &str, id: u64) -> Self {
+        Self {
+            name: name.into(),
+            id: Some(id),
+            learner: false,
+            healthy: true,
+            leader: false,
+            pod: PodState::Ready,
+            volume: true,
+            unhealthy_for: None,
+            outdated: false,
+            fragmented: false,
+            image_unavailable: None,
+            node_down: None,
+            fresh_pod: false,
+            leaving_live_node: false,
+            holds_nothing: false,
+            volume_leaving: false,
+        }
+    }
+
     fn in_etcd(&self) -> bool {
         self.id.is_some()
     }
@@ -160,6 +191,9 @@ pub enum Step {
     RecoverFromBackup { backup: String },
     /// The first member answers: record the cluster ID and end the bootstrap.
     FinishBootstrap { member: String },
+    /// The first member's start was cut short and left a data directory that can never form
+    /// the cluster (it committed nothing): delete its pod and volume, so that it starts again.
+    StartOver { member: String },
     /// Add `member` to etcd as a learner.
     AddLearner { member: String },
     /// Create the volume and pod of the member an operation is about (a learner just added, or
@@ -610,8 +644,18 @@ fn continue_operation(facts: &ClusterFacts, op: &Operation) -> Step {
         }
         OperationKind::Bootstrap => match member {
             Some(m) if m.healthy => Step::FinishBootstrap { member: m.name.clone() },
+            // Its first start was cut short (its node died under it): etcd made the data
+            // directory but never recorded the member in it, and then waits forever for
+            // voters it does not know. Nothing was committed, so nothing is lost: it starts
+            // again on a new volume. (Not a member restored from a backup: that one has data.)
+            Some(m) if m.holds_nothing && facts.restore.is_none() && m.pod == PodState::Starting => {
+                Step::StartOver { member: m.name.clone() }
+            }
             Some(m) if m.pod != PodState::Missing => Step::Wait {
                 reason: format!("{} is starting the cluster", m.name),
+            },
+            Some(m) if m.volume_leaving => Step::Wait {
+                reason: format!("{}'s old volume is being deleted before it starts again", m.name),
             },
             _ => match &facts.restore {
                 None | Some(Restore::Succeeded) => Step::StartFirstMember {
@@ -825,22 +869,7 @@ mod tests {
     use super::*;
 
     fn member(name: &str, id: u64) -> MemberFacts {
-        MemberFacts {
-            name: name.into(),
-            id: Some(id),
-            learner: false,
-            healthy: true,
-            leader: false,
-            pod: PodState::Ready,
-            volume: true,
-            unhealthy_for: None,
-            outdated: false,
-            fragmented: false,
-            image_unavailable: None,
-            node_down: None,
-            fresh_pod: false,
-            leaving_live_node: false,
-        }
+        MemberFacts::fixture(name, id)
     }
 
     fn cluster(replicas: usize, members: Vec<MemberFacts>) -> ClusterFacts {
@@ -962,6 +991,45 @@ mod tests {
         assert_eq!(
             next_step(&started),
             Step::FinishBootstrap {
+                member: "main-0".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_first_member_whose_start_was_cut_short_starts_again_on_a_new_volume() {
+        let mut c = cluster(1, vec![]);
+        c.bootstrapped = false;
+        c.reachable = false;
+        let c = with_op(c, OperationKind::Bootstrap, "main-0");
+        let mut stuck = c.clone();
+        stuck.members = vec![MemberFacts {
+            healthy: false,
+            pod: PodState::Starting,
+            id: None,
+            holds_nothing: true,
+            ..member("main-0", 0)
+        }];
+        assert_eq!(
+            next_step(&stuck),
+            Step::StartOver {
+                member: "main-0".into()
+            }
+        );
+        // Restored from a backup, its volume holds the backup: never thrown away.
+        let mut restored = stuck.clone();
+        restored.restore = Some(Restore::Succeeded);
+        assert!(matches!(next_step(&restored), Step::Wait { .. }));
+        // Its pod gone, its volume still being deleted: it waits, then starts afresh.
+        let mut leaving = stuck.clone();
+        leaving.members[0].pod = PodState::Missing;
+        leaving.members[0].volume = false;
+        leaving.members[0].volume_leaving = true;
+        assert!(matches!(next_step(&leaving), Step::Wait { .. }));
+        leaving.members[0].volume_leaving = false;
+        assert_eq!(
+            next_step(&leaving),
+            Step::StartFirstMember {
                 member: "main-0".into()
             }
         );

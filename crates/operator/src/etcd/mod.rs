@@ -27,6 +27,7 @@ pub mod client;
 mod context;
 pub mod defrag;
 pub mod disruption;
+mod empty_start;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod membership;

@@ -12,7 +12,7 @@ use noops_api::EtcdCluster;
 
 use super::client::{Credentials, EtcdAccess, ListedMember, MemberHealth};
 use super::defrag;
-use super::membership::{ClusterFacts, MemberFacts, PodState};
+use super::membership::{ClusterFacts, EMPTY_START_PATIENCE, MemberFacts, PodState};
 use super::names::{CLUSTER_LABEL, MEMBER_LABEL, Names};
 
 /// The children of an EtcdCluster, from the watch caches.
@@ -129,6 +129,32 @@ pub struct EtcdView {
     pub listed: Option<Vec<ListedMember>>,
     /// The list came from the leader (another member's may lag behind).
     pub listed_by_leader: bool,
+    /// Members of a cluster not started yet whose pods have been there for
+    /// [`EMPTY_START_PATIENCE`] and that say they have no leader and have committed nothing
+    /// (`empty_start.rs`).
+    pub committed_nothing: BTreeSet<String>,
+}
+
+/// Asks the members of a cluster that has not started yet (no cluster ID recorded) that do not
+/// answer as healthy, once their pods have been there for [`EMPTY_START_PATIENCE`], whether
+/// they have committed anything at all.
+pub async fn ask_empty_starts(etcd: &mut EtcdView, cluster: &EtcdCluster, children: &Children, now: jiff::Timestamp) {
+    if cluster.status.as_ref().is_some_and(|s| s.cluster_id.is_some()) {
+        return;
+    }
+    for (member, pod) in &children.pods {
+        let healthy = etcd.health.get(member).is_some_and(MemberHealth::healthy);
+        let made = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let waited = made.is_some_and(|made| {
+            Duration::try_from(now.duration_since(made)).unwrap_or_default() >= EMPTY_START_PATIENCE
+        });
+        let ip = pod.status.as_ref().and_then(|s| s.pod_ip.as_deref());
+        if let (false, true, Some(ip)) = (healthy, waited, ip)
+            && super::empty_start::committed_nothing(ip).await
+        {
+            etcd.committed_nothing.insert(member.clone());
+        }
+    }
 }
 
 /// The URL the operator reaches a member's pod at, if it has an address and is not going.
@@ -440,6 +466,12 @@ fn member_facts(name: String, seen: &ClusterView) -> MemberFacts {
         outdated: pod.is_some_and(|p| pod_image(p) != Some(seen.wanted_image.as_str())),
         node_down: seen.nodes_down.get(&name).cloned(),
         fresh_pod: matches!((pod_made, unhealthy_since), (Some(made), Some(since)) if made >= since),
+        holds_nothing: seen.etcd.committed_nothing.contains(&name),
+        volume_leaving: seen
+            .children
+            .volumes
+            .get(&name)
+            .is_some_and(|v| v.metadata.deletion_timestamp.is_some()),
         leaving_live_node: pod.is_some_and(|p| leaving_live_node(p, seen.nodes_down.contains_key(&name), now)),
         image_unavailable: pod
             .filter(|p| image_missing_for(p, now) >= super::membership::IMAGE_PULL_PATIENCE)
@@ -528,6 +560,7 @@ mod tests {
                 },
             ]),
             listed_by_leader: true,
+            ..Default::default()
         };
         let f = facts(
             &cluster,

@@ -118,11 +118,12 @@ impl<'a> Pass<'a> {
         children: &Children,
     ) -> Result<(EtcdView, Option<super::client::Credentials>, membership::ClusterFacts)> {
         let credentials = observe::credentials(children, &self.names);
-        let etcd = if self.names.tls && credentials.is_none() {
+        let mut etcd = if self.names.tls && credentials.is_none() {
             EtcdView::default()
         } else {
             observe::ask_etcd(&EtcdAccess::new(credentials.clone()), children, &self.names).await
         };
+        observe::ask_empty_starts(&mut etcd, self.cluster, children, self.now).await;
         let nodes_down = observe::nodes_down(&self.ctx.client, children, &etcd, &self.ctx.caches.nodes).await?;
         let nodes = self.ctx.caches.nodes.state();
         let facts = observe::facts(

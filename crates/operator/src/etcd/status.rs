@@ -474,20 +474,9 @@ mod tests {
 
     fn member(name: &str, id: u64, healthy: bool) -> MemberFacts {
         MemberFacts {
-            name: name.into(),
-            id: Some(id),
-            learner: false,
             healthy,
             leader: id == 1,
-            pod: PodState::Ready,
-            volume: true,
-            unhealthy_for: None,
-            outdated: false,
-            fragmented: false,
-            image_unavailable: None,
-            node_down: None,
-            fresh_pod: false,
-            leaving_live_node: false,
+            ..MemberFacts::fixture(name, id)
         }
     }
 
@@ -533,6 +522,7 @@ mod tests {
                 .collect(),
             listed: Some(vec![]),
             listed_by_leader: true,
+            ..Default::default()
         }
     }
 
