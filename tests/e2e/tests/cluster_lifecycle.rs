@@ -110,6 +110,7 @@ async fn a_cluster_deleted_comes_back_from_its_scheduled_backup_and_its_deployme
     // pods as soon as the new control plane serves, not after their heartbeats are missed and
     // their pods evicted (two minutes).
     let back_after = ready_at.elapsed();
+    eprintln!("the app ran on the new machine {back_after:?} after the cluster was Ready");
     assert!(
         back_after <= APPS_BACK_WITHIN,
         "the app ran on the new machine {back_after:?} after the cluster was Ready"
