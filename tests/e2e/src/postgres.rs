@@ -691,7 +691,16 @@ pub async fn service_ip(ns: &TestNamespace, name: &str) -> String {
 /// streaming, a table `items`, and a ledger committing into it through `shop-rw` every 20 ms:
 /// (the owner's password, the address of `shop-rw`, the ledger).
 pub async fn three_instances_under_a_ledger(ns: &TestNamespace, extra: &str) -> (String, String, Ledger) {
-    ns.apply(&manifest("shop", "Pa55word", &format!("  instances: 3\n{extra}")));
+    instances_under_a_ledger(ns, 3, extra).await
+}
+
+/// As [`three_instances_under_a_ledger`], with `instances` instances.
+pub async fn instances_under_a_ledger(ns: &TestNamespace, instances: u32, extra: &str) -> (String, String, Ledger) {
+    ns.apply(&manifest(
+        "shop",
+        "Pa55word",
+        &format!("  instances: {instances}\n{extra}"),
+    ));
     wait_ready(ns, "shop", Duration::from_secs(180)).await;
     wait_reason(ns, "shop", "ReplicasReady", "True", "Streaming").await;
     let password = secret_value(ns, "shop-db", "postgresql_password").await;

@@ -56,6 +56,7 @@ pub mod rollout;
 mod rollout_interleavings;
 pub mod secrets;
 pub mod services;
+pub mod spread;
 pub mod sql;
 pub mod statefulset;
 pub mod status;

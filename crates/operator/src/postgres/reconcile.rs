@@ -45,6 +45,7 @@ use crate::core::events::Announcement;
 use crate::core::stamp::{stamp, up_to_date};
 use crate::core::{DuringStage, Error, Result, Stage, crash};
 
+mod apart;
 mod primacy;
 mod rolling;
 use primacy::Primacy;
@@ -59,6 +60,8 @@ const LOOK_AGAIN_ARCHIVING: Duration = Duration::from_secs(60);
 const NOT_YET: Duration = Duration::from_secs(5);
 /// How often a data directory being made is looked at: a restore's progress in status.
 const BOOTSTRAPPING: Duration = Duration::from_secs(1);
+/// How soon a database whose instances could be moved apart is looked at again.
+const SPREAD_RECHECK: Duration = Duration::from_secs(15);
 /// How long a failover waits for a replica to say where it is.
 const ASK_REPLICA_WITHIN: Duration = Duration::from_secs(3);
 /// How often a primary whose commits wait for replicas only while they are there
@@ -97,6 +100,9 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     let members = pass.label_roles(&observed, &made, primacy.silent_for.is_some()).await?;
     let rolling = pass.roll(&observed, &members, &mut primacy).await?;
     let serving = matches!(instance, InstanceState::Serving(_)) && made.database_ready;
+    let spread = pass.spread(&members);
+    pass.move_apart(&observed, &members, &spread, rolling || !serving, &mut primacy)
+        .await?;
     let bootstrapping = matches!(instance, InstanceState::Bootstrapping);
     let (summary, kept) = pass.keep_backups(&observed, serving).await?;
     let promoting = primacy.failover.is_some()
@@ -128,8 +134,15 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     } else {
         pass.look_again(serving, &applied, kept.look_again)
     };
+    // Instances that could be moved apart are looked at again soon: a node uncordoned or
+    // back wakes nothing here, and the move waits for the instances to settle.
+    let apart = spread.fixable(pass.replicas_spare(&members));
+    let look_again = match apart {
+        Some(_) => look_again.min(SPREAD_RECHECK),
+        None => look_again,
+    };
     let told = std::mem::take(&mut primacy.told);
-    let seen = seen(
+    let mut seen = seen(
         &pass,
         (instance, members, primacy),
         &observed,
@@ -138,6 +151,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
         &made,
         summary,
     );
+    seen.apart = apart;
     finish(&pass, &observed.children, seen, (&made, told), &checked.password).await?;
     Ok(Action::requeue(look_again))
 }
@@ -618,6 +632,7 @@ fn seen(
         failover: primacy.failover,
         primary_lost: primacy.no_replica,
         synchronous: made.synchronous.clone(),
+        apart: None,
     }
 }
 

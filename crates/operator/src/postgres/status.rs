@@ -92,6 +92,8 @@ pub struct StatusFacts {
     pub primary_lost: Option<String>,
     /// The primary's synchronous replication (when it serves).
     pub synchronous: Option<super::synchronous::Seen>,
+    /// Instances that share a node while another could take one, said (`spread.rs`).
+    pub apart: Option<String>,
 }
 
 impl Default for InstanceState {
@@ -371,6 +373,10 @@ fn replicas_ready(pg: &PostgreSQL, seen: &StatusFacts) -> Decided {
     }
 }
 
+/// The reason of a Degraded condition that says which instances share a node another could
+/// take one from.
+pub const INSTANCES_SHARE_NODE: &str = "InstancesShareNode";
+
 /// Degraded: the gravest of what needs attention.
 fn degraded(seen: &StatusFacts, archiving: Option<&Decided>) -> Decided {
     match (&seen.instance, &seen.password_problem) {
@@ -394,7 +400,10 @@ fn degraded(seen: &StatusFacts, archiving: Option<&Decided>) -> Decided {
             Some(problem) => Decided::new(DEGRADED, true, problem.reason, problem.message.clone()),
             None => match archiving.filter(|a| a.reason == "ArchiveFailing") {
                 Some(failing) => Decided::new(DEGRADED, true, "ArchiveFailing", failing.message.clone()),
-                None => Decided::new(DEGRADED, false, "AsExpected", "nothing needs attention"),
+                None => match &seen.apart {
+                    Some(shared) => Decided::new(DEGRADED, true, INSTANCES_SHARE_NODE, shared.clone()),
+                    None => Decided::new(DEGRADED, false, "AsExpected", "nothing needs attention"),
+                },
             },
         },
     }
