@@ -59,6 +59,11 @@ impl Pass<'_> {
             return Ok(());
         }
         let pods = replication::instance_pods(&self.names, &observed.children.pods);
+        // Every instance the spec asks for is there (a scale under way is not a time to move).
+        let instances = usize::try_from(self.pg.spec.instances).unwrap_or_default();
+        if pods.len() != instances || members.len() != instances {
+            return Ok(());
+        }
         let settled = pods.values().all(|p| {
             p.metadata
                 .creation_timestamp
