@@ -138,12 +138,17 @@ pub async fn drive<K, S, R, Fut>(
         loop {
             tokio::time::sleep(STATE_SERIES_EVERY).await;
             for object in store.state() {
-                let Ok(object) = &object.0 else { continue };
-                let Ok(json) = serde_json::to_value(object) else {
-                    continue;
+                // An object that cannot be read has its metadata only: no status, so alerts on
+                // a resource without one see it.
+                let json = match &object.0 {
+                    Ok(object) => serde_json::to_value(object).ok(),
+                    Err(invalid) => serde_json::to_value(serde_json::json!({ "metadata": invalid.metadata })).ok(),
                 };
-                let meta = object.meta();
-                let (Some(namespace), Some(name)) = (&meta.namespace, &meta.name) else {
+                let meta = match &object.0 {
+                    Ok(object) => object.meta(),
+                    Err(invalid) => &invalid.metadata,
+                };
+                let (Some(json), Some(namespace), Some(name)) = (json, &meta.namespace, &meta.name) else {
                     continue;
                 };
                 metrics.set_resource_state(&kind, namespace, name, ResourceState::read(&json));
