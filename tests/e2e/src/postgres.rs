@@ -411,6 +411,17 @@ impl LedgerReport {
             .unwrap_or(to - from)
     }
 
+    /// The longest wait for a commit that a moment in `[from, to]` saw: a gap that began
+    /// before `from` counts from `from` (an outage of an earlier fault is not this one's).
+    pub fn longest_wait_since(&self, from: std::time::Instant, to: std::time::Instant) -> Duration {
+        self.acked_at
+            .windows(2)
+            .filter(|w| w[1] >= from && w[0] <= to)
+            .map(|w| w[1] - w[0].max(from))
+            .max()
+            .unwrap_or(to - from)
+    }
+
     pub fn missing(&self, present: &[i64]) -> Vec<i64> {
         let present: std::collections::BTreeSet<i64> = present.iter().copied().collect();
         for id in &present {
