@@ -59,6 +59,26 @@ impl Pass<'_> {
             return Ok(());
         }
         let pods = replication::instance_pods(&self.names, &observed.children.pods);
+        // A move begun by a pass that ended between its two deletions is finished first: the
+        // claim going is its record, and a replica left running on it would lose its volume
+        // whenever its pod next restarts.
+        let claims = self.api::<PersistentVolumeClaim>();
+        for (name, pod) in &pods {
+            let claim = self.names.data_claim_of(name);
+            let claim_going = self
+                .ctx
+                .caches
+                .claims
+                .get(&kube::runtime::reflector::ObjectRef::new(&claim).within(&self.names.namespace))
+                .is_some_and(|c| c.metadata.deletion_timestamp.is_some());
+            if claim_going && *name != primacy.primary && pod.metadata.deletion_timestamp.is_none() {
+                delete_if_present(&self.api::<Pod>(), name, &DeleteParams::default())
+                    .await
+                    .during(Stage::Apply)?;
+                info!(replica = %name, "finished making a replica anew: its volume was already going");
+                return Ok(());
+            }
+        }
         // Every instance the spec asks for is there (a scale under way is not a time to move).
         let instances = usize::try_from(self.pg.spec.instances).unwrap_or_default();
         if pods.len() != instances || members.len() != instances {
@@ -73,7 +93,6 @@ impl Pass<'_> {
         let Some((replica, from, to)) = spread.replica_to_move(settled, self.replicas_spare(members)) else {
             return Ok(());
         };
-        let claims = self.api::<PersistentVolumeClaim>();
         delete_if_present(&claims, &self.names.data_claim_of(&replica), &DeleteParams::default())
             .await
             .during(Stage::Apply)?;
