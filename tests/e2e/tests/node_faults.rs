@@ -1734,34 +1734,34 @@ async fn control_plane_placement(ns: &TestNamespace, name: &str) -> BTreeMap<Str
 /// Degraded message).
 type Said = std::sync::Arc<std::sync::Mutex<Vec<(String, String, String)>>>;
 
-/// Every change of a control plane's (ready, Degraded status and reason, Degraded message),
-/// from a poll every 200 ms until aborted.
+/// Every status of control plane `name` a watch delivers (each write of it, not a sample), as
+/// (ready, Degraded status and reason, Degraded message), each change once, until aborted.
 fn watch_control_plane(
     api: kube::Api<noops_api::KubernetesControlPlane>,
     name: &'static str,
 ) -> (tokio::task::JoinHandle<()>, Said) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
     let seen: Said = Default::default();
     let task = tokio::spawn({
         let seen = seen.clone();
         async move {
-            loop {
-                if let Ok(kcp) = api.get(name).await
-                    && let Some(status) = kcp.status
-                {
-                    let degraded = status.conditions.iter().find(|c| c.type_ == "Degraded");
-                    let said = (
-                        status.ready.clone().unwrap_or_default(),
-                        degraded
-                            .map(|c| format!("{} {}", c.status, c.reason))
-                            .unwrap_or_default(),
-                        degraded.map(|c| c.message.clone()).unwrap_or_default(),
-                    );
-                    let mut seen = seen.lock().unwrap();
-                    if seen.last() != Some(&said) {
-                        seen.push(said);
-                    }
+            let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+            let mut events = std::pin::pin!(watcher(api, config).default_backoff().applied_objects());
+            while let Some(Ok(kcp)) = events.next().await {
+                let Some(status) = kcp.status else { continue };
+                let degraded = status.conditions.iter().find(|c| c.type_ == "Degraded");
+                let said = (
+                    status.ready.clone().unwrap_or_default(),
+                    degraded
+                        .map(|c| format!("{} {}", c.status, c.reason))
+                        .unwrap_or_default(),
+                    degraded.map(|c| c.message.clone()).unwrap_or_default(),
+                );
+                let mut seen = seen.lock().unwrap();
+                if seen.last() != Some(&said) {
+                    seen.push(said);
                 }
-                tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
     });
