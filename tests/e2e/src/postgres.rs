@@ -403,12 +403,7 @@ impl LedgerReport {
     /// The longest time writes waited between `from` and `to`: the longest stretch between
     /// two acknowledged commits that overlaps that window.
     pub fn longest_gap_between(&self, from: std::time::Instant, to: std::time::Instant) -> Duration {
-        self.acked_at
-            .windows(2)
-            .filter(|w| w[1] >= from && w[0] <= to)
-            .map(|w| w[1] - w[0])
-            .max()
-            .unwrap_or(to - from)
+        longest_gap_between(&self.acked_at, from, to)
     }
 
     /// The longest wait for a commit that a moment in `[from, to]` saw: a gap that began
@@ -502,6 +497,84 @@ impl Ledger {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         self.task.await.expect("the ledger's thread")
     }
+}
+
+/// Short write attempts through `host` started every `every`, each on a new connection that
+/// gives up after a second, so that when writes are possible again is seen within about
+/// `every`, not after one client's own timeouts: a [`Ledger`]'s single client may sit out a
+/// connect or an INSERT to a gone primary for seconds, overstating the gap by as much. What
+/// it measures is the database's, not a client's: the first write acknowledged after a fault.
+/// Each attempt is a transaction that is given an id (`txid_current()`), which only a primary
+/// taking writes gives, and commits it.
+pub struct WriteProbe {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::sync::oneshot::Receiver<Vec<std::time::Instant>>,
+}
+
+impl WriteProbe {
+    pub fn start(host: &str, user: &str, password: &str, db: &str, every: Duration) -> Self {
+        let config = client_config(host, user, password, db, Duration::from_secs(1));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop_seen = stop.clone();
+        let (done, task) = tokio::sync::oneshot::channel();
+        let attempts = async move {
+            let (acked, mut acks) = tokio::sync::mpsc::unbounded_channel();
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            while !stop_seen.load(std::sync::atomic::Ordering::SeqCst) {
+                tick.tick().await;
+                let (config, acked) = (config.clone(), acked.clone());
+                tokio::spawn(async move {
+                    let attempt = async {
+                        let (client, connection) = config.connect(tokio_postgres::NoTls).await.ok()?;
+                        tokio::spawn(connection);
+                        client.batch_execute("SELECT txid_current()").await.ok()
+                    };
+                    if let Ok(Some(())) = tokio::time::timeout(Duration::from_secs(1), attempt).await {
+                        let _ = acked.send(std::time::Instant::now());
+                    }
+                });
+            }
+            // Attempts still under way end within their second.
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+            drop(acked);
+            let mut at = Vec::new();
+            while let Some(instant) = acks.recv().await {
+                at.push(instant);
+            }
+            at.sort();
+            at
+        };
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("the probe's runtime");
+            let _ = done.send(runtime.block_on(attempts));
+        });
+        Self { stop, task }
+    }
+
+    /// When each acknowledged attempt was acknowledged, in order.
+    pub async fn stop(self) -> Vec<std::time::Instant> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.task.await.expect("the probe's thread")
+    }
+}
+
+/// The longest stretch between two acknowledgements in `acked_at` (in order) that overlaps
+/// `[from, to]`: how long writes waited then.
+pub fn longest_gap_between(
+    acked_at: &[std::time::Instant],
+    from: std::time::Instant,
+    to: std::time::Instant,
+) -> Duration {
+    acked_at
+        .windows(2)
+        .filter(|w| w[1] >= from && w[0] <= to)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or(to - from)
 }
 
 /// Every id in `items` at `host`.

@@ -1,6 +1,9 @@
 //! PostgreSQL high availability on the local Kubernetes (`make bench` runs it): three
-//! instances, a client committing every 20 ms through `<name>-rw`, and how long its writes wait
-//! (the longest stretch between two acknowledged commits) when
+//! instances, a client committing every 20 ms through `<name>-rw` (the ledger: nothing it was
+//! told is committed may be lost), short write attempts on new connections started every
+//! 100 ms beside it (the probe), and how long writes wait (the longest stretch between two
+//! acknowledged writes of the probe; the ledger's own, which adds its client's timeouts, is
+//! printed below the table) when
 //! - the primary's pod is force-deleted (its processes killed; the pod comes back in place on
 //!   its volume, still holding the lease),
 //! - the primary's pod is deleted (a failover: its server stops and gives its lease up),
@@ -60,6 +63,7 @@ async fn main() {
     let (password, rw, ledger) = three_instances_under_a_ledger(&ns, "").await;
     // (The ledger's table and its first seconds of commits are in the helper's time.)
     let ready = t.elapsed().as_secs_f64();
+    let probe = WriteProbe::start(&rw, "app", &password, "shop", Duration::from_millis(100));
 
     let _restore = RestoreNodesOnDrop;
     let (mut forced, mut deleted, mut stopped, mut switched, mut switched_operator) =
@@ -136,6 +140,7 @@ async fn main() {
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let report = ledger.stop().await;
+    let probed = probe.stop().await;
     let missing = report.lost_in_shop(&rw, &password, "asynchronous");
     // Asynchronous: a stopped node may take with it what its primary acknowledged and no
     // replica had received yet, its last moments. Nothing else may be lost.
@@ -156,8 +161,15 @@ async fn main() {
     let gaps = |windows: &[(Instant, Instant)]| -> Vec<f64> {
         windows
             .iter()
-            .map(|(from, to)| report.longest_gap_between(*from, *to).as_secs_f64())
+            .map(|(from, to)| longest_gap_between(&probed, *from, *to).as_secs_f64())
             .collect()
+    };
+    let ledger_gaps = |windows: &[(Instant, Instant)]| -> String {
+        windows
+            .iter()
+            .map(|(from, to)| format!("{:.1}", report.longest_gap_between(*from, *to).as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(" ")
     };
 
     println!(
@@ -204,6 +216,13 @@ async fn main() {
             .join(" "),
         report.acked.len(),
         at_stops.len()
+    );
+    println!(
+        "The ledger's one client (a 2 s connect timeout, a 3 s INSERT timeout) saw its writes wait: force-deleted {}; deleted {}; node stopped {}; switchover {} s.",
+        ledger_gaps(&forced),
+        ledger_gaps(&deleted),
+        ledger_gaps(&stopped),
+        ledger_gaps(&switched)
     );
     assert!(unexplained.is_empty(), "acknowledged and lost: {unexplained:?}");
 }
