@@ -6,9 +6,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, ContainerPort, HTTPGetAction, KeyToPath, PodAffinityTerm, PodAntiAffinity, PodSecurityContext,
-    PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, SecretProjection, Service, ServicePort, ServiceSpec,
-    Volume, VolumeMount, VolumeProjection, WeightedPodAffinityTerm,
+    Container, ContainerPort, HTTPGetAction, KeyToPath, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ProjectedVolumeSource, SecretProjection, Service, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -18,6 +17,7 @@ use noops_api::etcd::{EtcdCluster, EtcdClusterSpec, TlsSpec};
 use super::certificates::{Authority, Certificate, KUBECONFIG_KEY};
 use super::names::{API_SERVER_PORT, Component, Names};
 use super::versions::Release;
+use crate::core::apart::prefer_apart;
 use crate::core::images::Images;
 use crate::core::pod_security::runtime_default_seccomp;
 use crate::core::stamp::stamp;
@@ -414,7 +414,7 @@ pub fn deployment(
                 spec: Some(PodSpec {
                     containers: vec![container],
                     volumes: Some(vec![pki_volume(names, component)]),
-                    affinity: Some(spread(selector)),
+                    affinity: Some(prefer_apart(None, selector)),
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
                     termination_grace_period_seconds: Some(SHUTDOWN_DELAY_SECONDS + 30),
@@ -432,27 +432,6 @@ pub fn deployment(
     };
     stamp(&mut deployment);
     deployment
-}
-
-/// Replicas of a component on different nodes where there are nodes enough.
-fn spread(selector: BTreeMap<String, String>) -> Affinity {
-    Affinity {
-        pod_anti_affinity: Some(PodAntiAffinity {
-            preferred_during_scheduling_ignored_during_execution: Some(vec![WeightedPodAffinityTerm {
-                weight: 100,
-                pod_affinity_term: PodAffinityTerm {
-                    label_selector: Some(LabelSelector {
-                        match_labels: Some(selector),
-                        ..Default::default()
-                    }),
-                    topology_key: "kubernetes.io/hostname".into(),
-                    ..Default::default()
-                },
-            }]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! What every controller shares: registration and the reconcile wrapper (`controller`), the
-//! count of its API requests,
+//! count of its API requests, pods of one group preferring different nodes (`apart`),
 //! conditions, Events, server-side apply and the desired-state stamp, labels, rollout checks,
 //! pruning of children no longer wanted, per-object back-off, error classification, metrics,
 //! nodes and the volumes pinned to them, certificates from the operator's own CAs (`pki`), and
@@ -8,6 +8,7 @@
 //! Security (`pod_security`).
 //! `backup/` is the backup kit every engine's backups are made of.
 
+pub mod apart;
 pub mod api_requests;
 pub mod apply;
 pub mod backoff;

@@ -6,16 +6,16 @@
 
 use k8s_openapi::api::core::v1::{
     Affinity, ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, NodeAffinity,
-    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm,
-    PodAntiAffinity, PodSecurityContext, PodSpec, Probe, SecretVolumeSource, Volume, VolumeMount,
-    WeightedPodAffinityTerm,
+    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeClaimVolumeSource, Pod,
+    PodSecurityContext, PodSpec, Probe, SecretVolumeSource, Volume, VolumeMount,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use noops_api::EtcdCluster;
 
 use super::bootstrap::STATE_KEY;
 use super::names::{CLIENT_PORT, METRICS_PORT, Names, PEER_PORT};
+use crate::core::apart::prefer_apart;
 use crate::core::images::Images;
 use crate::core::pod_security::runtime_default_seccomp;
 
@@ -231,7 +231,7 @@ pub fn member_pod(
             subdomain: Some(names.peer_service()),
             containers: vec![container],
             volumes: Some(volumes),
-            affinity: Some(spread(cluster, names)),
+            affinity: Some(prefer_apart(cluster.spec.pod.affinity.clone(), names.selector())),
             tolerations: (!cluster.spec.pod.tolerations.is_empty()).then(|| cluster.spec.pod.tolerations.clone()),
             termination_grace_period_seconds: Some(30),
             enable_service_links: Some(false),
@@ -278,26 +278,6 @@ pub fn pin_to_node(pod: &mut Pod, node: &str) {
 /// too) gets a cluster ID of its own.
 pub fn token(cluster: &EtcdCluster, names: &Names) -> String {
     cluster.metadata.uid.clone().unwrap_or_else(|| names.cluster.clone())
-}
-
-/// The user's affinity, with the members of this cluster preferring different nodes.
-pub fn spread(cluster: &EtcdCluster, names: &Names) -> Affinity {
-    let mut affinity = cluster.spec.pod.affinity.clone().unwrap_or_default();
-    let anti = affinity.pod_anti_affinity.get_or_insert_with(PodAntiAffinity::default);
-    anti.preferred_during_scheduling_ignored_during_execution
-        .get_or_insert_with(Vec::new)
-        .push(WeightedPodAffinityTerm {
-            weight: 100,
-            pod_affinity_term: PodAffinityTerm {
-                topology_key: "kubernetes.io/hostname".into(),
-                label_selector: Some(LabelSelector {
-                    match_labels: Some(names.selector()),
-                    match_expressions: None,
-                }),
-                ..Default::default()
-            },
-        });
-    affinity
 }
 
 #[cfg(test)]

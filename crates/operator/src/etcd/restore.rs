@@ -23,8 +23,9 @@ use noops_api::EtcdCluster;
 use noops_api::etcd_backup::{EtcdBackup, EtcdBackupStatus};
 
 use super::names::Names;
-use super::pod::{DATA_DIR, image, spread, token};
+use super::pod::{DATA_DIR, image, token};
 use super::store::{self, Destination, SnapshotDestination};
+use crate::core::apart::prefer_apart;
 use crate::core::backup::destination::claim_volume;
 use crate::core::images::Images;
 use crate::core::pod_security::runtime_default_seccomp;
@@ -300,7 +301,7 @@ pub fn restore_pod(
             restart_policy: Some("Never".into()),
             enable_service_links: Some(false),
             // Where the restore pod runs, the volume is made: only where the member may run.
-            affinity: Some(spread(cluster, names)),
+            affinity: Some(prefer_apart(cluster.spec.pod.affinity.clone(), names.selector())),
             tolerations: (!cluster.spec.pod.tolerations.is_empty()).then(|| cluster.spec.pod.tolerations.clone()),
             image_pull_secrets: images.image_pull_secrets(),
             security_context: Some(PodSecurityContext {

@@ -12,10 +12,10 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, HTTPGetAction, Lifecycle, LifecycleHandler, Pod, PodAffinityTerm, PodAntiAffinity, PodSpec,
-    Probe, SecretVolumeSource, SecurityContext, SleepAction, Volume, VolumeMount, WeightedPodAffinityTerm,
+    Container, HTTPGetAction, Lifecycle, LifecycleHandler, Pod, PodSpec, Probe, SecretVolumeSource, SecurityContext,
+    SleepAction, Volume, VolumeMount,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -24,6 +24,7 @@ use noops_api::machine::FlavorSpec;
 use super::bootstrap::{KUBE_PROXY_KUBECONFIG, NODE_KUBECONFIG, SERVING_CERT, SERVING_KEY, TENANT_CA};
 use super::names::{CLUSTER_LABEL, Names};
 use crate::core::Result;
+use crate::core::apart::prefer_apart;
 use crate::core::apply::{create_if_missing, delete_if_present};
 use crate::core::downward::pod_ip_env;
 use crate::core::images::Images;
@@ -295,7 +296,11 @@ pub fn vm_pod(spec: &VmSpec, images: &Images) -> Pod {
             automount_service_account_token: Some(false),
             // Its tenant pods stop with it: give them time to end.
             termination_grace_period_seconds: Some(30),
-            affinity: Some(spread(&names.cluster)),
+            // Machines of one cluster apart: one node lost takes as few of them as it can.
+            affinity: Some(prefer_apart(
+                None,
+                BTreeMap::from([(CLUSTER_LABEL.to_string(), names.cluster.clone())]),
+            )),
             image_pull_secrets: images.image_pull_secrets(),
             ..Default::default()
         }),
@@ -312,28 +317,6 @@ fn http_probe(path: &str, port: i32) -> Probe {
             ..Default::default()
         }),
         period_seconds: Some(1),
-        ..Default::default()
-    }
-}
-
-/// Machines of one cluster prefer different nodes of this cluster: one node lost takes as few
-/// of them as it can.
-fn spread(cluster: &str) -> Affinity {
-    Affinity {
-        pod_anti_affinity: Some(PodAntiAffinity {
-            preferred_during_scheduling_ignored_during_execution: Some(vec![WeightedPodAffinityTerm {
-                weight: 100,
-                pod_affinity_term: PodAffinityTerm {
-                    label_selector: Some(LabelSelector {
-                        match_labels: Some(BTreeMap::from([(CLUSTER_LABEL.to_string(), cluster.to_string())])),
-                        ..Default::default()
-                    }),
-                    topology_key: "kubernetes.io/hostname".into(),
-                    ..Default::default()
-                },
-            }]),
-            ..Default::default()
-        }),
         ..Default::default()
     }
 }

@@ -16,10 +16,9 @@ use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec, StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
-    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, Volume, VolumeMount,
-    VolumeResourceRequirements, WeightedPodAffinityTerm,
+    ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
+    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, SecretVolumeSource, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -33,6 +32,7 @@ use super::names::{
 };
 use super::restore::{PLAN_DIR, PLAN_FILE};
 use super::store::{self, BaseBackupDestination, Destination, PodAccess, Role};
+use crate::core::apart::prefer_apart;
 use crate::core::images::Images;
 use crate::core::pod_security::runtime_default_seccomp;
 
@@ -158,7 +158,8 @@ pub fn build(
                     init_containers: Some(vec![install_container(operator_image), bootstrap]),
                     containers: vec![postgres],
                     volumes: Some(volumes),
-                    affinity: Some(spread(names)),
+                    // Instances apart (the status says when two share a node anyway).
+                    affinity: Some(prefer_apart(None, names.selector())),
                     // The instances read and renew the primary's lease, nothing else.
                     service_account_name: Some(names.instance_account()),
                     automount_service_account_token: Some(true),
@@ -229,28 +230,6 @@ fn instance_env_and_mounts(names: &Names, access: &PodAccess) -> (Vec<EnvVar>, V
     ];
     mounts.extend(access.mounts.iter().cloned());
     (env_vars, mounts)
-}
-
-/// Instances apart: each prefers a node no other instance of the database runs on, so that
-/// one node lost takes one instance (the status says when two share a node anyway).
-fn spread(names: &Names) -> Affinity {
-    Affinity {
-        pod_anti_affinity: Some(PodAntiAffinity {
-            preferred_during_scheduling_ignored_during_execution: Some(vec![WeightedPodAffinityTerm {
-                weight: 100,
-                pod_affinity_term: PodAffinityTerm {
-                    topology_key: "kubernetes.io/hostname".into(),
-                    label_selector: Some(LabelSelector {
-                        match_labels: Some(names.selector()),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-            }]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
 }
 
 /// Ready: the server accepts connections.
