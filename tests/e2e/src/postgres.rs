@@ -483,13 +483,7 @@ impl Ledger {
             }
             report
         };
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("the ledger's runtime");
-            let _ = done.send(runtime.block_on(commits));
-        });
+        on_a_thread_of_its_own(commits, done);
         Self { stop, task }
     }
 
@@ -497,6 +491,22 @@ impl Ledger {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         self.task.await.expect("the ledger's thread")
     }
+}
+
+/// Runs `work` on a thread and runtime of its own and sends its outcome to `done`: a test
+/// blocking its own thread (kubectl, psql) must not hold a client's requests back, which would
+/// read as a write gap.
+fn on_a_thread_of_its_own<T: Send + 'static>(
+    work: impl std::future::Future<Output = T> + Send + 'static,
+    done: tokio::sync::oneshot::Sender<T>,
+) {
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a client's runtime");
+        let _ = done.send(runtime.block_on(work));
+    });
 }
 
 /// Short write attempts through `host` started every `every`, each on a new connection that
@@ -545,13 +555,7 @@ impl WriteProbe {
             at.sort();
             at
         };
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("the probe's runtime");
-            let _ = done.send(runtime.block_on(attempts));
-        });
+        on_a_thread_of_its_own(attempts, done);
         Self { stop, task }
     }
 
