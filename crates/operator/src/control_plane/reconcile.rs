@@ -5,9 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::runtime::controller::Action;
-use kube::{Api, Resource, ResourceExt};
 use noops_api::control_plane::{KubernetesControlPlane, KubernetesControlPlaneStatus};
-use serde_json::json;
 use tracing::info;
 
 use super::certificates::{Addresses, Certificate, Servers, server_url, tenant_service_ip};
@@ -18,7 +16,7 @@ use super::plan::{Plan, Step};
 use super::status::StatusFacts;
 use super::versions::Release;
 use super::{act, desired, observe, plan, ranges, spread, status};
-use crate::core::apply::{apply_status, controller_reference};
+use crate::core::apply::controller_reference;
 use crate::core::events::Announcement;
 use crate::core::pki::NOT_AFTER_ANNOTATION;
 use crate::core::{DuringStage, Error, Result, Stage};
@@ -116,18 +114,10 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
         range_taken: range_taken.as_deref(),
     };
     let status = status::build(&facts, now);
-    let reference = kcp.object_ref(&());
-    for announcement in announcements(kcp.status.as_ref(), &status, &plan, &issued)
+    let told = announcements(kcp.status.as_ref(), &status, &plan, &issued)
         .into_iter()
-        .chain(moved)
-    {
-        ctx.core.events.tell(&reference, announcement).await;
-    }
-    if kcp.status.as_ref() != Some(&status) {
-        let api: Api<KubernetesControlPlane> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        let body = json!({ "apiVersion": "noops.dev/v1alpha1", "kind": "KubernetesControlPlane", "status": status });
-        apply_status(&api, &kcp.name_any(), &body).await.during(Stage::Status)?;
-    }
+        .chain(moved);
+    ctx.report(kcp.as_ref(), kcp.status.as_ref(), &status, told).await?;
     let renew = next_renewal(&observation.live.secrets, now, ctx.certificate_lifetime);
     // A taken range is looked at again now and then: this cluster's ranges may change.
     let recheck_ranges = range_taken.as_ref().map(|_| RANGES_RECHECK);

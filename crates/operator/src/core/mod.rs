@@ -1,7 +1,8 @@
 //! What every controller shares: registration and the reconcile wrapper (`controller`), the
 //! count of its API requests, pods of one group preferring different nodes (`apart`),
 //! conditions, Events, server-side apply and the desired-state stamp, labels, rollout checks,
-//! pruning of children no longer wanted, per-object back-off, error classification, metrics,
+//! pruning of children no longer wanted, the tail of every pass (`report`: the status, then
+//! the Events), per-object back-off, error classification, metrics,
 //! nodes and the volumes pinned to them, certificates from the operator's own CAs (`pki`), and
 //! the crash points of the crash-safety tests, downward-API variables, clients of a tenant's
 //! cluster (`tenant`), where images are pulled from (`images`) and what pods declare for Pod
@@ -29,6 +30,7 @@ pub mod nodes;
 pub mod pki;
 pub mod pod_security;
 pub mod prune;
+pub mod report;
 pub mod resource_metrics;
 pub mod rollout;
 pub mod stamp;

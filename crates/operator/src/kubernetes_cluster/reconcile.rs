@@ -25,7 +25,7 @@ use super::desired;
 use super::plan::{ControlPlaneView, PoolView, plan};
 use super::status::{self, StatusFacts};
 use super::tenant;
-use crate::core::apply::{apply, apply_status, controlled_by, controller_reference, delete_if_present};
+use crate::core::apply::{apply, controlled_by, controller_reference, delete_if_present};
 use crate::core::cache::in_namespace;
 use crate::core::events::Announcement;
 use crate::core::{DuringStage, Error, Result, Stage, crash};
@@ -120,7 +120,6 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
         rejected,
     };
     let status = status::build(&facts, now);
-    let reference = kc.object_ref(&());
     let mut told = announcements(kc.status.as_ref(), &status, &plan.remove);
     // A pod the autoscaler cannot help is said once, when the Scaling condition says it first.
     let scaling_said = |s: Option<&KubernetesClusterStatus>| {
@@ -129,14 +128,7 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
     };
     let news = scaling_said(kc.status.as_ref()) != scaling_said(Some(&status));
     told.extend(decision.iter().flat_map(|d| scaling_announcements(d, news)));
-    for announcement in told {
-        ctx.core.events.tell(&reference, announcement).await;
-    }
-    if kc.status.as_ref() != Some(&status) {
-        let api: Api<KubernetesCluster> = Api::namespaced(ctx.client.clone(), &namespace);
-        let body = json!({ "apiVersion": "noops.dev/v1alpha1", "kind": "KubernetesCluster", "status": status });
-        apply_status(&api, &name, &body).await.during(Stage::Status)?;
-    }
+    ctx.report(kc.as_ref(), kc.status.as_ref(), &status, told).await?;
     let again = decision
         .and_then(|d| d.look_again)
         .map_or(LOOK_AGAIN, |d| d.min(LOOK_AGAIN));

@@ -25,7 +25,7 @@ use super::status::{self, DRAINING_SUCCEEDED, Deletion, StatusFacts};
 use super::tenant::{self, Tenant};
 use crate::control_plane::certificates::{Authority, tenant_service_ip};
 use crate::control_plane::names::Names as ControlPlaneNames;
-use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing};
+use crate::core::apply::{apply, controller_reference, create_if_missing};
 use crate::core::error::from_finalizer;
 use crate::core::events::Announcement;
 use crate::core::pki::Ca;
@@ -216,7 +216,7 @@ async fn run(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
         },
         now,
     );
-    write_status(ctx, &machine, &names, status.clone()).await?;
+    write_status(ctx, &machine, status.clone()).await?;
     let look_again = match status.phase {
         Some(MachinePhase::Running) if observation.node.ready() => RUNNING,
         Some(MachinePhase::Running) => NOT_READY,
@@ -345,7 +345,7 @@ async fn remove(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
         },
         now,
     );
-    write_status(ctx, &machine, &names, status).await?;
+    write_status(ctx, &machine, status).await?;
 
     match deletion {
         Deletion::Draining(progress) => Err(Error::UnderWay(format!(
@@ -372,18 +372,10 @@ async fn remove(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
     }
 }
 
-/// Writes the status if it changed, with Events for what changed.
-async fn write_status(ctx: &Context, machine: &Machine, names: &Names, status: MachineStatus) -> Result<()> {
-    let reference = machine.object_ref(&());
-    for announcement in announcements(machine.status.as_ref(), &status) {
-        ctx.core.events.tell(&reference, announcement).await;
-    }
-    if machine.status.as_ref() != Some(&status) {
-        let api: Api<Machine> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        let body = json!({ "apiVersion": "noops.dev/v1alpha1", "kind": "Machine", "status": status });
-        apply_status(&api, &names.machine, &body).await.during(Stage::Status)?;
-    }
-    Ok(())
+/// Writes the status if it changed, then Events for what changed.
+async fn write_status(ctx: &Context, machine: &Machine, status: MachineStatus) -> Result<()> {
+    let told = announcements(machine.status.as_ref(), &status);
+    ctx.report(machine, machine.status.as_ref(), &status, told).await
 }
 
 /// What changed, as Events: a new phase, a new reason to be degraded, a drain held.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 use noops_api::machine_deployment::{MachineDeployment, MachineDeploymentStatus};
 use noops_api::machine_set::MachineSet;
 use serde_json::json;
@@ -16,9 +16,7 @@ use super::context::Context;
 use super::desired;
 use super::plan::{DeploymentPlan, SetView, plan};
 use super::status;
-use crate::core::apply::{
-    apply, apply_status, controlled_by, controller_reference, create_if_missing, delete_if_present,
-};
+use crate::core::apply::{apply, controlled_by, controller_reference, create_if_missing, delete_if_present};
 use crate::core::cache::in_namespace;
 use crate::core::events::Announcement;
 use crate::core::{DuringStage, Error, Result, Stage, crash};
@@ -102,17 +100,8 @@ pub async fn reconcile(md: Arc<MachineDeployment>, ctx: &Context) -> Result<Acti
     }
 
     let status = status::build(&md, &sets, &plan, now);
-    let reference = md.object_ref(&());
-    for announcement in announcements(md.status.as_ref(), &status) {
-        ctx.core.events.tell(&reference, announcement).await;
-    }
-    if md.status.as_ref() != Some(&status) {
-        let deployments: Api<MachineDeployment> = Api::namespaced(ctx.client.clone(), &namespace);
-        let body = json!({ "apiVersion": "noops.dev/v1alpha1", "kind": "MachineDeployment", "status": status });
-        apply_status(&deployments, &md.name_any(), &body)
-            .await
-            .during(Stage::Status)?;
-    }
+    let told = announcements(md.status.as_ref(), &status);
+    ctx.report(md.as_ref(), md.status.as_ref(), &status, told).await?;
     Ok(Action::requeue(if plan.complete { STEADY } else { ROLLING }))
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::runtime::controller::Action;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 use noops_api::machine::Machine;
 use noops_api::machine_set::{MachineSet, MachineSetStatus};
 use tracing::{debug, info};
@@ -13,7 +13,7 @@ use tracing::{debug, info};
 use super::context::Context;
 use super::plan::{SetPlan, plan, ready};
 use super::{desired, status};
-use crate::core::apply::{apply_status_at, controlled_by, controller_reference, create_if_missing, delete_if_present};
+use crate::core::apply::{controlled_by, controller_reference, create_if_missing, delete_if_present};
 use crate::core::cache::in_namespace;
 use crate::core::events::Announcement;
 use crate::core::{DuringStage, Error, Result, Stage, crash};
@@ -75,21 +75,16 @@ pub async fn reconcile(mut set: Arc<MachineSet>, ctx: &Context) -> Result<Action
     }
 
     let status = status::build(&set, &machines, &plan, now);
-    let reference = set.object_ref(&());
-    for announcement in announcements(set.status.as_ref(), &status, &plan) {
-        ctx.core.events.tell(&reference, announcement).await;
-    }
+    let told = announcements(set.status.as_ref(), &status, &plan);
     // Written only over the version this pass read: a status built from a set older than
     // the last write would take `nextIndex` back, and names would be given twice.
-    if set.status.as_ref() != Some(&status) {
-        let mut version = set.metadata.resource_version.clone();
-        if !apply_status_at(&sets, &set.name_any(), &mut version, &status)
-            .await
-            .during(Stage::Status)?
-        {
-            debug!("the set changed since this pass read it: the next pass writes its status");
-            return Ok(Action::requeue(Duration::from_secs(1)));
-        }
+    let mut version = set.metadata.resource_version.clone();
+    if !ctx
+        .report_at(set.as_ref(), set.status.as_ref(), &mut version, &status, told)
+        .await?
+    {
+        debug!("the set changed since this pass read it: the next pass writes its status");
+        return Ok(Action::requeue(Duration::from_secs(1)));
     }
     let all_ready = machines.iter().all(ready) && machines.len() as i32 == set.spec.replicas;
     Ok(Action::requeue(if all_ready { STEADY } else { WATCHING }))

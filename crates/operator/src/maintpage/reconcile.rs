@@ -4,25 +4,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use kube::{Api, Resource, ResourceExt};
 use noops_api::maintpage::{MaintPage, Side};
-use serde_json::json;
 use tracing::debug;
 
 use super::context::Context;
 use super::{apply, desired, observe, status, switch, validate};
-use crate::core::apply::{apply_status, controller_reference};
+use crate::core::apply::controller_reference;
 use crate::core::events::Announcement;
 use crate::core::{DuringStage, Error, Result, Stage};
 
 /// Reconciles one MaintPage (the caller's span names it).
 pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
     let namespace = mp.namespace().unwrap_or_else(|| "default".into());
-    let name = mp.name_any();
-    let maintpages: Api<MaintPage> = Api::namespaced(ctx.client.clone(), &namespace);
-    let reference = mp.object_ref(&());
-    let events = &ctx.core.events;
     let now = jiff::Timestamp::now();
 
     let observation = observe::observe(&mp, &namespace, ctx, now)
@@ -31,14 +26,10 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
 
     if let Err(error) = validate::validate(&mp, &observation.live) {
         let blocked = status::blocked(&mp, error.reason(), &error.to_string(), now);
-        if mp.status.as_ref() != Some(&blocked) {
-            events
-                .tell(&reference, Announcement::warning(error.reason(), error.to_string()))
-                .await;
-            apply_status(&maintpages, &name, &status_body(&blocked))
-                .await
-                .during(Stage::Status)?;
-        }
+        // Told once, when the status first says so.
+        let told =
+            (mp.status.as_ref() != Some(&blocked)).then(|| Announcement::warning(error.reason(), error.to_string()));
+        ctx.report(mp.as_ref(), mp.status.as_ref(), &blocked, told).await?;
         return Err(error).during(Stage::Validate);
     }
 
@@ -50,17 +41,9 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
             maintenance_stuck: observation.maintenance_stuck.as_ref(),
         };
         let status = status::paused(&mp, &seen, now);
-        if mp.status.as_ref() != Some(&status) {
-            apply_status(&maintpages, &name, &status_body(&status))
-                .await
-                .during(Stage::Status)?;
-            // Told once the status says so: a pass that fails before tells nothing.
-            if !is_paused(mp.status.as_ref()) {
-                let note =
-                    "spec.paused: the operator changes nothing (no switch, no hand edit reverted) until it is false";
-                events.tell(&reference, Announcement::normal("Paused", note)).await;
-            }
-        }
+        let note = "spec.paused: the operator changes nothing (no switch, no hand edit reverted) until it is false";
+        let told = (!is_paused(mp.status.as_ref())).then(|| Announcement::normal("Paused", note));
+        ctx.report(mp.as_ref(), mp.status.as_ref(), &status, told).await?;
         debug!("paused: the app's objects are left as they are");
         return Ok(Action::await_change());
     }
@@ -79,10 +62,7 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
         debug!("a child changed while reconciling; looking again");
         return Ok(Action::requeue(Duration::from_millis(50)));
     };
-    for announcement in announcements(&mp, &plan, hand_edits) {
-        events.tell(&reference, announcement).await;
-    }
-
+    let mut told = announcements(&mp, &plan, hand_edits);
     let seen = status::StatusFacts {
         app: Some(&applied.app),
         maintenance: Some(&applied.maintenance),
@@ -91,22 +71,13 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
     };
     let status = status::build(&mp, &plan, &seen, now);
     if let Some(degraded) = status::newly_degraded(mp.status.as_ref(), &status) {
-        events
-            .tell(
-                &reference,
-                Announcement::warning(&degraded.reason, degraded.message.clone()),
-            )
-            .await;
+        told.push(Announcement::warning(&degraded.reason, degraded.message.clone()));
     }
-    if mp.status.as_ref() != Some(&status) {
-        apply_status(&maintpages, &name, &status_body(&status))
-            .await
-            .during(Stage::Status)?;
-        if is_paused(mp.status.as_ref()) {
-            let note = "spec.paused is false: the operator manages the app's objects again";
-            events.tell(&reference, Announcement::normal("Resumed", note)).await;
-        }
+    if is_paused(mp.status.as_ref()) {
+        let note = "spec.paused is false: the operator manages the app's objects again";
+        told.push(Announcement::normal("Resumed", note));
     }
+    ctx.report(mp.as_ref(), mp.status.as_ref(), &status, told).await?;
     // A pod that waits for a node is said to be stuck only after a while: look again then.
     let requeue = [plan.requeue_after, observation.recheck_after]
         .into_iter()
@@ -158,8 +129,4 @@ fn announcements(mp: &MaintPage, plan: &switch::Plan, hand_edits: Vec<(&'static 
         out.push(Announcement::normal("Published", note));
     }
     out
-}
-
-fn status_body(status: &noops_api::MaintPageStatus) -> serde_json::Value {
-    json!({ "apiVersion": "noops.dev/v1alpha1", "kind": "MaintPage", "status": status })
 }

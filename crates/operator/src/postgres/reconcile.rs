@@ -37,7 +37,7 @@ use super::secrets::{self, Password, PasswordProblem};
 use super::status::{self, InstanceState, StatusFacts};
 use super::store::{BaseBackupDestination, Destination};
 use super::{account, destination, drain, observe, replication, restore, services, statefulset, switchover};
-use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing, delete_if_present};
+use crate::core::apply::{apply, controller_reference, create_if_missing, delete_if_present};
 use crate::core::backup::progress;
 use crate::core::backup::retention::{BackupsSummary, being_restored};
 use crate::core::cache::in_namespace;
@@ -876,16 +876,14 @@ async fn finish(
     // (Written unguarded: a guard on the pass's resourceVersion, tried in 97eda33, lost news
     // and made switchovers slower under load; a pass that read a stale cache can still write an
     // older failover record back, which the next pass records again from the lease.)
-    let api: Api<PostgreSQL> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let previous = pg.status.clone().unwrap_or_default();
     let status = status::build(pg, names, &seen, now);
-    if pg.status.as_ref() != Some(&status) {
-        if status.restore != previous.restore || made.password_set {
-            crash::point("postgres: restore or password seen, status not written");
-        }
-        let body = json!({ "apiVersion": "noops.dev/v1alpha1", "kind": "PostgreSQL", "status": status });
-        apply_status(&api, &names.name, &body).await.during(Stage::Status)?;
+    if pg.status.as_ref() != Some(&status) && (status.restore != previous.restore || made.password_set) {
+        crash::point("postgres: restore or password seen, status not written");
     }
+    let mut events = announcements(pg, &previous, &status, made);
+    events.extend(told);
+    ctx.report(pg, pg.status.as_ref(), &status, events).await?;
     ctx.core.metrics.set_backups(
         "PostgreSQL",
         &names.namespace,
@@ -895,11 +893,5 @@ async fn finish(
     ctx.core
         .metrics
         .set_replication(&names.namespace, &names.name, &status::replication_gauges(pg, &status));
-    let mut events = announcements(pg, &previous, &status, made);
-    events.extend(told);
-    let reference = pg.object_ref(&());
-    for announcement in events {
-        ctx.core.events.tell(&reference, announcement).await;
-    }
     Ok(())
 }
