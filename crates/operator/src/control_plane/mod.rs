@@ -41,7 +41,7 @@ use kube::runtime::watcher;
 use noops_api::{EtcdCluster, KubernetesControlPlane};
 
 use crate::core::cache::shared_cache;
-use crate::core::controller::{Registration, Runtime, controller_of, drive, scoped_api};
+use crate::core::controller::{Registration, Runtime};
 use crate::core::labels;
 use context::{Context, State};
 use names::CONTROL_PLANE_LABEL;
@@ -50,11 +50,10 @@ use names::CONTROL_PLANE_LABEL;
 pub const CONTROLLER: Registration = Registration {
     name: "kubernetescontrolplane",
     about: "KubernetesControlPlane: a tenant's Kubernetes control plane on an EtcdCluster",
+    concurrency: 8,
     run: |runtime| Box::pin(run(runtime)),
 };
 
-/// At most this many control planes are reconciled at once.
-const MAX_CONCURRENT_RECONCILES: u16 = 8;
 /// The label the etcd controller puts on what an EtcdCluster owns (its client certificate).
 const ETCD_CLUSTER_LABEL: &str = "noops.dev/etcdcluster";
 
@@ -72,43 +71,32 @@ fn owner_of(
 
 /// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
 pub async fn run(runtime: Runtime) {
-    let Runtime {
-        client,
-        namespace,
-        metrics,
-        shutdown,
-        certificate_lifetime,
-        images,
-        ..
-    } = runtime;
     let ours = watcher::Config::default().labels(CONTROL_PLANE_LABEL);
-    let (etcd_clusters, etcd_changes) =
-        shared_cache(scoped_api::<EtcdCluster>(&client, &namespace), ours.clone()).await;
-    let (deployments, deployment_changes) =
-        shared_cache(scoped_api::<Deployment>(&client, &namespace), ours.clone()).await;
-    let (services, service_changes) = shared_cache(scoped_api::<Service>(&client, &namespace), ours.clone()).await;
-    let (pods, pod_changes) = shared_cache(scoped_api::<Pod>(&client, &namespace), ours).await;
+    let (etcd_clusters, etcd_changes) = runtime.cache::<EtcdCluster>(ours.clone()).await;
+    let (deployments, deployment_changes) = runtime.cache::<Deployment>(ours.clone()).await;
+    let (services, service_changes) = runtime.cache::<Service>(ours.clone()).await;
+    let (pods, pod_changes) = runtime.cache::<Pod>(ours).await;
     // Which nodes could take a component's pod that shares a node with another (spread.rs).
-    let (nodes, _) = shared_cache(kube::Api::<Node>::all(client.clone()), watcher::Config::default()).await;
+    let (nodes, _) = shared_cache(
+        kube::Api::<Node>::all(runtime.client.clone()),
+        watcher::Config::default(),
+    )
+    .await;
     // Its own certificates, and the etcd client certificate its EtcdCluster makes.
     let noops = watcher::Config::default().labels(&labels::managed_by_noops());
-    let (secrets, secret_changes) = shared_cache(scoped_api::<Secret>(&client, &namespace), noops).await;
-    let ctx = Context::new(
-        CONTROLLER.name,
-        &client,
-        metrics,
-        State {
-            etcd_clusters,
-            deployments,
-            services,
-            secrets,
-            pods,
-            nodes,
-            certificate_lifetime,
-            images,
-        },
-    );
-    let controller = controller_of::<KubernetesControlPlane>(&client, &namespace, MAX_CONCURRENT_RECONCILES)
+    let (secrets, secret_changes) = runtime.cache::<Secret>(noops).await;
+    let state = State {
+        etcd_clusters,
+        deployments,
+        services,
+        secrets,
+        pods,
+        nodes,
+        certificate_lifetime: runtime.certificate_lifetime,
+        images: runtime.images.clone(),
+    };
+    let controller = runtime
+        .controller::<KubernetesControlPlane>(CONTROLLER.concurrency)
         // A child change wakes its control plane only after the cache holds it.
         .owns_shared_stream(etcd_changes)
         .owns_shared_stream(deployment_changes)
@@ -120,10 +108,13 @@ pub async fn run(runtime: Runtime) {
         // A component's pod that starts, fails or recovers wakes its control plane.
         .watches_shared_stream(pod_changes, |pod: Arc<Pod>| {
             owner_of(pod.as_ref(), CONTROL_PLANE_LABEL, "")
-        })
-        .graceful_shutdown_on(shutdown.fired());
-    drive(controller, &namespace, ctx, |kcp, ctx: Arc<Context>| async move {
-        reconcile::reconcile(kcp, &ctx).await
-    })
-    .await;
+        });
+    runtime
+        .serve(
+            CONTROLLER.name,
+            controller,
+            state,
+            |kcp, ctx: Arc<Context>| async move { reconcile::reconcile(kcp, &ctx).await },
+        )
+        .await;
 }

@@ -1,9 +1,12 @@
 //! What every controller of the operator is and shares.
 //!
-//! - [`Registration`]: a controller's name and how to run it. Each controller module exports
-//!   one as `CONTROLLER`, and `lib.rs` lists the modules once (`controllers!`): that list is
-//!   what `noops run --controllers` accepts and runs.
-//! - [`Runtime`]: what `noops run` gives a controller (client, namespace, metrics, shutdown).
+//! - [`Registration`]: a controller's name, how many passes it runs at once and how to run it.
+//!   Each controller module exports one as `CONTROLLER`, and `lib.rs` lists the modules once
+//!   (`controllers!`): that list is what `noops run --controllers` accepts and runs.
+//! - [`Runtime`]: what `noops run` gives a controller (client, namespace, metrics, shutdown),
+//!   and how a controller's `run` is made of it: its watch caches (`cache`), its controller
+//!   (`controller`), wired to the children that wake it, then `serve`, which runs every pass
+//!   through the core.
 //! - [`Context`]: what every pass shares (the core, the client, the controller's own state).
 //! - [`ControllerCore`]: the wrapper around each reconcile: a tracing span naming the controller
 //!   and the object (so log lines need not repeat them), metrics, a growing back-off per object,
@@ -19,6 +22,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
@@ -31,6 +35,7 @@ const UNDER_WAY_CHECK: Duration = Duration::from_secs(2);
 const STATE_SERIES_EVERY: Duration = Duration::from_secs(5);
 
 use super::backoff::Backoff;
+use super::cache::{Changes, shared_cache};
 use super::events::{Announcement, Events};
 use super::metrics::Metrics;
 use super::resource_metrics::ResourceState;
@@ -42,6 +47,10 @@ pub struct Registration {
     pub name: &'static str,
     /// What it manages, for `noops run --help`.
     pub about: &'static str,
+    /// At most this many objects are reconciled at once (most passes wait on the API server;
+    /// a bound keeps a burst of thousands of objects from queueing all at once there and in
+    /// memory).
+    pub concurrency: u16,
     /// Runs it until its shutdown fires.
     pub run: fn(Runtime) -> BoxFuture<'static, ()>,
 }
@@ -61,6 +70,122 @@ pub struct Runtime {
     /// Where the services' images are pulled from, and with which Secrets (`--image-registry`,
     /// `--image-pull-secrets`).
     pub images: super::images::Images,
+}
+
+impl Runtime {
+    /// A watch cache of `K` in the controller's scope, shared by its passes, and the changes
+    /// it has taken in (see [`shared_cache`]).
+    pub async fn cache<K>(&self, config: kube::runtime::watcher::Config) -> (Store<K>, Changes<K>)
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        shared_cache(scoped_api::<K>(&self.client, &self.namespace), config).await
+    }
+
+    /// A controller of `K` in the controller's scope, with at most `concurrency` passes at
+    /// once (its registration's).
+    pub fn controller<K>(&self, concurrency: u16) -> Controller<DeserializeGuard<K>>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        controller_of::<K>(&self.client, &self.namespace, concurrency)
+    }
+
+    /// Runs `controller` (from [`Self::controller`], wired to its children) of the controller
+    /// registered as `name` with `state` until the shutdown fires: each pass `reconcile`
+    /// through the core (span, metrics, back-off, malformed objects), each failure through its
+    /// error policy, and each object's state as series.
+    pub async fn serve<K, S, R, Fut>(
+        self,
+        name: &'static str,
+        controller: Controller<DeserializeGuard<K>>,
+        state: S,
+        reconcile: R,
+    ) where
+        K: Resource<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + serde::Serialize
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+        S: Send + Sync + 'static,
+        R: Fn(Arc<K>, Arc<Context<S>>) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action>> + Send + 'static,
+    {
+        let ctx = Context::new(name, &self.client, self.metrics, state);
+        let controller = controller.graceful_shutdown_on(self.shutdown.fired());
+        let namespace = &self.namespace;
+        // Each object's state as series, read from the cache; the per-resource series of an
+        // object that is gone go with it (those of namespaces another instance of this controller
+        // watches are not this one's to judge).
+        let store = controller.store();
+        let metrics = ctx.core.metrics.clone();
+        let scope = namespace.clone();
+        let janitor = tokio::spawn(async move {
+            let kind = K::kind(&()).to_string();
+            loop {
+                tokio::time::sleep(STATE_SERIES_EVERY).await;
+                for object in store.state() {
+                    // An object that cannot be read has its metadata only: no status, so alerts on
+                    // a resource without one see it.
+                    let json = match &object.0 {
+                        Ok(object) => serde_json::to_value(object).ok(),
+                        Err(invalid) => serde_json::to_value(serde_json::json!({ "metadata": invalid.metadata })).ok(),
+                    };
+                    let meta = match &object.0 {
+                        Ok(object) => object.meta(),
+                        Err(invalid) => &invalid.metadata,
+                    };
+                    let (Some(json), Some(namespace), Some(name)) = (json, &meta.namespace, &meta.name) else {
+                        continue;
+                    };
+                    metrics.set_resource_state(&kind, namespace, name, ResourceState::read(&json));
+                }
+                metrics.retain_resources(&kind, |namespace, name| {
+                    scope.as_deref().is_some_and(|watched| watched != namespace)
+                        || store
+                            .get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace))
+                            .is_some()
+                });
+            }
+        });
+        controller
+            .run(
+                move |obj, ctx: Arc<Context<S>>| {
+                    let reconcile = reconcile.clone();
+                    async move {
+                        let pass = ctx.clone();
+                        ctx.core.reconcile(&obj, |object| reconcile(object, pass)).await
+                    }
+                },
+                |obj, error, ctx| ctx.core.error_policy(&obj, error),
+                ctx,
+            )
+            .for_each(|result| async move {
+                match result {
+                    Ok((object, _)) => {
+                        debug!(object = %format!("{}/{}", object.namespace.unwrap_or_default(), object.name), "reconciled");
+                    }
+                    Err(e) => debug!(error = %e, "controller event"),
+                }
+            })
+            .await;
+        janitor.abort();
+    }
 }
 
 /// Fires when the controllers must stop (SIGTERM, or this replica lost its leader lease).
@@ -104,85 +229,6 @@ impl<S> std::ops::Deref for Context<S> {
     fn deref(&self) -> &S {
         &self.state
     }
-}
-
-/// Runs `controller` until it stops (its shutdown fired), each reconcile passed through the
-/// core (span, metrics, back-off, malformed objects), each failure through its error policy.
-/// `reconcile` is the controller's own pass over one object.
-pub async fn drive<K, S, R, Fut>(
-    controller: Controller<DeserializeGuard<K>>,
-    namespace: &Option<String>,
-    ctx: Arc<Context<S>>,
-    reconcile: R,
-) where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + serde::Serialize
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-    S: Send + Sync + 'static,
-    R: Fn(Arc<K>, Arc<Context<S>>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Result<Action>> + Send + 'static,
-{
-    // Each object's state as series, read from the cache; the per-resource series of an
-    // object that is gone go with it (those of namespaces another instance of this controller
-    // watches are not this one's to judge).
-    let store = controller.store();
-    let metrics = ctx.core.metrics.clone();
-    let scope = namespace.clone();
-    let janitor = tokio::spawn(async move {
-        let kind = K::kind(&()).to_string();
-        loop {
-            tokio::time::sleep(STATE_SERIES_EVERY).await;
-            for object in store.state() {
-                // An object that cannot be read has its metadata only: no status, so alerts on
-                // a resource without one see it.
-                let json = match &object.0 {
-                    Ok(object) => serde_json::to_value(object).ok(),
-                    Err(invalid) => serde_json::to_value(serde_json::json!({ "metadata": invalid.metadata })).ok(),
-                };
-                let meta = match &object.0 {
-                    Ok(object) => object.meta(),
-                    Err(invalid) => &invalid.metadata,
-                };
-                let (Some(json), Some(namespace), Some(name)) = (json, &meta.namespace, &meta.name) else {
-                    continue;
-                };
-                metrics.set_resource_state(&kind, namespace, name, ResourceState::read(&json));
-            }
-            metrics.retain_resources(&kind, |namespace, name| {
-                scope.as_deref().is_some_and(|watched| watched != namespace)
-                    || store
-                        .get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace))
-                        .is_some()
-            });
-        }
-    });
-    controller
-        .run(
-            move |obj, ctx: Arc<Context<S>>| {
-                let reconcile = reconcile.clone();
-                async move {
-                    let pass = ctx.clone();
-                    ctx.core.reconcile(&obj, |object| reconcile(object, pass)).await
-                }
-            },
-            |obj, error, ctx| ctx.core.error_policy(&obj, error),
-            ctx,
-        )
-        .for_each(|result| async move {
-            match result {
-                Ok((object, _)) => {
-                    debug!(object = %format!("{}/{}", object.namespace.unwrap_or_default(), object.name), "reconciled");
-                }
-                Err(e) => debug!(error = %e, "controller event"),
-            }
-        })
-        .await;
-    janitor.abort();
 }
 
 /// A controller of `K` in `namespace` (every namespace for `None`), woken by every change of

@@ -58,7 +58,7 @@ use kube::runtime::watcher;
 use noops_api::{EtcdBackup, EtcdCluster};
 
 use crate::core::cache::{concerned, shared_cache};
-use crate::core::controller::{Registration, Runtime, controller_of, drive, scoped_api};
+use crate::core::controller::{Registration, Runtime};
 use crate::core::user_secrets::UserSecrets;
 use context::{Context, State};
 
@@ -66,66 +66,50 @@ use context::{Context, State};
 pub const CONTROLLER: Registration = Registration {
     name: "etcd",
     about: "EtcdCluster: etcd clusters that keep their quorum and their data",
+    concurrency: 8,
     run: |runtime| Box::pin(run(runtime)),
 };
 
-/// At most this many clusters are reconciled at once.
-const MAX_CONCURRENT_RECONCILES: u16 = 8;
-
 /// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
 pub async fn run(runtime: Runtime) {
-    let Runtime {
-        client,
-        namespace,
-        metrics,
-        shutdown,
-        image,
-        certificate_lifetime,
-        images,
-    } = runtime;
     let ours = watcher::Config::default().labels(names::CLUSTER_LABEL);
-    let (pods, pod_changes) = shared_cache(scoped_api::<Pod>(&client, &namespace), ours.clone()).await;
-    let (volumes, volume_changes) =
-        shared_cache(scoped_api::<PersistentVolumeClaim>(&client, &namespace), ours.clone()).await;
-    let (secrets, _) = shared_cache(scoped_api::<Secret>(&client, &namespace), ours.clone()).await;
-    let (services, _) = shared_cache(scoped_api::<Service>(&client, &namespace), ours.clone()).await;
-    let (config_maps, _) = shared_cache(scoped_api::<ConfigMap>(&client, &namespace), ours.clone()).await;
-    let (budgets, _) = shared_cache(scoped_api::<PodDisruptionBudget>(&client, &namespace), ours).await;
+    let (pods, pod_changes) = runtime.cache::<Pod>(ours.clone()).await;
+    let (volumes, volume_changes) = runtime.cache::<PersistentVolumeClaim>(ours.clone()).await;
+    let (secrets, _) = runtime.cache::<Secret>(ours.clone()).await;
+    let (services, _) = runtime.cache::<Service>(ours.clone()).await;
+    let (config_maps, _) = runtime.cache::<ConfigMap>(ours.clone()).await;
+    let (budgets, _) = runtime.cache::<PodDisruptionBudget>(ours).await;
     // Which nodes could hold a member: members that share a node move to one that holds none.
-    let (nodes, _) = shared_cache(kube::Api::<Node>::all(client.clone()), watcher::Config::default()).await;
-    let (backups, backup_changes) = shared_cache(
-        scoped_api::<EtcdBackup>(&client, &namespace),
+    let (nodes, _) = shared_cache(
+        kube::Api::<Node>::all(runtime.client.clone()),
         watcher::Config::default(),
     )
     .await;
-    let (user_secrets, secret_changes) = UserSecrets::watch(&client, &namespace).await;
-    let controller = controller_of::<EtcdCluster>(&client, &namespace, MAX_CONCURRENT_RECONCILES)
+    let (backups, backup_changes) = runtime.cache::<EtcdBackup>(watcher::Config::default()).await;
+    let (user_secrets, secret_changes) = UserSecrets::watch(&runtime.client, &runtime.namespace).await;
+    let controller = runtime
+        .controller::<EtcdCluster>(CONTROLLER.concurrency)
         // A member's pod or volume that changes wakes its cluster once the cache holds it.
         .owns_shared_stream(pod_changes)
         .owns_shared_stream(volume_changes);
     let clusters = controller.store();
-    let ctx = Context::new(
-        CONTROLLER.name,
-        &client,
-        metrics.clone(),
-        State {
-            caches: observe::Caches {
-                pods,
-                volumes,
-                secrets,
-                services,
-                config_maps,
-                budgets,
-                backups,
-                nodes,
-            },
-            user_secrets,
-            image,
-            certificate_lifetime,
-            images,
-            clusters: clusters.clone(),
+    let state = State {
+        caches: observe::Caches {
+            pods,
+            volumes,
+            secrets,
+            services,
+            config_maps,
+            budgets,
+            backups,
+            nodes,
         },
-    );
+        user_secrets,
+        image: runtime.image.clone(),
+        certificate_lifetime: runtime.certificate_lifetime,
+        images: runtime.images.clone(),
+        clusters: clusters.clone(),
+    };
     let controller = controller
         // A backup wakes the cluster it is of, and one that starts from it.
         .watches_shared_stream(backup_changes, {
@@ -146,11 +130,10 @@ pub async fn run(runtime: Runtime) {
                     names::Names::of(cluster).user_secret_names().contains(&name)
                 })
             }
-        })
-        .graceful_shutdown_on(shutdown.fired());
+        });
     // The health series of a deleted cluster go with it (judged only in the namespace this
     // instance watches).
-    let scope = namespace.clone();
+    let (scope, metrics) = (runtime.namespace.clone(), runtime.metrics.clone());
     let janitor = tokio::spawn(async move {
         loop {
             tokio::time::sleep(Duration::from_secs(30)).await;
@@ -162,9 +145,13 @@ pub async fn run(runtime: Runtime) {
             });
         }
     });
-    drive(controller, &namespace, ctx, |cluster, ctx: Arc<Context>| async move {
-        reconcile::reconcile(cluster, &ctx).await
-    })
-    .await;
+    runtime
+        .serve(
+            CONTROLLER.name,
+            controller,
+            state,
+            |cluster, ctx: Arc<Context>| async move { reconcile::reconcile(cluster, &ctx).await },
+        )
+        .await;
     janitor.abort();
 }

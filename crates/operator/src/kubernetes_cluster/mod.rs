@@ -26,8 +26,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::{KubernetesCluster, KubernetesControlPlane, Machine, MachineDeployment};
 
-use crate::core::cache::shared_cache;
-use crate::core::controller::{Registration, Runtime, controller_of, drive, scoped_api};
+use crate::core::controller::{Registration, Runtime};
 use crate::core::labels;
 use context::{Context, State};
 use desired::CLUSTER_LABEL;
@@ -36,57 +35,34 @@ use desired::CLUSTER_LABEL;
 pub const CONTROLLER: Registration = Registration {
     name: "kubernetescluster",
     about: "KubernetesCluster: a tenant cluster from one manifest, its control plane upgraded before its pools",
+    concurrency: 8,
     run: |runtime| Box::pin(run(runtime)),
 };
 
-/// At most this many clusters are reconciled at once.
-const MAX_CONCURRENT_RECONCILES: u16 = 8;
-
 /// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
 pub async fn run(runtime: Runtime) {
-    let Runtime {
-        client,
-        namespace,
-        metrics,
-        shutdown,
-        ..
-    } = runtime;
-    let (control_planes, control_plane_changes) = shared_cache(
-        scoped_api::<KubernetesControlPlane>(&client, &namespace),
-        watcher::Config::default(),
-    )
-    .await;
-    let (deployments, deployment_changes) = shared_cache(
-        scoped_api::<MachineDeployment>(&client, &namespace),
-        watcher::Config::default(),
-    )
-    .await;
+    let (control_planes, control_plane_changes) = runtime
+        .cache::<KubernetesControlPlane>(watcher::Config::default())
+        .await;
+    let (deployments, deployment_changes) = runtime.cache::<MachineDeployment>(watcher::Config::default()).await;
     // The control planes' admin kubeconfigs, for reaching the tenants.
-    let (secrets, _) = shared_cache(
-        scoped_api::<Secret>(&client, &namespace),
-        watcher::Config::default().labels(&labels::managed_by_noops()),
-    )
-    .await;
-    let (machines, machine_changes) = shared_cache(
-        scoped_api::<Machine>(&client, &namespace),
-        watcher::Config::default().labels(CLUSTER_LABEL),
-    )
-    .await;
+    let (secrets, _) = runtime
+        .cache::<Secret>(watcher::Config::default().labels(&labels::managed_by_noops()))
+        .await;
+    let (machines, machine_changes) = runtime
+        .cache::<Machine>(watcher::Config::default().labels(CLUSTER_LABEL))
+        .await;
     // A scaling pool's tenant Pods and Nodes wake its cluster when they change.
     let (tenants, tenant_changes) = tenant::TenantViews::new();
-    let ctx = Context::new(
-        CONTROLLER.name,
-        &client,
-        metrics,
-        State {
-            control_planes,
-            deployments,
-            machines,
-            secrets,
-            tenants,
-        },
-    );
-    let controller = controller_of::<KubernetesCluster>(&client, &namespace, MAX_CONCURRENT_RECONCILES)
+    let state = State {
+        control_planes,
+        deployments,
+        machines,
+        secrets,
+        tenants,
+    };
+    let controller = runtime
+        .controller::<KubernetesCluster>(CONTROLLER.concurrency)
         .owns_shared_stream(control_plane_changes)
         .owns_shared_stream(deployment_changes)
         // A pool has rolled out only once its last old machine is gone, which its
@@ -95,10 +71,10 @@ pub async fn run(runtime: Runtime) {
             let cluster = machine.labels().get(CLUSTER_LABEL).cloned();
             cluster.map(|name| ObjectRef::new(&name).within(&machine.namespace().unwrap_or_default()))
         })
-        .reconcile_on(tenant_changes)
-        .graceful_shutdown_on(shutdown.fired());
-    drive(controller, &namespace, ctx, |kc, ctx: Arc<Context>| async move {
-        reconcile::reconcile(kc, &ctx).await
-    })
-    .await;
+        .reconcile_on(tenant_changes);
+    runtime
+        .serve(CONTROLLER.name, controller, state, |kc, ctx: Arc<Context>| async move {
+            reconcile::reconcile(kc, &ctx).await
+        })
+        .await;
 }

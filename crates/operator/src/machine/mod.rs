@@ -33,8 +33,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::{KubernetesControlPlane, Machine};
 
-use crate::core::cache::{concerned, shared_cache};
-use crate::core::controller::{Registration, Runtime, controller_of, drive, scoped_api};
+use crate::core::cache::concerned;
+use crate::core::controller::{Registration, Runtime};
 use crate::core::labels;
 use context::{Context, State};
 use names::MACHINE_LABEL;
@@ -43,55 +43,35 @@ use names::MACHINE_LABEL;
 pub const CONTROLLER: Registration = Registration {
     name: "machine",
     about: "Machine: a tenant's worker node, its VM a pod of this cluster",
+    concurrency: 16,
     run: |runtime| Box::pin(run(runtime)),
 };
 
-/// At most this many machines are reconciled at once.
-const MAX_CONCURRENT_RECONCILES: u16 = 16;
-
 /// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
 pub async fn run(runtime: Runtime) {
-    let Runtime {
-        client,
-        namespace,
-        metrics,
-        shutdown,
-        certificate_lifetime,
-        images,
-        ..
-    } = runtime;
-    let (pods, pod_changes) = shared_cache(
-        scoped_api::<Pod>(&client, &namespace),
-        watcher::Config::default().labels(MACHINE_LABEL),
-    )
-    .await;
+    let (pods, pod_changes) = runtime
+        .cache::<Pod>(watcher::Config::default().labels(MACHINE_LABEL))
+        .await;
     let noops = watcher::Config::default().labels(&labels::managed_by_noops());
-    let (secrets, secret_changes) = shared_cache(scoped_api::<Secret>(&client, &namespace), noops).await;
-    let (control_planes, control_plane_changes) = shared_cache(
-        scoped_api::<KubernetesControlPlane>(&client, &namespace),
-        watcher::Config::default(),
-    )
-    .await;
-    let controller = controller_of::<Machine>(&client, &namespace, MAX_CONCURRENT_RECONCILES);
+    let (secrets, secret_changes) = runtime.cache::<Secret>(noops).await;
+    let (control_planes, control_plane_changes) = runtime
+        .cache::<KubernetesControlPlane>(watcher::Config::default())
+        .await;
+    let controller = runtime.controller::<Machine>(CONTROLLER.concurrency);
     let machines = controller.store();
     // Each tenant's Node watch wakes the Machine of the Node that changed.
     let (tenants, node_changes) = tenant::Tenants::new();
-    let ctx = Context::new(
-        CONTROLLER.name,
-        &client,
-        metrics,
-        State {
-            control_planes,
-            secrets,
-            provider: provider::PodProvider {
-                client: client.clone(),
-                pods,
-                images,
-            },
-            tenants,
-            certificate_lifetime,
+    let state = State {
+        control_planes,
+        secrets,
+        provider: provider::PodProvider {
+            client: runtime.client.clone(),
+            pods,
+            images: runtime.images.clone(),
         },
-    );
+        tenants,
+        certificate_lifetime: runtime.certificate_lifetime,
+    };
     let controller = controller
         .owns_shared_stream(pod_changes)
         .reconcile_on(node_changes)
@@ -104,10 +84,13 @@ pub async fn run(runtime: Runtime) {
             concerned(&machines, &kcp.namespace().unwrap_or_default(), |m: &Machine| {
                 m.spec.cluster_name == name
             })
-        })
-        .graceful_shutdown_on(shutdown.fired());
-    drive(controller, &namespace, ctx, |machine, ctx: Arc<Context>| async move {
-        reconcile::reconcile(machine, &ctx).await
-    })
-    .await;
+        });
+    runtime
+        .serve(
+            CONTROLLER.name,
+            controller,
+            state,
+            |machine, ctx: Arc<Context>| async move { reconcile::reconcile(machine, &ctx).await },
+        )
+        .await;
 }

@@ -21,8 +21,7 @@ use std::sync::Arc;
 use kube::runtime::watcher;
 use noops_api::{MachineDeployment, MachineSet};
 
-use crate::core::cache::shared_cache;
-use crate::core::controller::{Registration, Runtime, controller_of, drive, scoped_api};
+use crate::core::controller::{Registration, Runtime};
 use context::{Context, State};
 use desired::MACHINE_DEPLOYMENT_LABEL;
 
@@ -30,32 +29,24 @@ use desired::MACHINE_DEPLOYMENT_LABEL;
 pub const CONTROLLER: Registration = Registration {
     name: "machinedeployment",
     about: "MachineDeployment: worker machines rolled out like a Deployment's pods",
+    concurrency: 8,
     run: |runtime| Box::pin(run(runtime)),
 };
 
-/// At most this many deployments are reconciled at once.
-const MAX_CONCURRENT_RECONCILES: u16 = 8;
-
 /// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
 pub async fn run(runtime: Runtime) {
-    let Runtime {
-        client,
-        namespace,
-        metrics,
-        shutdown,
-        ..
-    } = runtime;
-    let (sets, set_changes) = shared_cache(
-        scoped_api::<MachineSet>(&client, &namespace),
-        watcher::Config::default().labels(MACHINE_DEPLOYMENT_LABEL),
-    )
-    .await;
-    let ctx = Context::new(CONTROLLER.name, &client, metrics, State { sets });
-    let controller = controller_of::<MachineDeployment>(&client, &namespace, MAX_CONCURRENT_RECONCILES)
-        .owns_shared_stream(set_changes)
-        .graceful_shutdown_on(shutdown.fired());
-    drive(controller, &namespace, ctx, |md, ctx: Arc<Context>| async move {
-        reconcile::reconcile(md, &ctx).await
-    })
-    .await;
+    let (sets, set_changes) = runtime
+        .cache::<MachineSet>(watcher::Config::default().labels(MACHINE_DEPLOYMENT_LABEL))
+        .await;
+    let controller = runtime
+        .controller::<MachineDeployment>(CONTROLLER.concurrency)
+        .owns_shared_stream(set_changes);
+    runtime
+        .serve(
+            CONTROLLER.name,
+            controller,
+            State { sets },
+            |md, ctx: Arc<Context>| async move { reconcile::reconcile(md, &ctx).await },
+        )
+        .await;
 }

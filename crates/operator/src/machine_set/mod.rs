@@ -19,8 +19,7 @@ use std::sync::Arc;
 use kube::runtime::watcher;
 use noops_api::{Machine, MachineSet};
 
-use crate::core::cache::shared_cache;
-use crate::core::controller::{Registration, Runtime, controller_of, drive, scoped_api};
+use crate::core::controller::{Registration, Runtime};
 use context::{Context, State};
 use desired::MACHINE_SET_LABEL;
 
@@ -28,32 +27,24 @@ use desired::MACHINE_SET_LABEL;
 pub const CONTROLLER: Registration = Registration {
     name: "machineset",
     about: "MachineSet: a number of identical Machines, kept in number and repaired",
+    concurrency: 8,
     run: |runtime| Box::pin(run(runtime)),
 };
 
-/// At most this many sets are reconciled at once.
-const MAX_CONCURRENT_RECONCILES: u16 = 8;
-
 /// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
 pub async fn run(runtime: Runtime) {
-    let Runtime {
-        client,
-        namespace,
-        metrics,
-        shutdown,
-        ..
-    } = runtime;
-    let (machines, machine_changes) = shared_cache(
-        scoped_api::<Machine>(&client, &namespace),
-        watcher::Config::default().labels(MACHINE_SET_LABEL),
-    )
-    .await;
-    let ctx = Context::new(CONTROLLER.name, &client, metrics, State { machines });
-    let controller = controller_of::<MachineSet>(&client, &namespace, MAX_CONCURRENT_RECONCILES)
-        .owns_shared_stream(machine_changes)
-        .graceful_shutdown_on(shutdown.fired());
-    drive(controller, &namespace, ctx, |set, ctx: Arc<Context>| async move {
-        reconcile::reconcile(set, &ctx).await
-    })
-    .await;
+    let (machines, machine_changes) = runtime
+        .cache::<Machine>(watcher::Config::default().labels(MACHINE_SET_LABEL))
+        .await;
+    let controller = runtime
+        .controller::<MachineSet>(CONTROLLER.concurrency)
+        .owns_shared_stream(machine_changes);
+    runtime
+        .serve(
+            CONTROLLER.name,
+            controller,
+            State { machines },
+            |set, ctx: Arc<Context>| async move { reconcile::reconcile(set, &ctx).await },
+        )
+        .await;
 }

@@ -31,8 +31,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::MaintPage;
 
-use crate::core::cache::shared_cache;
-use crate::core::controller::{Registration, Runtime, controller_of, drive, scoped_api};
+use crate::core::controller::{Registration, Runtime};
 use crate::core::labels;
 use context::{Context, State};
 
@@ -40,41 +39,24 @@ use context::{Context, State};
 pub const CONTROLLER: Registration = Registration {
     name: "maintpage",
     about: "MaintPage: an app behind a Service that switches to a maintenance page and back",
+    concurrency: 16,
     run: |runtime| Box::pin(run(runtime)),
 };
 
-/// At most this many MaintPages are reconciled at once.
-const MAX_CONCURRENT_RECONCILES: u16 = 16;
-
 /// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
 pub async fn run(runtime: Runtime) {
-    let Runtime {
-        client,
-        namespace,
-        metrics,
-        shutdown,
-        images,
-        ..
-    } = runtime;
-    let deployments = scoped_api::<Deployment>(&client, &namespace);
-    let services = scoped_api::<Service>(&client, &namespace);
-    let pods = scoped_api::<Pod>(&client, &namespace);
     let ours = watcher::Config::default().labels(&labels::managed_by_noops());
-    let (deployment_store, deployment_changes) = shared_cache(deployments, ours.clone()).await;
-    let (service_store, service_changes) = shared_cache(services, ours.clone()).await;
-    let (pod_store, pod_changes) = shared_cache(pods, ours).await;
-    let ctx = Context::new(
-        CONTROLLER.name,
-        &client,
-        metrics,
-        State {
-            deployments: deployment_store,
-            services: service_store,
-            pods: pod_store,
-            images,
-        },
-    );
-    let controller = controller_of::<MaintPage>(&client, &namespace, MAX_CONCURRENT_RECONCILES)
+    let (deployments, deployment_changes) = runtime.cache::<Deployment>(ours.clone()).await;
+    let (services, service_changes) = runtime.cache::<Service>(ours.clone()).await;
+    let (pods, pod_changes) = runtime.cache::<Pod>(ours).await;
+    let state = State {
+        deployments,
+        services,
+        pods,
+        images: runtime.images.clone(),
+    };
+    let controller = runtime
+        .controller::<MaintPage>(CONTROLLER.concurrency)
         // A child change wakes its MaintPage only after the cache holds it.
         .owns_shared_stream(deployment_changes)
         .owns_shared_stream(service_changes)
@@ -93,10 +75,10 @@ pub async fn run(runtime: Runtime) {
                         None => object,
                     }
                 })
+        });
+    runtime
+        .serve(CONTROLLER.name, controller, state, |mp, ctx: Arc<Context>| async move {
+            reconcile::reconcile(mp, &ctx).await
         })
-        .graceful_shutdown_on(shutdown.fired());
-    drive(controller, &namespace, ctx, |mp, ctx: Arc<Context>| async move {
-        reconcile::reconcile(mp, &ctx).await
-    })
-    .await;
+        .await;
 }

@@ -78,7 +78,7 @@ use kube::runtime::watcher;
 use noops_api::{PostgreSQL, PostgresBackup};
 
 use crate::core::cache::{concerned, shared_cache};
-use crate::core::controller::{Registration, Runtime, controller_of, drive, scoped_api};
+use crate::core::controller::{Registration, Runtime};
 use crate::core::user_secrets::UserSecrets;
 use context::{Context, State};
 
@@ -86,78 +86,60 @@ use context::{Context, State};
 pub const CONTROLLER: Registration = Registration {
     name: "postgres",
     about: "PostgreSQL: a database, its owner and password, behind a Service; WAL archiving, backups and restores",
+    concurrency: 8,
     run: |runtime| Box::pin(run(runtime)),
 };
 
-/// At most this many databases are reconciled at once.
-const MAX_CONCURRENT_RECONCILES: u16 = 8;
-
 /// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
 pub async fn run(runtime: Runtime) {
-    let Runtime {
-        client,
-        namespace,
-        metrics,
-        shutdown,
-        image,
-        images,
-        ..
-    } = runtime;
     let ours = watcher::Config::default().labels(names::POSTGRES_LABEL);
-    let (statefulsets, statefulset_changes) =
-        shared_cache(scoped_api::<StatefulSet>(&client, &namespace), ours.clone()).await;
-    let (pods, pod_changes) = shared_cache(scoped_api::<Pod>(&client, &namespace), ours.clone()).await;
-    let (services, _) = shared_cache(scoped_api::<Service>(&client, &namespace), ours.clone()).await;
-    let (secrets, _) = shared_cache(scoped_api::<Secret>(&client, &namespace), ours.clone()).await;
-    let (config_maps, _) = shared_cache(scoped_api::<ConfigMap>(&client, &namespace), ours.clone()).await;
-    let (claims, claim_changes) =
-        shared_cache(scoped_api::<PersistentVolumeClaim>(&client, &namespace), ours.clone()).await;
-    let (backups, backup_changes) = shared_cache(
-        scoped_api::<PostgresBackup>(&client, &namespace),
+    let (statefulsets, statefulset_changes) = runtime.cache::<StatefulSet>(ours.clone()).await;
+    let (pods, pod_changes) = runtime.cache::<Pod>(ours.clone()).await;
+    let (services, _) = runtime.cache::<Service>(ours.clone()).await;
+    let (secrets, _) = runtime.cache::<Secret>(ours.clone()).await;
+    let (config_maps, _) = runtime.cache::<ConfigMap>(ours.clone()).await;
+    let (claims, claim_changes) = runtime.cache::<PersistentVolumeClaim>(ours.clone()).await;
+    let (backups, backup_changes) = runtime.cache::<PostgresBackup>(watcher::Config::default()).await;
+    let (service_accounts, _) = runtime.cache::<ServiceAccount>(ours.clone()).await;
+    let (roles, _) = runtime.cache::<Role>(ours.clone()).await;
+    let (role_bindings, _) = runtime.cache::<RoleBinding>(ours.clone()).await;
+    let (leases, lease_changes) = runtime.cache::<Lease>(ours.clone()).await;
+    let (budgets, _) = runtime.cache::<PodDisruptionBudget>(ours).await;
+    let (nodes, node_changes) = shared_cache(
+        kube::Api::<Node>::all(runtime.client.clone()),
         watcher::Config::default(),
     )
     .await;
-    let (service_accounts, _) = shared_cache(scoped_api::<ServiceAccount>(&client, &namespace), ours.clone()).await;
-    let (roles, _) = shared_cache(scoped_api::<Role>(&client, &namespace), ours.clone()).await;
-    let (role_bindings, _) = shared_cache(scoped_api::<RoleBinding>(&client, &namespace), ours.clone()).await;
-    let (leases, lease_changes) = shared_cache(scoped_api::<Lease>(&client, &namespace), ours.clone()).await;
-    let (budgets, _) = shared_cache(scoped_api::<PodDisruptionBudget>(&client, &namespace), ours).await;
-    let (nodes, node_changes) = shared_cache(kube::Api::<Node>::all(client.clone()), watcher::Config::default()).await;
     // A renewal every second wakes nobody: the clock wakes a database when its lease runs out
     // or is given up.
     let (lease_clock, lease_wakes) = lease_clock::LeaseClock::start(lease_changes);
-    let (user_secrets, secret_changes) = UserSecrets::watch(&client, &namespace).await;
+    let (user_secrets, secret_changes) = UserSecrets::watch(&runtime.client, &runtime.namespace).await;
     let pods_of_nodes = pods.clone();
-    let controller = controller_of::<PostgreSQL>(&client, &namespace, MAX_CONCURRENT_RECONCILES);
+    let controller = runtime.controller::<PostgreSQL>(CONTROLLER.concurrency);
     let databases = controller.store();
-    let ctx = Context::new(
-        CONTROLLER.name,
-        &client,
-        metrics,
-        State {
-            user_secrets,
-            caches: observe::Caches {
-                statefulsets,
-                pods,
-                services,
-                secrets,
-                config_maps,
-                claims,
-                backups,
-                service_accounts,
-                roles,
-                role_bindings,
-                leases,
-                budgets,
-                nodes,
-            },
-            lease_clock,
-            started: jiff::Timestamp::now(),
-            databases: databases.clone(),
-            image,
-            images,
+    let state = State {
+        user_secrets,
+        caches: observe::Caches {
+            statefulsets,
+            pods,
+            services,
+            secrets,
+            config_maps,
+            claims,
+            backups,
+            service_accounts,
+            roles,
+            role_bindings,
+            leases,
+            budgets,
+            nodes,
         },
-    );
+        lease_clock,
+        started: jiff::Timestamp::now(),
+        databases: databases.clone(),
+        image: runtime.image.clone(),
+        images: runtime.images.clone(),
+    };
     let controller = controller
         .owns_shared_stream(statefulset_changes)
         // The instance's pod is the StatefulSet's: its label names the database.
@@ -196,12 +178,12 @@ pub async fn run(runtime: Runtime) {
         // A node cordoned (a drain begins) wakes the databases with an instance on it: a
         // primary there switches over before the drain asks again.
         .watches_shared_stream(node_changes, drained_node_wakes(pods_of_nodes))
-        .reconcile_on(lease_wakes)
-        .graceful_shutdown_on(shutdown.fired());
-    drive(controller, &namespace, ctx, |pg, ctx: Arc<Context>| async move {
-        reconcile::reconcile(pg, &ctx).await
-    })
-    .await;
+        .reconcile_on(lease_wakes);
+    runtime
+        .serve(CONTROLLER.name, controller, state, |pg, ctx: Arc<Context>| async move {
+            reconcile::reconcile(pg, &ctx).await
+        })
+        .await;
 }
 
 /// Maps a node's changes to the databases to wake: those with an instance on it, once, when it

@@ -23,11 +23,8 @@ use super::schedule::elapsed;
 use super::task_pod;
 use crate::core::Result;
 use crate::core::apply::{apply_status_at, delete_if_present};
-use crate::core::controller::{Runtime, controller_of, drive, scoped_api};
+use crate::core::controller::{Runtime, scoped_api};
 use crate::core::labels;
-
-/// At most this many backups are looked at once.
-const MAX_CONCURRENT_RECONCILES: u16 = 2;
 
 /// What a backup controller keeps beside the core.
 pub struct TaskPods {
@@ -87,7 +84,9 @@ pub(crate) use backup_resource;
 
 /// How a backup controller is made: its name, its task pods, and its two passes.
 pub struct BackupController<M, C> {
+    /// Its registration's name and concurrency.
     pub name: &'static str,
+    pub concurrency: u16,
     /// The component label of its task pods: a change of one wakes its backup.
     pub component: &'static str,
     /// The job of the task pod that makes a backup (`save`, `base`): it goes once the backup
@@ -109,30 +108,23 @@ where
     C: Fn(Arc<K>, Arc<Context>) -> CF + Clone + Send + Sync + 'static,
     CF: Future<Output = Result<Action>> + Send + 'static,
 {
-    let (client, namespace) = (&runtime.client, &runtime.namespace);
     let BackupController {
         name,
+        concurrency,
         component,
         maker_job,
         make,
         clean_up,
     } = made_of;
-    let ctx = Context::new(
-        name,
-        client,
-        runtime.metrics.clone(),
-        TaskPods {
-            image: runtime.image.clone(),
-            images: runtime.images.clone(),
-        },
+    let state = TaskPods {
+        image: runtime.image.clone(),
+        images: runtime.images.clone(),
+    };
+    let controller = runtime.controller::<K>(concurrency).owns(
+        scoped_api::<Pod>(&runtime.client, &runtime.namespace),
+        watcher::Config::default().labels(&format!("{}={component}", labels::COMPONENT)),
     );
-    let controller = controller_of::<K>(client, namespace, MAX_CONCURRENT_RECONCILES)
-        .owns(
-            scoped_api::<Pod>(client, namespace),
-            watcher::Config::default().labels(&format!("{}={component}", labels::COMPONENT)),
-        )
-        .graceful_shutdown_on(runtime.shutdown.clone().fired());
-    drive(controller, namespace, ctx, move |backup: Arc<K>, ctx: Arc<Context>| {
+    let pass = move |backup: Arc<K>, ctx: Arc<Context>| {
         let (make, clean_up) = (make.clone(), clean_up.clone());
         async move {
             let api: Api<K> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
@@ -151,8 +143,8 @@ where
             .await;
             crate::core::error::from_finalizer(result)
         }
-    })
-    .await;
+    };
+    runtime.serve(name, controller, state, pass).await;
 }
 
 /// A backup still to be made, as the API has it now.

@@ -21,11 +21,13 @@ pub use reconcile::{BACKUP_DEADLINE, FINALIZER};
 pub const CONTROLLER: Registration = Registration {
     name: "etcdbackup",
     about: "EtcdBackup: snapshots of EtcdClusters in an S3-compatible store",
+    concurrency: 2,
     run: |runtime| {
         Box::pin(controller::run(
             runtime,
             BackupController {
                 name: CONTROLLER.name,
+                concurrency: CONTROLLER.concurrency,
                 component: volume::COMPONENT,
                 maker_job: "save",
                 make: reconcile::make,

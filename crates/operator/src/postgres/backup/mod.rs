@@ -25,11 +25,13 @@ pub use reconcile::{FINALIZER, keep_wal_from};
 pub const CONTROLLER: Registration = Registration {
     name: "postgresbackup",
     about: "PostgresBackup: base backups of PostgreSQLs in an S3-compatible store or a volume",
+    concurrency: 2,
     run: |runtime| {
         Box::pin(controller::run(
             runtime,
             BackupController {
                 name: CONTROLLER.name,
+                concurrency: CONTROLLER.concurrency,
                 component: pods::COMPONENT,
                 maker_job: "base",
                 make: reconcile::make,
