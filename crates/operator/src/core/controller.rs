@@ -72,18 +72,35 @@ pub struct Runtime {
     pub images: super::images::Images,
 }
 
+/// A namespaced kind a controller watches: read from JSON, shared by its passes.
+pub trait Watched:
+    Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+    + Clone
+    + DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 impl Runtime {
     /// A watch cache of `K` in the controller's scope, shared by its passes, and the changes
     /// it has taken in (see [`shared_cache`]).
     pub async fn cache<K>(&self, config: kube::runtime::watcher::Config) -> (Store<K>, Changes<K>)
     where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + std::fmt::Debug
-            + Send
-            + Sync
-            + 'static,
+        K: Watched,
     {
         shared_cache(scoped_api::<K>(&self.client, &self.namespace), config).await
     }
@@ -92,13 +109,7 @@ impl Runtime {
     /// once (its registration's).
     pub fn controller<K>(&self, concurrency: u16) -> Controller<DeserializeGuard<K>>
     where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + std::fmt::Debug
-            + Send
-            + Sync
-            + 'static,
+        K: Watched,
     {
         controller_of::<K>(&self.client, &self.namespace, concurrency)
     }
@@ -241,13 +252,7 @@ pub fn controller_of<K>(
     concurrency: u16,
 ) -> Controller<DeserializeGuard<K>>
 where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
 {
     Controller::new(
         scoped_api::<DeserializeGuard<K>>(client, namespace),
