@@ -75,7 +75,8 @@ pub async fn reconcile(mut set: Arc<MachineSet>, ctx: &Context) -> Result<Action
     }
 
     let status = status::build(&set, &machines, &plan, now);
-    let told = announcements(set.status.as_ref(), &status, &plan);
+    ctx.tell(set.as_ref(), done(&plan)).await;
+    let told = news(set.status.as_ref(), &status);
     // Written only over the version this pass read: a status built from a set older than
     // the last write would take `nextIndex` back, and names would be given twice.
     let mut version = set.metadata.resource_version.clone();
@@ -90,8 +91,10 @@ pub async fn reconcile(mut set: Arc<MachineSet>, ctx: &Context) -> Result<Action
     Ok(Action::requeue(if all_ready { STEADY } else { WATCHING }))
 }
 
-/// What the pass did and what changed, as Events.
-fn announcements(previous: Option<&MachineSetStatus>, now: &MachineSetStatus, plan: &SetPlan) -> Vec<Announcement> {
+/// What the pass did, as Events: told once done, whatever becomes of the status write (a
+/// machine made or deleted is not made or deleted again by the next pass, which would not tell
+/// it).
+fn done(plan: &SetPlan) -> Vec<Announcement> {
     let mut out = Vec::new();
     if !plan.create.is_empty() {
         out.push(Announcement::normal(
@@ -107,6 +110,12 @@ fn announcements(previous: Option<&MachineSetStatus>, now: &MachineSetStatus, pl
         };
         out.push(announcement);
     }
+    out
+}
+
+/// What changed in the status, as Events: told once it is written.
+fn news(previous: Option<&MachineSetStatus>, now: &MachineSetStatus) -> Vec<Announcement> {
+    let mut out = Vec::new();
     let held = |s: Option<&MachineSetStatus>| {
         s.and_then(|s| {
             s.conditions
