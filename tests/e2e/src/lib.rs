@@ -526,6 +526,27 @@ impl Operator {
         beyond_lease(&before, &self.api_requests().await).0
     }
 
+    /// The writes (create, update, patch, delete), beyond the lease's renewals, made while
+    /// `controller` passes over each of `objects` (`kind/name`) with nothing to do, as
+    /// [`Self::requests_of_settled_passes`] counts them: for an operator whose other
+    /// controllers read on their own timers meanwhile, a settled object costs no write.
+    pub async fn writes_of_settled_passes(
+        &self,
+        ns: &TestNamespace,
+        objects: &[(&str, &str)],
+    ) -> Vec<(String, String, f64)> {
+        let mut writes = Vec::new();
+        for (object, controller) in objects {
+            for (request, count) in self.requests_of_settled_passes(ns, object, controller).await {
+                let verb = request.split(' ').next().unwrap_or_default();
+                if ["create", "update", "patch", "delete", "deletecollection"].contains(&verb) {
+                    writes.push((object.to_string(), request, count));
+                }
+            }
+        }
+        writes
+    }
+
     /// The operator's log so far (for failure messages).
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

@@ -259,6 +259,25 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
     let listed = nodes.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(listed.len(), 3);
     assert!(listed.iter().all(|n| node_ready_status(n).as_deref() == Some("True")));
+    // Settled, a pass over any of the cluster's objects writes nothing.
+    let first_of = |kind: &str| {
+        let names = kubectl_ok(&["get", kind, "-n", &ns.name, "-o", "name"], None);
+        names.lines().next().unwrap_or_else(|| panic!("no {kind}")).to_string()
+    };
+    let (set, machine) = (first_of("machinesets"), first_of("machines"));
+    let writes = operator
+        .writes_of_settled_passes(
+            &ns,
+            &[
+                ("kubernetescluster/acme", "kubernetescluster"),
+                ("kubernetescontrolplane/acme", "kubernetescontrolplane"),
+                ("machinedeployment/acme-general", "machinedeployment"),
+                (&set, "machineset"),
+                (&machine, "machine"),
+            ],
+        )
+        .await;
+    assert!(writes.is_empty(), "settled objects' passes wrote: {writes:?}");
 
     // An app answers through a load balancer in front of the machines.
     tenant.apply(&web_app(3, 2));

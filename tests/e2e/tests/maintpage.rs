@@ -120,11 +120,20 @@ fn poll(addr: String, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Vec<Stri
 async fn toggling_switches_the_service_with_no_failed_request() {
     install_crds();
     let ns = TestNamespace::new("mp-toggle").await;
-    let _operator = Operator::start(&ns.name, &["--leader-elect=false"]);
+    let operator = Operator::start(&ns.name, &["--leader-elect=false"]);
     ns.apply(&manifest("shop", false));
     wait_ready(&ns, "shop").await;
     let addr = format!("{}:80", cluster_ip(&ns, "shop").await);
     wait_for_page(&addr, "app page", "the app answering through the Service").await;
+    // Settled, a pass reads its children from the caches and writes nothing: no API request.
+    wait_ready(&ns, "shop").await;
+    let requests = operator
+        .requests_of_settled_passes(&ns, "maintpage/shop", "maintpage")
+        .await;
+    assert!(
+        requests.is_empty(),
+        "a settled MaintPage's passes made API requests: {requests:?}"
+    );
 
     let stop = Arc::new(AtomicBool::new(false));
     let poller = poll(addr.clone(), stop.clone());
