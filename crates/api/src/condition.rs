@@ -1,6 +1,6 @@
 //! Condition types and reasons shared by every noops resource.
 //!
-//! Every resource reports the same three condition types, with `observedGeneration`, so that
+//! Every resource reports the same condition types, with `observedGeneration`, so that
 //! `kubectl wait --for=condition=Ready` works the same way everywhere.
 
 /// The resource does what its spec asks and is serving.
@@ -9,3 +9,6 @@ pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
 /// Something needs attention: the spec cannot be carried out as it is, or a part is failing.
 pub const DEGRADED: &str = "Degraded";
+/// `spec.paused` is true: the operator changes nothing of the resource until it is false (its
+/// status is still reported). False otherwise, on every kind that has `spec.paused`.
+pub const PAUSED: &str = "Paused";

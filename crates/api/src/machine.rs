@@ -59,6 +59,10 @@ pub struct MachineSpec {
     #[serde(rename = "providerID")]
     #[schemars(length(max = 253))]
     pub provider_id: Option<String>,
+    /// The operator changes nothing of the machine while true: no VM made, replaced or
+    /// removed, no Node drained (a deletion waits); its status is still reported.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 /// What a machine is made of: the part of a Machine that a MachineSet's template gives.

@@ -84,7 +84,12 @@ pub struct MachineDeploymentSpec {
     pub progress_deadline_seconds: i64,
     /// No rollout while true: no new MachineSet is made and none is scaled (a deployment with
     /// one MachineSet still follows `replicas`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rollout_paused: bool,
+    /// The operator changes nothing of the deployment while true: no MachineSet made, scaled
+    /// or removed; its status is still reported. (A rollout held while the rest goes on is
+    /// `rolloutPaused`.)
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
     /// Which machines go first when the deployment shrinks.
     #[serde(default)]

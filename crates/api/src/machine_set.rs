@@ -86,6 +86,10 @@ pub struct MachineSetSpec {
     /// When a machine counts as broken, and how many may be repaired at once.
     #[serde(default)]
     pub health_check: HealthCheckSpec,
+    /// The operator changes nothing of the set while true: no machine made, deleted or
+    /// repaired; its status is still reported.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 pub(crate) fn default_replicas() -> i32 {

@@ -273,9 +273,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 async fn set_paused(client: &Client, namespace: &str, resource: &str, paused: bool) -> anyhow::Result<ExitCode> {
     let (kind, name) = parse_resource(resource)?;
     if !kind.can_pause() {
-        bail!(
-            "a {kind} has no spec.paused: pause what makes it (a MachineSet's or a Machine's MachineDeployment; a backup is never changed)"
-        );
+        bail!("a {kind} has no spec.paused: a backup is never changed once made (pause what it backs up)");
     }
     let patch = kube::api::Patch::Merge(serde_json::json!({ "spec": { "paused": paused } }));
     let resource = kind.resource();

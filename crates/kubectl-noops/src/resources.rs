@@ -73,10 +73,7 @@ impl Kind {
 
     /// Whether its spec has `paused` (the operator changes nothing while it is true).
     pub fn can_pause(self) -> bool {
-        !matches!(
-            self,
-            Kind::EtcdBackup | Kind::PostgresBackup | Kind::MachineSet | Kind::Machine
-        )
+        !matches!(self, Kind::EtcdBackup | Kind::PostgresBackup)
     }
 
     /// The kind named `text` (plural, singular or short name, any case, any group suffix).

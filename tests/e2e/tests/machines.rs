@@ -493,8 +493,58 @@ async fn a_machine_deployment_scales_and_rolls_to_a_new_version_without_a_failed
         1,
         "rolled out only once the machines scaled away are gone"
     );
+    // Paused means one thing on every kind: nothing changes. The deployment paused, its scale
+    // to 3 waits; then its set paused, the deployment resumed scales the set, and the set
+    // still makes nothing; the set resumed, the machines come.
+    let noops = |args: &[&str]| {
+        let out = noops_e2e::plugin::kubectl_noops(args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+    };
+    let paused_condition = |conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]| {
+        conditions.iter().any(|c| c.type_ == "Paused" && c.status == "True")
+    };
+    let md_api = ns.api::<MachineDeployment>();
+    let set_api = ns.api::<MachineSet>();
+    noops(&["pause", "md/pool", "-n", &ns.name]);
     kubectl_ok(&["scale", "-n", &ns.name, "md/pool", "--replicas=3"], None);
+    wait_until("the deployment says Paused", MINUTE, || async {
+        md_api
+            .get("pool")
+            .await
+            .ok()
+            .and_then(|d| d.status)
+            .is_some_and(|s| paused_condition(&s.conditions) && s.phase.as_deref() == Some("Paused"))
+    })
+    .await;
+    let set = set_api.list(&ListParams::default()).await.unwrap().items[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let count = || async { machines.list(&ListParams::default()).await.unwrap().items.len() };
+    assert_eq!(count().await, 1, "a paused deployment scaled");
+    noops(&["pause", &format!("ms/{set}"), "-n", &ns.name]);
+    noops(&["resume", "md/pool", "-n", &ns.name]);
+    wait_until("the set scaled to 3 and saying Paused", MINUTE, || async {
+        set_api
+            .get(&set)
+            .await
+            .is_ok_and(|s| s.spec.replicas == 3 && s.status.is_some_and(|st| paused_condition(&st.conditions)))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(count().await, 1, "a paused set made machines");
+    noops(&["resume", &format!("ms/{set}"), "-n", &ns.name]);
     wait_rolled_out(&ns, 3, 3 * MINUTE).await;
+    let resumed = md_api.get("pool").await.unwrap().status.unwrap_or_default();
+    assert!(
+        resumed
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Paused" && c.status == "False"),
+        "{resumed:?}"
+    );
 
     // The tenant's app, one pod per machine and no budget, behind a NodePort; and a load
     // balancer in front of the machines, as a cloud gives one: a Service of this cluster over

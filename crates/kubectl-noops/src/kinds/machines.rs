@@ -26,6 +26,7 @@ pub fn machine(m: &Machine, around: &Around) -> Report {
         around,
     );
     report.phase = status.phase.map(|p| p.as_str().to_string());
+    report.paused = m.spec.paused;
     // The drain has a line of its own below: a drain under way is news, not a fault.
     report.problems.retain(|(type_, _, _)| type_ != DRAINING_SUCCEEDED);
     report.fact("cluster", m.spec.cluster_name.clone());
@@ -86,6 +87,7 @@ pub fn machine_set(set: &MachineSet, machines: &[Machine], around: &Around) -> R
         status.observed_generation,
         around,
     );
+    report.paused = set.spec.paused;
     report.fact("cluster", set.spec.cluster_name.clone());
     if let Some(owner) = owner_of_kind(&set.metadata, "MachineDeployment") {
         report.fact("deployment", owner);
@@ -131,6 +133,12 @@ pub fn machine_deployment(md: &MachineDeployment, sets: &[MachineSet], around: &
     );
     report.phase = status.phase.clone();
     report.paused = md.spec.paused;
+    if md.spec.rollout_paused {
+        report.fact(
+            "rollout",
+            "paused (rolloutPaused): no new MachineSet, none scaled".to_string(),
+        );
+    }
     report.fact("cluster", md.spec.cluster_name.clone());
     report.fact("version", md.spec.template.spec.version.clone());
     report.fact("flavor", flavor(&md.spec.template.spec.flavor));

@@ -12,7 +12,7 @@ use super::names::{Component, Names};
 use super::observe::Observation;
 use super::plan::{Plan, Step};
 use super::ranges::RANGE_TAKEN;
-use crate::core::conditions::{Decided, merge};
+use crate::core::conditions::{Decided, merge, with_paused};
 
 /// The reason of a Degraded condition that says which replicas share a node.
 pub const REPLICAS_SHARE_NODE: &str = "ReplicasShareNode";
@@ -271,7 +271,12 @@ pub fn build(f: &StatusFacts, now: jiff::Timestamp) -> KubernetesControlPlaneSta
     let asked = replicas(f.kcp, Component::ApiServer);
     KubernetesControlPlaneStatus {
         observed_generation: generation,
-        conditions: merge(&previous.conditions, &decided, generation, now),
+        conditions: merge(
+            &previous.conditions,
+            &with_paused(&decided, f.kcp.spec.paused),
+            generation,
+            now,
+        ),
         phase: Some(phase(f, &decided).into()),
         version: f.running_version(),
         ready: Some(format!("{}/{asked}", f.ready_api_servers())),

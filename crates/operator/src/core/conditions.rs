@@ -23,6 +23,33 @@ impl Decided {
     }
 }
 
+/// The `Paused` condition of a resource whose `spec.paused` is `paused`: one meaning on every
+/// kind, the operator changes nothing of it (its status is still reported).
+pub fn paused(paused: bool) -> Decided {
+    if paused {
+        Decided::new(
+            noops_api::condition::PAUSED,
+            true,
+            "Paused",
+            "spec.paused: the operator changes nothing of it until spec.paused is false",
+        )
+    } else {
+        Decided::new(
+            noops_api::condition::PAUSED,
+            false,
+            "NotPaused",
+            "the operator manages it",
+        )
+    }
+}
+
+/// `decided` and the `Paused` condition of `spec.paused` = `paused`: every kind reports it.
+pub fn with_paused(decided: &[Decided], is_paused: bool) -> Vec<Decided> {
+    let mut all = decided.to_vec();
+    all.push(paused(is_paused));
+    all
+}
+
 /// The message of a condition that passes on `inner` under reason `outer`: the inner reason
 /// and message, without the reason when it is the outer one (a message never repeats its
 /// reason: "MachinesDegraded: MachinesDegraded: ..." told nothing twice).

@@ -1,7 +1,8 @@
 //! The tail of every pass: the status written (only if it changed), then the Events of what
 //! the pass did. In that order for every kind: an Event never tells of a state the status does
 //! not show yet, and a pass whose status write fails tells nothing, so the next pass, which
-//! compares against the status it reads, tells it then.
+//! compares against the status it reads, tells it then. A `Paused` condition that turns True
+//! or False is told (`Paused`, `Resumed`) for every kind whose pass does not tell it itself.
 
 use k8s_openapi::NamespaceResourceScope;
 use kube::{Api, Resource, ResourceExt};
@@ -27,6 +28,7 @@ impl<S> Context<S> {
         K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + DeserializeOwned + std::fmt::Debug,
         T: Serialize + PartialEq,
     {
+        let told = with_pause_news(previous, status, told);
         if previous != Some(status) {
             let body = serde_json::json!({
                 "apiVersion": K::api_version(&()),
@@ -57,6 +59,7 @@ impl<S> Context<S> {
         K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + DeserializeOwned + std::fmt::Debug,
         T: Serialize + PartialEq,
     {
+        let told = with_pause_news(previous, status, told);
         if previous != Some(status)
             && !apply_status_at(&self.api_of(obj), &obj.name_any(), version, status)
                 .await
@@ -85,5 +88,75 @@ impl<S> Context<S> {
         K: Resource<DynamicType = (), Scope = NamespaceResourceScope>,
     {
         Api::namespaced(self.client.clone(), &obj.namespace().unwrap_or_default())
+    }
+}
+
+/// `told`, and a `Paused` or `Resumed` Event when the `Paused` condition turns True or False
+/// between `previous` and `status` and `told` does not say so already.
+fn with_pause_news<T: Serialize>(
+    previous: Option<&T>,
+    status: &T,
+    told: impl IntoIterator<Item = Announcement>,
+) -> Vec<Announcement> {
+    let mut told: Vec<Announcement> = told.into_iter().collect();
+    let paused = |status: Option<&T>| -> Option<(bool, String)> {
+        let value = serde_json::to_value(status?).ok()?;
+        let condition = value
+            .get("conditions")?
+            .as_array()?
+            .iter()
+            .find(|c| c.get("type").and_then(|t| t.as_str()) == Some(noops_api::condition::PAUSED))?;
+        let message = condition.get("message").and_then(|m| m.as_str()).unwrap_or_default();
+        Some((condition.get("status")?.as_str()? == "True", message.to_string()))
+    };
+    let was = paused(previous).is_some_and(|(p, _)| p);
+    let news = match paused(Some(status)) {
+        Some((true, message)) if !was => Some(Announcement::normal("Paused", message)),
+        Some((false, _)) if was => Some(Announcement::normal(
+            "Resumed",
+            "spec.paused is false: the operator manages it again",
+        )),
+        _ => None,
+    };
+    if let Some(news) = news
+        && !told.iter().any(|a| a.reason == news.reason)
+    {
+        told.push(news);
+    }
+    told
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(paused: Option<bool>) -> serde_json::Value {
+        let conditions: Vec<serde_json::Value> = paused
+            .map(
+                |p| serde_json::json!({ "type": "Paused", "status": if p { "True" } else { "False" }, "message": "m" }),
+            )
+            .into_iter()
+            .collect();
+        serde_json::json!({ "conditions": conditions })
+    }
+
+    fn reasons(told: Vec<Announcement>) -> Vec<String> {
+        told.into_iter().map(|a| a.reason).collect()
+    }
+
+    #[test]
+    fn a_pause_and_a_resume_are_told_once_by_whoever_tells_them_first() {
+        let (unset, off, on) = (status(None), status(Some(false)), status(Some(true)));
+        assert_eq!(reasons(with_pause_news(Some(&off), &on, [])), ["Paused"]);
+        assert_eq!(reasons(with_pause_news(None, &on, [])), ["Paused"]);
+        assert_eq!(reasons(with_pause_news(Some(&on), &off, [])), ["Resumed"]);
+        assert!(with_pause_news(Some(&on), &on, []).is_empty());
+        assert!(with_pause_news(Some(&unset), &off, []).is_empty());
+        assert!(with_pause_news(None, &off, []).is_empty());
+        // A pass that tells it itself (with its own note) is not told twice.
+        let own = Announcement::normal("Paused", "the kind's own note");
+        let told = with_pause_news(Some(&off), &on, [own]);
+        assert_eq!(told.len(), 1);
+        assert_eq!(told[0].note, "the kind's own note");
     }
 }

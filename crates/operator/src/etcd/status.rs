@@ -10,7 +10,7 @@ use noops_api::etcd::{EtcdClusterStatus, MemberStatus, Operation, OperationKind}
 use super::membership::ClusterFacts;
 use super::names::Names;
 use super::observe::{Children, EtcdView};
-use crate::core::conditions::{Decided, merge};
+use crate::core::conditions::{Decided, merge, with_paused};
 
 /// The cluster serves clients: a quorum of voting members is healthy.
 pub const AVAILABLE: &str = "Available";
@@ -86,7 +86,12 @@ pub fn build(
             .clone()
             .filter(|_| cluster.spec.backup.is_some()),
     );
-    let mut conditions = merge(&previous.conditions, &decided, cluster.metadata.generation, now);
+    let mut conditions = merge(
+        &previous.conditions,
+        &with_paused(&decided, cluster.spec.paused),
+        cluster.metadata.generation,
+        now,
+    );
     // A cluster that no longer says where backups go has nothing to report on them.
     if cluster.spec.backup.is_none() {
         conditions.retain(|c| c.type_ != crate::core::backup::retention::BACKUP_SUCCEEDED);

@@ -99,6 +99,7 @@ pub fn machine_deployment(
                 rolling_update: Some(kc.spec.upgrade.rolling_update.clone()),
             },
             progress_deadline_seconds: default_progress_deadline(),
+            rollout_paused: false,
             paused: kc.spec.paused,
             delete_policy: Default::default(),
             health_check: pool.health_check.clone(),

@@ -9,7 +9,7 @@ use noops_api::machine_deployment::MachineDeployment;
 use super::autoscale::Decision;
 use super::desired::POOL_LABEL;
 use super::plan::{Plan, PoolView, Step};
-use crate::core::conditions::{Decided, merge, passed_on};
+use crate::core::conditions::{Decided, merge, passed_on, with_paused};
 use crate::machine::status::DRAIN_HELD;
 use crate::machine_set::status::MACHINES_DELETING;
 
@@ -431,7 +431,12 @@ pub fn build(f: &StatusFacts, now: jiff::Timestamp) -> KubernetesClusterStatus {
     let (ready_nodes, desired_nodes) = pools.iter().fold((0, 0), |(r, d), p| (r + p.ready, d + p.desired));
     KubernetesClusterStatus {
         observed_generation: generation,
-        conditions: merge(&previous.conditions, &decided, generation, now),
+        conditions: merge(
+            &previous.conditions,
+            &with_paused(&decided, f.kc.spec.paused),
+            generation,
+            now,
+        ),
         phase: Some(phase(f, &decided, version.as_ref(), upgrade.as_ref()).into()),
         version,
         control_plane,

@@ -63,6 +63,10 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
     let result = finalizer(&api, FINALIZER, machine, |event| async {
         match event {
             Finalizer::Apply(machine) => run(machine, ctx).await,
+            // Paused, even a deletion waits (its finalizer stays): nothing is drained or removed.
+            Finalizer::Cleanup(machine) if machine.spec.paused => Err(Error::UnderWay(
+                "paused: the machine is deleted once spec.paused is false".into(),
+            )),
             Finalizer::Cleanup(machine) => remove(machine, ctx).await,
         }
     })
@@ -121,8 +125,11 @@ async fn run(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
 
     let admission = plan::admit(&machine, observation.cluster.as_ref());
 
-    // Made once, from nothing: a VM gone after it was made is a failed machine.
-    let make_vm = matches!(admission, Admission::Allowed(_))
+    // Made once, from nothing: a VM gone after it was made is a failed machine. Paused,
+    // nothing is made, renewed or recorded; the status still says how the machine stands.
+    let paused = machine.spec.paused;
+    let make_vm = !paused
+        && matches!(admission, Admission::Allowed(_))
         && observation.vm == VmState::Missing
         && machine.spec.provider_id.is_none();
 
@@ -162,6 +169,7 @@ async fn run(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
     // A machine's certificates are issued again before they expire, or when its CA changed:
     // the VM's mounted files follow and its agent and kube-proxy read them again.
     let renewal = match (&observation.bootstrap, &observation.vm) {
+        _ if paused => None,
         (_, VmState::Missing) => None,
         (Some(current), _) if !make_vm => cluster_ca(ctx, &names).map(|ca| (current, ca)),
         _ => None,
@@ -189,7 +197,7 @@ async fn run(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
             )
             .await;
     }
-    if machine.spec.provider_id.is_none() && (make_vm || observation.vm != VmState::Missing) {
+    if !paused && machine.spec.provider_id.is_none() && (make_vm || observation.vm != VmState::Missing) {
         let api: Api<Machine> = Api::namespaced(ctx.client.clone(), &names.namespace);
         let body = json!({ "spec": { "providerID": names.provider_id() } });
         api.patch(&names.machine, &PatchParams::default(), &Patch::Merge(body))

@@ -7,7 +7,7 @@ use noops_api::machine::{Machine, MachinePhase, MachineStatus};
 use super::drain::DrainProgress;
 use super::plan::{Admission, NodeView, phase};
 use super::provider::VmState;
-use crate::core::conditions::{Decided, merge};
+use crate::core::conditions::{Decided, merge, with_paused};
 
 /// How long a drain may wait on PodDisruptionBudgets before the machine counts as degraded:
 /// long enough for a budget to let pods go one after another as their replacements start,
@@ -103,7 +103,12 @@ pub fn build(facts: &StatusFacts, now: jiff::Timestamp) -> MachineStatus {
     let decided = conditions(facts, phase, joined, now);
     MachineStatus {
         observed_generation: machine.metadata.generation,
-        conditions: merge(&previous.conditions, &decided, machine.metadata.generation, now),
+        conditions: merge(
+            &previous.conditions,
+            &with_paused(&decided, machine.spec.paused),
+            machine.metadata.generation,
+            now,
+        ),
         phase: Some(phase),
         node_name,
         address,

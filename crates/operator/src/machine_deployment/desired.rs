@@ -46,6 +46,7 @@ pub fn machine_set(md: &MachineDeployment, name: &str, replicas: i32, owner: &Ow
             },
             delete_policy: md.spec.delete_policy,
             health_check: md.spec.health_check.clone(),
+            paused: false,
         },
         status: None,
     }

@@ -130,10 +130,11 @@ pub fn plan(md: &MachineDeployment, sets: &[SetView]) -> DeploymentPlan {
             c.settled && c.replicas == wanted && c.machines == wanted && c.available >= wanted && c.deleting == 0
         });
     let remove = older.iter().filter(|s| s.empty()).map(|s| s.name.clone()).collect();
-    if md.spec.paused {
-        // Only a deployment with one set follows its replicas while paused.
+    if md.spec.rollout_paused || md.spec.paused {
+        // Only a deployment with one set follows its replicas while its rollout is paused;
+        // paused, none changes.
         let current = match (current, sets) {
-            (Some(c), [_]) => Some((c.name.clone(), wanted)),
+            (Some(c), [_]) if !md.spec.paused => Some((c.name.clone(), wanted)),
             (Some(c), _) => Some((c.name.clone(), c.replicas)),
             (None, _) => None,
         };
@@ -396,16 +397,26 @@ mod tests {
         let bigger = md(4, "1.34", json!({}));
         assert_eq!(plan(&bigger, &only).current.unwrap().1, 4, "scaling is not a rollout");
         let mut paused = md(3, "1.35", json!({}));
-        paused.spec.paused = true;
+        paused.spec.rollout_paused = true;
         let p = plan(&paused, &only);
         assert_eq!(p.current, None, "no new set while paused");
         assert_eq!(p.older, vec![(set_name(&d), 2)]);
         let mut paused_scale = md(5, "1.34", json!({}));
-        paused_scale.spec.paused = true;
+        paused_scale.spec.rollout_paused = true;
         assert_eq!(
             plan(&paused_scale, &only).current.unwrap().1,
             5,
             "a single set follows replicas"
         );
+        // Paused (not only its rollout), nothing changes: no scaling either.
+        let mut stopped = md(5, "1.35", json!({}));
+        stopped.spec.paused = true;
+        let p = plan(&stopped, &only);
+        assert_eq!(p.current, None);
+        assert_eq!(p.older, vec![(set_name(&d), 2)]);
+        assert!(p.remove.is_empty() && !p.make_current);
+        let mut stopped_scale = md(5, "1.34", json!({}));
+        stopped_scale.spec.paused = true;
+        assert_eq!(plan(&stopped_scale, &only).current.unwrap().1, 2, "not scaled");
     }
 }

@@ -57,9 +57,28 @@ pub async fn reconcile(md: Arc<MachineDeployment>, ctx: &Context) -> Result<Acti
         plan = super::plan::plan(&md, &sets.iter().map(SetView::of).collect::<Vec<_>>());
     }
 
+    // Paused, nothing is changed: the status still tells how the sets stand.
+    if !md.spec.paused {
+        apply_plan(&md, &plan, &sets, &api, &owner).await?;
+    }
+
+    let status = status::build(&md, &sets, &plan, now);
+    let told = announcements(md.status.as_ref(), &status);
+    ctx.report(md.as_ref(), md.status.as_ref(), &status, told).await?;
+    Ok(Action::requeue(if plan.complete { STEADY } else { ROLLING }))
+}
+
+/// Makes, scales and removes the sets as `plan` says.
+async fn apply_plan(
+    md: &MachineDeployment,
+    plan: &DeploymentPlan,
+    sets: &[MachineSet],
+    api: &Api<MachineSet>,
+    owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
+) -> Result<()> {
     if let Some((name, replicas)) = &plan.current {
         let live = sets.iter().find(|s| s.metadata.name.as_ref() == Some(name));
-        let desired = desired::machine_set(&md, name, *replicas, &owner);
+        let desired = desired::machine_set(md, name, *replicas, owner);
         // The current set follows the deployment's settings; its template never changes.
         let changed = live.is_none_or(|l| {
             l.spec.replicas != desired.spec.replicas
@@ -70,13 +89,13 @@ pub async fn reconcile(md: Arc<MachineDeployment>, ctx: &Context) -> Result<Acti
             // Made, never overwritten: a view that has not seen the set yet must not set its
             // replicas from nothing.
             None => {
-                if create_if_missing(&api, &desired).await.during(Stage::Apply)? {
+                if create_if_missing(api, &desired).await.during(Stage::Apply)? {
                     info!(set = %name, replicas, "made the MachineSet of the current template");
                     crash::point("machinedeployment: new set made, older sets not scaled");
                 }
             }
             Some(_) if changed => {
-                apply(&api, name, &desired).await.during(Stage::Apply)?;
+                apply(api, name, &desired).await.during(Stage::Apply)?;
             }
             Some(_) => {}
         }
@@ -93,16 +112,12 @@ pub async fn reconcile(md: Arc<MachineDeployment>, ctx: &Context) -> Result<Acti
         }
     }
     for name in &plan.remove {
-        delete_if_present(&api, name, &Default::default())
+        delete_if_present(api, name, &Default::default())
             .await
             .during(Stage::Apply)?;
         info!(set = %name, "removed an older MachineSet with no machine left");
     }
-
-    let status = status::build(&md, &sets, &plan, now);
-    let told = announcements(md.status.as_ref(), &status);
-    ctx.report(md.as_ref(), md.status.as_ref(), &status, told).await?;
-    Ok(Action::requeue(if plan.complete { STEADY } else { ROLLING }))
+    Ok(())
 }
 
 /// Whether carrying out `plan` changes any of `sets`.

@@ -6,7 +6,7 @@ use noops_api::machine_deployment::{MachineDeployment, MachineDeploymentStatus};
 use noops_api::machine_set::MachineSet;
 
 use super::plan::{DeploymentPlan, TEMPLATE_HASH_LABEL, template_hash};
-use crate::core::conditions::{Decided, merge, passed_on};
+use crate::core::conditions::{Decided, merge, passed_on, paused};
 use crate::machine::status::DRAIN_HELD;
 use crate::machine_set::health::scaled;
 use crate::machine_set::status::{MACHINES_DEGRADED, MACHINES_DELETING};
@@ -54,7 +54,8 @@ pub fn build(
         previous.progress_at.clone().unwrap_or(Time(now))
     };
     let deadline = jiff::SignedDuration::from_secs(md.spec.progress_deadline_seconds);
-    let stalled = !plan.complete && !md.spec.paused && now >= progress_at.0 + deadline;
+    let held_back = md.spec.rollout_paused || md.spec.paused;
+    let stalled = !plan.complete && !held_back && now >= progress_at.0 + deadline;
     // An older set with a machine asked, left or still draining.
     let rolling = sets.iter().any(|s| {
         let status = s.status.as_ref();
@@ -62,7 +63,7 @@ pub fn build(
             status.and_then(|st| st.replicas).unwrap_or(0) + status.and_then(|st| st.deleting_replicas).unwrap_or(0);
         !is_current(&s) && left + s.spec.replicas > 0
     });
-    let phase = if md.spec.paused && !plan.complete {
+    let phase = if md.spec.paused || (md.spec.rollout_paused && !plan.complete) {
         "Paused"
     } else if stalled {
         "Stalled"
@@ -110,6 +111,7 @@ pub fn build(
         held,
     );
     decided.push(deleting_machines.clone());
+    decided.push(paused(md.spec.paused));
     MachineDeploymentStatus {
         observed_generation: md.metadata.generation,
         conditions: merge(&previous.conditions, &decided, md.metadata.generation, now),
@@ -246,6 +248,13 @@ fn decide(
     } else if plan_complete {
         Decided::new(PROGRESSING, true, "NewMachineSetAvailable", counts.clone())
     } else if md.spec.paused {
+        Decided::new(
+            PROGRESSING,
+            false,
+            "Paused",
+            "spec.paused: no MachineSet is made, scaled or removed",
+        )
+    } else if md.spec.rollout_paused {
         Decided::new(PROGRESSING, false, "Paused", "the rollout is paused")
     } else {
         Decided::new(PROGRESSING, true, "MachineSetUpdated", counts.clone())

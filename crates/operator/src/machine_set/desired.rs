@@ -30,6 +30,7 @@ pub fn machine(set: &MachineSet, name: &str, owner: &OwnerReference) -> Machine 
             cluster_name: set.spec.cluster_name.clone(),
             template: template.spec.clone(),
             provider_id: None,
+            paused: false,
         },
         status: None,
     }

@@ -160,6 +160,12 @@ pub fn plan(set: &MachineSet, machines: &[Machine], now: jiff::Timestamp) -> Set
             out.delete.push((name_of(m), "the set shrinks".into()));
         }
     }
+    if spec.paused {
+        // Paused, nothing is made, deleted or repaired; the unhealthy are still told.
+        out.create.clear();
+        out.delete.clear();
+        out.next_index = first;
+    }
     out
 }
 
@@ -228,6 +234,21 @@ mod tests {
         assert_eq!(first.next_index, 3);
         let later = plan(&recorded, &[], now);
         assert!(later.create.iter().all(|n| !first.create.contains(n)), "{later:?}");
+    }
+
+    #[test]
+    fn a_paused_set_makes_deletes_and_repairs_nothing() {
+        let now = jiff::Timestamp::now();
+        let mut s = set(2);
+        s.spec.paused = true;
+        assert_eq!(plan(&s, &[], now).create, Vec::<String>::new(), "nothing made");
+        let sick = member("pool-sick", 900, false, now);
+        let extra = [member("pool-a", 900, true, now), member("pool-b", 900, true, now), sick];
+        let p = plan(&s, &extra, now);
+        assert!(p.delete.is_empty(), "nothing shrunk or repaired: {p:?}");
+        assert_eq!(p.unhealthy.len(), 1, "the unhealthy are still told");
+        s.spec.paused = false;
+        assert!(!plan(&s, &extra, now).delete.is_empty());
     }
 
     #[test]

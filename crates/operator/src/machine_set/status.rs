@@ -5,7 +5,7 @@ use noops_api::machine::{Machine, MachinePhase};
 use noops_api::machine_set::{MachineSet, MachineSetStatus};
 
 use super::plan::{SetPlan, ready};
-use crate::core::conditions::{Decided, merge};
+use crate::core::conditions::{Decided, merge, with_paused};
 use crate::machine::status::{DRAIN_HELD, DRAINING_SUCCEEDED};
 
 /// Degraded's reason when machines of the set are (its message names them and why).
@@ -101,7 +101,12 @@ pub fn build(set: &MachineSet, machines: &[Machine], plan: &SetPlan, now: jiff::
     let previous = set.status.clone().unwrap_or_default();
     MachineSetStatus {
         observed_generation: set.metadata.generation,
-        conditions: merge(&previous.conditions, &decided, set.metadata.generation, now),
+        conditions: merge(
+            &previous.conditions,
+            &with_paused(&decided, set.spec.paused),
+            set.metadata.generation,
+            now,
+        ),
         replicas: Some(replicas),
         ready_replicas: Some(ready_count),
         available_replicas: Some(available),

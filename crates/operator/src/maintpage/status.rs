@@ -6,7 +6,7 @@ use noops_api::condition::{DEGRADED, PROGRESSING, READY};
 use noops_api::maintpage::{MaintPage, MaintPageStatus, Side};
 
 use super::switch::Plan;
-use crate::core::conditions::{Decided, merge};
+use crate::core::conditions::{self, Decided, merge, with_paused};
 use crate::core::rollout::{
     deployment_ready_replicas as ready_replicas, deployment_rolled_out as rolled_out, deployment_stalled as stalled,
 };
@@ -53,6 +53,7 @@ pub fn build(mp: &MaintPage, plan: &Plan, seen: &StatusFacts, now: jiff::Timesta
                 ready_condition(plan.publish, plan.waiting_for, &published, spec.app.replicas),
                 progressing(plan, &published),
                 degraded(seen),
+                conditions::paused(spec.paused),
             ],
             mp.metadata.generation,
             now,
@@ -179,7 +180,12 @@ pub fn blocked(mp: &MaintPage, reason: &'static str, message: &str, now: jiff::T
     ];
     MaintPageStatus {
         observed_generation: mp.metadata.generation,
-        conditions: merge(&previous.conditions, &decided, mp.metadata.generation, now),
+        conditions: merge(
+            &previous.conditions,
+            &with_paused(&decided, mp.spec.paused),
+            mp.metadata.generation,
+            now,
+        ),
         ..previous
     }
 }
@@ -218,7 +224,12 @@ pub fn paused(mp: &MaintPage, seen: &StatusFacts, now: jiff::Timestamp) -> Maint
     });
     MaintPageStatus {
         observed_generation: mp.metadata.generation,
-        conditions: merge(&previous.conditions, &decided, mp.metadata.generation, now),
+        conditions: merge(
+            &previous.conditions,
+            &with_paused(&decided, mp.spec.paused),
+            mp.metadata.generation,
+            now,
+        ),
         app_ready_replicas: ready_replicas(seen.app),
         maintenance_ready_replicas: ready_replicas(seen.maintenance),
         ..previous

@@ -17,7 +17,7 @@ use super::secrets::PasswordProblem;
 use super::sql::{Archiver, InstanceFacts};
 use crate::core::backup::gauges::epoch_seconds;
 use crate::core::backup::retention::BackupsSummary;
-use crate::core::conditions::{Decided, merge};
+use crate::core::conditions::{Decided, merge, with_paused};
 use crate::core::metrics::{BackupGauges, ReplicaLag, ReplicationGauges};
 use crate::core::stuck::Stuck;
 
@@ -183,7 +183,12 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, now: jiff::Time
     };
     PostgreSQLStatus {
         observed_generation: pg.metadata.generation,
-        conditions: merge(&previous.conditions, &decided, pg.metadata.generation, now),
+        conditions: merge(
+            &previous.conditions,
+            &with_paused(&decided, pg.spec.paused),
+            pg.metadata.generation,
+            now,
+        ),
         phase: Some(phase.into()),
         endpoint: Some(format!("{}:{PORT}", names.host())),
         node_port: seen.node_port,
