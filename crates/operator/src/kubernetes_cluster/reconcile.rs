@@ -396,7 +396,14 @@ async fn apply_children(
         let live = deployments
             .iter()
             .find(|d| d.metadata.name.as_ref() == Some(&pool.name));
-        if live.is_some_and(|l| l.spec == wanted.spec) {
+        // A rollout held on a pool (`rolloutPaused`) is a person's, never the cluster's: not
+        // a difference to apply (the cluster's apply leaves that field alone).
+        let in_line = live.is_some_and(|l| {
+            let mut wanted = wanted.spec.clone();
+            wanted.rollout_paused = l.spec.rollout_paused;
+            l.spec == wanted
+        });
+        if in_line {
             continue;
         }
         let child = format!("MachineDeployment {}", pool.name);
