@@ -409,7 +409,7 @@ impl<'a> Pass<'a> {
             .await
             .during(Stage::Validate)?;
         if held_back.is_none() {
-            held_back = check_placement(self.pg, self.ctx).await.during(Stage::Validate)?;
+            held_back = check_placement(self.pg, self.ctx);
         }
         if let Some(problem) = &held_back {
             info!(
@@ -673,19 +673,17 @@ async fn check_destination(pg: &PostgreSQL, names: &Names, ctx: &Context) -> Res
     Ok(destination::problem(&wanted, secret.as_deref(), claim.as_ref()))
 }
 
-/// Why no node could hold the instance's pod as the spec sizes it, if none could. The nodes
-/// are listed only when the spec sets resources and the StatefulSet is about to change.
-async fn check_placement(pg: &PostgreSQL, ctx: &Context) -> Result<Option<PlanProblem>> {
-    let Some(resources) = pg
+/// Why no node could hold the instance's pod as the spec sizes it, if none could, from the
+/// Node cache; looked at only when the spec sets resources and the StatefulSet is about to
+/// change.
+fn check_placement(pg: &PostgreSQL, ctx: &Context) -> Option<PlanProblem> {
+    let resources = pg
         .spec
         .resources
         .as_ref()
-        .filter(|r| !placement::requests(r).is_empty())
-    else {
-        return Ok(None);
-    };
-    let nodes = Api::<Node>::all(ctx.client.clone()).list(&Default::default()).await?;
-    Ok(placement::no_node_fits(Some(resources), &nodes.items))
+        .filter(|r| !placement::requests(r).is_empty())?;
+    let nodes: Vec<Node> = ctx.caches.nodes.state().iter().map(|n| (**n).clone()).collect();
+    placement::no_node_fits(Some(resources), &nodes)
 }
 
 /// Looks at the node of an instance pod stuck in its deletion, and acts as `node_loss.rs`
