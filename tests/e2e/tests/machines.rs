@@ -696,7 +696,40 @@ async fn a_machine_deployment_scales_and_rolls_to_a_new_version_without_a_failed
         3,
         "the agents of the 3 machines run here"
     );
+    // A machine paused waits even once deleted: nothing of it is drained or removed until it
+    // is resumed.
+    let kept = machines.list(&ListParams::default()).await.unwrap().items[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
+    noops(&["pause", &format!("ma/{kept}"), "-n", &ns.name]);
+    wait_until("the machine says Paused", MINUTE, || async {
+        machines
+            .get(&kept)
+            .await
+            .ok()
+            .and_then(|m| m.status)
+            .is_some_and(|s| paused_condition(&s.conditions))
+    })
+    .await;
     md_api.delete("pool", &Default::default()).await.unwrap();
+    wait_until("every machine but the paused one gone", 3 * MINUTE, || async {
+        let left = machines.list(&ListParams::default()).await.unwrap().items;
+        left.len() == 1 && left[0].metadata.deletion_timestamp.is_some()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        machines.get_opt(&kept).await.unwrap().is_some(),
+        "a paused machine was removed"
+    );
+    assert_eq!(
+        processes_with(&marker).len(),
+        1,
+        "the paused machine's agent still runs"
+    );
+    noops(&["resume", &format!("ma/{kept}"), "-n", &ns.name]);
     wait_machines_gone(&ns, 3 * MINUTE).await;
     wait_until("the machines' processes to end", MINUTE, || async {
         processes_with(&marker).is_empty()
