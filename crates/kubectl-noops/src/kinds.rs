@@ -38,12 +38,13 @@ impl Around {
 fn base(kind: &str, meta: &ObjectMeta, conditions: &[Condition], observed: Option<i64>, around: &Around) -> Report {
     let ready = observed == meta.generation && conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
     // A condition is a problem when it says something is wrong: Degraded (or QuorumLost)
-    // True, or any other False but Progressing (which is only news).
+    // True, or any other False but Progressing (which is only news) and Paused (said on a
+    // line of its own, from the spec).
     let problems = conditions
         .iter()
         .filter(|c| match c.type_.as_str() {
             "Degraded" | "QuorumLost" | "Stalled" => c.status == "True",
-            "Progressing" | "Upgrading" | "Scaling" => false,
+            "Progressing" | "Upgrading" | "Scaling" | "Paused" => false,
             _ => c.status == "False",
         })
         .map(|c| (c.type_.clone(), c.reason.clone(), c.message.clone()))
@@ -735,6 +736,13 @@ mod tests {
         broken.status.as_mut().unwrap().conditions = vec![condition("Ready", "False", "AppNotReady")];
         let problems = maintpage(&broken, &around).problems;
         assert_eq!(problems[0].1, "AppNotReady");
+        // Paused is said on a line of its own, never as a problem, whichever way it is.
+        let mut told = page.clone();
+        told.status.as_mut().unwrap().conditions = vec![
+            condition("Ready", "True", "Published"),
+            condition("Paused", "False", "NotPaused"),
+        ];
+        assert!(maintpage(&told, &around).problems.is_empty());
     }
 
     #[test]
