@@ -113,10 +113,12 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
         external_endpoint: external,
         range_taken: range_taken.as_deref(),
     };
+    // What the pass did (certificates issued, a replica moved) is told now, whatever becomes of
+    // the status write: the next pass does neither again and would not tell it.
+    ctx.tell(kcp.as_ref(), issued_news(&issued).into_iter().chain(moved))
+        .await;
     let status = status::build(&facts, now);
-    let told = announcements(kcp.status.as_ref(), &status, &plan, &issued)
-        .into_iter()
-        .chain(moved);
+    let told = announcements(kcp.status.as_ref(), &status, &plan, &[]);
     ctx.report(kcp.as_ref(), kcp.status.as_ref(), &status, told).await?;
     let renew = next_renewal(&observation.live.secrets, now, ctx.certificate_lifetime);
     // A taken range is looked at again now and then: this cluster's ranges may change.
@@ -174,6 +176,14 @@ fn next_renewal(
         .map(|d| d.max(Duration::from_secs(1)))
 }
 
+/// The certificates a pass issued, as an Event.
+fn issued_news(issued: &[Certificate]) -> Option<Announcement> {
+    (!issued.is_empty()).then(|| {
+        let which: Vec<&str> = issued.iter().map(|c| c.describe()).collect();
+        Announcement::normal("CertificatesIssued", format!("issued {}", which.join(", ")))
+    })
+}
+
 /// What the pass did that is worth an Event: certificates issued, an upgrade started, moved to
 /// its next step or finished, the control plane Ready (again), a newly degraded
 /// state. Pure.
@@ -183,14 +193,7 @@ fn announcements(
     plan: &Plan,
     issued: &[Certificate],
 ) -> Vec<Announcement> {
-    let mut out = Vec::new();
-    if !issued.is_empty() {
-        let which: Vec<&str> = issued.iter().map(|c| c.describe()).collect();
-        out.push(Announcement::normal(
-            "CertificatesIssued",
-            format!("issued {}", which.join(", ")),
-        ));
-    }
+    let mut out: Vec<Announcement> = issued_news(issued).into_iter().collect();
     let was = previous.and_then(|s| s.upgrade.as_ref());
     match (was, now.upgrade.as_ref()) {
         (None, Some(u)) => out.push(Announcement::normal(

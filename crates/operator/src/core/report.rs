@@ -109,7 +109,13 @@ fn with_pause_news<T: Serialize>(
         let message = condition.get("message").and_then(|m| m.as_str()).unwrap_or_default();
         Some((condition.get("status")?.as_str()? == "True", message.to_string()))
     };
-    let was = paused(previous).is_some_and(|(p, _)| p);
+    // A status written before the condition existed says nothing of a pause: no news then
+    // (an object paused before an upgrade of the operator is not paused anew).
+    let before = paused(previous);
+    if previous.is_some() && before.is_none() {
+        return told;
+    }
+    let was = before.is_some_and(|(p, _)| p);
     let news = match paused(Some(status)) {
         Some((true, message)) if !was => Some(Announcement::normal("Paused", message)),
         Some((false, _)) if was => Some(Announcement::normal(
@@ -152,6 +158,10 @@ mod tests {
         assert_eq!(reasons(with_pause_news(Some(&on), &off, [])), ["Resumed"]);
         assert!(with_pause_news(Some(&on), &on, []).is_empty());
         assert!(with_pause_news(Some(&unset), &off, []).is_empty());
+        assert!(
+            with_pause_news(Some(&unset), &on, []).is_empty(),
+            "paused before the condition existed"
+        );
         assert!(with_pause_news(None, &off, []).is_empty());
         // A pass that tells it itself (with its own note) is not told twice.
         let own = Announcement::normal("Paused", "the kind's own note");

@@ -128,6 +128,12 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
     };
     let news = scaling_said(kc.status.as_ref()) != scaling_said(Some(&status));
     told.extend(decision.iter().flat_map(|d| scaling_announcements(d, news)));
+    // What the pass did (pools scaled or removed) is told now, whatever becomes of the status
+    // write: the next pass does not do it again and would not tell it; the rest once written.
+    let (done, told): (Vec<Announcement>, Vec<Announcement>) = told
+        .into_iter()
+        .partition(|a| ["ScaledUp", "ScaledDown", "PoolRemoved"].contains(&a.reason.as_str()));
+    ctx.tell(kc.as_ref(), done).await;
     ctx.report(kc.as_ref(), kc.status.as_ref(), &status, told).await?;
     let again = decision
         .and_then(|d| d.look_again)

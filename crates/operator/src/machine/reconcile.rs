@@ -64,9 +64,7 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
         match event {
             Finalizer::Apply(machine) => run(machine, ctx).await,
             // Paused, even a deletion waits (its finalizer stays): nothing is drained or removed.
-            Finalizer::Cleanup(machine) if machine.spec.paused => Err(Error::UnderWay(
-                "paused: the machine is deleted once spec.paused is false".into(),
-            )),
+            Finalizer::Cleanup(machine) if machine.spec.paused => wait_paused(machine, ctx).await,
             Finalizer::Cleanup(machine) => remove(machine, ctx).await,
         }
     })
@@ -261,6 +259,28 @@ fn bootstrap_secret(
     let ca = cluster_ca(ctx, names)
         .ok_or_else(|| Error::Blocked(format!("control plane {} has no usable CA yet", names.cluster)))?;
     bootstrap::secret(names, &ca, owner, now, ctx.certificate_lifetime).map_err(|e| Error::Certificate(e.to_string()))
+}
+
+/// A paused machine being deleted: its status says how it stands (and that it is paused), and
+/// the deletion waits, its finalizer kept, until spec.paused is false.
+async fn wait_paused(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
+    let names = Names::of(&machine);
+    let observation = observe(&names, ctx, NodeFrom::Cache).await;
+    let admission = plan::admit(&machine, observation.cluster.as_ref());
+    let status = status::build(
+        &StatusFacts {
+            machine: &machine,
+            admission: &admission,
+            vm: &observation.vm,
+            node: &observation.node,
+            deletion: None,
+        },
+        jiff::Timestamp::now(),
+    );
+    write_status(ctx, &machine, status).await?;
+    Err(Error::UnderWay(
+        "paused: the machine is deleted once spec.paused is false".into(),
+    ))
 }
 
 /// A machine being deleted: cordon and drain its Node, delete the Node, then the VM. Says

@@ -62,7 +62,14 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
         debug!("a child changed while reconciling; looking again");
         return Ok(Action::requeue(Duration::from_millis(50)));
     };
-    let mut told = announcements(&mp, &plan, hand_edits);
+    // Hand edits taken back are told now, whatever becomes of the status write: the next pass
+    // finds nothing to take back and would not tell them.
+    let taken_back: Vec<Announcement> = hand_edits
+        .into_iter()
+        .map(|(reason, note)| Announcement::warning(reason, note))
+        .collect();
+    ctx.tell(mp.as_ref(), taken_back).await;
+    let mut told = announcements(&mp, &plan, Vec::new());
     let seen = status::StatusFacts {
         app: Some(&applied.app),
         maintenance: Some(&applied.maintenance),
