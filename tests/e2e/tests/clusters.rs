@@ -265,19 +265,22 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
         names.lines().next().unwrap_or_else(|| panic!("no {kind}")).to_string()
     };
     let (set, machine) = (first_of("machinesets"), first_of("machines"));
-    let writes = operator
-        .writes_of_settled_passes(
-            &ns,
-            &[
-                ("kubernetescluster/acme", "kubernetescluster"),
-                ("kubernetescontrolplane/acme", "kubernetescontrolplane"),
-                ("machinedeployment/acme-general", "machinedeployment"),
-                (&set, "machineset"),
-                (&machine, "machine"),
-            ],
-        )
-        .await;
-    assert!(writes.is_empty(), "settled objects' passes wrote: {writes:?}");
+    let objects = [
+        ("kubernetescluster/acme", "kubernetescluster"),
+        ("kubernetescontrolplane/acme", "kubernetescontrolplane"),
+        ("machinedeployment/acme-general", "machinedeployment"),
+        (set.as_str(), "machineset"),
+        (machine.as_str(), "machine"),
+    ];
+    // Once through first: a cluster that has just become Ready may still settle (the control
+    // plane given its exact version, say); what the second round writes is what every pass
+    // over an unchanged object would.
+    let settling = operator.writes_of_settled_passes(&ns, &objects).await;
+    let writes = operator.writes_of_settled_passes(&ns, &objects).await;
+    assert!(
+        writes.is_empty(),
+        "settled objects' passes wrote: {writes:?} (while settling: {settling:?})"
+    );
 
     // An app answers through a load balancer in front of the machines.
     tenant.apply(&web_app(3, 2));
