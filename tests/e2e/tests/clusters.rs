@@ -265,10 +265,9 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
         names.lines().next().unwrap_or_else(|| panic!("no {kind}")).to_string()
     };
     let (set, machine) = (first_of("machinesets"), first_of("machines"));
-    // (Not yet the KubernetesControlPlane: each of its passes patches its three Deployments
-    // again, found by this check and not mended yet.)
     let objects = [
         ("kubernetescluster/acme", "kubernetescluster"),
+        ("kubernetescontrolplane/acme", "kubernetescontrolplane"),
         ("machinedeployment/acme-general", "machinedeployment"),
         (set.as_str(), "machineset"),
         (machine.as_str(), "machine"),

@@ -291,7 +291,10 @@ fn probe(path: &str, port: i32, period: i32, failures: i32, initial_delay: i32) 
         }),
         period_seconds: Some(period),
         failure_threshold: Some(failures),
-        initial_delay_seconds: Some(initial_delay),
+        // No delay is left out, not 0: the API server drops a zero initialDelaySeconds, and a
+        // desired Deployment holding one never matches the live one (it was applied again on
+        // every pass).
+        initial_delay_seconds: (initial_delay > 0).then_some(initial_delay),
         timeout_seconds: Some(2),
         ..Default::default()
     }
