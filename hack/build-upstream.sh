@@ -18,23 +18,26 @@ key() { { cat "$root/tools/$1/go.mod" "$root/tools/$1/go.sum"; echo "recipe=$rec
 
 # build <module dir> <ldflags> <binary>=<package>...: builds every binary of one wrapper module.
 build() {
-  local mod=$1 flags=$2; shift 2
-  local out="$cache/upstream/$mod-$(key "$mod")"
+  local mod=$1 name=$1 flags=$2; shift 2
+  local out="$cache/upstream/$name-$(key "$mod")"
   if [ -f "$out/.complete" ]; then
-    echo "upstream: $mod cached ($out)"
+    echo "upstream: $name cached ($out)"
   else
-    echo "upstream: building $mod (slow on a cold cache) ..."
+    echo "upstream: building $name (slow on a cold cache) ..."
     local start=$SECONDS tmp="$out.tmp.$$" pair
     rm -rf "$tmp"; mkdir -p "$tmp"
     for pair in "$@"; do
       (cd "$root/tools/$mod" && go build -trimpath -ldflags "$flags" -o "$tmp/${pair%%=*}" "${pair#*=}")
     done
     touch "$tmp/.complete"; rm -rf "$out"; mv "$tmp" "$out"
-    echo "upstream: built $mod in $((SECONDS - start))s"
-    # Older builds of the same module are of no further use.
-    for old in "$cache/upstream/$mod"-*; do [ "$old" = "$out" ] || rm -rf "$old"; done
+    echo "upstream: built $name in $((SECONDS - start))s"
+    # Older builds of the same entry are of no further use (only <name>-<key>: k8s-1.33-* is not k8s's).
+    local old
+    for old in "$cache/upstream/$name"-*; do
+      [[ ${old##*/} =~ ^$name-[0-9a-f]{16}$ ]] && [ "$old" != "$out" ] && rm -rf "$old"
+    done
   fi
-  local dest=$bin; case $mod in etcd-* | k8s-*) dest="$bin/$mod";; esac
+  local dest=$bin; case $name in etcd-* | k8s-*) dest="$bin/$name";; esac
   mkdir -p "$dest"
   for pair in "$@"; do ln -sfn "$out/${pair%%=*}" "$dest/${pair%%=*}"; done
 }
@@ -74,4 +77,12 @@ if [ "$what" = all ] || [ "$what" = k8s ]; then
   # The previous minor, for hosted control planes (and later machines) to upgrade from.
   build k8s-1.33 "$(k8s_ldflags k8s-1.33)" kube-apiserver=$k/kube-apiserver \
     kube-controller-manager=$k/kube-controller-manager kube-scheduler=$k/kube-scheduler kube-proxy=$k/kube-proxy
+fi
+if [ "$what" = kubelet ]; then
+  # The upstream kubelet of real nodes (NODE_KIND=kubelet), the control plane's version. Built only
+  # when asked: the node agent's nodes do not need it.
+  [ "$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }' "$root/tools/kubelet/go.mod")" = \
+    "$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }' "$root/tools/k8s/go.mod")" ] ||
+    { echo "tools/kubelet requires another k8s.io/kubernetes than tools/k8s: give both the same" >&2; exit 1; }
+  build kubelet "$(k8s_ldflags kubelet)" kubelet=k8s.io/kubernetes/cmd/kubelet
 fi

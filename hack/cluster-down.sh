@@ -19,7 +19,8 @@ stop() {
   rm -f "$run/$name.pid"
 }
 
-# Node agents stop their pods on TERM (all at once); whatever is left of them is killed below.
+# Node agents stop their pods on TERM (all at once), kubelets do not; whatever is left of them
+# (a real node's containerd and containers too) is killed below.
 for k in $(existing_nodes); do stop "$(node_name "$k")" 15 & done
 stop noops-node 15 &  # the single agent of clusters made before nodes had numbers
 wait
@@ -61,6 +62,12 @@ if [ -n "$cg" ] && [ -d "$cg/noops" ]; then
   done
   rmdir "$cg/noops" 2>/dev/null || true
 fi
+# Real nodes' cgroup roots (v1): the kubelet's folders inside them go first.
+for h in $(cgroup_v1_roots); do
+  [ -d "$h/noops" ] || continue
+  for _ in $(seq 1 50); do find "$h/noops" -depth -type d -exec rmdir {} \; 2>/dev/null; [ -d "$h/noops" ] || break; sleep 0.1; done
+done
+rmdir /run/noops 2>/dev/null || true
 if [ -f "$run/sysctl.saved" ]; then
   while IFS= read -r line; do sysctl -qw "$line" 2>/dev/null || true; done < "$run/sysctl.saved"
 fi

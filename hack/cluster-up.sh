@@ -16,6 +16,20 @@ for b in etcd-3.6/etcd kube-apiserver kube-controller-manager kube-scheduler kub
 done
 [ -x "$node_agent_bin" ] || die "$node_agent_bin is missing: run \`make setup\`"
 mkdir -p "$pki" "$run" "$logs" "$cluster/nodes" "$cluster/kubeconfigs"
+# The node kind is the cluster's for its life.
+[ -f "$run/node-kind" ] || echo "${NODE_KIND:-agent}" > "$run/node-kind"
+kind=$(node_kind)
+[ -z "${NODE_KIND:-}" ] || [ "$NODE_KIND" = "$kind" ] ||
+  die "this cluster runs $kind nodes: \`make cluster-down\` first to start one with NODE_KIND=$NODE_KIND"
+case $kind in
+  agent) ;;
+  kubelet)
+    for b in "$kubelet_bin" "$containerd_bin" "$cni_bin_dir/bridge" "$images_dir/built.txt"; do
+      [ -e "$b" ] || die "$b is missing: run \`NODE_KIND=kubelet make setup\`"
+    done
+    ;;
+  *) rm -f "$run/node-kind"; die "NODE_KIND=$kind: choose agent (the node agent) or kubelet (real nodes)";;
+esac
 
 # --- network -------------------------------------------------------------------------------
 # Everything that makes pod and service addresses local exists before any process starts.
@@ -31,6 +45,10 @@ setup_network() {
       echo "net.ipv4.ip_forward=$(sysctl -n net.ipv4.ip_forward)"
       [ -e /proc/sys/net/bridge ] && echo "net.bridge.bridge-nf-call-iptables=$(sysctl -n net.bridge.bridge-nf-call-iptables)"
       echo "net.ipv4.conf.all.route_localnet=$(sysctl -n net.ipv4.conf.all.route_localnet)"
+      # The kubelet of real nodes sets these machine-wide (its "kernel tunables").
+      for tunable in vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops; do
+        echo "$tunable=$(sysctl -n "$tunable")"
+      done
     } > "$run/sysctl.saved"
   fi
   if ! ip link show "$bridge" >/dev/null 2>&1; then
@@ -214,4 +232,4 @@ wait_for kube-proxy 30 curl -sf http://127.0.0.1:10256/healthz
 
 elapsed=$(awk -v s="$start_time" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
 running=$(kubectl get nodes --no-headers 2>/dev/null | wc -l)
-printf 'local Kubernetes %s is up in %ss with %s node(s): export KUBECONFIG=%s (logs: %s)\n' "$k8s_version" "$elapsed" "$running" "$kubeconfig" "$logs"
+printf 'local Kubernetes %s is up in %ss with %s node(s) (%s): export KUBECONFIG=%s (logs: %s)\n' "$k8s_version" "$elapsed" "$running" "$kind" "$kubeconfig" "$logs"

@@ -44,6 +44,13 @@ node_sync_seconds=10
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 node_agent_bin="$target_dir/debug/noops-node"
 
+# Which nodes the cluster runs: `agent` (our node agent plays kubelet; the default) or `kubelet`
+# (real nodes: the upstream kubelet with containerd, hack/real-node.sh). Chosen by NODE_KIND when
+# the cluster is made, then kept for its life (node faults start a node of the same kind).
+node_kind() {
+  if [ -f "$cluster/run/node-kind" ]; then cat "$cluster/run/node-kind"; else echo "${NODE_KIND:-agent}"; fi
+}
+
 log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
@@ -106,12 +113,13 @@ outward_interface() { ip -4 route show default | awk '{ for (i = 1; i < NF; i++)
 
 kubectl() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 
-# start_node <k>: starts the node agent of node k (its certificates and kubeconfig exist). Its
-# address goes on the bridge first; the agent runs in the node's cgroup.
+# start_node <k>: starts node k (its certificates and kubeconfig exist), of the cluster's kind.
+# An agent node: its address goes on the bridge first; the agent runs in the node's cgroup.
 start_node() {
   local k=$1 name ip dir cg
   name=$(node_name "$k"); ip=$(node_ip "$k"); dir=$(node_dir "$k")
   alive "$name" && return
+  if [ "$(node_kind)" = kubelet ]; then start_real_node "$k"; return; fi
   mkdir -p "$dir/state" "$dir/volumes"
   ip addr replace "$ip/32" dev "$bridge"
   local agent=(env NOOPS_ROOT="$root" NOOPS_BIN="$bin" NOOPS_TARGET="$target_dir" RUST_LOG="${RUST_LOG:-info}"
@@ -158,6 +166,7 @@ kill_node() {
     ip netns del "$ns" 2>/dev/null || true
   done
   rm -f "$run/$name.pid"
+  [ "$(node_kind)" != kubelet ] || kill_real_node_rest "$k"
 }
 
 # node_renewed_since <k> <unix seconds>: whether node k's agent has renewed its Lease since then
@@ -171,3 +180,5 @@ node_renewed_since() {
 # An operator left running in the cluster by `make demo` would reconcile test and benchmark
 # objects too; tests and benchmarks run their own.
 stop_demo_operator() { kubectl delete deployment -n noops-system noops-operator --ignore-not-found --wait=false >/dev/null 2>&1 || true; }
+
+source "$root/hack/real-node.sh"

@@ -33,6 +33,12 @@ if [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then
     echo "create_main_cluster = false" >/etc/postgresql-common/createcluster.d/noops.conf
   fi
 fi
+# Real nodes (NODE_KIND=kubelet): Debian's containerd, runc and CNI plugins (docs/local-kubernetes.md).
+if [ "${NODE_KIND:-agent}" = kubelet ]; then
+  for package in containerd runc containernetworking-plugins; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'ok installed' || missing+=("$package")
+  done
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" = 0 ] || die "missing packages (${missing[*]}) and not root to install them"
   log "installing Debian packages: ${missing[*]}"
@@ -65,6 +71,7 @@ if ! go_ok; then
   log "using Go toolchain $GOTOOLCHAIN from the module proxy"
 fi
 "$root/hack/build-upstream.sh"
+[ "${NODE_KIND:-agent}" != kubelet ] || "$root/hack/build-upstream.sh" kubelet
 
 # --- Rust ----------------------------------------------------------------------------------------
 # Rust is the one thing setup does not install (a toolchain is the user's choice): say what is
@@ -80,4 +87,6 @@ log "building the Rust workspace"
 # The kubectl plugin, where kubectl finds it for `kubectl noops` with .noops/bin on the PATH.
 mkdir -p "$bin"
 ln -sf "$target_dir/debug/kubectl-noops" "$bin/kubectl-noops"
+# The images real nodes run, built from what setup built above.
+[ "${NODE_KIND:-agent}" != kubelet ] || "$root/hack/images.sh"
 log "setup done"

@@ -3,6 +3,10 @@
 //! It plays kubelet for one node: registers the Node and keeps its Lease fresh, runs the pods
 //! bound to it as local processes in per-pod network namespaces, provisions local-path
 //! PersistentVolumes, answers cluster DNS, and serves container logs to the API server.
+//!
+//! On a real node (`--beside-kubelet`) the upstream kubelet and containerd run the pods; the
+//! agent then serves only what the local Kubernetes adds to a node: cluster DNS at the node's
+//! address, local-path volumes, and the refusal of image pulls (`pull_refusal.rs`).
 
 mod atomic_dir;
 mod cgroups;
@@ -20,6 +24,7 @@ mod probe_tls;
 mod probes;
 mod process;
 mod provisioner;
+mod pull_refusal;
 mod rootfs;
 mod volumes;
 mod watch_cache;
@@ -41,6 +46,8 @@ use crate::node::NodeInfo;
 
 /// Where a machine answers `/healthz` (the kubelet's health port).
 const HEALTH_PORT: u16 = 10248;
+/// Where a real node's containerd sends image pulls (its HTTPS_PROXY), on the node's address.
+const PULL_REFUSAL_PORT: u16 = 5000;
 
 /// Plays kubelet for one node of the local Kubernetes.
 #[derive(Debug, Parser)]
@@ -84,14 +91,22 @@ struct Args {
     #[arg(long, default_value = "cluster.local")]
     cluster_domain: String,
     /// Folder for pod state (pod folders, address allocations).
-    #[arg(long)]
-    state_dir: PathBuf,
+    #[arg(long, required_unless_present = "beside_kubelet")]
+    state_dir: Option<PathBuf>,
     /// Folder where the local-path provisioner creates volumes.
     #[arg(long)]
     volumes_dir: PathBuf,
     /// The image map (image pattern → local program).
+    #[arg(long, required_unless_present = "beside_kubelet")]
+    images: Option<PathBuf>,
+    /// Runs beside the upstream kubelet of a real node: serves cluster DNS, local-path volumes
+    /// and the refusal of image pulls only (the kubelet registers the Node and runs the pods).
     #[arg(long)]
-    images: PathBuf,
+    beside_kubelet: bool,
+    /// With `--beside-kubelet`: the images this machine built, one name per line, named in the
+    /// refusal of any other pull.
+    #[arg(long, requires = "beside_kubelet")]
+    built_images: Option<PathBuf>,
     /// The Kubernetes version the node reports.
     #[arg(long, default_value = "v1.34.4")]
     kubernetes_version: String,
@@ -101,13 +116,13 @@ struct Args {
     /// Port of the kubelet API (container logs), on the node IP.
     #[arg(long, default_value_t = 10250)]
     kubelet_port: u16,
-    #[arg(long)]
-    tls_cert: PathBuf,
-    #[arg(long)]
-    tls_key: PathBuf,
+    #[arg(long, required_unless_present = "beside_kubelet")]
+    tls_cert: Option<PathBuf>,
+    #[arg(long, required_unless_present = "beside_kubelet")]
+    tls_key: Option<PathBuf>,
     /// CA of the client certificates allowed to call the kubelet API (only the API server's).
-    #[arg(long)]
-    client_ca: PathBuf,
+    #[arg(long, required_unless_present = "beside_kubelet")]
+    client_ca: Option<PathBuf>,
     /// How long the node Lease lasts; it is renewed every quarter of that (the kubelet's 40 s by
     /// default; the local Kubernetes uses less so that a dead node is noticed in seconds).
     #[arg(long, default_value = "40", value_name = "SECONDS")]
@@ -142,10 +157,26 @@ async fn main() -> anyhow::Result<()> {
     // Renewed certificates reach the agent through its kubeconfig file.
     let (client, follow_kubeconfig) = credentials::following(&args.kubeconfig).await?;
     let credentials_task = tokio::spawn(follow_kubeconfig);
+    if args.beside_kubelet {
+        let served = serve_beside_kubelet(client, args).await;
+        credentials_task.abort();
+        return served;
+    }
+    let (Some(state_dir), Some(image_map), Some(tls_cert), Some(tls_key), Some(client_ca)) = (
+        args.state_dir.clone(),
+        args.images.clone(),
+        args.tls_cert.clone(),
+        args.tls_key.clone(),
+        args.client_ca.clone(),
+    ) else {
+        anyhow::bail!(
+            "--state-dir, --images, --tls-cert, --tls-key and --client-ca are needed unless --beside-kubelet"
+        );
+    };
 
     // Image paths may name folders of this checkout through ${NOOPS_ROOT}, ${NOOPS_BIN}, ...
     let vars: BTreeMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("NOOPS_")).collect();
-    let images = ImageMapFileWatch::load(&args.images, vars)?;
+    let images = ImageMapFileWatch::load(&image_map, vars)?;
     // A machine learns its range later, from its Node.
     let known_pod_cidr = if args.machine {
         None
@@ -165,16 +196,16 @@ async fn main() -> anyhow::Result<()> {
         Some(args.pod_cidr)
     };
 
-    process::self_check(&args.state_dir).await.with_context(|| {
+    process::self_check(&state_dir).await.with_context(|| {
         format!(
             "containers cannot get a root file system of their own here: it needs overlayfs with {} \
              on a file system that can hold its upper layer (not overlayfs), and open_tree, \
              move_mount and mount_setattr (Linux 5.12 or later)",
-            args.state_dir.display()
+            state_dir.display()
         )
     })?;
 
-    let cgroups = cgroups::Cgroups::detect(&args.state_dir);
+    let cgroups = cgroups::Cgroups::detect(&state_dir);
     let agent_cgroups = cgroups.enabled();
     let (cpu, memory_bytes) = NodeInfo::detect_capacity();
     let node = NodeInfo {
@@ -220,7 +251,7 @@ async fn main() -> anyhow::Result<()> {
         pod_cidr,
         on_link,
         gateway,
-        &args.state_dir,
+        &state_dir,
     );
     network.check_bridge()?;
     node::register(&client, &node)
@@ -247,7 +278,7 @@ async fn main() -> anyhow::Result<()> {
         SocketAddr::V4(a) => (*a.ip(), a.port()),
         SocketAddr::V6(_) => anyhow::bail!("--api-service must be an IPv4 address"),
     };
-    let pods_dir = args.state_dir.join("pods");
+    let pods_dir = state_dir.join("pods");
     let agent = Arc::new(pods::Agent {
         client: client.clone(),
         node: node.clone(),
@@ -286,9 +317,9 @@ async fn main() -> anyhow::Result<()> {
         client: client.clone(),
     };
     let tls = kubelet_api::TlsFiles {
-        cert: args.tls_cert,
-        key: args.tls_key,
-        client_ca: args.client_ca,
+        cert: tls_cert,
+        key: tls_key,
+        client_ca,
     };
     let api_task = tokio::spawn(kubelet_api.serve(SocketAddr::from((args.node_ip, args.kubelet_port)), tls));
     let heartbeat_task = tokio::spawn(node::heartbeat(client.clone(), node));
@@ -321,6 +352,38 @@ async fn main() -> anyhow::Result<()> {
     }
     info!("node agent stopped");
     Ok(())
+}
+
+/// A real node's share: cluster DNS at the node's address (its pods' resolver), the local-path
+/// volumes of claims bound to this node, and the refusal of image pulls. Runs until SIGTERM.
+async fn serve_beside_kubelet(client: kube::Client, args: Args) -> anyhow::Result<()> {
+    let built = match &args.built_images {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("reading the built images from {}", path.display()))?
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(String::from)
+            .collect(),
+        None => Vec::new(),
+    };
+    let dns = dns::ClusterDns::new(client.clone(), args.cluster_domain.clone());
+    let dns_task = tokio::spawn(dns.serve(SocketAddr::from((args.node_ip, 53))));
+    let refusal_task = tokio::spawn(pull_refusal::serve(
+        SocketAddr::from((args.node_ip, PULL_REFUSAL_PORT)),
+        built,
+    ));
+    let provisioner_task = tokio::spawn(provisioner::run(client, args.node_name.clone(), args.volumes_dir));
+    info!(node = %args.node_name, ip = %args.node_ip, "serving DNS, volumes and the pull refusal beside the kubelet");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let outcome = tokio::select! {
+        _ = term.recv() => Ok(()),
+        _ = tokio::signal::ctrl_c() => Ok(()),
+        r = dns_task => Err(anyhow::anyhow!("cluster DNS stopped: {r:?}")),
+        r = refusal_task => Err(anyhow::anyhow!("the pull refusal stopped: {r:?}")),
+    };
+    provisioner_task.abort();
+    outcome
 }
 
 fn init_logging(json: bool) {
