@@ -7,7 +7,8 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
-mkdir -p "$images_dir"
+cache=${NOOPS_CACHE:-$HOME/.cache/noops}
+mkdir -p "$images_dir" "$cache/rootfs"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 built=()
@@ -61,6 +62,74 @@ full_reference() {
   else echo "$ref"; fi
 }
 
+# distroless_rootfs <folder> <binary>...: a rootfs laid out as distroless's cc-debian12:nonroot
+# (the operator's Dockerfile base): the binaries under /usr/local/bin, stripped of debug info,
+# the shared libraries they load (from this machine, Debian 12 as in distroless), users root and
+# nonroot (65532), CA certificates, /tmp. No shell.
+distroless_rootfs() {
+  local rootfs=$1 binary lib; shift
+  mkdir -p "$rootfs/usr/local/bin" "$rootfs/etc/ssl/certs" "$rootfs/tmp" "$rootfs/home/nonroot" "$rootfs/lib64"
+  chmod 1777 "$rootfs/tmp"
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' > "$rootfs/etc/passwd"
+  printf 'root:x:0:\nnobody:x:65534:\nnonroot:x:65532:\n' > "$rootfs/etc/group"
+  echo 'hosts: files dns' > "$rootfs/etc/nsswitch.conf"
+  cp -L /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/"
+  chown 65532:65532 "$rootfs/home/nonroot"
+  for binary in "$@"; do
+    objcopy --strip-debug "$binary" "$rootfs/usr/local/bin/$(basename "$binary")"
+    for lib in $(ldd "$binary" | awk '$3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }'); do
+      mkdir -p "$rootfs$(dirname "$lib")"
+      cp -L "$lib" "$rootfs$lib"
+    done
+  done
+}
+
+# Bump when a Debian rootfs below is made differently, to make them again.
+rootfs_recipe=1
+# debian_rootfs <name> <packages...>: Debian 12 (minbase, from Debian's mirror as `apt` here
+# uses it) with those packages, cached outside the clone; prints its folder. A hook
+# `prepare_<name>` (if defined) runs before the packages are installed, `finish_<name>` after;
+# each gets the rootfs folder.
+debian_rootfs() {
+  local name=$1 out; shift
+  out="$cache/rootfs/$name-$rootfs_recipe"
+  if [ ! -f "$out.complete" ]; then
+    local base="$cache/rootfs/debian-12-$rootfs_recipe" start=$SECONDS
+    if [ ! -f "$base.complete" ]; then
+      rm -rf "$base"
+      debootstrap --variant=minbase bookworm "$base" "$(debian_mirror)" >/dev/null ||
+        die "debootstrap of Debian 12 failed (is Debian's mirror reachable?)"
+      printf 'deb %s bookworm main\ndeb %s bookworm-updates main\ndeb %s-security bookworm-security main\n' \
+        "$(debian_mirror)" "$(debian_mirror)" "$(debian_mirror)" > "$base/etc/apt/sources.list"
+      rm -rf "$base/var/cache/apt/archives"/*.deb
+      touch "$base.complete"
+    fi
+    rm -rf "$out"; cp -a "$base" "$out"
+    # No service starts while packages install.
+    printf '#!/bin/sh\nexit 101\n' > "$out/usr/sbin/policy-rc.d"; chmod +x "$out/usr/sbin/policy-rc.d"
+    if declare -F "prepare_$name" >/dev/null; then "prepare_$name" "$out"; fi
+    if [ $# -gt 0 ]; then
+      DEBIAN_FRONTEND=noninteractive chroot "$out" apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive chroot "$out" apt-get install -y -qq --no-install-recommends "$@" >/dev/null ||
+        die "installing $* into the $name image failed"
+    fi
+    if declare -F "finish_$name" >/dev/null; then "finish_$name" "$out"; fi
+    chroot "$out" apt-get clean
+    rm -rf "$out"/var/lib/apt/lists/* "$out"/usr/share/doc/* "$out"/usr/share/man/* "$out"/var/log/*.log \
+      "$out"/var/cache/ldconfig/aux-cache "$out/usr/sbin/policy-rc.d"
+    touch "$out.complete"
+    log "Debian rootfs $name made in $((SECONDS - start))s" >&2
+  fi
+  echo "$out"
+}
+# The mirror this machine's apt uses.
+debian_mirror() {
+  local uri
+  uri=$(awk '$1 == "URIs:" { print $2; exit }' /etc/apt/sources.list.d/debian.sources 2>/dev/null)
+  [ -n "$uri" ] || uri=$(awk '$1 == "deb" && $2 !~ /security/ { print $2; exit }' /etc/apt/sources.list 2>/dev/null)
+  echo "${uri:-http://deb.debian.org/debian}"
+}
+
 # --- registry.k8s.io/pause: the sandbox of every pod, built from the kubelet's own source -------
 pause_src=$(cd "$root/tools/kubelet" && GOFLAGS=-mod=mod GOTOOLCHAIN=local go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
 rootfs="$work/pause"
@@ -79,6 +148,37 @@ for minor in 3.5 3.6; do
   oci_image "quay.io/coreos/etcd:$version" "$rootfs" \
     "{\"Env\":[\"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\"],\"WorkingDir\":\"/var/lib/etcd\",\"Cmd\":$(json_array /usr/local/bin/etcd)}"
 done
+
+# --- postgres:15: laid out as the official image (docker-library/postgres, 15/bookworm) -------
+# Debian 12 with Debian's PostgreSQL 15 (the official image takes it from apt.postgresql.org,
+# which this machine does not reach), the postgres user and group 999, gosu, en_US.UTF-8,
+# nss_wrapper, the same folders and modes, and an entrypoint of ours that behaves as theirs
+# (cluster/images/postgres/docker-entrypoint.sh).
+prepare_postgres-15() {
+  chroot "$1" sh -c 'groupadd -r postgres --gid=999 && useradd -r -g postgres --uid=999 --home-dir=/var/lib/postgresql --shell=/bin/bash postgres && install -d -o postgres -g postgres -m 1777 /var/lib/postgresql'
+  mkdir -p "$1/etc/postgresql-common/createcluster.d"
+  echo "create_main_cluster = false" > "$1/etc/postgresql-common/createcluster.d/noops.conf"
+}
+finish_postgres-15() {
+  chroot "$1" localedef -i en_US -c -f UTF-8 -A /usr/share/locale/locale.alias en_US.UTF-8
+  sed -ri "s!^#?(listen_addresses)\s*=\s*\S+.*!\1 = '*'!" "$1/usr/share/postgresql/15/postgresql.conf.sample"
+  mkdir -p "$1/docker-entrypoint-initdb.d"
+  install -d -o 999 -g 999 -m 3777 "$1/var/run/postgresql"
+  install -d -o 999 -g 999 -m 1777 "$1/var/lib/postgresql/data"
+}
+rootfs=$(debian_rootfs postgres-15 postgresql-15 gosu locales libnss-wrapper xz-utils zstd less)
+install -m 755 "$root/cluster/images/postgres/docker-entrypoint.sh" "$rootfs/usr/local/bin/docker-entrypoint.sh"
+pg_version=$(chroot "$rootfs" /usr/lib/postgresql/15/bin/postgres --version | awk '{ print $3 }')
+oci_image postgres:15 "$rootfs" "{\"User\":\"\",\"Env\":[\"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/lib/postgresql/15/bin\",\"LANG=en_US.utf8\",\"PG_MAJOR=15\",\"PG_VERSION=$pg_version\",\"PGDATA=/var/lib/postgresql/data\"],\"Entrypoint\":$(json_array docker-entrypoint.sh),\"Cmd\":$(json_array postgres),\"StopSignal\":\"SIGINT\",\"ExposedPorts\":{\"5432/tcp\":{}},\"Volumes\":{\"/var/lib/postgresql/data\":{}}}"
+
+# --- ghcr.io/noops-dev/noops: the operator, as the Dockerfile makes it, from the cargo build ---
+# (the debug build `make setup` made; the Dockerfile's is a release build). The tag is the
+# chart's, so the chart installs it as it is.
+noops_tag=$(sed -nE 's/^  tag: "([^"]+)"/\1/p' "$root/charts/noops/values.yaml")
+rootfs="$work/noops"
+distroless_rootfs "$rootfs" "$target_dir/debug/noops"
+oci_image "ghcr.io/noops-dev/noops:$noops_tag" "$rootfs" \
+  "{\"User\":\"65532:65532\",\"Entrypoint\":$(json_array /usr/local/bin/noops),\"Cmd\":$(json_array run --http-addr=0.0.0.0:8080 --log-format=json)}"
 
 printf '%s\n' "${built[@]}" > "$images_dir/built.txt"
 log "images: ${built[*]}"

@@ -25,9 +25,12 @@ pub const LEASE_ENV: &str = "NOOPS_PG_LEASE";
 pub const PORT: i32 = 5432;
 /// The superuser the operator connects as (the role `initdb` makes).
 pub const SUPERUSER: &str = "postgres";
-/// Where the volume is mounted, and the data directory in it (as the official image has it).
-pub const VOLUME_MOUNT: &str = "/var/lib/postgresql";
-pub const PGDATA: &str = "/var/lib/postgresql/data";
+/// Where the volume is mounted: the path the official image declares a `VOLUME` (a container
+/// runtime puts an anonymous volume on a declared path that no mount covers exactly, which would
+/// hide the data directory below it; seen on real nodes). The data directory is the volume's
+/// `data` folder, as it always was (a volume made before keeps working).
+pub const VOLUME_MOUNT: &str = "/var/lib/postgresql/data";
+pub const PGDATA: &str = "/var/lib/postgresql/data/data";
 /// The folder shared by the init container and PostgreSQL: the instance manager binary, the
 /// Unix socket, the configuration the instance manager writes.
 pub const CONTROLLER_DIR: &str = "/controller";
@@ -39,7 +42,7 @@ pub const SUPERUSER_DIR: &str = "/etc/noops/superuser";
 pub const DATA_VOLUME: &str = "data";
 /// What a restore recovered, beside the data directory in the volume (the operator reads it
 /// through the server, `pg_read_file`): it goes with the volume, and a new restore replaces it.
-pub const RESTORE_RECORD: &str = "/var/lib/postgresql/noops-restore.json";
+pub const RESTORE_RECORD: &str = "/var/lib/postgresql/data/noops-restore.json";
 /// The environment variable with the root folder of the database's backups in its store.
 pub const ROOT_ENV: &str = "NOOPS_PG_ROOT";
 
@@ -202,6 +205,7 @@ impl Names {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn children_are_named_after_the_database() {
@@ -219,7 +223,12 @@ mod tests {
         assert_eq!(names.primary_host(), "shop-rw.prod.svc");
         assert_eq!(names.host(), "shop.prod.svc");
         assert_eq!(names.labels()[POSTGRES_LABEL], "shop");
-        assert!(PGDATA.starts_with(VOLUME_MOUNT));
+        assert_eq!(
+            Path::new(PGDATA).parent(),
+            Some(Path::new(VOLUME_MOUNT)),
+            "the data directory is the volume's `data`"
+        );
+        assert_eq!(Path::new(RESTORE_RECORD).parent(), Some(Path::new(VOLUME_MOUNT)));
         assert!(INSTANCE_MANAGER.starts_with(CONTROLLER_DIR) && SOCKET_DIR.starts_with(CONTROLLER_DIR));
     }
 }

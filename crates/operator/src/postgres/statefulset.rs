@@ -218,6 +218,8 @@ fn instance_env_and_mounts(names: &Names, access: &PodAccess) -> (Vec<EnvVar>, V
         env(LEASE_ENV, &names.lease()),
         env("PGDATA", PGDATA),
         env("NOOPS_SOCKET_DIR", SOCKET_DIR),
+        // `kubectl exec <pod> -- psql` finds the server's socket, not the image's default folder.
+        env("PGHOST", SOCKET_DIR),
         env("NOOPS_SUPERUSER_PASSWORD_FILE", &format!("{SUPERUSER_DIR}/password")),
         env("NOOPS_PLAN_FILE", &format!("{PLAN_DIR}/{PLAN_FILE}")),
     ];
@@ -369,6 +371,16 @@ mod tests {
                 .unwrap()
                 .contains(&format!("--to={INSTANCE_MANAGER}"))
         );
+        // The volume covers the official image's declared VOLUME exactly (a runtime would hide
+        // the data below an anonymous volume otherwise), and `psql` in the container finds the
+        // server without being told where.
+        let mounts = postgres.volume_mounts.as_ref().unwrap();
+        let data = mounts.iter().find(|m| m.name == DATA_VOLUME).unwrap();
+        assert_eq!(data.mount_path, "/var/lib/postgresql/data");
+        let env = postgres.env.as_ref().unwrap();
+        let value = |name: &str| env.iter().find(|e| e.name == name).and_then(|e| e.value.clone());
+        assert_eq!(value("PGDATA").as_deref(), Some("/var/lib/postgresql/data/data"));
+        assert_eq!(value("PGHOST").as_deref(), Some(SOCKET_DIR));
         assert_eq!(pod.service_account_name.as_deref(), Some("shop-instance"));
         assert_eq!(pod.image_pull_secrets, None, "none configured: no empty field applied");
         let security = pod.security_context.as_ref().unwrap();

@@ -256,7 +256,7 @@ mod tests {
 
     fn settings(archive: Option<Archive>) -> Settings {
         Settings {
-            pgdata: "/var/lib/postgresql/data".into(),
+            pgdata: crate::postgres::names::PGDATA.into(),
             socket_dir: "/controller/run".into(),
             superuser_password_file: "/etc/noops/superuser/password".into(),
             plan_file: "/etc/noops/instance/plan.json".into(),

@@ -306,7 +306,7 @@ mod tests {
     #[test]
     fn a_replica_follows_the_primary_through_its_own_slot_with_a_password_file() {
         let settings = Settings {
-            pgdata: "/var/lib/postgresql/data".into(),
+            pgdata: crate::postgres::names::PGDATA.into(),
             socket_dir: "/controller/run".into(),
             superuser_password_file: "/etc/noops/superuser/password".into(),
             plan_file: "/etc/noops/instance/plan.json".into(),

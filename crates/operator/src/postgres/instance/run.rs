@@ -23,7 +23,8 @@
 //!   never resets that stream: it would last until `wal_receiver_timeout`).
 //! - A former primary starts again as a replica: rewound to the new primary's timeline
 //!   (`replica.rs`), or copied anew when it cannot be.
-//! - The pod's SIGTERM is a fast shutdown (open transactions rolled back), not the smart one
+//! - The pod's stop (SIGTERM, or SIGINT: the official image's STOPSIGNAL, which a container
+//!   runtime sends instead, and which PID 1 would otherwise ignore) is a fast shutdown (open transactions rolled back), not the smart one
 //!   that waits for every client to leave; a primary then gives its lease up, so that the
 //!   operator promotes a replica at once.
 //! - A server of an earlier pod still running on the data directory (a pod force-deleted, its
@@ -81,7 +82,7 @@ pub async fn run(settings: &Settings) -> Result<ExitStatus, InstanceError> {
     let plan = bootstrap::read_plan(&settings.plan_file).unwrap_or_default();
     let lease_name = settings.lease.clone().unwrap_or_default();
     let keeper = Keeper::new(settings.namespace.as_deref(), &lease_name, settings.pod_name.as_deref()).await;
-    let mut terminate = signal(SignalKind::terminate()).map_err(io("listening for SIGTERM"))?;
+    let mut terminate = StopSignals::listen()?;
     loop {
         let decided = tokio::select! {
             decided = decide(settings, &plan, &keeper) => decided,
@@ -174,7 +175,7 @@ async fn serve(
     at_start: (Running, Option<Instant>, bool),
     follows: Option<String>,
     keeper: &Keeper,
-    terminate: &mut Signal,
+    terminate: &mut StopSignals,
 ) -> Result<Ended, InstanceError> {
     let (mut running, renewed, mut leased) = at_start;
     let mut server = Command::new("postgres")
@@ -212,7 +213,7 @@ async fn serve(
                 break if stepping_down.is_some() { Ended::SteppedDown } else { Ended::Exited(status) };
             }
             _ = terminate.recv() => {
-                info!("SIGTERM: shutting the server down (fast)");
+                info!("the pod is stopping: shutting the server down (fast)");
                 signal_server(&server, nix::sys::signal::Signal::SIGINT);
                 stopping = true;
                 // The pod is going: the container ends with the server (a step-down under
@@ -568,5 +569,30 @@ async fn checkpoint_once_primary(socket_dir: PathBuf) {
             }
         }
         return;
+    }
+}
+
+/// What stops the pod's container: SIGTERM, or the image's STOPSIGNAL, which a container runtime
+/// sends instead (SIGINT for the official postgres image). The instance manager is PID 1 in its
+/// container, where a signal without a handler is ignored: both need one.
+struct StopSignals {
+    term: Signal,
+    int: Signal,
+}
+
+impl StopSignals {
+    fn listen() -> Result<Self, InstanceError> {
+        Ok(Self {
+            term: signal(SignalKind::terminate()).map_err(io("listening for SIGTERM"))?,
+            int: signal(SignalKind::interrupt()).map_err(io("listening for SIGINT"))?,
+        })
+    }
+
+    /// Waits for either.
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
     }
 }
