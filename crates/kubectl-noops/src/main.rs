@@ -21,10 +21,12 @@ mod bundle;
 mod completion;
 mod connect;
 mod describe;
+mod etcdctl;
 mod get;
 mod kinds;
 mod kubeconfig;
 mod promote;
+mod psql;
 mod report;
 mod resources;
 mod status;
@@ -130,6 +132,28 @@ enum Command {
         #[arg(long, default_value_t = 60)]
         timeout: u64,
     },
+    /// psql in the primary's pod of `postgresql/<name>` (`pg/`), on its database, as the
+    /// superuser over the pod's socket (`kubectl exec`: needs a kubelet that streams, not the
+    /// node agent). Arguments after `--` go to psql.
+    Psql {
+        resource: String,
+        /// An instance's pod instead of the primary's.
+        #[arg(long)]
+        instance: Option<String>,
+        #[arg(last = true)]
+        psql_args: Vec<String>,
+    },
+    /// etcdctl against `etcdcluster/<name>` (`etcd/`) with its client certificate, from a
+    /// short-lived pod of the members' image; arguments after `--` go to etcdctl. Prints its
+    /// output and exits with its exit code.
+    Etcdctl {
+        resource: String,
+        /// How long to wait, in seconds.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+        #[arg(last = true)]
+        etcdctl_args: Vec<String>,
+    },
     /// Stops the operator changing the resource (`spec.paused`).
     Pause { resource: String },
     /// Lets the operator change the resource again.
@@ -152,6 +176,8 @@ impl Command {
             | Command::Backup { resource, .. }
             | Command::Report { resource, .. }
             | Command::Promote { resource, .. }
+            | Command::Psql { resource, .. }
+            | Command::Etcdctl { resource, .. }
             | Command::Pause { resource }
             | Command::Resume { resource } => Some(resource),
             Command::Get { .. } | Command::Completion { .. } => None,
@@ -261,6 +287,29 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             let deadline = std::time::Duration::from_secs(timeout);
             promote::promote(&client, &namespace, &name, &instance, deadline).await
+        }
+        Command::Psql {
+            resource,
+            instance,
+            psql_args,
+        } => {
+            let (kind, name) = parse_resource(&resource)?;
+            if kind != Kind::PostgreSQL {
+                bail!("psql opens on a PostgreSQL (pg/<name>)");
+            }
+            psql::psql(&client, &target, &namespace, &name, instance.as_deref(), &psql_args).await
+        }
+        Command::Etcdctl {
+            resource,
+            timeout,
+            etcdctl_args,
+        } => {
+            let (kind, name) = parse_resource(&resource)?;
+            if kind != Kind::EtcdCluster {
+                bail!("etcdctl runs against an EtcdCluster (etcd/<name>)");
+            }
+            let timeout = std::time::Duration::from_secs(timeout);
+            etcdctl::etcdctl(&client, &namespace, &name, &etcdctl_args, timeout).await
         }
         Command::Pause { resource } => set_paused(&client, &namespace, &resource, true).await,
         Command::Resume { resource } => set_paused(&client, &namespace, &resource, false).await,
