@@ -16,14 +16,16 @@ built=()
 json_array() { local first=1 item; printf '['; for item in "$@"; do [ $first = 1 ] || printf ','; first=0; printf '"%s"' "$item"; done; printf ']'; }
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 
-# oci_image <reference> <rootfs folder> <image config JSON (the "config" object)>: writes
-# $images_dir/<name>.tar unless the same inputs made it already.
+# oci_image <reference> <rootfs folder> <image config JSON (the "config" object)> [<tag>...]:
+# writes $images_dir/<name>.tar unless the same inputs made it already; the extra tags name the
+# same image (as `latest` does on a registry).
 oci_image() {
   local ref=$1 rootfs=$2 config=$3 file key layout
+  local also_tagged=("${@:4}")
   file="$images_dir/$(echo "$ref" | tr '/:' '__').tar"
   built+=("$ref")
   # The key: every file's path, mode, owner and content, and the config.
-  key=$({ (cd "$rootfs" && find . -printf '%p %m %U %G %l\n' | sort && find . -type f -print0 | sort -z | xargs -0r sha256sum); echo "$config"; } | sha256sum | cut -c1-16)
+  key=$({ (cd "$rootfs" && find . -printf '%p %m %U %G %l\n' | sort && find . -type f -print0 | sort -z | xargs -0r sha256sum); echo "$config"; mirror_names "$ref"; echo "${also_tagged[*]}"; } | sha256sum | cut -c1-16)
   if [ -f "$file" ] && [ "$(cat "$file.key" 2>/dev/null)" = "$key" ]; then return; fi
   layout="$work/$(basename "$file" .tar)"
   mkdir -p "$layout/blobs/sha256"
@@ -43,15 +45,34 @@ oci_image() {
     "$config_digest" "$config_size" "$layer_digest" "$layer_size" > "$work/manifest.json"
   manifest_digest=$(sha "$work/manifest.json"); manifest_size=$(stat -c %s "$work/manifest.json")
   mv "$work/manifest.json" "$layout/blobs/sha256/$manifest_digest"
-  # containerd names the image by io.containerd.image.name: the full reference, as a pull would.
-  printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}' \
-    "$manifest_digest" "$manifest_size" "$(full_reference "$ref")" "${ref##*:}" > "$layout/index.json"
+  # containerd names the image by io.containerd.image.name: the full reference, as a pull would;
+  # one entry per name (the image's own and its mirrors').
+  local name entries=""
+  local tag
+  for name in "$ref" $(mirror_names "$ref") $(for tag in "${also_tagged[@]}"; do echo "${ref%:*}:$tag"; done); do
+    entries+="${entries:+,}$(printf '{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}' \
+      "$manifest_digest" "$manifest_size" "$(full_reference "$name")" "${name##*:}")"
+  done
+  printf '{"schemaVersion":2,"manifests":[%s]}' "$entries" > "$layout/index.json"
   echo '{"imageLayoutVersion":"1.0.0"}' > "$layout/oci-layout"
   tar -C "$layout" --sort=name --mtime=@0 -cf "$file.tmp" oci-layout index.json blobs
   mv "$file.tmp" "$file"
   echo "$key" > "$file.key"
   rm -rf "$layout" "$work/layer.tar"
   log "image $ref built ($(du -h "$file" | cut -f1))"
+}
+
+# Registries that hold the same images under their own paths, as a user's mirror would: what
+# the tests name through the operator's image settings (a registry for every project, one
+# repository for one kind). A pull from anywhere else is refused.
+declare -A mirrors=(
+  [quay.io/coreos/etcd]="registry.example.com/mirror/coreos/etcd registry.example.com/etcd-team/etcd"
+  [postgres]="registry.example.com/mirror/library/postgres registry.example.com/db-team/postgres registry.local/postgres"
+)
+# mirror_names <ref>: the same image's names in its mirrors.
+mirror_names() {
+  local repo=${1%:*} tag=${1##*:} mirror
+  for mirror in ${mirrors[$repo]:-}; do echo "$mirror:$tag"; done
 }
 
 # full_reference <ref>: what a pull of <ref> resolves to (docker.io/library/ for short names).
@@ -170,6 +191,23 @@ rootfs=$(debian_rootfs postgres-15 postgresql-15 gosu locales libnss-wrapper xz-
 install -m 755 "$root/cluster/images/postgres/docker-entrypoint.sh" "$rootfs/usr/local/bin/docker-entrypoint.sh"
 pg_version=$(chroot "$rootfs" /usr/lib/postgresql/15/bin/postgres --version | awk '{ print $3 }')
 oci_image postgres:15 "$rootfs" "{\"User\":\"\",\"Env\":[\"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/lib/postgresql/15/bin\",\"LANG=en_US.utf8\",\"PG_MAJOR=15\",\"PG_VERSION=$pg_version\",\"PGDATA=/var/lib/postgresql/data\"],\"Entrypoint\":$(json_array docker-entrypoint.sh),\"Cmd\":$(json_array postgres),\"StopSignal\":\"SIGINT\",\"ExposedPorts\":{\"5432/tcp\":{}},\"Volumes\":{\"/var/lib/postgresql/data\":{}}}"
+
+# --- hashicorp/http-echo: the tests' echo server (ours, crates/testbins), where the official
+# image keeps its own: /http-echo, the entrypoint. 1.0 and latest.
+rootfs="$work/http-echo"
+distroless_rootfs "$rootfs" "$target_dir/debug/http-echo"
+mv "$rootfs/usr/local/bin/http-echo" "$rootfs/http-echo"
+oci_image hashicorp/http-echo:1.0 "$rootfs" "{\"Entrypoint\":$(json_array /http-echo),\"ExposedPorts\":{\"5678/tcp\":{}}}" latest
+
+# --- versity/versitygw: the object store of examples/object-store, the build of tools/versitygw
+# (static) as its entrypoint.
+vgw_version=$(awk '$1 == "require" && $2 == "github.com/versity/versitygw" { print $3 }' "$root/tools/versitygw/go.mod")
+rootfs="$work/versitygw"
+mkdir -p "$rootfs/app" "$rootfs/tmp" "$rootfs/etc/ssl/certs"
+chmod 1777 "$rootfs/tmp"
+cp -L "$bin/versitygw" "$rootfs/app/versitygw"
+cp -L /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/"
+oci_image "versity/versitygw:$vgw_version" "$rootfs" "{\"Entrypoint\":$(json_array /app/versitygw),\"ExposedPorts\":{\"7070/tcp\":{}}}"
 
 # --- ghcr.io/noops-dev/noops: the operator, as the Dockerfile makes it, from the cargo build ---
 # (the debug build `make setup` made; the Dockerfile's is a release build). The tag is the

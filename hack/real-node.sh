@@ -1,7 +1,7 @@
 # Real nodes of the local Kubernetes (NODE_KIND=kubelet): the upstream kubelet with containerd,
 # runc and the CNI bridge plugin, one of each per node, beside a node agent that serves only what
-# the local Kubernetes adds (cluster DNS at the node's address, local-path volumes, the refusal
-# of image pulls). Sourced by lib.sh, not run.
+# the local Kubernetes adds (cluster DNS at the node's address, local-path volumes, the built
+# images as a registry, the refusal of other pulls). Sourced by lib.sh, not run.
 #
 # Every node shares this machine's network namespace, as the node agent's nodes do: its address
 # (10.244.k.1) sits on the bridge, its pods are veths on the same bridge with addresses from
@@ -16,9 +16,11 @@ kubelet_bin="$bin/kubelet"
 containerd_bin=/usr/bin/containerd
 ctr_bin=/usr/bin/ctr
 cni_bin_dir=/usr/lib/cni
-# Where a real node's containerd sends image pulls (the node agent's refusal, on the node's
-# address; PULL_REFUSAL_PORT in crates/node-agent).
-pull_refusal_port=5000
+# The node agent's registry of the built images, every registry's mirror in containerd, and the
+# refusal of what it does not hold, containerd's proxy (REGISTRY_PORT and PULL_REFUSAL_PORT in
+# crates/node-agent), on the node's address.
+registry_port=5000
+pull_refusal_port=5001
 # Image tarballs setup builds (hack/images.sh) and the list of their names.
 images_dir="$state/images"
 # The pause image of Kubernetes 1.34 (build/pause in its source, from which hack/images.sh builds it).
@@ -91,6 +93,12 @@ disabled_plugins = ["io.containerd.internal.v1.tracing", "io.containerd.snapshot
     bin_dir = "$cni_bin_dir"
     conf_dir = "$dir/cni"
     max_conf_num = 1
+  # Every registry's mirror is the node's registry of the images built here; what it does not
+  # hold goes on to the registry itself, through the proxy that refuses it.
+  [plugins."io.containerd.grpc.v1.cri".registry.mirrors."*"]
+    endpoint = ["http://$(node_ip "$k"):$registry_port"]
+  [plugins."io.containerd.grpc.v1.cri".registry.mirrors."docker.io"]
+    endpoint = ["http://$(node_ip "$k"):$registry_port"]
 EOF
 }
 
@@ -209,12 +217,12 @@ start_real_node() {
   write_containerd_config "$k"
   write_cni_config "$k"
   write_kubelet_config "$k"
-  # Pulls go to the refusal on the node's own address: no pull ever leaves this machine.
+  # Pulls go to the node's own registry, then to the refusal: no pull ever leaves this machine.
   launch_in_node "$k" "$name-services" env RUST_LOG="${RUST_LOG:-info}" "$node_agent_bin" --beside-kubelet \
     --kubeconfig "$dir/kubeconfig" --node-name "$name" --node-ip "$ip" --cluster-domain "$cluster_domain" \
-    --volumes-dir "$dir/volumes" --built-images "$images_dir/built.txt"
+    --volumes-dir "$dir/volumes" --images-dir "$images_dir"
   launch_in_node "$k" "$name-containerd" env HTTPS_PROXY="http://$ip:$pull_refusal_port" \
-    HTTP_PROXY="http://$ip:$pull_refusal_port" NO_PROXY= "$containerd_bin" --config "$dir/containerd.toml"
+    HTTP_PROXY="http://$ip:$pull_refusal_port" NO_PROXY="$ip" "$containerd_bin" --config "$dir/containerd.toml"
   wait_for "$name's containerd" 30 "$ctr_bin" --address "$run_dir/containerd.sock" version
   import_images "$k"
   launch_in_node "$k" "$name" "$kubelet_bin" --config "$dir/kubelet.yaml" --kubeconfig "$dir/kubeconfig" \

@@ -25,6 +25,7 @@ mod probes;
 mod process;
 mod provisioner;
 mod pull_refusal;
+mod registry;
 mod rootfs;
 mod volumes;
 mod watch_cache;
@@ -46,8 +47,10 @@ use crate::node::NodeInfo;
 
 /// Where a machine answers `/healthz` (the kubelet's health port).
 const HEALTH_PORT: u16 = 10248;
-/// Where a real node's containerd sends image pulls (its HTTPS_PROXY), on the node's address.
-const PULL_REFUSAL_PORT: u16 = 5000;
+/// Where a real node's containerd pulls from (the mirror of every registry), on the node's address.
+const REGISTRY_PORT: u16 = 5000;
+/// Where a real node's containerd sends what the mirror did not have (its HTTPS_PROXY).
+const PULL_REFUSAL_PORT: u16 = 5001;
 
 /// Plays kubelet for one node of the local Kubernetes.
 #[derive(Debug, Parser)]
@@ -103,10 +106,10 @@ struct Args {
     /// and the refusal of image pulls only (the kubelet registers the Node and runs the pods).
     #[arg(long)]
     beside_kubelet: bool,
-    /// With `--beside-kubelet`: the images this machine built, one name per line, named in the
-    /// refusal of any other pull.
+    /// With `--beside-kubelet`: the folder of the images this machine built (OCI layout
+    /// tarballs), served as every registry's mirror.
     #[arg(long, requires = "beside_kubelet")]
-    built_images: Option<PathBuf>,
+    images_dir: Option<PathBuf>,
     /// The Kubernetes version the node reports.
     #[arg(long, default_value = "v1.34.4")]
     kubernetes_version: String,
@@ -355,23 +358,25 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// A real node's share: cluster DNS at the node's address (its pods' resolver), the local-path
-/// volumes of claims bound to this node, and the refusal of image pulls. Runs until SIGTERM.
+/// volumes of claims bound to this node, the built images as every registry's mirror, and the
+/// refusal of pulls that would leave this machine. Runs until SIGTERM.
 async fn serve_beside_kubelet(client: kube::Client, args: Args) -> anyhow::Result<()> {
-    let built = match &args.built_images {
-        Some(path) => std::fs::read_to_string(path)
-            .with_context(|| format!("reading the built images from {}", path.display()))?
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            .map(String::from)
-            .collect(),
-        None => Vec::new(),
+    let store = match &args.images_dir {
+        Some(dir) => {
+            registry::Store::load(dir).with_context(|| format!("reading the built images in {}", dir.display()))?
+        }
+        None => registry::Store::default(),
     };
+    let store = Arc::new(store);
+    let registry_task = tokio::spawn(registry::serve(
+        SocketAddr::from((args.node_ip, REGISTRY_PORT)),
+        store.clone(),
+    ));
     let dns = dns::ClusterDns::new(client.clone(), args.cluster_domain.clone());
     let dns_task = tokio::spawn(dns.serve(SocketAddr::from((args.node_ip, 53))));
     let refusal_task = tokio::spawn(pull_refusal::serve(
         SocketAddr::from((args.node_ip, PULL_REFUSAL_PORT)),
-        built,
+        store.built(),
     ));
     let provisioner_task = tokio::spawn(provisioner::run(client, args.node_name.clone(), args.volumes_dir));
     info!(node = %args.node_name, ip = %args.node_ip, "serving DNS, volumes and the pull refusal beside the kubelet");
@@ -381,6 +386,7 @@ async fn serve_beside_kubelet(client: kube::Client, args: Args) -> anyhow::Resul
         _ = tokio::signal::ctrl_c() => Ok(()),
         r = dns_task => Err(anyhow::anyhow!("cluster DNS stopped: {r:?}")),
         r = refusal_task => Err(anyhow::anyhow!("the pull refusal stopped: {r:?}")),
+        r = registry_task => Err(anyhow::anyhow!("the registry stopped: {r:?}")),
     };
     provisioner_task.abort();
     outcome

@@ -1,10 +1,10 @@
-//! The only "registry" a real node (upstream kubelet and containerd) can reach: an HTTP proxy
-//! that refuses every request, saying which images this machine builds.
+//! The way out of a real node's containerd (its HTTPS_PROXY): an HTTP proxy that refuses every
+//! request, saying which images this machine builds.
 //!
-//! A real node's containerd finds its images already imported (setup builds them here); a pod
-//! asking for any other image or tag makes containerd pull. Its proxy settings point here, so no
-//! pull leaves this machine, and the refusal's reason phrase is what Go's HTTP client reports:
-//! the pod's `ErrImagePull` event then says what is built instead.
+//! containerd asks the node's registry (`registry.rs`, every registry's mirror) first; for an
+//! image that is not built it then tries the registry itself, through its proxy. The proxy is
+//! here, so no pull leaves this machine, and the refusal's reason phrase is what Go's HTTP
+//! client reports.
 
 use std::net::SocketAddr;
 
@@ -16,12 +16,8 @@ use tracing::{info, warn};
 const MAX_HEAD: usize = 8 * 1024;
 
 /// The status line of the refusal: 403 and a reason phrase that names what is built.
-pub fn refusal_status_line(built: &[String]) -> String {
-    let built = if built.is_empty() {
-        "none".to_string()
-    } else {
-        built.join(", ")
-    };
+pub fn refusal_status_line(built: &str) -> String {
+    let built = if built.is_empty() { "none" } else { built };
     // A reason phrase is one line of visible characters: strip anything else.
     let reason: String = format!(
         "no registry is reachable from the local Kubernetes: only images built by `make setup` can run here ({built})"
@@ -40,10 +36,10 @@ pub fn requested_target(head: &str) -> Option<&str> {
 }
 
 /// Answers every connection with the refusal, until the listener fails.
-pub async fn serve(addr: SocketAddr, built: Vec<String>) -> std::io::Result<()> {
+pub async fn serve(addr: SocketAddr, built: String) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr).await?;
     let answer = refusal_status_line(&built);
-    info!(%addr, images = built.len(), "refusing image pulls");
+    info!(%addr, "refusing image pulls that leave this machine");
     loop {
         let (mut conn, _) = listener.accept().await?;
         let answer = answer.clone();
@@ -71,7 +67,7 @@ mod tests {
 
     #[test]
     fn the_refusal_names_what_is_built_on_one_status_line() {
-        let line = refusal_status_line(&["postgres:15".into(), "quay.io/coreos/etcd:v3.6.5\n".into()]);
+        let line = refusal_status_line("postgres:15, quay.io/coreos/etcd:v3.6.5\n");
         let status = line.split("\r\n").next().unwrap_or_default();
         assert!(status.starts_with("HTTP/1.1 403 no registry is reachable"), "{status}");
         assert!(status.contains("postgres:15, quay.io/coreos/etcd:v3.6.5"), "{status}");

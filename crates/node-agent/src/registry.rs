@@ -1,0 +1,348 @@
+//! The registry of a real node: the images this machine built (OCI layout tarballs made by
+//! `hack/images.sh`), served read-only over the registry API, as the mirror of every registry
+//! in the node's containerd. A pull of a built image (an `imagePullPolicy: Always`, a `:latest`)
+//! resolves here to the same digest the node already imported; any other is refused with 403
+//! and a reason phrase that names what is built, which containerd reports as the pull's error.
+//! Blobs are read in place from the tarballs: nothing is unpacked.
+
+use std::collections::BTreeMap;
+use std::io::SeekFrom;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Query, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::response::Response;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use serde::Deserialize;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+
+const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+
+/// Where a blob's bytes are: a span of one tarball.
+#[derive(Debug, Clone, PartialEq)]
+struct Span {
+    tarball: PathBuf,
+    offset: u64,
+    size: u64,
+}
+
+/// A built image: its full reference split as a pull splits it.
+#[derive(Debug, Clone, PartialEq)]
+struct Named {
+    host: String,
+    repository: String,
+    tag: String,
+    manifest: String,
+}
+
+/// What the tarballs of a folder hold.
+#[derive(Debug, Default)]
+pub struct Store {
+    images: Vec<Named>,
+    blobs: BTreeMap<String, Span>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Index {
+    manifests: Vec<IndexEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+struct IndexEntry {
+    digest: String,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
+}
+
+/// Splits `host/repository:tag` (a full reference, as containerd names an image).
+fn split_reference(reference: &str) -> Option<(String, String, String)> {
+    let (host, rest) = reference.split_once('/')?;
+    let (repository, tag) = rest.rsplit_once(':')?;
+    Some((host.to_string(), repository.to_string(), tag.to_string()))
+}
+
+/// The registry host a mirror request is for (`?ns=`), as images name it.
+fn canonical_host(ns: &str) -> &str {
+    match ns {
+        "registry-1.docker.io" | "index.docker.io" => "docker.io",
+        other => other,
+    }
+}
+
+impl Store {
+    /// Reads every `*.tar` of `dir`: where each file of each layout is, and the names in its
+    /// `index.json`.
+    pub fn load(dir: &Path) -> std::io::Result<Self> {
+        let mut store = Store::default();
+        let mut tarballs: Vec<PathBuf> = std::fs::read_dir(dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "tar"))
+            .collect();
+        tarballs.sort();
+        for tarball in tarballs {
+            let mut archive = tar::Archive::new(std::fs::File::open(&tarball)?);
+            let mut index = None;
+            for entry in archive.entries()? {
+                let mut entry = entry?;
+                let path = entry.path()?.to_string_lossy().trim_start_matches("./").to_string();
+                if path == "index.json" {
+                    let mut text = String::new();
+                    std::io::Read::read_to_string(&mut entry, &mut text)?;
+                    index = serde_json::from_str::<Index>(&text).ok();
+                } else if let Some(hex) = path.strip_prefix("blobs/sha256/") {
+                    store.blobs.insert(
+                        format!("sha256:{hex}"),
+                        Span {
+                            tarball: tarball.clone(),
+                            offset: entry.raw_file_position(),
+                            size: entry.size(),
+                        },
+                    );
+                }
+            }
+            for manifest in index.map(|i| i.manifests).unwrap_or_default() {
+                let Some(name) = manifest.annotations.get("io.containerd.image.name") else {
+                    continue;
+                };
+                if let Some((host, repository, tag)) = split_reference(name) {
+                    store.images.push(Named {
+                        host,
+                        repository,
+                        tag,
+                        manifest: manifest.digest.clone(),
+                    });
+                }
+            }
+        }
+        Ok(store)
+    }
+
+    /// The manifest digest of `repository` at `reference` (a tag or a digest), in registry
+    /// `ns` when the request says which.
+    fn resolve(&self, ns: Option<&str>, repository: &str, reference: &str) -> Option<&str> {
+        self.images
+            .iter()
+            .filter(|i| i.repository == repository && ns.is_none_or(|ns| canonical_host(ns) == i.host))
+            .find(|i| i.tag == reference || i.manifest == reference)
+            .map(|i| i.manifest.as_str())
+    }
+
+    /// The built images, as users write them: each once, by its own name (the first; the
+    /// others are its mirrors').
+    pub fn built(&self) -> String {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut names: Vec<String> = self
+            .images
+            .iter()
+            .filter(|i| seen.insert(i.manifest.clone()))
+            .map(|i| {
+                let short = match (i.host.as_str(), i.repository.strip_prefix("library/")) {
+                    ("docker.io", Some(official)) => official.to_string(),
+                    ("docker.io", None) => i.repository.clone(),
+                    _ => format!("{}/{}", i.host, i.repository),
+                };
+                format!("{short}:{}", i.tag)
+            })
+            .collect();
+        names.dedup();
+        names.join(", ")
+    }
+}
+
+/// `<repository>/manifests/<reference>` or `<repository>/blobs/<digest>`, after `/v2/`.
+#[derive(Debug, PartialEq)]
+enum Asked<'a> {
+    Base,
+    Manifest { repository: &'a str, reference: &'a str },
+    Blob { repository: &'a str, digest: &'a str },
+}
+
+fn asked(path: &str) -> Option<Asked<'_>> {
+    let rest = path.strip_prefix("/v2/")?;
+    if rest.is_empty() {
+        return Some(Asked::Base);
+    }
+    if let Some((repository, reference)) = rest.rsplit_once("/manifests/") {
+        return Some(Asked::Manifest { repository, reference });
+    }
+    let (repository, digest) = rest.rsplit_once("/blobs/")?;
+    Some(Asked::Blob { repository, digest })
+}
+
+#[derive(Debug, Deserialize)]
+struct Mirrored {
+    ns: Option<String>,
+}
+
+/// A refusal containerd reports as it is: 403 (a 404 would read "not found" and lose why)
+/// with the reason in the status line.
+fn refused(reason: &str) -> Response {
+    let reason: String = reason.chars().filter(|c| !c.is_control()).collect();
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = StatusCode::FORBIDDEN;
+    if let Ok(phrase) = hyper::ext::ReasonPhrase::try_from(reason.into_bytes()) {
+        response.extensions_mut().insert(phrase);
+    }
+    response
+}
+
+async fn read_span(span: &Span) -> std::io::Result<Vec<u8>> {
+    let mut file = tokio::fs::File::open(&span.tarball).await?;
+    file.seek(SeekFrom::Start(span.offset)).await?;
+    let mut bytes = Vec::with_capacity(usize::try_from(span.size).unwrap_or(0));
+    file.take(span.size).read_to_end(&mut bytes).await?;
+    Ok(bytes)
+}
+
+async fn answer(State(store): State<Arc<Store>>, Query(mirrored): Query<Mirrored>, request: Request) -> Response {
+    let head = request.method() == Method::HEAD;
+    let path = request.uri().path().to_string();
+    let not_built = |what: &str| {
+        warn!(%what, "refused a pull: not built here");
+        refused(&format!(
+            "{what} is not built here: only images built by make setup run on the local Kubernetes ({})",
+            store.built()
+        ))
+    };
+    let (digest, content_type) = match asked(&path) {
+        Some(Asked::Base) => return Response::new(Body::from("{}")),
+        Some(Asked::Manifest { repository, reference }) => {
+            match store.resolve(mirrored.ns.as_deref(), repository, reference) {
+                Some(digest) => (digest.to_string(), OCI_MANIFEST),
+                None => {
+                    let host = mirrored.ns.as_deref().unwrap_or("?");
+                    return not_built(&format!("{host}/{repository}:{reference}"));
+                }
+            }
+        }
+        Some(Asked::Blob { digest, .. }) => (digest.to_string(), "application/octet-stream"),
+        None => return not_built(&path),
+    };
+    let Some(span) = store.blobs.get(&digest) else {
+        return not_built(&digest);
+    };
+    let body = if head {
+        Body::empty()
+    } else {
+        match read_span(span).await {
+            Ok(bytes) => Body::from(bytes),
+            Err(e) => {
+                warn!(error = %e, tarball = %span.tarball.display(), "cannot read a built image");
+                let mut response = Response::new(Body::empty());
+                *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                return response;
+            }
+        }
+    };
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(span.size));
+    if let Ok(value) = HeaderValue::from_str(&digest) {
+        headers.insert("Docker-Content-Digest", value);
+    }
+    response
+}
+
+/// Serves the images of the store until the listener fails.
+pub async fn serve(addr: SocketAddr, store: Arc<Store>) -> std::io::Result<()> {
+    info!(%addr, images = store.images.len(), "serving the built images as every registry's mirror");
+    let router = Router::new().fallback(answer).with_state(store);
+    let listener = TcpListener::bind(addr).await?;
+    loop {
+        let (tcp, _) = listener.accept().await?;
+        let service = TowerToHyperService::new(router.clone());
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tcp), service)
+                .await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_read_as_the_registry_api_says() {
+        assert_eq!(asked("/v2/"), Some(Asked::Base));
+        assert_eq!(
+            asked("/v2/library/postgres/manifests/15"),
+            Some(Asked::Manifest {
+                repository: "library/postgres",
+                reference: "15"
+            })
+        );
+        assert_eq!(
+            asked("/v2/coreos/etcd/blobs/sha256:ab"),
+            Some(Asked::Blob {
+                repository: "coreos/etcd",
+                digest: "sha256:ab"
+            })
+        );
+        assert_eq!(asked("/healthz"), None);
+    }
+
+    fn store() -> Store {
+        let named = |host: &str, repository: &str, tag: &str, manifest: &str| Named {
+            host: host.into(),
+            repository: repository.into(),
+            tag: tag.into(),
+            manifest: manifest.into(),
+        };
+        Store {
+            images: vec![
+                named("docker.io", "library/postgres", "15", "sha256:pg"),
+                named("quay.io", "coreos/etcd", "v3.6.16", "sha256:etcd"),
+                named("registry.example.com", "etcd-team/etcd", "v3.6.16", "sha256:etcd"),
+            ],
+            blobs: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn an_image_resolves_by_tag_or_digest_in_the_registry_asked() {
+        let store = store();
+        assert_eq!(
+            store.resolve(Some("docker.io"), "library/postgres", "15"),
+            Some("sha256:pg")
+        );
+        assert_eq!(
+            store.resolve(Some("registry-1.docker.io"), "library/postgres", "15"),
+            Some("sha256:pg")
+        );
+        assert_eq!(store.resolve(None, "coreos/etcd", "sha256:etcd"), Some("sha256:etcd"));
+        assert_eq!(
+            store.resolve(Some("quay.io"), "library/postgres", "15"),
+            None,
+            "another registry"
+        );
+        assert_eq!(
+            store.resolve(Some("docker.io"), "library/postgres", "16"),
+            None,
+            "a tag not built"
+        );
+        assert_eq!(
+            store.built(),
+            "postgres:15, quay.io/coreos/etcd:v3.6.16",
+            "mirrors' names left out"
+        );
+    }
+
+    #[test]
+    fn a_full_reference_splits_into_host_repository_and_tag() {
+        assert_eq!(
+            split_reference("registry.local:5000/team/app:1.0"),
+            Some(("registry.local:5000".into(), "team/app".into(), "1.0".into()))
+        );
+        assert_eq!(split_reference("postgres"), None);
+    }
+}
