@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the upstream binaries (Kubernetes control plane 1.34 and 1.33, kubectl, kube-proxy, etcd 3.5 and 3.6,
-# versitygw, helm) from the wrapper Go modules under tools/, once. Results are cached outside the clone, keyed by
-# a hash of each wrapper's module files and the build recipe, so a fresh clone (CI) reuses them and a
-# change of version rebuilds. `.noops/bin` gets symlinks to the cached binaries.
+# versitygw, helm; the kubelet of real nodes only when asked: `build-upstream.sh kubelet`) from the wrapper
+# Go modules under tools/, once. Results are cached outside the clone, keyed by a hash of each wrapper's
+# module files and the build recipe, so a fresh clone (CI) reuses them and a change of version rebuilds. `.noops/bin` gets symlinks to the cached binaries.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${NOOPS_CACHE:-$HOME/.cache/noops}
@@ -18,26 +18,26 @@ key() { { cat "$root/tools/$1/go.mod" "$root/tools/$1/go.sum"; echo "recipe=$rec
 
 # build <module dir> <ldflags> <binary>=<package>...: builds every binary of one wrapper module.
 build() {
-  local mod=$1 name=$1 flags=$2; shift 2
-  local out="$cache/upstream/$name-$(key "$mod")"
+  local mod=$1 flags=$2; shift 2
+  local out="$cache/upstream/$mod-$(key "$mod")"
   if [ -f "$out/.complete" ]; then
-    echo "upstream: $name cached ($out)"
+    echo "upstream: $mod cached ($out)"
   else
-    echo "upstream: building $name (slow on a cold cache) ..."
+    echo "upstream: building $mod (slow on a cold cache) ..."
     local start=$SECONDS tmp="$out.tmp.$$" pair
     rm -rf "$tmp"; mkdir -p "$tmp"
     for pair in "$@"; do
       (cd "$root/tools/$mod" && go build -trimpath -ldflags "$flags" -o "$tmp/${pair%%=*}" "${pair#*=}")
     done
     touch "$tmp/.complete"; rm -rf "$out"; mv "$tmp" "$out"
-    echo "upstream: built $name in $((SECONDS - start))s"
-    # Older builds of the same entry are of no further use (only <name>-<key>: k8s-1.33-* is not k8s's).
+    echo "upstream: built $mod in $((SECONDS - start))s"
+    # Older builds of the same entry are of no further use (only <mod>-<key>: k8s-1.33-* is not k8s's).
     local old
-    for old in "$cache/upstream/$name"-*; do
-      [[ ${old##*/} =~ ^$name-[0-9a-f]{16}$ ]] && [ "$old" != "$out" ] && rm -rf "$old"
+    for old in "$cache/upstream/$mod"-*; do
+      [[ ${old##*/} =~ ^$mod-[0-9a-f]{16}$ ]] && [ "$old" != "$out" ] && rm -rf "$old"
     done
   fi
-  local dest=$bin; case $name in etcd-* | k8s-*) dest="$bin/$name";; esac
+  local dest=$bin; case $mod in etcd-* | k8s-*) dest="$bin/$mod";; esac
   mkdir -p "$dest"
   for pair in "$@"; do ln -sfn "$out/${pair%%=*}" "$dest/${pair%%=*}"; done
 }

@@ -199,6 +199,23 @@ distroless_rootfs "$rootfs" "$target_dir/debug/http-echo"
 mv "$rootfs/usr/local/bin/http-echo" "$rootfs/http-echo"
 oci_image hashicorp/http-echo:1.0 "$rootfs" "{\"Entrypoint\":$(json_array /http-echo),\"ExposedPorts\":{\"5678/tcp\":{}}}" latest
 
+# --- busybox: Debian's static busybox (the package, cached), laid out as the official image:
+# /bin/busybox and a link per applet in /bin, root and nobody, CMD sh. 1.35 and latest.
+busybox_deb=$(ls "$cache"/rootfs/busybox-static_*.deb 2>/dev/null | head -1 || true)
+if [ -z "$busybox_deb" ]; then
+  (cd "$cache/rootfs" && apt-get download busybox-static >/dev/null 2>&1) || die "downloading Debian's busybox-static failed"
+  busybox_deb=$(ls "$cache"/rootfs/busybox-static_*.deb | head -1)
+fi
+rootfs="$work/busybox"
+mkdir -p "$rootfs/bin" "$rootfs/etc" "$rootfs/tmp" "$rootfs/root" "$rootfs/var/spool/mail" "$rootfs/home"
+chmod 1777 "$rootfs/tmp"
+dpkg-deb --fsys-tarfile "$busybox_deb" | tar -xO ./bin/busybox > "$rootfs/bin/busybox"
+chmod 755 "$rootfs/bin/busybox"
+for applet in $("$rootfs/bin/busybox" --list); do [ "$applet" = busybox ] || ln -sf busybox "$rootfs/bin/$applet"; done
+printf 'root:x:0:0:root:/root:/bin/sh\ndaemon:x:1:1:daemon:/usr/sbin:/bin/false\nnobody:x:65534:65534:nobody:/home:/bin/false\n' > "$rootfs/etc/passwd"
+printf 'root:x:0:\ndaemon:x:1:\nnogroup:x:65534:\n' > "$rootfs/etc/group"
+oci_image busybox:1.35 "$rootfs" "{\"Env\":[\"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\"],\"Cmd\":$(json_array sh)}" latest
+
 # --- versity/versitygw: the object store of examples/object-store, the build of tools/versitygw
 # (static) as its entrypoint.
 vgw_version=$(awk '$1 == "require" && $2 == "github.com/versity/versitygw" { print $3 }' "$root/tools/versitygw/go.mod")

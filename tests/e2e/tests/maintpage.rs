@@ -15,6 +15,9 @@ use noops_api::MaintPage;
 use noops_api::maintpage::Side;
 use noops_e2e::*;
 
+/// What a container that cannot get its image waits with: the node agent's reason, or a
+/// kubelet's (real nodes) before and after its back-off.
+const PULL_FAILED: [&str; 3] = ["ImageNotMapped", "ErrImagePull", "ImagePullBackOff"];
 const MINUTE: Duration = Duration::from_secs(60);
 
 fn manifest(name: &str, enabled: bool) -> String {
@@ -668,7 +671,7 @@ spec:
         status
             .conditions
             .iter()
-            .any(|c| c.type_ == "Degraded" && c.status == "True" && c.reason == "ImageNotMapped")
+            .any(|c| c.type_ == "Degraded" && c.status == "True" && PULL_FAILED.contains(&c.reason.as_str()))
             .then_some(mp)
     })
     .await;
@@ -687,9 +690,18 @@ spec:
         "{}",
         degraded.message
     );
-    for reason in ["Published", "WaitingForMaintenance", "ImageNotMapped"] {
+    for reason in ["Published", "WaitingForMaintenance"] {
         wait_until(&format!("a {reason} Event"), MINUTE, || has_event(&ns, reason)).await;
     }
+    wait_until("an Event saying the page's image cannot be pulled", MINUTE, || async {
+        for reason in PULL_FAILED {
+            if has_event(&ns, reason).await {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // Fixing the image publishes the page, still without a failed request.

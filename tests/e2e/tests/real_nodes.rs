@@ -91,23 +91,7 @@ async fn a_platform_engineers_first_commands_work_on_real_nodes() {
     wait_ready(&ns, "shop", 3 * MINUTE).await;
 
     // exec: psql in the instance's pod finds its server, as the superuser over the socket.
-    let out = kubectl_ok(
-        &[
-            "-n",
-            &ns.name,
-            "exec",
-            "shop-0",
-            "-c",
-            "postgres",
-            "--",
-            "psql",
-            "-d",
-            "shop",
-            "-tAc",
-            "select 40 + 2",
-        ],
-        None,
-    );
+    let out = psql_in_pod(&ns, &["-d", "shop", "-tAc", "select 40 + 2"]);
     assert_eq!(out.trim(), "42");
     // The plugin's psql: the primary, on the PostgreSQL's database.
     let out = kubectl_noops(&[
@@ -135,20 +119,12 @@ async fn a_platform_engineers_first_commands_work_on_real_nodes() {
     // logs -f follows: a line the server logs after the follow began arrives.
     let follow = Streaming::start(&["-n", &ns.name, "logs", "-f", "shop-0", "-c", "postgres", "--tail=1"]);
     std::thread::sleep(Duration::from_secs(1));
-    kubectl_ok(
+    psql_in_pod(
+        &ns,
         &[
-            "-n",
-            &ns.name,
-            "exec",
-            "shop-0",
-            "-c",
-            "postgres",
-            "--",
-            "psql",
             "-tAc",
             "select pg_catalog.pg_log_backend_memory_contexts(pg_backend_pid())",
         ],
-        None,
     );
     assert!(
         follow
@@ -228,6 +204,13 @@ async fn a_platform_engineers_first_commands_work_on_real_nodes() {
         message.contains("postgres:15"),
         "the message names what is built: {message}"
     );
+}
+
+/// `kubectl exec shop-0 -c postgres -- psql <args>`: its output.
+fn psql_in_pod(ns: &TestNamespace, args: &[&str]) -> String {
+    let mut command = vec!["-n", &ns.name, "exec", "shop-0", "-c", "postgres", "--", "psql"];
+    command.extend_from_slice(args);
+    kubectl_ok(&command, None)
 }
 
 fn tempfile_dir() -> std::path::PathBuf {
