@@ -284,7 +284,8 @@ fn resource(subcommand: &str, typing: &str) -> Want {
         "describe" => vec![Kind::KubernetesCluster],
         "kubeconfig" => vec![Kind::KubernetesCluster, Kind::KubernetesControlPlane],
         "backup" => vec![Kind::EtcdCluster, Kind::PostgreSQL],
-        "promote" => vec![Kind::PostgreSQL],
+        "promote" | "psql" => vec![Kind::PostgreSQL],
+        "etcdctl" => vec![Kind::EtcdCluster],
         "pause" | "resume" => Kind::ALL.into_iter().filter(|k| k.can_pause()).collect(),
         _ => Kind::ALL.to_vec(),
     };

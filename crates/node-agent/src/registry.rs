@@ -193,12 +193,25 @@ fn refused(reason: &str) -> Response {
     response
 }
 
-async fn read_span(span: &Span) -> std::io::Result<Vec<u8>> {
+/// How much of a blob is read at a time: a layer is streamed, not held in memory.
+const CHUNK: usize = 256 * 1024;
+
+/// The bytes of a span, as a body read from the tarball chunk by chunk.
+async fn span_body(span: &Span) -> std::io::Result<Body> {
     let mut file = tokio::fs::File::open(&span.tarball).await?;
     file.seek(SeekFrom::Start(span.offset)).await?;
-    let mut bytes = Vec::with_capacity(usize::try_from(span.size).unwrap_or(0));
-    file.take(span.size).read_to_end(&mut bytes).await?;
-    Ok(bytes)
+    let chunks = futures::stream::unfold(file.take(span.size), |mut rest| async move {
+        let mut chunk = vec![0u8; CHUNK];
+        match rest.read(&mut chunk).await {
+            Ok(0) => None,
+            Ok(n) => {
+                chunk.truncate(n);
+                Some((Ok::<_, std::io::Error>(chunk), rest))
+            }
+            Err(e) => Some((Err(e), rest)),
+        }
+    });
+    Ok(Body::from_stream(chunks))
 }
 
 async fn answer(State(store): State<Arc<Store>>, Query(mirrored): Query<Mirrored>, request: Request) -> Response {
@@ -231,8 +244,8 @@ async fn answer(State(store): State<Arc<Store>>, Query(mirrored): Query<Mirrored
     let body = if head {
         Body::empty()
     } else {
-        match read_span(span).await {
-            Ok(bytes) => Body::from(bytes),
+        match span_body(span).await {
+            Ok(body) => body,
             Err(e) => {
                 warn!(error = %e, tarball = %span.tarball.display(), "cannot read a built image");
                 let mut response = Response::new(Body::empty());
