@@ -166,7 +166,8 @@ nodeLeaseDurationSeconds: $node_lease_seconds
 nodeStatusUpdateFrequency: 2s
 syncFrequency: ${node_sync_seconds}s
 # Every node sees the whole machine's disk and memory: evict only when it is truly short, and
-# never collect the images setup imported (nothing could pull them again).
+# never collect images (containerd 1.6 does not pin the pause image; the rest would only be
+# imported again).
 evictionHard: { memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1% }
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
@@ -185,14 +186,14 @@ import_images() {
     [ -f "$tarball" ] || continue
     stamp="$dir/imported/$(basename "$tarball").$(stat -c %Y "$tarball")"
     [ -f "$stamp" ] && continue
-    "$ctr_bin" --address "$(real_node_run "$k")/containerd.sock" -n k8s.io images import --no-unpack=false \
-      "$tarball" >/dev/null || die "importing $tarball into $(node_name "$k")'s containerd failed"
+    "$ctr_bin" --address "$(real_node_run "$k")/containerd.sock" -n k8s.io images import "$tarball" >/dev/null ||
+      die "importing $tarball into $(node_name "$k")'s containerd failed"
     rm -f "$dir/imported/$(basename "$tarball")".*
     touch "$stamp"
   done
 }
 
-# in_node_cgroup <k> <name> <command...>: launches a component of node k inside its cgroup (v2,
+# launch_in_node <k> <name> <command...>: launches a component of node k inside its cgroup (v2,
 # where the machine has one: `kill_node` kills it whole), else as a plain session.
 launch_in_node() {
   local k=$1 name=$2 cg; shift 2
