@@ -291,6 +291,7 @@ async fn recover(
 ) -> Result<RestoreStatus, InstanceError> {
     let private = settings.socket_dir.with_file_name("restore-socket");
     std::fs::create_dir_all(&private).map_err(io(format!("making {}", private.display())))?;
+    super::clear_socket_folder(&private)?;
     let me = std::env::current_exe().map_err(io("finding this program"))?;
     let private_settings = Settings {
         socket_dir: private.clone(),

@@ -229,6 +229,27 @@ pub fn put_in_place(staged: &Path, pgdata: &Path) -> Result<(), InstanceError> {
     Ok(())
 }
 
+/// Removes what a server of this pod's earlier container left in a socket folder: its socket
+/// and lock file. The folder is the pod's own (an emptyDir, which a node keeps across its
+/// reboot) and the pod runs one server at a time, each started after the last one ended, so a
+/// lock found before a start is stale; its PID may by now be another process of the new
+/// container, which PostgreSQL would take for a server still running ("lock file … already
+/// exists", seen on a real node started again).
+pub fn clear_socket_folder(socket_dir: &Path) -> Result<(), InstanceError> {
+    let entries = match std::fs::read_dir(socket_dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(format!("reading {}", socket_dir.display()))(e)),
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(".s.PGSQL.") {
+            let path = entry.path();
+            std::fs::remove_file(&path).map_err(io(format!("removing the stale {}", path.display())))?;
+        }
+    }
+    Ok(())
+}
+
 /// Sends `signal` to a server child: SIGINT is a fast shutdown, SIGQUIT an immediate one.
 pub fn signal_server(server: &tokio::process::Child, signal: nix::sys::signal::Signal) {
     if let Some(pid) = server.id().and_then(|p| i32::try_from(p).ok()) {
@@ -239,6 +260,24 @@ pub fn signal_server(server: &tokio::process::Child, signal: nix::sys::signal::S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_of_an_earlier_container_leaves_no_lock_behind() {
+        let dir = std::env::temp_dir().join(format!("noops-socket-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(clear_socket_folder(&dir).is_ok(), "no folder yet: nothing to clear");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(".s.PGSQL.5432.lock"), "9\n/var/lib/postgresql/data/data\n").unwrap();
+        std::fs::write(dir.join(".s.PGSQL.5432"), "").unwrap();
+        std::fs::write(dir.join("postgresql.auto.conf"), "kept").unwrap();
+        clear_socket_folder(&dir).unwrap();
+        let left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, ["postgresql.auto.conf"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn a_data_directory_is_a_database_nothing_or_someone_elses_files() {

@@ -42,8 +42,8 @@ use tracing::{info, warn};
 
 use super::keeper::{Keeper, Told};
 use super::{
-    DataDir, InstanceError, Settings, bootstrap, control, io, replica, server_args, signal_server, system_identifier,
-    write_hba,
+    DataDir, InstanceError, Settings, bootstrap, clear_socket_folder, control, io, replica, server_args, signal_server,
+    system_identifier, write_hba,
 };
 use crate::postgres::lease::{self, FENCE_AFTER, KILL_WITHIN, RENEW_EVERY, Running, Start};
 use crate::postgres::restore::InstancePlan;
@@ -78,6 +78,7 @@ pub async fn run(settings: &Settings) -> Result<ExitStatus, InstanceError> {
         }
     }
     std::fs::create_dir_all(&settings.socket_dir).map_err(io(format!("making {}", settings.socket_dir.display())))?;
+    clear_socket_folder(&settings.socket_dir)?;
     // A plan the pod cannot read (a database made before replicas) is a single instance's.
     let plan = bootstrap::read_plan(&settings.plan_file).unwrap_or_default();
     let lease_name = settings.lease.clone().unwrap_or_default();
