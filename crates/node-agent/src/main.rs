@@ -6,7 +6,8 @@
 //!
 //! On a real node (`--beside-kubelet`) the upstream kubelet and containerd run the pods; the
 //! agent then serves only what the local Kubernetes adds to a node: cluster DNS at the node's
-//! address, local-path volumes, and the refusal of image pulls (`pull_refusal.rs`).
+//! address, local-path volumes, the images built here as every registry's mirror
+//! (`registry.rs`), and the refusal of any pull that would leave the machine (`pull_refusal.rs`).
 
 mod atomic_dir;
 mod cgroups;
@@ -102,8 +103,9 @@ struct Args {
     /// The image map (image pattern → local program).
     #[arg(long, required_unless_present = "beside_kubelet")]
     images: Option<PathBuf>,
-    /// Runs beside the upstream kubelet of a real node: serves cluster DNS, local-path volumes
-    /// and the refusal of image pulls only (the kubelet registers the Node and runs the pods).
+    /// Runs beside the upstream kubelet of a real node: serves cluster DNS, local-path volumes,
+    /// the built images and the refusal of other pulls only (the kubelet registers the Node and
+    /// runs the pods).
     #[arg(long)]
     beside_kubelet: bool,
     /// With `--beside-kubelet`: the folder of the images this machine built (OCI layout
@@ -379,7 +381,7 @@ async fn serve_beside_kubelet(client: kube::Client, args: Args) -> anyhow::Resul
         store.built(),
     ));
     let provisioner_task = tokio::spawn(provisioner::run(client, args.node_name.clone(), args.volumes_dir));
-    info!(node = %args.node_name, ip = %args.node_ip, "serving DNS, volumes and the pull refusal beside the kubelet");
+    info!(node = %args.node_name, ip = %args.node_ip, "serving DNS, volumes and images beside the kubelet");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let outcome = tokio::select! {
         _ = term.recv() => Ok(()),
