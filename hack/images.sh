@@ -2,7 +2,8 @@
 # Builds the container images of real nodes (NODE_KIND=kubelet) here, with no registry: OCI image
 # layout tarballs under .noops/images, one per image, each laid out as its published image is
 # (same paths, entrypoint, user), and .noops/images/built.txt naming them. hack/real-node.sh
-# imports them into every node's containerd; a pull of any other image is refused.
+# imports them into every node's containerd and the node agent serves them as every registry's
+# mirror; a pull of any other image is refused.
 # Idempotent: an image is written again only when what goes into it changed.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
