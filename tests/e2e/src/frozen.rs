@@ -24,7 +24,8 @@ impl Frozen {
     }
 
     /// Freezes the pod whose UID is `uid`: the node agent keeps each pod's processes in a
-    /// cgroup `<its own>/pods/<uid>` (crates/node-agent/src/cgroups.rs).
+    /// cgroup `<its own>/pods/<uid>` (crates/node-agent/src/cgroups.rs); a real node's kubelet
+    /// (cgroupfs) in `…/kubepods/<qos class>/pod<uid>`, which runc mirrors in the v2 tree.
     pub fn pod_uid(uid: &str) -> Self {
         let dir = CGROUP_ROOTS
             .iter()
@@ -47,11 +48,12 @@ impl Drop for Frozen {
     }
 }
 
-/// The folder `pods/<name>` under `dir`, at most `depth` levels down.
-fn find_dir(dir: &Path, name: &str, depth: usize) -> Option<PathBuf> {
-    let wanted = dir.join("pods").join(name);
-    if wanted.is_dir() {
-        return Some(wanted);
+/// The folder `pods/<uid>` (the node agent's) or `pod<uid>` (the kubelet's) under `dir`, at
+/// most `depth` levels down.
+fn find_dir(dir: &Path, uid: &str, depth: usize) -> Option<PathBuf> {
+    let wanted = [dir.join("pods").join(uid), dir.join(format!("pod{uid}"))];
+    if let Some(found) = wanted.into_iter().find(|w| w.is_dir()) {
+        return Some(found);
     }
     if depth == 0 {
         return None;
@@ -60,5 +62,5 @@ fn find_dir(dir: &Path, name: &str, depth: usize) -> Option<PathBuf> {
         .ok()?
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .find_map(|e| find_dir(&e.path(), name, depth - 1))
+        .find_map(|e| find_dir(&e.path(), uid, depth - 1))
 }

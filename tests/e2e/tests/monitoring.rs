@@ -181,6 +181,8 @@ fn uid(pod: &Pod) -> String {
 
 #[tokio::test]
 async fn alerts_fire_in_prometheus_with_the_resources_own_namespace_and_name_and_resolve() {
+    // Its own CRDs: on a fresh cluster this test may run first.
+    install_crds();
     let ns = TestNamespace::new("e2e-monitoring").await;
     let mut operator = Operator::start(&ns.name, &["--controllers", "etcd"]);
     let prometheus = Prometheus::start(&ns.name, &operator);
