@@ -16,7 +16,7 @@
 
 use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext,
-    PodSpec, SecretKeySelector, Volume, VolumeMount,
+    PodSpec, SecretKeySelector, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use noops_api::EtcdCluster;
@@ -263,6 +263,15 @@ pub fn restore_pod(
             format!("--to={DATA_DIR}"),
         ]),
         volume_mounts: Some(vec![scratch, data]),
+        // As the member that will own the data: root, as etcd's image runs. The operator's image
+        // runs as 65532, which can neither read what etcdutl restored (root, 0700) nor write a
+        // volume owned by root (seen on real nodes: "reading /restore/data: Permission denied").
+        security_context: Some(SecurityContext {
+            run_as_user: Some(0),
+            run_as_non_root: Some(false),
+            allow_privilege_escalation: Some(false),
+            ..Default::default()
+        }),
         ..Default::default()
     };
     let mut labels = names.cluster_labels();
@@ -414,6 +423,12 @@ mod tests {
         assert_eq!(
             install,
             ["install-restored", "--from=/restore/data", "--to=/var/lib/etcd/data"]
+        );
+        let runs_as = spec.containers[0].security_context.as_ref().and_then(|c| c.run_as_user);
+        assert_eq!(
+            runs_as,
+            Some(0),
+            "install runs as the member (root), not as the operator's image user"
         );
         assert!(spec.affinity.is_some(), "the restore pod goes where the member may run");
         let volume = &spec.volumes.unwrap()[0];
