@@ -7,7 +7,7 @@ use noops_api::PostgreSQL;
 use noops_api::postgres::{PostgreSQLStatus, RestoreStatus};
 
 use super::instance::progress;
-use super::names::{Names, RESTORE_RECORD};
+use super::names::{Names, RESTORE_RECORD_BESIDE_DATA};
 use super::observe::{self, Bootstrap};
 use super::replication;
 use super::secrets::{self, Password, PasswordProblem};
@@ -89,7 +89,7 @@ pub async fn instance_and_database(
             return Ok(None);
         }
         let facts = instance.facts().await?;
-        let restore = match instance.read_file(RESTORE_RECORD).await? {
+        let restore = match instance.read_file(RESTORE_RECORD_BESIDE_DATA).await? {
             Some(text) => serde_json::from_str::<RestoreStatus>(&text).ok(),
             None => None,
         };

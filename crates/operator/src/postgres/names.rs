@@ -43,6 +43,10 @@ pub const DATA_VOLUME: &str = "data";
 /// What a restore recovered, beside the data directory in the volume (the operator reads it
 /// through the server, `pg_read_file`): it goes with the volume, and a new restore replaces it.
 pub const RESTORE_RECORD: &str = "/var/lib/postgresql/data/noops-restore.json";
+/// The same record as the server reads it, relative to its data directory: the same file
+/// whichever path the pod mounts the volume at (a pod made before the claim moved to the
+/// image's `VOLUME` path reads it too, while an upgrade rolls the pods).
+pub const RESTORE_RECORD_BESIDE_DATA: &str = "../noops-restore.json";
 /// The environment variable with the root folder of the database's backups in its store.
 pub const ROOT_ENV: &str = "NOOPS_PG_ROOT";
 
@@ -229,6 +233,12 @@ mod tests {
             "the data directory is the volume's `data`"
         );
         assert_eq!(Path::new(RESTORE_RECORD).parent(), Some(Path::new(VOLUME_MOUNT)));
+        // The server, from its data directory, reads the file the instance manager writes.
+        let beside = RESTORE_RECORD_BESIDE_DATA.strip_prefix("../").unwrap_or_default();
+        assert_eq!(
+            Path::new(PGDATA).parent().map(|p| p.join(beside)),
+            Some(RESTORE_RECORD.into())
+        );
         assert!(INSTANCE_MANAGER.starts_with(CONTROLLER_DIR) && SOCKET_DIR.starts_with(CONTROLLER_DIR));
     }
 }
