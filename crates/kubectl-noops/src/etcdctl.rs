@@ -5,12 +5,13 @@
 //! pod works on any node (no streaming needed).
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
+use kube::runtime::wait::await_condition;
 use noops_api::EtcdCluster;
 use serde_json::json;
 
@@ -134,35 +135,47 @@ pub async fn etcdctl(
     Ok(ExitCode::from(code))
 }
 
-/// Waits for the pod's container to end; its exit code (as a process exit code) and its log.
+/// How the etcdctl pod's container ended, if it has.
+#[derive(Debug, PartialEq)]
+enum Ended {
+    /// etcdctl ran and exited with this code.
+    Exited(i32),
+    /// It cannot start: its image cannot be pulled, its Secret cannot be mounted.
+    CannotStart(String),
+}
+
+fn ended(pod: Option<&Pod>) -> Option<Ended> {
+    let container = pod?.status.as_ref()?.container_statuses.as_ref()?.first()?;
+    let state = container.state.as_ref()?;
+    if let Some(terminated) = &state.terminated {
+        return Some(Ended::Exited(terminated.exit_code));
+    }
+    let waiting = state.waiting.as_ref()?;
+    matches!(
+        waiting.reason.as_deref(),
+        Some("ErrImagePull" | "ImagePullBackOff" | "CreateContainerConfigError")
+    )
+    .then(|| Ended::CannotStart(waiting.message.clone().or(waiting.reason.clone()).unwrap_or_default()))
+}
+
+/// Watches the pod until its container ends; etcdctl's exit code (as a process exit code) and
+/// its log.
 async fn wait_and_read(pods: &Api<Pod>, pod_name: &str, timeout: Duration) -> anyhow::Result<(u8, String)> {
-    let started = Instant::now();
-    loop {
-        let pod = pods.get(pod_name).await?;
-        let status = pod.status.unwrap_or_default();
-        let container = status.container_statuses.unwrap_or_default().into_iter().next();
-        if let Some(ended) = container.as_ref().and_then(|c| c.state.as_ref()?.terminated.clone()) {
+    let watched = await_condition(pods.clone(), pod_name, |pod: Option<&Pod>| ended(pod).is_some());
+    let pod = tokio::time::timeout(timeout, watched)
+        .await
+        .map_err(|_| anyhow::anyhow!("etcdctl did not finish within {}s", timeout.as_secs()))?
+        .with_context(|| format!("watching {pod_name}"))?;
+    match ended(pod.as_ref()) {
+        Some(Ended::Exited(code)) => {
             let log = pods
                 .logs(pod_name, &LogParams::default())
                 .await
                 .with_context(|| format!("reading the log of {pod_name}"))?;
-            return Ok((u8::try_from(ended.exit_code).unwrap_or(1), log));
+            Ok((u8::try_from(code).unwrap_or(1), log))
         }
-        if let Some(waiting) = container.as_ref().and_then(|c| c.state.as_ref()?.waiting.clone())
-            && matches!(
-                waiting.reason.as_deref(),
-                Some("ErrImagePull" | "ImagePullBackOff" | "CreateContainerConfigError")
-            )
-        {
-            bail!(
-                "{pod_name} cannot start: {}",
-                waiting.message.or(waiting.reason).unwrap_or_default()
-            );
-        }
-        if started.elapsed() > timeout {
-            bail!("etcdctl did not finish within {}s", timeout.as_secs());
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        Some(Ended::CannotStart(why)) => bail!("{pod_name} cannot start: {why}"),
+        None => bail!("{pod_name} was deleted before etcdctl ended"),
     }
 }
 
@@ -199,5 +212,31 @@ mod tests {
         assert_eq!(pod["spec"]["imagePullSecrets"][0]["name"], "regcred");
         // It parses as a Pod.
         assert!(serde_json::from_value::<Pod>(pod).is_ok());
+    }
+
+    #[test]
+    fn the_pod_has_ended_once_etcdctl_exits_or_cannot_start() {
+        let pod = |state: serde_json::Value| -> Pod {
+            serde_json::from_value(json!({ "status": { "containerStatuses": [{
+                "name": "etcdctl", "image": "etcd", "imageID": "", "ready": false, "restartCount": 0, "state": state
+            }] } }))
+            .unwrap_or_else(|e| panic!("{e}"))
+        };
+        assert_eq!(ended(None), None, "gone");
+        assert_eq!(ended(Some(&pod(json!({ "running": {} })))), None);
+        assert_eq!(
+            ended(Some(&pod(json!({ "waiting": { "reason": "ContainerCreating" } })))),
+            None
+        );
+        assert_eq!(
+            ended(Some(&pod(json!({ "terminated": { "exitCode": 3 } })))),
+            Some(Ended::Exited(3))
+        );
+        assert_eq!(
+            ended(Some(&pod(
+                json!({ "waiting": { "reason": "ErrImagePull", "message": "not built" } })
+            ))),
+            Some(Ended::CannotStart("not built".into()))
+        );
     }
 }
