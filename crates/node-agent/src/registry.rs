@@ -138,7 +138,7 @@ impl Store {
     /// others are its mirrors').
     pub fn built(&self) -> String {
         let mut seen = std::collections::BTreeSet::new();
-        let mut names: Vec<String> = self
+        let names: Vec<String> = self
             .images
             .iter()
             .filter(|i| seen.insert(i.manifest.clone()))
@@ -151,7 +151,6 @@ impl Store {
                 format!("{short}:{}", i.tag)
             })
             .collect();
-        names.dedup();
         names.join(", ")
     }
 }
