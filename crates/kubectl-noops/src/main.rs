@@ -191,6 +191,14 @@ enum Output {
     Json,
 }
 
+/// The name in `resource` if it is of `kind`; else `refusal`.
+fn name_of(resource: &str, kind: Kind, refusal: &str) -> anyhow::Result<String> {
+    match parse_resource(resource)? {
+        (named, name) if named == kind => Ok(name),
+        _ => bail!("{refusal}"),
+    }
+}
+
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Completion { shell } = cli.command {
         print!("{}", completion::script(shell, &mut Cli::command()));
@@ -281,10 +289,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             instance,
             timeout,
         } => {
-            let (kind, name) = parse_resource(&resource)?;
-            if kind != Kind::PostgreSQL {
-                bail!("only a PostgreSQL has instances to promote (pg/<name>)");
-            }
+            let name = name_of(
+                &resource,
+                Kind::PostgreSQL,
+                "only a PostgreSQL has instances to promote (pg/<name>)",
+            )?;
             let deadline = std::time::Duration::from_secs(timeout);
             promote::promote(&client, &namespace, &name, &instance, deadline).await
         }
@@ -293,10 +302,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             instance,
             psql_args,
         } => {
-            let (kind, name) = parse_resource(&resource)?;
-            if kind != Kind::PostgreSQL {
-                bail!("psql opens on a PostgreSQL (pg/<name>)");
-            }
+            let name = name_of(&resource, Kind::PostgreSQL, "psql opens on a PostgreSQL (pg/<name>)")?;
             psql::psql(&client, &target, &namespace, &name, instance.as_deref(), &psql_args).await
         }
         Command::Etcdctl {
@@ -304,10 +310,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             timeout,
             etcdctl_args,
         } => {
-            let (kind, name) = parse_resource(&resource)?;
-            if kind != Kind::EtcdCluster {
-                bail!("etcdctl runs against an EtcdCluster (etcd/<name>)");
-            }
+            let name = name_of(
+                &resource,
+                Kind::EtcdCluster,
+                "etcdctl runs against an EtcdCluster (etcd/<name>)",
+            )?;
             let timeout = std::time::Duration::from_secs(timeout);
             etcdctl::etcdctl(&client, &namespace, &name, &etcdctl_args, timeout).await
         }
