@@ -8,8 +8,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use noops_api::PostgreSQL;
 use noops_e2e::postgres::{
-    condition, database_manifest, instance_ip, kubectl_get, last_failover, manifest, psql, secret_value, service_ip,
-    three_instances_under_a_ledger, wait_failed_over, wait_not_ready, wait_ready, wait_reason, wait_rejoined,
+    condition, database_manifest, instance_ip, instances_under_a_ledger, kubectl_get, last_failover, manifest, psql,
+    secret_value, service_ip, three_instances_under_a_ledger, wait_failed_over, wait_not_ready, wait_ready,
+    wait_reason, wait_rejoined,
 };
 use noops_e2e::{
     Operator, Supervisor, TestNamespace, apply_error, install_crds, kubectl_ok, wait_event, wait_for, wait_until,
@@ -1001,8 +1002,11 @@ async fn a_lost_primary_is_replaced_by_the_most_advanced_replica_and_comes_back_
     // The old primary comes back as a replica of the new one (rewound), streaming.
     wait_rejoined(&ns, "shop-0").await;
 
-    // The new primary's pod deleted gracefully: its server stops, it gives its lease up, and
-    // the next replica is promoted at once.
+    // The new primary's pod deleted gracefully once both replicas stream from it: its server
+    // stops (its WAL senders send them every record first), it gives its lease up saying
+    // where its WAL ended, and the replica that has all of it is promoted at once. (A replica
+    // not streaming yet would lack commits: `every_pod_deleted_at_once…` is that case.)
+    wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
     pods.delete(&first.to, &Default::default()).await.unwrap();
     let second = wait_failed_over(&ns, "shop", &first.to).await;
     assert!(second.reason.contains("gave its lease up"), "{second:?}");
@@ -1142,6 +1146,59 @@ async fn a_lost_primary_is_replaced_by_the_most_advanced_replica_and_comes_back_
     );
     assert!(
         report.longest_gap < Duration::from_secs(30),
+        "writes waited {:?}",
+        report.longest_gap
+    );
+}
+
+#[tokio::test]
+async fn every_pod_deleted_at_once_brings_the_primary_back_as_the_primary_with_every_commit() {
+    install_crds();
+    let ns = TestNamespace::new("pg-all-deleted").await;
+    let _operator = Operator::start(&ns.name, &["--controllers", "postgres"]);
+    let (password, rw, ledger) = instances_under_a_ledger(&ns, 2, "").await;
+    let primary = last_primary(&ns).await;
+    let pods = ns.pods();
+    let old_uid = pods.get(&primary).await.unwrap().metadata.uid;
+
+    // Both pods deleted together (`kubectl delete pods -l …`, a node drained with both on
+    // it): the primary stops cleanly and gives its lease up, and the replica, stopped too,
+    // cannot take its place (it is not Ready, and may lack its last commits). Nothing is
+    // promoted: the lease goes back to the old primary once its pod runs again, and it serves
+    // again with every commit it acknowledged.
+    kubectl_ok(
+        &[
+            "delete",
+            "pods",
+            "-n",
+            &ns.name,
+            "-l",
+            "noops.dev/postgres=shop",
+            "--wait=false",
+        ],
+        None,
+    );
+    wait_event(&ns, "PostgreSQL", "shop", "PrimaryKept").await;
+    let pg = wait_reason(&ns, "shop", "ReplicasReady", "True", "Streaming").await;
+    let status = pg.status.unwrap();
+    assert_eq!(status.current_primary.as_deref(), Some(primary.as_str()));
+    assert!(
+        status.last_failover.is_none(),
+        "nothing was promoted: {:?}",
+        status.last_failover
+    );
+    assert_ne!(
+        pods.get(&primary).await.unwrap().metadata.uid,
+        old_uid,
+        "a new pod serves"
+    );
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let report = ledger.stop().await;
+    let missing = report.lost_in_shop(&rw, &password, "asynchronous");
+    assert!(missing.is_empty(), "lost acknowledged commits: {missing:?}");
+    assert!(
+        report.longest_gap < Duration::from_secs(60),
         "writes waited {:?}",
         report.longest_gap
     );

@@ -13,14 +13,94 @@
 //!   promotes the Ready replica that received the most WAL (not the one that replayed the most:
 //!   what it received is what it will have once it has replayed), the lowest ordinal of those
 //!   equal; with none to promote, it waits, and says so.
+//! - A primary that gives its lease up writes with the release where its server's WAL ended
+//!   (`Release`). After a clean stop only a replica that received its last record is
+//!   promoted: one behind it would lose commits the primary acknowledged (a replica that was
+//!   reconnecting when its pod was deleted). With none, the old primary is waited for: the
+//!   lease goes back to it once its pod runs again, and it serves again as it was.
 //! - One instance: no lease; the first instance is the primary, as before replicas.
 
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
+
 use super::lease::{LEASE, RENEW_EVERY};
 use super::names::Names;
 use super::position::{Position, lsn};
-use super::switchover::Record;
+use super::switchover::{Record, STOPPED_ANNOTATION, Stopped};
+
+/// Who gave the lease up as its server stopped, written with the release itself.
+pub const RELEASED_BY_ANNOTATION: &str = "noops.dev/released-by";
+
+/// A primary that gave its lease up, as the lease notes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    pub by: String,
+    /// Where its WAL ended.
+    pub stopped: Stopped,
+}
+
+/// The release `lease` notes, if nobody holds it and it was given up by its primary (an
+/// instance manager of an earlier version gave it up without a word: none).
+pub fn release(lease: &Lease) -> Option<Release> {
+    if super::account::holder(lease).is_some() {
+        return None;
+    }
+    let notes = lease.metadata.annotations.as_ref()?;
+    Some(Release {
+        by: notes.get(RELEASED_BY_ANNOTATION)?.clone(),
+        stopped: notes
+            .get(STOPPED_ANNOTATION)
+            .map_or(Stopped::Unclean, |s| Stopped::from_note(s)),
+    })
+}
+
+/// `lease` given up by its holder `by`, whose server stopped as `stopped` says (its
+/// resourceVersion kept: the precondition of the write).
+pub fn given_up(lease: &Lease, by: &str, stopped: &Stopped) -> Lease {
+    let mut next = lease.clone();
+    next.metadata.managed_fields = None;
+    let notes = next.metadata.annotations.get_or_insert_with(Default::default);
+    notes.insert(RELEASED_BY_ANNOTATION.into(), by.into());
+    notes.insert(STOPPED_ANNOTATION.into(), stopped.note());
+    if let Some(spec) = next.spec.as_mut() {
+        spec.holder_identity = None;
+    }
+    next
+}
+
+/// The replicas among `candidates` that a failover after `release` may promote. After a
+/// clean stop, only those that received the old primary's last record; `Err` (why none may)
+/// when none did: the old primary is to be waited for, not a commit lost. Otherwise (a primary
+/// killed, crashed or cut off) all of them: what none received is not known.
+pub fn complete(
+    candidates: &[(String, Position)],
+    release: Option<&Release>,
+) -> Result<Vec<(String, Position)>, String> {
+    let Some(Release {
+        by,
+        stopped: Stopped::Clean(end),
+    }) = release
+    else {
+        return Ok(candidates.to_vec());
+    };
+    let complete: Vec<_> = candidates.iter().filter(|(_, at)| at.past(end)).cloned().collect();
+    if !complete.is_empty() {
+        return Ok(complete);
+    }
+    let seen = if candidates.is_empty() {
+        "no Ready replica said where it is".to_string()
+    } else {
+        candidates
+            .iter()
+            .map(|(pod, at)| format!("{pod} received up to {at}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    Err(format!(
+        "no replica has all of {by}'s WAL, which ended at {end} ({seen})"
+    ))
+}
 
 /// The lease as the pass sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +113,8 @@ pub struct LeaseView {
     pub unchanged_for: Option<Duration>,
     /// The switchover it records, if the operator released it for one.
     pub switchover: Option<Record>,
+    /// What its primary noted when it gave it up, if it did.
+    pub release: Option<Release>,
 }
 
 /// What the pass does about the lease.
@@ -67,13 +149,18 @@ pub fn primary(
             // Released by the operator for a switchover: the old primary stays the primary
             // until the lease is handed over.
             None if let Some(record) = &view.switchover => (record.from.clone(), LeaseStep::SwitchOver(record.clone())),
-            None => (
-                known.clone(),
-                LeaseStep::FailOver {
-                    from: Some(known),
-                    why: "the primary gave its lease up: its server stopped".into(),
-                },
-            ),
+            // Given up by its primary: the one it names is the old primary, whatever the
+            // status said last.
+            None => {
+                let from = view.release.as_ref().map_or(known, |r| r.by.clone());
+                let why = match view.release.as_ref().map(|r| &r.stopped) {
+                    Some(Stopped::Clean(end)) => {
+                        format!("the primary gave its lease up: its server stopped cleanly at {end}")
+                    }
+                    _ => "the primary gave its lease up: its server stopped".into(),
+                };
+                (from.clone(), LeaseStep::FailOver { from: Some(from), why })
+            }
             Some(holder) if view.taken && view.unchanged_for.is_some_and(|d| d >= LEASE) => (
                 holder.clone(),
                 LeaseStep::FailOver {
@@ -129,6 +216,7 @@ mod tests {
             taken: true,
             unchanged_for: Some(Duration::from_secs(unchanged)),
             switchover: None,
+            release: None,
         }
     }
 
@@ -159,6 +247,7 @@ mod tests {
             taken: true,
             unchanged_for: None,
             switchover: None,
+            release: None,
         };
         assert_eq!(primary(&names, 3, Some(&unseen), None).1, LeaseStep::Keep);
         // A primary still in its init container has not taken the lease: not lost.
@@ -167,6 +256,7 @@ mod tests {
             taken: false,
             unchanged_for: Some(Duration::from_secs(300)),
             switchover: None,
+            release: None,
         };
         assert_eq!(primary(&names, 3, Some(&untaken), None).1, LeaseStep::Keep);
     }
@@ -185,6 +275,91 @@ mod tests {
         );
         let (_, step) = primary(&names, 3, Some(&view(None, 0)), Some("shop-1"));
         assert!(matches!(step, LeaseStep::FailOver { from: Some(f), .. } if f == "shop-1"));
+        // Given up by the primary it names, whatever the status said last.
+        let given_up = LeaseView {
+            release: Some(Release {
+                by: "shop-2".into(),
+                stopped: Stopped::Clean(Position {
+                    timeline: 2,
+                    lsn: "0/4026F00".into(),
+                }),
+            }),
+            ..view(None, 0)
+        };
+        let (primary_now, step) = primary(&names, 3, Some(&given_up), Some("shop-1"));
+        assert_eq!(primary_now, "shop-2");
+        assert!(
+            matches!(&step, LeaseStep::FailOver { from: Some(f), why } if f == "shop-2" && why.contains("cleanly at 0/4026F00")),
+            "{step:?}"
+        );
+    }
+
+    #[test]
+    fn after_a_clean_stop_only_a_replica_with_all_of_its_wal_may_be_promoted() {
+        let at = |timeline: u32, lsn: &str| Position {
+            timeline,
+            lsn: lsn.into(),
+        };
+        let candidates = vec![
+            ("shop-0".to_string(), at(2, "0/4026FA0")),
+            // Reconnecting after the timeline change: it has received nothing of timeline 2.
+            ("shop-2".to_string(), at(2, "0/4000000")),
+        ];
+        let clean = Release {
+            by: "shop-1".into(),
+            stopped: Stopped::Clean(at(2, "0/4026F00")),
+        };
+        assert_eq!(
+            complete(&candidates, Some(&clean)),
+            Ok(vec![candidates[0].clone()]),
+            "only the replica past the shutdown checkpoint"
+        );
+        let short = complete(&candidates[1..], Some(&clean)).unwrap_err();
+        assert!(
+            short.contains("no replica has all of shop-1's WAL")
+                && short.contains("0/4026F00")
+                && short.contains("shop-2 received up to 0/4000000"),
+            "{short}"
+        );
+        assert!(
+            complete(&[], Some(&clean)).is_err(),
+            "nobody answered: nobody is known to be complete"
+        );
+        // Killed, crashed, or an earlier instance manager: its end is unknown, any may be.
+        let unclean = Release {
+            stopped: Stopped::Unclean,
+            ..clean
+        };
+        assert_eq!(complete(&candidates[1..], Some(&unclean)), Ok(candidates[1..].to_vec()));
+        assert_eq!(complete(&candidates[1..], None), Ok(candidates[1..].to_vec()));
+    }
+
+    #[test]
+    fn a_release_is_read_back_as_written_and_only_while_nobody_holds_the_lease() {
+        let names = names();
+        let lease = crate::postgres::account::lease(
+            &names,
+            &crate::postgres::fixtures::owner(),
+            "shop-1",
+            jiff::Timestamp::UNIX_EPOCH,
+        );
+        let stopped = Stopped::Clean(Position {
+            timeline: 3,
+            lsn: "0/5000028".into(),
+        });
+        let released = given_up(&lease, "shop-1", &stopped);
+        assert_eq!(crate::postgres::account::holder(&released), None);
+        assert_eq!(
+            release(&released),
+            Some(Release {
+                by: "shop-1".into(),
+                stopped
+            })
+        );
+        let handed = crate::postgres::switchover::hand_over_to(&released, "shop-1", jiff::Timestamp::UNIX_EPOCH);
+        assert_eq!(release(&handed), None, "handed back: no release any more");
+        let notes = handed.metadata.annotations.unwrap_or_default();
+        assert!(!notes.contains_key(RELEASED_BY_ANNOTATION) && !notes.contains_key(STOPPED_ANNOTATION));
     }
 
     #[test]

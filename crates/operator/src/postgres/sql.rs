@@ -450,12 +450,14 @@ impl Instance {
 
     /// Where this standby is: the newest timeline it has WAL of (the timeline in the names of
     /// its WAL segments: what it streamed is written under the timeline it came on) and the
-    /// last position it received (or replayed, if it streamed nothing). None: not a standby.
+    /// last position it received, or replayed if that is further (a WAL receiver that starts
+    /// on a new timeline counts from the start of its segment until it receives). None: not a
+    /// standby.
     pub async fn standby_position(&self) -> Result<Option<crate::postgres::position::Position>, SqlError> {
         let row = self
             .answer(self.client.query_one(
                 "SELECT pg_is_in_recovery(),
-                        coalesce(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn())::text,
+                        greatest(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn())::text,
                         (SELECT max(substr(name, 1, 8)) FROM pg_ls_waldir() WHERE name ~ '^[0-9A-F]{24}$')",
                 &[],
             ))

@@ -70,6 +70,28 @@ pub enum Stopped {
     Unclean,
 }
 
+impl Stopped {
+    /// What [`STOPPED_ANNOTATION`] says: `<timeline>:<LSN>`, or anything else for unclean.
+    pub fn from_note(text: &str) -> Self {
+        let clean = text.split_once(':').and_then(|(timeline, at)| {
+            lsn(at)?;
+            Some(Position {
+                timeline: timeline.parse().ok()?,
+                lsn: at.to_string(),
+            })
+        });
+        clean.map_or(Stopped::Unclean, Stopped::Clean)
+    }
+
+    /// What [`STOPPED_ANNOTATION`] is to say of it.
+    pub fn note(&self) -> String {
+        match self {
+            Stopped::Clean(at) => format!("{}:{}", at.timeline, at.lsn),
+            Stopped::Unclean => UNCLEAN.into(),
+        }
+    }
+}
+
 /// A switchover as the lease records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
@@ -94,27 +116,9 @@ pub fn record(lease: &Lease) -> Option<Record> {
         from: notes.get(FROM_ANNOTATION)?.clone(),
         to: notes.get(TO_ANNOTATION)?.clone(),
         at: notes.get(AT_ANNOTATION).and_then(|t| t.parse().ok()),
-        stopped: notes.get(STOPPED_ANNOTATION).map(|s| parse_stopped(s)),
+        stopped: notes.get(STOPPED_ANNOTATION).map(|s| Stopped::from_note(s)),
         why: notes.get(WHY_ANNOTATION).cloned(),
     })
-}
-
-fn parse_stopped(text: &str) -> Stopped {
-    let clean = text.split_once(':').and_then(|(timeline, at)| {
-        lsn(at)?;
-        Some(Position {
-            timeline: timeline.parse().ok()?,
-            lsn: at.to_string(),
-        })
-    });
-    clean.map_or(Stopped::Unclean, Stopped::Clean)
-}
-
-fn format_stopped(stopped: &Stopped) -> String {
-    match stopped {
-        Stopped::Clean(at) => format!("{}:{}", at.timeline, at.lsn),
-        Stopped::Unclean => UNCLEAN.into(),
-    }
 }
 
 /// Whether `lease` is released for a switchover now.
@@ -146,7 +150,7 @@ pub fn with_stopped(lease: &Lease, stopped: &Stopped) -> Lease {
     next.metadata
         .annotations
         .get_or_insert_with(Default::default)
-        .insert(STOPPED_ANNOTATION.into(), format_stopped(stopped));
+        .insert(STOPPED_ANNOTATION.into(), stopped.note());
     next
 }
 
@@ -160,6 +164,7 @@ pub fn forget(lease: &mut Lease) {
             STOPPED_ANNOTATION,
             WHY_ANNOTATION,
             DONE_ANNOTATION,
+            super::failover::RELEASED_BY_ANNOTATION,
         ] {
             notes.remove(key);
         }
@@ -293,8 +298,7 @@ pub fn next(record: &Record, unchanged_for: Option<Duration>, received: Option<&
             record.from, record.to
         ));
     };
-    // Past the start of the shutdown checkpoint: every commit before it.
-    let caught_up = received.is_some_and(|at| at.timeline == end.timeline && lsn(&at.lsn) > lsn(&end.lsn));
+    let caught_up = received.is_some_and(|at| at.past(end));
     if caught_up {
         Next::HandOver
     } else if unchanged >= CATCH_UP_WITHIN {

@@ -17,6 +17,7 @@ use kube::api::{PostParams, WatchEvent, WatchParams};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
+use crate::postgres::failover;
 use crate::postgres::lease::{self, RENEW_EVERY, REQUEST_TIMEOUT, Running, Seen, Step};
 use crate::postgres::switchover::{self, Stopped};
 
@@ -104,22 +105,22 @@ impl Keeper {
     }
 
     /// Gives the lease up, if this instance holds it: its server has stopped, and the operator
-    /// may promote a replica at once rather than wait for the lease to run out.
-    pub async fn release(&self) {
-        let (Seen::HeldBy(Some(holder)), Some(mut lease)) = self.read().await else {
+    /// may promote a replica at once rather than wait for the lease to run out. Where the
+    /// server's WAL ended goes with the release: after a clean stop, the operator promotes
+    /// only a replica that has all of it.
+    pub async fn release(&self, stopped: &Stopped) {
+        let (Seen::HeldBy(Some(holder)), Some(lease)) = self.read().await else {
             return;
         };
         if holder != self.me {
             return;
         }
-        if let Some(spec) = lease.spec.as_mut() {
-            spec.holder_identity = None;
-        }
+        let released = failover::given_up(&lease, &self.me, stopped);
         if let Some(api) = &self.api {
             let params = PostParams::default();
-            let replace = api.replace(&self.name, &params, &lease);
+            let replace = api.replace(&self.name, &params, &released);
             if matches!(tokio::time::timeout(REQUEST_TIMEOUT, replace).await, Ok(Ok(_))) {
-                info!("gave the primary's lease up: the server has stopped");
+                info!(?stopped, "gave the primary's lease up: the server has stopped");
             }
         }
     }

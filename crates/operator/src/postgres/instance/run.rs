@@ -25,8 +25,8 @@
 //!   (`replica.rs`), or copied anew when it cannot be.
 //! - The pod's stop (SIGTERM, or SIGINT: the official image's STOPSIGNAL, which a container
 //!   runtime sends instead, and which PID 1 would otherwise ignore) is a fast shutdown (open transactions rolled back), not the smart one
-//!   that waits for every client to leave; a primary then gives its lease up, so that the
-//!   operator promotes a replica at once.
+//!   that waits for every client to leave; a primary then gives its lease up, saying where its
+//!   WAL ended, so that the operator promotes at once a replica that has all of it.
 //! - A server of an earlier pod still running on the data directory (a pod force-deleted, its
 //!   processes not gone yet) is waited for rather than met by a second postmaster.
 
@@ -295,7 +295,12 @@ async fn serve(
         task.abort();
     }
     if (matches!(ended, Ended::Exited(_)) || hung) && running == Running::Primary && leased {
-        keeper.release().await;
+        // A server killed because it hung may have written past its last checkpoint.
+        let stopped = match control::read(&settings.pgdata).await {
+            Some(text) if !hung => control::stopped(&text),
+            _ => Stopped::Unclean,
+        };
+        keeper.release(&stopped).await;
     }
     // The pod is going: whatever stopped the server, the container ends.
     if terminated && matches!(ended, Ended::Stopped) {

@@ -78,6 +78,31 @@ fn reach(children: &observe::Children, names: &Names, pod: &str) -> Option<(Stri
     Some((ip, password))
 }
 
+/// A lost primary, as a failover starts from it.
+struct Lost<'a> {
+    from: Option<String>,
+    why: String,
+    /// What it noted when it gave its lease up, if it did.
+    release: Option<&'a failover::Release>,
+}
+
+/// Whether instance `pod` runs again: its pod is not going and its PostgreSQL container has
+/// started (its instance manager reads the lease within a second).
+fn runs_again(children: &observe::Children, names: &Names, pod: &str) -> bool {
+    let pods = replication::instance_pods(names, &children.pods);
+    let Some(pod) = pods.get(pod) else { return false };
+    pod.metadata.deletion_timestamp.is_none()
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .is_some_and(|statuses| {
+                statuses
+                    .iter()
+                    .any(|c| c.name == "postgres" && c.state.as_ref().is_some_and(|s| s.running.is_some()))
+            })
+}
+
 /// Why a switchover is asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Asker {
@@ -131,6 +156,7 @@ impl Pass<'_> {
             taken: account::taken(l),
             unchanged_for,
             switchover: switchover::record(l),
+            release: failover::release(l),
         });
         let recorded = self.pg.status.as_ref().and_then(|s| s.current_primary.as_deref());
         let (primary, step) = failover::primary(&self.names, self.pg.spec.instances, view.as_ref(), recorded);
@@ -178,7 +204,9 @@ impl Pass<'_> {
             }
             failover::LeaseStep::FailOver { from, why } => {
                 if let Some(lease) = lease {
-                    self.fail_over(children, lease, unchanged_for, from, why, &mut primacy)
+                    let release = view.as_ref().and_then(|v| v.release.as_ref());
+                    let lost = Lost { from, why, release };
+                    self.fail_over(children, lease, unchanged_for, lost, &mut primacy)
                         .await?;
                 }
             }
@@ -192,24 +220,33 @@ impl Pass<'_> {
         Ok(primacy)
     }
 
-    /// The primary `from` is lost (`why`): the lease goes to the replica that received the most
-    /// WAL, once enough replicas have said where they are. `unchanged`: how long the operator
-    /// has seen the lease unchanged.
+    /// The primary `lost.from` is lost: the lease goes to the replica that received the most
+    /// WAL, once enough replicas have said where they are; after a clean stop, only to one
+    /// that received all of it, or else back to the old primary once its pod runs again.
+    /// `unchanged`: how long the operator has seen the lease unchanged.
     async fn fail_over(
         &self,
         children: &observe::Children,
         lease: &Lease,
         unchanged: Option<Duration>,
-        from: Option<String>,
-        why: String,
+        lost: Lost<'_>,
         primacy: &mut Primacy,
     ) -> Result<()> {
+        let Lost { from, why, release } = lost;
         let leases = self.api::<Lease>();
         let candidates = self.positions(children, from.as_deref()).await;
         if !candidates.is_empty() {
             info!(from = ?from, candidates = ?candidates, "the primary is lost: where each Ready replica is");
         }
         let answered: Vec<String> = candidates.iter().map(|(pod, _)| pod.clone()).collect();
+        let candidates = match failover::complete(&candidates, release) {
+            Ok(complete) => complete,
+            Err(short) => {
+                return self
+                    .await_old_primary(children, lease, release, &why, short, primacy)
+                    .await;
+            }
+        };
         let spec = &self.pg.spec;
         let choice = synchronous::enough_answered(
             spec.synchronous.as_ref(),
@@ -227,20 +264,17 @@ impl Pass<'_> {
             Err(why_not) => Err(why_not),
         };
         match choice {
+            // A primary that gave its lease up can take it back: it has every commit.
+            Err(why_not) if release.is_some() => {
+                return self
+                    .await_old_primary(children, lease, release, &why, why_not, primacy)
+                    .await;
+            }
             Err(why_not) => {
-                let message = format!("{why}; {why_not}: waiting for one, or for the primary to come back");
-                // Said once when it starts; the condition says it while it lasts.
-                let said = self
-                    .pg
-                    .status
-                    .as_ref()
-                    .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "PrimaryLost"));
-                if said {
-                    debug!(%message, "the primary is still lost");
-                } else {
-                    warn!(%message, "the primary is lost");
-                }
-                primacy.no_replica = Some(message);
+                self.say_lost(
+                    format!("{why}; {why_not}: waiting for one, or for the primary to come back"),
+                    primacy,
+                );
             }
             Ok(chosen) => {
                 let received = candidates
@@ -278,6 +312,99 @@ impl Pass<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The old primary gave its lease up and no replica can take its place (`short`: none has
+    /// all of its WAL, or none can be promoted at all): nothing is promoted. Once its pod runs
+    /// again the lease goes back to it and it serves again as it was, with every commit it
+    /// made; until then the database has no primary, and says why.
+    async fn await_old_primary(
+        &self,
+        children: &observe::Children,
+        lease: &Lease,
+        release: Option<&failover::Release>,
+        why: &str,
+        short: String,
+        primacy: &mut Primacy,
+    ) -> Result<()> {
+        let Some(old) = release.map(|r| r.by.clone()) else {
+            return Ok(());
+        };
+        // Looked at again soon: the pod coming back is what ends the wait.
+        primacy.switching = true;
+        if !runs_again(children, &self.names, &old) {
+            self.say_lost(
+                format!("{why}; {short}: waiting for {old} to run again, which then serves as it was"),
+                primacy,
+            );
+            return Ok(());
+        }
+        let told = Announcement::warning(
+            "PrimaryKept",
+            format!(
+                "{old} gave its lease up and {short}: the lease went back to {old}, which serves again as it was, no commit lost"
+            ),
+        );
+        if self
+            .give_back(
+                lease,
+                &old,
+                told,
+                "postgres: lease given back to a stopped primary",
+                primacy,
+            )
+            .await?
+        {
+            warn!(primary = %old, %short, "gave the lease back to the old primary: no replica could take its place without losing commits");
+        }
+        Ok(())
+    }
+
+    /// Hands `lease` back to the old primary `old`, which serves again as it was; `told` once
+    /// done. False: the lease changed meanwhile, and the next pass looks again.
+    async fn give_back(
+        &self,
+        lease: &Lease,
+        old: &str,
+        told: Announcement,
+        point: &str,
+        primacy: &mut Primacy,
+    ) -> Result<bool> {
+        let next = switchover::hand_over_to(lease, old, self.now);
+        match self
+            .api::<Lease>()
+            .replace(&self.names.lease(), &Default::default(), &next)
+            .await
+        {
+            Ok(_) => {
+                crash::point(point);
+                primacy.primary = old.to_string();
+                primacy.told.push(told);
+                Ok(true)
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                info!("the primary's lease changed while giving it back: looking again");
+                primacy.switching = true;
+                Ok(false)
+            }
+            Err(e) => Err(e).during(Stage::Apply),
+        }
+    }
+
+    /// The primary is lost and nothing can be done yet (`message` says why): said once when it
+    /// starts; the condition says it while it lasts.
+    fn say_lost(&self, message: String, primacy: &mut Primacy) {
+        let said = self
+            .pg
+            .status
+            .as_ref()
+            .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "PrimaryLost"));
+        if said {
+            debug!(%message, "the primary is still lost");
+        } else {
+            warn!(%message, "the primary is lost");
+        }
+        primacy.no_replica = Some(message);
     }
 
     /// `asker` asks for `to` to be the primary: checked against what the primary says of its
@@ -546,31 +673,24 @@ impl Pass<'_> {
                 }
             }
             Next::GiveBack(why) => {
-                let next = switchover::hand_over_to(lease, &from, self.now);
-                match self
-                    .api::<Lease>()
-                    .replace(&self.names.lease(), &Default::default(), &next)
-                    .await
+                let told = Announcement::warning(
+                    "SwitchoverGivenBack",
+                    format!("the switchover to {to} was given up and {from} is the primary again: {why}"),
+                );
+                if self
+                    .give_back(lease, &from, told, "postgres: switchover given back", primacy)
+                    .await?
                 {
-                    Ok(_) => {
-                        warn!(%from, %to, %why, "gave the switchover up: the lease is back with the old primary");
-                        crash::point("postgres: switchover given back");
-                        primacy.primary = from.clone();
-                        primacy.told.push(Announcement::warning(
-                            "SwitchoverGivenBack",
-                            format!("the switchover to {to} was given up and {from} is the primary again: {why}"),
-                        ));
-                    }
-                    Err(kube::Error::Api(e)) if e.code == 409 => {
-                        info!("the primary's lease changed during the switchover: looking again");
-                        primacy.switching = true;
-                    }
-                    Err(e) => return Err(e).during(Stage::Apply),
+                    warn!(%from, %to, %why, "gave the switchover up: the lease is back with the old primary");
                 }
             }
             Next::FailOver(why) => {
-                self.fail_over(children, lease, unchanged_for, Some(from), why, primacy)
-                    .await?;
+                let lost = Lost {
+                    from: Some(from),
+                    why,
+                    release: None,
+                };
+                self.fail_over(children, lease, unchanged_for, lost, primacy).await?;
             }
         }
         Ok(())
