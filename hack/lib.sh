@@ -118,8 +118,8 @@ kubectl() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 start_node() {
   local k=$1 name ip dir cg
   name=$(node_name "$k"); ip=$(node_ip "$k"); dir=$(node_dir "$k")
-  alive "$name" && return
   if [ "$(node_kind)" = kubelet ]; then start_real_node "$k"; return; fi
+  alive "$name" && return
   mkdir -p "$dir/state" "$dir/volumes"
   ip addr replace "$ip/32" dev "$bridge"
   local agent=(env NOOPS_ROOT="$root" NOOPS_BIN="$bin" NOOPS_TARGET="$target_dir" RUST_LOG="${RUST_LOG:-info}"

@@ -205,11 +205,12 @@ launch_in_node() {
   fi
 }
 
-# start_real_node <k>: containerd, the node agent's services and the kubelet of node k.
+# start_real_node <k>: containerd, the node agent's services and the kubelet of node k. A node
+# already running takes the images setup rebuilt since (its registry reads them again itself).
 start_real_node() {
   local k=$1 name ip dir run_dir
   name=$(node_name "$k"); ip=$(node_ip "$k"); dir=$(node_dir "$k"); run_dir=$(real_node_run "$k")
-  alive "$name" && return
+  if alive "$name"; then import_images "$k"; return; fi
   [ -x "$kubelet_bin" ] || die "$kubelet_bin is missing: run \`NODE_KIND=kubelet make setup\`"
   [ -x "$containerd_bin" ] || die "$containerd_bin is missing: run \`NODE_KIND=kubelet make setup\`"
   mkdir -p "$dir/volumes" "$dir/kubelet" "$dir/pod-logs" "$run_dir"

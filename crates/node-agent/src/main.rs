@@ -363,22 +363,18 @@ async fn main() -> anyhow::Result<()> {
 /// volumes of claims bound to this node, the built images as every registry's mirror, and the
 /// refusal of pulls that would leave this machine. Runs until SIGTERM.
 async fn serve_beside_kubelet(client: kube::Client, args: Args) -> anyhow::Result<()> {
-    let store = match &args.images_dir {
-        Some(dir) => {
-            registry::Store::load(dir).with_context(|| format!("reading the built images in {}", dir.display()))?
-        }
-        None => registry::Store::default(),
-    };
-    let store = Arc::new(store);
+    let shelf = registry::Shelf::open(args.images_dir.as_deref())
+        .with_context(|| format!("reading the built images in {:?}", args.images_dir))?;
+    let shelf = Arc::new(shelf);
     let registry_task = tokio::spawn(registry::serve(
         SocketAddr::from((args.node_ip, REGISTRY_PORT)),
-        store.clone(),
+        shelf.clone(),
     ));
     let dns = dns::ClusterDns::new(client.clone(), args.cluster_domain.clone());
     let dns_task = tokio::spawn(dns.serve(SocketAddr::from((args.node_ip, 53))));
     let refusal_task = tokio::spawn(pull_refusal::serve(
         SocketAddr::from((args.node_ip, PULL_REFUSAL_PORT)),
-        store.built(),
+        shelf,
     ));
     let provisioner_task = tokio::spawn(provisioner::run(client, args.node_name.clone(), args.volumes_dir));
     info!(node = %args.node_name, ip = %args.node_ip, "serving DNS, volumes and images beside the kubelet");

@@ -7,10 +7,13 @@
 //! client reports.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tracing::{info, warn};
+
+use crate::registry::Shelf;
 
 /// The longest request head read before answering; the refusal does not depend on it.
 const MAX_HEAD: usize = 8 * 1024;
@@ -35,14 +38,14 @@ pub fn requested_target(head: &str) -> Option<&str> {
     parts.next()
 }
 
-/// Answers every connection with the refusal, until the listener fails.
-pub async fn serve(addr: SocketAddr, built: String) -> std::io::Result<()> {
+/// Answers every connection with the refusal (naming what `shelf` holds then), until the
+/// listener fails.
+pub async fn serve(addr: SocketAddr, shelf: Arc<Shelf>) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr).await?;
-    let answer = refusal_status_line(&built);
     info!(%addr, "refusing image pulls that leave this machine");
     loop {
         let (mut conn, _) = listener.accept().await?;
-        let answer = answer.clone();
+        let answer = refusal_status_line(&shelf.store().built());
         tokio::spawn(async move {
             let mut head = vec![0u8; MAX_HEAD];
             let read = tokio::time::timeout(std::time::Duration::from_secs(5), conn.read(&mut head)).await;

@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use std::io::SeekFrom;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
 
 use axum::Router;
 use axum::body::Body;
@@ -47,6 +48,66 @@ struct Named {
 pub struct Store {
     images: Vec<Named>,
     blobs: BTreeMap<String, Span>,
+}
+
+/// The store of the images folder, read again once `hack/images.sh` has rebuilt it (its
+/// `built.txt` changed): after a rebuild, a pull gets the new image rather than spans of a
+/// tarball that was written anew.
+#[derive(Debug, Default)]
+pub struct Shelf {
+    dir: Option<PathBuf>,
+    /// The store and the `built.txt` modification time it was read at.
+    read: RwLock<(Option<SystemTime>, Arc<Store>)>,
+}
+
+impl Shelf {
+    /// The images of `dir` (none: no images).
+    pub fn open(dir: Option<&Path>) -> std::io::Result<Self> {
+        let shelf = Shelf {
+            dir: dir.map(Path::to_path_buf),
+            read: RwLock::default(),
+        };
+        if let Some(dir) = dir {
+            let stamp = Self::stamp(dir);
+            let store = Store::load(dir)?;
+            if let Ok(mut read) = shelf.read.write() {
+                *read = (stamp, Arc::new(store));
+            }
+        }
+        Ok(shelf)
+    }
+
+    fn stamp(dir: &Path) -> Option<SystemTime> {
+        std::fs::metadata(dir.join("built.txt")).and_then(|m| m.modified()).ok()
+    }
+
+    /// The store as the folder holds it now.
+    pub fn store(&self) -> Arc<Store> {
+        let Some(dir) = &self.dir else {
+            return Arc::new(Store::default());
+        };
+        let stamp = Self::stamp(dir);
+        if let Ok(read) = self.read.read()
+            && read.0 == stamp
+        {
+            return read.1.clone();
+        }
+        match Store::load(dir) {
+            Ok(store) => {
+                let store = Arc::new(store);
+                info!(images = store.images.len(), "the built images changed: read them again");
+                if let Ok(mut read) = self.read.write() {
+                    *read = (stamp, store.clone());
+                }
+                store
+            }
+            // Being written: what was read before serves until it is whole.
+            Err(e) => {
+                warn!(error = %e, "cannot read the built images again yet");
+                self.read.read().map(|r| r.1.clone()).unwrap_or_default()
+            }
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -213,7 +274,8 @@ async fn span_body(span: &Span) -> std::io::Result<Body> {
     Ok(Body::from_stream(chunks))
 }
 
-async fn answer(State(store): State<Arc<Store>>, Query(mirrored): Query<Mirrored>, request: Request) -> Response {
+async fn answer(State(shelf): State<Arc<Shelf>>, Query(mirrored): Query<Mirrored>, request: Request) -> Response {
+    let store = shelf.store();
     let head = request.method() == Method::HEAD;
     let path = request.uri().path().to_string();
     let not_built = |what: &str| {
@@ -263,10 +325,10 @@ async fn answer(State(store): State<Arc<Store>>, Query(mirrored): Query<Mirrored
     response
 }
 
-/// Serves the images of the store until the listener fails.
-pub async fn serve(addr: SocketAddr, store: Arc<Store>) -> std::io::Result<()> {
-    info!(%addr, images = store.images.len(), "serving the built images as every registry's mirror");
-    let router = Router::new().fallback(answer).with_state(store);
+/// Serves the images of the shelf until the listener fails.
+pub async fn serve(addr: SocketAddr, shelf: Arc<Shelf>) -> std::io::Result<()> {
+    info!(%addr, images = shelf.store().images.len(), "serving the built images as every registry's mirror");
+    let router = Router::new().fallback(answer).with_state(shelf);
     let listener = TcpListener::bind(addr).await?;
     loop {
         let (tcp, _) = listener.accept().await?;
@@ -347,6 +409,46 @@ mod tests {
             "postgres:15, quay.io/coreos/etcd:v3.6.16",
             "mirrors' names left out"
         );
+    }
+
+    /// Writes a layout tarball `name.tar` into `dir` naming `reference`, and `built.txt`.
+    fn write_image(dir: &Path, name: &str, reference: &str) {
+        let index = serde_json::json!({
+            "manifests": [{ "digest": format!("sha256:{name}"), "annotations": { "io.containerd.image.name": reference } }]
+        })
+        .to_string();
+        let mut tarball = tar::Builder::new(std::fs::File::create(dir.join(format!("{name}.tar"))).unwrap());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(index.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        tarball
+            .append_data(&mut header, "index.json", index.as_bytes())
+            .unwrap();
+        tarball.finish().unwrap();
+        std::fs::write(dir.join("built.txt"), reference).unwrap();
+    }
+
+    #[test]
+    fn the_shelf_reads_the_images_again_once_they_were_built_anew() {
+        let dir = std::env::temp_dir().join(format!("noops-shelf-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        write_image(&dir, "one", "docker.io/library/busybox:1.35");
+        let shelf = Shelf::open(Some(&dir)).unwrap();
+        assert_eq!(shelf.store().built(), "busybox:1.35");
+        // Built anew (a later modification time, as a rebuild minutes later has).
+        write_image(&dir, "two", "docker.io/library/busybox:latest");
+        let later = SystemTime::now() + std::time::Duration::from_secs(5);
+        std::fs::File::options()
+            .write(true)
+            .open(dir.join("built.txt"))
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        assert_eq!(shelf.store().built(), "busybox:1.35, busybox:latest");
+        assert_eq!(Shelf::open(None).unwrap().store().built(), "");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -17,6 +17,7 @@ use kube::{Api, Client};
 pub mod bench;
 pub mod certificates;
 pub mod chaos;
+pub mod chart;
 pub mod clusters;
 pub mod deletions;
 pub mod etcd;
@@ -33,6 +34,13 @@ pub fn root() -> PathBuf {
         .join("../..")
         .canonicalize()
         .expect("repository root")
+}
+
+/// Whether the local Kubernetes runs real nodes (the kubelet with containerd, `NODE_KIND=kubelet`)
+/// rather than the node agent: a pod there runs only what its image holds, not this machine's
+/// programs.
+pub fn on_real_nodes() -> bool {
+    std::fs::read_to_string(root().join(".noops/cluster/run/node-kind")).is_ok_and(|kind| kind.trim() == "kubelet")
 }
 
 /// The admin kubeconfig of the local Kubernetes.
@@ -384,19 +392,66 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A `noops run` process outside the cluster (admin kubeconfig), killed when dropped.
+/// The operator of a test, killed when dropped: a `noops run` process outside the cluster
+/// (admin kubeconfig), or, on real nodes, the operator installed by the Helm chart from its
+/// image (`chart::Deployed`), as a user runs it.
 pub struct Operator {
-    child: std::process::Child,
-    /// Address of its /metrics, /healthz and /readyz.
+    child: Option<std::process::Child>,
+    deployed: Option<chart::Deployed>,
+    /// Address of a process's /metrics, /healthz and /readyz (a deployed one's is asked for
+    /// each time: its pod changes).
     pub http: String,
     pub log: PathBuf,
 }
 
+/// Whether the operators of tests run from the chart: `NOOPS_E2E_OPERATOR=chart` or
+/// `process`; by default on real nodes only (the node agent runs the image as this machine's
+/// build anyway).
+fn from_the_chart() -> bool {
+    match std::env::var("NOOPS_E2E_OPERATOR").as_deref() {
+        Ok("chart") => true,
+        Ok("process") => false,
+        _ => on_real_nodes(),
+    }
+}
+
+/// The controllers `extra` asks for, if the chart can run the operator as `extra` asks
+/// (`--controllers` and `--leader-elect=false` only: the chart's operator always elects a
+/// leader, which one replica wins at once). `Some(None)`: all controllers.
+fn chart_can_run(extra: &[&str]) -> Option<Option<String>> {
+    let mut controllers = None;
+    let mut args = extra.iter();
+    while let Some(arg) = args.next() {
+        match *arg {
+            "--leader-elect=false" => {}
+            "--controllers" => controllers = Some(args.next()?.to_string()),
+            other => controllers = Some(other.strip_prefix("--controllers=")?.to_string()),
+        }
+    }
+    Some(controllers)
+}
+
 impl Operator {
     /// Starts the operator watching only `namespace`, with its leader Lease there too.
-    /// `extra` is appended to `noops run`.
+    /// `extra` is appended to `noops run`. From the chart where the tests' operators run from
+    /// it and it can run as `extra` asks; a process otherwise.
     pub fn start(namespace: &str, extra: &[&str]) -> Self {
-        Self::start_with_kubeconfig(namespace, extra, &kubeconfig())
+        match chart_can_run(extra).filter(|_| from_the_chart()) {
+            Some(controllers) => Self::deployed(namespace, controllers.as_deref()),
+            None => Self::start_with_kubeconfig(namespace, extra, &kubeconfig()),
+        }
+    }
+
+    /// The operator installed by the chart into `namespace` (watching it only), from its image.
+    pub fn deployed(namespace: &str, controllers: Option<&str>) -> Self {
+        let deployed = chart::Deployed::install(namespace, controllers);
+        let log = std::env::temp_dir().join(format!("noops-operator-{namespace}-{}.log", deployed.release));
+        Self {
+            child: None,
+            deployed: Some(deployed),
+            http: String::new(),
+            log,
+        }
     }
 
     /// Like [`Operator::start`], reaching the API server through `kubeconfig`.
@@ -439,28 +494,62 @@ impl Operator {
             .stderr(out)
             .spawn()
             .expect("start noops");
-        Self { child, http, log }
+        Self {
+            child: Some(child),
+            deployed: None,
+            http,
+            log,
+        }
     }
 
-    /// The process id.
+    /// The process id (a process only: a test that signals the operator runs it so).
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.child
+            .as_ref()
+            .expect("an operator process, not one the chart installed")
+            .id()
     }
 
-    /// Kills the process at once (SIGKILL): no lease release, no cleanup.
+    /// Kills it at once (SIGKILL, or its pods deleted without grace): no lease release, no
+    /// cleanup.
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(deployed) = &self.deployed {
+            self.save_log();
+            deployed.kill();
+        }
     }
 
-    /// Whether the process is still running.
+    /// Whether the process (or a pod of the deployed operator) is still running.
     pub fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        match (self.child.as_mut(), &self.deployed) {
+            (Some(child), _) => matches!(child.try_wait(), Ok(None)),
+            (None, Some(deployed)) => deployed.running(),
+            (None, None) => false,
+        }
+    }
+
+    /// Where its /metrics answers now.
+    async fn metrics_address(&self) -> Option<String> {
+        match &self.deployed {
+            Some(deployed) => deployed.wait_http(Duration::from_secs(30)).await,
+            None => Some(self.http.clone()),
+        }
+    }
+
+    /// A deployed operator's pod logs, kept in `log` (read before its pods go).
+    fn save_log(&self) {
+        if let Some(deployed) = &self.deployed {
+            let _ = std::fs::write(&self.log, deployed.logs());
+        }
     }
 
     /// The current value of a metric line starting with `prefix`, if present.
     pub async fn metric(&self, prefix: &str) -> Option<f64> {
-        let text = http_get(&self.http, "/metrics").await?;
+        let text = http_get(&self.metrics_address().await?, "/metrics").await?;
         text.lines()
             .find(|l| l.starts_with(prefix))
             .and_then(|l| l.rsplit(' ').next())
@@ -470,7 +559,8 @@ impl Operator {
     /// The API requests the operator has sent so far (`noops_api_requests_total`), by
     /// (verb, resource).
     pub async fn api_requests(&self) -> std::collections::BTreeMap<(String, String), f64> {
-        let text = http_get(&self.http, "/metrics").await.unwrap_or_default();
+        let http = self.metrics_address().await.unwrap_or_default();
+        let text = http_get(&http, "/metrics").await.unwrap_or_default();
         text.lines()
             .filter_map(|l| l.strip_prefix("noops_api_requests_total{"))
             .filter_map(|l| {
@@ -552,6 +642,7 @@ impl Operator {
 
     /// The operator's log so far (for failure messages).
     pub fn log_text(&self) -> String {
+        self.save_log();
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }

@@ -64,26 +64,56 @@ pub async fn run_client(ns: &TestNamespace, name: &str, script: &str) -> String 
     logs
 }
 
-/// Creates `bucket` (from a pod). The store's Service may reach it a moment after the
-/// Deployment is Available (its endpoints have to reach every node): the pod tries for 30 s.
+/// The store's Secret keys and its Service's ClusterIP endpoint, as this machine reaches it.
+struct Store {
+    endpoint: String,
+    region: String,
+    access_key: String,
+    secret_key: String,
+}
+
+async fn store(ns: &TestNamespace) -> Store {
+    let secret = ns.api::<Secret>().get("object-store-credentials").await.unwrap();
+    let key = |k: &str| String::from_utf8(secret.data.as_ref().unwrap()[k].0.clone()).unwrap();
+    let service = ns.api::<Service>().get("versitygw").await.unwrap();
+    Store {
+        endpoint: format!("http://{}:7070", service.spec.unwrap().cluster_ip.unwrap()),
+        region: key("AWS_REGION"),
+        access_key: key("AWS_ACCESS_KEY_ID"),
+        secret_key: key("AWS_SECRET_ACCESS_KEY"),
+    }
+}
+
+/// Creates `bucket`, from this machine (curl signs the request: object_store makes no
+/// buckets), so that it needs no client image on the nodes. The store's Service may reach it
+/// a moment after the Deployment is Available: tried for 30 s.
 pub async fn create_bucket(ns: &TestNamespace, bucket: &str) {
-    let script = format!("for i in $(seq 30); do curl $S3 -X PUT $E/{bucket} && exit 0; sleep 1; done; exit 1");
-    run_client(ns, &format!("make-bucket-{bucket}"), &script).await;
+    let store = store(ns).await;
+    let url = format!("{}/{bucket}", store.endpoint);
+    let signing = format!("aws:amz:{}:s3", store.region);
+    let user = format!("{}:{}", store.access_key, store.secret_key);
+    wait_for(&format!("bucket {bucket} made"), Duration::from_secs(30), || async {
+        let made = tokio::process::Command::new("curl")
+            .args(["-sSf", "--max-time", "5", "--aws-sigv4", &signing, "--user", &user])
+            .args(["-H", "x-amz-content-sha256:UNSIGNED-PAYLOAD", "-X", "PUT", &url])
+            .output()
+            .await
+            .ok()?;
+        made.status.success().then_some(())
+    })
+    .await;
 }
 
 /// `bucket` as seen from this machine, at the Service's ClusterIP, with the Secret's keys.
 pub async fn bucket(ns: &TestNamespace, bucket: &str) -> AmazonS3 {
-    let secret = ns.api::<Secret>().get("object-store-credentials").await.unwrap();
-    let key = |k: &str| String::from_utf8(secret.data.as_ref().unwrap()[k].0.clone()).unwrap();
-    let service = ns.api::<Service>().get("versitygw").await.unwrap();
-    let endpoint = format!("http://{}:7070", service.spec.unwrap().cluster_ip.unwrap());
+    let store = store(ns).await;
     AmazonS3Builder::new()
-        .with_endpoint(&endpoint)
+        .with_endpoint(&store.endpoint)
         .with_allow_http(true)
-        .with_region(key("AWS_REGION"))
+        .with_region(store.region)
         .with_bucket_name(bucket)
-        .with_access_key_id(key("AWS_ACCESS_KEY_ID"))
-        .with_secret_access_key(key("AWS_SECRET_ACCESS_KEY"))
+        .with_access_key_id(store.access_key)
+        .with_secret_access_key(store.secret_key)
         .build()
         .unwrap()
 }

@@ -432,14 +432,20 @@ spec:
 async fn an_operator_killed_mid_switch_finishes_it_after_a_restart() {
     install_crds();
     let ns = TestNamespace::new("mp-restart").await;
-    let echo = root().join("target/debug/http-echo");
     // The maintenance page takes 4 s to start listening: a window to kill the operator in.
+    // A real node runs busybox's own web server; the node agent's busybox is this machine's
+    // shell, which runs the http-echo built here.
+    let page = if noops_e2e::on_real_nodes() {
+        "mkdir -p /tmp/www && echo maintenance >/tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www".to_string()
+    } else {
+        format!(
+            "exec {} -text=maintenance -listen=:8080",
+            root().join("target/debug/http-echo").display()
+        )
+    };
     let slow = manifest("shop", false).replace(
         "image: hashicorp/http-echo:1.0\n    args: [\"-text=maintenance page\", \"-listen=:8080\"]",
-        &format!(
-            "image: busybox\n    args: [\"sh\", \"-c\", \"sleep 4; exec {} -text=maintenance -listen=:8080\"]",
-            echo.display()
-        ),
+        &format!("image: busybox\n    args: [\"sh\", \"-c\", \"sleep 4; {page}\"]"),
     );
     assert!(slow.contains("busybox"));
     let mut operator = Operator::start(&ns.name, &["--leader-elect=false"]);

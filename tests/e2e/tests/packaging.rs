@@ -5,9 +5,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::process::Command;
 
-use noops_e2e::{root, upstream_bin};
+use noops_e2e::chart::template;
+use noops_e2e::root;
 use serde_json::Value;
 
 /// Parses multi-document YAML into objects keyed by kind/namespace/name.
@@ -26,30 +26,6 @@ fn objects(yaml: &str) -> BTreeMap<String, Value> {
             (key, v)
         })
         .collect()
-}
-
-/// `helm template` of the chart as release `release` in `namespace` with `settings` (`--set`
-/// values): its output, or what helm said when it refused.
-fn template(release: &str, namespace: &str, settings: &[&str]) -> Result<String, String> {
-    let mut args = vec![
-        "template".to_string(),
-        release.into(),
-        root().join("charts/noops").to_str().unwrap().into(),
-        "--namespace".into(),
-        namespace.into(),
-    ];
-    for setting in settings {
-        args.extend(["--set".to_string(), setting.to_string()]);
-    }
-    let out = Command::new(upstream_bin("helm"))
-        .args(&args)
-        .output()
-        .expect("helm (run `make setup`)");
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
 }
 
 /// The chart's objects with `settings` (`--set` values), by kind/namespace/name.
