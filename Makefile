@@ -43,12 +43,13 @@ e2e: setup ## End-to-end tests on the local Kubernetes (3 nodes), 4 at a time ov
 	  -- -p noops-e2e -p noops-sample-operator --test '*'
 	@RUST_BACKTRACE=0 hack/e2e-run.sh --jobs 1 --ignored -- -p noops-e2e --test node_faults --test maintpage_malformed
 
-e2e-real: ## On real nodes (NODE_KIND=kubelet: upstream kubelet, containerd, images built here; a cluster of the other kind must go first: make cluster-down): exec, cp, logs -f, port-forward, psql and etcdctl, then the etcd, PostgreSQL, MaintPage and plugin tests
+e2e-real: ## On real nodes (NODE_KIND=kubelet: upstream kubelet, containerd, images built here; a cluster of the other kind must go first: make cluster-down): exec, cp, logs -f, port-forward, psql and etcdctl, then the etcd, PostgreSQL (backups included), MaintPage and plugin tests, their operators installed by the Helm chart from the image
 	@NODE_KIND=kubelet hack/setup.sh
 	@NODE_KIND=kubelet NODES=$(E2E_NODES) hack/cluster-up.sh
 	@source hack/lib.sh && stop_demo_operator
 	@RUST_BACKTRACE=0 cargo test -p noops-e2e --quiet --test real_nodes -- --ignored
-	@RUST_BACKTRACE=0 hack/e2e-run.sh --jobs 3 -- -p noops-e2e --test etcd --test postgres --test maintpage --test plugin
+	@RUST_BACKTRACE=0 hack/e2e-run.sh --jobs 3 -- -p noops-e2e --test etcd --test etcd_backup --test postgres \
+	  --test postgres_backup --test maintpage --test plugin
 
 chaos: setup ## Long fault runs: hundreds of node kills, etcd and PostgreSQL faults (NOOPS_CHAOS_NODE_KILLS, NOOPS_CHAOS_ETCD_FAULTS, NOOPS_CHAOS_PG_FAULTS, default 200 each; NOOPS_CHAOS_ETCD_MAJORITY_FAULTS, 60), 500 faults of a PostgreSQL primary with replicas (NOOPS_CHAOS_PG_HA_FAULTS), management nodes under a whole cluster (NOOPS_CHAOS_CLUSTER_FAULTS, 30)
 	@NODES=$(E2E_NODES) hack/cluster-up.sh

@@ -1,7 +1,9 @@
 //! The Helm chart (`charts/noops`): rendered with `helm template`, and the operator installed
 //! from it into a test's namespace, running from its image as a user runs it.
 
+use std::collections::BTreeMap;
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::{kubectl, kubectl_ok, root, upstream_bin};
@@ -29,6 +31,11 @@ pub fn template(release: &str, namespace: &str, settings: &[&str]) -> Result<Str
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
 }
+
+/// How many handles each installed release has: a test that starts its operator again
+/// (`operator = Operator::start(…)`) drops the old handle after the new one installed the same
+/// release, which must outlive it.
+static HANDLES: Mutex<BTreeMap<String, usize>> = Mutex::new(BTreeMap::new());
 
 /// The operator installed by the chart into a namespace of its own (`<watched>-op`, so that a
 /// test's namespace holds only what the test made), watching the test's namespace only, with
@@ -72,6 +79,9 @@ impl Deployed {
         let yaml = template(&release, &namespace, &settings).unwrap_or_else(|e| panic!("helm template: {e}"));
         kubectl_ok(&["apply", "-f", "-"], Some(&yaml));
         let deployed = Self { namespace, release };
+        if let Ok(mut handles) = HANDLES.lock() {
+            *handles.entry(deployed.release.clone()).or_default() += 1;
+        }
         deployed.scale(1);
         deployed
     }
@@ -200,8 +210,16 @@ impl Deployed {
 }
 
 impl Drop for Deployed {
-    /// The release goes: its cluster-wide objects and its namespace.
+    /// The release goes with its last handle: its cluster-wide objects and its namespace.
     fn drop(&mut self) {
+        if let Ok(mut handles) = HANDLES.lock() {
+            let left = handles.get(&self.release).map_or(0, |n| n.saturating_sub(1));
+            handles.insert(self.release.clone(), left);
+            if left > 0 {
+                return;
+            }
+        }
+        self.kill();
         let name = format!("{}-noops-operator", self.release);
         let _ = kubectl(
             &[

@@ -542,8 +542,15 @@ impl Operator {
 
     /// A deployed operator's pod logs, kept in `log` (read before its pods go).
     fn save_log(&self) {
-        if let Some(deployed) = &self.deployed {
-            let _ = std::fs::write(&self.log, deployed.logs());
+        // Pods gone (killed before, or by another handle of the same release): the log kept
+        // then stays.
+        if let Some(logs) = self
+            .deployed
+            .as_ref()
+            .map(chart::Deployed::logs)
+            .filter(|l| !l.trim().is_empty())
+        {
+            let _ = std::fs::write(&self.log, logs);
         }
     }
 
@@ -657,7 +664,13 @@ impl Drop for Operator {
                 eprintln!("{line}");
             }
         }
-        self.kill();
+        // A deployed operator goes with its release's last handle (`chart::Deployed`'s drop):
+        // a test that started it again holds a newer one.
+        if self.child.is_some() {
+            self.kill();
+        } else {
+            self.save_log();
+        }
     }
 }
 
