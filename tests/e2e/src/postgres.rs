@@ -597,17 +597,28 @@ fn instance_manager(ns: &TestNamespace, pod: &str) -> Option<i32> {
         format!("NOOPS_POD_NAME={pod}"),
         format!("NOOPS_POD_NAMESPACE={}", ns.name),
     ];
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
-        let pid = entry.file_name().to_string_lossy().parse::<i32>().ok()?;
-        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        if !(args.contains(&b"pg-instance".as_slice()) && args.contains(&b"run".as_slice())) {
-            return None;
-        }
-        let environ = std::fs::read(entry.path().join("environ")).ok()?;
-        let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
-        wanted.iter().all(|w| vars.contains(&w.as_bytes())).then_some(pid)
-    })
+    let managers: Vec<i32> = std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_string_lossy().parse::<i32>().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            if !(args.contains(&b"pg-instance".as_slice()) && args.contains(&b"run".as_slice())) {
+                return None;
+            }
+            let environ = std::fs::read(entry.path().join("environ")).ok()?;
+            let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+            wanted.iter().all(|w| vars.contains(&w.as_bytes())).then_some(pid)
+        })
+        .collect();
+    // As a container's PID 1 it runs under an init of its own (`instance/init.rs`), the same
+    // program: the manager is the one that is no other's parent.
+    let parents: std::collections::BTreeMap<i32, i32> = processes().into_iter().collect();
+    managers
+        .iter()
+        .copied()
+        .find(|pid| !managers.iter().any(|other| parents.get(other) == Some(pid)))
 }
 
 pub use crate::frozen::Frozen;
@@ -652,10 +663,15 @@ fn processes() -> Vec<(i32, i32)> {
 impl StoppedServer {
     pub fn of(ns: &TestNamespace, pod: &str) -> Self {
         let manager = instance_manager(ns, pod).unwrap_or_else(|| panic!("no instance manager of {pod}"));
+        // The running postmaster: not a zombie left by an earlier server (none is on the
+        // node agent; the init of a real container reaps them, but maybe not yet).
         let postmaster = processes()
             .into_iter()
-            .find(|(_, parent)| *parent == manager)
+            .filter(|(_, parent)| *parent == manager)
             .map(|(pid, _)| pid)
+            .find(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| cmdline.starts_with(b"postgres"))
+            })
             .unwrap_or_else(|| panic!("no server of {pod}"));
         signal(postmaster, "STOP");
         let children: Vec<i32> = processes()

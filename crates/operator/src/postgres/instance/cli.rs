@@ -188,6 +188,8 @@ pub async fn run(command: PgInstanceCommand) -> ! {
             }
             Err(e) => finish(1, &e.to_string()),
         },
+        // As the container's PID 1, it stays the init and runs the instance manager as its child.
+        PgInstanceCommand::Run(_) if let Some(code) = super::init::as_init().await => std::process::exit(code),
         PgInstanceCommand::Run(args) => match super::run::run(&args.settings()).await {
             Ok(status) => {
                 info!(%status, "the server stopped");

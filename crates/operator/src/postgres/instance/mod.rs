@@ -20,6 +20,7 @@ pub mod base_backup;
 pub mod bootstrap;
 pub mod cli;
 pub mod control;
+pub mod init;
 pub mod keeper;
 pub mod progress;
 pub mod remove;
