@@ -27,10 +27,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use super::lease::{LEASE, RENEW_EVERY};
 use super::names::Names;
 use super::position::{Position, lsn};
+pub use super::switchover::RELEASED_BY_ANNOTATION;
 use super::switchover::{Record, STOPPED_ANNOTATION, Stopped};
-
-/// Who gave the lease up as its server stopped, written with the release itself.
-pub const RELEASED_BY_ANNOTATION: &str = "noops.dev/released-by";
 
 /// A primary that gave its lease up, as the lease notes it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -37,6 +37,9 @@ pub const FROM_ANNOTATION: &str = "noops.dev/switchover-from";
 pub const TO_ANNOTATION: &str = "noops.dev/switchover-to";
 pub const AT_ANNOTATION: &str = "noops.dev/switchover-at";
 pub const STOPPED_ANNOTATION: &str = "noops.dev/stopped-at";
+/// Who gave the lease up as its server stopped (`failover::given_up`), written with the release
+/// itself beside where its WAL ended; a handover forgets it with the rest.
+pub const RELEASED_BY_ANNOTATION: &str = "noops.dev/released-by";
 /// Why the switchover is made: asked for, or the last step of a rolling change.
 pub const WHY_ANNOTATION: &str = "noops.dev/switchover-why";
 /// The last switchover handed over: `<from>,<to>,<received LSN>`, so that an operator that
@@ -164,7 +167,7 @@ pub fn forget(lease: &mut Lease) {
             STOPPED_ANNOTATION,
             WHY_ANNOTATION,
             DONE_ANNOTATION,
-            super::failover::RELEASED_BY_ANNOTATION,
+            RELEASED_BY_ANNOTATION,
         ] {
             notes.remove(key);
         }
