@@ -1160,6 +1160,8 @@ async fn every_pod_deleted_at_once_brings_the_primary_back_as_the_primary_with_e
     let primary = last_primary(&ns).await;
     let pods = ns.pods();
     let old_uid = pods.get(&primary).await.unwrap().metadata.uid;
+    // Every holder of the lease, from a watch: a handover to the replica, however brief, is seen.
+    let lease = noops_e2e::postgres::LeaseWatch::start(&ns, "shop-primary");
 
     // Both pods deleted together (`kubectl delete pods -l …`, a node drained with both on
     // it): the primary stops cleanly and gives its lease up, and the replica, stopped too,
@@ -1191,6 +1193,11 @@ async fn every_pod_deleted_at_once_brings_the_primary_back_as_the_primary_with_e
         pods.get(&primary).await.unwrap().metadata.uid,
         old_uid,
         "a new pod serves"
+    );
+    assert_eq!(
+        lease.holders(),
+        vec![Some(primary.clone()), None, Some(primary.clone())],
+        "given up by the primary and given back to it, never to the replica"
     );
 
     tokio::time::sleep(Duration::from_secs(2)).await;
