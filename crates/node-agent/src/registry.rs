@@ -150,7 +150,8 @@ impl Store {
         for tarball in tarballs {
             let mut archive = tar::Archive::new(std::fs::File::open(&tarball)?);
             let mut index = None;
-            for entry in archive.entries()? {
+            // Seeking past each entry's data: only the headers and index.json are read.
+            for entry in archive.entries_with_seek()? {
                 let mut entry = entry?;
                 let path = entry.path()?.to_string_lossy().trim_start_matches("./").to_string();
                 if path == "index.json" {
@@ -418,13 +419,17 @@ mod tests {
         })
         .to_string();
         let mut tarball = tar::Builder::new(std::fs::File::create(dir.join(format!("{name}.tar"))).unwrap());
-        let mut header = tar::Header::new_gnu();
-        header.set_size(index.len() as u64);
-        header.set_mode(0o644);
-        header.set_cksum();
-        tarball
-            .append_data(&mut header, "index.json", index.as_bytes())
-            .unwrap();
+        let blob = format!("the layer of {name}");
+        for (path, data) in [
+            (format!("blobs/sha256/{name}"), blob.as_str()),
+            ("index.json".into(), &index),
+        ] {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_cksum();
+            tarball.append_data(&mut header, path, data.as_bytes()).unwrap();
+        }
         tarball.finish().unwrap();
         std::fs::write(dir.join("built.txt"), reference).unwrap();
     }
@@ -437,6 +442,14 @@ mod tests {
         write_image(&dir, "one", "docker.io/library/busybox:1.35");
         let shelf = Shelf::open(Some(&dir)).unwrap();
         assert_eq!(shelf.store().built(), "busybox:1.35");
+        // A blob is found where it lies in its tarball (the entries were read by seeking).
+        let store = shelf.store();
+        let span = &store.blobs["sha256:one"];
+        let mut bytes = vec![0; span.size as usize];
+        let mut file = std::fs::File::open(&span.tarball).unwrap();
+        std::io::Seek::seek(&mut file, SeekFrom::Start(span.offset)).unwrap();
+        std::io::Read::read_exact(&mut file, &mut bytes).unwrap();
+        assert_eq!(bytes, b"the layer of one");
         // Built anew (a later modification time, as a rebuild minutes later has).
         write_image(&dir, "two", "docker.io/library/busybox:latest");
         let later = SystemTime::now() + std::time::Duration::from_secs(5);
