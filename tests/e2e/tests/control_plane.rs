@@ -701,14 +701,22 @@ async fn through_crash_points(
     expected: &[&str],
 ) -> noops_api::KubernetesControlPlaneStatus {
     let file = std::env::temp_dir().join(format!("noops-crash-points-{}-{phase}", ns.name));
+    let etcd_file = std::env::temp_dir().join(format!("noops-crash-points-{}-{phase}-etcd", ns.name));
     let _ = std::fs::remove_file(&file);
-    let supervisor = Supervisor::start(&ns.name, &file);
+    let _ = std::fs::remove_file(&etcd_file);
+    // Two processes: a kill at an etcd point cannot cut a control-plane request short after
+    // the server took it, before its point was recorded.
+    let supervisor = Supervisor::start_controllers(&ns.name, &file, "kubernetescontrolplane");
+    let etcd_supervisor = Supervisor::start_controllers(&ns.name, &etcd_file, "etcd");
     ns.apply(&control_plane(name, spec));
     let status = wait_status(ns, name, phase, std::time::Duration::from_secs(360), done).await;
     let (restarts, logs) = supervisor.stop().await;
+    let (etcd_restarts, etcd_logs) = etcd_supervisor.stop().await;
     assert!(!logs.contains("panicked"), "{logs}");
+    assert!(!etcd_logs.contains("panicked"), "{etcd_logs}");
     let crossed = crashed_at(&file);
     eprintln!("{phase}: {restarts} restarts at {crossed:?}");
+    eprintln!("{phase}: etcd {etcd_restarts} restarts at {:?}", crashed_at(&etcd_file));
     for point in expected {
         assert!(crossed.iter().any(|p| p == point), "{point} in {crossed:?}");
     }

@@ -130,15 +130,30 @@ impl Runner<'_> {
         Ok(())
     }
 
-    /// Creates `member`'s volume if it has none (and is not ephemeral).
-    async fn create_volume(&self, member: &str) -> Result<()> {
-        if let Some(pvc) = volume::member_volume(self.cluster, self.names, member, self.owner)
-            && !self.children.volumes.contains_key(member)
-        {
-            let api: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
-            create_if_missing(&api, &pvc).await?;
+    /// Creates `member`'s volume if it has none (and is not ephemeral). False while a volume of
+    /// that name is still being deleted: a pod made now would be bound to the claim that goes,
+    /// and wait for ever for a claim nobody makes again.
+    async fn create_volume(&self, member: &str) -> Result<bool> {
+        let Some(pvc) = volume::member_volume(self.cluster, self.names, member, self.owner) else {
+            return Ok(true);
+        };
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
+        // Read afresh (a confirmation before a pod is made on it): a claim deleted with its
+        // pod can reach the cache after the pod's deletion, as unchanged.
+        match api.get_opt(&self.names.volume(member)).await? {
+            Some(claim) if claim.metadata.deletion_timestamp.is_some() => {
+                debug!(
+                    member,
+                    "its former volume is still being deleted: no pod until a new one is made"
+                );
+                Ok(false)
+            }
+            Some(_) => Ok(true),
+            None => {
+                create_if_missing(&api, &pvc).await?;
+                Ok(true)
+            }
         }
-        Ok(())
     }
 
     /// Creates the volume (if the cluster keeps data) and the pod of `member`; either may exist.
@@ -151,8 +166,8 @@ impl Runner<'_> {
         node: Option<&str>,
     ) -> Result<()> {
         let ns = &self.names.namespace;
-        self.create_volume(member).await?;
-        if !self.children.pods.contains_key(member) {
+        let volume_ready = self.create_volume(member).await?;
+        if volume_ready && !self.children.pods.contains_key(member) {
             let mut pod = pod::member_pod(
                 self.cluster,
                 self.names,
@@ -278,7 +293,9 @@ impl Runner<'_> {
             return Ok(NEXT_STEP);
         };
         self.set_state(true).await?;
-        self.create_volume(&member).await?;
+        if !self.create_volume(&member).await? {
+            return Ok(NEXT_STEP);
+        }
         crash::point("restore: volume made, restore pod not yet");
         let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
         create_if_missing(&pods, &pod).await?;
