@@ -36,20 +36,11 @@ lint: ## cargo fmt --check and clippy with warnings as errors
 unit: ## Unit tests (no cluster)
 	cargo test --workspace --quiet --lib --bins
 
-e2e: setup ## End-to-end tests on the local Kubernetes (3 nodes), 4 at a time over every binary (2 with tenant clusters), longest first; the ignored ones (node faults, a loosened schema) run last, alone
-	@NODES=$(E2E_NODES) hack/cluster-up.sh
-	@source hack/lib.sh && stop_demo_operator
-	@RUST_BACKTRACE=0 hack/e2e-run.sh --jobs 4 --heavy 'clusters|cluster_lifecycle|machines' --heavy-jobs 2 \
-	  -- -p noops-e2e -p noops-sample-operator --test '*'
-	@RUST_BACKTRACE=0 hack/e2e-run.sh --jobs 1 --ignored -- -p noops-e2e --test node_faults --test maintpage_malformed
+e2e: setup ## End-to-end tests (hack/e2e.sh): on node agents (3 nodes) every binary but those real nodes run, 4 at a time (2 with tenant clusters), longest first, then the ignored ones (node faults, a loosened schema) alone; then on real nodes (upstream kubelet, containerd, images built here) the etcd, PostgreSQL, MaintPage, plugin and exec/cp/port-forward tests, operators installed by the Helm chart, and the node faults of etcd and PostgreSQL
+	@RUST_BACKTRACE=0 hack/e2e.sh agent real
 
-e2e-real: ## On real nodes (NODE_KIND=kubelet: upstream kubelet, containerd, images built here; a cluster of the other kind must go first: make cluster-down): exec, cp, logs -f, port-forward, psql and etcdctl, then the etcd, PostgreSQL (backups included), MaintPage and plugin tests, their operators installed by the Helm chart from the image
-	@NODE_KIND=kubelet hack/setup.sh
-	@NODE_KIND=kubelet NODES=$(E2E_NODES) hack/cluster-up.sh
-	@source hack/lib.sh && stop_demo_operator
-	@RUST_BACKTRACE=0 cargo test -p noops-e2e --quiet --test real_nodes -- --ignored
-	@RUST_BACKTRACE=0 hack/e2e-run.sh --jobs 3 -- -p noops-e2e --test etcd --test etcd_backup --test postgres \
-	  --test postgres_backup --test maintpage --test plugin
+e2e-real: setup ## Only the real-node part of make e2e (a cluster of the other kind is stopped first)
+	@RUST_BACKTRACE=0 hack/e2e.sh real
 
 chaos: setup ## Long fault runs: hundreds of node kills, etcd and PostgreSQL faults (NOOPS_CHAOS_NODE_KILLS, NOOPS_CHAOS_ETCD_FAULTS, NOOPS_CHAOS_PG_FAULTS, default 200 each; NOOPS_CHAOS_ETCD_MAJORITY_FAULTS, 60), 500 faults of a PostgreSQL primary with replicas (NOOPS_CHAOS_PG_HA_FAULTS), management nodes under a whole cluster (NOOPS_CHAOS_CLUSTER_FAULTS, 30)
 	@NODES=$(E2E_NODES) hack/cluster-up.sh

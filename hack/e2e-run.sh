@@ -3,10 +3,13 @@
 # `cargo test` runs its test binaries one after another, so while a binary's last long test ran
 # the other slots stood idle: minutes per binary, a quarter of `make test` on 2 cores.
 #
-# usage: hack/e2e-run.sh [--jobs N] [--heavy BINARIES --heavy-jobs M] [--ignored]
-#                        [--skip SUBSTRING]... -- CARGO_TEST_ARGS...
-#   CARGO_TEST_ARGS choose the test binaries (`-p noops-e2e --test node_faults`); --ignored runs
-#   only the ignored tests; --skip leaves out the tests whose names contain SUBSTRING; the tests
+# usage: hack/e2e-run.sh [--jobs N] [--heavy BINARIES --heavy-jobs M] [--ignored | --include-ignored]
+#                        [--skip SUBSTRING]... [--only SUBSTRING]... [--except BINARIES]
+#                        -- CARGO_TEST_ARGS...
+#   CARGO_TEST_ARGS choose the test binaries (`-p noops-e2e --test node_faults`); --except leaves
+#   out the binaries whose names match BINARIES (a regular expression, as --heavy); --ignored runs
+#   only the ignored tests, --include-ignored those and the others; --skip leaves out the tests
+#   whose names contain SUBSTRING; with --only, only tests whose names contain one of them run; the tests
 #   of the binaries named in BINARIES (`clusters|machines`, a regular expression on the binary's
 #   name) run at most M at a time: each runs whole tenant clusters of machines, and the longest
 #   tests, started together, were four of them at once on 2 cores.
@@ -22,15 +25,20 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=4
 heavy='^$'
 heavy_jobs=0
+except='^$'
 ignored=()
 skips=()
+onlys=()
 while (($#)); do
   case $1 in
     --jobs) jobs=$2; shift 2 ;;
     --heavy) heavy="^($2)\$"; shift 2 ;;
     --heavy-jobs) heavy_jobs=$2; shift 2 ;;
+    --except) except="^($2)\$"; shift 2 ;;
     --ignored) ignored=(--ignored); shift ;;
+    --include-ignored) ignored=(--include-ignored); shift ;;
     --skip) skips+=("$2"); shift 2 ;;
+    --only) onlys+=("$2"); shift 2 ;;
     --) shift; break ;;
     *) echo "e2e-run: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -57,15 +65,21 @@ trap 'rm -f "$plan" "$run_times"' EXIT
 trap 'kill $(jobs -p) 2>/dev/null; exit 130' INT TERM
 tests_of() { "$1" --list --format terse "${@:2}" | sed -n 's/: test$//p' | sort; }
 for binary in "${binaries[@]}"; do
+  [[ $(basename "${binary%-*}") =~ $except ]] && continue
   # `--list` names the ignored tests too; `--list --ignored` only them.
-  if ((${#ignored[@]})); then
-    names=$(tests_of "$binary" --ignored)
-  else
-    names=$(comm -23 <(tests_of "$binary") <(tests_of "$binary" --ignored))
-  fi
+  case "${ignored[*]}" in
+    --ignored) names=$(tests_of "$binary" --ignored) ;;
+    --include-ignored) names=$(tests_of "$binary") ;;
+    *) names=$(comm -23 <(tests_of "$binary") <(tests_of "$binary" --ignored)) ;;
+  esac
   while read -r name; do
     [[ -n $name ]] || continue
     for skip in "${skips[@]}"; do [[ $name == *"$skip"* ]] && continue 2; done
+    if ((${#onlys[@]})); then
+      wanted=
+      for only in "${onlys[@]}"; do [[ $name == *"$only"* ]] && wanted=1; done
+      [[ -n $wanted ]] || continue
+    fi
     printf '%s\t%s\n' "$binary" "$name" >>"$plan"
   done <<<"$names"
 done
