@@ -176,8 +176,9 @@ pub async fn run(runtime: Runtime) {
             })
         })
         // A node cordoned (a drain begins) wakes the databases with an instance on it: a
-        // primary there switches over before the drain asks again.
-        .watches_shared_stream(node_changes, drained_node_wakes(pods_of_nodes))
+        // primary there switches over before the drain asks again. A node that can take pods
+        // again wakes those whose instances share a node: one may move apart now.
+        .watches_shared_stream(node_changes, node_wakes(pods_of_nodes))
         .reconcile_on(lease_wakes);
     runtime
         .serve(CONTROLLER.name, controller, state, |pg, ctx: Arc<Context>| async move {
@@ -187,34 +188,123 @@ pub async fn run(runtime: Runtime) {
 }
 
 /// Maps a node's changes to the databases to wake: those with an instance on it, once, when it
-/// is cordoned (its status changes every few seconds and wakes nobody).
-fn drained_node_wakes(
+/// is cordoned; those with two instances on one node, once, when it could take a pod again
+/// (uncordoned, Ready again, or new). Its status changes every few seconds and wakes nobody.
+fn node_wakes(
     pods: kube::runtime::reflector::Store<Pod>,
 ) -> impl Fn(Arc<Node>) -> Vec<lease_clock::Wake> + Send + Sync + 'static {
-    let cordoned = std::sync::Mutex::new(std::collections::BTreeSet::<String>::new());
+    let seen = std::sync::Mutex::new(NodesSeen::default());
     move |node: Arc<Node>| {
         let name = node.name_any();
-        let mut seen = cordoned.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let newly = if observe::cordoned(&node) {
-            seen.insert(name.clone())
+        let mut seen = seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let newly_cordoned = if observe::cordoned(&node) {
+            seen.cordoned.insert(name.clone())
         } else {
-            seen.remove(&name);
+            seen.cordoned.remove(&name);
             false
         };
-        if !newly {
-            return Vec::new();
-        }
-        let mut databases: Vec<lease_clock::Wake> = pods
-            .state()
-            .iter()
-            .filter(|p| observe::node(p).as_deref() == Some(name.as_str()))
-            .filter_map(|p| {
-                let database = p.labels().get(names::POSTGRES_LABEL)?;
-                Some(ObjectRef::new(database).within(&p.namespace().unwrap_or_default()))
-            })
-            .collect();
+        let newly_open = if crate::core::nodes::could_hold(&node, &[], None) {
+            seen.open.insert(name.clone())
+        } else {
+            seen.open.remove(&name);
+            false
+        };
+        let instances = pods.state();
+        let instances = instances.iter().filter_map(|p| {
+            let database = p.labels().get(names::POSTGRES_LABEL)?;
+            let at = ObjectRef::new(database).within(&p.namespace().unwrap_or_default());
+            Some((at, observe::node(p)?))
+        });
+        let mut databases: Vec<lease_clock::Wake> = if newly_cordoned {
+            instances.filter(|(_, on)| *on == name).map(|(at, _)| at).collect()
+        } else if newly_open {
+            let mut sharing = std::collections::HashSet::new();
+            let mut placed = std::collections::HashSet::new();
+            for (at, on) in instances {
+                if !placed.insert((at.clone(), on)) {
+                    sharing.insert(at);
+                }
+            }
+            sharing.into_iter().collect()
+        } else {
+            Vec::new()
+        };
         databases.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         databases.dedup();
         databases
+    }
+}
+
+/// The nodes a node watch has seen cordoned, and able to take a pod.
+#[derive(Default)]
+struct NodesSeen {
+    cordoned: std::collections::BTreeSet<String>,
+    open: std::collections::BTreeSet<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus, PodSpec};
+    use kube::runtime::watcher::Event;
+
+    fn node(name: &str, cordoned: bool) -> Arc<Node> {
+        Arc::new(Node {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                unschedulable: Some(cordoned),
+                ..Default::default()
+            }),
+            status: Some(NodeStatus {
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: "True".into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        })
+    }
+
+    fn instance(database: &str, name: &str, on: &str) -> Pod {
+        Pod {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                labels: Some([(names::POSTGRES_LABEL.to_string(), database.to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(on.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_node_that_can_take_pods_again_wakes_the_databases_whose_instances_share_a_node() {
+        let (pods, mut writer) = kube::runtime::reflector::store::<Pod>();
+        for pod in [
+            instance("shop", "shop-0", "n1"),
+            instance("shop", "shop-1", "n1"),
+            instance("apart", "apart-0", "n1"),
+            instance("apart", "apart-1", "n2"),
+        ] {
+            writer.apply_watcher_event(&Event::Apply(pod));
+        }
+        let wakes = node_wakes(pods);
+        let names = |w: Vec<lease_clock::Wake>| w.into_iter().map(|w| w.name).collect::<Vec<_>>();
+        // Cordoned: it wakes the databases with an instance on it, once.
+        assert_eq!(names(wakes(node("n2", true))), vec!["apart"]);
+        assert!(wakes(node("n2", true)).is_empty());
+        // Open again: the database whose two instances share n1, once.
+        assert_eq!(names(wakes(node("n2", false))), vec!["shop"]);
+        assert!(wakes(node("n2", false)).is_empty(), "a status change wakes nobody");
+        // A node first seen open (a new one, or the operator's start) counts as open again.
+        assert_eq!(names(wakes(node("n3", false))), vec!["shop"]);
     }
 }

@@ -134,8 +134,9 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     } else {
         pass.look_again(serving, &applied, kept.look_again)
     };
-    // Instances that could be moved apart are looked at again soon: a node uncordoned or
-    // back wakes nothing here, and the move waits for the instances to settle.
+    // Instances that could be moved apart are looked at again soon: the move waits for them
+    // to settle. (A node that can take pods again wakes the databases whose instances share
+    // a node: `node_wakes`.)
     let apart = spread.fixable(pass.replicas_spare(&members));
     let look_again = match apart {
         Some(_) => look_again.min(SPREAD_RECHECK),
