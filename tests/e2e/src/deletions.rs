@@ -16,8 +16,9 @@ use noops_api::{Machine, MachineDeployment};
 
 use crate::TestNamespace;
 
-/// How much later the machines' watch may deliver a change than the deployment's: a deletion
-/// is judged by the lowest floor (and highest ceiling) the deployment had in this time before it.
+/// How much later either watch may deliver a change than the other: a deletion is judged by
+/// the lowest floor (and highest ceiling) the deployment had in this time before it or, its
+/// change delivered late, within this time after it.
 const CROSS_WATCH_SLACK: Duration = Duration::from_secs(2);
 
 /// A machine as the watch keeps it.
@@ -52,6 +53,35 @@ pub struct Deletions {
     pub violations: Vec<String>,
     /// The most machines not being deleted at once.
     pub most: i32,
+    /// Breaks of the bounds seen in force, which bounds the deployment's watch delivers within
+    /// [`CROSS_WATCH_SLACK`] after may still allow: its change can reach this process after the
+    /// machines' change it caused. Violations unless allowed so.
+    pending: Vec<Pending>,
+}
+
+/// A moment judged against the bounds in force when the machines' watch delivered it.
+#[derive(Clone, Debug)]
+struct Pending {
+    at: Instant,
+    broke: Broke,
+    line: String,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Broke {
+    /// A deletion left `others` Ready of the `had` there were.
+    Floor { others: i32, had: i32 },
+    /// `count` machines were not being deleted.
+    Ceiling { count: i32 },
+}
+
+impl Broke {
+    fn allowed_by(self, floor: i32, ceiling: i32) -> bool {
+        match self {
+            Broke::Floor { others, had } => others >= floor.min(had),
+            Broke::Ceiling { count } => count <= ceiling,
+        }
+    }
 }
 
 /// What either watch saw.
@@ -122,6 +152,11 @@ impl DeletionWatch {
                         if history.last().is_none_or(|(_, f, c)| (*f, *c) != (floor, ceiling)) {
                             history.push((now, floor, ceiling));
                         }
+                        record
+                            .lock()
+                            .unwrap()
+                            .pending
+                            .retain(|p| !(now <= p.at + CROSS_WATCH_SLACK && p.broke.allowed_by(floor, ceiling)));
                         continue;
                     }
                     Change::Machine(event) => event,
@@ -196,7 +231,11 @@ impl DeletionWatch {
                 tally.most = tally.most.max(not_deleting);
                 if not_deleting > ceiling {
                     let line = format!("{not_deleting} machines not being deleted, more than {ceiling}: {machines:?}");
-                    tally.violations.push(line);
+                    tally.pending.push(Pending {
+                        at: now,
+                        broke: Broke::Ceiling { count: not_deleting },
+                        line,
+                    });
                 }
                 for (name, before) in marked {
                     let was_ready = before.is_some_and(|b| b.ready && !b.deleting);
@@ -206,9 +245,13 @@ impl DeletionWatch {
                         .count() as i32;
                     let had = others + i32::from(was_ready);
                     if others < floor.min(had) {
-                        tally.violations.push(format!(
-                            "{name} (Ready: {was_ready}) marked for deletion leaving {others} others Ready, fewer than {floor}: {machines:?}"
-                        ));
+                        tally.pending.push(Pending {
+                            at: now,
+                            broke: Broke::Floor { others, had },
+                            line: format!(
+                                "{name} (Ready: {was_ready}) marked for deletion leaving {others} others Ready, fewer than {floor}: {machines:?}"
+                            ),
+                        });
                     }
                     tally.judged.push((name, was_ready, others));
                 }
@@ -217,15 +260,20 @@ impl DeletionWatch {
         Self { task, tally }
     }
 
-    pub fn stop(self) -> Deletions {
+    pub async fn stop(self) -> Deletions {
+        // The deployment's watch may still deliver bounds that allow what is pending.
+        tokio::time::sleep(CROSS_WATCH_SLACK).await;
         self.task.abort();
-        self.tally.lock().unwrap().clone()
+        let mut seen = self.tally.lock().unwrap().clone();
+        let pending = std::mem::take(&mut seen.pending);
+        seen.violations.extend(pending.into_iter().map(|p| p.line));
+        seen
     }
 
     /// Stops, asserting that no deletion and no moment broke the bounds and that at least
     /// `at_least` machines that were Ready were deleted (the watch judged something).
-    pub fn stop_expecting_within_bounds(self, at_least: usize) -> Deletions {
-        let seen = self.stop();
+    pub async fn stop_expecting_within_bounds(self, at_least: usize) -> Deletions {
+        let seen = self.stop().await;
         eprintln!(
             "deletions judged (machine, was Ready, others Ready then): {:?}; most at once {}",
             seen.judged, seen.most

@@ -350,7 +350,7 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
     eprintln!("{timeline}");
     timeline.assert_in_order();
     // Each old machine of pool general went only once 2 others were Ready, one more at most.
-    let seen = general.stop_expecting_within_bounds(2);
+    let seen = general.stop_expecting_within_bounds(2).await;
     assert!(seen.most <= 3, "{} machines of pool general at once", seen.most);
     assert_eq!(upgrade.step, "Done");
     assert!(upgrade.finished_at.is_some());
@@ -474,7 +474,7 @@ spec:
     })
     .await;
     // The idle machines went as the pool shrank, never below what it asked for then.
-    deletions.stop_expecting_within_bounds(2);
+    deletions.stop_expecting_within_bounds(2).await;
     wait_event(&ns, "KubernetesCluster", "elastic", "ScaledDown").await;
     let clusters = ns.api::<KubernetesCluster>();
     // The status is written after the pass's children, so it may trail the machines by a pass.

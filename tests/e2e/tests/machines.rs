@@ -682,7 +682,7 @@ async fn a_machine_deployment_scales_and_rolls_to_a_new_version_without_a_failed
 
     poller.stop_expecting_every_answer(100).await;
     // Ready machines deleted: 3 by the scale-down, 3 by the rollout.
-    let seen = deletions.stop_expecting_within_bounds(6);
+    let seen = deletions.stop_expecting_within_bounds(6).await;
     assert!(
         seen.most <= 4,
         "{} machines at once: more than maxSurge (1) above 3",
@@ -780,7 +780,7 @@ async fn the_operator_killed_at_each_step_of_a_rollout_and_a_drain_finishes_them
     .await;
     tenant.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=120s"], None);
     // Both old machines went, each only with two others Ready, never more than 3 at once.
-    let seen = deletions.stop_expecting_within_bounds(2);
+    let seen = deletions.stop_expecting_within_bounds(2).await;
     let (restarts, logs) = supervisor.stop().await;
     let crashed = std::fs::read_to_string(&points).unwrap_or_default();
     for point in [

@@ -1585,7 +1585,7 @@ async fn a_lost_nodes_machine_is_replaced_unless_too_many_machines_are_unhealthy
     // Its Node could not be reached: its pods were deleted without eviction, and it said so.
     wait_event(&ns, "Machine", &lost, "DrainForced").await;
     // The repair deleted the lost machine alone, once it was no longer Ready: no Ready one.
-    let seen = deletions.stop_expecting_within_bounds(0);
+    let seen = deletions.stop_expecting_within_bounds(0).await;
     assert_eq!(
         seen.judged
             .iter()

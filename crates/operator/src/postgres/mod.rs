@@ -209,6 +209,9 @@ fn node_wakes(
             seen.open.remove(&name);
             false
         };
+        if !newly_cordoned && !newly_open {
+            return Vec::new();
+        }
         let instances = pods.state();
         let instances = instances.iter().filter_map(|p| {
             let database = p.labels().get(names::POSTGRES_LABEL)?;
