@@ -26,7 +26,8 @@ cluster-down: ## Stop the local Kubernetes and remove its state (logs stay in .n
 	@hack/cluster-down.sh
 
 demo: setup ## The local Kubernetes (3 nodes), a maintenance switch, etcd and PostgreSQL healing from a stopped node, a whole cluster upgraded under load
-	@NODES=$(DEMO_NODES) hack/cluster-up.sh
+	@source hack/lib.sh && use_node_kind agent
+	@NODE_KIND=agent NODES=$(DEMO_NODES) hack/cluster-up.sh
 	@hack/demo.sh
 
 lint: ## cargo fmt --check and clippy with warnings as errors
@@ -43,7 +44,8 @@ e2e-real: setup ## Only the real-node part of make e2e (a cluster of the other k
 	@RUST_BACKTRACE=0 hack/e2e.sh real
 
 chaos: setup ## Long fault runs: hundreds of node kills, etcd and PostgreSQL faults (NOOPS_CHAOS_NODE_KILLS, NOOPS_CHAOS_ETCD_FAULTS, NOOPS_CHAOS_PG_FAULTS, default 200 each; NOOPS_CHAOS_ETCD_MAJORITY_FAULTS, 60), 500 faults of a PostgreSQL primary with replicas (NOOPS_CHAOS_PG_HA_FAULTS), management nodes under a whole cluster (NOOPS_CHAOS_CLUSTER_FAULTS, 30)
-	@NODES=$(E2E_NODES) hack/cluster-up.sh
+	@source hack/lib.sh && use_node_kind agent
+	@NODE_KIND=agent NODES=$(E2E_NODES) hack/cluster-up.sh
 	@source hack/lib.sh && stop_demo_operator
 	NOOPS_CHAOS_NODE_KILLS=$${NOOPS_CHAOS_NODE_KILLS:-200} cargo test -p noops-e2e --quiet --test node_faults \
 	  -- --ignored --test-threads=1 --nocapture repeated_node_kills

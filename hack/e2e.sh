@@ -30,10 +30,7 @@ phases=("$@")
 # use_nodes <agent|kubelet>: a cluster of E2E_NODES nodes of that kind, stopping one of the other.
 use_nodes() {
   local kind=$1
-  if [ -f "$run/node-kind" ] && [ "$(cat "$run/node-kind")" != "$kind" ]; then
-    log "e2e: stopping the $(cat "$run/node-kind") cluster for $kind nodes"
-    hack/cluster-down.sh
-  fi
+  use_node_kind "$kind"
   # Real nodes need their runtime and images (setup builds them only when asked).
   [ "$kind" = agent ] || NODE_KIND=$kind hack/setup.sh
   NODE_KIND=$kind NODES=$nodes hack/cluster-up.sh

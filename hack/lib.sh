@@ -51,6 +51,18 @@ node_kind() {
   if [ -f "$cluster/run/node-kind" ]; then cat "$cluster/run/node-kind"; else echo "${NODE_KIND:-agent}"; fi
 }
 
+# use_node_kind <agent|kubelet>: stops a cluster of the other kind (its state goes with it), so
+# that cluster-up then starts one of this kind: for what needs one kind (the demo's and tests'
+# tenant machines need node agents, `make e2e` switches between both).
+use_node_kind() {
+  [ -f "$cluster/run/node-kind" ] || return 0
+  local running
+  running=$(cat "$cluster/run/node-kind")
+  [ "$running" != "$1" ] || return 0
+  log "stopping the local Kubernetes of $running nodes: this needs $1 nodes"
+  "$root/hack/cluster-down.sh"
+}
+
 log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
