@@ -29,6 +29,15 @@ use crate::core::{Result, crash};
 pub(super) const LOOK_AGAIN: Duration = Duration::from_secs(10);
 /// How soon the next step of a change is taken.
 pub(super) const NEXT_STEP: Duration = Duration::from_millis(500);
+
+/// A member's volume claim, as read from the API server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Claim {
+    Missing,
+    /// Being deleted (its finalizer waits for the pod that mounts it).
+    Going,
+    Kept,
+}
 /// How soon a step etcd was not ready for is tried again.
 const NOT_NOW_RETRY: Duration = Duration::from_secs(1);
 
@@ -137,23 +146,33 @@ impl Runner<'_> {
         let Some(pvc) = volume::member_volume(self.cluster, self.names, member, self.owner) else {
             return Ok(true);
         };
-        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
-        // Read afresh (a confirmation before a pod is made on it): a claim deleted with its
-        // pod can reach the cache after the pod's deletion, as unchanged.
-        match api.get_opt(&self.names.volume(member)).await? {
-            Some(claim) if claim.metadata.deletion_timestamp.is_some() => {
+        match self.claim_now(member).await? {
+            Claim::Going => {
                 debug!(
                     member,
                     "its former volume is still being deleted: no pod until a new one is made"
                 );
                 Ok(false)
             }
-            Some(_) => Ok(true),
-            None => {
+            Claim::Kept => Ok(true),
+            Claim::Missing => {
+                let api: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
                 create_if_missing(&api, &pvc).await?;
                 Ok(true)
             }
         }
+    }
+
+    /// `member`'s volume claim as the API server has it now (a confirmation before a pod is
+    /// made on it): a claim deleted with its pod can reach the cache after the pod's deletion,
+    /// as unchanged, and a pod made on a claim being deleted waits for it for ever.
+    async fn claim_now(&self, member: &str) -> Result<Claim> {
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
+        Ok(match api.get_opt(&self.names.volume(member)).await? {
+            None => Claim::Missing,
+            Some(claim) if claim.metadata.deletion_timestamp.is_some() => Claim::Going,
+            Some(_) => Claim::Kept,
+        })
     }
 
     /// Creates the volume (if the cluster keeps data) and the pod of `member`; either may exist.
@@ -432,17 +451,13 @@ impl Runner<'_> {
     /// Takes [`Step::RestartMembers`].
     async fn restart_members(&self, members: Vec<String>) -> Result<Duration> {
         let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
-        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
         let quorum_lost = self
             .cluster
             .status
             .as_ref()
             .is_some_and(|s| status::has_reason(&s.conditions, "QuorumLost"));
         for member in &members {
-            // Read afresh: a claim deleted with its pod may reach the cache after the
-            // pod's deletion, and a pod made on a claim being deleted would hold it.
-            let claim = claims.get_opt(&self.names.volume(member)).await?;
-            if claim.is_none_or(|c| c.metadata.deletion_timestamp.is_some()) {
+            if self.claim_now(member).await? != Claim::Kept {
                 debug!(member, "its volume is going: not started again");
                 continue;
             }
