@@ -4,7 +4,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 export KUBECONFIG := $(CURDIR)/.noops/kubeconfig
 
-.PHONY: help setup cluster-up cluster-down demo test unit e2e e2e-real chaos lint bench crds run
+.PHONY: help setup cluster-up cluster-down demo test unit e2e e2e-real chaos lint feature-drift bench crds run
 
 # Nodes of the local Kubernetes: `make cluster-up` starts NODES (default 1, at most 16); the
 # end-to-end tests need three.
@@ -34,6 +34,9 @@ lint: ## cargo fmt --check and clippy with warnings as errors
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --quiet -- -D warnings
 
+feature-drift: ## Fail when the tests build a dependency again with other features than the binaries (crates/workspace-hack)
+	@hack/feature-drift.sh
+
 unit: ## Unit tests (no cluster)
 	cargo test --workspace --quiet --lib --bins
 
@@ -59,7 +62,7 @@ chaos: setup ## Long fault runs: hundreds of node kills, etcd and PostgreSQL fau
 	NOOPS_CHAOS_CLUSTER_FAULTS=$${NOOPS_CHAOS_CLUSTER_FAULTS:-30} cargo test -p noops-e2e --quiet --test node_faults \
 	  -- --ignored --test-threads=1 --nocapture a_cluster_keeps_every_tenant_object
 
-test: setup lint unit e2e ## Everything: setup, lint, unit tests, cluster, end-to-end tests
+test: setup lint feature-drift unit e2e ## Everything: setup, lint, one build of each dependency, unit tests, cluster, end-to-end tests
 
 crds: ## Regenerate deploy/crds from the Rust types (CI fails if they drift)
 	cargo run --quiet -p noops -- crds > deploy/crds/noops.dev.yaml

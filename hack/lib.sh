@@ -64,6 +64,8 @@ use_node_kind() {
 }
 
 log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*"; }
+# free_mib <dir>: the space left on dir's filesystem, in MiB.
+free_mib() { df --output=avail -m "$1" | tail -1 | tr -d ' '; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 # --- nodes -------------------------------------------------------------------------------------

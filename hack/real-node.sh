@@ -179,15 +179,19 @@ EOF
 # import_images <k>: every image tarball setup built goes into the node's containerd, once per
 # tarball (the stamp records what was imported).
 import_images() {
-  local k=$1 dir tarball stamp
+  local k=$1 dir tarball stamp need_mib
   dir=$(node_dir "$k")
   mkdir -p "$dir/imported"
   for tarball in "$images_dir"/*.tar; do
     [ -f "$tarball" ] || continue
     stamp="$dir/imported/$(basename "$tarball").$(stat -c %Y "$tarball")"
     [ -f "$stamp" ] && continue
+    # containerd keeps the layers and their unpacked copy: twice the tarball, and some room.
+    need_mib=$(($(stat -c %s "$tarball") * 2 / 1048576 + 256))
+    [ "$(free_mib "$dir")" -ge "$need_mib" ] ||
+      die "no room to import $(basename "$tarball") into $(node_name "$k")'s containerd: it needs ${need_mib} MiB, $(free_mib "$dir") MiB are free on $(df --output=target "$dir" | tail -1) (each real node holds every image built here, about $(($(du -sm "$images_dir" | cut -f1) * 2)) MiB)"
     "$ctr_bin" --address "$(real_node_run "$k")/containerd.sock" -n k8s.io images import "$tarball" >/dev/null ||
-      die "importing $tarball into $(node_name "$k")'s containerd failed"
+      die "importing $tarball into $(node_name "$k")'s containerd failed ($(free_mib "$dir") MiB free)"
     rm -f "$dir/imported/$(basename "$tarball")".*
     touch "$stamp"
   done
