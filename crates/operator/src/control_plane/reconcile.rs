@@ -48,61 +48,28 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
 
     let plan = plan::plan(target, &observation.facts);
 
-    let mut service_ip = observation.live.service.as_ref().and_then(act::cluster_ip);
-    let previous_external = kcp.status.as_ref().and_then(|s| s.external_endpoint.clone());
-    let mut external = endpoint::external(
-        &kcp.spec.service,
-        observation.live.service.as_ref(),
-        previous_external.as_deref(),
-    )
-    .map(|(_, url)| url);
-    let mut issued = Vec::new();
-    let mut moved = None;
-    if !kcp.spec.paused && range_taken.is_none() {
-        let etcd = desired::etcd_cluster(&kcp, &names, &plan.etcd_version, &owner);
-        let service = desired::service(&kcp, &names, &owner);
-        let applied = act::apply_etcd_and_service(ctx, &names, &etcd, &service, &observation.live)
-            .await
-            .during(Stage::Apply)?;
-        service_ip = act::cluster_ip(&applied);
-        external =
-            endpoint::external(&kcp.spec.service, Some(&applied), previous_external.as_deref()).map(|(_, url)| url);
-        let authorities = act::ensure_authorities(ctx, &names, &observation.live, &owner, now)
-            .await
-            .during(Stage::Apply)?;
-        if let Some(ip) = service_ip {
-            let addresses = Addresses {
-                service_ip: Some(ip),
-                tenant_service_ip: tenant_service_ip(&kcp.spec.networking.service_cidr),
-                dns_domain: kcp.spec.networking.dns_domain.clone(),
-                extra: endpoint::extra_names(&kcp.spec.service, Some(&applied), previous_external.as_deref()),
-            };
-            let servers = Servers {
-                internal: server_url(ip),
-                external: external.clone(),
-            };
-            issued = act::issue_due(
-                ctx,
-                &names,
-                &observation.live,
-                &authorities,
-                &addresses,
-                &servers,
-                &owner,
-                now,
+    let applied = if !kcp.spec.paused && range_taken.is_none() {
+        apply(ctx, &kcp, &names, &plan, &observation, &owner, now).await?
+    } else {
+        // Nothing applied: the endpoints as the live Service gives them.
+        Applied {
+            service_ip: observation.live.service.as_ref().and_then(act::cluster_ip),
+            external: endpoint::external(
+                &kcp.spec.service,
+                observation.live.service.as_ref(),
+                kcp.status.as_ref().and_then(|s| s.external_endpoint.as_deref()),
             )
-            .await
-            .during(Stage::Apply)?;
-            // A pod mounting a certificate that is not there yet cannot start: the Deployments
-            // follow once their certificates are in the cache (the next pass).
-            if issued.is_empty() {
-                act::apply_deployments(ctx, &kcp, &names, &plan, &observation.live, &owner)
-                    .await
-                    .during(Stage::Apply)?;
-                moved = move_apart(ctx, &kcp, &names, &plan, &observation.spread).await?;
-            }
+            .map(|(_, url)| url),
+            issued: Vec::new(),
+            moved: None,
         }
-    }
+    };
+    let Applied {
+        service_ip,
+        external,
+        issued,
+        moved,
+    } = applied;
 
     let facts = StatusFacts {
         kcp: &kcp,
@@ -130,6 +97,83 @@ pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Resul
         .flatten()
         .min();
     Ok(again.map(Action::requeue).unwrap_or_else(Action::await_change))
+}
+
+/// What a pass that applies leaves for the status and the Events.
+struct Applied {
+    /// The control plane Service's cluster IP, once it has one.
+    service_ip: Option<std::net::IpAddr>,
+    /// The URL the API servers are reached at from outside, if the Service gives one.
+    external: Option<String>,
+    /// The certificates issued this pass.
+    issued: Vec<Certificate>,
+    /// A replica moved off a node it shared.
+    moved: Option<Announcement>,
+}
+
+/// Apply: the EtcdCluster and the Service, the certificate authorities, the certificates due
+/// and, once every certificate is there, the Deployments; then a replica moved apart.
+async fn apply(
+    ctx: &Context,
+    kcp: &KubernetesControlPlane,
+    names: &Names,
+    plan: &Plan,
+    observation: &observe::Observation,
+    owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
+    now: jiff::Timestamp,
+) -> Result<Applied> {
+    let previous_external = kcp.status.as_ref().and_then(|s| s.external_endpoint.clone());
+    let etcd = desired::etcd_cluster(kcp, names, &plan.etcd_version, owner);
+    let service = desired::service(kcp, names, owner);
+    let applied = act::apply_etcd_and_service(ctx, names, &etcd, &service, &observation.live)
+        .await
+        .during(Stage::Apply)?;
+    let service_ip = act::cluster_ip(&applied);
+    let external =
+        endpoint::external(&kcp.spec.service, Some(&applied), previous_external.as_deref()).map(|(_, url)| url);
+    let mut issued = Vec::new();
+    let mut moved = None;
+    let authorities = act::ensure_authorities(ctx, names, &observation.live, owner, now)
+        .await
+        .during(Stage::Apply)?;
+    if let Some(ip) = service_ip {
+        let addresses = Addresses {
+            service_ip: Some(ip),
+            tenant_service_ip: tenant_service_ip(&kcp.spec.networking.service_cidr),
+            dns_domain: kcp.spec.networking.dns_domain.clone(),
+            extra: endpoint::extra_names(&kcp.spec.service, Some(&applied), previous_external.as_deref()),
+        };
+        let servers = Servers {
+            internal: server_url(ip),
+            external: external.clone(),
+        };
+        issued = act::issue_due(
+            ctx,
+            names,
+            &observation.live,
+            &authorities,
+            &addresses,
+            &servers,
+            owner,
+            now,
+        )
+        .await
+        .during(Stage::Apply)?;
+        // A pod mounting a certificate that is not there yet cannot start: the Deployments
+        // follow once their certificates are in the cache (the next pass).
+        if issued.is_empty() {
+            act::apply_deployments(ctx, kcp, names, plan, &observation.live, owner)
+                .await
+                .during(Stage::Apply)?;
+            moved = move_apart(ctx, kcp, names, plan, &observation.spread).await?;
+        }
+    }
+    Ok(Applied {
+        service_ip,
+        external,
+        issued,
+        moved,
+    })
 }
 
 /// Evicts one pod of a component whose pods share a node another could take (spread.rs),

@@ -345,41 +345,53 @@ fn repair(facts: &ClusterFacts, voters: &[&MemberFacts], healthy_voters: usize) 
 }
 
 /// The change the spec asks for, if any: a version rolled one member at a time, a scale up or
-/// down, a defragmentation; each only while every member is healthy.
+/// down, members apart again, a defragmentation; each only while every member is healthy.
 fn change_asked(facts: &ClusterFacts, voters: &[&MemberFacts]) -> Option<Step> {
     let all_healthy = facts
         .members
         .iter()
         .filter(|m| m.in_etcd())
         .all(|m| m.healthy && !m.learner);
-    // A version change rolls one member at a time, the leader last, before any scaling (new
-    // members then join on the new version).
-    if let Some(version) = &facts.upgrade_to {
-        let outdated: Vec<&MemberFacts> = voters.iter().copied().filter(|m| m.outdated).collect();
-        let next = outdated
-            .iter()
-            .filter(|m| !m.leader)
-            .min_by(|a, b| index_order(&a.name, &b.name))
-            .or(outdated.first());
-        if let Some(m) = next {
-            if !all_healthy {
-                return Some(Step::Wait {
-                    reason: "upgrading waits until every member is healthy".into(),
-                });
-            }
-            let mut step = operation(facts, OperationKind::Upgrade, &m.name, "upgrade");
-            if let Step::Begin(op) = &mut step {
-                op.version = Some(version.clone());
-            }
-            return Some(step);
-        }
+    upgrade_step(facts, voters, all_healthy)
+        .or_else(|| scale_step(facts, voters, all_healthy))
+        .or_else(|| spread_step(facts, voters).filter(|_| all_healthy))
+        .or_else(|| defragment_step(voters).filter(|_| all_healthy))
+}
+
+/// A version change rolls one member at a time, the leader last, before any scaling (new
+/// members then join on the new version).
+fn upgrade_step(facts: &ClusterFacts, voters: &[&MemberFacts], all_healthy: bool) -> Option<Step> {
+    let version = facts.upgrade_to.as_ref()?;
+    let m = leader_last(voters, |m| m.outdated)?;
+    if !all_healthy {
+        return Some(Step::Wait {
+            reason: "upgrading waits until every member is healthy".into(),
+        });
     }
-    if voters.len() < facts.replicas {
-        if !all_healthy {
-            return Some(Step::Wait {
-                reason: "scaling up waits until every member is healthy".into(),
-            });
-        }
+    let mut step = operation(facts, OperationKind::Upgrade, &m.name, "upgrade");
+    if let Step::Begin(op) = &mut step {
+        op.version = Some(version.clone());
+    }
+    Some(step)
+}
+
+/// Fewer voters than asked for: one is added; more: one goes, a member of the most crowded
+/// node (a member added to spread them ends the move here), else the newest member that does
+/// not lead (there are at least two voters, one leads).
+fn scale_step(facts: &ClusterFacts, voters: &[&MemberFacts], all_healthy: bool) -> Option<Step> {
+    if voters.len() == facts.replicas {
+        return None;
+    }
+    let up = voters.len() < facts.replicas;
+    if !all_healthy {
+        let reason = if up {
+            "scaling up waits until every member is healthy"
+        } else {
+            "scaling down waits until every member is healthy"
+        };
+        return Some(Step::Wait { reason: reason.into() });
+    }
+    if up {
         return Some(operation(
             facts,
             OperationKind::AddMember,
@@ -387,69 +399,64 @@ fn change_asked(facts: &ClusterFacts, voters: &[&MemberFacts]) -> Option<Step> {
             "scale up",
         ));
     }
-    if voters.len() > facts.replicas {
-        if !all_healthy {
-            return Some(Step::Wait {
-                reason: "scaling down waits until every member is healthy".into(),
-            });
-        }
-        // A member of the most crowded node (a member added to spread them ends the move
-        // here), else the newest member that does not lead: there are at least two voters,
-        // one leads.
-        let names: Vec<&str> = voters.iter().map(|m| m.name.as_str()).collect();
-        let leader = voters.iter().find(|m| m.leader).map(|m| m.name.as_str());
-        if let Some(m) = facts.spread.crowded_member(&names, leader) {
-            return Some(operation(
-                facts,
-                OperationKind::RemoveMember,
-                &m,
-                "scale down: a member of the node that holds the most",
-            ));
-        }
-        if let Some(m) = voters
-            .iter()
-            .filter(|m| !m.leader)
-            .max_by(|a, b| index_order(&a.name, &b.name))
-        {
-            return Some(operation(facts, OperationKind::RemoveMember, &m.name, "scale down"));
-        }
+    let names: Vec<&str> = voters.iter().map(|m| m.name.as_str()).collect();
+    let leader = voters.iter().find(|m| m.leader).map(|m| m.name.as_str());
+    if let Some(m) = facts.spread.crowded_member(&names, leader) {
+        return Some(operation(
+            facts,
+            OperationKind::RemoveMember,
+            &m,
+            "scale down: a member of the node that holds the most",
+        ));
     }
-    // Members apart again: a member is added on a node that holds two fewer than the most
-    // crowded one (its pod must run there), then the scale-down rule above gives up one of the
-    // crowded node's: never fewer voters than asked for. One at a time, only while every
-    // member is healthy.
-    if all_healthy && voters.len() == facts.replicas {
-        let names: Vec<&str> = voters.iter().map(|m| m.name.as_str()).collect();
-        let leader = voters.iter().find(|m| m.leader).map(|m| m.name.as_str());
-        if let Some((member, from, to)) = facts.spread.member_to_move(&names, leader) {
-            let mut step = operation(
-                facts,
-                OperationKind::AddMember,
-                &facts.next_member,
-                &format!(
-                    "spread: {member} shares node {from} while {to} holds none; a member is added on {to}, then one of {from}'s goes"
-                ),
-            );
-            if let Step::Begin(op) = &mut step {
-                op.node = Some(to);
-            }
-            return Some(step);
-        }
+    let m = voters
+        .iter()
+        .filter(|m| !m.leader)
+        .max_by(|a, b| index_order(&a.name, &b.name))?;
+    Some(operation(facts, OperationKind::RemoveMember, &m.name, "scale down"))
+}
+
+/// Members apart again: a member is added on a node that holds two fewer than the most
+/// crowded one (its pod must run there), then the scale-down rule gives up one of the crowded
+/// node's: never fewer voters than asked for. One at a time.
+fn spread_step(facts: &ClusterFacts, voters: &[&MemberFacts]) -> Option<Step> {
+    if voters.len() != facts.replicas {
+        return None;
     }
-    // Defragmentation: only while every member is healthy (the one being defragmented stops
-    // serving for a while), one at a time, the leader last.
-    if all_healthy {
-        let fragmented: Vec<&MemberFacts> = voters.iter().copied().filter(|m| m.fragmented).collect();
-        let next = fragmented
-            .iter()
-            .filter(|m| !m.leader)
-            .min_by(|a, b| index_order(&a.name, &b.name))
-            .or(fragmented.first());
-        if let Some(m) = next {
-            return Some(Step::Defragment { member: m.name.clone() });
-        }
+    let names: Vec<&str> = voters.iter().map(|m| m.name.as_str()).collect();
+    let leader = voters.iter().find(|m| m.leader).map(|m| m.name.as_str());
+    let (member, from, to) = facts.spread.member_to_move(&names, leader)?;
+    let mut step = operation(
+        facts,
+        OperationKind::AddMember,
+        &facts.next_member,
+        &format!(
+            "spread: {member} shares node {from} while {to} holds none; a member is added on {to}, then one of {from}'s goes"
+        ),
+    );
+    if let Step::Begin(op) = &mut step {
+        op.node = Some(to);
     }
-    None
+    Some(step)
+}
+
+/// Defragmentation (the member being defragmented stops serving for a while): one at a time,
+/// the leader last.
+fn defragment_step(voters: &[&MemberFacts]) -> Option<Step> {
+    let m = leader_last(voters, |m| m.fragmented)?;
+    Some(Step::Defragment { member: m.name.clone() })
+}
+
+/// The next of the voters that `need` something done, one at a time: the lowest index first,
+/// the leader last.
+fn leader_last<'a>(voters: &[&'a MemberFacts], need: impl Fn(&MemberFacts) -> bool) -> Option<&'a MemberFacts> {
+    let needing: Vec<&MemberFacts> = voters.iter().copied().filter(|m| need(m)).collect();
+    needing
+        .iter()
+        .copied()
+        .filter(|m| !m.leader)
+        .min_by(|a, b| index_order(&a.name, &b.name))
+        .or(needing.first().copied())
 }
 
 /// Voting members whose pods are gone while their data is on their volumes: they come back

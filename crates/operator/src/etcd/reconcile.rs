@@ -23,7 +23,7 @@ use super::names::{Names, RECOVER_ANNOTATION};
 use super::observe::{self, Children, EtcdView};
 use super::status::{self, Outcome, Problems};
 use super::{backups, bootstrap, disruption, restore, services, tls, validate};
-use crate::core::apply::{apply, apply_status, controller_reference, create_if_missing};
+use crate::core::apply::{apply, apply_status_at, controller_reference, create_if_missing};
 use crate::core::backup::retention::being_restored;
 use crate::core::cache::in_namespace;
 use crate::core::events::Announcement;
@@ -359,21 +359,15 @@ impl<'a> Pass<'a> {
         if self.cluster.status.as_ref() == Some(status) {
             return Ok(true);
         }
-        let body = json!({
-            "apiVersion": "noops.dev/v1alpha1",
-            "kind": "EtcdCluster",
-            "metadata": { "resourceVersion": self.cluster.resource_version() },
-            "status": status,
-        });
         let clusters: Api<EtcdCluster> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
-        match apply_status(&clusters, &self.cluster.name_any(), &body).await {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(e)) if e.code == 409 => {
-                debug!("the cluster changed since this pass read it; looking again");
-                Ok(false)
-            }
-            Err(e) => Err(Error::from(e)).during(Stage::Status),
+        let mut version = self.cluster.resource_version();
+        let written = apply_status_at(&clusters, &self.cluster.name_any(), &mut version, status)
+            .await
+            .during(Stage::Status)?;
+        if !written {
+            debug!("the cluster changed since this pass read it; looking again");
         }
+        Ok(written)
     }
 
     /// Tells what the written status now says, and drops a recovery request this pass used.

@@ -122,8 +122,22 @@ pub fn decide(
     now: jiff::Timestamp,
 ) -> Decision {
     let mut decision = Decision::default();
+    let added = scale_up(pools, pending, &mut decision);
+    // Pools whose flavor holds a pod waiting for room (in its grace or not) do not shrink, nor
+    // do those that just grew.
+    for (i, pool) in pools.iter().enumerate() {
+        let wanted = pending
+            .iter()
+            .any(|pod| Resources::of_pool(pool.spec).holds(&pod.requests));
+        scale_down(pool, added[i] > 0 || wanted, idle_before, now, &mut decision);
+    }
+    decision
+}
 
-    // Up.
+/// Up: each pod past its grace goes where there is room (on Ready machines the scheduler may
+/// not have tried yet, or on machines being made), else grows the first pool whose flavor
+/// holds it and that is below its maximum. Returns the machines added per pool.
+fn scale_up(pools: &[ScalingPool], pending: &[PendingPod], decision: &mut Decision) -> Vec<i32> {
     let mut due: Vec<&PendingPod> = Vec::new();
     for pod in pending {
         match PENDING_GRACE.checked_sub(pod.pending_for) {
@@ -132,31 +146,9 @@ pub fn decide(
         }
     }
     due.sort_by_key(|p| std::cmp::Reverse((p.requests.cpu_millis, p.requests.memory_bytes)));
-    // The room left on Ready machines (the scheduler may not have tried them yet), then the
-    // machines being made, empty machines of their flavor.
-    let mut room: Vec<(usize, Resources)> = Vec::new();
-    for (i, p) in pools.iter().enumerate() {
-        for node in p.ready.values() {
-            let mut free = Resources::of_pool(p.spec);
-            free.take(&node.used);
-            room.push((i, free));
-        }
-        let coming = usize::try_from(p.replicas)
-            .unwrap_or(0)
-            .saturating_sub(p.ready.len() + p.lost);
-        room.extend(std::iter::repeat_n((i, Resources::of_pool(p.spec)), coming));
-    }
+    let mut room = room_on_the_way(pools);
     let mut added = vec![0i32; pools.len()];
     let mut grew_for: Vec<Vec<String>> = vec![Vec::new(); pools.len()];
-    // Pools whose flavor holds a pod waiting for room (in its grace or not): they do not shrink.
-    let wanted: Vec<bool> = pools
-        .iter()
-        .map(|p| {
-            pending
-                .iter()
-                .any(|pod| Resources::of_pool(p.spec).holds(&pod.requests))
-        })
-        .collect();
     for pod in &due {
         let fitting: Vec<usize> = (0..pools.len())
             .filter(|i| Resources::of_pool(pools[*i].spec).holds(&pod.requests))
@@ -190,54 +182,82 @@ pub fn decide(
         if added[i] > 0 {
             let to = pool.replicas + added[i];
             decision.replicas.insert(pool.spec.name.clone(), to);
-            decision
-                .grew
-                .push((pool.spec.name.clone(), pool.replicas, to, grew_for[i].clone()));
+            decision.grew.push((
+                pool.spec.name.clone(),
+                pool.replicas,
+                to,
+                std::mem::take(&mut grew_for[i]),
+            ));
         }
     }
+    added
+}
 
-    // Down.
-    for (i, pool) in pools.iter().enumerate() {
-        let name = &pool.spec.name;
-        let before = idle_before.get(name);
-        let idle: BTreeMap<String, jiff::Timestamp> = pool
-            .ready
-            .iter()
-            .filter(|(_, node)| !node.busy)
-            .map(|(node, _)| {
-                let since = before.and_then(|b| b.get(node)).copied().unwrap_or(now);
-                (node.clone(), since)
-            })
-            .collect();
-        if !idle.is_empty() {
-            decision.idle_since.insert(name.clone(), idle.clone());
+/// The room left on each pool's Ready machines, then its machines being made (empty machines
+/// of its flavor): (pool index, room).
+fn room_on_the_way(pools: &[ScalingPool]) -> Vec<(usize, Resources)> {
+    let mut room: Vec<(usize, Resources)> = Vec::new();
+    for (i, p) in pools.iter().enumerate() {
+        for node in p.ready.values() {
+            let mut free = Resources::of_pool(p.spec);
+            free.take(&node.used);
+            room.push((i, free));
         }
-        let min = pool.spec.min_replicas.unwrap_or(pool.replicas);
-        // More Ready machines than asked for: a removal is under way (its machine may not
-        // look marked yet); the next one waits for it.
-        let removing = pool.ready.len() > usize::try_from(pool.replicas).unwrap_or(0);
-        if added[i] > 0 || wanted[i] || pool.rolling || removing || pool.replicas <= min {
-            continue;
-        }
-        let delay = jiff::SignedDuration::from_secs(pool.spec.scale_down_delay_seconds.max(0));
-        let mut due: Vec<(&String, &jiff::Timestamp)> =
-            idle.iter().filter(|(_, since)| **since + delay <= now).collect();
-        due.sort_by_key(|(node, since)| (**since, (*node).clone()));
-        for (_, since) in idle.iter().filter(|(_, since)| **since + delay > now) {
-            let left = Duration::try_from(*since + delay - now).unwrap_or(Duration::ZERO);
-            decision.look_again = sooner(decision.look_again, left.max(Duration::from_secs(1)));
-        }
-        let removable = usize::try_from(pool.replicas - min).unwrap_or(0).min(due.len());
-        if removable == 0 {
-            continue;
-        }
-        let going: Vec<String> = due.iter().take(removable).map(|(n, _)| (*n).clone()).collect();
-        let to = pool.replicas - removable as i32;
-        decision.replicas.insert(name.clone(), to);
-        decision.remove.extend(going.iter().cloned());
-        decision.shrank.push((name.clone(), pool.replicas, to, going));
+        let coming = usize::try_from(p.replicas)
+            .unwrap_or(0)
+            .saturating_sub(p.ready.len() + p.lost);
+        room.extend(std::iter::repeat_n((i, Resources::of_pool(p.spec)), coming));
     }
-    decision
+    room
+}
+
+/// Down: a pool's machines idle past its delay go, the longest idle first, down to its
+/// minimum; unless `held` (it grew, or a waiting pod fits its flavor), it rolls, or a removal
+/// is under way. Records every pool's idle machines either way.
+fn scale_down(
+    pool: &ScalingPool,
+    held: bool,
+    idle_before: &BTreeMap<String, BTreeMap<String, jiff::Timestamp>>,
+    now: jiff::Timestamp,
+    decision: &mut Decision,
+) {
+    let name = &pool.spec.name;
+    let before = idle_before.get(name);
+    let idle: BTreeMap<String, jiff::Timestamp> = pool
+        .ready
+        .iter()
+        .filter(|(_, node)| !node.busy)
+        .map(|(node, _)| {
+            let since = before.and_then(|b| b.get(node)).copied().unwrap_or(now);
+            (node.clone(), since)
+        })
+        .collect();
+    if !idle.is_empty() {
+        decision.idle_since.insert(name.clone(), idle.clone());
+    }
+    let min = pool.spec.min_replicas.unwrap_or(pool.replicas);
+    // More Ready machines than asked for: a removal is under way (its machine may not look
+    // marked yet); the next one waits for it.
+    let removing = pool.ready.len() > usize::try_from(pool.replicas).unwrap_or(0);
+    if held || pool.rolling || removing || pool.replicas <= min {
+        return;
+    }
+    let delay = jiff::SignedDuration::from_secs(pool.spec.scale_down_delay_seconds.max(0));
+    let mut due: Vec<(&String, &jiff::Timestamp)> = idle.iter().filter(|(_, since)| **since + delay <= now).collect();
+    due.sort_by_key(|(node, since)| (**since, (*node).clone()));
+    for (_, since) in idle.iter().filter(|(_, since)| **since + delay > now) {
+        let left = Duration::try_from(*since + delay - now).unwrap_or(Duration::ZERO);
+        decision.look_again = sooner(decision.look_again, left.max(Duration::from_secs(1)));
+    }
+    let removable = usize::try_from(pool.replicas - min).unwrap_or(0).min(due.len());
+    if removable == 0 {
+        return;
+    }
+    let going: Vec<String> = due.iter().take(removable).map(|(n, _)| (*n).clone()).collect();
+    let to = pool.replicas - removable as i32;
+    decision.replicas.insert(name.clone(), to);
+    decision.remove.extend(going.iter().cloned());
+    decision.shrank.push((name.clone(), pool.replicas, to, going));
 }
 
 #[cfg(test)]

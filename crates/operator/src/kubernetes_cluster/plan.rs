@@ -262,9 +262,6 @@ fn moving_plan(kc: &KubernetesCluster, control_plane: Option<&ControlPlaneView>,
     let target = exact(&kc.spec.version);
     let cluster = kc.metadata.name.clone().unwrap_or_default();
     let live = |pool: &str| deployments.iter().find(|d| d.pool == pool);
-    let listed: Vec<&PoolView> = kc.spec.workers.iter().filter_map(|p| live(&p.name)).collect();
-
-    let lagging = |version: &str| listed.iter().find(|d| !d.runs(version)).map(|d| d.pool.clone());
     let refused = control_plane.and_then(|cp| downgrade(&target, cp, deployments));
     // The control plane takes the target as soon as no kubelet would be newer or two minors
     // behind; an upgrade it cannot finish (an image that is not there) is set back the same way.
@@ -315,38 +312,8 @@ fn moving_plan(kc: &KubernetesCluster, control_plane: Option<&ControlPlaneView>,
         });
     }
 
-    // A pool renamed or removed goes once the pools that stay (a renamed one's successor
-    // too) are made and have their machines ready, so its pods have somewhere to go.
-    let unlisted = deployments
-        .iter()
-        .filter(|d| !d.deleting && !kc.spec.workers.iter().any(|p| p.name == d.pool))
-        .map(|d| d.name.clone());
-    let stayers_whole = waiting_for_control_plane.is_empty()
-        && kc
-            .spec
-            .workers
-            .iter()
-            .all(|p| live(&p.name).is_some_and(|d| d.machines_ready));
-    let (remove, removal_waits) = if stayers_whole {
-        (unlisted.collect(), vec![])
-    } else {
-        (vec![], unlisted.collect())
-    };
-
-    let step = match control_plane {
-        Some(cp) if !cp.runs(&target) => match lagging(&cp.asked) {
-            // Workers first catch up with the control plane as it is.
-            Some(pool) if control_plane_version != target => Step::Pool(pool),
-            _ => Step::ControlPlane,
-        },
-        None => Step::ControlPlane,
-        Some(_) => kc
-            .spec
-            .workers
-            .iter()
-            .find(|p| !live(&p.name).is_some_and(|d| d.runs(&target)))
-            .map_or(Step::Done, |p| Step::Pool(p.name.clone())),
-    };
+    let (remove, removal_waits) = removals(kc, deployments, waiting_for_control_plane.is_empty());
+    let step = next_step(kc, control_plane, deployments, &target, &control_plane_version);
 
     Plan {
         target,
@@ -357,6 +324,61 @@ fn moving_plan(kc: &KubernetesCluster, control_plane: Option<&ControlPlaneView>,
         step,
         waiting_for_control_plane,
         refused,
+    }
+}
+
+/// The pools' MachineDeployments to remove now, and those that wait. A pool renamed or removed
+/// goes once the pools that stay (a renamed one's successor too) are made and have their
+/// machines ready, so its pods have somewhere to go.
+fn removals(kc: &KubernetesCluster, deployments: &[PoolView], all_made: bool) -> (Vec<String>, Vec<String>) {
+    let live = |pool: &str| deployments.iter().find(|d| d.pool == pool);
+    let unlisted = deployments
+        .iter()
+        .filter(|d| !d.deleting && !kc.spec.workers.iter().any(|p| p.name == d.pool))
+        .map(|d| d.name.clone());
+    let stayers_whole = all_made
+        && kc
+            .spec
+            .workers
+            .iter()
+            .all(|p| live(&p.name).is_some_and(|d| d.machines_ready));
+    if stayers_whole {
+        (unlisted.collect(), vec![])
+    } else {
+        (vec![], unlisted.collect())
+    }
+}
+
+/// What moves next towards `target`: the control plane, or a pool (workers first catch up
+/// with the control plane as it is), or nothing.
+fn next_step(
+    kc: &KubernetesCluster,
+    control_plane: Option<&ControlPlaneView>,
+    deployments: &[PoolView],
+    target: &str,
+    control_plane_version: &str,
+) -> Step {
+    let live = |pool: &str| deployments.iter().find(|d| d.pool == pool);
+    let lagging = |version: &str| {
+        kc.spec
+            .workers
+            .iter()
+            .filter_map(|p| live(&p.name))
+            .find(|d| !d.runs(version))
+            .map(|d| d.pool.clone())
+    };
+    match control_plane {
+        Some(cp) if !cp.runs(target) => match lagging(&cp.asked) {
+            Some(pool) if control_plane_version != target => Step::Pool(pool),
+            _ => Step::ControlPlane,
+        },
+        None => Step::ControlPlane,
+        Some(_) => kc
+            .spec
+            .workers
+            .iter()
+            .find(|p| !live(&p.name).is_some_and(|d| d.runs(target)))
+            .map_or(Step::Done, |p| Step::Pool(p.name.clone())),
     }
 }
 

@@ -72,24 +72,10 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
         .collect();
     let mut plan = plan(&kc, ours.as_ref().map(ControlPlaneView::of).as_ref(), &views);
     let scales = kc.spec.workers.iter().any(|p| p.min_replicas.is_some());
-    let decision = match tenant.as_ref().filter(|_| scales && acts) {
-        Some((_, seen)) => {
-            let pools = scaling_pools(&kc, &deployments, ctx, &namespace, seen);
-            let idle_before = kc
-                .status
-                .iter()
-                .flat_map(|s| &s.pools)
-                .map(|p| {
-                    (
-                        p.name.clone(),
-                        p.idle_since.iter().map(|(n, t)| (n.clone(), t.0)).collect(),
-                    )
-                })
-                .collect();
-            Some(autoscale::decide(&pools, &seen.pending, &idle_before, now))
-        }
-        None => None,
-    };
+    let decision = tenant
+        .as_ref()
+        .filter(|_| scales && acts)
+        .map(|(_, seen)| autoscale_decision(&kc, &deployments, ctx, seen, now));
     if let Some(decision) = &decision {
         plan.scale(&kc, &decision.replicas);
     }
@@ -120,25 +106,58 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
         rejected,
     };
     let status = status::build(&facts, now);
-    let mut told = announcements(kc.status.as_ref(), &status, &plan.remove);
-    // A pod the autoscaler cannot help is said once, when the Scaling condition says it first.
-    let scaling_said = |s: Option<&KubernetesClusterStatus>| {
-        s.and_then(|s| s.conditions.iter().find(|c| c.type_ == status::SCALING))
-            .map(|c| c.message.clone())
-    };
-    let news = scaling_said(kc.status.as_ref()) != scaling_said(Some(&status));
-    told.extend(decision.iter().flat_map(|d| scaling_announcements(d, news)));
-    // What the pass did (pools scaled or removed) is told now, whatever becomes of the status
-    // write: the next pass does not do it again and would not tell it; the rest once written.
-    let (done, told): (Vec<Announcement>, Vec<Announcement>) = told
-        .into_iter()
-        .partition(|a| ["ScaledUp", "ScaledDown", "PoolRemoved"].contains(&a.reason.as_str()));
+    let (done, told) = news(&kc, &status, &plan, decision.as_ref());
     ctx.tell(kc.as_ref(), done).await;
     ctx.report(kc.as_ref(), kc.status.as_ref(), &status, told).await?;
     let again = decision
         .and_then(|d| d.look_again)
         .map_or(LOOK_AGAIN, |d| d.min(LOOK_AGAIN));
     Ok(Action::requeue(again))
+}
+
+/// What the autoscaler decides for the pools that scale themselves, from the pods waiting for
+/// room and each machine's idle time the status kept.
+fn autoscale_decision(
+    kc: &KubernetesCluster,
+    deployments: &[MachineDeployment],
+    ctx: &Context,
+    seen: &tenant::Seen,
+    now: jiff::Timestamp,
+) -> autoscale::Decision {
+    let pools = scaling_pools(kc, deployments, ctx, &kc.namespace().unwrap_or_default(), seen);
+    let idle_before = kc
+        .status
+        .iter()
+        .flat_map(|s| &s.pools)
+        .map(|p| {
+            (
+                p.name.clone(),
+                p.idle_since.iter().map(|(n, t)| (n.clone(), t.0)).collect(),
+            )
+        })
+        .collect();
+    autoscale::decide(&pools, &seen.pending, &idle_before, now)
+}
+
+/// The Events of a pass: what it did (pools scaled or removed), told now whatever becomes of
+/// the status write (the next pass does not do it again and would not tell it); and the rest,
+/// told once the status is written.
+fn news(
+    kc: &KubernetesCluster,
+    written: &KubernetesClusterStatus,
+    plan: &super::plan::Plan,
+    decision: Option<&autoscale::Decision>,
+) -> (Vec<Announcement>, Vec<Announcement>) {
+    let mut told = announcements(kc.status.as_ref(), written, &plan.remove);
+    // A pod the autoscaler cannot help is said once, when the Scaling condition says it first.
+    let scaling_said = |s: Option<&KubernetesClusterStatus>| {
+        s.and_then(|s| s.conditions.iter().find(|c| c.type_ == status::SCALING))
+            .map(|c| c.message.clone())
+    };
+    let first = scaling_said(kc.status.as_ref()) != scaling_said(Some(written));
+    told.extend(decision.iter().flat_map(|d| scaling_announcements(d, first)));
+    told.into_iter()
+        .partition(|a| ["ScaledUp", "ScaledDown", "PoolRemoved"].contains(&a.reason.as_str()))
 }
 
 /// What the tenant shows of its pods and Nodes, once its control plane serves; `None`

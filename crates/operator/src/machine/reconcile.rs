@@ -132,37 +132,7 @@ async fn run(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
         && machine.spec.provider_id.is_none();
 
     if let (true, Admission::Allowed(release), Some(cluster)) = (make_vm, &admission, &observation.cluster) {
-        let tenant = observation
-            .tenant
-            .as_ref()
-            .ok_or_else(|| Error::Blocked(format!("control plane {} does not answer yet", names.cluster)))
-            .during(Stage::Apply)?;
-        tenant.grant_machine_role().await.during(Stage::Apply)?;
-        let owner = controller_reference(machine.as_ref())
-            .ok_or_else(|| Error::Internal("the Machine has no uid yet".into()))
-            .during(Stage::Apply)?;
-        if observation.bootstrap.is_none() {
-            let secret = bootstrap_secret(ctx, &names, &owner, now).during(Stage::Apply)?;
-            let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
-            create_if_missing(&api, &secret).await.during(Stage::Apply)?;
-            crash::point("machine: bootstrap Secret made, VM not yet");
-        }
-        let networking = &cluster.spec.networking;
-        let spec = VmSpec {
-            names: names.clone(),
-            kubernetes_version: release.kubernetes.clone(),
-            image: machine.spec.template.image.clone(),
-            flavor: machine.spec.template.flavor.clone(),
-            cluster_cidr: networking.pod_cidr.clone(),
-            api_service_ip: tenant_service_ip(&networking.service_cidr)
-                .ok_or_else(|| Error::InvalidSpec(format!("{} is not a service range", networking.service_cidr)))
-                .during(Stage::Apply)?,
-            dns_domain: networking.dns_domain.clone(),
-            owner,
-        };
-        ctx.provider.create(&spec).await.during(Stage::Apply)?;
-        info!(version = %release.kubernetes, "made the machine's VM");
-        crash::point("machine: VM made, providerID not recorded");
+        make_machine(&machine, ctx, &names, &observation, release, cluster, now).await?;
     }
     // A machine's certificates are issued again before they expire, or when its CA changed:
     // the VM's mounted files follow and its agent and kube-proxy read them again.
@@ -175,25 +145,7 @@ async fn run(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
     if let Some((current, ca)) = &renewal
         && bootstrap::needs_renewal(current, &ca.cert, now, ctx.certificate_lifetime)
     {
-        let owner = controller_reference(machine.as_ref())
-            .ok_or_else(|| Error::Internal("the Machine has no uid yet".into()))
-            .during(Stage::Apply)?;
-        let secret = bootstrap::secret(&names, ca, &owner, now, ctx.certificate_lifetime)
-            .map_err(|e| Error::Certificate(e.to_string()))
-            .during(Stage::Apply)?;
-        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        apply(&api, &names.bootstrap_secret(), &secret)
-            .await
-            .during(Stage::Apply)?;
-        info!("issued the machine's certificates again");
-        let note = "issued the machine's certificates again; its agent and kube-proxy read them from its files";
-        ctx.core
-            .events
-            .tell(
-                &machine.object_ref(&()),
-                Announcement::normal("CertificatesRenewed", note),
-            )
-            .await;
+        renew_certificates(&machine, ctx, &names, ca, now).await?;
     }
     if !paused && machine.spec.provider_id.is_none() && (make_vm || observation.vm != VmState::Missing) {
         let api: Api<Machine> = Api::namespaced(ctx.client.clone(), &names.namespace);
@@ -235,6 +187,81 @@ async fn run(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
         .and_then(|(current, _)| bootstrap::due_in(current, now, ctx.certificate_lifetime))
         .map(|d| d.max(Duration::from_secs(1)));
     Ok(Action::requeue(renewal_due.map_or(look_again, |d| d.min(look_again))))
+}
+
+/// Makes a machine: the tenant's role for machines, its bootstrap Secret (certificates issued
+/// by its cluster's CA) and its VM, at the admitted release.
+async fn make_machine(
+    machine: &Machine,
+    ctx: &Context,
+    names: &Names,
+    observation: &Observation,
+    release: &crate::control_plane::versions::Release,
+    cluster: &noops_api::KubernetesControlPlane,
+    now: jiff::Timestamp,
+) -> Result<()> {
+    let tenant = observation
+        .tenant
+        .as_ref()
+        .ok_or_else(|| Error::Blocked(format!("control plane {} does not answer yet", names.cluster)))
+        .during(Stage::Apply)?;
+    tenant.grant_machine_role().await.during(Stage::Apply)?;
+    let owner = controller_reference(machine)
+        .ok_or_else(|| Error::Internal("the Machine has no uid yet".into()))
+        .during(Stage::Apply)?;
+    if observation.bootstrap.is_none() {
+        let secret = bootstrap_secret(ctx, names, &owner, now).during(Stage::Apply)?;
+        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
+        create_if_missing(&api, &secret).await.during(Stage::Apply)?;
+        crash::point("machine: bootstrap Secret made, VM not yet");
+    }
+    let networking = &cluster.spec.networking;
+    let spec = VmSpec {
+        names: names.clone(),
+        kubernetes_version: release.kubernetes.clone(),
+        image: machine.spec.template.image.clone(),
+        flavor: machine.spec.template.flavor.clone(),
+        cluster_cidr: networking.pod_cidr.clone(),
+        api_service_ip: tenant_service_ip(&networking.service_cidr)
+            .ok_or_else(|| Error::InvalidSpec(format!("{} is not a service range", networking.service_cidr)))
+            .during(Stage::Apply)?,
+        dns_domain: networking.dns_domain.clone(),
+        owner,
+    };
+    ctx.provider.create(&spec).await.during(Stage::Apply)?;
+    info!(version = %release.kubernetes, "made the machine's VM");
+    crash::point("machine: VM made, providerID not recorded");
+    Ok(())
+}
+
+/// Issues the machine's certificates again (its bootstrap Secret, applied), and says so.
+async fn renew_certificates(
+    machine: &Machine,
+    ctx: &Context,
+    names: &Names,
+    ca: &Ca,
+    now: jiff::Timestamp,
+) -> Result<()> {
+    let owner = controller_reference(machine)
+        .ok_or_else(|| Error::Internal("the Machine has no uid yet".into()))
+        .during(Stage::Apply)?;
+    let secret = bootstrap::secret(names, ca, &owner, now, ctx.certificate_lifetime)
+        .map_err(|e| Error::Certificate(e.to_string()))
+        .during(Stage::Apply)?;
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    apply(&api, &names.bootstrap_secret(), &secret)
+        .await
+        .during(Stage::Apply)?;
+    info!("issued the machine's certificates again");
+    let note = "issued the machine's certificates again; its agent and kube-proxy read them from its files";
+    ctx.core
+        .events
+        .tell(
+            &machine.object_ref(&()),
+            Announcement::normal("CertificatesRenewed", note),
+        )
+        .await;
+    Ok(())
 }
 
 /// The CA of the machine's cluster, if it has one now.
@@ -304,51 +331,7 @@ async fn remove(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
         {
             Deletion::Removing
         }
-        (Some(tenant), NodeView::Present(node)) => 'drain: {
-            let client = &tenant.client;
-            // A request the cluster's API server fails (a timeout on a loaded machine, a
-            // restart) is tried again in a moment, as an unreachable cluster is: the back-off
-            // of a failed pass grows to minutes, and a rollout waits on this machine.
-            let cordoned = tenant::cordon(client, node).await.during(Stage::Cleanup);
-            if cordoned.is_ok() {
-                crash::point("machine: Node cordoned, not drained");
-            }
-            // A Node that cannot be reached is drained without evictions once the timeout
-            // has passed: its pods may be gone with it, and nothing else would end them.
-            let force = !crate::core::nodes::ready(node) && past_timeout;
-            let drained = match cordoned {
-                Ok(()) => drain_pass(client, &names.node(), force).await.during(Stage::Cleanup),
-                Err(e) => Err(e),
-            };
-            let progress = match drained {
-                Ok(progress) => progress,
-                Err(e) if e.is_transient() && !past_timeout => {
-                    break 'drain Deletion::TenantUnreachable(format!(
-                        "its cluster's API server failed a request: {e}"
-                    ));
-                }
-                Err(e) => return Err(e),
-            };
-            if !progress.ending.is_empty() {
-                crash::point("machine: pods evicted, status not written");
-            }
-            if !progress.forced.is_empty() {
-                let note = format!(
-                    "deleted {} without eviction: the Node could not be reached for {}s",
-                    progress.forced.join(", "),
-                    timeout.as_secs()
-                );
-                ctx.core
-                    .events
-                    .tell(&machine.object_ref(&()), Announcement::warning("DrainForced", note))
-                    .await;
-            }
-            match (progress.done(), progress.forced.is_empty()) {
-                (true, true) => Deletion::Removing,
-                (true, false) => Deletion::DrainedWithoutEviction(progress.forced),
-                (false, _) => Deletion::Draining(progress),
-            }
-        }
+        (Some(tenant), NodeView::Present(node)) => drain(&machine, ctx, &names, tenant, node, past_timeout).await?,
         (_, NodeView::Missing) => Deletion::Removing,
         (_, NodeView::Unreachable(why)) if !past_timeout => Deletion::TenantUnreachable(why.clone()),
         (_, NodeView::NotAsked) if !past_timeout && machine.spec.provider_id.is_some() => {
@@ -398,6 +381,62 @@ async fn remove(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
             }
         }
     }
+}
+
+/// One drain pass over the machine's Node: cordon it, evict what may go (delete without
+/// eviction once the Node has been unreachable past the drain timeout), and say where the
+/// deletion stands.
+async fn drain(
+    machine: &Machine,
+    ctx: &Context,
+    names: &Names,
+    tenant: &Tenant,
+    node: &k8s_openapi::api::core::v1::Node,
+    past_timeout: bool,
+) -> Result<Deletion> {
+    let client = &tenant.client;
+    // A request the cluster's API server fails (a timeout on a loaded machine, a
+    // restart) is tried again in a moment, as an unreachable cluster is: the back-off
+    // of a failed pass grows to minutes, and a rollout waits on this machine.
+    let cordoned = tenant::cordon(client, node).await.during(Stage::Cleanup);
+    if cordoned.is_ok() {
+        crash::point("machine: Node cordoned, not drained");
+    }
+    // A Node that cannot be reached is drained without evictions once the timeout
+    // has passed: its pods may be gone with it, and nothing else would end them.
+    let force = !crate::core::nodes::ready(node) && past_timeout;
+    let drained = match cordoned {
+        Ok(()) => drain_pass(client, &names.node(), force).await.during(Stage::Cleanup),
+        Err(e) => Err(e),
+    };
+    let progress = match drained {
+        Ok(progress) => progress,
+        Err(e) if e.is_transient() && !past_timeout => {
+            return Ok(Deletion::TenantUnreachable(format!(
+                "its cluster's API server failed a request: {e}"
+            )));
+        }
+        Err(e) => return Err(e),
+    };
+    if !progress.ending.is_empty() {
+        crash::point("machine: pods evicted, status not written");
+    }
+    if !progress.forced.is_empty() {
+        let note = format!(
+            "deleted {} without eviction: the Node could not be reached for {}s",
+            progress.forced.join(", "),
+            machine.spec.template.node_drain_timeout_seconds.max(0)
+        );
+        ctx.core
+            .events
+            .tell(&machine.object_ref(&()), Announcement::warning("DrainForced", note))
+            .await;
+    }
+    Ok(match (progress.done(), progress.forced.is_empty()) {
+        (true, true) => Deletion::Removing,
+        (true, false) => Deletion::DrainedWithoutEviction(progress.forced),
+        (false, _) => Deletion::Draining(progress),
+    })
 }
 
 /// Writes the status if it changed, then Events for what changed.

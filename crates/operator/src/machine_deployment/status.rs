@@ -24,103 +24,43 @@ pub fn build(
     let previous = md.status.clone().unwrap_or_default();
     let hash = template_hash(md);
     let is_current =
-        |s: &&MachineSet| s.metadata.labels.as_ref().and_then(|l| l.get(TEMPLATE_HASH_LABEL)) == Some(&hash);
-    let current = sets.iter().find(is_current);
-    let sum = |f: fn(&MachineSet) -> Option<i32>| sets.iter().filter_map(f).sum::<i32>();
-    let replicas = sum(|s| s.status.as_ref()?.replicas);
-    let ready = sum(|s| s.status.as_ref()?.ready_replicas);
-    let available = sum(|s| s.status.as_ref()?.available_replicas);
-    let deleting = sum(|s| s.status.as_ref()?.deleting_replicas);
-    let updated = current.and_then(|s| s.status.as_ref()?.replicas).unwrap_or(0);
-    let wanted = md.spec.replicas;
-
-    // Progress: anything moved since the last status, or a new spec.
-    let moved = (
-        Some(replicas),
-        Some(ready),
-        Some(updated),
-        Some(available),
-        Some(deleting),
-    ) != (
-        previous.replicas,
-        previous.ready_replicas,
-        previous.updated_replicas,
-        previous.available_replicas,
-        previous.deleting_replicas.or(Some(0)),
-    ) || previous.observed_generation != md.metadata.generation;
-    let progress_at = if moved || previous.progress_at.is_none() {
-        Time(now)
-    } else {
-        previous.progress_at.clone().unwrap_or(Time(now))
-    };
+        |s: &MachineSet| s.metadata.labels.as_ref().and_then(|l| l.get(TEMPLATE_HASH_LABEL)) == Some(&hash);
+    let current = sets.iter().find(|s| is_current(s));
+    let totals = Totals::of(sets, current);
+    let progress_at = progress_at(md, &previous, &totals, now);
     let deadline = jiff::SignedDuration::from_secs(md.spec.progress_deadline_seconds);
     let held_back = md.spec.rollout_paused || md.spec.paused;
-    let stalled = !plan.complete && !held_back && now >= progress_at.0 + deadline;
-    // An older set with a machine asked, left or still draining.
-    let rolling = sets.iter().any(|s| {
-        let status = s.status.as_ref();
-        let left =
-            status.and_then(|st| st.replicas).unwrap_or(0) + status.and_then(|st| st.deleting_replicas).unwrap_or(0);
-        !is_current(&s) && left + s.spec.replicas > 0
-    });
-    let phase = if md.spec.paused || (md.spec.rollout_paused && !plan.complete) {
-        "Paused"
-    } else if stalled {
-        "Stalled"
-    } else if rolling {
-        "Rolling"
-    } else if replicas < wanted {
-        "ScalingUp"
-    } else if replicas > wanted || deleting > 0 {
-        "ScalingDown"
-    } else if plan.complete {
-        "Running"
-    } else {
-        "ScalingUp"
+    let situation = Situation {
+        complete: plan.complete,
+        // An older set with a machine asked, left or still draining.
+        rolling: sets.iter().any(|s| !is_current(s) && left_of(s) + s.spec.replicas > 0),
+        stalled: !plan.complete && !held_back && now >= progress_at.0 + deadline,
     };
     // The current set's machines first; else an older set's (a drain held past its bound is
     // an old machine's).
-    let degraded_of = |s: &MachineSet| {
-        s.status
-            .as_ref()?
-            .conditions
-            .iter()
-            .find(|c| c.type_ == DEGRADED && c.status == "True")
-            .map(|c| passed_on(MACHINES_DEGRADED, c))
-    };
     let current_problem = current
         .and_then(degraded_of)
         .or_else(|| sets.iter().filter(|s| !is_current(s)).find_map(degraded_of));
-
     let deleting_machines = machines_deleting(sets);
     let held = (deleting_machines.reason == DRAIN_HELD).then_some(deleting_machines.message.as_str());
-    let mut decided = decide(
-        md,
-        &Counts {
-            available,
-            updated,
-            deleting,
-            wanted,
-        },
-        Situation {
-            complete: plan.complete,
-            rolling,
-            stalled,
-        },
-        current_problem,
-        held,
-    );
+    let counts = Counts {
+        available: totals.available,
+        updated: totals.updated,
+        deleting: totals.deleting,
+        wanted: md.spec.replicas,
+    };
+    let mut decided = decide(md, &counts, situation, current_problem, held);
     decided.push(deleting_machines.clone());
     decided.push(paused(md.spec.paused));
     MachineDeploymentStatus {
         observed_generation: md.metadata.generation,
         conditions: merge(&previous.conditions, &decided, md.metadata.generation, now),
-        phase: Some(phase.into()),
-        replicas: Some(replicas),
-        ready_replicas: Some(ready),
-        updated_replicas: Some(updated),
-        available_replicas: Some(available),
-        deleting_replicas: Some(deleting),
+        phase: Some(phase(md, plan, &totals, situation).into()),
+        replicas: Some(totals.replicas),
+        ready_replicas: Some(totals.ready),
+        updated_replicas: Some(totals.updated),
+        available_replicas: Some(totals.available),
+        deleting_replicas: Some(totals.deleting),
         selector: Some(
             md.spec
                 .selector
@@ -133,6 +73,92 @@ pub fn build(
         current_machine_set: plan.current.as_ref().map(|(n, _)| n.clone()),
         progress_at: Some(progress_at),
     }
+}
+
+/// The machines of a deployment's sets, counted from the sets' status.
+struct Totals {
+    replicas: i32,
+    ready: i32,
+    available: i32,
+    deleting: i32,
+    /// The current template's set's machines.
+    updated: i32,
+}
+
+impl Totals {
+    fn of(sets: &[MachineSet], current: Option<&MachineSet>) -> Self {
+        let sum = |f: fn(&MachineSet) -> Option<i32>| sets.iter().filter_map(f).sum::<i32>();
+        Self {
+            replicas: sum(|s| s.status.as_ref()?.replicas),
+            ready: sum(|s| s.status.as_ref()?.ready_replicas),
+            available: sum(|s| s.status.as_ref()?.available_replicas),
+            deleting: sum(|s| s.status.as_ref()?.deleting_replicas),
+            updated: current.and_then(|s| s.status.as_ref()?.replicas).unwrap_or(0),
+        }
+    }
+}
+
+/// The machines a set still has, the ones being deleted included.
+fn left_of(set: &MachineSet) -> i32 {
+    let status = set.status.as_ref();
+    status.and_then(|s| s.replicas).unwrap_or(0) + status.and_then(|s| s.deleting_replicas).unwrap_or(0)
+}
+
+/// When the deployment last moved: now if anything moved since the last status, or the spec
+/// is new; else when the last status said.
+fn progress_at(
+    md: &MachineDeployment,
+    previous: &MachineDeploymentStatus,
+    totals: &Totals,
+    now: jiff::Timestamp,
+) -> Time {
+    let moved = (
+        Some(totals.replicas),
+        Some(totals.ready),
+        Some(totals.updated),
+        Some(totals.available),
+        Some(totals.deleting),
+    ) != (
+        previous.replicas,
+        previous.ready_replicas,
+        previous.updated_replicas,
+        previous.available_replicas,
+        previous.deleting_replicas.or(Some(0)),
+    ) || previous.observed_generation != md.metadata.generation;
+    match &previous.progress_at {
+        Some(at) if !moved => at.clone(),
+        _ => Time(now),
+    }
+}
+
+/// The phase `kubectl get` shows.
+fn phase(md: &MachineDeployment, plan: &DeploymentPlan, totals: &Totals, at: Situation) -> &'static str {
+    let wanted = md.spec.replicas;
+    if md.spec.paused || (md.spec.rollout_paused && !plan.complete) {
+        "Paused"
+    } else if at.stalled {
+        "Stalled"
+    } else if at.rolling {
+        "Rolling"
+    } else if totals.replicas < wanted {
+        "ScalingUp"
+    } else if totals.replicas > wanted || totals.deleting > 0 {
+        "ScalingDown"
+    } else if plan.complete {
+        "Running"
+    } else {
+        "ScalingUp"
+    }
+}
+
+/// Why a set's machines are degraded, if they are.
+fn degraded_of(set: &MachineSet) -> Option<String> {
+    set.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == DEGRADED && c.status == "True")
+        .map(|c| passed_on(MACHINES_DEGRADED, c))
 }
 
 /// [`MACHINES_DELETING`] of a deployment: its sets' together.

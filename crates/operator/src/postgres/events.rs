@@ -17,7 +17,17 @@ pub fn announcements(
     status: &PostgreSQLStatus,
     made: &InDatabase,
 ) -> Vec<Announcement> {
-    let (db, user) = (&pg.spec.db, &pg.spec.user);
+    let mut out = database_news(previous, status);
+    out.extend(failover_news(previous, status));
+    out.extend(synchronous_change(previous, status));
+    out.extend(pause_news(previous, status));
+    out.extend(made_news(pg, made));
+    out.extend(condition_news(pg, previous, status));
+    out
+}
+
+/// A database replaced (its volume lost with nothing to restore) or restored.
+fn database_news(previous: &PostgreSQLStatus, status: &PostgreSQLStatus) -> Vec<Announcement> {
     let mut out = Vec::new();
     if let (Some(was), Some(now)) = (&previous.system_identifier, &status.system_identifier)
         && was != now
@@ -32,56 +42,73 @@ pub fn announcements(
     {
         out.push(Announcement::normal("Restored", restored_message(record)));
     }
-    if let Some(failover) = &status.last_failover {
-        let handed = |s: &PostgreSQLStatus| s.last_failover.as_ref().map(|f| f.handed_over_at.clone());
-        if handed(previous) != Some(failover.handed_over_at.clone()) && failover.switchover {
-            out.push(Announcement::normal(
-                "SwitchedOver",
-                format!(
-                    "{} stepped down cleanly; promoted {}, which had received all of its WAL (up to {})",
-                    failover.from.as_deref().unwrap_or("the primary"),
-                    failover.to,
-                    failover.received_lsn.as_deref().unwrap_or("?")
-                ),
-            ));
-        } else if handed(previous) != Some(failover.handed_over_at.clone()) {
-            out.push(Announcement::warning(
-                "FailedOver",
-                format!(
-                    "{}: promoted {}, which had received WAL up to {}",
-                    failover.reason,
-                    failover.to,
-                    failover.received_lsn.as_deref().unwrap_or("?")
-                ),
-            ));
-        }
-        // Once per handover: a replica that promoted before the pass that handed it the lease
-        // asked it is promoted in the same status as the handover.
-        let promoted = |s: &PostgreSQLStatus| s.last_failover.as_ref().and_then(|f| f.promoted_at.clone());
-        let new_handover = handed(previous) != Some(failover.handed_over_at.clone());
-        if promoted(status).is_some() && (promoted(previous).is_none() || new_handover) {
-            let waited = failover
-                .write_gap_millis
-                .map_or_else(String::new, |gap| format!(": writes waited at most {gap} ms"));
-            out.push(Announcement::normal(
-                "Promoted",
-                format!("{} takes writes{waited}", failover.to),
-            ));
-        }
+    out
+}
+
+/// A new handover (a switchover or a failover), and its promotion once the replica takes
+/// writes: once per handover (a replica that promoted before the pass that handed it the lease
+/// asked it is promoted in the same status as the handover).
+fn failover_news(previous: &PostgreSQLStatus, status: &PostgreSQLStatus) -> Vec<Announcement> {
+    let Some(failover) = &status.last_failover else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let handed = |s: &PostgreSQLStatus| s.last_failover.as_ref().map(|f| f.handed_over_at.clone());
+    let new_handover = handed(previous) != Some(failover.handed_over_at.clone());
+    let received = failover.received_lsn.as_deref().unwrap_or("?");
+    if new_handover && failover.switchover {
+        out.push(Announcement::normal(
+            "SwitchedOver",
+            format!(
+                "{} stepped down cleanly; promoted {}, which had received all of its WAL (up to {received})",
+                failover.from.as_deref().unwrap_or("the primary"),
+                failover.to,
+            ),
+        ));
+    } else if new_handover {
+        out.push(Announcement::warning(
+            "FailedOver",
+            format!(
+                "{}: promoted {}, which had received WAL up to {received}",
+                failover.reason, failover.to,
+            ),
+        ));
     }
-    out.extend(synchronous_change(previous, status));
+    let promoted = |s: &PostgreSQLStatus| s.last_failover.as_ref().and_then(|f| f.promoted_at.clone());
+    if promoted(status).is_some() && (promoted(previous).is_none() || new_handover) {
+        let waited = failover
+            .write_gap_millis
+            .map_or_else(String::new, |gap| format!(": writes waited at most {gap} ms"));
+        out.push(Announcement::normal(
+            "Promoted",
+            format!("{} takes writes{waited}", failover.to),
+        ));
+    }
+    out
+}
+
+/// `spec.paused` taking effect, and lifted.
+fn pause_news(previous: &PostgreSQLStatus, status: &PostgreSQLStatus) -> Option<Announcement> {
     let paused = |s: &PostgreSQLStatus| s.phase.as_deref() == Some("Paused");
     if paused(status) && !paused(previous) {
-        out.push(Announcement::normal(
+        Some(Announcement::normal(
             "Paused",
             "spec.paused: the operator changes nothing of the database until it is false; backups go on",
-        ));
+        ))
     } else if paused(previous) && !paused(status) {
-        out.push(Announcement::normal(
+        Some(Announcement::normal(
             "Resumed",
             "spec.paused is false: the operator manages the database again",
-        ));
+        ))
+    } else {
+        None
     }
+}
+
+/// What the pass made in the database: its role, the database, a new password.
+fn made_news(pg: &PostgreSQL, made: &InDatabase) -> Vec<Announcement> {
+    let (db, user) = (&pg.spec.db, &pg.spec.user);
+    let mut out = Vec::new();
     if made.user_created {
         out.push(Announcement::normal(
             "UserCreated",
@@ -100,7 +127,13 @@ pub fn announcements(
             format!("set role {user}'s password from Secret {}", pg.spec.password_secret),
         ));
     }
-    // A problem is told once, when Degraded turns True or its reason changes.
+    out
+}
+
+/// A problem, told once, when Degraded turns True or its reason changes; and serving, when
+/// Ready turns True.
+fn condition_news(pg: &PostgreSQL, previous: &PostgreSQLStatus, status: &PostgreSQLStatus) -> Vec<Announcement> {
+    let mut out = Vec::new();
     let degraded = |s: &PostgreSQLStatus| {
         s.conditions
             .iter()
@@ -117,7 +150,8 @@ pub fn announcements(
         out.push(Announcement::normal(
             "Serving",
             format!(
-                "database {db} is ready at {}",
+                "database {} is ready at {}",
+                pg.spec.db,
                 status.endpoint.clone().unwrap_or_default()
             ),
         ));

@@ -137,6 +137,7 @@ pub fn replication_gauges(pg: &PostgreSQL, status: &PostgreSQLStatus) -> Replica
     }
 }
 
+/// The status the database should have now, from what the pass saw.
 pub fn build(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, now: jiff::Timestamp) -> PostgreSQLStatus {
     let previous = pg.status.clone().unwrap_or_default();
     let serving = match &seen.instance {
@@ -144,43 +145,19 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, now: jiff::Time
         _ => None,
     };
     let ready = serving.is_some() && seen.database_ready && !seen.service_missing;
-    let archiving = archiving(pg, seen, &previous);
     let restore = if serving.is_some() {
         seen.restore.clone()
     } else {
         previous.restore.clone()
     };
-    let mut decided = vec![
-        ready_condition(pg, names, seen, ready),
-        degraded(seen, archiving.as_ref()),
-        restored(seen, restore.as_ref()),
-        replicas_ready(pg, seen),
-    ];
-    let synchronous_was = previous
-        .conditions
-        .iter()
-        .find(|c| c.type_ == super::synchronous::SYNCHRONOUS_REPLICAS)
-        .map(|c| c.reason.as_str());
-    decided.extend(super::synchronous::condition(
-        pg.spec.synchronous.as_ref(),
-        seen.synchronous.as_ref(),
-        synchronous_was,
-    ));
-    decided.extend(archiving);
-    decided.extend(seen.backups.condition.clone());
+    let decided = decide(pg, names, seen, &previous, ready, restore.as_ref());
     let phase = if pg.spec.paused {
         "Paused"
     } else {
         phase(seen, &previous, ready)
     };
     let archiver = seen.archiver.clone();
-    // Cut to the second, as a stored `Time` is: a status that kept the server's microseconds
-    // would differ from the stored one at every pass, and be written again each time.
-    let time = |t: Option<String>| {
-        t.and_then(|t| t.parse::<jiff::Timestamp>().ok())
-            .map(|t| jiff::Timestamp::from_second(t.as_second()).unwrap_or(t))
-            .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time)
-    };
+    let time = |t: Option<String>| whole_second(t?);
     PostgreSQLStatus {
         observed_generation: pg.metadata.generation,
         conditions: merge(
@@ -241,6 +218,47 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, now: jiff::Time
         restoring: seen.restoring.clone(),
         bootstrap_source: seen.bootstrap_source.clone(),
     }
+}
+
+/// The conditions of the status, before they are merged with the previous ones.
+fn decide(
+    pg: &PostgreSQL,
+    names: &Names,
+    seen: &StatusFacts,
+    previous: &PostgreSQLStatus,
+    ready: bool,
+    restore: Option<&RestoreStatus>,
+) -> Vec<Decided> {
+    let archiving = archiving(pg, seen, previous);
+    let mut decided = vec![
+        ready_condition(pg, names, seen, ready),
+        degraded(seen, archiving.as_ref()),
+        restored(seen, restore),
+        replicas_ready(pg, seen),
+    ];
+    let synchronous_was = previous
+        .conditions
+        .iter()
+        .find(|c| c.type_ == super::synchronous::SYNCHRONOUS_REPLICAS)
+        .map(|c| c.reason.as_str());
+    decided.extend(super::synchronous::condition(
+        pg.spec.synchronous.as_ref(),
+        seen.synchronous.as_ref(),
+        synchronous_was,
+    ));
+    decided.extend(archiving);
+    decided.extend(seen.backups.condition.clone());
+    decided
+}
+
+/// A time the server told, cut to the second as a stored `Time` is: a status that kept the
+/// server's microseconds would differ from the stored one at every pass, and be written again
+/// each time.
+fn whole_second(time: String) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time> {
+    time.parse::<jiff::Timestamp>()
+        .ok()
+        .map(|t| jiff::Timestamp::from_second(t.as_second()).unwrap_or(t))
+        .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time)
 }
 
 /// What a restore recovered, in words.

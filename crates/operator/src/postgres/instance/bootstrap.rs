@@ -292,35 +292,12 @@ async fn recover(
     let private = settings.socket_dir.with_file_name("restore-socket");
     std::fs::create_dir_all(&private).map_err(io(format!("making {}", private.display())))?;
     super::clear_socket_folder(&private)?;
-    let me = std::env::current_exe().map_err(io("finding this program"))?;
     let private_settings = Settings {
         socket_dir: private.clone(),
         ..settings.clone()
     };
     let mut args = server_args(&private_settings, staged, &plan.system_identifier);
-    let mut restore_command = format!(
-        "{} pg-instance wal-fetch --store-env={variable} --folder={}",
-        me.display(),
-        plan.wal
-    );
-    // Another database's backup: timelines an earlier attempt of this one archived in its own
-    // store are seen too, so that a new one is chosen (its files would clash otherwise).
-    if let (From::Source, Some(archive)) = (plan.from, &settings.archive) {
-        let own = store::wal_folder(&archive.root, &plan.system_identifier);
-        restore_command.push_str(&format!(" --own-history-folder={own}"));
-    }
-    restore_command.push_str(" %f %p");
-    let mut recovery = vec![
-        // No client but this program reaches it while it recovers.
-        ("listen_addresses", String::new()),
-        ("restore_command", restore_command),
-        ("recovery_target_action", "promote".into()),
-        ("recovery_target_timeline", "latest".into()),
-    ];
-    if let Some(target) = &plan.target_time {
-        recovery.push(("recovery_target_time", server_time(target)?));
-    }
-    for (name, value) in recovery {
+    for (name, value) in recovery_settings(settings, plan, variable)? {
         args.push("-c".into());
         args.push(format!("{name}={value}"));
     }
@@ -370,7 +347,53 @@ async fn recover(
     promoted.checkpoint().await?;
     let timeline = promoted.timeline().await?;
     drop(promoted);
-    super::signal_server(&server, nix::sys::signal::Signal::SIGINT);
+    stop_cleanly(&mut server).await?;
+    let _ = std::fs::remove_dir_all(&private);
+    Ok(RestoreStatus {
+        backup: plan.backup.clone(),
+        recovered_to: facts.last_transaction,
+        end_wal: facts.end_wal,
+        timeline: Some(timeline),
+        completed_at: Some(jiff::Timestamp::now().to_string()),
+    })
+}
+
+/// The server settings of a recovery: WAL fetched by this program from the store, replayed to
+/// the latest timeline (or to the target time) and promoted, with no client but this program.
+fn recovery_settings(
+    settings: &Settings,
+    plan: &RestorePlan,
+    variable: &str,
+) -> Result<Vec<(&'static str, String)>, InstanceError> {
+    let me = std::env::current_exe().map_err(io("finding this program"))?;
+    let mut restore_command = format!(
+        "{} pg-instance wal-fetch --store-env={variable} --folder={}",
+        me.display(),
+        plan.wal
+    );
+    // Another database's backup: timelines an earlier attempt of this one archived in its own
+    // store are seen too, so that a new one is chosen (its files would clash otherwise).
+    if let (From::Source, Some(archive)) = (plan.from, &settings.archive) {
+        let own = store::wal_folder(&archive.root, &plan.system_identifier);
+        restore_command.push_str(&format!(" --own-history-folder={own}"));
+    }
+    restore_command.push_str(" %f %p");
+    let mut recovery = vec![
+        ("listen_addresses", String::new()),
+        ("restore_command", restore_command),
+        ("recovery_target_action", "promote".into()),
+        ("recovery_target_timeline", "latest".into()),
+    ];
+    if let Some(target) = &plan.target_time {
+        recovery.push(("recovery_target_time", server_time(target)?));
+    }
+    Ok(recovery)
+}
+
+/// Stops the recovered server cleanly (a fast shutdown, within the grace), so that it starts
+/// again from a shutdown checkpoint.
+async fn stop_cleanly(server: &mut tokio::process::Child) -> Result<(), InstanceError> {
+    super::signal_server(server, nix::sys::signal::Signal::SIGINT);
     match tokio::time::timeout(STOP_GRACE, server.wait()).await {
         Ok(Ok(status)) if status.success() => {}
         Ok(Ok(status)) => {
@@ -387,14 +410,7 @@ async fn recover(
             )));
         }
     }
-    let _ = std::fs::remove_dir_all(&private);
-    Ok(RestoreStatus {
-        backup: plan.backup.clone(),
-        recovered_to: facts.last_transaction,
-        end_wal: facts.end_wal,
-        timeline: Some(timeline),
-        completed_at: Some(jiff::Timestamp::now().to_string()),
-    })
+    Ok(())
 }
 
 /// An RFC 3339 time as `recovery_target_time` reads it (it refuses the `T` and the `Z`).

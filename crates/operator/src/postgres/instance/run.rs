@@ -186,25 +186,12 @@ async fn serve(
     if settings.archive.is_some() && running == Running::Primary {
         tokio::spawn(checkpoint_once_primary(settings.socket_dir.clone()));
     }
-    let (role, role_seen) = watch::channel(running);
-    let (answered_tx, answered) = watch::channel(lease::Answers::default());
-    let probing = tokio::spawn(look_at_the_primary(
-        settings.socket_dir.clone(),
-        role_seen.clone(),
-        answered_tx,
-    ));
-    let (told_tx, mut told) = mpsc::channel(8);
-    let watching = tokio::spawn(keeper.clone().watch(role_seen, answered.clone(), told_tx, renewed));
-    let (parted_tx, mut parted) = mpsc::channel(1);
-    let following = follows.map(|host| tokio::spawn(watch_the_timeline(settings.clone(), host, parted_tx)));
+    let mut watchers = Watchers::start(settings, keeper, running, renewed, follows);
     let mut deadline = renewed.map(|r| r + FENCE_AFTER);
     let mut stopping = false;
     // When a step-down for a switchover began; whether the pod is stopping.
     let mut stepping_down = None::<Instant>;
     let mut terminated = false;
-    // The server was killed for not answering: the lease is given up, so that a replica takes
-    // over at once rather than this instance starting again as the primary on what may be a
-    // sick volume.
     let mut hung = false;
     let ended = loop {
         let fenced = deadline.filter(|_| leased && running == Running::Primary && !stopping);
@@ -227,37 +214,22 @@ async fn serve(
                 break Ended::SteppedDown;
             }
             _ = sleep_until(fenced) => {
-                if answered.borrow().silent() {
-                    warn!(deadline = ?FENCE_AFTER, "the server has not answered, so the primary's lease was not renewed: killing every process of the server now, so that it takes no commit a failover could lose");
-                    kill_now(&mut server).await;
-                    hung = true;
-                } else {
-                    warn!(deadline = ?FENCE_AFTER, "could not renew the primary's lease in time: stopping the server now, so that it takes no commit a failover could lose");
-                    stop_now(&mut server).await;
-                }
+                // Read, and its lock let go, before the server is stopped.
+                let silent = watchers.answered.borrow().silent();
+                hung = fence(&mut server, silent).await;
                 break Ended::Stopped;
             }
-            Some(()) = parted.recv(), if running == Running::Replica && !stopping => {
+            Some(()) = watchers.parted.recv(), if running == Running::Replica && !stopping => {
                 warn!("this replica has not streamed for a while and the primary is on a later timeline: stopping it to rewind");
                 stop_now(&mut server).await;
                 break Ended::Stopped;
             }
-            message = told.recv() => match message {
+            message = watchers.told.recv() => match message {
                 Some(Told::Renewed { sent, promote }) => {
                     deadline = Some(sent + FENCE_AFTER);
                     if promote && running == Running::Replica {
-                        info!("the operator chose this replica: promoting it");
-                        promote_server(&settings.socket_dir).await?;
+                        watchers.promoted(settings).await?;
                         running = Running::Primary;
-                        let _ = role.send(running);
-                        info!("promoted: this instance is the primary");
-                        // A primary follows nobody: the rejoin check ends here.
-                        if let Some(task) = &following {
-                            task.abort();
-                        }
-                        // Its new timeline is in its control file only after a checkpoint:
-                        // a former primary cannot rewind to it before.
-                        tokio::spawn(checkpoint_once_primary(settings.socket_dir.clone()));
                     }
                 }
                 Some(Told::Leased(now_leased)) => leased = now_leased,
@@ -288,12 +260,123 @@ async fn serve(
             }
         }
     };
-    drop(role);
-    watching.abort();
-    probing.abort();
-    if let Some(task) = following {
-        task.abort();
+    watchers.stop();
+    let how = HowItEnded {
+        running,
+        leased,
+        hung,
+        terminated,
+    };
+    Ok(wind_up(settings, keeper, ended, how).await)
+}
+
+/// What watches a running server beside it: whether it answers, the lease (through the
+/// keeper), and for a replica whether it was left behind on an old timeline.
+struct Watchers {
+    /// What the server runs as, for the watchers.
+    role: watch::Sender<Running>,
+    /// Whether the server answers its probes.
+    answered: watch::Receiver<lease::Answers>,
+    /// What the lease tells.
+    told: mpsc::Receiver<Told>,
+    /// The replica's stream has parted from a primary on a later timeline.
+    parted: mpsc::Receiver<()>,
+    probing: tokio::task::JoinHandle<()>,
+    watching: tokio::task::JoinHandle<()>,
+    following: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Watchers {
+    fn start(
+        settings: &Settings,
+        keeper: &Keeper,
+        running: Running,
+        renewed: Option<Instant>,
+        follows: Option<String>,
+    ) -> Self {
+        let (role, role_seen) = watch::channel(running);
+        let (answered_tx, answered) = watch::channel(lease::Answers::default());
+        let probing = tokio::spawn(look_at_the_primary(
+            settings.socket_dir.clone(),
+            role_seen.clone(),
+            answered_tx,
+        ));
+        let (told_tx, told) = mpsc::channel(8);
+        let watching = tokio::spawn(keeper.clone().watch(role_seen, answered.clone(), told_tx, renewed));
+        let (parted_tx, parted) = mpsc::channel(1);
+        let following = follows.map(|host| tokio::spawn(watch_the_timeline(settings.clone(), host, parted_tx)));
+        Self {
+            role,
+            answered,
+            told,
+            parted,
+            probing,
+            watching,
+            following,
+        }
     }
+
+    /// Promotes this replica the operator chose: the server, then what watches its role; a
+    /// primary follows nobody, so the rejoin check ends.
+    async fn promoted(&self, settings: &Settings) -> Result<(), InstanceError> {
+        info!("the operator chose this replica: promoting it");
+        promote_server(&settings.socket_dir).await?;
+        let _ = self.role.send(Running::Primary);
+        info!("promoted: this instance is the primary");
+        if let Some(task) = &self.following {
+            task.abort();
+        }
+        // Its new timeline is in its control file only after a checkpoint: a former primary
+        // cannot rewind to it before.
+        tokio::spawn(checkpoint_once_primary(settings.socket_dir.clone()));
+        Ok(())
+    }
+
+    fn stop(self) {
+        self.watching.abort();
+        self.probing.abort();
+        if let Some(task) = self.following {
+            task.abort();
+        }
+    }
+}
+
+/// The primary's lease was not renewed in time: the server is stopped now, so that it takes no
+/// commit a failover could lose; killed whole if it does not answer (`silent`). True if killed.
+async fn fence(server: &mut Child, silent: bool) -> bool {
+    if silent {
+        warn!(deadline = ?FENCE_AFTER, "the server has not answered, so the primary's lease was not renewed: killing every process of the server now, so that it takes no commit a failover could lose");
+        kill_now(server).await;
+    } else {
+        warn!(deadline = ?FENCE_AFTER, "could not renew the primary's lease in time: stopping the server now, so that it takes no commit a failover could lose");
+        stop_now(server).await;
+    }
+    silent
+}
+
+/// Where the server stood when it ended.
+struct HowItEnded {
+    running: Running,
+    /// The database has a lease (it is not a first start with none yet).
+    leased: bool,
+    /// The server was killed for not answering: the lease is given up, so that a replica takes
+    /// over at once rather than this instance starting again as the primary on what may be a
+    /// sick volume.
+    hung: bool,
+    /// The pod is stopping.
+    terminated: bool,
+}
+
+/// After the server ended: a primary that held the lease and exited (or hung) gives the lease
+/// up with where its WAL ended; a step-down says where its WAL ended; a stopping pod's
+/// container ends whatever stopped the server.
+async fn wind_up(settings: &Settings, keeper: &Keeper, ended: Ended, how: HowItEnded) -> Ended {
+    let HowItEnded {
+        running,
+        leased,
+        hung,
+        terminated,
+    } = how;
     if (matches!(ended, Ended::Exited(_)) || hung) && running == Running::Primary && leased {
         // A server killed because it hung may have written past its last checkpoint.
         let stopped = match control::read(&settings.pgdata).await {
@@ -304,7 +387,7 @@ async fn serve(
     }
     // The pod is going: whatever stopped the server, the container ends.
     if terminated && matches!(ended, Ended::Stopped) {
-        return Ok(Ended::Exited(ExitStatus::from_raw(0)));
+        return Ended::Exited(ExitStatus::from_raw(0));
     }
     if matches!(ended, Ended::SteppedDown) {
         let stopped = match control::read(&settings.pgdata).await {
@@ -313,13 +396,13 @@ async fn serve(
         };
         info!(?stopped, "the server stepped down for a switchover");
         keeper.report_stopped(&stopped).await;
-        return Ok(if terminated {
+        return if terminated {
             Ended::Exited(ExitStatus::from_raw(0))
         } else {
             Ended::Stopped
-        });
+        };
     }
-    Ok(ended)
+    ended
 }
 
 async fn sleep_until(deadline: Option<Instant>) {
