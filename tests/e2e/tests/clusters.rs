@@ -721,11 +721,12 @@ async fn the_plugin_draws_the_cluster_and_reaches_it(ns: &TestNamespace) {
         let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
     }
-    let nodes = kubectl_with(&file, &["get", "nodes", "-o", "name"], None);
-    assert!(
-        nodes.status.success(),
-        "kubectl get nodes with the written kubeconfig: {nodes:?}"
-    );
+    // The Secret may name the node port a moment before kube-proxy serves it (both follow the
+    // Service's change), as on any cluster: kubectl answers within a bound.
+    let nodes = wait_for("kubectl get nodes with the written kubeconfig", MINUTE, || async {
+        Some(kubectl_with(&file, &["get", "nodes", "-o", "name"], None)).filter(|out| out.status.success())
+    })
+    .await;
     let mut listed: Vec<String> = stdout(&nodes).lines().map(String::from).collect();
     listed.sort();
     let mut expected: Vec<String> = machines
