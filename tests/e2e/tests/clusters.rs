@@ -723,8 +723,22 @@ async fn the_plugin_draws_the_cluster_and_reaches_it(ns: &TestNamespace) {
     }
     // The Secret may name the node port a moment before kube-proxy serves it (both follow the
     // Service's change), as on any cluster: kubectl answers within a bound.
+    // Each new refusal is printed, so a run that times out shows why kubectl failed.
+    let last_refusal = std::sync::Mutex::new(String::new());
     let nodes = wait_for("kubectl get nodes with the written kubeconfig", MINUTE, || async {
-        Some(kubectl_with(&file, &["get", "nodes", "-o", "name"], None)).filter(|out| out.status.success())
+        let out = kubectl_with(&file, &["get", "nodes", "-o", "name"], None);
+        if out.status.success() {
+            return Some(out);
+        }
+        // Its last line: the earlier ones carry a timestamp each.
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let said = stderr.lines().last().unwrap_or_default().to_string();
+        let mut last = last_refusal.lock().unwrap();
+        if *last != said {
+            eprintln!("kubectl get nodes with the written kubeconfig: {said}");
+            *last = said;
+        }
+        None
     })
     .await;
     let mut listed: Vec<String> = stdout(&nodes).lines().map(String::from).collect();
