@@ -40,19 +40,20 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::{EtcdCluster, KubernetesControlPlane};
 
+use crate::core::Result;
 use crate::core::cache::shared_cache;
 use crate::core::controller::{Registration, Runtime};
+use crate::core::engine::{Engine, Wiring, registration};
 use crate::core::labels;
 use context::{Context, State};
+use kube::runtime::controller::Action;
 use names::CONTROL_PLANE_LABEL;
 
 /// The controller's registration (`noops run --controllers kubernetescontrolplane`).
-pub const CONTROLLER: Registration = Registration {
-    name: "kubernetescontrolplane",
-    about: "KubernetesControlPlane: a tenant's Kubernetes control plane on an EtcdCluster",
-    concurrency: 8,
-    run: |runtime| Box::pin(run(runtime)),
-};
+pub const CONTROLLER: Registration = registration::<KubernetesControlPlanes>();
+
+/// The KubernetesControlPlane engine.
+pub struct KubernetesControlPlanes;
 
 /// The label the etcd controller puts on what an EtcdCluster owns (its client certificate).
 const ETCD_CLUSTER_LABEL: &str = "noops.dev/etcdcluster";
@@ -69,52 +70,56 @@ fn owner_of(
     Some(ObjectRef::new(name).within(&object.namespace()?))
 }
 
-/// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
-pub async fn run(runtime: Runtime) {
-    let ours = watcher::Config::default().labels(CONTROL_PLANE_LABEL);
-    let (etcd_clusters, etcd_changes) = runtime.cache::<EtcdCluster>(ours.clone()).await;
-    let (deployments, deployment_changes) = runtime.cache::<Deployment>(ours.clone()).await;
-    let (services, service_changes) = runtime.cache::<Service>(ours.clone()).await;
-    let (pods, pod_changes) = runtime.cache::<Pod>(ours).await;
-    // Which nodes could take a component's pod that shares a node with another (spread.rs).
-    let (nodes, _) = shared_cache(
-        kube::Api::<Node>::all(runtime.client.clone()),
-        watcher::Config::default(),
-    )
-    .await;
-    // Its own certificates, and the etcd client certificate its EtcdCluster makes.
-    let noops = watcher::Config::default().labels(&labels::managed_by_noops());
-    let (secrets, secret_changes) = runtime.cache::<Secret>(noops).await;
-    let state = State {
-        etcd_clusters,
-        deployments,
-        services,
-        secrets,
-        pods,
-        nodes,
-        certificate_lifetime: runtime.certificate_lifetime,
-        images: runtime.images.clone(),
-    };
-    let controller = runtime
-        .controller::<KubernetesControlPlane>(CONTROLLER.concurrency)
-        // A child change wakes its control plane only after the cache holds it.
-        .owns_shared_stream(etcd_changes)
-        .owns_shared_stream(deployment_changes)
-        .owns_shared_stream(service_changes)
-        .watches_shared_stream(secret_changes, |secret: Arc<Secret>| {
-            owner_of(secret.as_ref(), CONTROL_PLANE_LABEL, "")
-                .or_else(|| owner_of(secret.as_ref(), ETCD_CLUSTER_LABEL, "-etcd"))
-        })
-        // A component's pod that starts, fails or recovers wakes its control plane.
-        .watches_shared_stream(pod_changes, |pod: Arc<Pod>| {
-            owner_of(pod.as_ref(), CONTROL_PLANE_LABEL, "")
-        });
-    runtime
-        .serve(
-            CONTROLLER.name,
-            controller,
-            state,
-            |kcp, ctx: Arc<Context>| async move { reconcile::reconcile(kcp, &ctx).await },
+impl Engine for KubernetesControlPlanes {
+    type Object = KubernetesControlPlane;
+    type State = State;
+    const NAME: &'static str = "kubernetescontrolplane";
+    const ABOUT: &'static str = "KubernetesControlPlane: a tenant's Kubernetes control plane on an EtcdCluster";
+    const CONCURRENCY: u16 = 8;
+
+    async fn wire(runtime: &Runtime) -> Wiring<Self> {
+        let ours = watcher::Config::default().labels(CONTROL_PLANE_LABEL);
+        let (etcd_clusters, etcd_changes) = runtime.cache::<EtcdCluster>(ours.clone()).await;
+        let (deployments, deployment_changes) = runtime.cache::<Deployment>(ours.clone()).await;
+        let (services, service_changes) = runtime.cache::<Service>(ours.clone()).await;
+        let (pods, pod_changes) = runtime.cache::<Pod>(ours).await;
+        // Which nodes could take a component's pod that shares a node with another (spread.rs).
+        let (nodes, _) = shared_cache(
+            kube::Api::<Node>::all(runtime.client.clone()),
+            watcher::Config::default(),
         )
         .await;
+        // Its own certificates, and the etcd client certificate its EtcdCluster makes.
+        let noops = watcher::Config::default().labels(&labels::managed_by_noops());
+        let (secrets, secret_changes) = runtime.cache::<Secret>(noops).await;
+        let state = State {
+            etcd_clusters,
+            deployments,
+            services,
+            secrets,
+            pods,
+            nodes,
+            certificate_lifetime: runtime.certificate_lifetime,
+            images: runtime.images.clone(),
+        };
+        let controller = runtime
+            .controller::<KubernetesControlPlane>(Self::CONCURRENCY)
+            // A child change wakes its control plane only after the cache holds it.
+            .owns_shared_stream(etcd_changes)
+            .owns_shared_stream(deployment_changes)
+            .owns_shared_stream(service_changes)
+            .watches_shared_stream(secret_changes, |secret: Arc<Secret>| {
+                owner_of(secret.as_ref(), CONTROL_PLANE_LABEL, "")
+                    .or_else(|| owner_of(secret.as_ref(), ETCD_CLUSTER_LABEL, "-etcd"))
+            })
+            // A component's pod that starts, fails or recovers wakes its control plane.
+            .watches_shared_stream(pod_changes, |pod: Arc<Pod>| {
+                owner_of(pod.as_ref(), CONTROL_PLANE_LABEL, "")
+            });
+        Wiring::new(state, controller)
+    }
+
+    async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: Arc<Context>) -> Result<Action> {
+        reconcile::reconcile(kcp, &ctx).await
+    }
 }

@@ -1,12 +1,13 @@
 //! What every controller of the operator is and shares.
 //!
 //! - [`Registration`]: a controller's name, how many passes it runs at once and how to run it.
-//!   Each controller module exports one as `CONTROLLER`, and `lib.rs` lists the modules once
+//!   Each controller module exports one as `CONTROLLER`, made of its engine by
+//!   [`registration`](super::engine::registration), and `lib.rs` lists the modules once
 //!   (`controllers!`): that list is what `noops run --controllers` accepts and runs.
 //! - [`Runtime`]: what `noops run` gives a controller (client, namespace, metrics, shutdown),
-//!   and how a controller's `run` is made of it: its watch caches (`cache`), its controller
-//!   (`controller`), wired to the children that wake it, then `serve`, which runs every pass
-//!   through the core.
+//!   and what an engine is wired of ([`Engine::wire`](super::engine::Engine::wire)): its
+//!   watch caches (`cache`), its controller (`controller`), wired to the children that wake
+//!   it; then `serve`, which runs every pass through the core.
 //! - [`Context`]: what every pass shares (the core, the client, the controller's own state).
 //! - [`ControllerCore`]: the wrapper around each reconcile: a tracing span naming the controller
 //!   and the object (so log lines need not repeat them), metrics, a growing back-off per object,
@@ -118,7 +119,7 @@ impl Runtime {
     /// registered as `name` with `state` until the shutdown fires: each pass `reconcile`
     /// through the core (span, metrics, back-off, malformed objects), each failure through its
     /// error policy, and each object's state as series.
-    pub async fn serve<K, S, R, Fut>(
+    pub(super) async fn serve<K, S, R, Fut>(
         self,
         name: &'static str,
         controller: Controller<DeserializeGuard<K>>,

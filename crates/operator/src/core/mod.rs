@@ -19,6 +19,7 @@ pub mod conditions;
 pub mod controller;
 pub mod crash;
 pub mod downward;
+pub mod engine;
 pub mod error;
 pub mod events;
 #[cfg(test)]

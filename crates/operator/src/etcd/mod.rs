@@ -57,101 +57,109 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::{EtcdBackup, EtcdCluster};
 
+use crate::core::Result;
 use crate::core::cache::{concerned, shared_cache};
 use crate::core::controller::{Registration, Runtime};
+use crate::core::engine::{Engine, Wiring, registration};
 use crate::core::user_secrets::UserSecrets;
 use context::{Context, State};
+use kube::runtime::controller::Action;
 
 /// The controller's registration (`noops run --controllers etcd`).
-pub const CONTROLLER: Registration = Registration {
-    name: "etcd",
-    about: "EtcdCluster: etcd clusters that keep their quorum and their data",
-    concurrency: 8,
-    run: |runtime| Box::pin(run(runtime)),
-};
+pub const CONTROLLER: Registration = registration::<EtcdClusters>();
 
-/// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
-pub async fn run(runtime: Runtime) {
-    let ours = watcher::Config::default().labels(names::CLUSTER_LABEL);
-    let (pods, pod_changes) = runtime.cache::<Pod>(ours.clone()).await;
-    let (volumes, volume_changes) = runtime.cache::<PersistentVolumeClaim>(ours.clone()).await;
-    let (secrets, _) = runtime.cache::<Secret>(ours.clone()).await;
-    let (services, _) = runtime.cache::<Service>(ours.clone()).await;
-    let (config_maps, _) = runtime.cache::<ConfigMap>(ours.clone()).await;
-    let (budgets, _) = runtime.cache::<PodDisruptionBudget>(ours).await;
-    // Which nodes could hold a member: members that share a node move to one that holds none.
-    let (nodes, _) = shared_cache(
-        kube::Api::<Node>::all(runtime.client.clone()),
-        watcher::Config::default(),
-    )
-    .await;
-    let (backups, backup_changes) = runtime.cache::<EtcdBackup>(watcher::Config::default()).await;
-    let (user_secrets, secret_changes) = UserSecrets::watch(&runtime.client, &runtime.namespace).await;
-    let controller = runtime
-        .controller::<EtcdCluster>(CONTROLLER.concurrency)
-        // A member's pod or volume that changes wakes its cluster once the cache holds it.
-        .owns_shared_stream(pod_changes)
-        .owns_shared_stream(volume_changes);
-    let clusters = controller.store();
-    let state = State {
-        caches: observe::Caches {
-            pods,
-            volumes,
-            secrets,
-            services,
-            config_maps,
-            budgets,
-            backups,
-            nodes,
-        },
-        user_secrets,
-        image: runtime.image.clone(),
-        certificate_lifetime: runtime.certificate_lifetime,
-        images: runtime.images.clone(),
-        clusters: clusters.clone(),
-    };
-    let controller = controller
-        // A backup wakes the cluster it is of, and one that starts from it.
-        .watches_shared_stream(backup_changes, {
-            let clusters = clusters.clone();
-            move |backup: Arc<EtcdBackup>| {
-                let name = backup.name_any();
-                concerned(&clusters, &backup.namespace().unwrap_or_default(), |cluster| {
-                    cluster.name_any() == backup.spec.cluster || backups::starting_from(cluster) == Some(&name)
-                })
-            }
-        })
-        // A user's certificate Secret wakes the clusters that name it.
-        .watches_shared_stream(secret_changes, {
-            let clusters = clusters.clone();
-            move |secret: Arc<PartialObjectMeta<Secret>>| {
-                let name = secret.name_any();
-                concerned(&clusters, &secret.namespace().unwrap_or_default(), |cluster| {
-                    names::Names::of(cluster).user_secret_names().contains(&name)
-                })
-            }
-        });
-    // The health series of a deleted cluster go with it (judged only in the namespace this
-    // instance watches).
-    let (scope, metrics) = (runtime.namespace.clone(), runtime.metrics.clone());
-    let janitor = tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_secs(30)).await;
-            metrics.retain_etcd_clusters(|ns, name| {
-                scope.as_deref().is_some_and(|watched| watched != ns)
-                    || clusters
-                        .get(&ObjectRef::<DeserializeGuard<EtcdCluster>>::new(name).within(ns))
-                        .is_some()
-            });
-        }
-    });
-    runtime
-        .serve(
-            CONTROLLER.name,
-            controller,
-            state,
-            |cluster, ctx: Arc<Context>| async move { reconcile::reconcile(cluster, &ctx).await },
+/// The EtcdCluster engine.
+pub struct EtcdClusters;
+
+impl Engine for EtcdClusters {
+    type Object = EtcdCluster;
+    type State = State;
+    const NAME: &'static str = "etcd";
+    const ABOUT: &'static str = "EtcdCluster: etcd clusters that keep their quorum and their data";
+    const CONCURRENCY: u16 = 8;
+
+    async fn wire(runtime: &Runtime) -> Wiring<Self> {
+        let ours = watcher::Config::default().labels(names::CLUSTER_LABEL);
+        let (pods, pod_changes) = runtime.cache::<Pod>(ours.clone()).await;
+        let (volumes, volume_changes) = runtime.cache::<PersistentVolumeClaim>(ours.clone()).await;
+        let (secrets, _) = runtime.cache::<Secret>(ours.clone()).await;
+        let (services, _) = runtime.cache::<Service>(ours.clone()).await;
+        let (config_maps, _) = runtime.cache::<ConfigMap>(ours.clone()).await;
+        let (budgets, _) = runtime.cache::<PodDisruptionBudget>(ours).await;
+        // Which nodes could hold a member: members that share a node move to one that holds none.
+        let (nodes, _) = shared_cache(
+            kube::Api::<Node>::all(runtime.client.clone()),
+            watcher::Config::default(),
         )
         .await;
-    janitor.abort();
+        let (backups, backup_changes) = runtime.cache::<EtcdBackup>(watcher::Config::default()).await;
+        let (user_secrets, secret_changes) = UserSecrets::watch(&runtime.client, &runtime.namespace).await;
+        let controller = runtime
+            .controller::<EtcdCluster>(Self::CONCURRENCY)
+            // A member's pod or volume that changes wakes its cluster once the cache holds it.
+            .owns_shared_stream(pod_changes)
+            .owns_shared_stream(volume_changes);
+        let clusters = controller.store();
+        let state = State {
+            caches: observe::Caches {
+                pods,
+                volumes,
+                secrets,
+                services,
+                config_maps,
+                budgets,
+                backups,
+                nodes,
+            },
+            user_secrets,
+            image: runtime.image.clone(),
+            certificate_lifetime: runtime.certificate_lifetime,
+            images: runtime.images.clone(),
+            clusters: clusters.clone(),
+        };
+        let controller = controller
+            // A backup wakes the cluster it is of, and one that starts from it.
+            .watches_shared_stream(backup_changes, {
+                let clusters = clusters.clone();
+                move |backup: Arc<EtcdBackup>| {
+                    let name = backup.name_any();
+                    concerned(&clusters, &backup.namespace().unwrap_or_default(), |cluster| {
+                        cluster.name_any() == backup.spec.cluster || backups::starting_from(cluster) == Some(&name)
+                    })
+                }
+            })
+            // A user's certificate Secret wakes the clusters that name it.
+            .watches_shared_stream(secret_changes, {
+                let clusters = clusters.clone();
+                move |secret: Arc<PartialObjectMeta<Secret>>| {
+                    let name = secret.name_any();
+                    concerned(&clusters, &secret.namespace().unwrap_or_default(), |cluster| {
+                        names::Names::of(cluster).user_secret_names().contains(&name)
+                    })
+                }
+            });
+        // The health series of a deleted cluster go with it (judged only in the namespace this
+        // instance watches).
+        let (scope, metrics) = (runtime.namespace.clone(), runtime.metrics.clone());
+        let janitor = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                metrics.retain_etcd_clusters(|ns, name| {
+                    scope.as_deref().is_some_and(|watched| watched != ns)
+                        || clusters
+                            .get(&ObjectRef::<DeserializeGuard<EtcdCluster>>::new(name).within(ns))
+                            .is_some()
+                });
+            }
+        });
+        Wiring {
+            state,
+            controller,
+            beside: vec![janitor],
+        }
+    }
+
+    async fn reconcile(cluster: Arc<EtcdCluster>, ctx: Arc<Context>) -> Result<Action> {
+        reconcile::reconcile(cluster, &ctx).await
+    }
 }

@@ -26,55 +26,64 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::{KubernetesCluster, KubernetesControlPlane, Machine, MachineDeployment};
 
+use crate::core::Result;
 use crate::core::controller::{Registration, Runtime};
+use crate::core::engine::{Engine, Wiring, registration};
 use crate::core::labels;
 use context::{Context, State};
 use desired::CLUSTER_LABEL;
+use kube::runtime::controller::Action;
 
 /// The controller's registration (`noops run --controllers kubernetescluster`).
-pub const CONTROLLER: Registration = Registration {
-    name: "kubernetescluster",
-    about: "KubernetesCluster: a tenant cluster from one manifest, its control plane upgraded before its pools",
-    concurrency: 8,
-    run: |runtime| Box::pin(run(runtime)),
-};
+pub const CONTROLLER: Registration = registration::<KubernetesClusters>();
 
-/// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
-pub async fn run(runtime: Runtime) {
-    let (control_planes, control_plane_changes) = runtime
-        .cache::<KubernetesControlPlane>(watcher::Config::default())
-        .await;
-    let (deployments, deployment_changes) = runtime.cache::<MachineDeployment>(watcher::Config::default()).await;
-    // The control planes' admin kubeconfigs, for reaching the tenants.
-    let (secrets, _) = runtime
-        .cache::<Secret>(watcher::Config::default().labels(&labels::managed_by_noops()))
-        .await;
-    let (machines, machine_changes) = runtime
-        .cache::<Machine>(watcher::Config::default().labels(CLUSTER_LABEL))
-        .await;
-    // A scaling pool's tenant Pods and Nodes wake its cluster when they change.
-    let (tenants, tenant_changes) = tenant::TenantViews::new();
-    let state = State {
-        control_planes,
-        deployments,
-        machines,
-        secrets,
-        tenants,
-    };
-    let controller = runtime
-        .controller::<KubernetesCluster>(CONTROLLER.concurrency)
-        .owns_shared_stream(control_plane_changes)
-        .owns_shared_stream(deployment_changes)
-        // A pool has rolled out only once its last old machine is gone, which its
-        // MachineDeployment's status does not show (it leaves out machines being deleted).
-        .watches_shared_stream(machine_changes, |machine: Arc<Machine>| {
-            let cluster = machine.labels().get(CLUSTER_LABEL).cloned();
-            cluster.map(|name| ObjectRef::new(&name).within(&machine.namespace().unwrap_or_default()))
-        })
-        .reconcile_on(tenant_changes);
-    runtime
-        .serve(CONTROLLER.name, controller, state, |kc, ctx: Arc<Context>| async move {
-            reconcile::reconcile(kc, &ctx).await
-        })
-        .await;
+/// The KubernetesCluster engine.
+pub struct KubernetesClusters;
+
+impl Engine for KubernetesClusters {
+    type Object = KubernetesCluster;
+    type State = State;
+    const NAME: &'static str = "kubernetescluster";
+    const ABOUT: &'static str =
+        "KubernetesCluster: a tenant cluster from one manifest, its control plane upgraded before its pools";
+    const CONCURRENCY: u16 = 8;
+
+    async fn wire(runtime: &Runtime) -> Wiring<Self> {
+        let (control_planes, control_plane_changes) = runtime
+            .cache::<KubernetesControlPlane>(watcher::Config::default())
+            .await;
+        let (deployments, deployment_changes) = runtime.cache::<MachineDeployment>(watcher::Config::default()).await;
+        // The control planes' admin kubeconfigs, for reaching the tenants.
+        let (secrets, _) = runtime
+            .cache::<Secret>(watcher::Config::default().labels(&labels::managed_by_noops()))
+            .await;
+        let (machines, machine_changes) = runtime
+            .cache::<Machine>(watcher::Config::default().labels(CLUSTER_LABEL))
+            .await;
+        // A scaling pool's tenant Pods and Nodes wake its cluster when they change.
+        let (tenants, tenant_changes) = tenant::TenantViews::new();
+        let state = State {
+            control_planes,
+            deployments,
+            machines,
+            secrets,
+            tenants,
+        };
+        let controller = runtime
+            .controller::<KubernetesCluster>(Self::CONCURRENCY)
+            .owns_shared_stream(control_plane_changes)
+            .owns_shared_stream(deployment_changes)
+            // A pool has rolled out only once its last old machine is gone, which its
+            // MachineDeployment's status does not show (it leaves out machines being deleted).
+            .watches_shared_stream(machine_changes, |machine: Arc<Machine>| {
+                let cluster = machine.labels().get(CLUSTER_LABEL).cloned();
+                cluster.map(|name| ObjectRef::new(&name).within(&machine.namespace().unwrap_or_default()))
+            })
+            .reconcile_on(tenant_changes);
+        Wiring::new(state, controller)
+    }
+
+    async fn reconcile(kc: Arc<KubernetesCluster>, ctx: Arc<Context>) -> Result<Action> {
+        reconcile::reconcile(kc, &ctx).await
+    }
 }

@@ -33,64 +33,69 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::{KubernetesControlPlane, Machine};
 
+use crate::core::Result;
 use crate::core::cache::concerned;
 use crate::core::controller::{Registration, Runtime};
+use crate::core::engine::{Engine, Wiring, registration};
 use crate::core::labels;
 use context::{Context, State};
+use kube::runtime::controller::Action;
 use names::MACHINE_LABEL;
 
 /// The controller's registration (`noops run --controllers machine`).
-pub const CONTROLLER: Registration = Registration {
-    name: "machine",
-    about: "Machine: a tenant's worker node, its VM a pod of this cluster",
-    concurrency: 16,
-    run: |runtime| Box::pin(run(runtime)),
-};
+pub const CONTROLLER: Registration = registration::<Machines>();
 
-/// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
-pub async fn run(runtime: Runtime) {
-    let (pods, pod_changes) = runtime
-        .cache::<Pod>(watcher::Config::default().labels(MACHINE_LABEL))
-        .await;
-    let noops = watcher::Config::default().labels(&labels::managed_by_noops());
-    let (secrets, secret_changes) = runtime.cache::<Secret>(noops).await;
-    let (control_planes, control_plane_changes) = runtime
-        .cache::<KubernetesControlPlane>(watcher::Config::default())
-        .await;
-    let controller = runtime.controller::<Machine>(CONTROLLER.concurrency);
-    let machines = controller.store();
-    // Each tenant's Node watch wakes the Machine of the Node that changed.
-    let (tenants, node_changes) = tenant::Tenants::new();
-    let state = State {
-        control_planes,
-        secrets,
-        provider: provider::PodProvider {
-            client: runtime.client.clone(),
-            pods,
-            images: runtime.images.clone(),
-        },
-        tenants,
-        certificate_lifetime: runtime.certificate_lifetime,
-    };
-    let controller = controller
-        .owns_shared_stream(pod_changes)
-        .reconcile_on(node_changes)
-        .watches_shared_stream(secret_changes, |secret: Arc<Secret>| {
-            let machine = secret.labels().get(MACHINE_LABEL)?;
-            Some(ObjectRef::new(machine).within(&secret.namespace()?))
-        })
-        .watches_shared_stream(control_plane_changes, move |kcp: Arc<KubernetesControlPlane>| {
-            let name = kcp.name_any();
-            concerned(&machines, &kcp.namespace().unwrap_or_default(), |m: &Machine| {
-                m.spec.cluster_name == name
+/// The Machine engine.
+pub struct Machines;
+
+impl Engine for Machines {
+    type Object = Machine;
+    type State = State;
+    const NAME: &'static str = "machine";
+    const ABOUT: &'static str = "Machine: a tenant's worker node, its VM a pod of this cluster";
+    const CONCURRENCY: u16 = 16;
+
+    async fn wire(runtime: &Runtime) -> Wiring<Self> {
+        let (pods, pod_changes) = runtime
+            .cache::<Pod>(watcher::Config::default().labels(MACHINE_LABEL))
+            .await;
+        let noops = watcher::Config::default().labels(&labels::managed_by_noops());
+        let (secrets, secret_changes) = runtime.cache::<Secret>(noops).await;
+        let (control_planes, control_plane_changes) = runtime
+            .cache::<KubernetesControlPlane>(watcher::Config::default())
+            .await;
+        let controller = runtime.controller::<Machine>(Self::CONCURRENCY);
+        let machines = controller.store();
+        // Each tenant's Node watch wakes the Machine of the Node that changed.
+        let (tenants, node_changes) = tenant::Tenants::new();
+        let state = State {
+            control_planes,
+            secrets,
+            provider: provider::PodProvider {
+                client: runtime.client.clone(),
+                pods,
+                images: runtime.images.clone(),
+            },
+            tenants,
+            certificate_lifetime: runtime.certificate_lifetime,
+        };
+        let controller = controller
+            .owns_shared_stream(pod_changes)
+            .reconcile_on(node_changes)
+            .watches_shared_stream(secret_changes, |secret: Arc<Secret>| {
+                let machine = secret.labels().get(MACHINE_LABEL)?;
+                Some(ObjectRef::new(machine).within(&secret.namespace()?))
             })
-        });
-    runtime
-        .serve(
-            CONTROLLER.name,
-            controller,
-            state,
-            |machine, ctx: Arc<Context>| async move { reconcile::reconcile(machine, &ctx).await },
-        )
-        .await;
+            .watches_shared_stream(control_plane_changes, move |kcp: Arc<KubernetesControlPlane>| {
+                let name = kcp.name_any();
+                concerned(&machines, &kcp.namespace().unwrap_or_default(), |m: &Machine| {
+                    m.spec.cluster_name == name
+                })
+            });
+        Wiring::new(state, controller)
+    }
+
+    async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action> {
+        reconcile::reconcile(machine, &ctx).await
+    }
 }

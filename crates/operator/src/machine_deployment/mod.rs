@@ -21,32 +21,37 @@ use std::sync::Arc;
 use kube::runtime::watcher;
 use noops_api::{MachineDeployment, MachineSet};
 
+use crate::core::Result;
 use crate::core::controller::{Registration, Runtime};
+use crate::core::engine::{Engine, Wiring, registration};
 use context::{Context, State};
 use desired::MACHINE_DEPLOYMENT_LABEL;
+use kube::runtime::controller::Action;
 
 /// The controller's registration (`noops run --controllers machinedeployment`).
-pub const CONTROLLER: Registration = Registration {
-    name: "machinedeployment",
-    about: "MachineDeployment: worker machines rolled out like a Deployment's pods",
-    concurrency: 8,
-    run: |runtime| Box::pin(run(runtime)),
-};
+pub const CONTROLLER: Registration = registration::<MachineDeployments>();
 
-/// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
-pub async fn run(runtime: Runtime) {
-    let (sets, set_changes) = runtime
-        .cache::<MachineSet>(watcher::Config::default().labels(MACHINE_DEPLOYMENT_LABEL))
-        .await;
-    let controller = runtime
-        .controller::<MachineDeployment>(CONTROLLER.concurrency)
-        .owns_shared_stream(set_changes);
-    runtime
-        .serve(
-            CONTROLLER.name,
-            controller,
-            State { sets },
-            |md, ctx: Arc<Context>| async move { reconcile::reconcile(md, &ctx).await },
-        )
-        .await;
+/// The MachineDeployment engine.
+pub struct MachineDeployments;
+
+impl Engine for MachineDeployments {
+    type Object = MachineDeployment;
+    type State = State;
+    const NAME: &'static str = "machinedeployment";
+    const ABOUT: &'static str = "MachineDeployment: worker machines rolled out like a Deployment's pods";
+    const CONCURRENCY: u16 = 8;
+
+    async fn wire(runtime: &Runtime) -> Wiring<Self> {
+        let (sets, set_changes) = runtime
+            .cache::<MachineSet>(watcher::Config::default().labels(MACHINE_DEPLOYMENT_LABEL))
+            .await;
+        let controller = runtime
+            .controller::<MachineDeployment>(Self::CONCURRENCY)
+            .owns_shared_stream(set_changes);
+        Wiring::new(State { sets }, controller)
+    }
+
+    async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Action> {
+        reconcile::reconcile(md, &ctx).await
+    }
 }

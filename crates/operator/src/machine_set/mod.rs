@@ -19,32 +19,37 @@ use std::sync::Arc;
 use kube::runtime::watcher;
 use noops_api::{Machine, MachineSet};
 
+use crate::core::Result;
 use crate::core::controller::{Registration, Runtime};
+use crate::core::engine::{Engine, Wiring, registration};
 use context::{Context, State};
 use desired::MACHINE_SET_LABEL;
+use kube::runtime::controller::Action;
 
 /// The controller's registration (`noops run --controllers machineset`).
-pub const CONTROLLER: Registration = Registration {
-    name: "machineset",
-    about: "MachineSet: a number of identical Machines, kept in number and repaired",
-    concurrency: 8,
-    run: |runtime| Box::pin(run(runtime)),
-};
+pub const CONTROLLER: Registration = registration::<MachineSets>();
 
-/// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
-pub async fn run(runtime: Runtime) {
-    let (machines, machine_changes) = runtime
-        .cache::<Machine>(watcher::Config::default().labels(MACHINE_SET_LABEL))
-        .await;
-    let controller = runtime
-        .controller::<MachineSet>(CONTROLLER.concurrency)
-        .owns_shared_stream(machine_changes);
-    runtime
-        .serve(
-            CONTROLLER.name,
-            controller,
-            State { machines },
-            |set, ctx: Arc<Context>| async move { reconcile::reconcile(set, &ctx).await },
-        )
-        .await;
+/// The MachineSet engine.
+pub struct MachineSets;
+
+impl Engine for MachineSets {
+    type Object = MachineSet;
+    type State = State;
+    const NAME: &'static str = "machineset";
+    const ABOUT: &'static str = "MachineSet: a number of identical Machines, kept in number and repaired";
+    const CONCURRENCY: u16 = 8;
+
+    async fn wire(runtime: &Runtime) -> Wiring<Self> {
+        let (machines, machine_changes) = runtime
+            .cache::<Machine>(watcher::Config::default().labels(MACHINE_SET_LABEL))
+            .await;
+        let controller = runtime
+            .controller::<MachineSet>(Self::CONCURRENCY)
+            .owns_shared_stream(machine_changes);
+        Wiring::new(State { machines }, controller)
+    }
+
+    async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action> {
+        reconcile::reconcile(set, &ctx).await
+    }
 }

@@ -27,58 +27,66 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::MaintPage;
 
+use crate::core::Result;
 use crate::core::controller::{Registration, Runtime};
+use crate::core::engine::{Engine, Wiring, registration};
 use crate::core::labels;
 use context::{Context, State};
 
 /// The controller's registration (`noops run --controllers maintpage`).
-pub const CONTROLLER: Registration = Registration {
-    name: "maintpage",
-    about: "MaintPage: an app behind a Service that switches to a maintenance page and back",
-    concurrency: 16,
-    run: |runtime| Box::pin(run(runtime)),
-};
+pub const CONTROLLER: Registration = registration::<MaintPages>();
 
-/// Runs the controller in `runtime.namespace` (all namespaces if `None`) until shutdown.
-pub async fn run(runtime: Runtime) {
-    let ours = watcher::Config::default().labels(&labels::managed_by_noops());
-    let (deployments, deployment_changes) = runtime.cache::<Deployment>(ours.clone()).await;
-    let (services, service_changes) = runtime.cache::<Service>(ours.clone()).await;
-    let (pods, pod_changes) = runtime.cache::<Pod>(ours).await;
-    let state = State {
-        deployments,
-        services,
-        pods,
-        images: runtime.images.clone(),
-    };
-    let controller = runtime
-        .controller::<MaintPage>(CONTROLLER.concurrency)
-        // A child change wakes its MaintPage only after the cache holds it.
-        .owns_shared_stream(deployment_changes)
-        .owns_shared_stream(service_changes)
-        // A pod of either side that starts, fails or recovers wakes its MaintPage (pods belong
-        // to ReplicaSets, so the owner label says which MaintPage).
-        .watches_shared_stream(pod_changes, |pod: Arc<Pod>| {
-            let namespace = pod.metadata.namespace.clone();
-            pod.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(desired::OWNER_LABEL))
-                .map(|name| {
-                    let object = ObjectRef::new(name);
-                    match &namespace {
-                        Some(ns) => object.within(ns),
-                        None => object,
-                    }
-                })
-        });
-    runtime
-        .serve(CONTROLLER.name, controller, state, |mp, ctx: Arc<Context>| async move {
-            reconcile::reconcile(mp, &ctx).await
-        })
-        .await;
+/// The MaintPage engine.
+pub struct MaintPages;
+
+impl Engine for MaintPages {
+    type Object = MaintPage;
+    type State = State;
+    const NAME: &'static str = "maintpage";
+    const ABOUT: &'static str = "MaintPage: an app behind a Service that switches to a maintenance page and back";
+    const CONCURRENCY: u16 = 16;
+
+    async fn wire(runtime: &Runtime) -> Wiring<Self> {
+        let ours = watcher::Config::default().labels(&labels::managed_by_noops());
+        let (deployments, deployment_changes) = runtime.cache::<Deployment>(ours.clone()).await;
+        let (services, service_changes) = runtime.cache::<Service>(ours.clone()).await;
+        let (pods, pod_changes) = runtime.cache::<Pod>(ours).await;
+        let state = State {
+            deployments,
+            services,
+            pods,
+            images: runtime.images.clone(),
+        };
+        let controller = runtime
+            .controller::<MaintPage>(Self::CONCURRENCY)
+            // A child change wakes its MaintPage only after the cache holds it.
+            .owns_shared_stream(deployment_changes)
+            .owns_shared_stream(service_changes)
+            // A pod of either side that starts, fails or recovers wakes its MaintPage (pods
+            // belong to ReplicaSets, so the owner label says which MaintPage).
+            .watches_shared_stream(pod_changes, |pod: Arc<Pod>| {
+                let namespace = pod.metadata.namespace.clone();
+                pod.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(desired::OWNER_LABEL))
+                    .map(|name| {
+                        let object = ObjectRef::new(name);
+                        match &namespace {
+                            Some(ns) => object.within(ns),
+                            None => object,
+                        }
+                    })
+            });
+        Wiring::new(state, controller)
+    }
+
+    async fn reconcile(mp: Arc<MaintPage>, ctx: Arc<Context>) -> Result<Action> {
+        reconcile::reconcile(mp, &ctx).await
+    }
 }

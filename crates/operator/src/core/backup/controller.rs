@@ -1,9 +1,10 @@
-//! What every backup controller (EtcdBackup, PostgresBackup) is made of: its context, how it
-//! runs, the finalizer that deletes a backup's files with it, and the end of a pass, which
+//! What every backup controller (EtcdBackup, PostgresBackup) is made of: its context, its
+//! engine (a [`BackupEngine`], run by the core as [`Backups`]), the finalizer that deletes a backup's files with it, and the end of a pass, which
 //! writes what a [`Verdict`](super::progress::Verdict) left, sends its Event and removes the
 //! task pod of a backup that is done. An engine writes only how a backup is taken and deleted.
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +25,7 @@ use super::task_pod;
 use crate::core::Result;
 use crate::core::apply::{apply_status_at, delete_if_present};
 use crate::core::controller::{Runtime, scoped_api};
+use crate::core::engine::{Engine, Wiring};
 use crate::core::labels;
 
 /// What a backup controller keeps beside the core.
@@ -82,69 +84,68 @@ macro_rules! backup_resource {
 }
 pub(crate) use backup_resource;
 
-/// How a backup controller is made: its name, its task pods, and its two passes.
-pub struct BackupController<M, C> {
-    /// Its registration's name and concurrency.
-    pub name: &'static str,
-    pub concurrency: u16,
+/// A backup controller's engine: its name, its task pods, and its two passes. The core runs
+/// it as the [`Engine`] [`Backups<B>`]; its registration is `registration::<Backups<B>>()`.
+pub trait BackupEngine: Send + Sync + 'static {
+    /// The backups it makes.
+    type Backup: BackupResource;
+    /// Its registration's name, what it manages and its concurrency (see [`Engine`]).
+    const NAME: &'static str;
+    const ABOUT: &'static str;
+    const CONCURRENCY: u16;
     /// The component label of its task pods: a change of one wakes its backup.
-    pub component: &'static str,
+    const COMPONENT: &'static str;
     /// The job of the task pod that makes a backup (`save`, `base`): it goes once the backup
     /// is done.
-    pub maker_job: &'static str,
+    const MAKER_JOB: &'static str;
+
     /// A pass over a backup not done yet ([`begin`] read it).
-    pub make: M,
+    fn make(begun: Begun<Self::Backup>, ctx: Arc<Context>) -> impl Future<Output = Result<Action>> + Send;
+
     /// A pass over a backup being deleted: its files go (its finalizer goes when this succeeds).
-    pub clean_up: C,
+    fn clean_up(backup: Arc<Self::Backup>, ctx: Arc<Context>) -> impl Future<Output = Result<Action>> + Send;
 }
 
-/// Runs a backup controller of backups `K` until shutdown: each backup, and its task pods
-/// waking it when they change.
-pub async fn run<K, M, MF, C, CF>(runtime: Runtime, made_of: BackupController<M, C>)
-where
-    K: BackupResource,
-    M: Fn(Begun<K>, Arc<Context>) -> MF + Clone + Send + Sync + 'static,
-    MF: Future<Output = Result<Action>> + Send + 'static,
-    C: Fn(Arc<K>, Arc<Context>) -> CF + Clone + Send + Sync + 'static,
-    CF: Future<Output = Result<Action>> + Send + 'static,
-{
-    let BackupController {
-        name,
-        concurrency,
-        component,
-        maker_job,
-        make,
-        clean_up,
-    } = made_of;
-    let state = TaskPods {
-        image: runtime.image.clone(),
-        images: runtime.images.clone(),
-    };
-    let controller = runtime.controller::<K>(concurrency).owns(
-        scoped_api::<Pod>(&runtime.client, &runtime.namespace),
-        watcher::Config::default().labels(&format!("{}={component}", labels::COMPONENT)),
-    );
-    let pass = move |backup: Arc<K>, ctx: Arc<Context>| {
-        let (make, clean_up) = (make.clone(), clean_up.clone());
-        async move {
-            let api: Api<K> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
-            let result = finalizer(&api, K::FINALIZER, backup, |event| async {
-                match event {
-                    Finalizer::Apply(backup) => {
-                        let pod = |b: &K| task_pod::name(&b.name_any(), &b.uid().unwrap_or_default(), maker_job);
-                        match begin(&ctx, &*backup, pod).await? {
-                            Ok(begun) => make(begun, ctx.clone()).await,
-                            Err(action) => Ok(action),
-                        }
+/// The controller of backup engine `B`: each backup, and its task pods waking it when they
+/// change; a backup's files go with it (its finalizer).
+pub struct Backups<B>(PhantomData<B>);
+
+impl<B: BackupEngine> Engine for Backups<B> {
+    type Object = B::Backup;
+    type State = TaskPods;
+    const NAME: &'static str = B::NAME;
+    const ABOUT: &'static str = B::ABOUT;
+    const CONCURRENCY: u16 = B::CONCURRENCY;
+
+    async fn wire(runtime: &Runtime) -> Wiring<Self> {
+        let state = TaskPods {
+            image: runtime.image.clone(),
+            images: runtime.images.clone(),
+        };
+        let controller = runtime.controller::<B::Backup>(Self::CONCURRENCY).owns(
+            scoped_api::<Pod>(&runtime.client, &runtime.namespace),
+            watcher::Config::default().labels(&format!("{}={}", labels::COMPONENT, B::COMPONENT)),
+        );
+        Wiring::new(state, controller)
+    }
+
+    async fn reconcile(backup: Arc<B::Backup>, ctx: Arc<Context>) -> Result<Action> {
+        let api: Api<B::Backup> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
+        let result = finalizer(&api, B::Backup::FINALIZER, backup, |event| async {
+            match event {
+                Finalizer::Apply(backup) => {
+                    let pod = |b: &B::Backup| task_pod::name(&b.name_any(), &b.uid().unwrap_or_default(), B::MAKER_JOB);
+                    match begin(&ctx, &*backup, pod).await? {
+                        Ok(begun) => B::make(begun, ctx.clone()).await,
+                        Err(action) => Ok(action),
                     }
-                    Finalizer::Cleanup(backup) => clean_up(backup, ctx.clone()).await,
                 }
-            })
-            .await;
-            crate::core::error::from_finalizer(result)
-        }
-    };
-    runtime.serve(name, controller, state, pass).await;
+                Finalizer::Cleanup(backup) => B::clean_up(backup, ctx.clone()).await,
+            }
+        })
+        .await;
+        crate::core::error::from_finalizer(result)
+    }
 }
 
 /// A backup still to be made, as the API has it now.

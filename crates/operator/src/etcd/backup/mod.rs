@@ -12,27 +12,37 @@
 mod reconcile;
 pub mod volume;
 
-use crate::core::backup::controller::{self, BackupController};
+use std::sync::Arc;
+
+use kube::runtime::controller::Action;
+use noops_api::EtcdBackup;
+
+use crate::core::Result;
+use crate::core::backup::controller::{BackupEngine, Backups, Begun, Context};
 use crate::core::controller::Registration;
+use crate::core::engine::registration;
 
 pub use reconcile::{BACKUP_DEADLINE, FINALIZER};
 
 /// The controller's registration (`noops run --controllers etcdbackup`).
-pub const CONTROLLER: Registration = Registration {
-    name: "etcdbackup",
-    about: "EtcdBackup: snapshots of EtcdClusters in an S3-compatible store",
-    concurrency: 2,
-    run: |runtime| {
-        Box::pin(controller::run(
-            runtime,
-            BackupController {
-                name: CONTROLLER.name,
-                concurrency: CONTROLLER.concurrency,
-                component: volume::COMPONENT,
-                maker_job: "save",
-                make: reconcile::make,
-                clean_up: reconcile::clean_up,
-            },
-        ))
-    },
-};
+pub const CONTROLLER: Registration = registration::<Backups<EtcdBackups>>();
+
+/// The EtcdBackup engine.
+pub struct EtcdBackups;
+
+impl BackupEngine for EtcdBackups {
+    type Backup = EtcdBackup;
+    const NAME: &'static str = "etcdbackup";
+    const ABOUT: &'static str = "EtcdBackup: snapshots of EtcdClusters in an S3-compatible store";
+    const CONCURRENCY: u16 = 2;
+    const COMPONENT: &'static str = volume::COMPONENT;
+    const MAKER_JOB: &'static str = "save";
+
+    async fn make(begun: Begun<EtcdBackup>, ctx: Arc<Context>) -> Result<Action> {
+        reconcile::make(begun, ctx).await
+    }
+
+    async fn clean_up(backup: Arc<EtcdBackup>, ctx: Arc<Context>) -> Result<Action> {
+        reconcile::clean_up(backup, ctx).await
+    }
+}

@@ -16,27 +16,37 @@ pub mod pods;
 mod reconcile;
 mod source;
 
-use crate::core::backup::controller::{self, BackupController};
+use std::sync::Arc;
+
+use kube::runtime::controller::Action;
+use noops_api::PostgresBackup;
+
+use crate::core::Result;
+use crate::core::backup::controller::{BackupEngine, Backups, Begun, Context};
 use crate::core::controller::Registration;
+use crate::core::engine::registration;
 
 pub use reconcile::{FINALIZER, keep_wal_from};
 
 /// The controller's registration (`noops run --controllers postgresbackup`).
-pub const CONTROLLER: Registration = Registration {
-    name: "postgresbackup",
-    about: "PostgresBackup: base backups of PostgreSQLs in an S3-compatible store or a volume",
-    concurrency: 2,
-    run: |runtime| {
-        Box::pin(controller::run(
-            runtime,
-            BackupController {
-                name: CONTROLLER.name,
-                concurrency: CONTROLLER.concurrency,
-                component: pods::COMPONENT,
-                maker_job: "base",
-                make: reconcile::make,
-                clean_up: reconcile::clean_up,
-            },
-        ))
-    },
-};
+pub const CONTROLLER: Registration = registration::<Backups<PostgresBackups>>();
+
+/// The PostgresBackup engine.
+pub struct PostgresBackups;
+
+impl BackupEngine for PostgresBackups {
+    type Backup = PostgresBackup;
+    const NAME: &'static str = "postgresbackup";
+    const ABOUT: &'static str = "PostgresBackup: base backups of PostgreSQLs in an S3-compatible store or a volume";
+    const CONCURRENCY: u16 = 2;
+    const COMPONENT: &'static str = pods::COMPONENT;
+    const MAKER_JOB: &'static str = "base";
+
+    async fn make(begun: Begun<PostgresBackup>, ctx: Arc<Context>) -> Result<Action> {
+        reconcile::make(begun, ctx).await
+    }
+
+    async fn clean_up(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result<Action> {
+        reconcile::clean_up(backup, ctx).await
+    }
+}
