@@ -145,13 +145,31 @@ pub struct BackupsStatus {
     pub stored_backups: Option<i32>,
 }
 
+/// Where a backup is, in a word (`status.phase`).
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackupPhase {
+    /// It is being taken, or waits for what it needs (within its deadline).
+    Running,
+    /// It is stored and can be restored.
+    Succeeded,
+    /// It could not be taken: its `Succeeded` condition says why. It is never taken again.
+    Failed,
+}
+crate::phase::phase_names!(BackupPhase {
+    Running,
+    Succeeded,
+    Failed
+});
+
 /// How one backup is doing, the part of a backup's status every engine has.
 #[skip_serializing_none]
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct BackupProgress {
-    /// Running, Succeeded or Failed.
-    pub phase: Option<String>,
+    /// Where it is, in a word: Running, Succeeded, Failed.
+    #[serde(default, deserialize_with = "crate::phase::known_or_none")]
+    #[schemars(with = "Option<BackupPhase>")]
+    pub phase: Option<BackupPhase>,
     /// `Succeeded`: True once the backup is stored; False with the reason while it is not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
@@ -194,12 +212,12 @@ pub struct WorkProgress {
 impl BackupProgress {
     /// Succeeded or Failed: a backup that is done is never taken again.
     pub fn is_done(&self) -> bool {
-        matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
+        matches!(self.phase, Some(BackupPhase::Succeeded | BackupPhase::Failed))
     }
 
     /// Succeeded: it is stored and can be restored.
     pub fn succeeded(&self) -> bool {
-        self.phase.as_deref() == Some("Succeeded")
+        self.phase == Some(BackupPhase::Succeeded)
     }
 }
 

@@ -248,6 +248,31 @@ pub struct ExtraArgsSpec {
     pub scheduler: Vec<String>,
 }
 
+/// Where a control plane is, in a word (`status.phase`).
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KubernetesControlPlanePhase {
+    /// Its etcd, certificates and components are being made.
+    Creating,
+    /// Every component is Ready.
+    Running,
+    /// Its components are being moved to the version asked for.
+    Upgrading,
+    /// An upgrade has not progressed within its deadline.
+    Stalled,
+    /// A component is not Ready.
+    Degraded,
+    /// `spec.paused`: the operator changes nothing.
+    Paused,
+}
+crate::phase::phase_names!(KubernetesControlPlanePhase {
+    Creating,
+    Running,
+    Upgrading,
+    Stalled,
+    Degraded,
+    Paused
+});
+
 /// The observed state of a tenant's control plane.
 #[skip_serializing_none]
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
@@ -258,8 +283,10 @@ pub struct KubernetesControlPlaneStatus {
     /// Ready, Available, Progressing and Degraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
-    /// Creating, Running, Upgrading, Degraded, Stalled or Paused.
-    pub phase: Option<String>,
+    /// Where it is, in a word: Creating, Running, Upgrading, Stalled, Degraded, Paused.
+    #[serde(default, deserialize_with = "crate::phase::known_or_none")]
+    #[schemars(with = "Option<KubernetesControlPlanePhase>")]
+    pub phase: Option<KubernetesControlPlanePhase>,
     /// The Kubernetes version every API server runs (the lowest, during an upgrade).
     pub version: Option<String>,
     /// Ready API servers out of those asked for, as `3/3`.

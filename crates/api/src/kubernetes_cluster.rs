@@ -193,6 +193,34 @@ impl Default for ClusterUpgradeSpec {
     }
 }
 
+/// Where a cluster is, in a word (`status.phase`).
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KubernetesClusterPhase {
+    /// Its control plane is being made.
+    Provisioning,
+    /// Its control plane and every pool are Ready.
+    Running,
+    /// A pool is being scaled.
+    Scaling,
+    /// It is being upgraded: the control plane first, then each pool.
+    Upgrading,
+    /// Its control plane or a pool is not Ready.
+    Degraded,
+    /// `spec.paused`: the operator changes nothing.
+    Paused,
+    /// It is being deleted, its pools first.
+    Deleting,
+}
+crate::phase::phase_names!(KubernetesClusterPhase {
+    Provisioning,
+    Running,
+    Scaling,
+    Upgrading,
+    Degraded,
+    Paused,
+    Deleting
+});
+
 /// The observed state of a tenant cluster.
 #[skip_serializing_none]
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
@@ -202,8 +230,10 @@ pub struct KubernetesClusterStatus {
     /// Ready, ControlPlaneReady, WorkersReady, Upgrading, Scaling, Degraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
-    /// Provisioning, Running, Upgrading, Scaling, Degraded, Paused or Deleting.
-    pub phase: Option<String>,
+    /// Where it is, in a word: Provisioning, Running, Scaling, Upgrading, Degraded, Paused, Deleting.
+    #[serde(default, deserialize_with = "crate::phase::known_or_none")]
+    #[schemars(with = "Option<KubernetesClusterPhase>")]
+    pub phase: Option<KubernetesClusterPhase>,
     /// The version the whole cluster runs: the control plane and every pool.
     pub version: Option<String>,
     /// The control plane's version and API servers ready, such as `1.34.4 1/1`.

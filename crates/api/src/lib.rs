@@ -20,6 +20,7 @@ pub mod machine;
 pub mod machine_deployment;
 pub mod machine_set;
 pub mod maintpage;
+mod phase;
 pub mod postgres;
 pub mod postgres_backup;
 pub mod quantity;

@@ -153,6 +153,31 @@ impl Default for RollingUpdateSpec {
     }
 }
 
+/// Where a machine deployment is, in a word (`status.phase`).
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MachineDeploymentPhase {
+    /// Machines are being added to the number asked for.
+    ScalingUp,
+    /// Machines are being removed to the number asked for.
+    ScalingDown,
+    /// Machines of an older template are being replaced by machines of the current one.
+    Rolling,
+    /// Every machine is of the current template, and there are as many as asked for.
+    Running,
+    /// A rollout has not progressed within its deadline.
+    Stalled,
+    /// `spec.paused`, or `spec.rolloutPaused` with a rollout to make: nothing is changed.
+    Paused,
+}
+crate::phase::phase_names!(MachineDeploymentPhase {
+    ScalingUp,
+    ScalingDown,
+    Rolling,
+    Running,
+    Stalled,
+    Paused
+});
+
 /// The observed state of a pool of machines.
 #[skip_serializing_none]
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
@@ -163,8 +188,10 @@ pub struct MachineDeploymentStatus {
     /// stalls), Degraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
-    /// ScalingUp, ScalingDown, Rolling, Running, Stalled or Paused.
-    pub phase: Option<String>,
+    /// Where it is, in a word: ScalingUp, ScalingDown, Rolling, Running, Stalled, Paused.
+    #[serde(default, deserialize_with = "crate::phase::known_or_none")]
+    #[schemars(with = "Option<MachineDeploymentPhase>")]
+    pub phase: Option<MachineDeploymentPhase>,
     /// Machines that exist (not being deleted), of every template.
     pub replicas: Option<i32>,
     /// Machines whose Node is Ready.

@@ -275,6 +275,31 @@ pub enum ServiceType {
     NodePort,
 }
 
+/// Where a database is, in a word (`status.phase`).
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PostgreSQLPhase {
+    /// Its first instance is being made.
+    Creating,
+    /// Its first instance is being restored from a backup.
+    Restoring,
+    /// It serves, and nothing needs attention.
+    Running,
+    /// It served and does not now, or it serves and something needs attention (a replica, archiving, a Secret, the spec).
+    Degraded,
+    /// It never served and cannot start as the spec is: the conditions say why.
+    Failed,
+    /// `spec.paused`: the operator changes nothing.
+    Paused,
+}
+crate::phase::phase_names!(PostgreSQLPhase {
+    Creating,
+    Restoring,
+    Running,
+    Degraded,
+    Failed,
+    Paused
+});
+
 /// The observed state of a PostgreSQL.
 #[skip_serializing_none]
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
@@ -285,8 +310,10 @@ pub struct PostgreSQLStatus {
     /// Ready, Progressing and Degraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
-    /// Creating, Running, Degraded or Failed.
-    pub phase: Option<String>,
+    /// Where it is, in a word: Creating, Restoring, Running, Degraded, Failed, Paused.
+    #[serde(default, deserialize_with = "crate::phase::known_or_none")]
+    #[schemars(with = "Option<PostgreSQLPhase>")]
+    pub phase: Option<PostgreSQLPhase>,
     /// Where clients connect: `<name>.<namespace>.svc:5432`.
     pub endpoint: Option<String>,
     /// The node port, with `service.type: NodePort`.

@@ -1,6 +1,7 @@
 //! `kubectl noops backup`: an on-demand backup, made as the resource's own kind of backup
 //! object (EtcdBackup, PostgresBackup), waited for with a line at each change.
 
+use noops_api::backup::BackupPhase;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ pub fn backup_name(name: &str, now: jiff::Timestamp) -> String {
 
 /// The line that says where a backup stands.
 pub fn progress_line(progress: &BackupProgress, waited: Duration) -> String {
-    let phase = progress.phase.as_deref().unwrap_or("Pending");
+    let phase = progress.phase.map_or("Pending", BackupPhase::as_str);
     let mut line = format!("{:>5}  {phase}", age(waited.as_secs() as i64));
     if let Some(bytes) = progress.size {
         line.push_str(&format!(", {}", size(bytes)));
@@ -135,14 +136,14 @@ mod tests {
         assert_eq!(backup_name("main", now), "main-manual-20261126-123456");
         let mut progress = BackupProgress::default();
         assert_eq!(progress_line(&progress, Duration::from_secs(2)), "   2s  Pending");
-        progress.phase = Some("Succeeded".into());
+        progress.phase = Some(BackupPhase::Succeeded);
         progress.size = Some(2048);
         progress.location = Some("pvc://backups/etcd/db/main/x.db".into());
         assert_eq!(
             progress_line(&progress, Duration::from_secs(9)),
             "   9s  Succeeded, 2.0 KiB, pvc://backups/etcd/db/main/x.db"
         );
-        progress.phase = Some("Failed".into());
+        progress.phase = Some(BackupPhase::Failed);
         progress.size = None;
         progress.location = None;
         progress.conditions = vec![Condition {

@@ -9,6 +9,7 @@ pub use backups::{etcd_backup, postgres_backup};
 pub use machines::{machine, machine_deployment, machine_set};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use noops_api::backup::BackupPhase;
 use noops_api::backup::BackupProgress;
 use noops_api::etcd::OperationKind;
 use noops_api::{EtcdCluster, KubernetesCluster, KubernetesControlPlane, MaintPage, PostgreSQL};
@@ -78,7 +79,7 @@ fn backups(around: &Around) -> Section {
         .iter()
         .map(|(name, p)| {
             let when = p.completed_at.as_ref().or(p.started_at.as_ref());
-            let phase = p.phase.clone().unwrap_or_else(|| "Pending".into());
+            let phase = p.phase.map_or("Pending", BackupPhase::as_str).to_string();
             let phase = match &p.under_way {
                 Some(work) => format!("{phase}: {}", work_progress(work)),
                 None => phase,
@@ -153,7 +154,7 @@ pub fn etcd(cluster: &EtcdCluster, around: &Around) -> Report {
         status.observed_generation,
         around,
     );
-    report.phase = status.phase.clone();
+    report.phase = status.phase.map(|p| p.to_string());
     report.paused = cluster.spec.paused;
     report.fact(
         "version",
@@ -251,7 +252,7 @@ pub fn postgres(pg: &PostgreSQL, around: &Around) -> Report {
         status.observed_generation,
         around,
     );
-    report.phase = status.phase.clone();
+    report.phase = status.phase.map(|p| p.to_string());
     report.paused = pg.spec.paused;
     report.fact(
         "version",
@@ -418,7 +419,7 @@ pub fn kubernetes_cluster(kc: &KubernetesCluster, around: &Around) -> Report {
         status.observed_generation,
         around,
     );
-    report.phase = status.phase.clone();
+    report.phase = status.phase.map(|p| p.to_string());
     report.paused = kc.spec.paused;
     report.fact("version", status.version.clone().unwrap_or_else(|| "none yet".into()));
     if status
@@ -493,7 +494,7 @@ pub fn control_plane(kcp: &KubernetesControlPlane, around: &Around) -> Report {
         status.observed_generation,
         around,
     );
-    report.phase = status.phase.clone();
+    report.phase = status.phase.map(|p| p.to_string());
     report.paused = kcp.spec.paused;
     report.fact("version", status.version.clone().unwrap_or_else(|| "none yet".into()));
     report.fact("API servers ready", status.ready.clone().unwrap_or_default());
@@ -647,7 +648,7 @@ mod tests {
                 condition("Ready", "True", "Ready"),
                 condition("Degraded", "False", "AsExpected"),
             ],
-            phase: Some("Running".into()),
+            phase: Some(noops_api::etcd::EtcdClusterPhase::Running),
             ready_members: 2,
             leader: Some("main-0".into()),
             current_version: Some("3.5.21".into()),
@@ -672,7 +673,7 @@ mod tests {
             backups: vec![(
                 "main-1".into(),
                 BackupProgress {
-                    phase: Some("Succeeded".into()),
+                    phase: Some(BackupPhase::Succeeded),
                     size: Some(3 * 1024 * 1024),
                     completed_at: Some(Time(at("2026-11-26T11:00:00Z"))),
                     ..Default::default()

@@ -154,7 +154,7 @@ fn cluster(kc: &KubernetesCluster, parts: &Parts) -> Node {
                 kc.metadata.namespace.as_deref().unwrap_or_default()
             ),
             &status.conditions,
-            status.phase.clone(),
+            status.phase.map(|p| p.to_string()),
             details.join(", "),
         ),
         children,
@@ -193,7 +193,7 @@ fn control_plane_node(kcp: &KubernetesControlPlane, parts: &Parts) -> Node {
                 line: line(
                     format!("EtcdCluster {}", etcd.metadata.name.clone().unwrap_or_default()),
                     &status.conditions,
-                    status.phase.clone(),
+                    status.phase.map(|p| p.to_string()),
                     format!("{version}, members {}/{}", status.ready_members, etcd.spec.replicas),
                 ),
                 children: Vec::new(),
@@ -205,7 +205,7 @@ fn control_plane_node(kcp: &KubernetesControlPlane, parts: &Parts) -> Node {
         line: line(
             format!("KubernetesControlPlane {name}"),
             &status.conditions,
-            status.phase.clone(),
+            status.phase.map(|p| p.to_string()),
             details.join(", "),
         ),
         children: vec![child],
@@ -225,7 +225,7 @@ fn deployment_node(md: &MachineDeployment, pool: &str, parts: &Parts) -> Node {
         line: line(
             format!("MachineDeployment {}", md.metadata.name.clone().unwrap_or_default()),
             &status.conditions,
-            status.phase.clone(),
+            status.phase.map(|p| p.to_string()),
             format!(
                 "{pool}, {}, ready {}/{}, updated {}",
                 md.spec.template.spec.version,

@@ -1,6 +1,7 @@
 //! Helpers for the EtcdCluster tests: manifests, waiting for Ready, a client with the cluster's
 //! own client certificate, and a writer whose history is checked for lost or stale data.
 
+use noops_api::backup::BackupPhase;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -378,8 +379,8 @@ pub async fn wait_backup_done(ns: &TestNamespace, name: &str) -> EtcdBackup {
         || async {
             api.get_opt(name).await.ok().flatten().filter(|b| {
                 matches!(
-                    b.status.as_ref().and_then(|s| s.progress.phase.as_deref()),
-                    Some("Succeeded" | "Failed")
+                    b.status.as_ref().and_then(|s| s.progress.phase),
+                    Some(BackupPhase::Succeeded | BackupPhase::Failed)
                 )
             })
         },
@@ -392,8 +393,8 @@ pub async fn back_up(ns: &TestNamespace, name: &str, cluster: &str) -> EtcdBacku
     ns.apply(&backup_manifest(name, cluster));
     let backup = wait_backup_done(ns, name).await;
     assert_eq!(
-        backup.status.as_ref().and_then(|s| s.progress.phase.as_deref()),
-        Some("Succeeded"),
+        backup.status.as_ref().and_then(|s| s.progress.phase),
+        Some(BackupPhase::Succeeded),
         "{backup:?}"
     );
     backup

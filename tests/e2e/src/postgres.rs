@@ -1,6 +1,7 @@
 //! Helpers for the PostgreSQL end-to-end tests: manifests, waits, and `psql` against the
 //! instance's pod address (inside the local Kubernetes's own network namespaces).
 
+use noops_api::backup::BackupPhase;
 use std::process::Command;
 use std::time::Duration;
 
@@ -342,8 +343,8 @@ pub fn phase(backup: &PostgresBackup) -> &str {
     backup
         .status
         .as_ref()
-        .and_then(|s| s.progress.phase.as_deref())
-        .unwrap_or_default()
+        .and_then(|s| s.progress.phase)
+        .map_or("", BackupPhase::as_str)
 }
 
 /// Waits until every PostgresBackup of `postgresql` has finished.

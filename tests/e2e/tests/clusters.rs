@@ -3,6 +3,7 @@
 //! Needs `make cluster-up` (3 nodes).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use noops_api::kubernetes_cluster::KubernetesClusterPhase;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
@@ -318,7 +319,7 @@ async fn one_manifest_makes_a_whole_cluster_and_an_upgrade_goes_in_order_without
             .ok()
             .and_then(|kc| kc.status)
             .is_some_and(|s| {
-                s.phase.as_deref() == Some("Upgrading")
+                s.phase == Some(KubernetesClusterPhase::Upgrading)
                     && s.conditions
                         .iter()
                         .any(|c| c.type_ == "Upgrading" && c.status == "True" && c.reason == "UpgradingControlPlane")
@@ -538,7 +539,7 @@ spec:
             .await
             .ok()
             .and_then(|kc| kc.status?.phase)
-            .is_some_and(|p| p == "Paused");
+            .is_some_and(|p| p == KubernetesClusterPhase::Paused);
         let children = ns
             .api::<KubernetesControlPlane>()
             .get("elastic")
@@ -586,7 +587,7 @@ spec:
                 .conditions
                 .into_iter()
                 .find(|c| c.type_ == "Degraded" && c.status == "True")?;
-            (status.phase.as_deref() == Some("Upgrading")).then_some(degraded.message)
+            (status.phase == Some(KubernetesClusterPhase::Upgrading)).then_some(degraded.message)
         },
     )
     .await;
@@ -603,7 +604,7 @@ spec:
         let status = kc.status?;
         let done = status.observed_generation == kc.metadata.generation
             && status.upgrade.as_ref()?.step == "SetBack"
-            && status.phase.as_deref() == Some("Running");
+            && status.phase == Some(KubernetesClusterPhase::Running);
         done.then_some(status)
     })
     .await;

@@ -7,6 +7,7 @@
 
 use k8s_openapi::api::core::v1::Secret;
 use noops_api::KubernetesControlPlane;
+use noops_api::control_plane::KubernetesControlPlanePhase;
 use noops_e2e::certificates::{certificate_in, not_after, presented_certificate};
 use noops_e2e::*;
 
@@ -204,7 +205,7 @@ async fn a_control_plane_serves_its_tenant_and_goes_away_with_everything_it_ran(
         "{message}"
     );
     assert!(message.contains("(the pods of node noops-node-"), "{message}");
-    assert_eq!(refused.phase.as_deref(), Some("Degraded"));
+    assert_eq!(refused.phase, Some(KubernetesControlPlanePhase::Degraded));
     assert!(
         event_reasons(&ns, "KubernetesControlPlane", name)
             .await
@@ -240,7 +241,7 @@ async fn a_control_plane_serves_its_tenant_and_goes_away_with_everything_it_ran(
     );
     let ready = api.get(name).await.unwrap().status.unwrap();
     assert_eq!(ready.version.as_deref(), Some("1.33.13"));
-    assert_eq!(ready.phase.as_deref(), Some("Running"));
+    assert_eq!(ready.phase, Some(KubernetesControlPlanePhase::Running));
     assert_eq!(ready.ready.as_deref(), Some("1/1"));
     let endpoint = ready.endpoint.clone().unwrap();
     assert!(endpoint.starts_with("https://10.96."), "{endpoint}");
@@ -562,7 +563,7 @@ async fn an_upgrade_and_a_lost_api_server_fail_no_request_and_an_upgrade_that_ca
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     ns.apply(&control_plane(name, &spec("1.34")));
     let upgraded = wait_status(&ns, name, "upgraded to 1.34", minutes(5), |s| {
-        s.version.as_deref() == Some("1.34.4") && s.phase.as_deref() == Some("Running")
+        s.version.as_deref() == Some("1.34.4") && s.phase == Some(KubernetesControlPlanePhase::Running)
     })
     .await;
     // One of the three API servers deleted, the client still writing: it is made again.
@@ -643,7 +644,7 @@ async fn an_upgrade_and_a_lost_api_server_fail_no_request_and_an_upgrade_that_ca
     assert!(error.contains("one minor version at a time"), "{error}");
     ns.apply(&control_plane(name, &spec("1.35")));
     let stalled = wait_status(&ns, name, "the upgrade to 1.35 stalled", minutes(3), |s| {
-        s.phase.as_deref() == Some("Stalled")
+        s.phase == Some(KubernetesControlPlanePhase::Stalled)
     })
     .await;
     let (reason, message) = condition_is(&stalled, "Degraded", "True").unwrap();
@@ -657,7 +658,7 @@ async fn an_upgrade_and_a_lost_api_server_fail_no_request_and_an_upgrade_that_ca
     );
     ns.apply(&control_plane(name, &spec("1.34")));
     wait_status(&ns, name, "back to Running at 1.34", minutes(3), |s| {
-        s.phase.as_deref() == Some("Running") && condition_is(s, "Ready", "True").is_some()
+        s.phase == Some(KubernetesControlPlanePhase::Running) && condition_is(s, "Ready", "True").is_some()
     })
     .await;
 
@@ -732,7 +733,7 @@ async fn the_operator_killed_at_each_crash_point_makes_and_upgrades_a_control_pl
     let ready_at = |version: &'static str| {
         move |s: &noops_api::KubernetesControlPlaneStatus| {
             s.version.as_deref() == Some(version)
-                && s.phase.as_deref() == Some("Running")
+                && s.phase == Some(KubernetesControlPlanePhase::Running)
                 && condition_is(s, "Ready", "True").is_some()
         }
     };

@@ -4,6 +4,7 @@
 //! spread check; `make e2e` starts them).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use noops_api::etcd::EtcdClusterPhase;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -111,7 +112,7 @@ async fn a_cluster_bootstraps_scales_heals_and_goes_away_without_losing_a_write(
     );
     assert!(!status.endpoints.is_empty(), "client endpoints in status");
     assert_eq!(status.ready.as_deref(), Some("3/3"));
-    assert_eq!(status.phase.as_deref(), Some("Running"));
+    assert_eq!(status.phase, Some(EtcdClusterPhase::Running));
     let pods = ns.pods();
     let member_pods = pods
         .list(&ListParams::default().labels("noops.dev/etcdcluster=main,app.kubernetes.io/component=member"))

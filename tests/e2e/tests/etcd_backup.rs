@@ -4,6 +4,8 @@
 //! backups that cannot be made. Needs `make cluster-up`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use noops_api::backup::BackupPhase;
+use noops_api::etcd::EtcdClusterPhase;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -153,8 +155,8 @@ async fn backups_are_stored_checked_scheduled_kept_and_deleted() {
         let list = backups.list(&Default::default()).await.unwrap().items;
         let done = list.iter().all(|b| {
             matches!(
-                b.status.as_ref().and_then(|s| s.progress.phase.as_deref()),
-                Some("Succeeded" | "Failed")
+                b.status.as_ref().and_then(|s| s.progress.phase),
+                Some(BackupPhase::Succeeded | BackupPhase::Failed)
             )
         });
         let names: BTreeSet<String> = list.iter().filter_map(|b| b.metadata.name.clone()).collect();
@@ -192,7 +194,7 @@ async fn backups_that_cannot_be_made_fail_with_a_reason() {
     for (name, reason) in [("orphan", "ClusterNotFound"), ("homeless", "NoDestination")] {
         let done = wait_backup_done(&ns, name).await;
         let status = done.status.unwrap();
-        assert_eq!(status.progress.phase.as_deref(), Some("Failed"));
+        assert_eq!(status.progress.phase, Some(BackupPhase::Failed));
         let condition = status
             .progress
             .conditions
@@ -236,7 +238,7 @@ async fn backups_that_cannot_be_made_fail_with_a_reason() {
     wait_until("StoreUnavailable naming the missing Secret", MINUTE, || async {
         backups.get("keyless-1").await.ok().is_some_and(|b| {
             let status = b.status.unwrap_or_default();
-            status.progress.phase.as_deref() == Some("Running")
+            status.progress.phase == Some(BackupPhase::Running)
                 && status.progress.conditions.iter().any(|c| {
                     c.type_ == "Succeeded"
                         && c.status == "False"
@@ -279,8 +281,8 @@ async fn a_new_cluster_starts_from_a_backup_and_a_tampered_backup_is_refused() {
     ns.apply(&backup_manifest("snap", "source"));
     let snap = wait_backup_done(&ns, "snap").await;
     assert_eq!(
-        snap.status.as_ref().unwrap().progress.phase.as_deref(),
-        Some("Succeeded")
+        snap.status.as_ref().unwrap().progress.phase,
+        Some(BackupPhase::Succeeded)
     );
 
     // A new three-member cluster from it: the data is there, under a cluster ID of its own.
@@ -400,14 +402,8 @@ async fn a_cluster_that_lost_its_quorum_is_recovered_from_a_backup_only_when_ask
     client.put("kept", "in the backup", None).await.unwrap();
     ns.apply(&backup_manifest("good", "main"));
     assert_eq!(
-        wait_backup_done(&ns, "good")
-            .await
-            .status
-            .unwrap()
-            .progress
-            .phase
-            .as_deref(),
-        Some("Succeeded")
+        wait_backup_done(&ns, "good").await.status.unwrap().progress.phase,
+        Some(BackupPhase::Succeeded)
     );
     client.put("lost", "after the backup", None).await.unwrap();
 
@@ -425,7 +421,7 @@ async fn a_cluster_that_lost_its_quorum_is_recovered_from_a_backup_only_when_ask
     wait_until("QuorumLost reported", 2 * MINUTE, || async {
         api.get("main").await.ok().is_some_and(|c| {
             condition(&c, "Available").is_some_and(|(s, r, _)| s == "False" && r == "QuorumLost")
-                && c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("QuorumLost")
+                && c.status.as_ref().and_then(|s| s.phase) == Some(EtcdClusterPhase::QuorumLost)
         })
     })
     .await;
@@ -574,7 +570,7 @@ async fn backups_to_a_volume_are_saved_scheduled_kept_restored_and_deleted() {
     ns.apply(&backup_manifest("manual", "main"));
     let manual = wait_backup_done(&ns, "manual").await;
     let status = manual.status.clone().unwrap();
-    assert_eq!(status.progress.phase.as_deref(), Some("Succeeded"), "{status:?}");
+    assert_eq!(status.progress.phase, Some(BackupPhase::Succeeded), "{status:?}");
     assert_eq!(
         status.progress.location.as_deref(),
         Some("pvc://etcd-backups/etcd/main/manual.db")
@@ -647,7 +643,7 @@ async fn backups_to_a_volume_are_saved_scheduled_kept_restored_and_deleted() {
     let kept = wait_for("retention to settle at two scheduled backups", 2 * MINUTE, || async {
         let list = backups.list(&Default::default()).await.unwrap().items;
         let done = list.iter().all(|b| {
-            b.status.as_ref().and_then(|s| s.progress.phase.as_deref()) == Some("Succeeded")
+            b.status.as_ref().and_then(|s| s.progress.phase) == Some(BackupPhase::Succeeded)
                 && b.metadata.deletion_timestamp.is_none()
         });
         let names: BTreeSet<String> = list.iter().filter_map(|b| b.metadata.name.clone()).collect();

@@ -6,6 +6,7 @@
 //! alone. Needs `make cluster-up` (3 nodes).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use noops_api::etcd::EtcdClusterPhase;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -209,7 +210,7 @@ async fn member_pods_deleted_together_come_back_on_their_volumes_with_every_writ
         message.contains("main-1 and main-3") && message.contains("noops.dev/recover-from-backup=latest"),
         "names the members without data and the recovery annotation: {message}"
     );
-    assert_eq!(told.status.as_ref().unwrap().phase.as_deref(), Some("QuorumLost"));
+    assert_eq!(told.status.as_ref().unwrap().phase, Some(EtcdClusterPhase::QuorumLost));
     tokio::time::sleep(Duration::from_secs(15)).await;
     let pods: BTreeSet<String> = member_pods(&ns, "main").await.into_keys().collect();
     assert_eq!(

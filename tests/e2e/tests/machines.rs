@@ -3,6 +3,7 @@
 //! they go. Needs `make cluster-up` (3 nodes).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use noops_api::machine_deployment::MachineDeploymentPhase;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -513,7 +514,7 @@ async fn a_machine_deployment_scales_and_rolls_to_a_new_version_without_a_failed
             .await
             .ok()
             .and_then(|d| d.status)
-            .is_some_and(|s| paused_condition(&s.conditions) && s.phase.as_deref() == Some("Paused"))
+            .is_some_and(|s| paused_condition(&s.conditions) && s.phase == Some(MachineDeploymentPhase::Paused))
     })
     .await;
     let set = set_api.list(&ListParams::default()).await.unwrap().items[0]
@@ -627,7 +628,7 @@ async fn a_machine_deployment_scales_and_rolls_to_a_new_version_without_a_failed
         ready.status, "False",
         "rolled out while an old machine drains: {ready:?}"
     );
-    assert_eq!(md.phase.as_deref(), Some("Rolling"));
+    assert_eq!(md.phase, Some(MachineDeploymentPhase::Rolling));
     // What holds it is named on the deployment: the machine, the pod and the budget.
     let deleting = md.conditions.iter().find(|c| c.type_ == "MachinesDeleting").unwrap();
     assert_eq!(

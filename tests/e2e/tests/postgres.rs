@@ -2,6 +2,7 @@
 //! walkthrough, password changes, bad specs and what the operator says of problems.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use noops_api::postgres::PostgreSQLPhase;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -136,7 +137,7 @@ async fn the_original_walkthrough_keeps_every_row_across_a_pod_deletion_and_take
     wait_until("the status says Paused", MINUTE, || async {
         let pg = api.get("shop").await.unwrap();
         let status = pg.status.unwrap_or_default();
-        status.phase.as_deref() == Some("Paused") && status.observed_generation == pg.metadata.generation
+        status.phase == Some(PostgreSQLPhase::Paused) && status.observed_generation == pg.metadata.generation
     })
     .await;
     ns.apply(
@@ -564,7 +565,7 @@ async fn a_missing_password_or_image_is_reported_and_fixed_by_the_user() {
         message.contains("only PostgreSQL 15") || message.contains("postgres:16 is not built here"),
         "{message}"
     );
-    assert_eq!(stuck.status.as_ref().unwrap().phase.as_deref(), Some("Failed"));
+    assert_eq!(stuck.status.as_ref().unwrap().phase, Some(PostgreSQLPhase::Failed));
     ns.apply(&manifest("other", "x-Pa55", "  version: \"15\"\n"));
     wait_ready(&ns, "other", 3 * MINUTE).await;
     assert!(!operator.log_text().contains("panicked"), "{}", operator.log_text());

@@ -5,6 +5,8 @@
 //! replaces nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use noops_api::backup::BackupPhase;
+use noops_api::postgres::PostgreSQLPhase;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -42,7 +44,7 @@ async fn a_lost_volume_is_restored_from_the_base_backup_and_the_archived_wal_whi
         .expect("the first backup is named in status");
     let backup = ns.api::<PostgresBackup>().get(&first).await.unwrap();
     let stored = backup.status.clone().unwrap();
-    assert_eq!(stored.progress.phase.as_deref(), Some("Succeeded"));
+    assert_eq!(stored.progress.phase, Some(BackupPhase::Succeeded));
     assert!(
         stored.progress.size.unwrap() > 1 << 20 && stored.progress.sha256.is_some() && stored.end_wal.is_some(),
         "{stored:?}"
@@ -205,7 +207,7 @@ async fn a_base_backup_and_a_restore_say_how_far_they_have_got() {
         let Some(first) = all.first().and_then(|b| b.status.clone()) else {
             return (None, false);
         };
-        let done = first.progress.phase.as_deref() == Some("Succeeded");
+        let done = first.progress.phase == Some(BackupPhase::Succeeded);
         (first.progress.under_way.clone().filter(|_| !done), done)
     })
     .await;
@@ -611,7 +613,7 @@ async fn a_bad_backup_destination_never_stops_a_serving_database_and_a_missing_b
             "True",
             "a bad edit never stops a serving database"
         );
-        assert_eq!(pg.status.as_ref().unwrap().phase.as_deref(), Some("Degraded"));
+        assert_eq!(pg.status.as_ref().unwrap().phase, Some(PostgreSQLPhase::Degraded));
     };
 
     // Backups to a bucket whose credentials Secret does not exist: the pod would not start

@@ -8,6 +8,7 @@
 //! it went through. Needs `make cluster-up`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use noops_api::backup::BackupPhase;
 use std::time::Duration;
 
 use noops_api::PostgresBackup;
@@ -20,8 +21,8 @@ fn phase(backup: &PostgresBackup) -> &str {
     backup
         .status
         .as_ref()
-        .and_then(|s| s.progress.phase.as_deref())
-        .unwrap_or_default()
+        .and_then(|s| s.progress.phase)
+        .map_or("", BackupPhase::as_str)
 }
 
 #[tokio::test]

@@ -3,6 +3,7 @@
 //! (phase Succeeded). Pure.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use noops_api::backup::BackupPhase;
 use noops_api::backup::BackupProgress;
 use noops_api::{EtcdBackup, PostgresBackup};
 
@@ -62,7 +63,7 @@ fn started(kind: &str, meta: &ObjectMeta, progress: &BackupProgress, around: &Ar
     // A backup's spec never changes: its status is always of its generation.
     let mut report = base(kind, meta, &progress.conditions, meta.generation, around);
     report.ready = progress.succeeded();
-    report.phase = Some(progress.phase.clone().unwrap_or_else(|| "Pending".into()));
+    report.phase = Some(progress.phase.map_or("Pending", BackupPhase::as_str).to_string());
     report.problems.retain(|(_, reason, _)| reason != IN_PROGRESS);
     report
 }
@@ -162,7 +163,7 @@ mod tests {
             assert!(text.contains(expected), "no {expected:?} in\n{text}");
         }
         let status = backup.status.as_mut().unwrap();
-        status.progress.phase = Some("Failed".into());
+        status.progress.phase = Some(BackupPhase::Failed);
         status.progress.conditions[0].reason = "NoDestination".into();
         let report = postgres_backup(&backup, &around());
         assert_eq!(report.problems[0].1, "NoDestination");

@@ -131,7 +131,7 @@ pub fn machine_deployment(md: &MachineDeployment, sets: &[MachineSet], around: &
         status.observed_generation,
         around,
     );
-    report.phase = status.phase.clone();
+    report.phase = status.phase.map(|p| p.to_string());
     report.paused = md.spec.paused;
     if md.spec.rollout_paused {
         report.fact(

@@ -1,6 +1,7 @@
 //! The status of a KubernetesControlPlane, built from the plan and the children as they are:
 //! one small function per condition and one for the phase. Pure.
 
+use noops_api::control_plane::KubernetesControlPlanePhase;
 use std::net::IpAddr;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -220,29 +221,30 @@ fn endpoint(f: &StatusFacts) -> Option<String> {
     f.service_ip.map(server_url)
 }
 
-fn phase(f: &StatusFacts, conditions: &[Decided]) -> &'static str {
+fn phase(f: &StatusFacts, conditions: &[Decided]) -> KubernetesControlPlanePhase {
     let is = |type_: &str| conditions.iter().any(|c| c.type_ == type_ && c.status);
     if f.kcp.spec.paused {
-        "Paused"
+        KubernetesControlPlanePhase::Paused
     } else if f.stalled().is_some() && f.upgrading_from().is_some() {
-        "Stalled"
+        KubernetesControlPlanePhase::Stalled
     } else if is("Ready") {
-        "Running"
+        KubernetesControlPlanePhase::Running
     } else if f.upgrading_from().is_some() {
-        "Upgrading"
+        KubernetesControlPlanePhase::Upgrading
     } else if is("Degraded") {
-        "Degraded"
+        KubernetesControlPlanePhase::Degraded
     } else {
-        "Creating"
+        KubernetesControlPlanePhase::Creating
     }
 }
 
 /// The etcd in one line: `3/3 Running 3.6.16`.
 fn etcd_line(f: &StatusFacts) -> Option<String> {
     let status = f.observation.live.etcd.as_ref()?.status.as_ref()?;
-    let parts: Vec<&str> = [&status.ready, &status.phase, &status.current_version]
+    let phase = status.phase.map(|p| p.as_str());
+    let parts: Vec<&str> = [status.ready.as_deref(), phase, status.current_version.as_deref()]
         .into_iter()
-        .filter_map(|p| p.as_deref())
+        .flatten()
         .collect();
     Some(parts.join(" "))
 }
@@ -277,7 +279,7 @@ pub fn build(f: &StatusFacts, now: jiff::Timestamp) -> KubernetesControlPlaneSta
             generation,
             now,
         ),
-        phase: Some(phase(f, &decided).into()),
+        phase: Some(phase(f, &decided)),
         version: f.running_version(),
         ready: Some(format!("{}/{asked}", f.ready_api_servers())),
         endpoint: endpoint(f),
@@ -468,7 +470,7 @@ mod tests {
             range_taken: Some(why),
         };
         let status = build(&f, at(0));
-        assert_eq!(status.phase.as_deref(), Some("Degraded"));
+        assert_eq!(status.phase, Some(KubernetesControlPlanePhase::Degraded));
         for type_ in ["Ready", "Progressing"] {
             assert_eq!(condition(&status, type_), ("False", RANGE_TAKEN), "{type_}");
         }
@@ -481,7 +483,7 @@ mod tests {
     fn a_new_control_plane_is_creating_until_every_part_runs_then_ready() {
         let kcp = control_plane("team-a").build();
         let status = status_of(&kcp, Facts::default(), None, 0);
-        assert_eq!(status.phase.as_deref(), Some("Creating"));
+        assert_eq!(status.phase, Some(KubernetesControlPlanePhase::Creating));
         assert_eq!(condition(&status, "Ready"), ("False", "EtcdNotReady"));
         assert_eq!(condition(&status, "Progressing"), ("True", "Creating"));
         assert_eq!(status.upgrade, None);
@@ -491,7 +493,7 @@ mod tests {
             facts.deployed(component, "1.34.4", true);
         }
         let status = status_of(&kcp, facts, None, 1);
-        assert_eq!(status.phase.as_deref(), Some("Running"));
+        assert_eq!(status.phase, Some(KubernetesControlPlanePhase::Running));
         assert_eq!(condition(&status, "Ready"), ("True", "Ready"));
         assert_eq!(status.version.as_deref(), Some("1.34.4"));
         assert_eq!(status.endpoint.as_deref(), Some("https://10.96.0.9:6443"));
@@ -509,7 +511,7 @@ mod tests {
         facts.deployed(Component::ControllerManager, "1.33.13", true);
         facts.deployed(Component::Scheduler, "1.33.13", true);
         let status = status_of(&kcp, facts.clone(), None, 5);
-        assert_eq!(status.phase.as_deref(), Some("Upgrading"));
+        assert_eq!(status.phase, Some(KubernetesControlPlanePhase::Upgrading));
         assert_eq!(
             status.version.as_deref(),
             Some("1.33.13"),
@@ -519,7 +521,7 @@ mod tests {
         let said = (upgrade.from.as_str(), upgrade.to.as_str(), upgrade.step.as_str());
         assert_eq!(said, ("1.33.13", "1.34.4", "APIServer"));
         let stalled = status_of(&kcp, facts, Some(Component::ApiServer), 6);
-        assert_eq!(stalled.phase.as_deref(), Some("Stalled"));
+        assert_eq!(stalled.phase, Some(KubernetesControlPlanePhase::Stalled));
         assert_eq!(condition(&stalled, "Ready"), ("False", "UpgradeStalled"));
         assert_eq!(condition(&stalled, "Degraded"), ("True", "UpgradeStalled"));
         let message = &stalled
@@ -547,7 +549,7 @@ mod tests {
             facts.deployed(component, "1.33.13", true);
         }
         let status = status_of(&kcp, facts.clone(), None, 5);
-        assert_eq!(status.phase.as_deref(), Some("Upgrading"));
+        assert_eq!(status.phase, Some(KubernetesControlPlanePhase::Upgrading));
         assert_eq!(condition(&status, "Degraded"), ("False", "AsExpected"));
         // The same etcd, not Ready with no upgrade asked for, is a fault.
         let settled = control_plane("team-a").status(KubernetesControlPlaneStatus {

@@ -2,6 +2,7 @@
 //! (certificates, Services, the state ConfigMap) → plan the next membership step (pure) → take
 //! it → status. One membership step per pass; the pass comes back at once for the next one.
 
+use noops_api::backup::BackupPhase;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -492,7 +493,7 @@ async fn recovery_backup(
             .filter(|b| b.spec.cluster == names.cluster)
             .filter(|b| {
                 let status = b.status.clone().unwrap_or_default();
-                status.progress.phase.as_deref() == Some("Succeeded")
+                status.progress.phase == Some(BackupPhase::Succeeded)
                     && status.cluster_id.is_some()
                     && status.cluster_id == cluster_id
             })

@@ -20,6 +20,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use noops_api::EtcdCluster;
+use noops_api::backup::BackupPhase;
 use noops_api::etcd_backup::{EtcdBackup, EtcdBackupStatus};
 
 use super::names::Names;
@@ -89,15 +90,15 @@ pub fn usable(backup: Option<&EtcdBackup>, name: &str, version: &str) -> Result<
             ),
         });
     }
-    match status.progress.phase.as_deref() {
-        Some("Succeeded")
+    match status.progress.phase {
+        Some(BackupPhase::Succeeded)
             if Destination::of_status(&status).is_some()
                 && status.key.is_some()
                 && status.progress.sha256.is_some() =>
         {
             Ok(())
         }
-        Some("Failed") => Err(Restore::Blocked {
+        Some(BackupPhase::Failed) => Err(Restore::Blocked {
             reason: "BackupFailed",
             message: format!("EtcdBackup {name:?} failed: there is nothing to restore"),
         }),
@@ -105,7 +106,7 @@ pub fn usable(backup: Option<&EtcdBackup>, name: &str, version: &str) -> Result<
             reason: "BackupNotReady",
             message: format!(
                 "EtcdBackup {name:?} is {}: the cluster starts once it has succeeded",
-                phase.unwrap_or("not started")
+                phase.map_or("not started", BackupPhase::as_str)
             ),
         }),
     }
@@ -330,11 +331,11 @@ mod tests {
     use noops_api::etcd::S3Destination;
     use noops_api::etcd_backup::{EtcdBackupSpec, EtcdBackupStatus};
 
-    fn backup(phase: &str) -> EtcdBackup {
+    fn backup(phase: BackupPhase) -> EtcdBackup {
         let mut b = EtcdBackup::new("nightly", EtcdBackupSpec { cluster: "old".into() });
         b.status = Some(EtcdBackupStatus {
             progress: noops_api::backup::BackupProgress {
-                phase: Some(phase.into()),
+                phase: Some(phase),
                 sha256: Some("ab".repeat(32)),
                 ..Default::default()
             },
@@ -354,21 +355,24 @@ mod tests {
 
     #[test]
     fn only_a_backup_that_succeeded_is_restored() {
-        assert_eq!(usable(Some(&backup("Succeeded")), "nightly", "3.5.21"), Ok(()));
+        assert_eq!(
+            usable(Some(&backup(BackupPhase::Succeeded)), "nightly", "3.5.21"),
+            Ok(())
+        );
         let reason = |r: Result<(), Restore>| match r {
             Err(Restore::Blocked { reason, .. }) => reason,
             other => panic!("{other:?}"),
         };
         assert_eq!(reason(usable(None, "nightly", "3.5.21")), "BackupNotFound");
         assert_eq!(
-            reason(usable(Some(&backup("Running")), "nightly", "3.5.21")),
+            reason(usable(Some(&backup(BackupPhase::Running)), "nightly", "3.5.21")),
             "BackupNotReady"
         );
         assert_eq!(
-            reason(usable(Some(&backup("Failed")), "nightly", "3.5.21")),
+            reason(usable(Some(&backup(BackupPhase::Failed)), "nightly", "3.5.21")),
             "BackupFailed"
         );
-        let mut newer = backup("Succeeded");
+        let mut newer = backup(BackupPhase::Succeeded);
         newer.status.as_mut().unwrap().etcd_version = Some("3.6.16".into());
         assert_eq!(
             reason(usable(Some(&newer), "nightly", "3.5.21")),
@@ -386,7 +390,7 @@ mod tests {
             &names,
             "main-0",
             "3.5.21",
-            &backup("Succeeded"),
+            &backup(BackupPhase::Succeeded),
             "noops:test",
             &Images::default(),
             &fixtures::owner(),
@@ -442,7 +446,7 @@ mod tests {
     fn a_backup_in_a_volume_is_read_from_the_claim_mounted_read_only() {
         let cluster = fixtures::cluster().build();
         let names = Names::of(&cluster);
-        let mut from_volume = backup("Succeeded");
+        let mut from_volume = backup(BackupPhase::Succeeded);
         let status = from_volume.status.as_mut().unwrap();
         status.store = None;
         status.volume = Some(noops_api::etcd::VolumeDestination {

@@ -5,6 +5,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use noops_api::EtcdCluster;
 use noops_api::condition::{DEGRADED, PROGRESSING, READY};
+use noops_api::etcd::EtcdClusterPhase;
 use noops_api::etcd::{EtcdClusterStatus, MemberStatus, Operation, OperationKind};
 
 use super::membership::ClusterFacts;
@@ -111,7 +112,7 @@ pub fn build(
     EtcdClusterStatus {
         observed_generation: cluster.metadata.generation,
         conditions,
-        phase: Some(phase(&standing, problems, outcome.operation.as_ref()).into()),
+        phase: Some(phase(&standing, problems, outcome.operation.as_ref())),
         ready: Some(format!("{}/{}", standing.healthy_voters, standing.replicas)),
         ready_members: i32::try_from(standing.healthy_voters).unwrap_or(i32::MAX),
         leader: members.iter().find(|m| m.leader).map(|m| m.name.clone()),
@@ -400,27 +401,27 @@ fn degraded(standing: &Standing, problems: &Problems) -> Decided {
 }
 
 /// The phase `kubectl get` shows.
-fn phase(standing: &Standing, problems: &Problems, operation: Option<&Operation>) -> &'static str {
+fn phase(standing: &Standing, problems: &Problems, operation: Option<&Operation>) -> EtcdClusterPhase {
     if standing.paused {
-        "Paused"
+        EtcdClusterPhase::Paused
     } else if problems.quorum_lost.is_some() {
-        "QuorumLost"
+        EtcdClusterPhase::QuorumLost
     } else if !standing.bootstrapped {
-        "Creating"
+        EtcdClusterPhase::Creating
     } else if operation.is_none() && !standing.outdated.is_empty() && standing.unhealthy.is_empty() {
-        "Upgrading"
+        EtcdClusterPhase::Upgrading
     } else if let Some(op) = operation {
         match op.kind {
-            OperationKind::Upgrade => "Upgrading",
-            _ if op.reason.starts_with("scale") => "Scaling",
-            _ => "Repairing",
+            OperationKind::Upgrade => EtcdClusterPhase::Upgrading,
+            _ if op.reason.starts_with("scale") => EtcdClusterPhase::Scaling,
+            _ => EtcdClusterPhase::Repairing,
         }
     } else if standing.coming_back.is_some() {
-        "Repairing"
+        EtcdClusterPhase::Repairing
     } else if !standing.unhealthy.is_empty() {
-        "Degraded"
+        EtcdClusterPhase::Degraded
     } else {
-        "Running"
+        EtcdClusterPhase::Running
     }
 }
 
@@ -574,7 +575,7 @@ mod tests {
         assert_eq!(s.current_version.as_deref(), Some("3.5.9"), "the lowest version");
         assert_eq!(s.endpoints[0], "https://main-client.db.svc:2379");
         assert_eq!(s.endpoints.len(), 4);
-        assert_eq!(s.phase.as_deref(), Some("Running"));
+        assert_eq!(s.phase, Some(EtcdClusterPhase::Running));
         assert_eq!(s.client_secret.as_deref(), Some("main-client"));
     }
 
@@ -624,7 +625,7 @@ mod tests {
         );
         let ready = s.conditions.iter().find(|c| c.type_ == READY).unwrap();
         assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "Upgrading"));
-        assert_eq!(s.phase.as_deref(), Some("Upgrading"));
+        assert_eq!(s.phase, Some(EtcdClusterPhase::Upgrading));
     }
 
     #[test]
@@ -653,7 +654,7 @@ mod tests {
             },
         );
         assert!(!is_true(&lost.conditions, AVAILABLE));
-        assert_eq!(lost.phase.as_deref(), Some("QuorumLost"));
+        assert_eq!(lost.phase, Some(EtcdClusterPhase::QuorumLost));
     }
 
     fn condition<'a>(s: &'a EtcdClusterStatus, type_: &str) -> (&'a str, &'a str, &'a str) {
@@ -674,7 +675,7 @@ mod tests {
         assert_eq!((status, reason), ("True", RESTARTING_MEMBERS));
         assert!(message.contains("own volume as the member it was: main-2"), "{message}");
         assert_eq!(condition(&s, READY).1, RESTARTING_MEMBERS);
-        assert_eq!(s.phase.as_deref(), Some("Repairing"));
+        assert_eq!(s.phase, Some(EtcdClusterPhase::Repairing));
         assert!(is_true(&s.conditions, AVAILABLE));
 
         let mut pinned = member("main-1", 2, false);
@@ -694,7 +695,7 @@ mod tests {
             "{message}"
         );
         assert_eq!(condition(&lost, READY).1, "QuorumLost", "the graver news first");
-        assert_eq!(lost.phase.as_deref(), Some("QuorumLost"));
+        assert_eq!(lost.phase, Some(EtcdClusterPhase::QuorumLost));
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! by another owner) → plan (`plan.rs`, pure) → build (`desired.rs`) → apply (the control
 //! plane, each pool, pools removed) → status (`status.rs`).
 
+use noops_api::kubernetes_cluster::KubernetesClusterPhase;
+use noops_api::machine_deployment::MachineDeploymentPhase;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -303,7 +305,7 @@ fn scaling_pools<'a>(
                 replicas: md.spec.replicas,
                 ready,
                 lost,
-                rolling: md.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Rolling"),
+                rolling: md.status.as_ref().and_then(|s| s.phase) == Some(MachineDeploymentPhase::Rolling),
             })
         })
         .collect()
@@ -540,7 +542,7 @@ fn announcements(
             format!("removing MachineDeployment {gone}: its pool is no longer in the spec"),
         ));
     }
-    let phase = |s: Option<&KubernetesClusterStatus>| s.and_then(|s| s.phase.clone());
+    let phase = |s: Option<&KubernetesClusterStatus>| s.and_then(|s| s.phase);
     if phase(Some(now)) != phase(previous)
         && let Some(p) = phase(Some(now))
     {
@@ -549,9 +551,11 @@ fn announcements(
             .iter()
             .find(|c| c.type_ == noops_api::condition::DEGRADED && c.status == "True");
         out.push(match degraded {
-            Some(c) if p == "Degraded" => Announcement::warning(c.reason.clone(), c.message.clone()),
+            Some(c) if p == KubernetesClusterPhase::Degraded => {
+                Announcement::warning(c.reason.clone(), c.message.clone())
+            }
             _ => Announcement::normal(
-                p,
+                p.as_str(),
                 format!(
                     "control plane {}, nodes {}",
                     now.control_plane.as_deref().unwrap_or("not serving yet"),

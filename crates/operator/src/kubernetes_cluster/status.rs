@@ -3,8 +3,10 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use noops_api::condition::{DEGRADED, READY};
 use noops_api::control_plane::KubernetesControlPlane;
+use noops_api::kubernetes_cluster::KubernetesClusterPhase;
 use noops_api::kubernetes_cluster::{ClusterUpgradeStatus, KubernetesCluster, KubernetesClusterStatus, PoolStatus};
 use noops_api::machine_deployment::MachineDeployment;
+use noops_api::machine_deployment::MachineDeploymentPhase;
 
 use super::autoscale::Decision;
 use super::desired::POOL_LABEL;
@@ -257,8 +259,12 @@ fn scaling(f: &StatusFacts) -> Decided {
             .workers
             .iter()
             .filter_map(|p| {
-                let phase = f.deployment(&p.name)?.status.as_ref()?.phase.clone()?;
-                matches!(phase.as_str(), "ScalingUp" | "ScalingDown").then(|| format!("pool {}: {phase}", p.name))
+                let phase = f.deployment(&p.name)?.status.as_ref()?.phase?;
+                matches!(
+                    phase,
+                    MachineDeploymentPhase::ScalingUp | MachineDeploymentPhase::ScalingDown
+                )
+                .then(|| format!("pool {}: {phase}", p.name))
             })
             .collect();
     if moving.is_empty() {
@@ -292,7 +298,7 @@ fn degraded(f: &StatusFacts) -> Decided {
             .iter()
             .filter_map(|p| {
                 let status = f.deployment(&p.name)?.status.clone()?;
-                let stalled = status.phase.as_deref() == Some("Stalled");
+                let stalled = status.phase == Some(MachineDeploymentPhase::Stalled);
                 let c = condition(&status.conditions, DEGRADED).filter(|c| c.status == "True");
                 match (stalled, c) {
                     (_, Some(c)) => Some(format!("pool {}: {}", p.name, passed_on("PoolDegraded", c))),
@@ -372,24 +378,24 @@ fn phase(
     decided: &[Decided],
     version: Option<&String>,
     upgrade: Option<&ClusterUpgradeStatus>,
-) -> &'static str {
+) -> KubernetesClusterPhase {
     let is = |type_: &str| decided.iter().any(|c| c.type_ == type_ && c.status);
     if f.kc.metadata.deletion_timestamp.is_some() {
-        "Deleting"
+        KubernetesClusterPhase::Deleting
     } else if f.kc.spec.paused {
-        "Paused"
+        KubernetesClusterPhase::Paused
     } else if upgrade.is_some_and(|u| u.finished_at.is_none()) {
-        "Upgrading"
+        KubernetesClusterPhase::Upgrading
     } else if is(DEGRADED) {
-        "Degraded"
+        KubernetesClusterPhase::Degraded
     } else if version.is_none() {
-        "Provisioning"
+        KubernetesClusterPhase::Provisioning
     } else if is(SCALING) {
-        "Scaling"
+        KubernetesClusterPhase::Scaling
     } else if is(READY) {
-        "Running"
+        KubernetesClusterPhase::Running
     } else {
-        "Degraded"
+        KubernetesClusterPhase::Degraded
     }
 }
 
@@ -437,7 +443,7 @@ pub fn build(f: &StatusFacts, now: jiff::Timestamp) -> KubernetesClusterStatus {
             generation,
             now,
         ),
-        phase: Some(phase(f, &decided, version.as_ref(), upgrade.as_ref()).into()),
+        phase: Some(phase(f, &decided, version.as_ref(), upgrade.as_ref())),
         version,
         control_plane,
         control_plane_version: f
@@ -504,7 +510,7 @@ mod tests {
         let upgrade = started.upgrade.clone().unwrap();
         assert_eq!((upgrade.from.as_str(), upgrade.to.as_str()), ("1.33.13", "1.34.4"));
         assert!(upgrade.finished.is_empty());
-        assert_eq!(started.phase.as_deref(), Some("Upgrading"));
+        assert_eq!(started.phase, Some(KubernetesClusterPhase::Upgrading));
         let upgrading = started.conditions.iter().find(|c| c.type_ == UPGRADING).unwrap();
         assert_eq!(
             (upgrading.status.as_str(), upgrading.reason.as_str()),
@@ -585,16 +591,23 @@ mod tests {
         let mut to_new = plan_at(Step::ControlPlane, "1.35.0");
         to_new.target = "1.35.0".into();
         let now = jiff::Timestamp::now();
-        assert_eq!(pass(&mut kc, &to_new, now).phase.as_deref(), Some("Upgrading"));
+        assert_eq!(
+            pass(&mut kc, &to_new, now).phase,
+            Some(KubernetesClusterPhase::Upgrading)
+        );
         // Its images are not there; the version is set back to the one running.
         kc.spec.version = "1.34".into();
         let moving_back = pass(&mut kc, &plan_at(Step::ControlPlane, "1.34.4"), now);
-        assert_eq!(moving_back.phase.as_deref(), Some("Upgrading"), "not back yet");
+        assert_eq!(
+            moving_back.phase,
+            Some(KubernetesClusterPhase::Upgrading),
+            "not back yet"
+        );
         let back = pass(&mut kc, &plan_at(Step::Done, "1.34.4"), now);
         let upgrade = back.upgrade.unwrap();
         assert_eq!((upgrade.to.as_str(), upgrade.step.as_str()), ("1.35.0", SET_BACK));
         assert!(upgrade.finished_at.is_some());
-        assert_ne!(back.phase.as_deref(), Some("Upgrading"));
+        assert_ne!(back.phase, Some(KubernetesClusterPhase::Upgrading));
         let upgrading = back.conditions.iter().find(|c| c.type_ == UPGRADING).unwrap();
         assert_eq!(
             (upgrading.status.as_str(), upgrading.reason.as_str()),
@@ -623,7 +636,7 @@ mod tests {
         for step in [Step::ControlPlane, Step::Pool("a".into()), Step::Done] {
             let status = pass(&mut kc, &plan_at(step.clone(), "1.34.4"), now);
             assert_eq!(status.upgrade, finished, "at {step:?}");
-            assert_ne!(status.phase.as_deref(), Some("Upgrading"), "at {step:?}");
+            assert_ne!(status.phase, Some(KubernetesClusterPhase::Upgrading), "at {step:?}");
         }
     }
 
@@ -652,7 +665,7 @@ mod tests {
             ("ControlPlane", Time(now))
         );
         assert_eq!(upgrade.finished_at, None);
-        assert_eq!(status.phase.as_deref(), Some("Upgrading"));
+        assert_eq!(status.phase, Some(KubernetesClusterPhase::Upgrading));
     }
 
     #[test]
@@ -699,7 +712,7 @@ mod tests {
         let mut plan = plan_at(Step::ControlPlane, "1.34.4");
         plan.waiting_for_control_plane = vec!["a".into()];
         let status = pass(&mut kc, &plan, jiff::Timestamp::now());
-        assert_eq!(status.phase.as_deref(), Some("Provisioning"));
+        assert_eq!(status.phase, Some(KubernetesClusterPhase::Provisioning));
         assert_eq!(status.upgrade, None);
         assert_eq!(
             status.nodes.as_deref(),

@@ -1,6 +1,7 @@
 //! One MachineDeployment pass: observe (its sets) → plan (`plan.rs`, pure) → build
 //! (`desired.rs`) → apply (make, scale and remove sets) → status (`status.rs`).
 
+use noops_api::machine_deployment::MachineDeploymentPhase;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -139,7 +140,7 @@ fn changes_anything(plan: &DeploymentPlan, sets: &[MachineSet]) -> bool {
 /// A new phase, a stall, as Events.
 fn announcements(previous: Option<&MachineDeploymentStatus>, now: &MachineDeploymentStatus) -> Vec<Announcement> {
     let mut out = Vec::new();
-    let phase = |s: Option<&MachineDeploymentStatus>| s.and_then(|s| s.phase.clone());
+    let phase = |s: Option<&MachineDeploymentStatus>| s.and_then(|s| s.phase);
     if phase(Some(now)) != phase(previous)
         && let Some(p) = phase(Some(now))
     {
@@ -156,8 +157,10 @@ fn announcements(previous: Option<&MachineDeploymentStatus>, now: &MachineDeploy
             .iter()
             .find(|c| c.type_ == noops_api::condition::PROGRESSING && c.reason == "ProgressDeadlineExceeded");
         out.push(match stalled {
-            Some(c) if p == "Stalled" => Announcement::warning("ProgressDeadlineExceeded", c.message.clone()),
-            _ => Announcement::normal(p, note),
+            Some(c) if p == MachineDeploymentPhase::Stalled => {
+                Announcement::warning("ProgressDeadlineExceeded", c.message.clone())
+            }
+            _ => Announcement::normal(p.as_str(), note),
         });
     }
     out

@@ -2,6 +2,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use noops_api::condition::{DEGRADED, PROGRESSING, READY};
+use noops_api::machine_deployment::MachineDeploymentPhase;
 use noops_api::machine_deployment::{MachineDeployment, MachineDeploymentStatus};
 use noops_api::machine_set::MachineSet;
 
@@ -55,7 +56,7 @@ pub fn build(
     MachineDeploymentStatus {
         observed_generation: md.metadata.generation,
         conditions: merge(&previous.conditions, &decided, md.metadata.generation, now),
-        phase: Some(phase(md, plan, &totals, situation).into()),
+        phase: Some(phase(md, plan, &totals, situation)),
         replicas: Some(totals.replicas),
         ready_replicas: Some(totals.ready),
         updated_replicas: Some(totals.updated),
@@ -132,22 +133,22 @@ fn progress_at(
 }
 
 /// The phase `kubectl get` shows.
-fn phase(md: &MachineDeployment, plan: &DeploymentPlan, totals: &Totals, at: Situation) -> &'static str {
+fn phase(md: &MachineDeployment, plan: &DeploymentPlan, totals: &Totals, at: Situation) -> MachineDeploymentPhase {
     let wanted = md.spec.replicas;
     if md.spec.paused || (md.spec.rollout_paused && !plan.complete) {
-        "Paused"
+        MachineDeploymentPhase::Paused
     } else if at.stalled {
-        "Stalled"
+        MachineDeploymentPhase::Stalled
     } else if at.rolling {
-        "Rolling"
+        MachineDeploymentPhase::Rolling
     } else if totals.replicas < wanted {
-        "ScalingUp"
+        MachineDeploymentPhase::ScalingUp
     } else if totals.replicas > wanted || totals.deleting > 0 {
-        "ScalingDown"
+        MachineDeploymentPhase::ScalingDown
     } else if plan.complete {
-        "Running"
+        MachineDeploymentPhase::Running
     } else {
-        "ScalingUp"
+        MachineDeploymentPhase::ScalingUp
     }
 }
 
@@ -374,8 +375,8 @@ mod tests {
         let (_, _, progressing) = condition(&status, PROGRESSING);
         assert!(progressing.ends_with(&format!("; held: {held}")), "{progressing}");
         assert_eq!(
-            status.phase.as_deref(),
-            Some("Rolling"),
+            status.phase,
+            Some(MachineDeploymentPhase::Rolling),
             "not rolled out while it drains"
         );
     }
@@ -398,7 +399,7 @@ mod tests {
         let views: Vec<SetView> = sets.iter().map(SetView::of).collect();
         let p = plan(&new, &views);
         let first = build(&new, &sets, &p, now);
-        assert_eq!(first.phase.as_deref(), Some("Rolling"));
+        assert_eq!(first.phase, Some(MachineDeploymentPhase::Rolling));
         assert_eq!(condition(&first, PROGRESSING).0, "True");
         assert_eq!(condition(&first, READY).0, "False");
         assert_eq!(condition(&first, AVAILABLE).0, "True", "the old machines serve");
@@ -414,7 +415,7 @@ mod tests {
         // Nothing moved for longer than the deadline.
         new.status = Some(first.clone());
         let later = build(&new, &sets, &p, now + jiff::SignedDuration::from_secs(61));
-        assert_eq!(later.phase.as_deref(), Some("Stalled"));
+        assert_eq!(later.phase, Some(MachineDeploymentPhase::Stalled));
         let (status, reason, message) = condition(&later, PROGRESSING);
         assert_eq!(
             (status.as_str(), reason.as_str()),
@@ -430,7 +431,7 @@ mod tests {
         let sets = vec![set(&d, 2, 2, 2, None)];
         let views: Vec<SetView> = sets.iter().map(SetView::of).collect();
         let status = build(&d, &sets, &plan(&d, &views), jiff::Timestamp::now());
-        assert_eq!(status.phase.as_deref(), Some("Running"));
+        assert_eq!(status.phase, Some(MachineDeploymentPhase::Running));
         assert_eq!(condition(&status, READY).1, "RolledOut");
         assert_eq!((status.replicas, status.updated_replicas), (Some(2), Some(2)));
         assert_eq!(status.selector.as_deref(), Some("pool=p"));

@@ -8,6 +8,7 @@
 //! leads to a backup of something else, and retention deletes successful backups only once
 //! `maxBackups` newer ones have succeeded.
 
+use noops_api::backup::BackupPhase;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -39,8 +40,8 @@ pub fn summary(pg: &PostgreSQL) -> BackupsSummary {
     BackupsSummary::of(&status.conditions, &status.backups)
 }
 
-fn phase(backup: &PostgresBackup) -> Option<&str> {
-    backup.status.as_ref().and_then(|s| s.progress.phase.as_deref())
+fn phase(backup: &PostgresBackup) -> Option<BackupPhase> {
+    backup.status.as_ref().and_then(|s| s.progress.phase)
 }
 
 /// The backups of this database: of this PostgreSQL (by its UID, which the operator's own
@@ -94,7 +95,7 @@ pub fn first_backup_due(pg: &PostgreSQL, of_database: &[&PostgresBackup], servin
             went.is_none_or(|d| d == destination)
         })
         .collect();
-    if here.iter().any(|b| phase(b) != Some("Failed")) {
+    if here.iter().any(|b| phase(b) != Some(BackupPhase::Failed)) {
         return false;
     }
     // Only failures so far: again after a pause that doubles with each of them.

@@ -2,6 +2,7 @@
 //! pass made. Pure: a problem is told once, when it starts or changes, not at every pass.
 
 use noops_api::PostgreSQL;
+use noops_api::postgres::PostgreSQLPhase;
 use noops_api::postgres::PostgreSQLStatus;
 
 use super::database::InDatabase;
@@ -89,7 +90,7 @@ fn failover_news(previous: &PostgreSQLStatus, status: &PostgreSQLStatus) -> Vec<
 
 /// `spec.paused` taking effect, and lifted.
 fn pause_news(previous: &PostgreSQLStatus, status: &PostgreSQLStatus) -> Option<Announcement> {
-    let paused = |s: &PostgreSQLStatus| s.phase.as_deref() == Some("Paused");
+    let paused = |s: &PostgreSQLStatus| s.phase == Some(PostgreSQLPhase::Paused);
     if paused(status) && !paused(previous) {
         Some(Announcement::normal(
             "Paused",

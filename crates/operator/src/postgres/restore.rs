@@ -20,6 +20,7 @@
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
+use noops_api::backup::BackupPhase;
 use noops_api::postgres::{BackupLocation, PostgreSQL};
 use noops_api::postgres_backup::PostgresBackup;
 use serde::{Deserialize, Serialize};
@@ -87,7 +88,7 @@ pub enum From {
 }
 
 fn succeeded(backup: &PostgresBackup) -> bool {
-    backup.status.as_ref().and_then(|s| s.progress.phase.as_deref()) == Some("Succeeded")
+    backup.status.as_ref().and_then(|s| s.progress.phase) == Some(BackupPhase::Succeeded)
 }
 
 /// The newest successful base backup of `pg` (the same database, in its current destination).
@@ -239,9 +240,9 @@ pub fn bootstrap_backup<'a>(pg: &PostgreSQL, backups: &'a [PostgresBackup]) -> R
             reason: "BootstrapBackupNotFound",
             message: format!("PostgresBackup {name:?} (bootstrap.fromBackup) does not exist in this namespace"),
         })?;
-    match backup.status.as_ref().and_then(|s| s.progress.phase.as_deref()) {
-        Some("Succeeded") => Ok(backup),
-        Some("Failed") => Err(PlanProblem {
+    match backup.status.as_ref().and_then(|s| s.progress.phase) {
+        Some(BackupPhase::Succeeded) => Ok(backup),
+        Some(BackupPhase::Failed) => Err(PlanProblem {
             reason: "BootstrapBackupFailed",
             message: format!("PostgresBackup {name} failed: there is nothing to restore from it"),
         }),

@@ -8,6 +8,7 @@
 
 use noops_api::PostgreSQL;
 use noops_api::condition::{DEGRADED, READY};
+use noops_api::postgres::PostgreSQLPhase;
 use noops_api::postgres::{BackupLocation, FailoverStatus, MemberStatus, PostgreSQLStatus, RestoreStatus, Role};
 
 use super::names::{Names, PORT};
@@ -152,7 +153,7 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, now: jiff::Time
     };
     let decided = decide(pg, names, seen, &previous, ready, restore.as_ref());
     let phase = if pg.spec.paused {
-        "Paused"
+        PostgreSQLPhase::Paused
     } else {
         phase(seen, &previous, ready)
     };
@@ -166,7 +167,7 @@ pub fn build(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, now: jiff::Time
             pg.metadata.generation,
             now,
         ),
-        phase: Some(phase.into()),
+        phase: Some(phase),
         endpoint: Some(format!("{}:{PORT}", names.host())),
         node_port: seen.node_port,
         connection_secret: seen.password_version.as_ref().map(|_| names.connection_secret()),
@@ -449,23 +450,23 @@ fn restored(seen: &StatusFacts, restore: Option<&RestoreStatus>) -> Decided {
 }
 
 /// The phase `kubectl get` shows.
-fn phase(seen: &StatusFacts, previous: &PostgreSQLStatus, ready: bool) -> &'static str {
+fn phase(seen: &StatusFacts, previous: &PostgreSQLStatus, ready: bool) -> PostgreSQLPhase {
     let spec_problem = spec_problem(seen);
     let was_serving = previous.system_identifier.is_some();
     if ready && seen.password_problem.is_none() && spec_problem.is_none() && seen.schedule_problem.is_none() {
-        "Running"
+        PostgreSQLPhase::Running
     } else if ready || was_serving {
-        "Degraded"
+        PostgreSQLPhase::Degraded
     } else if matches!(
         seen.instance,
         InstanceState::Stuck(_) | InstanceState::BootstrapFailed(_)
     ) || spec_problem.is_some()
     {
-        "Failed"
+        PostgreSQLPhase::Failed
     } else if matches!(seen.instance, InstanceState::Bootstrapping) && seen.restores_from.is_some() {
-        "Restoring"
+        PostgreSQLPhase::Restoring
     } else {
-        "Creating"
+        PostgreSQLPhase::Creating
     }
 }
 
@@ -568,7 +569,7 @@ mod tests {
         );
         assert_eq!(condition(&status, READY).status, "True");
         assert_eq!(condition(&status, DEGRADED).status, "False");
-        assert_eq!(status.phase.as_deref(), Some("Running"));
+        assert_eq!(status.phase, Some(PostgreSQLPhase::Running));
         assert_eq!(status.endpoint.as_deref(), Some("shop.prod.svc:5432"));
         assert_eq!(status.server_version.as_deref(), Some("15.14"));
         assert_eq!(status.connection_secret.as_deref(), Some("shop-connection"));
@@ -587,7 +588,7 @@ mod tests {
             &seen(InstanceState::Serving(facts())),
             jiff::Timestamp::now(),
         );
-        assert_eq!(status.phase.as_deref(), Some("Paused"));
+        assert_eq!(status.phase, Some(PostgreSQLPhase::Paused));
         assert_eq!(condition(&status, READY).status, "True");
         let events = crate::postgres::events::announcements(&pg, &Default::default(), &status, &Default::default());
         assert!(events.iter().any(|e| e.reason == "Paused"), "{events:?}");
@@ -608,7 +609,7 @@ mod tests {
         );
         assert_eq!(condition(&status, READY).reason, "InstancePodStuck");
         assert!(condition(&status, READY).message.contains("no such image"));
-        assert_eq!(status.phase.as_deref(), Some("Failed"));
+        assert_eq!(status.phase, Some(PostgreSQLPhase::Failed));
 
         let mut no_password = seen(InstanceState::Serving(facts()));
         no_password.database_ready = false;
@@ -620,7 +621,7 @@ mod tests {
         let status = build(&pg, &Names::of(&pg), &no_password, jiff::Timestamp::now());
         assert_eq!(condition(&status, READY).reason, "PasswordSecretMissing");
         assert_eq!(condition(&status, DEGRADED).status, "True");
-        assert_eq!(status.phase.as_deref(), Some("Creating"));
+        assert_eq!(status.phase, Some(PostgreSQLPhase::Creating));
         assert_eq!(status.connection_secret, None);
     }
 
@@ -635,7 +636,7 @@ mod tests {
         let status = build(&pg, &Names::of(&pg), &later, jiff::Timestamp::now());
         assert_eq!(condition(&status, READY).status, "True");
         assert_eq!(condition(&status, DEGRADED).reason, "PasswordSecretMissing");
-        assert_eq!(status.phase.as_deref(), Some("Degraded"));
+        assert_eq!(status.phase, Some(PostgreSQLPhase::Degraded));
     }
 
     #[test]
@@ -645,7 +646,7 @@ mod tests {
         restoring.restores_from = Some("shop-1".into());
         let status = build(&pg, &Names::of(&pg), &restoring, jiff::Timestamp::now());
         assert_eq!(condition(&status, READY).reason, "Restoring");
-        assert_eq!(status.phase.as_deref(), Some("Restoring"));
+        assert_eq!(status.phase, Some(PostgreSQLPhase::Restoring));
 
         let mut failed = seen(InstanceState::BootstrapFailed("the base backup is corrupt".into()));
         failed.restores_from = Some("shop-1".into());
@@ -756,13 +757,13 @@ mod tests {
             "the running database still serves"
         );
         assert_eq!(condition(&status, DEGRADED).reason, "SpecRejected");
-        assert_eq!(status.phase.as_deref(), Some("Degraded"));
+        assert_eq!(status.phase, Some(PostgreSQLPhase::Degraded));
 
         let mut new = seen(InstanceState::Starting("no pod yet".into()));
         new.held_back = Some(refused.clone());
         let status = build(&pg, &Names::of(&pg), &new, jiff::Timestamp::now());
         assert_eq!(condition(&status, READY).reason, "SpecRejected");
-        assert_eq!(status.phase.as_deref(), Some("Failed"));
+        assert_eq!(status.phase, Some(PostgreSQLPhase::Failed));
 
         let mut no_service = seen(InstanceState::Serving(facts()));
         no_service.held_back = Some(refused);
@@ -782,7 +783,7 @@ mod tests {
         let status = build(&pg, &Names::of(&pg), &bad_schedule, jiff::Timestamp::now());
         assert_eq!(condition(&status, READY).status, "True");
         assert_eq!(condition(&status, DEGRADED).reason, "InvalidSchedule");
-        assert_eq!(status.phase.as_deref(), Some("Degraded"));
+        assert_eq!(status.phase, Some(PostgreSQLPhase::Degraded));
 
         let mut starting = seen(InstanceState::Bootstrapping);
         starting.schedule_problem = bad_schedule.schedule_problem.clone();

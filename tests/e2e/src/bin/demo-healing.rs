@@ -61,9 +61,9 @@ async fn state_line(ns: &TestNamespace) -> String {
                 .join(" ")
         })
         .unwrap_or_default();
-    let etcd_phase = etcd.and_then(|c| c.status?.phase).unwrap_or_else(|| "?".into());
+    let etcd_phase = etcd.and_then(|c| c.status?.phase).map_or("?", |p| p.as_str());
     let pg = ns.api::<PostgreSQL>().get("shop").await.ok().and_then(|p| p.status);
-    let pg_phase = pg.as_ref().and_then(|s| s.phase.clone()).unwrap_or_else(|| "?".into());
+    let pg_phase = pg.as_ref().and_then(|s| s.phase).map_or("?", |p| p.as_str());
     let primary = pg.as_ref().and_then(|s| s.current_primary.clone()).unwrap_or_default();
     let instances = pg
         .map(|s| {

@@ -16,6 +16,7 @@
 //! Usage: kcp-bench <noops binary> [runs]; prints a Markdown table.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use noops_api::control_plane::KubernetesControlPlanePhase;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -451,7 +452,7 @@ async fn upgrade(binary: &Path) -> (f64, f64, f64) {
     assert!(past_etcd.is_some(), "etcd upgraded within 5 minutes");
     let etcd = t.elapsed().as_secs_f64();
     wait_status(&ns, "up", 5 * MINUTE, |s| {
-        s.version.as_deref() == Some("1.34.4") && s.phase.as_deref() == Some("Running")
+        s.version.as_deref() == Some("1.34.4") && s.phase == Some(KubernetesControlPlanePhase::Running)
     })
     .await
     .expect("upgraded within 5 minutes");

@@ -14,6 +14,7 @@
 //! Usage: pg-bench <noops binary> [runs]; prints a Markdown table.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use noops_api::backup::BackupPhase;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -353,8 +354,7 @@ async fn main() {
             .ok()
             .flatten()
             .and_then(|b| b.status?.progress.phase)
-            .as_deref()
-            == Some("Succeeded")
+            == Some(BackupPhase::Succeeded)
     })
     .await;
     let backup = t.elapsed().as_secs_f64();

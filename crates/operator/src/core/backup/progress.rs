@@ -5,6 +5,7 @@
 //! that waits (its database not serving, its volume not there yet, a member away for a moment)
 //! waits until its deadline, then fails.
 
+use noops_api::backup::BackupPhase;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -125,16 +126,18 @@ pub fn settle(
     let waited_too_long = elapsed(started, now) >= timing.wait_deadline;
     let (phase, announcement, look_again) = match verdict {
         Verdict::Succeeded(_) => (
-            "Succeeded",
+            BackupPhase::Succeeded,
             Some(Announcement::normal("BackupSucceeded", message)),
             None,
         ),
-        Verdict::InProgress { .. } => ("Running", None, Some(timing.in_progress_check)),
-        Verdict::Wait { .. } if !waited_too_long => ("Running", None, Some(timing.retry)),
-        Verdict::Wait { .. } | Verdict::Failed { .. } => ("Failed", Some(Announcement::warning(reason, message)), None),
+        Verdict::InProgress { .. } => (BackupPhase::Running, None, Some(timing.in_progress_check)),
+        Verdict::Wait { .. } if !waited_too_long => (BackupPhase::Running, None, Some(timing.retry)),
+        Verdict::Wait { .. } | Verdict::Failed { .. } => {
+            (BackupPhase::Failed, Some(Announcement::warning(reason, message)), None)
+        }
     };
     let done = look_again.is_none();
-    next.phase = Some(phase.into());
+    next.phase = Some(phase);
     if done {
         next.completed_at = Some(Time(now));
     }
@@ -200,7 +203,7 @@ mod tests {
             at(160),
             TIMING,
         );
-        assert_eq!(settled.progress.phase.as_deref(), Some("Succeeded"));
+        assert_eq!(settled.progress.phase, Some(BackupPhase::Succeeded));
         assert_eq!(settled.progress.started_at, Some(Time(at(100))));
         assert_eq!(settled.progress.completed_at, Some(Time(at(160))));
         assert_eq!(
@@ -222,14 +225,14 @@ mod tests {
             message: "no claim".into(),
         };
         let settled = settle(&BackupProgress::default(), waiting(), at(0), at(599), TIMING);
-        assert_eq!(settled.progress.phase.as_deref(), Some("Running"));
+        assert_eq!(settled.progress.phase, Some(BackupPhase::Running));
         assert_eq!(settled.look_again, Some(TIMING.retry));
         assert!(!settled.done && settled.announcement.is_none());
         assert_eq!(settled.progress.completed_at, None);
         assert_eq!(condition(&settled).2, "ClaimNotFound");
 
         let settled = settle(&settled.progress, waiting(), at(0), at(600), TIMING);
-        assert_eq!(settled.progress.phase.as_deref(), Some("Failed"));
+        assert_eq!(settled.progress.phase, Some(BackupPhase::Failed));
         assert!(settled.done);
         assert_eq!(settled.announcement.unwrap().reason, "ClaimNotFound");
     }
@@ -245,7 +248,7 @@ mod tests {
             at(5000),
             TIMING,
         );
-        assert_eq!(settled.progress.phase.as_deref(), Some("Running"));
+        assert_eq!(settled.progress.phase, Some(BackupPhase::Running));
         assert_eq!(settled.look_again, Some(TIMING.in_progress_check));
         assert_eq!(condition(&settled).2, "InProgress");
 
@@ -259,7 +262,7 @@ mod tests {
             at(1),
             TIMING,
         );
-        assert_eq!(settled.progress.phase.as_deref(), Some("Failed"));
+        assert_eq!(settled.progress.phase, Some(BackupPhase::Failed));
         assert!(settled.done);
         assert!(settled.announcement.unwrap().warning);
     }

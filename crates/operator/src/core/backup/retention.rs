@@ -51,7 +51,7 @@ impl BackupsSummary {
                 let progress = b.status().map(K::progress);
                 Counted {
                     name: b.name_any(),
-                    phase: progress.and_then(|p| p.phase.clone()),
+                    phase: progress.and_then(|p| p.phase),
                     completed: progress.and_then(|p| p.completed_at.as_ref()).map(|t| t.0),
                     deleting: b.meta().deletion_timestamp.is_some(),
                 }

@@ -4,6 +4,7 @@
 
 use croner::Cron;
 use croner::parser::{CronParser, Year};
+use noops_api::backup::BackupPhase;
 
 /// The label that marks a backup the schedule made (retention only deletes those).
 pub const SCHEDULED_LABEL: &str = "noops.dev/scheduled";
@@ -89,8 +90,8 @@ pub struct Kept {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Counted {
     pub name: String,
-    /// Running, Succeeded, Failed, or none yet.
-    pub phase: Option<String>,
+    /// None before it began.
+    pub phase: Option<BackupPhase>,
     pub completed: Option<jiff::Timestamp>,
     pub deleting: bool,
 }
@@ -112,7 +113,7 @@ pub fn tally(backups: &[Counted]) -> Tally {
     let live = || backups.iter().enumerate().filter(|(_, b)| !b.deleting);
     let stored: Vec<&Counted> = live()
         .map(|(_, b)| b)
-        .filter(|b| b.phase.as_deref() == Some("Succeeded"))
+        .filter(|b| b.phase == Some(BackupPhase::Succeeded))
         .collect();
     let newest_stored = stored
         .iter()
@@ -120,10 +121,10 @@ pub fn tally(backups: &[Counted]) -> Tally {
         .max_by_key(|(name, at)| (*at, name.clone()));
     let newest_finished = live()
         .filter_map(|(i, b)| {
-            let succeeded = match b.phase.as_deref() {
-                Some("Succeeded") => true,
-                Some("Failed") => false,
-                _ => return None,
+            let succeeded = match b.phase? {
+                BackupPhase::Succeeded => true,
+                BackupPhase::Failed => false,
+                BackupPhase::Running => return None,
             };
             Some((b.completed?, b.name.clone(), i, succeeded))
         })
@@ -240,18 +241,18 @@ mod tests {
 
     #[test]
     fn a_tally_counts_what_is_stored_and_follows_the_newest_finished_backup() {
-        let b = |name: &str, phase: &str, completed: Option<i64>, deleting| Counted {
+        let b = |name: &str, phase: BackupPhase, completed: Option<i64>, deleting| Counted {
             name: name.into(),
-            phase: Some(phase.into()),
+            phase: Some(phase),
             completed: completed.map(|m| jiff::Timestamp::from_second(m * 60).unwrap()),
             deleting,
         };
         let backups = [
-            b("a", "Succeeded", Some(1), false),
-            b("b", "Succeeded", Some(3), false),
-            b("c", "Failed", Some(4), false),
-            b("d", "Running", None, false),
-            b("e", "Succeeded", Some(9), true),
+            b("a", BackupPhase::Succeeded, Some(1), false),
+            b("b", BackupPhase::Succeeded, Some(3), false),
+            b("c", BackupPhase::Failed, Some(4), false),
+            b("d", BackupPhase::Running, None, false),
+            b("e", BackupPhase::Succeeded, Some(9), true),
         ];
         let tally = tally(&backups);
         assert_eq!(tally.stored, 2, "one being deleted is not kept");

@@ -5,6 +5,7 @@
 //! [`BACKUP_DEADLINE`], then fails. Deleting an EtcdBackup deletes its snapshot (a
 //! finalizer), from the store recorded in its status, so it works once the cluster is gone.
 
+use noops_api::backup::BackupPhase;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -123,7 +124,7 @@ async fn take_or_go_on(
                     let key = destination.key(&namespace, &backup.spec.cluster, &backup.name_any());
                     // Recorded before anything is written, so that a deletion finds it
                     // whatever happens next.
-                    status.progress.phase = Some("Running".into());
+                    status.progress.phase = Some(BackupPhase::Running);
                     status.progress.started_at = Some(Time(started));
                     destination.record(status);
                     status.key = Some(key.clone());

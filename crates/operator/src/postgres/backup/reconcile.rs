@@ -7,6 +7,7 @@
 //! [`WAIT_DEADLINE`]. Deleting a PostgresBackup deletes its base backup, and the WAL only it
 //! needed (a finalizer), from where its status says, so it works once the PostgreSQL is gone.
 
+use noops_api::backup::BackupPhase;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -169,7 +170,7 @@ async fn look(begun: &mut Begun<PostgresBackup>, ctx: &Context) -> Result<Option
             Ok((location, url)) => {
                 // Recorded before anything is written, so that a deletion finds it whatever
                 // happens next.
-                status.progress.phase = Some("Running".into());
+                status.progress.phase = Some(BackupPhase::Running);
                 status.progress.started_at = Some(Time(started));
                 status.destination = Some(location.clone());
                 status.progress.location = Some(url.clone());
@@ -378,8 +379,8 @@ pub fn keep_wal_from(backup: &PostgresBackup, all: &[PostgresBackup]) -> Option<
     let unfinished = all.iter().any(|b| {
         b.spec.postgresql == backup.spec.postgresql
             && !matches!(
-                b.status.as_ref().and_then(|s| s.progress.phase.as_deref()),
-                Some("Succeeded" | "Failed")
+                b.status.as_ref().and_then(|s| s.progress.phase),
+                Some(BackupPhase::Succeeded | BackupPhase::Failed)
             )
     });
     if unfinished {
@@ -389,7 +390,7 @@ pub fn keep_wal_from(backup: &PostgresBackup, all: &[PostgresBackup]) -> Option<
         .filter(|b| b.name_any() != backup.name_any() && b.metadata.deletion_timestamp.is_none())
         .filter_map(|b| {
             let status = b.status.as_ref()?;
-            if status.progress.phase.as_deref() != Some("Succeeded") || status.destination.as_ref()?.wal != wal {
+            if status.progress.phase != Some(BackupPhase::Succeeded) || status.destination.as_ref()?.wal != wal {
                 return None;
             }
             segment_name(status.start_wal.as_deref()?, status.timeline?)
