@@ -25,7 +25,8 @@ cluster-up: setup ## Start the local Kubernetes with NODES nodes (default 1; NOD
 cluster-down: ## Stop the local Kubernetes and remove its state (logs stay in .noops/logs)
 	@hack/cluster-down.sh
 
-demo: setup ## The local Kubernetes (3 nodes), a maintenance switch, etcd and PostgreSQL healing from a stopped node, a whole cluster upgraded under load
+demo: ## The local Kubernetes (3 nodes), a maintenance switch, etcd and PostgreSQL healing from a stopped node, a whole cluster upgraded under load
+	@NOOPS_UPSTREAM=demo hack/setup.sh
 	@source hack/lib.sh && use_node_kind agent
 	@NODE_KIND=agent NODES=$(DEMO_NODES) hack/cluster-up.sh
 	@hack/demo.sh

@@ -16,6 +16,16 @@ recipe=1
 # key <module dir>: a short hash of the module files and the build recipe.
 key() { { cat "$root/tools/$1/go.mod" "$root/tools/$1/go.sum"; echo "recipe=$recipe"; } | sha256sum | cut -c1-16; }
 
+# exec_name <package>: the name go build gives its binary: the last element of the path, or the
+# one before a major version suffix (go.etcd.io/etcd/server/v3 → server).
+exec_name() {
+  local name=${1##*/}
+  if [[ $name =~ ^v[0-9]+$ && $1 == */* ]]; then
+    name=${1%/*}; name=${name##*/}
+  fi
+  echo "$name"
+}
+
 # build <module dir> <ldflags> <binary>=<package>...: builds every binary of one wrapper module.
 build() {
   local mod=$1 flags=$2; shift 2
@@ -24,10 +34,16 @@ build() {
     echo "upstream: $mod cached ($out)"
   else
     echo "upstream: building $mod (slow on a cold cache) ..."
-    local start=$SECONDS tmp="$out.tmp.$$" pair
+    local start=$SECONDS tmp="$out.tmp.$$" pair packages=()
     rm -rf "$tmp"; mkdir -p "$tmp"
+    for pair in "$@"; do packages+=("${pair#*=}"); done
+    # One go build for all of a module's binaries: their links run side by side (each a
+    # single-threaded minute for Kubernetes), and the packages are loaded once.
+    (cd "$root/tools/$mod" && go build -trimpath -ldflags "$flags" -o "$tmp/" "${packages[@]}")
     for pair in "$@"; do
-      (cd "$root/tools/$mod" && go build -trimpath -ldflags "$flags" -o "$tmp/${pair%%=*}" "${pair#*=}")
+      local built
+      built=$(exec_name "${pair#*=}")
+      [ "$built" = "${pair%%=*}" ] || mv "$tmp/$built" "$tmp/${pair%%=*}"
     done
     touch "$tmp/.complete"; rm -rf "$out"; mv "$tmp" "$out"
     echo "upstream: built $mod in $((SECONDS - start))s"
@@ -54,23 +70,26 @@ k8s_ldflags() {
   echo "$flags"
 }
 
+# all, or demo (what `make demo` runs: all but helm), or one of etcd, versitygw, helm, k8s, kubelet.
 what=${1:-all}
-if [ "$what" = all ] || [ "$what" = etcd ]; then
+wanted() { [ "$what" = "$1" ] || [ "$what" = all ] || { [ "$what" = demo ] && [ "$1" != helm ]; }; }
+if wanted etcd; then
   for mod in etcd-3.5 etcd-3.6; do
     build "$mod" "-s -w" etcd=go.etcd.io/etcd/server/v3 \
       etcdctl=go.etcd.io/etcd/etcdctl/v3 etcdutl=go.etcd.io/etcd/etcdutl/v3
   done
 fi
-if [ "$what" = all ] || [ "$what" = versitygw ]; then
+if wanted versitygw; then
   # The S3-compatible object store of examples/object-store (backups go there).
   vgw_version=$(awk '$1 == "require" && $2 == "github.com/versity/versitygw" { print $3 }' "$root/tools/versitygw/go.mod")
   build versitygw "-s -w -X main.Version=$vgw_version -X main.Build=noops" versitygw=github.com/versity/versitygw/cmd/versitygw
 fi
-if [ "$what" = all ] || [ "$what" = helm ]; then
-  # Only for checking that the chart renders what deploy/ holds.
+if wanted helm; then
+  # Only the tests use it: the chart renders what deploy/ holds, and real nodes install the
+  # operator with it.
   build helm "-s -w" helm=helm.sh/helm/v3/cmd/helm
 fi
-if [ "$what" = all ] || [ "$what" = k8s ]; then
+if wanted k8s; then
   k=k8s.io/kubernetes/cmd
   build k8s "$(k8s_ldflags k8s)" kube-apiserver=$k/kube-apiserver kube-controller-manager=$k/kube-controller-manager \
     kube-scheduler=$k/kube-scheduler kube-proxy=$k/kube-proxy kubectl=$k/kubectl

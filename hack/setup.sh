@@ -58,21 +58,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ -z "$own_policy" ] || rm -f "$policy"
 fi
 
-# --- Go (only for building upstream binaries) ---------------------------------------------------
-# Kubernetes 1.34 needs Go 1.24 or newer. Without a recent enough Go on the machine, Debian's Go
-# fetches a newer toolchain from the Go module proxy.
-go_ok() { command -v go >/dev/null && [ "$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')" -ge 24 ]; }
-if ! go_ok; then
-  if ! command -v go >/dev/null; then
-    log "installing Debian's Go to bootstrap a newer toolchain"
-    apt-get install -y -qq --no-install-recommends golang-go >/dev/null
-  fi
-  export GOTOOLCHAIN=go1.26.11
-  log "using Go toolchain $GOTOOLCHAIN from the module proxy"
-fi
-"$root/hack/build-upstream.sh"
-[ "${NODE_KIND:-agent}" != kubelet ] || "$root/hack/build-upstream.sh" kubelet
-
 # --- Rust ----------------------------------------------------------------------------------------
 # Rust is the one thing setup does not install (a toolchain is the user's choice): say what is
 # needed and how to get it. The minimum is the workspace's rust-version.
@@ -87,8 +72,32 @@ rust_have=$(rustc --version | awk '{print $2}')
 if [ "$(free_mib "$root")" -lt 20480 ]; then
   log "warning: $(free_mib "$root") MiB free on $(df --output=target "$root" | tail -1): a first make test needs about 20 GiB"
 fi
-log "building the Rust workspace"
-(cd "$root" && cargo build --workspace --bins --quiet)
+# The Rust workspace builds beside the upstream Go builds: each has long single-threaded stretches
+# (k8s-openapi's crate, each Kubernetes link), which the other fills on a machine of few cores.
+log "building the Rust workspace (beside the upstream binaries)"
+(cd "$root" && cargo build --workspace --bins --quiet) &
+cargo_build=$!
+trap 'kill "$cargo_build" 2>/dev/null || true' EXIT
+
+# --- Go (only for building upstream binaries) ---------------------------------------------------
+# Kubernetes 1.34 needs Go 1.24 or newer. Without a recent enough Go on the machine, Debian's Go
+# fetches a newer toolchain from the Go module proxy.
+go_ok() { command -v go >/dev/null && [ "$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')" -ge 24 ]; }
+if ! go_ok; then
+  if ! command -v go >/dev/null; then
+    log "installing Debian's Go to bootstrap a newer toolchain"
+    apt-get install -y -qq --no-install-recommends golang-go >/dev/null
+  fi
+  export GOTOOLCHAIN=go1.26.11
+  log "using Go toolchain $GOTOOLCHAIN from the module proxy"
+fi
+# NOOPS_UPSTREAM=demo (make demo) leaves out what only the tests use (helm).
+"$root/hack/build-upstream.sh" "${NOOPS_UPSTREAM:-all}"
+[ "${NODE_KIND:-agent}" != kubelet ] || "$root/hack/build-upstream.sh" kubelet
+
+wait "$cargo_build" || die "the Rust workspace did not build (cargo build --workspace --bins says why)"
+trap - EXIT
+log "built the Rust workspace"
 # The kubectl plugin, where kubectl finds it for `kubectl noops` with .noops/bin on the PATH.
 mkdir -p "$bin"
 ln -sf "$target_dir/debug/kubectl-noops" "$bin/kubectl-noops"
