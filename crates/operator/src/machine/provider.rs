@@ -1,5 +1,5 @@
 //! The machine provider: what makes, reads and removes a machine's VM. The Machine controller
-//! speaks to it through [`Provider`] only (three calls), so a cloud's VMs could be another
+//! speaks to it through [`Provider`] only (four calls), so a cloud's VMs could be another
 //! provider; the one noops has is [`PodProvider`]: the VM is a privileged pod of this cluster
 //! (Cluster API's Docker provider makes it a container) running the node agent as a whole
 //! machine in the pod's network namespace, and the tenant's kube-proxy beside it.
@@ -78,8 +78,11 @@ pub struct VmSpec {
 
 /// A maker of VMs.
 pub trait Provider {
-    /// What the machine's VM is now.
+    /// What the machine's VM is now, as the provider's cache says.
     fn observe(&self, names: &Names) -> VmState;
+    /// What the machine's VM is now, as the provider itself says: read before a VM the cache
+    /// no longer holds fails its machine (the cache may not hold one made a moment ago).
+    fn confirm(&self, names: &Names) -> impl std::future::Future<Output = Result<VmState>> + Send;
     /// Makes the VM (its bootstrap Secret exists).
     fn create(&self, spec: &VmSpec) -> impl std::future::Future<Output = Result<()>> + Send;
     /// Removes the VM; true once it is gone.
@@ -99,6 +102,11 @@ impl Provider for PodProvider {
     fn observe(&self, names: &Names) -> VmState {
         let pod = self.pods.get(&ObjectRef::new(&names.vm_pod()).within(&names.namespace));
         vm_state(pod.as_deref())
+    }
+
+    async fn confirm(&self, names: &Names) -> Result<VmState> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &names.namespace);
+        Ok(vm_state(api.get_opt(&names.vm_pod()).await?.as_ref()))
     }
 
     async fn create(&self, spec: &VmSpec) -> Result<()> {

@@ -1,6 +1,8 @@
 //! One Machine pass: observe → validate → plan → build → apply → status, each stage entered once,
-//! in that order. A Machine carries a finalizer: its deletion is a pass of its own (cordon,
-//! drain, delete the Node, delete the VM), going on from what the status and the tenant say.
+//! in that order, and one write of the Machine: the pass that records its new VM
+//! (`spec.providerID`) ends there, and the pass that change wakes writes the status. A Machine
+//! carries a finalizer: its deletion is a pass of its own (cordon, drain, delete the Node,
+//! delete the VM), going on from what the status and the tenant say.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,7 +74,7 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
     from_finalizer(result)
 }
 
-async fn observe(names: &Names, ctx: &Context, node_from: NodeFrom) -> Observation {
+async fn observe(machine: &Machine, names: &Names, ctx: &Context, node_from: NodeFrom) -> Result<Observation> {
     let cluster = ctx
         .control_planes
         .get(&ObjectRef::new(&names.cluster).within(&names.namespace))
@@ -80,7 +82,14 @@ async fn observe(names: &Names, ctx: &Context, node_from: NodeFrom) -> Observati
     if cluster.as_ref().is_none_or(|c| c.metadata.deletion_timestamp.is_some()) {
         ctx.tenants.forget(&names.namespace, &names.cluster);
     }
-    let vm = ctx.provider.observe(names);
+    // A VM made once that the cache does not hold fails the machine (its set replaces it):
+    // confirmed with the provider first, since the cache may not hold one made a moment ago.
+    let vm = match ctx.provider.observe(names) {
+        VmState::Missing if machine.spec.provider_id.is_some() => {
+            ctx.provider.confirm(names).await.during(Stage::Observe)?
+        }
+        vm => vm,
+    };
     let bootstrap = ctx
         .secrets
         .get(&ObjectRef::new(&names.bootstrap_secret()).within(&names.namespace));
@@ -106,20 +115,20 @@ async fn observe(names: &Names, ctx: &Context, node_from: NodeFrom) -> Observati
         Some(Ok(None)) => NodeView::Missing,
         Some(Err(why)) => NodeView::Unreachable(why),
     };
-    Observation {
+    Ok(Observation {
         cluster,
         vm,
         bootstrap,
         tenant,
         node,
-    }
+    })
 }
 
 /// A machine that is not being deleted.
 async fn run(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
     let names = Names::of(&machine);
     let now = jiff::Timestamp::now();
-    let observation = observe(&names, ctx, NodeFrom::Cache).await;
+    let observation = observe(&machine, &names, ctx, NodeFrom::Cache).await?;
 
     let admission = plan::admit(&machine, observation.cluster.as_ref());
 
@@ -153,22 +162,16 @@ async fn run(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
         api.patch(&names.machine, &PatchParams::default(), &Patch::Merge(body))
             .await
             .during(Stage::Apply)?;
+        // One write of the machine a pass: the pass this change wakes writes the status.
+        info!(provider_id = %names.provider_id(), "recorded the machine's VM; its status follows");
+        return Ok(Action::requeue(MAKING));
     }
 
-    let vm = if make_vm {
-        VmState::Starting { problem: None }
-    } else {
-        observation.vm.clone()
-    };
-    let mut seen = (*machine).clone();
-    if make_vm {
-        seen.spec.provider_id = Some(names.provider_id());
-    }
     let status = status::build(
         &StatusFacts {
-            machine: &seen,
+            machine: &machine,
             admission: &admission,
-            vm: &vm,
+            vm: &observation.vm,
             node: &observation.node,
             deletion: None,
         },
@@ -292,7 +295,7 @@ fn bootstrap_secret(
 /// the deletion waits, its finalizer kept, until spec.paused is false.
 async fn wait_paused(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
     let names = Names::of(&machine);
-    let observation = observe(&names, ctx, NodeFrom::Cache).await;
+    let observation = observe(&machine, &names, ctx, NodeFrom::Cache).await?;
     let admission = plan::admit(&machine, observation.cluster.as_ref());
     let status = status::build(
         &StatusFacts {
@@ -315,7 +318,7 @@ async fn wait_paused(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
 async fn remove(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
     let names = Names::of(&machine);
     let now = jiff::Timestamp::now();
-    let observation = observe(&names, ctx, NodeFrom::Api).await;
+    let observation = observe(&machine, &names, ctx, NodeFrom::Api).await?;
     let mut seen = (*machine).clone();
     let previous = seen.status.clone().unwrap_or_default();
     let drain_started = previous.drain_started_at.as_ref().map(|t| t.0).unwrap_or(now);
