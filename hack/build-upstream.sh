@@ -70,9 +70,13 @@ k8s_ldflags() {
   echo "$flags"
 }
 
-# all, or demo (what `make demo` runs: all but helm), or one of etcd, versitygw, helm, k8s, kubelet.
+# all, or demo (what `make demo` needs before its cluster starts: all but helm, which only the
+# tests use, and k8s-1.33, which the demo builds while its first parts run), or one of etcd,
+# versitygw, helm, k8s, k8s-1.33, kubelet.
 what=${1:-all}
-wanted() { [ "$what" = "$1" ] || [ "$what" = all ] || { [ "$what" = demo ] && [ "$1" != helm ]; }; }
+wanted() {
+  [ "$what" = "$1" ] || [ "$what" = all ] || { [ "$what" = demo ] && [ "$1" != helm ] && [ "$1" != k8s-1.33 ]; }
+}
 if wanted etcd; then
   for mod in etcd-3.5 etcd-3.6; do
     build "$mod" "-s -w" etcd=go.etcd.io/etcd/server/v3 \
@@ -93,6 +97,9 @@ if wanted k8s; then
   k=k8s.io/kubernetes/cmd
   build k8s "$(k8s_ldflags k8s)" kube-apiserver=$k/kube-apiserver kube-controller-manager=$k/kube-controller-manager \
     kube-scheduler=$k/kube-scheduler kube-proxy=$k/kube-proxy kubectl=$k/kubectl
+fi
+if wanted k8s-1.33; then
+  k=k8s.io/kubernetes/cmd
   # The previous minor, for hosted control planes (and later machines) to upgrade from.
   build k8s-1.33 "$(k8s_ldflags k8s-1.33)" kube-apiserver=$k/kube-apiserver \
     kube-controller-manager=$k/kube-controller-manager kube-scheduler=$k/kube-scheduler kube-proxy=$k/kube-proxy
