@@ -7,9 +7,26 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${NOOPS_CACHE:-$HOME/.cache/noops}
 bin="$root/.noops/bin"
-export GOTOOLCHAIN=${GOTOOLCHAIN:-local} CGO_ENABLED=0 GOFLAGS=-mod=mod
+# Kubernetes 1.34 needs Go 1.24 or newer: with an older Go (setup installs Debian's when there is
+# none), the toolchain it needs comes from the Go module proxy. Decided here, so that every caller
+# (setup, the demo's background build) builds with it.
+if [ -z "${GOTOOLCHAIN:-}" ]; then
+  if [ "$(GOTOOLCHAIN=local go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')" -ge 24 ]; then
+    GOTOOLCHAIN=local
+  else
+    GOTOOLCHAIN=go1.26.11
+    echo "upstream: using Go toolchain $GOTOOLCHAIN from the module proxy"
+  fi
+fi
+export GOTOOLCHAIN CGO_ENABLED=0 GOFLAGS=-mod=mod
 export GOMODCACHE=${GOMODCACHE:-$(go env GOMODCACHE)} GOCACHE=${GOCACHE:-$(go env GOCACHE)}
 mkdir -p "$bin" "$cache/upstream"
+
+# A build stopped halfway leaves no half-made entry behind (its folder is removed on the way out).
+building=
+trap '[ -z "$building" ] || rm -rf "$building"' EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 
 # Bump when the way binaries are built changes (flags, names), to invalidate every cache entry.
 recipe=1
@@ -35,7 +52,7 @@ build() {
   else
     echo "upstream: building $mod (slow on a cold cache) ..."
     local start=$SECONDS tmp="$out.tmp.$$" pair packages=()
-    rm -rf "$tmp"; mkdir -p "$tmp"
+    rm -rf "$tmp"; mkdir -p "$tmp"; building=$tmp
     for pair in "$@"; do packages+=("${pair#*=}"); done
     # One go build for all of a module's binaries: their links run side by side (each a
     # single-threaded minute for Kubernetes), and the packages are loaded once.
@@ -45,7 +62,7 @@ build() {
       built=$(exec_name "${pair#*=}")
       [ "$built" = "${pair%%=*}" ] || mv "$tmp/$built" "$tmp/${pair%%=*}"
     done
-    touch "$tmp/.complete"; rm -rf "$out"; mv "$tmp" "$out"
+    touch "$tmp/.complete"; rm -rf "$out"; mv "$tmp" "$out"; building=
     echo "upstream: built $mod in $((SECONDS - start))s"
     # Older builds of the same entry are of no further use (only <mod>-<key>: k8s-1.33-* is not k8s's).
     local old

@@ -12,9 +12,12 @@ source "$(dirname "$0")/lib.sh"
 # demo's own processes keep the CPU whenever they want it.
 previous_minor_log="$root/.noops/logs/build-k8s-1.33.log"
 mkdir -p "$(dirname "$previous_minor_log")"
-nice -n 19 "$root/hack/build-upstream.sh" k8s-1.33 >"$previous_minor_log" 2>&1 &
+# Its own process group (setsid), so that a demo stopped halfway stops every compiler of it.
+setsid nice -n 19 "$root/hack/build-upstream.sh" k8s-1.33 >"$previous_minor_log" 2>&1 &
 previous_minor=$!
-trap 'kill "$previous_minor" 2>/dev/null || true' EXIT
+trap 'kill -- -"$previous_minor" 2>/dev/null || true' EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 
 log "installing the noops CRDs, RBAC and operator (deploy/)"
 kubectl apply --server-side --force-conflicts -f "$root/deploy/crds/" >/dev/null

@@ -75,21 +75,19 @@ fi
 # The Rust workspace builds beside the upstream Go builds: each has long single-threaded stretches
 # (k8s-openapi's crate, each Kubernetes link), which the other fills on a machine of few cores.
 log "building the Rust workspace (beside the upstream binaries)"
-(cd "$root" && cargo build --workspace --bins --quiet) &
+# Its own process group (setsid), so that stopping setup stops every rustc of it.
+(cd "$root" && exec setsid cargo build --workspace --bins --quiet) &
 cargo_build=$!
-trap 'kill "$cargo_build" 2>/dev/null || true' EXIT
+trap 'kill -- -"$cargo_build" 2>/dev/null || true' EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 
 # --- Go (only for building upstream binaries) ---------------------------------------------------
-# Kubernetes 1.34 needs Go 1.24 or newer. Without a recent enough Go on the machine, Debian's Go
-# fetches a newer toolchain from the Go module proxy.
-go_ok() { command -v go >/dev/null && [ "$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')" -ge 24 ]; }
-if ! go_ok; then
-  if ! command -v go >/dev/null; then
-    log "installing Debian's Go to bootstrap a newer toolchain"
-    apt-get install -y -qq --no-install-recommends golang-go >/dev/null
-  fi
-  export GOTOOLCHAIN=go1.26.11
-  log "using Go toolchain $GOTOOLCHAIN from the module proxy"
+# Debian's Go when there is none; build-upstream.sh fetches a newer toolchain through it from the
+# Go module proxy when it is older than Kubernetes needs.
+if ! command -v go >/dev/null; then
+  log "installing Debian's Go to bootstrap a newer toolchain"
+  apt-get install -y -qq --no-install-recommends golang-go >/dev/null
 fi
 # NOOPS_UPSTREAM=demo (make demo) leaves out what only the tests use (helm).
 "$root/hack/build-upstream.sh" "${NOOPS_UPSTREAM:-all}"
