@@ -145,21 +145,17 @@ pub struct BackupsStatus {
     pub stored_backups: Option<i32>,
 }
 
-/// Where a backup is, in a word (`status.phase`).
-#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackupPhase {
-    /// It is being taken, or waits for what it needs (within its deadline).
-    Running,
-    /// It is stored and can be restored.
-    Succeeded,
-    /// It could not be taken: its `Succeeded` condition says why. It is never taken again.
-    Failed,
+crate::phase::phases! {
+    /// Where a backup is, in a word (`status.phase`).
+    BackupPhase {
+        /// It is being taken, or waits for what it needs (within its deadline).
+        Running,
+        /// It is stored and can be restored.
+        Succeeded,
+        /// It could not be taken: its `Succeeded` condition says why. It is never taken again.
+        Failed,
+    }
 }
-crate::phase::phase_names!(BackupPhase {
-    Running,
-    Succeeded,
-    Failed
-});
 
 /// How one backup is doing, the part of a backup's status every engine has.
 #[skip_serializing_none]

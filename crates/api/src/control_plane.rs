@@ -248,30 +248,23 @@ pub struct ExtraArgsSpec {
     pub scheduler: Vec<String>,
 }
 
-/// Where a control plane is, in a word (`status.phase`).
-#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KubernetesControlPlanePhase {
-    /// Its etcd, certificates and components are being made.
-    Creating,
-    /// Every component is Ready.
-    Running,
-    /// Its components are being moved to the version asked for.
-    Upgrading,
-    /// An upgrade has not progressed within its deadline.
-    Stalled,
-    /// A component is not Ready.
-    Degraded,
-    /// `spec.paused`: the operator changes nothing.
-    Paused,
+crate::phase::phases! {
+    /// Where a control plane is, in a word (`status.phase`).
+    KubernetesControlPlanePhase {
+        /// Its etcd, certificates and components are being made.
+        Creating,
+        /// Every component is Ready.
+        Running,
+        /// Its components are being moved to the version asked for.
+        Upgrading,
+        /// An upgrade has not progressed within its deadline.
+        Stalled,
+        /// A component is not Ready.
+        Degraded,
+        /// `spec.paused`: the operator changes nothing.
+        Paused,
+    }
 }
-crate::phase::phase_names!(KubernetesControlPlanePhase {
-    Creating,
-    Running,
-    Upgrading,
-    Stalled,
-    Degraded,
-    Paused
-});
 
 /// The observed state of a tenant's control plane.
 #[skip_serializing_none]

@@ -239,36 +239,28 @@ pub struct PodSpec {
     pub extra_args: Vec<String>,
 }
 
-/// Where an etcd cluster is, in a word (`status.phase`).
-#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EtcdClusterPhase {
-    /// Its first members are being made and the cluster formed.
-    Creating,
-    /// Every member is healthy and nothing is under way.
-    Running,
-    /// Members are being added or removed to the size asked for.
-    Scaling,
-    /// Members are being moved to the version asked for, one at a time.
-    Upgrading,
-    /// A member is being replaced or brought back.
-    Repairing,
-    /// A member is unhealthy and nothing can repair it yet.
-    Degraded,
-    /// Too few members are healthy to agree on a write: the cluster serves nothing until a majority is back or it is restored from a backup.
-    QuorumLost,
-    /// `spec.paused`: the operator changes nothing.
-    Paused,
+crate::phase::phases! {
+    /// Where an etcd cluster is, in a word (`status.phase`).
+    EtcdClusterPhase {
+        /// Its first members are being made and the cluster formed.
+        Creating,
+        /// Every member is healthy and nothing is under way.
+        Running,
+        /// Members are being added or removed to the size asked for.
+        Scaling,
+        /// Members are being moved to the version asked for, one at a time.
+        Upgrading,
+        /// A member is being replaced or brought back.
+        Repairing,
+        /// A member is unhealthy and nothing can repair it yet.
+        Degraded,
+        /// Too few members are healthy to agree on a write: the cluster serves nothing until a
+        /// majority is back or it is restored from a backup.
+        QuorumLost,
+        /// `spec.paused`: the operator changes nothing.
+        Paused,
+    }
 }
-crate::phase::phase_names!(EtcdClusterPhase {
-    Creating,
-    Running,
-    Scaling,
-    Upgrading,
-    Repairing,
-    Degraded,
-    QuorumLost,
-    Paused
-});
 
 /// The observed state of an etcd cluster.
 #[skip_serializing_none]

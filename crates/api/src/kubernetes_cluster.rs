@@ -193,33 +193,25 @@ impl Default for ClusterUpgradeSpec {
     }
 }
 
-/// Where a cluster is, in a word (`status.phase`).
-#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KubernetesClusterPhase {
-    /// Its control plane is being made.
-    Provisioning,
-    /// Its control plane and every pool are Ready.
-    Running,
-    /// A pool is being scaled.
-    Scaling,
-    /// It is being upgraded: the control plane first, then each pool.
-    Upgrading,
-    /// Its control plane or a pool is not Ready.
-    Degraded,
-    /// `spec.paused`: the operator changes nothing.
-    Paused,
-    /// It is being deleted, its pools first.
-    Deleting,
+crate::phase::phases! {
+    /// Where a cluster is, in a word (`status.phase`).
+    KubernetesClusterPhase {
+        /// Its control plane is being made.
+        Provisioning,
+        /// Its control plane and every pool are Ready.
+        Running,
+        /// A pool is being scaled.
+        Scaling,
+        /// It is being upgraded: the control plane first, then each pool.
+        Upgrading,
+        /// Its control plane or a pool is not Ready.
+        Degraded,
+        /// `spec.paused`: the operator changes nothing.
+        Paused,
+        /// It is being deleted, its pools first.
+        Deleting,
+    }
 }
-crate::phase::phase_names!(KubernetesClusterPhase {
-    Provisioning,
-    Running,
-    Scaling,
-    Upgrading,
-    Degraded,
-    Paused,
-    Deleting
-});
 
 /// The observed state of a tenant cluster.
 #[skip_serializing_none]

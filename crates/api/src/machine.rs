@@ -148,33 +148,21 @@ impl FlavorSpec {
     }
 }
 
-/// Where a machine is in its life.
-#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MachinePhase {
-    /// Waiting for what it needs (its control plane, a version it may run).
-    Pending,
-    /// Its VM is being made.
-    Provisioning,
-    /// Its VM runs; its Node has not joined yet.
-    Provisioned,
-    /// Its Node has joined.
-    Running,
-    /// Being drained and removed.
-    Deleting,
-    /// Its VM is gone or cannot start; a MachineSet replaces it.
-    Failed,
-}
-
-impl MachinePhase {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MachinePhase::Pending => "Pending",
-            MachinePhase::Provisioning => "Provisioning",
-            MachinePhase::Provisioned => "Provisioned",
-            MachinePhase::Running => "Running",
-            MachinePhase::Deleting => "Deleting",
-            MachinePhase::Failed => "Failed",
-        }
+crate::phase::phases! {
+    /// Where a machine is in its life.
+    MachinePhase {
+        /// Waiting for what it needs (its control plane, a version it may run).
+        Pending,
+        /// Its VM is being made.
+        Provisioning,
+        /// Its VM runs; its Node has not joined yet.
+        Provisioned,
+        /// Its Node has joined.
+        Running,
+        /// Being drained and removed.
+        Deleting,
+        /// Its VM is gone or cannot start; a MachineSet replaces it.
+        Failed,
     }
 }
 

@@ -153,30 +153,23 @@ impl Default for RollingUpdateSpec {
     }
 }
 
-/// Where a machine deployment is, in a word (`status.phase`).
-#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MachineDeploymentPhase {
-    /// Machines are being added to the number asked for.
-    ScalingUp,
-    /// Machines are being removed to the number asked for.
-    ScalingDown,
-    /// Machines of an older template are being replaced by machines of the current one.
-    Rolling,
-    /// Every machine is of the current template, and there are as many as asked for.
-    Running,
-    /// A rollout has not progressed within its deadline.
-    Stalled,
-    /// `spec.paused`, or `spec.rolloutPaused` with a rollout to make: nothing is changed.
-    Paused,
+crate::phase::phases! {
+    /// Where a machine deployment is, in a word (`status.phase`).
+    MachineDeploymentPhase {
+        /// Machines are being added to the number asked for.
+        ScalingUp,
+        /// Machines are being removed to the number asked for.
+        ScalingDown,
+        /// Machines of an older template are being replaced by machines of the current one.
+        Rolling,
+        /// Every machine is of the current template, and there are as many as asked for.
+        Running,
+        /// A rollout has not progressed within its deadline.
+        Stalled,
+        /// `spec.paused`, or `spec.rolloutPaused` with a rollout to make: nothing is changed.
+        Paused,
+    }
 }
-crate::phase::phase_names!(MachineDeploymentPhase {
-    ScalingUp,
-    ScalingDown,
-    Rolling,
-    Running,
-    Stalled,
-    Paused
-});
 
 /// The observed state of a pool of machines.
 #[skip_serializing_none]

@@ -1,7 +1,7 @@
 //! Phases: where a resource is, in a word, as `kubectl get` shows it. Each kind has its own
-//! enum (the CRD schema lists its values, so `kubectl explain` does); this file gives them
-//! their names as text and reads a phase this version does not know (written by another
-//! version of the operator) as none, so the object stays readable and the next status write
+//! enum, declared with [`phases!`] (the CRD schema lists its values, so `kubectl explain`
+//! does); a phase this version does not know (written by another version of the operator)
+//! reads as none ([`known_or_none`]), so the object stays readable and the next status write
 //! says its phase anew.
 
 use serde::de::{Deserialize, DeserializeOwned, Deserializer};
@@ -16,14 +16,21 @@ where
     Ok(value.and_then(|v| serde_json::from_value(v).ok()))
 }
 
-/// Gives phase enum `$phase` its names as text (`as_str`, `Display`), each its variant's.
-macro_rules! phase_names {
-    ($phase:ident { $($variant:ident),+ $(,)? }) => {
+/// Declares phase enum `$phase` (its doc and its variants', each a phase as `kubectl get` shows
+/// it) with its names as text (`as_str`, `Display`).
+macro_rules! phases {
+    ($(#[$doc:meta])* $phase:ident { $($(#[$variant_doc:meta])* $variant:ident,)+ }) => {
+        $(#[$doc])*
+        #[derive(schemars::JsonSchema, serde::Deserialize, serde::Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum $phase {
+            $($(#[$variant_doc])* $variant,)+
+        }
+
         impl $phase {
             /// The phase as `kubectl get` shows it.
             pub fn as_str(self) -> &'static str {
                 match self {
-                    $(Self::$variant => stringify!($variant)),+
+                    $(Self::$variant => stringify!($variant),)+
                 }
             }
         }
@@ -35,19 +42,20 @@ macro_rules! phase_names {
         }
     };
 }
-pub(crate) use phase_names;
+pub(crate) use phases;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde::{Deserialize, Serialize};
+    use serde::Deserialize;
 
-    #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq)]
-    enum Light {
-        Green,
-        Red,
+    phases! {
+        /// A traffic light's.
+        Light {
+            Green,
+            Red,
+        }
     }
-    phase_names!(Light { Green, Red });
 
     #[derive(Deserialize, Debug)]
     struct Status {

@@ -275,30 +275,24 @@ pub enum ServiceType {
     NodePort,
 }
 
-/// Where a database is, in a word (`status.phase`).
-#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PostgreSQLPhase {
-    /// Its first instance is being made.
-    Creating,
-    /// Its first instance is being restored from a backup.
-    Restoring,
-    /// It serves, and nothing needs attention.
-    Running,
-    /// It served and does not now, or it serves and something needs attention (a replica, archiving, a Secret, the spec).
-    Degraded,
-    /// It never served and cannot start as the spec is: the conditions say why.
-    Failed,
-    /// `spec.paused`: the operator changes nothing.
-    Paused,
+crate::phase::phases! {
+    /// Where a database is, in a word (`status.phase`).
+    PostgreSQLPhase {
+        /// Its first instance is being made.
+        Creating,
+        /// Its first instance is being restored from a backup.
+        Restoring,
+        /// It serves, and nothing needs attention.
+        Running,
+        /// It served and does not now, or it serves and something needs attention (a replica,
+        /// archiving, a Secret, the spec).
+        Degraded,
+        /// It never served and cannot start as the spec is: the conditions say why.
+        Failed,
+        /// `spec.paused`: the operator changes nothing.
+        Paused,
+    }
 }
-crate::phase::phase_names!(PostgreSQLPhase {
-    Creating,
-    Restoring,
-    Running,
-    Degraded,
-    Failed,
-    Paused
-});
 
 /// The observed state of a PostgreSQL.
 #[skip_serializing_none]
