@@ -87,13 +87,10 @@ k8s_ldflags() {
   echo "$flags"
 }
 
-# all, or demo (what `make demo` needs before its cluster starts: all but helm, which only the
-# tests use, and k8s-1.33, which the demo builds while its first parts run), or one of etcd,
+# all, or demo (what `make demo` needs: all but helm, which only the tests use), or one of etcd,
 # versitygw, helm, k8s, k8s-1.33, kubelet.
 what=${1:-all}
-wanted() {
-  [ "$what" = "$1" ] || [ "$what" = all ] || { [ "$what" = demo ] && [ "$1" != helm ] && [ "$1" != k8s-1.33 ]; }
-}
+wanted() { [ "$what" = "$1" ] || [ "$what" = all ] || { [ "$what" = demo ] && [ "$1" != helm ]; }; }
 if wanted etcd; then
   for mod in etcd-3.5 etcd-3.6; do
     build "$mod" "-s -w" etcd=go.etcd.io/etcd/server/v3 \

@@ -7,18 +7,6 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
-# Kubernetes 1.33, which only the last part needs (a tenant cluster upgraded from it), builds
-# while the first parts run (cached after the first time): at the lowest priority, so the
-# demo's own processes keep the CPU whenever they want it.
-previous_minor_log="$root/.noops/logs/build-k8s-1.33.log"
-mkdir -p "$(dirname "$previous_minor_log")"
-# Its own process group (setsid), so that a demo stopped halfway stops every compiler of it.
-setsid nice -n 19 "$root/hack/build-upstream.sh" k8s-1.33 >"$previous_minor_log" 2>&1 &
-previous_minor=$!
-trap 'kill -- -"$previous_minor" 2>/dev/null || true' EXIT
-trap 'exit 143' TERM
-trap 'exit 130' INT
-
 log "installing the noops CRDs, RBAC and operator (deploy/)"
 kubectl apply --server-side --force-conflicts -f "$root/deploy/crds/" >/dev/null
 kubectl apply -f "$root/deploy/00-namespace.yaml" -f "$root/deploy/10-rbac.yaml" -f "$root/deploy/20-operator.yaml" \
@@ -86,9 +74,5 @@ log "client: $ok requests answered, $failed failed"
 log "an EtcdCluster and a PostgreSQL heal from a stopped node (namespace demo-healing)"
 "$target_dir/debug/demo-healing"
 
-wait_started=$SECONDS
-wait "$previous_minor" || die "Kubernetes 1.33 did not build: $(tail -3 "$previous_minor_log")"
-trap - EXIT
-log "Kubernetes 1.33 is built (.noops/logs/build-k8s-1.33.log; the demo waited $((SECONDS - wait_started))s for it)"
 "$root/hack/demo-cluster.sh"
 log "demo done; the local Kubernetes stays up (KUBECONFIG=$kubeconfig). \`make cluster-down\` stops it."
