@@ -9,7 +9,7 @@ cache=${NOOPS_CACHE:-$HOME/.cache/noops}
 bin="$root/.noops/bin"
 # Kubernetes 1.34 needs Go 1.24 or newer: with an older Go (setup installs Debian's when there is
 # none), the toolchain it needs comes from the Go module proxy. Decided here, so that every caller
-# (setup, the demo's background build) builds with it.
+# (setup, or this script run alone) builds with it.
 if [ -z "${GOTOOLCHAIN:-}" ]; then
   if [ "$(GOTOOLCHAIN=local go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')" -ge 24 ]; then
     GOTOOLCHAIN=local
