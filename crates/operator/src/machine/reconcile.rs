@@ -84,8 +84,10 @@ async fn observe(machine: &Machine, names: &Names, ctx: &Context, node_from: Nod
     }
     // A VM made once that the cache does not hold fails the machine (its set replaces it):
     // confirmed with the provider first, since the cache may not hold one made a moment ago.
+    // Once the status says Failed it was confirmed: a VM is never made again under a machine.
+    let failed = machine.status.as_ref().and_then(|s| s.phase) == Some(MachinePhase::Failed);
     let vm = match ctx.provider.observe(names) {
-        VmState::Missing if machine.spec.provider_id.is_some() => {
+        VmState::Missing if machine.spec.provider_id.is_some() && !failed => {
             ctx.provider.confirm(names).await.during(Stage::Observe)?
         }
         vm => vm,
