@@ -623,6 +623,24 @@ impl Operator {
         beyond_lease(&before, &self.api_requests().await).0
     }
 
+    /// [`Self::requests_of_settled_passes`] on `resources` only (plural names; a subresource
+    /// counts as its resource's): what passes over `object` ask of those while the operator's
+    /// other controllers go on with their own.
+    pub async fn requests_of_settled_passes_on(
+        &self,
+        ns: &TestNamespace,
+        object: &str,
+        controller: &str,
+        resources: &[&str],
+    ) -> Vec<(String, f64)> {
+        let on = |request: &str| {
+            let resource = request.split(' ').nth(1).unwrap_or_default();
+            resources.contains(&resource.split('/').next().unwrap_or_default())
+        };
+        let requests = self.requests_of_settled_passes(ns, object, controller).await;
+        requests.into_iter().filter(|(request, _)| on(request)).collect()
+    }
+
     /// The writes (create, update, patch, delete), beyond the lease's renewals, made while
     /// `controller` passes over each of `objects` (`kind/name`) with nothing to do, as
     /// [`Self::requests_of_settled_passes`] counts them: for an operator whose other

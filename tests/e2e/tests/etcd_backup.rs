@@ -89,6 +89,14 @@ async fn backups_are_stored_checked_scheduled_kept_and_deleted() {
     assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stderr));
     let report: serde_json::Value = serde_json::from_slice(&checked.stdout).unwrap();
     assert!(report["revision"].as_i64().unwrap() >= written_at, "{report}");
+    // Done, a backup's passes read it and its task pods from the caches: no request for either.
+    let requests = operator
+        .requests_of_settled_passes_on(&ns, "etcdbackup/manual", "etcdbackup", &["etcdbackups", "pods"])
+        .await;
+    assert!(
+        requests.is_empty(),
+        "a finished backup's passes made API requests: {requests:?}"
+    );
     // Monitoring sees it: when the last backup succeeded, and when the certificates expire.
     let resource = format!("{{kind=\"EtcdCluster\",namespace=\"{}\",name=\"main\"", ns.name);
     let completed = manual.status.as_ref().unwrap().progress.completed_at.clone().unwrap();

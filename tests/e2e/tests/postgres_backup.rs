@@ -50,6 +50,19 @@ async fn a_lost_volume_is_restored_from_the_base_backup_and_the_archived_wal_whi
         "{stored:?}"
     );
     assert_eq!(stored.system_identifier, pg.status.clone().unwrap().system_identifier);
+    // Done, a backup's passes read it and its task pod from the caches: no request for either.
+    let requests = operator
+        .requests_of_settled_passes_on(
+            &ns,
+            &format!("postgresbackup/{first}"),
+            "postgresbackup",
+            &["postgresbackups", "pods"],
+        )
+        .await;
+    assert!(
+        requests.is_empty(),
+        "a finished backup's passes made API requests: {requests:?}"
+    );
 
     let ip = instance_ip(&ns, "shop").await;
     let superuser = superuser_password(&ns, "shop").await;

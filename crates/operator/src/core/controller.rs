@@ -31,6 +31,9 @@ use tracing::{Instrument, debug, warn};
 
 /// How soon an object whose cleanup is under way ([`Error::UnderWay`]) is looked at again.
 const UNDER_WAY_CHECK: Duration = Duration::from_secs(2);
+/// How soon a pass skipped because the cache has not shown the last pass's write yet is
+/// tried again, should the write's own watch event not wake it first.
+const CACHE_BEHIND_CHECK: Duration = Duration::from_secs(2);
 /// How often each object's state series are read again from the cache (a scrape sees a
 /// change of condition at most this late).
 const STATE_SERIES_EVERY: Duration = Duration::from_secs(5);
@@ -40,6 +43,7 @@ use super::cache::{Changes, shared_cache};
 use super::events::{Announcement, Events};
 use super::metrics::Metrics;
 use super::resource_metrics::ResourceState;
+use super::written::Written;
 use super::{Error, Result};
 
 /// One controller of the operator.
@@ -278,15 +282,10 @@ fn key<K>(obj: &DeserializeGuard<K>) -> String
 where
     K: Resource,
 {
-    let meta = match &obj.0 {
+    super::written::key_of(match &obj.0 {
         Ok(o) => o.meta(),
         Err(invalid) => &invalid.metadata,
-    };
-    format!(
-        "{}/{}",
-        meta.namespace.as_deref().unwrap_or(""),
-        meta.name.as_deref().unwrap_or("")
-    )
+    })
 }
 
 /// What every reconcile of one controller shares.
@@ -294,6 +293,9 @@ pub struct ControllerCore {
     pub name: &'static str,
     pub events: Events,
     pub metrics: Arc<Metrics>,
+    /// The objects its passes wrote that the cache has not shown yet: a pass over one of them
+    /// is skipped.
+    pub written: Written,
     backoff: Backoff,
 }
 
@@ -303,13 +305,16 @@ impl ControllerCore {
             name,
             events: Events::new(client, &format!("noops-{name}")),
             metrics,
+            written: Written::default(),
             backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(300)),
         }
     }
 
     /// Runs one reconcile of `obj` with `reconcile`, inside a span naming the controller and the
     /// object, counting it in the metrics and resetting the object's back-off on success. An
-    /// object that cannot be read as `K` gets a Warning Event and waits for its next change.
+    /// object that cannot be read as `K` gets a Warning Event and waits for its next change; one
+    /// whose cached version a pass has written over is not passed over until the cache holds
+    /// the write ([`Written`]).
     pub async fn reconcile<K, F, Fut>(&self, obj: &DeserializeGuard<K>, reconcile: F) -> Result<Action>
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned,
@@ -320,6 +325,10 @@ impl ControllerCore {
         let key = key(obj);
         let span = tracing::info_span!("reconcile", controller = self.name, object = %key);
         let object = match &obj.0 {
+            Ok(o) if self.written.behind(&key, o.meta().resource_version.as_deref()) => {
+                debug!(controller = self.name, object = %key, "the cache does not hold the last pass's write yet; its watch event wakes the next pass");
+                return Ok(Action::requeue(CACHE_BEHIND_CHECK));
+            }
             Ok(o) => Arc::new(o.clone()),
             Err(invalid) => {
                 let kind = K::kind(&()).to_string();

@@ -7,6 +7,8 @@
 //! the crash points of the crash-safety tests, downward-API variables, clients of a tenant's
 //! cluster (`tenant`), where images are pulled from (`images`) and what pods declare for Pod
 //! Security (`pod_security`).
+//! What a pass wrote that the cache has not shown yet (`written`: the core skips a pass over
+//! an object its last pass wrote over).
 //! `backup/` is the backup kit every engine's backups are made of.
 
 pub mod apart;
@@ -38,5 +40,6 @@ pub mod stamp;
 pub mod stuck;
 pub mod tenant;
 pub mod user_secrets;
+pub mod written;
 
 pub use error::{DuringStage, Error, Result, Stage};

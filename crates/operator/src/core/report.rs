@@ -35,9 +35,10 @@ impl<S> Context<S> {
                 "kind": K::kind(&()),
                 "status": status,
             });
-            apply_status(&self.api_of(obj), &obj.name_any(), &body)
+            let written = apply_status(&self.api_of(obj), &obj.name_any(), &body)
                 .await
                 .during(Stage::Status)?;
+            self.wrote(obj, written.meta().resource_version.as_deref());
         }
         self.tell(obj, told).await;
         Ok(())
@@ -60,15 +61,26 @@ impl<S> Context<S> {
         T: Serialize + PartialEq,
     {
         let told = with_pause_news(previous, status, told);
-        if previous != Some(status)
-            && !apply_status_at(&self.api_of(obj), &obj.name_any(), version, status)
+        if previous != Some(status) {
+            if !apply_status_at(&self.api_of(obj), &obj.name_any(), version, status)
                 .await
                 .during(Stage::Status)?
-        {
-            return Ok(false);
+            {
+                return Ok(false);
+            }
+            self.wrote(obj, version.as_deref());
         }
         self.tell(obj, told).await;
         Ok(true)
+    }
+
+    /// Notes that this pass wrote `obj` (as the pass read it), which is at `version` now: the
+    /// core skips passes over the version read until the cache holds the write.
+    pub fn wrote<K: Resource>(&self, obj: &K, version: Option<&str>) {
+        let meta = obj.meta();
+        self.core
+            .written
+            .wrote(&super::written::key_of(meta), meta.resource_version.as_deref(), version);
     }
 
     /// Tells `told` of `obj`, for a pass that writes no status.

@@ -365,7 +365,9 @@ impl<'a> Pass<'a> {
         let written = apply_status_at(&clusters, &self.cluster.name_any(), &mut version, status)
             .await
             .during(Stage::Status)?;
-        if !written {
+        if written {
+            self.ctx.wrote(self.cluster, version.as_deref());
+        } else {
             debug!("the cluster changed since this pass read it; looking again");
         }
         Ok(written)

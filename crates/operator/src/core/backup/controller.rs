@@ -10,10 +10,12 @@ use std::time::Duration;
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use noops_api::backup::{BackupProgress, WorkProgress};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -24,7 +26,7 @@ use super::schedule::elapsed;
 use super::task_pod;
 use crate::core::Result;
 use crate::core::apply::{apply_status_at, delete_if_present};
-use crate::core::controller::{Runtime, scoped_api};
+use crate::core::controller::Runtime;
 use crate::core::engine::{Engine, Wiring};
 use crate::core::labels;
 
@@ -34,6 +36,15 @@ pub struct TaskPods {
     pub image: String,
     /// Where the services' images are pulled from (task pods run the service's programs).
     pub images: crate::core::images::Images,
+    /// Its task pods, from the watch that wakes their backups.
+    pub pods: Store<Pod>,
+}
+
+impl TaskPods {
+    /// Task pod `name` in `namespace`, as the cache holds it.
+    pub fn task_pod(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
+        self.pods.get(&ObjectRef::new(name).within(namespace))
+    }
 }
 
 /// What every pass of a backup controller shares.
@@ -118,14 +129,18 @@ impl<B: BackupEngine> Engine for Backups<B> {
     const CONCURRENCY: u16 = B::CONCURRENCY;
 
     async fn wire(runtime: &Runtime) -> Wiring<Self> {
+        let (pods, pod_changes) = runtime
+            .cache::<Pod>(watcher::Config::default().labels(&format!("{}={}", labels::COMPONENT, B::COMPONENT)))
+            .await;
         let state = TaskPods {
             image: runtime.image.clone(),
             images: runtime.images.clone(),
+            pods,
         };
-        let controller = runtime.controller::<B::Backup>(Self::CONCURRENCY).owns(
-            scoped_api::<Pod>(&runtime.client, &runtime.namespace),
-            watcher::Config::default().labels(&format!("{}={}", labels::COMPONENT, B::COMPONENT)),
-        );
+        // A task pod's change wakes its backup once the cache holds it.
+        let controller = runtime
+            .controller::<B::Backup>(Self::CONCURRENCY)
+            .owns_shared_stream(pod_changes);
         Wiring::new(state, controller)
     }
 
@@ -161,23 +176,22 @@ pub struct Begun<K: BackupResource> {
     pub pod: String,
 }
 
-/// The start of a pass: the backup as the API has it now (the watch cache may not have seen
-/// the last status yet, and the work is decided on the latest word), or what to do instead:
-/// nothing for a backup gone, and for one done (Succeeded or Failed, never taken again) only
-/// its task pod `pod` removed, left by an operator stopped between the last status write and
-/// removing it.
+/// The start of a pass over `backup` from the cache (the core passes over no version a pass
+/// has written over, so the work is decided on this controller's last word; every status
+/// write is made over the version read, so nobody else's newer word is written over), or what
+/// to do instead: for a backup done (Succeeded or Failed, never taken again) only its task
+/// pod `pod` removed, left by an operator stopped between the last status write and removing
+/// it.
 async fn begin<K: BackupResource>(
     ctx: &Context,
-    cached: &K,
+    backup: &K,
     pod: impl Fn(&K) -> String,
 ) -> Result<std::result::Result<Begun<K>, Action>> {
-    let Some(backup) = latest(&ctx.client, cached).await? else {
-        return Ok(Err(Action::await_change()));
-    };
+    let backup = backup.clone();
     let status = backup.status().cloned().unwrap_or_default();
     let progress = K::progress(&status);
     if progress.is_done() {
-        return Ok(Err(remove_pod(&ctx.client, &backup, &pod(&backup)).await?));
+        return Ok(Err(remove_pod(ctx, &backup, &pod(&backup)).await?));
     }
     let now = jiff::Timestamp::now();
     let started = progress.started_at.as_ref().map_or(now, |t| t.0);
@@ -191,36 +205,45 @@ async fn begin<K: BackupResource>(
     }))
 }
 
-/// The backup as the API has it now: the watch cache may not have seen the last status yet,
-/// and the work is decided on the latest word (every status write is made over its version).
-async fn latest<K: BackupResource>(client: &Client, cached: &K) -> Result<Option<K>> {
-    let api: Api<K> = Api::namespaced(client.clone(), &cached.namespace().unwrap_or_default());
-    Ok(api.get_opt(&cached.name_any()).await?)
-}
-
 /// Writes `status` over `version` of `backup` (see [`apply_status_at`]): false if the backup
 /// changed since.
 pub async fn write_status<K: BackupResource>(
-    client: &Client,
+    ctx: &Context,
     backup: &K,
     version: &mut Option<String>,
     status: &K::Status,
 ) -> Result<bool> {
-    let api: Api<K> = Api::namespaced(client.clone(), &backup.namespace().unwrap_or_default());
-    Ok(apply_status_at(&api, &backup.name_any(), version, status).await?)
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
+    let written = apply_status_at(&api, &backup.name_any(), version, status).await?;
+    if written {
+        ctx.wrote(backup, version.as_deref());
+    }
+    Ok(written)
 }
 
-/// Deletes task pod `name` of `backup`, if there is one (at once if it was deleted already and
-/// its node never confirmed it: a dead node). Returns what to do next: look again while the
-/// pod lingers, to force it out once its grace has passed.
-pub async fn remove_pod<K: BackupResource>(client: &Client, backup: &K, name: &str) -> Result<Action> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &backup.namespace().unwrap_or_default());
-    let Some(pod) = pods.get_opt(name).await? else {
+/// Deletes task pod `name` of `backup`, if the cache holds one (at once if it was deleted
+/// already and its node never confirmed it: a dead node). Returns what to do next: look again
+/// while the pod lingers, to force it out once its grace has passed.
+pub async fn remove_pod<K: BackupResource>(ctx: &Context, backup: &K, name: &str) -> Result<Action> {
+    let namespace = backup.namespace().unwrap_or_default();
+    let Some(pod) = ctx.task_pod(&namespace, name) else {
         return Ok(Action::await_change());
     };
-    let params = task_pod::delete_params(Some(&pod), jiff::Timestamp::now());
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    // Only the pod the cache holds: a new one of its name is never deleted on a stale word.
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: pod.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..task_pod::delete_params(Some(&pod), jiff::Timestamp::now())
+    };
     let forced = params.grace_period_seconds == Some(0);
-    delete_if_present(&pods, name, &params).await?;
+    match delete_if_present(&pods, name, &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Action::requeue(Duration::from_secs(1))),
+        Err(e) => return Err(e.into()),
+    }
     Ok(if forced || pod.metadata.deletion_timestamp.is_none() {
         Action::await_change()
     } else {
@@ -255,7 +278,7 @@ pub async fn conclude<K: BackupResource, T>(
     // How far it has got, while it runs; nothing once it is done.
     K::progress_mut(&mut next).under_way = under_way.filter(|_| running);
     if next != status {
-        if !write_status(&ctx.client, &backup, &mut version, &next).await? {
+        if !write_status(ctx, &backup, &mut version, &next).await? {
             return Ok(Action::requeue(Duration::from_secs(1)));
         }
         // A backup done says so in its Event; one still running says why in the log.
@@ -272,7 +295,7 @@ pub async fn conclude<K: BackupResource, T>(
     }
     match settled.look_again {
         Some(after) => Ok(Action::requeue(after)),
-        None => remove_pod(&ctx.client, &backup, &pod).await,
+        None => remove_pod(ctx, &backup, &pod).await,
     }
 }
 
@@ -322,6 +345,6 @@ pub async fn finish_clean_up<K: BackupResource>(
                 .await;
         }
     }
-    remove_pod(&ctx.client, backup, pod).await?;
+    remove_pod(ctx, backup, pod).await?;
     Ok(Action::await_change())
 }

@@ -129,7 +129,7 @@ async fn take_or_go_on(
                     destination.record(status);
                     status.key = Some(key.clone());
                     status.progress.location = Some(destination.url(&key));
-                    if !write_status(&ctx.client, backup, version, status).await? {
+                    if !write_status(ctx, backup, version, status).await? {
                         return Ok(None);
                     }
                     info!(cluster = %backup.spec.cluster, location = %destination.url(&key), "backing up");
@@ -256,8 +256,8 @@ async fn attempt_to_volume(
     let names = Names::of(cluster);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let name = volume::pod_name(&backup.name_any(), &backup.uid().unwrap_or_default(), Job::Save);
-    let pod = pods.get_opt(&name).await?;
-    match volume::outcome(pod.as_ref(), jiff::Timestamp::now()) {
+    let pod = ctx.task_pod(&names.namespace, &name);
+    match volume::outcome(pod.as_deref(), jiff::Timestamp::now()) {
         Outcome::NotStarted => {
             let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
             if claims.get_opt(&destination.claim_name).await?.is_none() {
@@ -299,7 +299,7 @@ async fn attempt_to_volume(
             Ok(saving(&name))
         }
         Outcome::Running if limit.is_zero() => {
-            remove_pod(&ctx.client, backup, &pod_name(backup, Job::Save)).await?;
+            remove_pod(ctx, backup, &pod_name(backup, Job::Save)).await?;
             Ok(Verdict::Wait {
                 reason: "SnapshotStalled",
                 message: format!("pod {name} did not save the snapshot in time"),
@@ -313,7 +313,7 @@ async fn attempt_to_volume(
         Outcome::Succeeded(message) => match volume::saved(&message).and_then(|s| s.into_taken()) {
             Some(taken) => Ok(Verdict::Succeeded(taken)),
             None => {
-                remove_pod(&ctx.client, backup, &pod_name(backup, Job::Save)).await?;
+                remove_pod(ctx, backup, &pod_name(backup, Job::Save)).await?;
                 Ok(Verdict::Wait {
                     reason: "SnapshotFailed",
                     message: format!("pod {name} ended without saying what it saved: {message:?}"),
@@ -321,7 +321,7 @@ async fn attempt_to_volume(
             }
         },
         Outcome::Failed(message) => {
-            remove_pod(&ctx.client, backup, &pod_name(backup, Job::Save)).await?;
+            remove_pod(ctx, backup, &pod_name(backup, Job::Save)).await?;
             Ok(Verdict::Wait {
                 reason: "SnapshotFailed",
                 message,
@@ -406,13 +406,13 @@ async fn delete_from_volume(
 ) -> Result<Option<Deletion>> {
     let namespace = backup.namespace().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    if pods.get_opt(&pod_name(backup, Job::Save)).await?.is_some() {
-        remove_pod(&ctx.client, backup, &pod_name(backup, Job::Save)).await?;
+    if ctx.task_pod(&namespace, &pod_name(backup, Job::Save)).is_some() {
+        remove_pod(ctx, backup, &pod_name(backup, Job::Save)).await?;
         return Ok(None);
     }
     let name = pod_name(backup, Job::Delete);
-    let pod = pods.get_opt(&name).await?;
-    Ok(match volume::outcome(pod.as_ref(), jiff::Timestamp::now()) {
+    let pod = ctx.task_pod(&namespace, &name);
+    Ok(match volume::outcome(pod.as_deref(), jiff::Timestamp::now()) {
         Outcome::NotStarted => {
             // A pass on a stale copy, after the finalizer went: no new pod for a backup gone.
             let backups: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -450,7 +450,7 @@ async fn delete_from_volume(
         Outcome::Succeeded(_) => Some(Ok("deleted".to_string())),
         Outcome::Failed(message) => {
             // The next pass makes a fresh pod.
-            remove_pod(&ctx.client, backup, &pod_name(backup, Job::Delete)).await?;
+            remove_pod(ctx, backup, &pod_name(backup, Job::Delete)).await?;
             Some(Err((message, true)))
         }
     })

@@ -175,7 +175,7 @@ async fn look(begun: &mut Begun<PostgresBackup>, ctx: &Context) -> Result<Option
                 status.destination = Some(location.clone());
                 status.progress.location = Some(url.clone());
                 status.pod = Some(pod_name(backup, Job::Base));
-                if !write_status(&ctx.client, backup, version, status).await? {
+                if !write_status(ctx, backup, version, status).await? {
                     return Ok(None);
                 }
                 crash::point("postgres backup: destination recorded, no pod made");
@@ -339,13 +339,12 @@ async fn pod_progress(
     now: jiff::Timestamp,
     ctx: &Context,
 ) -> Result<Option<Verdict>> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
     let name = pod_name(backup, Job::Base);
-    let pod = pods.get_opt(&name).await?;
-    Ok(Some(match task_pod::outcome(pod.as_ref(), now) {
+    let pod = ctx.task_pod(&backup.namespace().unwrap_or_default(), &name);
+    Ok(Some(match task_pod::outcome(pod.as_deref(), now) {
         Outcome::NotStarted => return Ok(None),
         Outcome::Running if elapsed(started, now) >= RUN_DEADLINE => {
-            remove_pod(&ctx.client, backup, &pod_name(backup, Job::Base)).await?;
+            remove_pod(ctx, backup, &pod_name(backup, Job::Base)).await?;
             Verdict::Failed {
                 reason: "BackupTooLong",
                 message: format!("pod {name} did not finish within {}s", RUN_DEADLINE.as_secs()),
@@ -422,19 +421,18 @@ pub async fn clean_up(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result<
             pg.name_any()
         )));
     }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    if pods.get_opt(&pod_name(backup, Job::Base)).await?.is_some() {
+    if ctx.task_pod(&namespace, &pod_name(backup, Job::Base)).is_some() {
         // A pod still taking it would put it back after: stopped first.
-        remove_pod(&ctx.client, backup, &pod_name(backup, Job::Base)).await?;
+        remove_pod(ctx, backup, &pod_name(backup, Job::Base)).await?;
         return Err(Error::UnderWay(format!("stopping the pod taking backup {name}")));
     }
     let what = format!("the backup at {}", status.progress.location.clone().unwrap_or_default());
     let deleting_for = deleting_for(backup, jiff::Timestamp::now());
     let under_way = || Error::UnderWay(format!("a pod deletes {what}"));
     let delete_pod = pod_name(backup, Job::Delete);
-    let pod = pods.get_opt(&delete_pod).await?;
+    let pod = ctx.task_pod(&namespace, &delete_pod);
     let too_long = || format!("pod {delete_pod} did not finish within {}s", CLEANUP_DEADLINE.as_secs());
-    let deleted: Deletion = match task_pod::outcome(pod.as_ref(), jiff::Timestamp::now()) {
+    let deleted: Deletion = match task_pod::outcome(pod.as_deref(), jiff::Timestamp::now()) {
         Outcome::NotStarted => {
             let database = all_databases.iter().find(|pg| pg.name_any() == backup.spec.postgresql);
             match start_deletion(backup, &location, database, ctx).await? {
@@ -449,7 +447,7 @@ pub async fn clean_up(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result<
         Outcome::Succeeded(said) => Ok(format!("deleted: {said}")),
         Outcome::Failed(why) => {
             // The next pass makes a fresh pod, until the deadline.
-            remove_pod(&ctx.client, backup, &delete_pod).await?;
+            remove_pod(ctx, backup, &delete_pod).await?;
             Err((why, true))
         }
     };
