@@ -9,6 +9,8 @@ pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
 /// Something needs attention: the spec cannot be carried out as it is, or a part is failing.
 pub const DEGRADED: &str = "Degraded";
+/// A backup (EtcdBackup, PostgresBackup) is stored; such a one-off task is never Ready.
+pub const SUCCEEDED: &str = "Succeeded";
 /// `spec.paused` is true: the operator changes nothing of the resource until it is false (its
 /// status is still reported). False otherwise, on every kind that has `spec.paused`.
 pub const PAUSED: &str = "Paused";

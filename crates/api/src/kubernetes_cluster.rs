@@ -24,6 +24,14 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_with::skip_serializing_none;
 
+/// The condition types of a KubernetesCluster beside the shared ones
+/// ([`crate::condition`]): its control plane serving, its workers Ready, an upgrade under way
+/// (True while one runs), pools changing their number of machines (True while they do).
+pub const CONTROL_PLANE_READY: &str = "ControlPlaneReady";
+pub const WORKERS_READY: &str = "WorkersReady";
+pub const UPGRADING: &str = "Upgrading";
+pub const SCALING: &str = "Scaling";
+
 use crate::control_plane::{ApiServerServiceSpec, ExtraArgsSpec, NetworkingSpec, TenantEtcdSpec};
 use crate::etcd;
 use crate::machine::FlavorSpec;

@@ -38,6 +38,14 @@ pub const PASSWORD_KEYS: [&str; 2] = ["password", "postgresql_password"];
 /// (`kubectl noops promote pg/<name> <instance>` sets it). The operator removes it once it has
 /// acted on it, or refused it with a `SwitchoverRefused` Event.
 pub const PROMOTE_ANNOTATION: &str = "noops.dev/promote";
+/// The condition that enough replicas acknowledge commits synchronously, and its reason when
+/// fewer than asked do.
+pub const SYNCHRONOUS_REPLICAS: &str = "SynchronousReplicas";
+pub const TOO_FEW_REPLICAS: &str = "TooFewReplicas";
+/// The Event of a switchover request refused: the request goes, the primary stays.
+pub const SWITCHOVER_REFUSED: &str = "SwitchoverRefused";
+/// The Event of a switchover begun and given up: the old primary serves again.
+pub const SWITCHOVER_GIVEN_BACK: &str = "SwitchoverGivenBack";
 /// The most WAL a replica may lag behind the primary and still be switched to: about one WAL
 /// segment, which a streaming replica receives in well under a second.
 pub const SWITCHOVER_LAG_BOUND_BYTES: i64 = 16 * 1024 * 1024;

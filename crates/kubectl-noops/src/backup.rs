@@ -35,7 +35,7 @@ pub fn progress_line(progress: &BackupProgress, waited: Duration) -> String {
     let not_stored = progress
         .conditions
         .iter()
-        .find(|c| c.type_ == "Succeeded" && c.status == "False" && !c.message.is_empty());
+        .find(|c| c.type_ == noops_api::condition::SUCCEEDED && c.status == "False" && !c.message.is_empty());
     if let Some(condition) = not_stored {
         line.push_str(&format!(": {}", condition.message));
     }

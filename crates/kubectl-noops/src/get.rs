@@ -7,6 +7,7 @@ use anyhow::Context as _;
 use comfy_table::{Table, presets::NOTHING};
 use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams};
+use noops_api::condition;
 use serde_json::Value;
 
 use crate::report::age;
@@ -53,9 +54,9 @@ pub async fn get(client: &Client, namespace: Option<&str>) -> anyhow::Result<Str
 fn row(kind: Kind, object: &DynamicObject, now: jiff::Timestamp) -> Row {
     // A backup is never Ready: what it has instead is whether it is stored.
     let state = if matches!(kind, Kind::EtcdBackup | Kind::PostgresBackup) {
-        "Succeeded"
+        condition::SUCCEEDED
     } else {
-        "Ready"
+        condition::READY
     };
     let status = &object.data["status"];
     let condition = status["conditions"]

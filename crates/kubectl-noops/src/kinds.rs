@@ -11,7 +11,10 @@ pub use machines::{machine, machine_deployment, machine_set};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use noops_api::backup::BackupPhase;
 use noops_api::backup::BackupProgress;
+use noops_api::condition::{DEGRADED, PAUSED, PROGRESSING, READY};
 use noops_api::etcd::OperationKind;
+use noops_api::kubernetes_cluster::{SCALING, UPGRADING};
+use noops_api::postgres::{SYNCHRONOUS_REPLICAS, TOO_FEW_REPLICAS};
 use noops_api::{EtcdCluster, KubernetesCluster, KubernetesControlPlane, MaintPage, PostgreSQL};
 
 use crate::report::{Report, Section, age, size};
@@ -37,15 +40,15 @@ impl Around {
 /// The report every kind starts from: its name, whether it is Ready for its current
 /// generation, its phase, what its conditions say is wrong, and its last warnings.
 fn base(kind: &str, meta: &ObjectMeta, conditions: &[Condition], observed: Option<i64>, around: &Around) -> Report {
-    let ready = observed == meta.generation && conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
-    // A condition is a problem when it says something is wrong: Degraded (or QuorumLost)
-    // True, or any other False but Progressing (which is only news) and Paused (said on a
-    // line of its own, from the spec).
+    let ready = observed == meta.generation && conditions.iter().any(|c| c.type_ == READY && c.status == "True");
+    // A condition is a problem when it says something is wrong: Degraded True, or any other
+    // False but those that are only news (Progressing, a cluster's Upgrading and Scaling) and
+    // Paused (said on a line of its own, from the spec).
     let problems = conditions
         .iter()
         .filter(|c| match c.type_.as_str() {
-            "Degraded" | "QuorumLost" | "Stalled" => c.status == "True",
-            "Progressing" | "Upgrading" | "Scaling" | "Paused" => false,
+            DEGRADED => c.status == "True",
+            PROGRESSING | UPGRADING | SCALING | PAUSED => false,
             _ => c.status == "False",
         })
         .map(|c| (c.type_.clone(), c.reason.clone(), c.message.clone()))
@@ -283,7 +286,7 @@ pub fn postgres(pg: &PostgreSQL, around: &Around) -> Report {
         let short = status
             .conditions
             .iter()
-            .find(|c| c.type_ == "SynchronousReplicas" && c.reason == "TooFewReplicas");
+            .find(|c| c.type_ == SYNCHRONOUS_REPLICAS && c.reason == TOO_FEW_REPLICAS);
         match short {
             Some(c) => report.fact("COMMITS", format!("{commits}: {}", c.message)),
             None => report.fact("commits", commits),

@@ -11,10 +11,12 @@ use k8s_openapi::api::core::v1::Event;
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use noops_api::PostgreSQL;
-use noops_api::postgres::{FailoverStatus, PROMOTE_ANNOTATION, Role, SWITCHOVER_LAG_BOUND_BYTES};
+use noops_api::postgres::{
+    FailoverStatus, PROMOTE_ANNOTATION, Role, SWITCHOVER_GIVEN_BACK, SWITCHOVER_LAG_BOUND_BYTES, SWITCHOVER_REFUSED,
+};
 
 /// The operator's Events that end a request without a switchover.
-const ENDS_WITHOUT: [&str; 2] = ["SwitchoverRefused", "SwitchoverGivenBack"];
+const ENDS_WITHOUT: [&str; 2] = [SWITCHOVER_REFUSED, SWITCHOVER_GIVEN_BACK];
 
 /// Why `instance` cannot be switched to, as the status of `pg` says (the operator checks
 /// again, against the primary itself).

@@ -287,7 +287,7 @@ fn machine_node(machine: &Machine) -> Node {
 
 /// The line of an object: its Ready condition's status and reason.
 fn line(what: String, conditions: &[Condition], phase: Option<String>, details: String) -> Line {
-    let ready = conditions.iter().find(|c| c.type_ == "Ready");
+    let ready = conditions.iter().find(|c| c.type_ == noops_api::condition::READY);
     Line {
         what,
         ready: ready.map_or_else(|| "-".into(), |c| c.status.clone()),

@@ -256,7 +256,7 @@ fn machines_table(machines: &[Machine], around: &Around) -> Section {
 
 /// `True`, or `False (<reason>)`: the Ready condition in a table cell.
 fn ready_and_why(conditions: &[Condition]) -> String {
-    match conditions.iter().find(|c| c.type_ == "Ready") {
+    match conditions.iter().find(|c| c.type_ == noops_api::condition::READY) {
         Some(c) if c.status == "True" => "True".into(),
         Some(c) => format!("{} ({})", c.status, c.reason),
         None => "-".into(),

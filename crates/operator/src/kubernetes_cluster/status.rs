@@ -15,10 +15,7 @@ use crate::core::conditions::{Decided, merge, passed_on, with_paused};
 use crate::machine::status::DRAIN_HELD;
 use crate::machine_set::status::MACHINES_DELETING;
 
-pub const CONTROL_PLANE_READY: &str = "ControlPlaneReady";
-pub const WORKERS_READY: &str = "WorkersReady";
-pub const UPGRADING: &str = "Upgrading";
-pub const SCALING: &str = "Scaling";
+pub use noops_api::kubernetes_cluster::{CONTROL_PLANE_READY, SCALING, UPGRADING, WORKERS_READY};
 /// The step of an upgrade whose version was set back to the one running before it finished.
 pub const SET_BACK: &str = "SetBack";
 

@@ -22,8 +22,8 @@ use super::names::Names;
 use super::sql::Standby;
 use crate::core::conditions::Decided;
 
-/// The condition: enough replicas stream synchronously.
-pub const SYNCHRONOUS_REPLICAS: &str = "SynchronousReplicas";
+/// The condition (enough replicas stream synchronously) and its reason when too few do.
+pub use noops_api::postgres::{SYNCHRONOUS_REPLICAS, TOO_FEW_REPLICAS};
 /// A standby whose last reply is older than this is not counted as streaming (replicas reply
 /// every second: `replica.rs`).
 pub const FRESH_REPLY: Duration = Duration::from_secs(5);
@@ -161,7 +161,7 @@ pub fn condition(sync: Option<&SynchronousSpec>, seen: Option<&Seen>, previous: 
         ),
     };
     let reason = match previous {
-        Some("Synchronous" | "TooFewReplicas") => "TooFewReplicas",
+        Some("Synchronous" | TOO_FEW_REPLICAS) => TOO_FEW_REPLICAS,
         _ => "WaitingForReplicas",
     };
     Some(Decided::new(

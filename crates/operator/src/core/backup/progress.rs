@@ -16,7 +16,7 @@ use crate::core::conditions::{Decided, merge};
 use crate::core::events::Announcement;
 
 /// The condition of a backup: True once it is stored.
-pub const SUCCEEDED: &str = "Succeeded";
+pub use noops_api::condition::SUCCEEDED;
 
 /// Where a backup stands after one look at it.
 #[derive(Debug, Clone, PartialEq)]

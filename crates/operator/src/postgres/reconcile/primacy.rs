@@ -597,7 +597,7 @@ impl Pass<'_> {
     async fn refuse_switchover(&self, to: &str, why: String, primacy: &mut Primacy) {
         warn!(%to, %why, "refused a switchover");
         primacy.told.push(Announcement::warning(
-            "SwitchoverRefused",
+            noops_api::postgres::SWITCHOVER_REFUSED,
             format!("switchover to {to} refused: {why}"),
         ));
         self.forget_request().await;
@@ -674,7 +674,7 @@ impl Pass<'_> {
             }
             Next::GiveBack(why) => {
                 let told = Announcement::warning(
-                    "SwitchoverGivenBack",
+                    noops_api::postgres::SWITCHOVER_GIVEN_BACK,
                     format!("the switchover to {to} was given up and {from} is the primary again: {why}"),
                 );
                 if self

@@ -1,0 +1,381 @@
+//! What a pass asks of the API server: controllers run in this test's own process against the
+//! real API server, with every request their client sends recorded in order (`Recorded`).
+//! Between the pure unit tests (what a pass decides) and the end-to-end tests (what comes of
+//! it), these check the requests themselves: nothing written before the object is validated,
+//! the status before the Events that tell of it, nothing asked by a pass over a settled
+//! object, and the writes of a first apply and of a switch against golden files
+//! (`tests/golden/`; `NOOPS_UPDATE_GOLDEN=1` writes them anew, to be read and committed).
+// A test's own helpers fail it outright.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use noops::core::controller::{Runtime, Shutdown};
+use noops_api::MaintPage;
+use noops_e2e::*;
+use tokio::sync::watch;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// One request a controller sent: its verb and resource as Kubernetes' audit log names them,
+/// and the object's name when it names one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Sent {
+    verb: &'static str,
+    resource: String,
+    name: Option<String>,
+}
+
+impl Sent {
+    fn writes(&self) -> bool {
+        ["create", "update", "patch", "delete", "deletecollection"].contains(&self.verb)
+    }
+
+    /// `verb resource[ name]`; an Event's name is its own (random), so it is left out.
+    fn line(&self) -> String {
+        match &self.name {
+            Some(name) if self.resource != "events" => format!("{} {} {name}", self.verb, self.resource),
+            _ => format!("{} {}", self.verb, self.resource),
+        }
+    }
+}
+
+/// Every request of a client, in order.
+#[derive(Clone, Default)]
+struct Recorded(Arc<Mutex<Vec<Sent>>>);
+
+impl Recorded {
+    fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    /// What was sent since `mark` (a [`Self::len`]), watches left out: a reflector's watch
+    /// is re-made now and then whatever the passes do.
+    fn since(&self, mark: usize) -> Vec<Sent> {
+        self.0.lock().unwrap()[mark..]
+            .iter()
+            .filter(|s| s.verb != "watch")
+            .cloned()
+            .collect()
+    }
+}
+
+impl<S> tower::Layer<S> for Recorded {
+    type Service = Recording<S>;
+
+    fn layer(&self, inner: S) -> Recording<S> {
+        Recording {
+            inner,
+            sent: self.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Recording<S> {
+    inner: S,
+    sent: Recorded,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Recording<S>
+where
+    S: tower::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let uri = request.uri();
+        let (verb, resource) = noops::core::api_requests::classify(request.method(), uri.path(), uri.query());
+        self.sent.0.lock().unwrap().push(Sent {
+            verb,
+            resource,
+            name: object_name(uri.path()),
+        });
+        self.inner.call(request)
+    }
+}
+
+/// The name of the object a request path names, if it names one.
+fn object_name(path: &str) -> Option<String> {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let mut rest = match segments.first() {
+        Some(&"api") => segments.get(2..)?,
+        Some(&"apis") => segments.get(3..)?,
+        _ => return None,
+    };
+    if rest.first() == Some(&"namespaces") && rest.len() >= 3 {
+        rest = &rest[2..];
+    }
+    rest.get(1).map(|name| name.to_string())
+}
+
+/// Controllers of the operator running in this process, scoped to one namespace, their
+/// client recorded. They stop when this is dropped.
+struct InProcess {
+    sent: Recorded,
+    halt: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl InProcess {
+    async fn start(controllers: &[&str], namespace: &str) -> Self {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let config = kube::config::Kubeconfig::read_from(kubeconfig()).expect("no .noops/kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(config, &Default::default())
+            .await
+            .expect("kubeconfig");
+        let sent = Recorded::default();
+        let client = kube::client::ClientBuilder::try_from(config)
+            .expect("client")
+            .with_layer(&sent)
+            .build();
+        let (halt, halted) = watch::channel(false);
+        let runtime = Runtime {
+            client,
+            namespace: Some(namespace.to_string()),
+            metrics: Arc::new(noops::core::metrics::Metrics::new()),
+            shutdown: Shutdown::new(halted),
+            image: "ghcr.io/noops-dev/noops:test".into(),
+            certificate_lifetime: Duration::from_secs(365 * 24 * 3600),
+            images: Default::default(),
+        };
+        let tasks = controllers
+            .iter()
+            .map(|name| {
+                let registration = noops::controller(name).unwrap_or_else(|| panic!("no controller {name}"));
+                tokio::spawn((registration.run)(runtime.clone()))
+            })
+            .collect();
+        Self { sent, halt, tasks }
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        let _ = self.halt.send(true);
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// The writes among `sent`, each once, in the order first sent: a golden file's lines (how
+/// often a status is written again while pods start is timing, not behaviour).
+fn distinct_writes(sent: &[Sent]) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for line in sent.iter().filter(|s| s.writes()).map(Sent::line) {
+        if !lines.contains(&line) {
+            lines.push(line);
+        }
+    }
+    lines
+}
+
+/// Compares `lines` with golden file `name` (or writes it, with `NOOPS_UPDATE_GOLDEN=1`).
+fn assert_golden(name: &str, lines: &[String]) {
+    let path = root().join("tests/e2e/tests/golden").join(name);
+    let text = lines.iter().map(|l| format!("{l}\n")).collect::<String>();
+    if std::env::var_os("NOOPS_UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &text).unwrap();
+        return;
+    }
+    let golden = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(
+        golden,
+        text,
+        "the requests differ from {} (NOOPS_UPDATE_GOLDEN=1 writes it anew)",
+        path.display()
+    );
+}
+
+fn maintpage(enabled: bool) -> String {
+    format!(
+        r#"
+apiVersion: noops.dev/v1alpha1
+kind: MaintPage
+metadata: {{ name: shop }}
+spec:
+  app:
+    name: shop
+    image: hashicorp/http-echo:1.0
+    args: ["-text=app page", "-listen=:8080"]
+    replicas: 1
+  maintenance:
+    image: hashicorp/http-echo:1.0
+    args: ["-text=maintenance page", "-listen=:8080"]
+    enabled: {enabled}
+"#
+    )
+}
+
+/// The MaintPage's Ready condition: (status, reason), once written for its generation.
+async fn ready_condition(api: &Api<MaintPage>) -> Option<(String, String)> {
+    let mp = api.get_opt("shop").await.ok()??;
+    let status = mp.status?;
+    (status.observed_generation == mp.metadata.generation).then_some(())?;
+    let ready = status.conditions.into_iter().find(|c| c.type_ == "Ready")?;
+    Some((ready.status, ready.reason))
+}
+
+#[tokio::test]
+async fn a_maintpage_pass_writes_nothing_before_it_validated_tells_after_its_status_and_asks_nothing_once_settled() {
+    install_crds();
+    let ns = TestNamespace::new("passes-mp").await;
+    // Someone else's Deployment has the app's name: the MaintPage must not take it over.
+    ns.apply(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: { name: shop }
+spec:
+  replicas: 0
+  selector: { matchLabels: { app: theirs } }
+  template:
+    metadata: { labels: { app: theirs } }
+    spec: { containers: [{ name: c, image: hashicorp/http-echo:1.0 }] }
+"#,
+    );
+    let operator = InProcess::start(&["maintpage"], &ns.name).await;
+    let api: Api<MaintPage> = ns.api();
+    ns.apply(&maintpage(false));
+    wait_until("the MaintPage refused for the name conflict", MINUTE, || async {
+        ready_condition(&api)
+            .await
+            .is_some_and(|(_, reason)| reason == "NameConflict")
+    })
+    .await;
+    let refused = operator.sent.since(0);
+    let writes: Vec<String> = refused.iter().filter(|s| s.writes()).map(Sent::line).collect();
+    assert!(
+        writes
+            .iter()
+            .all(|w| w == "patch maintpages/status shop" || w.ends_with(" events") || w == "patch maintpages shop"),
+        "a pass that did not validate wrote more than its status, its finalizer and its Events: {writes:?}"
+    );
+    assert!(
+        writes.contains(&"patch maintpages/status shop".to_string()),
+        "{writes:?}"
+    );
+
+    // Once the name is free, the first apply: children, then the status, then its Events.
+    let mark = operator.sent.len();
+    Api::<Deployment>::namespaced(client().await, &ns.name)
+        .delete("shop", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    wait_until("the MaintPage Ready", 2 * MINUTE, || async {
+        ready_condition(&api).await.is_some_and(|(status, _)| status == "True")
+    })
+    .await;
+    assert_golden(
+        "maintpage-first-apply.txt",
+        &distinct_writes(&operator.sent.since(mark)),
+    );
+
+    // Settled: a pass woken by a touch reads its children from the caches and writes nothing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mark = operator.sent.len();
+    for touch in 0..3 {
+        let patch = serde_json::json!({ "metadata": { "annotations": { "noops.dev/test-touch": touch.to_string() } } });
+        api.patch("shop", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let settled = operator.sent.since(mark);
+    assert!(settled.is_empty(), "a settled MaintPage's passes asked: {settled:?}");
+
+    // The switch to the maintenance page, as requests.
+    let mark = operator.sent.len();
+    let patch = serde_json::json!({ "spec": { "maintenance": { "enabled": true } } });
+    api.patch("shop", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    wait_until("the maintenance page published", 2 * MINUTE, || async {
+        api.get_opt("shop").await.ok().flatten().is_some_and(|mp| {
+            let status = mp.status.unwrap_or_default();
+            status.observed_generation == mp.metadata.generation
+                && status.published == Some(noops_api::maintpage::Side::Maintenance)
+                && status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    })
+    .await;
+    assert_golden("maintpage-switch.txt", &distinct_writes(&operator.sent.since(mark)));
+    // Every Event of the switch comes after the status write that shows it.
+    let sent = operator.sent.since(mark);
+    let first_status = sent.iter().position(|s| s.line() == "patch maintpages/status shop");
+    let first_event = sent.iter().position(|s| s.writes() && s.resource == "events");
+    assert!(
+        first_status.is_some() && first_event.is_none_or(|e| Some(e) > first_status),
+        "an Event before the status that shows it: {sent:?}"
+    );
+}
+
+fn machine_set(replicas: usize) -> String {
+    format!(
+        "apiVersion: noops.dev/v1alpha1\nkind: MachineSet\nmetadata: {{ name: ms }}\nspec:\n  clusterName: c\n  replicas: {replicas}\n  selector: {{ matchLabels: {{ pool: p }} }}\n  template:\n    metadata: {{ labels: {{ pool: p }} }}\n    spec: {{ version: \"1.34\" }}\n"
+    )
+}
+
+/// How many requests of `sent` are `verb` of Machines, and the names they named.
+fn of_machines(sent: &[Sent], verb: &str) -> Vec<String> {
+    sent.iter()
+        .filter(|s| s.verb == verb && s.resource == "machines")
+        .map(|s| s.name.clone().unwrap_or_default())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_machine_set_makes_and_deletes_exactly_the_machines_its_replicas_ask_for() {
+    install_crds();
+    let ns = TestNamespace::new("passes-ms").await;
+    // The set's controller alone: its machines stay objects (no VM is made for them, and none
+    // joins: the startup timeout, 10 minutes, is far off), so the passes that see them
+    // come and go are the set's own, each waking the next while the cache catches up.
+    let operator = InProcess::start(&["machineset"], &ns.name).await;
+    let machines: Api<noops_api::Machine> = ns.api();
+    let count = || async {
+        machines
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|m| m.metadata.deletion_timestamp.is_none())
+            .count()
+    };
+    let mut mark = 0;
+    for (replicas, made, deleted) in [(3_usize, 3, 0), (5, 2, 0), (1, 0, 4)] {
+        ns.apply(&machine_set(replicas));
+        wait_until(&format!("{replicas} machines"), MINUTE, || async {
+            count().await == replicas
+        })
+        .await;
+        // Time for a pass that would make or delete one too many.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(count().await, replicas);
+        let sent = operator.sent.since(mark);
+        let (creates, deletes) = (of_machines(&sent, "create"), of_machines(&sent, "delete"));
+        assert_eq!(
+            (creates.len(), deletes.len()),
+            (made, deleted),
+            "to {replicas} replicas: made {creates:?}, deleted {deletes:?}"
+        );
+        mark = operator.sent.len();
+    }
+}
