@@ -23,6 +23,11 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_with::skip_serializing_none;
 
+/// Degraded's reason for a drain a PodDisruptionBudget has held for minutes (and, higher up,
+/// the reason of a MachineSet's or MachineDeployment's `MachinesDeleting` while one holds a
+/// drain).
+pub const DRAIN_HELD: &str = "DrainHeld";
+
 /// The desired state of one worker machine.
 #[skip_serializing_none]
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]

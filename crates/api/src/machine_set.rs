@@ -92,6 +92,11 @@ pub struct MachineSetSpec {
     pub paused: bool,
 }
 
+/// True while machines of the set (or of a deployment's sets) are being deleted; reason
+/// `DrainHeld` when a PodDisruptionBudget holds one's drain, its message naming the machine,
+/// the pods and the budgets.
+pub const MACHINES_DELETING: &str = "MachinesDeleting";
+
 pub(crate) fn default_replicas() -> i32 {
     1
 }

@@ -14,6 +14,8 @@ use noops_api::backup::BackupProgress;
 use noops_api::condition::{DEGRADED, PAUSED, PROGRESSING, READY};
 use noops_api::etcd::OperationKind;
 use noops_api::kubernetes_cluster::{SCALING, UPGRADING};
+use noops_api::machine::DRAIN_HELD;
+use noops_api::machine_set::MACHINES_DELETING;
 use noops_api::postgres::{SYNCHRONOUS_REPLICAS, TOO_FEW_REPLICAS};
 use noops_api::{EtcdCluster, KubernetesCluster, KubernetesControlPlane, MaintPage, PostgreSQL};
 
@@ -41,13 +43,14 @@ impl Around {
 /// generation, its phase, what its conditions say is wrong, and its last warnings.
 fn base(kind: &str, meta: &ObjectMeta, conditions: &[Condition], observed: Option<i64>, around: &Around) -> Report {
     let ready = observed == meta.generation && conditions.iter().any(|c| c.type_ == READY && c.status == "True");
-    // A condition is a problem when it says something is wrong: Degraded True, or any other
-    // False but those that are only news (Progressing, a cluster's Upgrading and Scaling) and
-    // Paused (said on a line of its own, from the spec).
+    // A condition is a problem when it says something is wrong: Degraded True, machines whose
+    // deletion a budget holds, or any other False but those that are only news (Progressing,
+    // a cluster's Upgrading and Scaling) and Paused (said on a line of its own, from the spec).
     let problems = conditions
         .iter()
         .filter(|c| match c.type_.as_str() {
             DEGRADED => c.status == "True",
+            MACHINES_DELETING => c.status == "True" && c.reason == DRAIN_HELD,
             PROGRESSING | UPGRADING | SCALING | PAUSED => false,
             _ => c.status == "False",
         })

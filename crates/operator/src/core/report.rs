@@ -38,7 +38,8 @@ impl<S> Context<S> {
             let written = apply_status(&self.api_of(obj), &obj.name_any(), &body)
                 .await
                 .during(Stage::Status)?;
-            self.wrote(obj, written.meta().resource_version.as_deref());
+            let read = obj.meta().resource_version.clone();
+            self.wrote(obj, read.as_deref(), written.meta().resource_version.as_deref());
         }
         self.tell(obj, told).await;
         Ok(())
@@ -62,25 +63,26 @@ impl<S> Context<S> {
     {
         let told = with_pause_news(previous, status, told);
         if previous != Some(status) {
+            let over = version.clone();
             if !apply_status_at(&self.api_of(obj), &obj.name_any(), version, status)
                 .await
                 .during(Stage::Status)?
             {
                 return Ok(false);
             }
-            self.wrote(obj, version.as_deref());
+            self.wrote(obj, over.as_deref(), version.as_deref());
         }
         self.tell(obj, told).await;
         Ok(true)
     }
 
-    /// Notes that this pass wrote `obj` (as the pass read it), which is at `version` now: the
-    /// core skips passes over the version read until the cache holds the write.
-    pub fn wrote<K: Resource>(&self, obj: &K, version: Option<&str>) {
-        let meta = obj.meta();
+    /// Notes that this pass wrote `obj` over version `before`, which left version `after`:
+    /// the core skips passes over `before` until the cache holds a later one
+    /// ([`super::written::Written`]).
+    pub fn wrote<K: Resource>(&self, obj: &K, before: Option<&str>, after: Option<&str>) {
         self.core
             .written
-            .wrote(&super::written::key_of(meta), meta.resource_version.as_deref(), version);
+            .wrote(&super::written::key_of(obj.meta()), before, after);
     }
 
     /// Tells `told` of `obj`, for a pass that writes no status.

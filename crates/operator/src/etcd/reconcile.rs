@@ -361,12 +361,13 @@ impl<'a> Pass<'a> {
             return Ok(true);
         }
         let clusters: Api<EtcdCluster> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
-        let mut version = self.cluster.resource_version();
+        let read = self.cluster.resource_version();
+        let mut version = read.clone();
         let written = apply_status_at(&clusters, &self.cluster.name_any(), &mut version, status)
             .await
             .during(Stage::Status)?;
         if written {
-            self.ctx.wrote(self.cluster, version.as_deref());
+            self.ctx.wrote(self.cluster, read.as_deref(), version.as_deref());
         } else {
             debug!("the cluster changed since this pass read it; looking again");
         }

@@ -17,9 +17,8 @@ pub const DRAIN_HELD_AFTER: jiff::SignedDuration = jiff::SignedDuration::from_mi
 /// How long after its Node joined a machine whose Node was never Ready counts as starting.
 pub const STARTING_AT_MOST: jiff::SignedDuration = jiff::SignedDuration::from_mins(10);
 
-/// Degraded's reason for a drain held past [`DRAIN_HELD_AFTER`] (and, higher up, the reason of
-/// a MachineSet's or MachineDeployment's `MachinesDeleting` while a budget holds a drain).
-pub const DRAIN_HELD: &str = "DrainHeld";
+/// Degraded's reason for a drain held past [`DRAIN_HELD_AFTER`] (see the API's).
+pub use noops_api::machine::DRAIN_HELD;
 
 /// The machine's Node is Ready (False: why not, and since when).
 pub const NODE_HEALTHY: &str = "NodeHealthy";

@@ -141,10 +141,15 @@ pub fn plan(set: &MachineSet, machines: &[Machine], now: jiff::Timestamp) -> Set
         .filter(|m| !repaired.contains(&name_of(m)))
         .collect();
     let missing = spec.replicas - remaining.len() as i32;
-    let first = set.status.as_ref().and_then(|s| s.next_index).unwrap_or(0);
+    let taken: Vec<String> = machines.iter().map(name_of).collect();
+    // The names a pass gave whose status write did not land (the set changed meanwhile) are
+    // used too: the next index is past them, so that none is ever given again.
+    let mut first = set.status.as_ref().and_then(|s| s.next_index).unwrap_or(0);
+    while taken.contains(&machine_name(set, first)) {
+        first += 1;
+    }
     out.next_index = first;
     if missing > 0 {
-        let taken: Vec<String> = machines.iter().map(name_of).collect();
         let fresh: Vec<(i64, String)> = (first..)
             .map(|i| (i, machine_name(set, i)))
             .filter(|(_, n)| !taken.contains(n))
@@ -249,6 +254,25 @@ mod tests {
         assert_eq!(p.unhealthy.len(), 1, "the unhealthy are still told");
         s.spec.paused = false;
         assert!(!plan(&s, &extra, now).delete.is_empty());
+    }
+
+    #[test]
+    fn names_made_by_a_pass_whose_status_did_not_land_are_never_given_again() {
+        let now = jiff::Timestamp::now();
+        let s = set(2);
+        // A pass made the first two machines; its status (nextIndex 2) was refused.
+        let made = [
+            member(&machine_name(&s, 0), 900, true, now),
+            member(&machine_name(&s, 1), 900, true, now),
+        ];
+        let settled = plan(&s, &made, now);
+        assert!(settled.create.is_empty());
+        assert_eq!(settled.next_index, 2, "the status records both names as used");
+        let mut grown = set(3);
+        grown.metadata.uid = s.metadata.uid.clone();
+        let p = plan(&grown, &made, now);
+        assert_eq!(p.create, vec![machine_name(&grown, 2)]);
+        assert_eq!(p.next_index, 3);
     }
 
     #[test]

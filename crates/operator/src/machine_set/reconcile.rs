@@ -25,7 +25,7 @@ const WATCHING: Duration = Duration::from_secs(5);
 const STEADY: Duration = Duration::from_secs(60);
 
 /// Reconciles one set (the caller's span names it).
-pub async fn reconcile(set: Arc<MachineSet>, ctx: &Context) -> Result<Action> {
+pub async fn reconcile(mut set: Arc<MachineSet>, ctx: &Context) -> Result<Action> {
     let namespace = set.namespace().unwrap_or_default();
     let owner = controller_reference(set.as_ref())
         .ok_or_else(|| Error::Internal("the MachineSet has no uid yet".into()))
@@ -37,13 +37,14 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: &Context) -> Result<Action> {
     let now = jiff::Timestamp::now();
     let api: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
 
+    let sets: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut plan = plan(&set, &machines, now);
-    // The set is never older than the last status a pass wrote (the core passes over no
-    // version a pass wrote over), so the names its `nextIndex` counts as used are never given
-    // again. The machine cache may not hold the machines the last pass made or deleted yet: a
-    // pass that would make or delete a machine confirms them with the API first, so that it
-    // never makes or deletes one too many.
+    // The cache may not hold the machines the last pass made or deleted yet, nor the last
+    // status it wrote: a pass that would make or delete a machine plans again from the API's
+    // own word, so that it never makes or deletes one too many, and never gives again a name
+    // the status already counts as used (the set's `nextIndex`).
     if !plan.create.is_empty() || !plan.delete.is_empty() {
+        set = Arc::new(sets.get(&set.name_any()).await.during(Stage::Observe)?);
         let selector = format!("{}={}", desired::MACHINE_SET_LABEL, set.name_any());
         machines = api
             .list(&ListParams::default().labels(&selector))

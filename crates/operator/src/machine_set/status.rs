@@ -11,9 +11,9 @@ use crate::machine::status::{DRAIN_HELD, DRAINING_SUCCEEDED};
 /// Degraded's reason when machines of the set are (its message names them and why).
 pub const MACHINES_DEGRADED: &str = "MachinesDegraded";
 /// True while machines of the set (or of a deployment's sets) are being deleted; reason
-/// [`DRAIN_HELD`] when a PodDisruptionBudget holds one's drain, its message naming the machine,
-/// the pods and the budgets. What holds a scale-down or a rollout, told where it is watched.
-pub const MACHINES_DELETING: &str = "MachinesDeleting";
+/// [`DRAIN_HELD`] when a PodDisruptionBudget holds one's drain. What holds a scale-down or a
+/// rollout, told where it is watched.
+pub use noops_api::machine_set::MACHINES_DELETING;
 
 /// False while unhealthy machines are left alone because too many are unhealthy at once.
 pub const REMEDIATION_ALLOWED: &str = "RemediationAllowed";

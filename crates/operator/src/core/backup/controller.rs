@@ -163,7 +163,7 @@ impl<B: BackupEngine> Engine for Backups<B> {
     }
 }
 
-/// A backup still to be made, as the API has it now.
+/// A backup still to be made, as this controller last wrote it.
 pub struct Begun<K: BackupResource> {
     pub backup: K,
     /// The version read: every status write of the pass is made over it.
@@ -214,9 +214,10 @@ pub async fn write_status<K: BackupResource>(
     status: &K::Status,
 ) -> Result<bool> {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
+    let over = version.clone();
     let written = apply_status_at(&api, &backup.name_any(), version, status).await?;
     if written {
-        ctx.wrote(backup, version.as_deref());
+        ctx.wrote(backup, over.as_deref(), version.as_deref());
     }
     Ok(written)
 }

@@ -406,7 +406,9 @@ async fn delete_from_volume(
 ) -> Result<Option<Deletion>> {
     let namespace = backup.namespace().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    if ctx.task_pod(&namespace, &pod_name(backup, Job::Save)).is_some() {
+    // Confirmed with the API, not the cache: a save pod made a moment ago that the cache does
+    // not hold yet would write the snapshot back after its deletion.
+    if pods.get_opt(&pod_name(backup, Job::Save)).await?.is_some() {
         remove_pod(ctx, backup, &pod_name(backup, Job::Save)).await?;
         return Ok(None);
     }

@@ -421,7 +421,10 @@ pub async fn clean_up(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result<
             pg.name_any()
         )));
     }
-    if ctx.task_pod(&namespace, &pod_name(backup, Job::Base)).is_some() {
+    // Confirmed with the API, not the cache: a pod made a moment ago that the cache does not
+    // hold yet would put the backup back after its deletion.
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    if pods.get_opt(&pod_name(backup, Job::Base)).await?.is_some() {
         // A pod still taking it would put it back after: stopped first.
         remove_pod(ctx, backup, &pod_name(backup, Job::Base)).await?;
         return Err(Error::UnderWay(format!("stopping the pod taking backup {name}")));
