@@ -53,27 +53,26 @@ pub fn upstream_bin(name: &str) -> PathBuf {
     root().join(".noops/bin").join(name)
 }
 
-/// A kube client for the local Kubernetes.
-pub async fn client() -> Client {
+/// The client configuration of the local Kubernetes (its admin kubeconfig).
+pub async fn config() -> kube::Config {
     // Two TLS backends are linked (kube's ring, object_store's aws-lc-rs): choose one.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let config =
         kube::config::Kubeconfig::read_from(kubeconfig()).expect("no .noops/kubeconfig: run `make cluster-up` first");
-    let config = kube::Config::from_custom_kubeconfig(config, &Default::default())
+    kube::Config::from_custom_kubeconfig(config, &Default::default())
         .await
-        .expect("kubeconfig");
-    Client::try_from(config).expect("client")
+        .expect("kubeconfig")
+}
+
+/// A kube client for the local Kubernetes.
+pub async fn client() -> Client {
+    Client::try_from(config().await).expect("client")
 }
 
 /// A kube client for the local Kubernetes that does not retry a 429 (kube's default does, for
 /// minutes): an eviction a budget refuses answers 429, and a test wants that answer.
 pub async fn client_without_retries() -> Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let config =
-        kube::config::Kubeconfig::read_from(kubeconfig()).expect("no .noops/kubeconfig: run `make cluster-up` first");
-    let mut config = kube::Config::from_custom_kubeconfig(config, &Default::default())
-        .await
-        .expect("kubeconfig");
+    let mut config = config().await;
     config.default_retry = false;
     Client::try_from(config).expect("client")
 }

@@ -115,24 +115,10 @@ where
         self.sent.0.lock().unwrap().push(Sent {
             verb,
             resource,
-            name: object_name(uri.path()),
+            name: noops::core::api_requests::object_name(uri.path()),
         });
         self.inner.call(request)
     }
-}
-
-/// The name of the object a request path names, if it names one.
-fn object_name(path: &str) -> Option<String> {
-    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let mut rest = match segments.first() {
-        Some(&"api") => segments.get(2..)?,
-        Some(&"apis") => segments.get(3..)?,
-        _ => return None,
-    };
-    if rest.first() == Some(&"namespaces") && rest.len() >= 3 {
-        rest = &rest[2..];
-    }
-    rest.get(1).map(|name| name.to_string())
 }
 
 /// Controllers of the operator running in this process, scoped to one namespace, their
@@ -145,13 +131,8 @@ struct InProcess {
 
 impl InProcess {
     async fn start(controllers: &[&str], namespace: &str) -> Self {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let config = kube::config::Kubeconfig::read_from(kubeconfig()).expect("no .noops/kubeconfig");
-        let config = kube::Config::from_custom_kubeconfig(config, &Default::default())
-            .await
-            .expect("kubeconfig");
         let sent = Recorded::default();
-        let client = kube::client::ClientBuilder::try_from(config)
+        let client = kube::client::ClientBuilder::try_from(config().await)
             .expect("client")
             .with_layer(&sent)
             .build();

@@ -81,19 +81,10 @@ where
 
 /// The verb and resource of a request to the API server. Pure.
 pub fn classify(method: &Method, path: &str, query: Option<&str>) -> (&'static str, String) {
-    let segments: Vec<&str> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect();
-    // `/api/v1/...` or `/apis/<group>/<version>/...`; anything else (`/version`) is not a resource.
-    let rest = match segments.first() {
-        Some(&"api") => segments.get(2..),
-        Some(&"apis") => segments.get(3..),
-        _ => None,
-    };
-    let Some(mut rest) = rest else {
+    let segments = segments(path);
+    let Some(rest) = resource_part(&segments) else {
         return (verb(method, true, query), "nonresource".into());
     };
-    if rest.first() == Some(&"namespaces") && rest.len() >= 3 {
-        rest = &rest[2..];
-    }
     let (resource, named) = match rest {
         [] => ("discovery".to_string(), false),
         [resource] => (resource.to_string(), false),
@@ -101,6 +92,32 @@ pub fn classify(method: &Method, path: &str, query: Option<&str>) -> (&'static s
         [resource, _name, sub, ..] => (format!("{resource}/{sub}"), true),
     };
     (verb(method, named, query), resource)
+}
+
+/// The name of the object a request path names, if it names one (for tests that record
+/// requests). Pure.
+pub fn object_name(path: &str) -> Option<String> {
+    let segments = segments(path);
+    resource_part(&segments)?.get(1).map(|name| name.to_string())
+}
+
+fn segments(path: &str) -> Vec<&str> {
+    path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect()
+}
+
+/// The part of a path from the resource on: `/api/v1/...` or `/apis/<group>/<version>/...`,
+/// past `namespaces/<ns>`; none for anything else (`/version`), which is not a resource.
+fn resource_part<'a>(segments: &'a [&'a str]) -> Option<&'a [&'a str]> {
+    let rest = match segments.first() {
+        Some(&"api") => segments.get(2..)?,
+        Some(&"apis") => segments.get(3..)?,
+        _ => return None,
+    };
+    Some(if rest.first() == Some(&"namespaces") && rest.len() >= 3 {
+        &rest[2..]
+    } else {
+        rest
+    })
 }
 
 fn verb(method: &Method, named: bool, query: Option<&str>) -> &'static str {
@@ -170,6 +187,16 @@ mod tests {
         assert_eq!(of(Method::GET, "/api/v1/nodes/node-1"), ("get", "nodes".into()));
         assert_eq!(of(Method::GET, "/api/v1/namespaces/db"), ("get", "namespaces".into()));
         assert_eq!(of(Method::GET, "/version"), ("get", "nonresource".into()));
+        assert_eq!(
+            object_name("/api/v1/namespaces/db/pods/main-0").as_deref(),
+            Some("main-0")
+        );
+        assert_eq!(
+            object_name("/apis/noops.dev/v1alpha1/namespaces/db/etcdclusters/main/status").as_deref(),
+            Some("main")
+        );
+        assert_eq!(object_name("/api/v1/namespaces/db/pods"), None);
+        assert_eq!(object_name("/api/v1/nodes/node-1").as_deref(), Some("node-1"));
         assert_eq!(
             of(Method::GET, "/apis/noops.dev/v1alpha1"),
             ("list", "discovery".into())

@@ -62,24 +62,33 @@ impl<S> Context<S> {
         T: Serialize + PartialEq,
     {
         let told = with_pause_news(previous, status, told);
-        if previous != Some(status) {
-            let over = version.clone();
-            if !apply_status_at(&self.api_of(obj), &obj.name_any(), version, status)
-                .await
-                .during(Stage::Status)?
-            {
-                return Ok(false);
-            }
-            self.wrote(obj, over.as_deref(), version.as_deref());
+        if previous != Some(status) && !self.write_status_at(obj, version, status).await.during(Stage::Status)? {
+            return Ok(false);
         }
         self.tell(obj, told).await;
         Ok(true)
     }
 
+    /// Writes `status` of `obj` only over `version` (see [`apply_status_at`]) and notes the
+    /// write, so that no pass runs on the version written over; false if the object changed
+    /// since. The one guarded status write: [`Self::report_at`], etcd's and the backups'.
+    pub async fn write_status_at<K, T>(&self, obj: &K, version: &mut Option<String>, status: &T) -> kube::Result<bool>
+    where
+        K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + DeserializeOwned + std::fmt::Debug,
+        T: Serialize,
+    {
+        let over = version.clone();
+        let written = apply_status_at(&self.api_of(obj), &obj.name_any(), version, status).await?;
+        if written {
+            self.wrote(obj, over.as_deref(), version.as_deref());
+        }
+        Ok(written)
+    }
+
     /// Notes that this pass wrote `obj` over version `before`, which left version `after`:
     /// the core skips passes over `before` until the cache holds a later one
     /// ([`super::written::Written`]).
-    pub fn wrote<K: Resource>(&self, obj: &K, before: Option<&str>, after: Option<&str>) {
+    fn wrote<K: Resource>(&self, obj: &K, before: Option<&str>, after: Option<&str>) {
         self.core
             .written
             .wrote(&super::written::key_of(obj.meta()), before, after);

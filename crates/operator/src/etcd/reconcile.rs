@@ -24,7 +24,7 @@ use super::names::{Names, RECOVER_ANNOTATION};
 use super::observe::{self, Children, EtcdView};
 use super::status::{self, Outcome, Problems};
 use super::{backups, bootstrap, disruption, restore, services, tls, validate};
-use crate::core::apply::{apply, apply_status_at, controller_reference, create_if_missing};
+use crate::core::apply::{apply, controller_reference, create_if_missing};
 use crate::core::backup::retention::being_restored;
 use crate::core::cache::in_namespace;
 use crate::core::events::Announcement;
@@ -360,15 +360,13 @@ impl<'a> Pass<'a> {
         if self.cluster.status.as_ref() == Some(status) {
             return Ok(true);
         }
-        let clusters: Api<EtcdCluster> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
-        let read = self.cluster.resource_version();
-        let mut version = read.clone();
-        let written = apply_status_at(&clusters, &self.cluster.name_any(), &mut version, status)
+        let mut version = self.cluster.resource_version();
+        let written = self
+            .ctx
+            .write_status_at(self.cluster, &mut version, status)
             .await
             .during(Stage::Status)?;
-        if written {
-            self.ctx.wrote(self.cluster, read.as_deref(), version.as_deref());
-        } else {
+        if !written {
             debug!("the cluster changed since this pass read it; looking again");
         }
         Ok(written)

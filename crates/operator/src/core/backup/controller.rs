@@ -25,7 +25,7 @@ use super::progress::{self, Timing, Verdict};
 use super::schedule::elapsed;
 use super::task_pod;
 use crate::core::Result;
-use crate::core::apply::{apply_status_at, delete_if_present};
+use crate::core::apply::delete_if_present;
 use crate::core::controller::Runtime;
 use crate::core::engine::{Engine, Wiring};
 use crate::core::labels;
@@ -213,13 +213,7 @@ pub async fn write_status<K: BackupResource>(
     version: &mut Option<String>,
     status: &K::Status,
 ) -> Result<bool> {
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
-    let over = version.clone();
-    let written = apply_status_at(&api, &backup.name_any(), version, status).await?;
-    if written {
-        ctx.wrote(backup, over.as_deref(), version.as_deref());
-    }
-    Ok(written)
+    Ok(ctx.write_status_at(backup, version, status).await?)
 }
 
 /// Deletes task pod `name` of `backup`, if the cache holds one (at once if it was deleted
