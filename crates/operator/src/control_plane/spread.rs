@@ -12,7 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::names::Component;
-use crate::core::nodes::could_hold;
+use crate::core::nodes::{admitted_selector, could_hold};
 
 /// How long after its youngest pod was made a component's pods may be moved: a replacement
 /// settles first, and one the scheduler still put beside another is not chased faster.
@@ -37,7 +37,7 @@ pub struct Spread {
     /// The bound pods of each component (not being deleted), by pod name.
     pub pods: BTreeMap<Component, BTreeMap<String, Placed>>,
     /// Nodes that could hold a pod of the control plane now (Ready, not cordoned, no taint
-    /// it does not tolerate: its pods tolerate none).
+    /// it does not tolerate: its pods tolerate none; the pods' admitted node selector met).
     pub eligible: BTreeSet<String>,
 }
 
@@ -47,6 +47,9 @@ pub type Move = (Component, String, String, String);
 impl Spread {
     /// The spread of `pods` (a component's, by component) over `nodes`.
     pub fn of(pods: &BTreeMap<Component, Vec<&Pod>>, nodes: &[std::sync::Arc<Node>], now: jiff::Timestamp) -> Self {
+        // Every component's pods are made in one namespace from one spec: the youngest pod's
+        // admitted node selector is theirs.
+        let selector = admitted_selector(pods.values().flatten().copied());
         let placed = |pod: &Pod| -> Option<(String, Placed)> {
             if pod.metadata.deletion_timestamp.is_some() {
                 return None;
@@ -77,7 +80,7 @@ impl Spread {
                 .collect(),
             eligible: nodes
                 .iter()
-                .filter(|n| could_hold(n, &[], None))
+                .filter(|n| could_hold(n, &[], None, &selector))
                 .filter_map(|n| n.metadata.name.clone())
                 .collect(),
         }

@@ -2,7 +2,9 @@
 //! placed on it, and which node a local volume is pinned to. Pure; shared by every engine that
 //! must tell a dead node from a slow one, or place members apart.
 
-use k8s_openapi::api::core::v1::{Affinity, Node, NodeSelectorRequirement, PersistentVolume, Taint, Toleration};
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, Node, NodeSelectorRequirement, PersistentVolume, Pod, Taint, Toleration};
 
 /// Whether `node` is Ready.
 pub fn ready(node: &Node) -> bool {
@@ -38,10 +40,29 @@ pub fn pinned_node(pv: &PersistentVolume) -> Option<String> {
     pinned
 }
 
-/// Whether a pod with `tolerations` and `affinity` could be placed on `node` now: it is Ready,
-/// not cordoned, every taint that keeps pods off is tolerated, and the pod's required node
-/// affinity (if any) admits it. Room (CPU, memory) is the scheduler's question, not this one.
-pub fn could_hold(node: &Node, tolerations: &[Toleration], affinity: Option<&Affinity>) -> bool {
+/// The node selector a workload's pods carry once admitted: the youngest pod's (a spec edited
+/// since reaches new pods first). It holds what the spec asked and what admission added on the
+/// way (a namespace's `scheduler.alpha.kubernetes.io/node-selector`, a webhook): a node it does
+/// not match can never run a new pod of theirs, so it is no place to move one to. Moving there
+/// anyway left a member pinned to a node it could not run on, or a replica made anew again and
+/// again on the node it left.
+pub fn admitted_selector<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> BTreeMap<String, String> {
+    pods.into_iter()
+        .max_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .and_then(|p| p.spec.as_ref()?.node_selector.clone())
+        .unwrap_or_default()
+}
+
+/// Whether a pod with `tolerations`, `affinity` and node `selector` could be placed on `node`
+/// now: it is Ready, not cordoned, every taint that keeps pods off is tolerated, its labels
+/// hold the selector, and the pod's required node affinity (if any) admits it. Room (CPU,
+/// memory) is the scheduler's question, not this one.
+pub fn could_hold(
+    node: &Node,
+    tolerations: &[Toleration],
+    affinity: Option<&Affinity>,
+    selector: &BTreeMap<String, String>,
+) -> bool {
     let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
     let taints = node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default();
     let keeps_off = |t: &&Taint| t.effect == "NoSchedule" || t.effect == "NoExecute";
@@ -52,6 +73,15 @@ pub fn could_hold(node: &Node, tolerations: &[Toleration], affinity: Option<&Aff
             .filter(keeps_off)
             .all(|t| tolerations.iter().any(|o| tolerates(o, t)))
         && admitted_by(node, affinity)
+        && selected_by(node, selector)
+}
+
+/// Whether `node`'s labels hold every pair of `selector`.
+fn selected_by(node: &Node, selector: &BTreeMap<String, String>) -> bool {
+    let labels = node.metadata.labels.as_ref();
+    selector
+        .iter()
+        .all(|(key, value)| labels.and_then(|l| l.get(key)) == Some(value))
 }
 
 /// Whether `toleration` tolerates `taint`, as the scheduler reads it.
@@ -168,7 +198,7 @@ mod tests {
     }
 
     #[test]
-    fn a_node_could_hold_a_pod_only_ready_uncordoned_with_its_taints_tolerated_and_its_affinity_met() {
+    fn a_node_could_hold_a_pod_only_ready_uncordoned_with_its_taints_tolerated_its_selector_and_affinity_met() {
         let node = |name: &str, zone: &str, taint: Option<&str>, cordoned: bool| -> Node {
             serde_json::from_value(serde_json::json!({
                 "metadata": { "name": name, "labels": { "zone": zone } },
@@ -180,24 +210,52 @@ mod tests {
             }))
             .unwrap()
         };
+        let none = BTreeMap::new();
         let plain = node("a", "z1", None, false);
-        assert!(could_hold(&plain, &[], None));
-        assert!(!could_hold(&node("b", "z1", None, true), &[], None), "cordoned");
+        assert!(could_hold(&plain, &[], None, &none));
+        assert!(!could_hold(&node("b", "z1", None, true), &[], None, &none), "cordoned");
         let tainted = node("c", "z1", Some("dedicated"), false);
-        assert!(!could_hold(&tainted, &[], None));
+        assert!(!could_hold(&tainted, &[], None, &none));
         let tolerate: Toleration =
             serde_json::from_value(serde_json::json!({ "key": "dedicated", "operator": "Exists" })).unwrap();
-        assert!(could_hold(&tainted, std::slice::from_ref(&tolerate), None));
+        assert!(could_hold(&tainted, std::slice::from_ref(&tolerate), None, &none));
         let mut down = plain.clone();
         down.status = None;
-        assert!(!could_hold(&down, &[], None), "not Ready");
+        assert!(!could_hold(&down, &[], None, &none), "not Ready");
         let in_z2: Affinity = serde_json::from_value(serde_json::json!({ "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": { "nodeSelectorTerms": [
                 { "matchExpressions": [{ "key": "zone", "operator": "In", "values": ["z2"] }] }
             ]}
         }}))
         .unwrap();
-        assert!(!could_hold(&plain, &[], Some(&in_z2)));
-        assert!(could_hold(&node("d", "z2", None, false), &[], Some(&in_z2)));
+        assert!(!could_hold(&plain, &[], Some(&in_z2), &none));
+        assert!(could_hold(&node("d", "z2", None, false), &[], Some(&in_z2), &none));
+        let in_z1 = BTreeMap::from([("zone".to_string(), "z1".to_string())]);
+        assert!(could_hold(&plain, &[], None, &in_z1));
+        assert!(
+            !could_hold(&node("e", "z2", None, false), &[], None, &in_z1),
+            "another zone"
+        );
+    }
+
+    #[test]
+    fn the_selector_pods_were_admitted_with_is_the_youngest_pods() {
+        let pod = |made: i64, zone: Option<&str>| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "p", "creationTimestamp": jiff::Timestamp::from_second(made).unwrap() },
+                "spec": { "containers": [], "nodeSelector": zone.map(|z| serde_json::json!({ "zone": z })) },
+            }))
+            .unwrap()
+        };
+        let pods = [pod(100, Some("z1")), pod(300, Some("z2")), pod(200, None)];
+        assert_eq!(
+            admitted_selector(&pods),
+            BTreeMap::from([("zone".to_string(), "z2".to_string())])
+        );
+        assert!(admitted_selector(&pods[2..]).is_empty());
+        assert!(
+            admitted_selector(std::iter::empty()).is_empty(),
+            "no pod yet: no selector known"
+        );
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use noops_api::EtcdCluster;
 
-use crate::core::nodes::could_hold;
+use crate::core::nodes::{admitted_selector, could_hold};
 
 /// How long after the youngest member pod was made a move may begin: a member just added
 /// settles first, and a successor the scheduler still put beside another is not chased
@@ -27,7 +27,7 @@ pub struct Spread {
     /// The node each member's pod is bound to.
     pub members: BTreeMap<String, String>,
     /// Nodes that could hold a member pod now (Ready, not cordoned, taints tolerated, the
-    /// cluster's required node affinity met).
+    /// cluster's required node affinity and the member pods' admitted node selector met).
     pub eligible: BTreeSet<String>,
     /// No member pod was made within [`SETTLE`].
     pub settled: bool,
@@ -46,9 +46,10 @@ impl Spread {
             .iter()
             .filter_map(|(member, p)| Some((member.clone(), p.spec.as_ref()?.node_name.clone()?)))
             .collect();
+        let selector = admitted_selector(pods.values().map(|p| &**p));
         let eligible = nodes
             .iter()
-            .filter(|n| could_hold(n, &pod.tolerations, pod.affinity.as_ref()))
+            .filter(|n| could_hold(n, &pod.tolerations, pod.affinity.as_ref(), &selector))
             .filter_map(|n| n.metadata.name.clone())
             .collect();
         let settled = pods.values().all(|p| {

@@ -212,7 +212,7 @@ fn node_wakes(
             seen.cordoned.remove(&name);
             false
         };
-        let newly_open = if crate::core::nodes::could_hold(&node, &[], None) {
+        let newly_open = if crate::core::nodes::could_hold(&node, &[], None, &Default::default()) {
             seen.open.insert(name.clone())
         } else {
             seen.open.remove(&name);

@@ -100,7 +100,7 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     let members = pass.label_roles(&observed, &made, primacy.silent_for.is_some()).await?;
     let rolling = pass.roll(&observed, &members, &mut primacy).await?;
     let serving = matches!(instance, InstanceState::Serving(_)) && made.database_ready;
-    let spread = pass.spread(&members);
+    let spread = pass.spread(&observed, &members);
     pass.move_apart(&observed, &members, &spread, rolling || !serving, &mut primacy)
         .await?;
     let bootstrapping = matches!(instance, InstanceState::Bootstrapping);

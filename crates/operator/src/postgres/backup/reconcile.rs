@@ -371,27 +371,43 @@ async fn pod_progress(
 
 /// The WAL segment from which the other backups kept in the same archive as `backup` need
 /// the WAL: where the oldest of them starts. None (no WAL is deleted) if no other backup is
-/// kept there, or one of the same database is still being taken (it needs the WAL from where
-/// it started, which is known only once it ends). Pure.
+/// kept there. A backup of the same database still being taken needs the WAL from where it
+/// started, known only once it ends: the WAL goes only if a kept backup had completed before
+/// that one was made (it started earlier in the WAL, and the oldest kept earlier still).
+/// Waiting for it to end instead left the WAL forever when each deletion met a running backup
+/// (a frequent schedule). Pure.
 pub fn keep_wal_from(backup: &PostgresBackup, all: &[PostgresBackup]) -> Option<String> {
     let wal = backup.status.as_ref()?.destination.as_ref()?.wal.clone();
-    let unfinished = all.iter().any(|b| {
-        b.spec.postgresql == backup.spec.postgresql
-            && !matches!(
-                b.status.as_ref().and_then(|s| s.progress.phase),
-                Some(BackupPhase::Succeeded | BackupPhase::Failed)
-            )
-    });
-    if unfinished {
+    let kept: Vec<&PostgresBackup> = all
+        .iter()
+        .filter(|b| b.name_any() != backup.name_any() && b.metadata.deletion_timestamp.is_none())
+        .filter(|b| {
+            b.status.as_ref().is_some_and(|s| {
+                s.progress.phase == Some(BackupPhase::Succeeded) && s.destination.as_ref().is_some_and(|d| d.wal == wal)
+            })
+        })
+        .collect();
+    let completed = |b: &PostgresBackup| b.status.as_ref()?.progress.completed_at.clone();
+    let covered = all
+        .iter()
+        .filter(|b| {
+            b.spec.postgresql == backup.spec.postgresql
+                && !matches!(
+                    b.status.as_ref().and_then(|s| s.progress.phase),
+                    Some(BackupPhase::Succeeded | BackupPhase::Failed)
+                )
+        })
+        .all(|unfinished| {
+            let made = unfinished.metadata.creation_timestamp.as_ref();
+            kept.iter()
+                .any(|k| completed(k).zip(made).is_some_and(|(done, made)| done.0 < made.0))
+        });
+    if !covered {
         return None;
     }
-    all.iter()
-        .filter(|b| b.name_any() != backup.name_any() && b.metadata.deletion_timestamp.is_none())
+    kept.iter()
         .filter_map(|b| {
             let status = b.status.as_ref()?;
-            if status.progress.phase != Some(BackupPhase::Succeeded) || status.destination.as_ref()?.wal != wal {
-                return None;
-            }
             segment_name(status.start_wal.as_deref()?, status.timeline?)
         })
         .min_by_key(|name| crate::postgres::instance::wal::segment(name).map(|(_, position)| position))
@@ -565,9 +581,15 @@ mod tests {
         let mut busy = all.to_vec();
         busy.push(backup("running", "shop", "Running", "7", 300));
         assert_eq!(
+            keep_wal_from(&deleted, &busy).as_deref(),
+            Some("000000010000000000000005"),
+            "one made after the kept ones completed started after them in the WAL"
+        );
+        busy.push(backup("long-running", "shop", "Running", "7", 100));
+        assert_eq!(
             keep_wal_from(&deleted, &busy),
             None,
-            "one being taken may need any of it"
+            "one made before any kept one completed may need any of it"
         );
     }
 }

@@ -14,21 +14,24 @@ use super::primacy::{Primacy, requested};
 use super::{Observed, Pass};
 use crate::core::apply::delete_if_present;
 use crate::core::events::Announcement;
-use crate::core::nodes::could_hold;
+use crate::core::nodes::{admitted_selector, could_hold};
 use crate::core::{DuringStage, Result, Stage, crash};
 use crate::postgres::replication;
 use crate::postgres::spread::{self, SETTLE, Spread};
 
 impl Pass<'_> {
-    /// Where the instances are, and which nodes could hold one.
-    pub(super) fn spread(&self, members: &[MemberStatus]) -> Spread {
+    /// Where the instances are, and which nodes could hold one (the instance pods' admitted
+    /// node selector met).
+    pub(super) fn spread(&self, observed: &Observed, members: &[MemberStatus]) -> Spread {
+        let pods = replication::instance_pods(&self.names, &observed.children.pods);
+        let selector = admitted_selector(pods.into_values());
         let eligible: BTreeSet<String> = self
             .ctx
             .caches
             .nodes
             .state()
             .iter()
-            .filter(|n| could_hold(n, &[], None))
+            .filter(|n| could_hold(n, &[], None, &selector))
             .filter_map(|n| n.metadata.name.clone())
             .collect();
         Spread::of(members, eligible)
