@@ -724,7 +724,9 @@ pub struct LeaseWatch {
 }
 
 impl LeaseWatch {
-    pub fn start(ns: &TestNamespace, lease: &str) -> Self {
+    /// Returns once the watch has seen the lease as it is now: a change made after this call
+    /// is never missed (started and left, the first change could come before the first list).
+    pub async fn start(ns: &TestNamespace, lease: &str) -> Self {
         use futures::StreamExt;
         use kube::runtime::{WatchStreamExt, watcher};
         let seen = LeaseChanges::default();
@@ -740,6 +742,16 @@ impl LeaseWatch {
                 }
             }
         });
+        let first = seen.clone();
+        crate::wait_until(
+            &format!("the watch of lease {lease} to list it"),
+            Duration::from_secs(30),
+            || {
+                let listed = !first.lock().unwrap().is_empty();
+                async move { listed }
+            },
+        )
+        .await;
         Self { task, seen }
     }
 

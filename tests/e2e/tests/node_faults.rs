@@ -1129,7 +1129,7 @@ async fn repeated_primary_faults_lose_no_acknowledged_commit_and_leave_one_prima
     let (password, rw, ledger) = three_instances_under_a_ledger(&ns, "  synchronous: { number: 1 }\n").await;
     let superuser = superuser_password(&ns, "shop").await;
     // Every change of the lease, from a watch: no handover between rounds goes unseen.
-    let lease = LeaseWatch::start(&ns, "shop-primary");
+    let lease = LeaseWatch::start(&ns, "shop-primary").await;
     let status = || async {
         let pg = ns.api::<PostgreSQL>().get("shop").await.unwrap();
         pg.status.unwrap_or_default()

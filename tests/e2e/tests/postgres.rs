@@ -889,7 +889,7 @@ async fn rolls_out_a_new_image_with_one_switchover(ns: &TestNamespace, rw: &str,
     )
     .unwrap();
     let primary = last_primary(ns).await;
-    let lease = noops_e2e::postgres::LeaseWatch::start(ns, "shop-primary");
+    let lease = noops_e2e::postgres::LeaseWatch::start(ns, "shop-primary").await;
     let ledger = noops_e2e::postgres::Ledger::start(rw, "shop", password, "ledger", Duration::from_millis(20));
     tokio::time::sleep(Duration::from_secs(2)).await;
     let image = pull_from_a_mirror(ns);
@@ -976,7 +976,7 @@ async fn a_lost_primary_is_replaced_by_the_most_advanced_replica_and_comes_back_
 
     // The primary's pod frozen whole, as a hung node: it renews nothing, its lease runs out,
     // and the replica that received the most WAL is promoted; the Services follow it.
-    let lease = noops_e2e::postgres::LeaseWatch::start(&ns, "shop-primary");
+    let lease = noops_e2e::postgres::LeaseWatch::start(&ns, "shop-primary").await;
     let frozen_at = std::time::Instant::now();
     let frozen = noops_e2e::postgres::Frozen::pod(&ns, "shop-0");
     let first = wait_failed_over(&ns, "shop", "shop-0").await;
@@ -1162,7 +1162,7 @@ async fn every_pod_deleted_at_once_brings_the_primary_back_as_the_primary_with_e
     let pods = ns.pods();
     let old_uid = pods.get(&primary).await.unwrap().metadata.uid;
     // Every holder of the lease, from a watch: a handover to the replica, however brief, is seen.
-    let lease = noops_e2e::postgres::LeaseWatch::start(&ns, "shop-primary");
+    let lease = noops_e2e::postgres::LeaseWatch::start(&ns, "shop-primary").await;
 
     // Both pods deleted together (`kubectl delete pods -l …`, a node drained with both on
     // it): the primary stops cleanly and gives its lease up, and the replica, stopped too,
@@ -1230,7 +1230,7 @@ async fn with_synchronous_replication_no_acknowledged_commit_is_lost_and_commits
         "{reasons:?}"
     );
     // Every holder of the lease, from a watch: no sampling can miss a handover.
-    let lease = noops_e2e::postgres::LeaseWatch::start(&ns, "shop-primary");
+    let lease = noops_e2e::postgres::LeaseWatch::start(&ns, "shop-primary").await;
 
     // shop-2 stops (frozen): commits go on, acknowledged by shop-1 alone, and shop-2 falls
     // behind. Then the primary and shop-1 stop together and shop-2 comes back: the only
