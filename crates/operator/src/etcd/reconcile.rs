@@ -1,6 +1,7 @@
-//! One EtcdCluster reconcile, one pass: observe (children, etcd) → validate → the fixed children
-//! (certificates, Services, the state ConfigMap) → plan the next membership step (pure) → take
-//! it → status. One membership step per pass; the pass comes back at once for the next one.
+//! One EtcdCluster reconcile, one pass: observe the children → validate the spec (pure) → the
+//! fixed children (certificates, Services, the state ConfigMap), unless the spec is refused or
+//! the cluster paused → observe etcd → plan the next membership step (pure) → take it →
+//! status. One membership step per pass; the pass comes back at once for the next one.
 
 use noops_api::backup::BackupPhase;
 use std::sync::Arc;
@@ -43,12 +44,16 @@ impl From<EtcdError> for Error {
 pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Action> {
     let pass = Pass::new(&cluster, ctx).during(Stage::Validate)?;
     let children = pass.observe_children().await.during(Stage::Observe)?;
-    // The certificates come first: without the client's, etcd cannot be asked anything.
-    ensure_fixed_children(&cluster, &pass.names, &children, &pass.owner, ctx, pass.now)
-        .await
-        .during(Stage::Apply)?;
+    let refusal = pass.refusal(&children);
+    // Nothing is written from a spec that is refused, or while the cluster is paused. Else
+    // the certificates come first: without the client's, etcd cannot be asked anything.
+    if !cluster.spec.paused && !refusal.as_ref().is_some_and(|r| r.stops_changes) {
+        ensure_fixed_children(&cluster, &pass.names, &children, &pass.owner, ctx, pass.now)
+            .await
+            .during(Stage::Apply)?;
+    }
     let (etcd, credentials, facts) = pass.observe_etcd(&children).await.during(Stage::Observe)?;
-    let (mut outcome, mut facts, mut later) = pass.validate(&children, facts);
+    let (mut outcome, mut facts, mut later) = pass.outcome(refusal, &children, facts);
     let restore_from = pass.restore_source(&children, &outcome, &mut facts).await?;
     let (step, recovery_request_used) = pass.plan(&facts, &outcome, &mut later).await?;
     let runner = Runner {
@@ -139,11 +144,19 @@ impl<'a> Pass<'a> {
         Ok((etcd, credentials, facts))
     }
 
-    /// Validate (pure): what the schema cannot check, and the outcome the pass starts from.
-    /// A refused spec is told (once the status is written) and, if it refuses the version,
-    /// changes no version.
-    fn validate(
+    /// Validate (pure): what the schema cannot check (the user's certificates among the
+    /// children).
+    fn refusal(&self, children: &Children) -> Option<validate::Refusal> {
+        let running = self.previous.current_version.as_deref();
+        validate::validate(self.cluster, running, &children.secrets, self.now)
+            .or_else(|| validate::repository_refusal(&self.names))
+    }
+
+    /// The outcome the pass starts from (pure). A refused spec is told (once the status is
+    /// written) and, if it refuses the version, changes no version.
+    fn outcome(
         &self,
+        refusal: Option<validate::Refusal>,
         children: &Children,
         mut facts: membership::ClusterFacts,
     ) -> (Outcome, membership::ClusterFacts, Vec<Announcement>) {
@@ -153,8 +166,7 @@ impl<'a> Pass<'a> {
             next_member_index: previous.next_member_index,
             cluster_id: previous.cluster_id.clone(),
             problems: Problems {
-                invalid: validate::validate(cluster, previous.current_version.as_deref(), &children.secrets, now)
-                    .or_else(|| validate::repository_refusal(&self.names)),
+                invalid: refusal,
                 quorum_lost: None,
                 restore_blocked: None,
                 // Said at once: the pod knows long before a grace period or a deadline passes.

@@ -83,7 +83,9 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
     }
 
     let mut rejected = Vec::new();
-    if taken.is_none() {
+    // Paused, the children it has are told so (`paused` passes down to them); a cluster paused
+    // before it had any makes none.
+    if taken.is_none() && (!kc.spec.paused || ours.is_some()) {
         let children = Children {
             kc: &kc,
             owner: &owner,
