@@ -376,3 +376,181 @@ async fn a_machine_set_makes_and_deletes_exactly_the_machines_its_replicas_ask_f
         mark = operator.sent.len();
     }
 }
+
+/// The reasons of `plural`/`name`'s status conditions, once its status is written for its
+/// generation.
+fn condition_reasons(ns: &TestNamespace, plural: &str, name: &str) -> Vec<String> {
+    let resource = format!("{plural}.noops.dev");
+    let out = kubectl(&["get", &resource, name, "-n", &ns.name, "-o", "json"], None);
+    let object: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let status = &object["status"];
+    let current =
+        status["observedGeneration"].is_null() || status["observedGeneration"] == object["metadata"]["generation"];
+    let conditions = status["conditions"].as_array().cloned().unwrap_or_default();
+    conditions
+        .iter()
+        .filter(|_| current)
+        .filter_map(|c| c["reason"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// `controller`, alone in this process, over `manifest` (applied after `before`, objects it
+/// does not own): until its status says `reason`, its passes write that status, its finalizer
+/// and Events, and nothing else. Then a controller started anew, whose first pass meets the
+/// object unchanged, writes nothing at all.
+async fn held_writes_only_its_status(controller: &str, plural: &str, before: &str, manifest: &str, reason: &str) {
+    install_crds();
+    let ns = TestNamespace::new(&format!("passes-{controller}")).await;
+    if !before.is_empty() {
+        ns.apply(before);
+    }
+    let operator = InProcess::start(&[controller], &ns.name).await;
+    ns.apply(manifest);
+    wait_until(&format!("{plural}/x's status saying {reason}"), MINUTE, || async {
+        condition_reasons(&ns, plural, "x").iter().any(|r| r == reason)
+    })
+    .await;
+    operator.sent.quiet(Duration::from_secs(3)).await;
+    let writes: Vec<String> = operator
+        .sent
+        .since(0)
+        .iter()
+        .filter(|s| s.writes())
+        .map(Sent::line)
+        .collect();
+    let (status, own) = (format!("patch {plural}/status x"), format!("patch {plural} x"));
+    assert!(
+        writes.iter().all(|w| *w == status || *w == own || w == "events"),
+        "{controller}: a pass that holds back wrote more than its status, its finalizer and its Events: {writes:?}"
+    );
+    assert!(writes.contains(&status), "{controller}: {writes:?}");
+    drop(operator);
+
+    // A controller started anew: its first pass over the unchanged object.
+    let operator = InProcess::start(&[controller], &ns.name).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    operator.sent.quiet(Duration::from_secs(3)).await;
+    let sent = operator.sent.since(0);
+    assert!(
+        sent.iter().any(|s| s.resource == plural),
+        "{controller}: the new controller never read {plural}: {sent:?}"
+    );
+    let writes: Vec<String> = sent.iter().filter(|s| s.writes()).map(Sent::line).collect();
+    assert!(
+        writes.is_empty(),
+        "{controller}: a pass over an unchanged object wrote: {writes:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_etcd_cluster_refused_writes_no_certificate_service_or_config_map() {
+    held_writes_only_its_status(
+        "etcd",
+        "etcdclusters",
+        "",
+        "apiVersion: noops.dev/v1alpha1\nkind: EtcdCluster\nmetadata: { name: x }\nspec: { version: \"3.5.21\", replicas: 1, pod: { extraArgs: [\"--name=x\"] } }\n",
+        "ForbiddenFlags",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_etcd_backup_of_no_cluster_writes_only_its_status() {
+    held_writes_only_its_status(
+        "etcdbackup",
+        "etcdbackups",
+        "",
+        "apiVersion: noops.dev/v1alpha1\nkind: EtcdBackup\nmetadata: { name: x }\nspec: { cluster: nope }\n",
+        "ClusterNotFound",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_postgres_backup_with_no_destination_writes_only_its_status() {
+    held_writes_only_its_status(
+        "postgresbackup",
+        "postgresbackups",
+        // Its database, which no controller runs here.
+        "apiVersion: noops.dev/v1alpha1\nkind: PostgreSQL\nmetadata: { name: db }\nspec: { db: app, user: app, passwordSecret: nope }\n",
+        "apiVersion: noops.dev/v1alpha1\nkind: PostgresBackup\nmetadata: { name: x }\nspec: { postgresql: db }\n",
+        "NoDestination",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_control_plane_whose_pod_range_is_taken_writes_only_its_status() {
+    held_writes_only_its_status(
+        "kubernetescontrolplane",
+        "kubernetescontrolplanes",
+        "",
+        // The local Kubernetes' own pod range.
+        "apiVersion: noops.dev/v1alpha1\nkind: KubernetesControlPlane\nmetadata: { name: x }\nspec: { version: \"1.34\", networking: { podCIDR: 10.244.0.0/16 } }\n",
+        "RangeTaken",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_cluster_whose_control_planes_name_is_taken_writes_only_its_status() {
+    held_writes_only_its_status(
+        "kubernetescluster",
+        "kubernetesclusters",
+        // A control plane of that name, someone else's.
+        "apiVersion: noops.dev/v1alpha1\nkind: KubernetesControlPlane\nmetadata: { name: x }\nspec: { version: \"1.34\" }\n",
+        "apiVersion: noops.dev/v1alpha1\nkind: KubernetesCluster\nmetadata: { name: x }\nspec: { version: \"1.34\" }\n",
+        "NameTaken",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_machine_of_no_cluster_writes_only_its_status() {
+    held_writes_only_its_status(
+        "machine",
+        "machines",
+        "",
+        "apiVersion: noops.dev/v1alpha1\nkind: Machine\nmetadata: { name: x }\nspec: { clusterName: nope, version: \"1.34\" }\n",
+        "ClusterNotFound",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_paused_machine_set_makes_no_machine() {
+    held_writes_only_its_status(
+        "machineset",
+        "machinesets",
+        "",
+        &machine_set(3)
+            .replace("metadata: { name: ms }", "metadata: { name: x }")
+            .replace("  replicas: 3\n", "  replicas: 3\n  paused: true\n"),
+        "Paused",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_paused_machine_deployment_makes_no_machine_set() {
+    held_writes_only_its_status(
+        "machinedeployment",
+        "machinedeployments",
+        "",
+        "apiVersion: noops.dev/v1alpha1\nkind: MachineDeployment\nmetadata: { name: x }\nspec:\n  clusterName: c\n  paused: true\n  selector: { matchLabels: { pool: p } }\n  template: { metadata: { labels: { pool: p } }, spec: { version: \"1.34\" } }\n",
+        "Paused",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_cluster_paused_before_it_had_children_makes_none() {
+    held_writes_only_its_status(
+        "kubernetescluster",
+        "kubernetesclusters",
+        "",
+        "apiVersion: noops.dev/v1alpha1\nkind: KubernetesCluster\nmetadata: { name: x }\nspec: { version: \"1.34\", paused: true }\n",
+        "Paused",
+    )
+    .await;
+}
