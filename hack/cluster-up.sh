@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Starts the local Kubernetes: network (bridge, routes, safety rules), PKI, etcd, kube-apiserver,
-# controller-manager, scheduler, kube-proxy and NODES node agents (default 1, at most 16). Returns
-# when every node is Ready and the default ServiceAccount exists. Idempotent: running components
-# are left alone, and a cluster with fewer nodes gets the missing ones.
+# controller-manager, scheduler, kube-proxy and NODES node agents (default 1, at most 16), split
+# into NODE_ZONES zones (default 1: no zone label). Returns when every node is Ready and the
+# default ServiceAccount exists. Idempotent: running components are left alone, and a cluster
+# with fewer nodes gets the missing ones.
 # Expects the binaries to be built (`make setup` does that).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -10,6 +11,8 @@ source "$(dirname "$0")/lib.sh"
 start_time=$(date +%s.%N)
 nodes=${NODES:-1}
 [[ $nodes =~ ^[0-9]+$ ]] && [ "$nodes" -ge 1 ] && [ "$nodes" -le "$max_nodes" ] || die "NODES=$nodes: choose 1 to $max_nodes"
+zones=${NODE_ZONES:-1}
+[[ $zones =~ ^[0-9]+$ ]] && [ "$zones" -ge 1 ] && [ "$zones" -le "$nodes" ] || die "NODE_ZONES=$zones: choose 1 to NODES ($nodes)"
 [ "$(id -u)" = 0 ] || die "the local Kubernetes needs root (network namespaces, bridge, mounts)"
 for b in etcd-3.6/etcd kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl; do
   [ -x "$bin/$b" ] || die "$bin/$b is missing: run \`make setup\`"
@@ -195,7 +198,7 @@ launch kube-apiserver "$bin/kube-apiserver" --etcd-servers "http://127.0.0.1:$et
   --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
   --client-ca-file "$pki/client-ca.crt" \
   --service-cluster-ip-range "$service_cidr" --allow-privileged=true \
-  --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+  --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction,PodNodeSelector \
   --service-account-issuer "https://kubernetes.default.svc.$cluster_domain" \
   --service-account-key-file "$pki/service-account.pub" --service-account-signing-key-file "$pki/service-account.key" \
   --kubelet-client-certificate "$pki/apiserver-to-kubelet.crt" --kubelet-client-key "$pki/apiserver-to-kubelet.key" \
@@ -222,11 +225,24 @@ launch kube-proxy "$bin/kube-proxy" --kubeconfig "$cluster/kubeconfigs/kube-prox
   --hostname-override "$(node_name 1)" --proxy-mode iptables --cluster-cidr "$pod_cidr" \
   --nodeport-addresses "127.0.0.0/8,$control_plane_ip/32" --conntrack-max-per-core 0 \
   --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 --v 1
+for k in $(seq 1 "$nodes"); do setup_node_pki "$k"; done
+# The nodes start side by side: a real node's image import takes seconds each.
+starting=()
 for k in $(seq 1 "$nodes"); do
-  setup_node_pki "$k"
-  start_node "$k"
+  start_node "$k" &
+  starting+=("$!")
 done
+for pid in "${starting[@]}"; do wait "$pid" || die "a node did not start (logs: $logs)"; done
 for k in $(seq 1 "$nodes"); do wait_for "node $(node_name "$k")" 60 node_ready "$k"; done
+# Zones (NODE_ZONES > 1): the nodes split in order, each labelled with its zone. A namespace
+# annotated `scheduler.alpha.kubernetes.io/node-selector: topology.kubernetes.io/zone=zone-2`
+# keeps its pods in that zone (the PodNodeSelector admission plugin), and the node lifecycle
+# controller judges each zone's outage apart: node faults in one zone leave the other alone.
+if [ "$zones" -gt 1 ]; then
+  for k in $(seq 1 "$nodes"); do
+    kubectl label node "$(node_name "$k")" --overwrite "$zone_label=$(node_zone "$k" "$nodes" "$zones")" >/dev/null
+  done
+fi
 wait_for "the default ServiceAccount" 60 kubectl get serviceaccount default -n default
 wait_for kube-proxy 30 curl -sf http://127.0.0.1:10256/healthz
 

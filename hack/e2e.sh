@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The end-to-end tests of `make e2e`, on the node kind each needs (docs/local-kubernetes.md):
+# The end-to-end tests of `make e2e`, on the node kind each needs (docs/local-kubernetes.md), on
+# a cluster of E2E_NODES nodes (6) in two zones: the node faults run one at a time in zone-2
+# while the other tests run in zone-1, each namespace's pods kept in its zone
+# (hack/cluster-up.sh's NODE_ZONES). Faults that take every node at once, and the loosened
+# schema, run alone afterwards.
 #   1. node agents: every test binary but those real nodes run, 4 at a time (2 with tenant
-#      clusters); then their node faults and the loosened schema, alone.
+#      clusters), beside their node faults.
 #   2. real nodes (the upstream kubelet with containerd, images built here): the etcd,
 #      PostgreSQL, MaintPage and plugin tests with their operators installed by the Helm chart
-#      from the image, and `kubectl exec/cp/logs -f/port-forward`, 3 at a time; then the node
-#      faults of etcd and PostgreSQL, alone.
+#      from the image, and `kubectl exec/cp/logs -f/port-forward`, 3 at a time, beside the node
+#      faults of etcd and PostgreSQL.
 # Tenant clusters (KubernetesCluster machines, hosted control planes) run this machine's
 # programs, which only the node agent can: their tests stay on it.
 #
@@ -22,24 +26,52 @@ real_binaries=(real_nodes etcd etcd_backup postgres postgres_backup maintpage pl
 # The node faults real nodes run (substrings of test names): every one of etcd and PostgreSQL.
 # A stopped node's pods moving with their volumes is the kubelet's and the runtime's part of it.
 real_faults=(etcd postgresql base_backup repeated_primary a_stopped_node)
+# What cannot share the cluster even with a zone of its own: every node rebooting at once (the
+# node lifecycle controller reacts to a whole cluster down unlike to one zone down), and a
+# loosened CRD schema (every namespace's objects).
+alone=(every_node_rebooting malformed)
 
-nodes=${E2E_NODES:-3}
+nodes=${E2E_NODES:-6}
+zones=2
 phases=("$@")
 ((${#phases[@]})) || phases=(agent real)
 
-# use_nodes <agent|kubelet>: a cluster of E2E_NODES nodes of that kind, stopping one of the other.
+# use_nodes <agent|kubelet>: a cluster of E2E_NODES nodes of that kind in two zones, stopping
+# one of the other kind.
 use_nodes() {
   local kind=$1
   use_node_kind "$kind"
   # Real nodes need their runtime and images (setup builds them only when asked).
   [ "$kind" = agent ] || NODE_KIND=$kind hack/setup.sh
-  NODE_KIND=$kind NODES=$nodes hack/cluster-up.sh
+  NODE_KIND=$kind NODES=$nodes NODE_ZONES=$zones hack/cluster-up.sh
   stop_demo_operator
+  # The operator that tests install from deploy/ runs in noops-system, beside the others.
+  kubectl create namespace noops-system --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+  kubectl annotate namespace noops-system --overwrite \
+    "scheduler.alpha.kubernetes.io/node-selector=$zone_label=zone-1" >/dev/null
 }
 
-skips=()
-onlys=()
-for fault in "${real_faults[@]}"; do skips+=(--skip "$fault"); onlys+=(--only "$fault"); done
+# beside: e2e-run.sh with the arguments in `faults` (zone-2) in the background and with those in
+# `others` (zone-1) at once; the faults' lines are printed once both ended. Fails if either did.
+faults_pid=
+trap '[ -z "$faults_pid" ] || kill "$faults_pid" 2>/dev/null || true' EXIT
+beside() {
+  local out=$state/e2e-faults.out others_rc=0 faults_rc=0
+  # Built once before both start, rather than by two cargo commands waiting on each other.
+  cargo test --quiet --no-run -p noops-e2e -p noops-sample-operator --test '*' >/dev/null 2>&1 || true
+  NOOPS_E2E_ZONE=zone-2 hack/e2e-run.sh "${faults[@]}" >"$out" 2>&1 &
+  faults_pid=$!
+  NOOPS_E2E_ZONE=zone-1 hack/e2e-run.sh "${others[@]}" || others_rc=$?
+  wait "$faults_pid" || faults_rc=$?
+  faults_pid=
+  echo "e2e: the node faults, one at a time in zone-2 beside the tests above:"
+  cat "$out"
+  ((others_rc == 0 && faults_rc == 0))
+}
+
+real_skips=() real_onlys=() alone_skips=() alone_onlys=()
+for fault in "${real_faults[@]}"; do real_skips+=(--skip "$fault"); real_onlys+=(--only "$fault"); done
+for test in "${alone[@]}"; do alone_skips+=(--skip "$test"); alone_onlys+=(--only "$test"); done
 tests=()
 for binary in "${real_binaries[@]}"; do tests+=(--test "$binary"); done
 real_regex=$(IFS='|'; echo "${real_binaries[*]}")
@@ -48,14 +80,20 @@ for phase in "${phases[@]}"; do
   case $phase in
     agent)
       use_nodes agent
-      hack/e2e-run.sh --jobs 4 --heavy 'clusters|cluster_lifecycle|machines' --heavy-jobs 2 \
-        --except "$real_regex" -- -p noops-e2e -p noops-sample-operator --test '*'
-      hack/e2e-run.sh --jobs 1 --ignored "${skips[@]}" -- -p noops-e2e --test node_faults --test maintpage_malformed
+      others=(--jobs 4 --heavy 'clusters|cluster_lifecycle|machines' --heavy-jobs 2 --except "$real_regex"
+        -- -p noops-e2e -p noops-sample-operator --test '*')
+      faults=(--jobs 1 --ignored "${real_skips[@]}" "${alone_skips[@]}" -- -p noops-e2e --test node_faults)
+      beside
+      hack/e2e-run.sh --jobs 1 --ignored "${real_skips[@]}" "${alone_onlys[@]}" \
+        -- -p noops-e2e --test node_faults --test maintpage_malformed
       ;;
     real)
       use_nodes kubelet
-      hack/e2e-run.sh --jobs 3 --include-ignored -- -p noops-e2e "${tests[@]}"
-      hack/e2e-run.sh --jobs 1 --ignored "${onlys[@]}" -- -p noops-e2e --test node_faults
+      others=(--jobs 3 --include-ignored -- -p noops-e2e "${tests[@]}")
+      faults=(--jobs 1 --ignored "${real_onlys[@]}" "${alone_skips[@]}" -- -p noops-e2e --test node_faults)
+      beside
+      # The one real fault among those that run alone.
+      hack/e2e-run.sh --jobs 1 --ignored --only 'every_node_rebooting*etcd' -- -p noops-e2e --test node_faults
       ;;
     *) die "e2e: unknown phase $phase (agent or real)" ;;
   esac

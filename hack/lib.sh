@@ -79,6 +79,10 @@ node_name() { echo "noops-node-$1"; }
 node_ip() { echo "10.244.$1.1"; }
 node_pod_cidr() { echo "10.244.$1.0/24"; }
 node_dir() { echo "$cluster/nodes/$(node_name "$1")"; }
+# node_zone <k> <nodes> <zones>: the zone of node k when a cluster's nodes are split, in order,
+# into that many zones (cluster-up's NODE_ZONES): zone-1 holds the first nodes.
+node_zone() { echo "zone-$(( ($1 - 1) * $3 / $2 + 1 ))"; }
+zone_label=topology.kubernetes.io/zone
 # The nodes this cluster has (made by cluster-up, running or not), by number.
 existing_nodes() {
   local d

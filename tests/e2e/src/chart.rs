@@ -6,7 +6,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::{kubectl, kubectl_ok, root, upstream_bin};
+use crate::{kubectl, kubectl_ok, namespace_object, root, upstream_bin};
 
 /// `helm template` of the chart as release `release` in `namespace` with `settings` (`--set`
 /// values): its output, or what helm said when it refused.
@@ -70,7 +70,7 @@ impl Deployed {
             std::thread::sleep(Duration::from_millis(500));
         }
         if phase().is_none() {
-            kubectl_ok(&["create", "namespace", &namespace], None);
+            kubectl_ok(&["create", "-f", "-"], Some(&namespace_object(&namespace).to_string()));
         }
         let watching = format!("namespaces={{{watched}}}");
         let controllers = controllers.map(|c| format!("controllers={{{c}}}"));

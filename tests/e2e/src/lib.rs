@@ -114,6 +114,32 @@ pub fn apply_error(ns: &TestNamespace, yaml: &str) -> Option<String> {
     (!out.status.success()).then(|| String::from_utf8_lossy(&out.stderr).to_string())
 }
 
+/// The zone this test process keeps its pods and node faults in (`NOOPS_E2E_ZONE`: hack/e2e.sh
+/// runs node faults in one zone of the cluster while other tests run in another), or none:
+/// every node is the test's.
+pub fn zone() -> Option<String> {
+    std::env::var("NOOPS_E2E_ZONE").ok().filter(|z| !z.is_empty())
+}
+
+/// The label a node's zone is in (hack/cluster-up.sh's NODE_ZONES).
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// Namespace `name` as the tests make it: in the test process's [`zone`], its pods go only to
+/// that zone's nodes (the API server's PodNodeSelector admission plugin adds the selector).
+pub fn namespace_object(name: &str) -> serde_json::Value {
+    let mut namespace = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": { "name": name },
+    });
+    if let Some(zone) = zone() {
+        namespace["metadata"]["annotations"] = serde_json::json!({
+            "scheduler.alpha.kubernetes.io/node-selector": format!("{ZONE_LABEL}={zone}"),
+        });
+    }
+    namespace
+}
+
 /// A namespace for one test, deleted on drop.
 pub struct TestNamespace {
     pub name: String,
@@ -148,7 +174,7 @@ impl TestNamespace {
     }
 
     async fn create(client: Client, name: String) -> Self {
-        let ns: Namespace = serde_json::from_value(serde_json::json!({ "metadata": { "name": name } })).unwrap();
+        let ns: Namespace = serde_json::from_value(namespace_object(&name)).unwrap();
         Api::<Namespace>::all(client.clone())
             .create(&PostParams::default(), &ns)
             .await
@@ -305,9 +331,15 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + timeout;
+    let started = Instant::now();
+    let deadline = started + timeout;
     loop {
         if let Some(v) = check().await {
+            // Where a test's time goes, in its log (hack/e2e-run.sh keeps every test's output).
+            let waited = started.elapsed();
+            if waited >= Duration::from_secs(1) {
+                eprintln!("{} waited {:.1}s for {what}", clock(), waited.as_secs_f64());
+            }
             return v;
         }
         assert!(
@@ -316,6 +348,16 @@ where
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// The time of day (UTC, `HH:MM:SS`), to set a test's lines beside the cluster's logs.
+fn clock() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+        % 86_400;
+    format!("{:02}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)
 }
 
 /// Like [`wait_for`] for a yes/no condition.
@@ -752,13 +794,19 @@ pub fn install_crds() {
     kubectl_ok(&wait, None);
 }
 
-/// The Nodes of the cluster, by name.
+/// The Nodes of the cluster, by name: in a [`zone`], only that zone's (a tenant cluster's nodes
+/// have no zone, and are all listed).
 pub async fn nodes(client: &Client) -> Vec<k8s_openapi::api::core::v1::Node> {
+    let zone = zone();
     let mut nodes = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
         .list(&Default::default())
         .await
         .expect("list nodes")
         .items;
+    nodes.retain(|node| {
+        let theirs = node.metadata.labels.as_ref().and_then(|l| l.get(ZONE_LABEL));
+        zone.is_none() || theirs.is_none() || theirs == zone.as_ref()
+    });
     nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     nodes
 }
