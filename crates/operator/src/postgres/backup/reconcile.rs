@@ -60,6 +60,10 @@ const PROGRESS_READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// goes anyway (its files are left in the store, with a Warning).
 const CLEANUP_DEADLINE: Duration = Duration::from_secs(300);
 
+/// How long a deletion waits for a backup of the same database being taken to end (below
+/// [`CLEANUP_DEADLINE`]).
+const WAL_WAIT: Duration = Duration::from_secs(120);
+
 backup_resource!(PostgresBackup, PostgresBackupStatus, FINALIZER);
 
 /// Where a backup stands after this pass.
@@ -371,46 +375,57 @@ async fn pod_progress(
 
 /// The WAL segment from which the other backups kept in the same archive as `backup` need
 /// the WAL: where the oldest of them starts. None (no WAL is deleted) if no other backup is
-/// kept there. A backup of the same database still being taken needs the WAL from where it
-/// started, known only once it ends: the WAL goes only if a kept backup had completed before
-/// that one was made (it started earlier in the WAL, and the oldest kept earlier still).
-/// Waiting for it to end instead left the WAL forever when each deletion met a running backup
-/// (a frequent schedule). Pure.
+/// kept there, or one of the same database is still being taken (it needs the WAL from where
+/// it started, which is known only once it ends). Pure.
 pub fn keep_wal_from(backup: &PostgresBackup, all: &[PostgresBackup]) -> Option<String> {
     let wal = backup.status.as_ref()?.destination.as_ref()?.wal.clone();
-    let kept: Vec<&PostgresBackup> = all
-        .iter()
+    let unfinished = all.iter().any(|b| {
+        b.spec.postgresql == backup.spec.postgresql
+            && !matches!(
+                b.status.as_ref().and_then(|s| s.progress.phase),
+                Some(BackupPhase::Succeeded | BackupPhase::Failed)
+            )
+    });
+    if unfinished {
+        return None;
+    }
+    all.iter()
         .filter(|b| b.name_any() != backup.name_any() && b.metadata.deletion_timestamp.is_none())
-        .filter(|b| {
-            b.status.as_ref().is_some_and(|s| {
-                s.progress.phase == Some(BackupPhase::Succeeded) && s.destination.as_ref().is_some_and(|d| d.wal == wal)
-            })
+        .filter_map(|b| {
+            let status = b.status.as_ref()?;
+            if status.progress.phase != Some(BackupPhase::Succeeded) || status.destination.as_ref()?.wal != wal {
+                return None;
+            }
+            segment_name(status.start_wal.as_deref()?, status.timeline?)
         })
-        .collect();
-    let completed = |b: &PostgresBackup| b.status.as_ref()?.progress.completed_at.clone();
-    let covered = all
-        .iter()
-        .filter(|b| {
-            b.spec.postgresql == backup.spec.postgresql
+        .min_by_key(|name| crate::postgres::instance::wal::segment(name).map(|(_, position)| position))
+}
+
+/// Whether the deletion of `backup` waits for a backup of the same database still being taken:
+/// it would leave all the WAL (see [`keep_wal_from`]) while another kept backup could let it go
+/// once that one ends. Pure.
+pub fn waits_for_a_backup_being_taken(backup: &PostgresBackup, all: &[PostgresBackup]) -> bool {
+    let archive = |b: &PostgresBackup| Some(b.status.as_ref()?.destination.as_ref()?.wal.clone());
+    let others_kept = archive(backup).is_some_and(|wal| {
+        all.iter().any(|b| {
+            b.name_any() != backup.name_any()
+                && b.metadata.deletion_timestamp.is_none()
+                && b.status
+                    .as_ref()
+                    .is_some_and(|s| s.progress.phase == Some(BackupPhase::Succeeded))
+                && archive(b).as_ref() == Some(&wal)
+        })
+    });
+    others_kept && keep_wal_from(backup, all).is_none() && {
+        let mut unfinished = all.iter().filter(|b| b.spec.postgresql == backup.spec.postgresql);
+        unfinished.any(|b| {
+            b.name_any() != backup.name_any()
                 && !matches!(
                     b.status.as_ref().and_then(|s| s.progress.phase),
                     Some(BackupPhase::Succeeded | BackupPhase::Failed)
                 )
         })
-        .all(|unfinished| {
-            let made = unfinished.metadata.creation_timestamp.as_ref();
-            kept.iter()
-                .any(|k| completed(k).zip(made).is_some_and(|(done, made)| done.0 < made.0))
-        });
-    if !covered {
-        return None;
     }
-    kept.iter()
-        .filter_map(|b| {
-            let status = b.status.as_ref()?;
-            segment_name(status.start_wal.as_deref()?, status.timeline?)
-        })
-        .min_by_key(|name| crate::postgres::instance::wal::segment(name).map(|(_, position)| position))
 }
 
 /// Deletes the base backup of a deleted PostgresBackup. While a new database is being
@@ -507,6 +522,18 @@ async fn start_deletion(
     {
         return Ok(Some(Ok("nothing to do: its finalizer was gone already".into())));
     }
+    // A backup being taken may need any of the WAL: the deletion waits a while for it to end,
+    // so that the WAL no kept backup needs goes too (deleting each backup while another runs,
+    // as a frequent schedule does, left it forever). Past that, the backup goes and its WAL
+    // stays.
+    if deleting_for(backup, jiff::Timestamp::now()) < WAL_WAIT && waits_for_a_backup_being_taken(backup, &all) {
+        return Err(Error::UnderWay(format!(
+            "waiting up to {}s for a backup of {} being taken to end, so that the WAL only backup {} needed goes too",
+            WAL_WAIT.as_secs(),
+            backup.spec.postgresql,
+            backup.name_any()
+        )));
+    }
     let keep_from = keep_wal_from(backup, &all);
     let version = backup
         .status
@@ -578,18 +605,24 @@ mod tests {
             None,
             "the last backup: no WAL is deleted"
         );
+        assert!(!waits_for_a_backup_being_taken(&deleted, &all));
         let mut busy = all.to_vec();
         busy.push(backup("running", "shop", "Running", "7", 300));
         assert_eq!(
-            keep_wal_from(&deleted, &busy).as_deref(),
-            Some("000000010000000000000005"),
-            "one made after the kept ones completed started after them in the WAL"
-        );
-        busy.push(backup("long-running", "shop", "Running", "7", 100));
-        assert_eq!(
             keep_wal_from(&deleted, &busy),
             None,
-            "one made before any kept one completed may need any of it"
+            "one being taken may need any of it"
+        );
+        assert!(
+            waits_for_a_backup_being_taken(&deleted, &busy),
+            "its end lets the WAL go"
+        );
+        assert!(
+            !waits_for_a_backup_being_taken(
+                &deleted,
+                &[deleted.clone(), backup("running", "shop", "Running", "7", 300)]
+            ),
+            "no other backup kept: the WAL stays whatever happens"
         );
     }
 }
