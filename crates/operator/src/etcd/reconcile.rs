@@ -45,12 +45,19 @@ pub async fn reconcile(cluster: Arc<EtcdCluster>, ctx: &Context) -> Result<Actio
     let pass = Pass::new(&cluster, ctx).during(Stage::Validate)?;
     let children = pass.observe_children().await.during(Stage::Observe)?;
     let refusal = pass.refusal(&children);
-    // Nothing is written from a spec that is refused, or while the cluster is paused. Else
-    // the certificates come first: without the client's, etcd cannot be asked anything.
-    if !cluster.spec.paused && !refusal.as_ref().is_some_and(|r| r.stops_changes) {
-        ensure_fixed_children(&cluster, &pass.names, &children, &pass.owner, ctx, pass.now)
+    // Nothing is written while the cluster is paused, and nothing new from a spec that is
+    // refused: the certificates it has are still renewed, or what runs would stop when they
+    // expire. They come first: without the client's, etcd cannot be asked anything.
+    let refused = refusal.as_ref().is_some_and(|r| r.stops_changes);
+    if !cluster.spec.paused {
+        ensure_certificates(&pass.names, &children, &pass.owner, ctx, pass.now, refused)
             .await
             .during(Stage::Apply)?;
+        if !refused {
+            ensure_fixed_children(&cluster, &pass.names, &children, &pass.owner, ctx)
+                .await
+                .during(Stage::Apply)?;
+        }
     }
     let (etcd, credentials, facts) = pass.observe_etcd(&children).await.during(Stage::Observe)?;
     let (mut outcome, mut facts, mut later) = pass.outcome(refusal, &children, facts);
@@ -409,16 +416,16 @@ impl<'a> Pass<'a> {
     }
 }
 
-/// Makes sure the children every cluster has exist as they should: the CA (created once,
-/// never replaced), the leaf certificates (issued again when due), the two Services, and the
-/// state ConfigMap (created once; only the bootstrap steps change it).
-async fn ensure_fixed_children(
-    cluster: &EtcdCluster,
+/// Makes sure the cluster's certificates exist as they should: the CA (created once, never
+/// replaced), the leaf certificates (issued again when due). `renew_only`: only those it has
+/// are issued again, nothing is made (a refused spec).
+async fn ensure_certificates(
     names: &Names,
     children: &Children,
     owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
     ctx: &Context,
     now: jiff::Timestamp,
+    renew_only: bool,
 ) -> Result<()> {
     let ns = &names.namespace;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
@@ -426,6 +433,7 @@ async fn ensure_fixed_children(
     if names.tls && names.user_secrets.is_none() {
         let ca = match children.secrets.get(&names.ca_secret()) {
             Some(secret) => tls::ca_of(secret, names).map_err(|e| Error::Certificate(e.to_string()))?,
+            None if renew_only => return Ok(()),
             None => {
                 let ca = tls::new_ca(names, now).map_err(|e| Error::Certificate(e.to_string()))?;
                 match secrets
@@ -449,7 +457,7 @@ async fn ensure_fixed_children(
                     .set_certificate_expiry("EtcdCluster", ns, &names.cluster, &name, at)
             };
             let live = children.secrets.get(&name).map(|s| s.as_ref());
-            if tls::needs_issuing(live, now, lifetime) {
+            if tls::needs_issuing(live, now, lifetime) && !(renew_only && live.is_none()) {
                 let issued =
                     tls::issue(&ca, names, leaf, now, lifetime).map_err(|e| Error::Certificate(e.to_string()))?;
                 let secret = tls::leaf_secret(&issued, &ca, names, leaf, owner);
@@ -461,6 +469,20 @@ async fn ensure_fixed_children(
             }
         }
     }
+    Ok(())
+}
+
+/// Makes sure the other children every cluster has exist as they should: the two Services,
+/// the PodDisruptionBudget and the state ConfigMap (created once; only the bootstrap steps
+/// change it).
+async fn ensure_fixed_children(
+    cluster: &EtcdCluster,
+    names: &Names,
+    children: &Children,
+    owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
+    ctx: &Context,
+) -> Result<()> {
+    let ns = &names.namespace;
     let service_api: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
     for mut service in [
         services::peer_service(names, owner),
