@@ -226,7 +226,16 @@ launch kube-proxy "$bin/kube-proxy" --kubeconfig "$cluster/kubeconfigs/kube-prox
   --nodeport-addresses "127.0.0.0/8,$control_plane_ip/32" --conntrack-max-per-core 0 \
   --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 --v 1
 for k in $(seq 1 "$nodes"); do setup_node_pki "$k"; done
-# The nodes start side by side: a real node's image import takes seconds each.
+# The nodes start side by side: a real node's image import takes seconds each. Each new real
+# node holds every image twice (layers, unpacked): room for all of them is checked first, as
+# the imports side by side cannot each check for the others.
+if [ "$kind" = kubelet ]; then
+  new_nodes=0
+  for k in $(seq 1 "$nodes"); do alive "$(node_name "$k")" || new_nodes=$((new_nodes + 1)); done
+  need_mib=$(( $(du -sm "$images_dir" | cut -f1) * 2 * new_nodes + 256 ))
+  [ "$new_nodes" = 0 ] || [ "$(free_mib "$cluster")" -ge "$need_mib" ] ||
+    die "no room for $new_nodes real nodes' images: they need ${need_mib} MiB, $(free_mib "$cluster") MiB are free on $(df --output=target "$cluster" | tail -1)"
+fi
 starting=()
 for k in $(seq 1 "$nodes"); do
   start_node "$k" &

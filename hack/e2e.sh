@@ -33,6 +33,8 @@ alone=(every_node_rebooting malformed)
 
 nodes=${E2E_NODES:-6}
 zones=2
+# The tests ask for three nodes of their zone.
+[ "$nodes" -ge $((3 * zones)) ] || die "E2E_NODES=$nodes: the end-to-end tests need at least $((3 * zones)) nodes ($zones zones of 3)"
 phases=("$@")
 ((${#phases[@]})) || phases=(agent real)
 
@@ -41,6 +43,11 @@ phases=("$@")
 use_nodes() {
   local kind=$1
   use_node_kind "$kind"
+  # A cluster started before zones (its API server without PodNodeSelector) would ignore them.
+  if alive kube-apiserver && ! grep -qa PodNodeSelector "/proc/$(cat "$run/kube-apiserver.pid")/cmdline"; then
+    log "the running local Kubernetes admits pods without zones: starting it anew"
+    hack/cluster-down.sh
+  fi
   # Real nodes need their runtime and images (setup builds them only when asked).
   [ "$kind" = agent ] || NODE_KIND=$kind hack/setup.sh
   NODE_KIND=$kind NODES=$nodes NODE_ZONES=$zones hack/cluster-up.sh
@@ -54,12 +61,13 @@ use_nodes() {
 # beside: e2e-run.sh with the arguments in `faults` (zone-2) in the background and with those in
 # `others` (zone-1) at once; the faults' lines are printed once both ended. Fails if either did.
 faults_pid=
-trap '[ -z "$faults_pid" ] || kill "$faults_pid" 2>/dev/null || true' EXIT
+trap '[ -z "$faults_pid" ] || kill -- "-$faults_pid" 2>/dev/null || true' EXIT
 beside() {
   local out=$state/e2e-faults.out others_rc=0 faults_rc=0
   # Built once before both start, rather than by two cargo commands waiting on each other.
   cargo test --quiet --no-run -p noops-e2e -p noops-sample-operator --test '*' >/dev/null 2>&1 || true
-  NOOPS_E2E_ZONE=zone-2 hack/e2e-run.sh "${faults[@]}" >"$out" 2>&1 &
+  # In a session of its own, so that stopping it stops its tests too.
+  NOOPS_E2E_ZONE=zone-2 setsid hack/e2e-run.sh "${faults[@]}" >"$out" 2>&1 &
   faults_pid=$!
   NOOPS_E2E_ZONE=zone-1 hack/e2e-run.sh "${others[@]}" || others_rc=$?
   wait "$faults_pid" || faults_rc=$?

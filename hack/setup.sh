@@ -67,10 +67,10 @@ command -v cargo >/dev/null || die "cargo is missing: $rust_hint"
 rust_have=$(rustc --version | awk '{print $2}')
 [ "$(printf '%s\n%s\n' "$rust_minimum" "$rust_have" | sort -V | head -1)" = "$rust_minimum" ] ||
   die "Rust $rust_have is older than $rust_minimum: rustup update stable (or $rust_hint)"
-# A fresh machine's `make test` fills about 20 GiB (the Go build of the control plane, target/,
-# three real nodes' images); say so before an hour's run stops on a full disk.
-if [ "$(free_mib "$root")" -lt 20480 ]; then
-  log "warning: $(free_mib "$root") MiB free on $(df --output=target "$root" | tail -1): a first make test needs about 20 GiB"
+# A fresh machine's `make test` fills about 22 GiB (the Go build of the control plane, target/,
+# six real nodes' images); say so before an hour's run stops on a full disk.
+if [ "$(free_mib "$root")" -lt 22528 ]; then
+  log "warning: $(free_mib "$root") MiB free on $(df --output=target "$root" | tail -1): a first make test needs about 22 GiB"
 fi
 # The Rust workspace builds beside the upstream Go builds: each has long single-threaded stretches
 # (k8s-openapi's crate, each Kubernetes link), which the other fills on a machine of few cores.

@@ -803,10 +803,11 @@ pub async fn nodes(client: &Client) -> Vec<k8s_openapi::api::core::v1::Node> {
         .await
         .expect("list nodes")
         .items;
-    nodes.retain(|node| {
-        let theirs = node.metadata.labels.as_ref().and_then(|l| l.get(ZONE_LABEL));
-        zone.is_none() || theirs.is_none() || theirs == zone.as_ref()
-    });
+    let zone_of = |node: &k8s_openapi::api::core::v1::Node| node.metadata.labels.as_ref()?.get(ZONE_LABEL).cloned();
+    // A cluster with zones: only this one's nodes (one left without a zone is no one's).
+    if zone.is_some() && nodes.iter().any(|n| zone_of(n).is_some()) {
+        nodes.retain(|n| zone_of(n) == zone);
+    }
     nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     nodes
 }
