@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# The end-to-end tests of `make e2e`, on the node kind each needs (docs/local-kubernetes.md), on
-# a cluster of E2E_NODES nodes (6) in two zones: the node faults run one at a time in zone-2
-# while the other tests run in zone-1, each namespace's pods kept in its zone
-# (hack/cluster-up.sh's NODE_ZONES). Faults that take every node at once, and the loosened
-# schema, run alone afterwards.
-#   1. node agents: every test binary but those real nodes run, 4 at a time (2 with tenant
-#      clusters), beside their node faults.
-#   2. real nodes (the upstream kubelet with containerd, images built here): the etcd,
-#      PostgreSQL, MaintPage and plugin tests with their operators installed by the Helm chart
-#      from the image, and `kubectl exec/cp/logs -f/port-forward`, 3 at a time, beside the node
-#      faults of etcd and PostgreSQL.
+# The end-to-end tests of `make e2e`, on the node kind each needs (docs/local-kubernetes.md):
+#   1. node agents (3 nodes): every test binary but those real nodes run, 4 at a time (2 with
+#      tenant clusters); then their node faults and the loosened schema, alone. (Beside the
+#      others in a zone of their own, as on real nodes, two clean runs of two each had a
+#      request of a tenant's traffic check fail with "no route to host" while the first fault
+#      test ran: not understood yet, so not done.)
+#   2. real nodes (the upstream kubelet with containerd, images built here; E2E_NODES, 6, in
+#      two zones): the etcd, PostgreSQL, MaintPage and plugin tests with their operators
+#      installed by the Helm chart from the image, and `kubectl exec/cp/logs -f/port-forward`,
+#      3 at a time in zone-1, while the node faults of etcd and PostgreSQL run one at a time in
+#      zone-2, each namespace's pods kept in its zone (hack/cluster-up.sh's NODE_ZONES); every
+#      node rebooting at once runs alone afterwards.
 # Tenant clusters (KubernetesCluster machines, hosted control planes) run this machine's
 # programs, which only the node agent can: their tests stay on it.
 #
@@ -38,10 +39,10 @@ zones=2
 phases=("$@")
 ((${#phases[@]})) || phases=(agent real)
 
-# use_nodes <agent|kubelet>: a cluster of E2E_NODES nodes of that kind in two zones, stopping
-# one of the other kind.
+# use_nodes <agent|kubelet> <nodes> <zones>: a cluster of that kind, stopping one of the other
+# kind.
 use_nodes() {
-  local kind=$1
+  local kind=$1 nodes=$2 zones=$3
   use_node_kind "$kind"
   # A cluster started before zones (its API server without PodNodeSelector) would ignore them.
   if alive kube-apiserver && ! grep -qa PodNodeSelector "/proc/$(cat "$run/kube-apiserver.pid")/cmdline"; then
@@ -54,8 +55,12 @@ use_nodes() {
   stop_demo_operator
   # The operator that tests install from deploy/ runs in noops-system, beside the others.
   kubectl create namespace noops-system --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-  kubectl annotate namespace noops-system --overwrite \
-    "scheduler.alpha.kubernetes.io/node-selector=$zone_label=zone-1" >/dev/null
+  if [ "$zones" -gt 1 ]; then
+    kubectl annotate namespace noops-system --overwrite \
+      "scheduler.alpha.kubernetes.io/node-selector=$zone_label=zone-1" >/dev/null
+  else
+    kubectl annotate namespace noops-system "scheduler.alpha.kubernetes.io/node-selector-" >/dev/null 2>&1 || true
+  fi
 }
 
 # beside: e2e-run.sh with the arguments in `faults` (zone-2) in the background and with those in
@@ -77,9 +82,9 @@ beside() {
   ((others_rc == 0 && faults_rc == 0))
 }
 
-real_skips=() real_onlys=() alone_skips=() alone_onlys=()
+real_skips=() real_onlys=() alone_skips=()
 for fault in "${real_faults[@]}"; do real_skips+=(--skip "$fault"); real_onlys+=(--only "$fault"); done
-for test in "${alone[@]}"; do alone_skips+=(--skip "$test"); alone_onlys+=(--only "$test"); done
+for test in "${alone[@]}"; do alone_skips+=(--skip "$test"); done
 tests=()
 for binary in "${real_binaries[@]}"; do tests+=(--test "$binary"); done
 real_regex=$(IFS='|'; echo "${real_binaries[*]}")
@@ -87,16 +92,13 @@ real_regex=$(IFS='|'; echo "${real_binaries[*]}")
 for phase in "${phases[@]}"; do
   case $phase in
     agent)
-      use_nodes agent
-      others=(--jobs 4 --heavy 'clusters|cluster_lifecycle|machines' --heavy-jobs 2 --except "$real_regex"
-        -- -p noops-e2e -p noops-sample-operator --test '*')
-      faults=(--jobs 1 --ignored "${real_skips[@]}" "${alone_skips[@]}" -- -p noops-e2e --test node_faults)
-      beside
-      hack/e2e-run.sh --jobs 1 --ignored "${real_skips[@]}" "${alone_onlys[@]}" \
-        -- -p noops-e2e --test node_faults --test maintpage_malformed
+      use_nodes agent 3 1
+      hack/e2e-run.sh --jobs 4 --heavy 'clusters|cluster_lifecycle|machines' --heavy-jobs 2 \
+        --except "$real_regex" -- -p noops-e2e -p noops-sample-operator --test '*'
+      hack/e2e-run.sh --jobs 1 --ignored "${real_skips[@]}" -- -p noops-e2e --test node_faults --test maintpage_malformed
       ;;
     real)
-      use_nodes kubelet
+      use_nodes kubelet "$nodes" "$zones"
       others=(--jobs 3 --include-ignored -- -p noops-e2e "${tests[@]}")
       faults=(--jobs 1 --ignored "${real_onlys[@]}" "${alone_skips[@]}" -- -p noops-e2e --test node_faults)
       beside
