@@ -313,9 +313,10 @@ pub async fn load_balancer(ns: &crate::TestNamespace, cluster: &str) -> String {
     ));
     let lb = ns.api::<k8s_openapi::api::core::v1::Service>().get("lb").await.unwrap();
     let address = format!("{}:80", lb.spec.unwrap().cluster_ip.unwrap());
-    // Twenty answers in a row, each on a connection of its own: kube-proxy, late on a loaded
-    // machine, can still send some connections to a VM of the pool's last scaling that is gone
-    // (no route to host), and a traffic check started then would count that against the test.
+    // Twenty answers in a row, each on a connection of its own: a traffic check starts on a
+    // load balancer that answers steadily, not on its first answer. (Meant against a stale
+    // endpoint after the pool's last scaling; a "no route to host" was seen after it anyway,
+    // cause not known: see docs/local-kubernetes.md.)
     crate::wait_until(
         "the load balancer to answer 20 times in a row",
         Duration::from_secs(60),

@@ -373,59 +373,59 @@ async fn pod_progress(
     }))
 }
 
+/// Whether `b` is still being taken (neither stored nor failed).
+fn being_taken(b: &PostgresBackup) -> bool {
+    !matches!(
+        b.status.as_ref().and_then(|s| s.progress.phase),
+        Some(BackupPhase::Succeeded | BackupPhase::Failed)
+    )
+}
+
+/// The other backups kept in the same WAL archive as `backup` (stored, not being deleted).
+fn kept_beside<'a>(backup: &PostgresBackup, all: &'a [PostgresBackup]) -> Vec<&'a PostgresBackup> {
+    let archive = |b: &PostgresBackup| Some(b.status.as_ref()?.destination.as_ref()?.wal.clone());
+    let Some(wal) = archive(backup) else {
+        return Vec::new();
+    };
+    all.iter()
+        .filter(|b| b.name_any() != backup.name_any() && b.metadata.deletion_timestamp.is_none())
+        .filter(|b| {
+            b.status
+                .as_ref()
+                .is_some_and(|s| s.progress.phase == Some(BackupPhase::Succeeded))
+        })
+        .filter(|b| archive(b).as_ref() == Some(&wal))
+        .collect()
+}
+
 /// The WAL segment from which the other backups kept in the same archive as `backup` need
 /// the WAL: where the oldest of them starts. None (no WAL is deleted) if no other backup is
 /// kept there, or one of the same database is still being taken (it needs the WAL from where
 /// it started, which is known only once it ends). Pure.
 pub fn keep_wal_from(backup: &PostgresBackup, all: &[PostgresBackup]) -> Option<String> {
-    let wal = backup.status.as_ref()?.destination.as_ref()?.wal.clone();
-    let unfinished = all.iter().any(|b| {
-        b.spec.postgresql == backup.spec.postgresql
-            && !matches!(
-                b.status.as_ref().and_then(|s| s.progress.phase),
-                Some(BackupPhase::Succeeded | BackupPhase::Failed)
-            )
-    });
-    if unfinished {
+    if all
+        .iter()
+        .any(|b| b.spec.postgresql == backup.spec.postgresql && being_taken(b))
+    {
         return None;
     }
-    all.iter()
-        .filter(|b| b.name_any() != backup.name_any() && b.metadata.deletion_timestamp.is_none())
+    kept_beside(backup, all)
+        .into_iter()
         .filter_map(|b| {
             let status = b.status.as_ref()?;
-            if status.progress.phase != Some(BackupPhase::Succeeded) || status.destination.as_ref()?.wal != wal {
-                return None;
-            }
             segment_name(status.start_wal.as_deref()?, status.timeline?)
         })
         .min_by_key(|name| crate::postgres::instance::wal::segment(name).map(|(_, position)| position))
 }
 
-/// Whether the deletion of `backup` waits for a backup of the same database still being taken:
-/// it would leave all the WAL (see [`keep_wal_from`]) while another kept backup could let it go
-/// once that one ends. Pure.
+/// Whether the deletion of `backup` waits for another backup of the same database still being
+/// taken: it would leave all the WAL (see [`keep_wal_from`]) while another kept backup could
+/// let it go once that one ends. Pure.
 pub fn waits_for_a_backup_being_taken(backup: &PostgresBackup, all: &[PostgresBackup]) -> bool {
-    let archive = |b: &PostgresBackup| Some(b.status.as_ref()?.destination.as_ref()?.wal.clone());
-    let others_kept = archive(backup).is_some_and(|wal| {
-        all.iter().any(|b| {
-            b.name_any() != backup.name_any()
-                && b.metadata.deletion_timestamp.is_none()
-                && b.status
-                    .as_ref()
-                    .is_some_and(|s| s.progress.phase == Some(BackupPhase::Succeeded))
-                && archive(b).as_ref() == Some(&wal)
-        })
-    });
-    others_kept && keep_wal_from(backup, all).is_none() && {
-        let mut unfinished = all.iter().filter(|b| b.spec.postgresql == backup.spec.postgresql);
-        unfinished.any(|b| {
-            b.name_any() != backup.name_any()
-                && !matches!(
-                    b.status.as_ref().and_then(|s| s.progress.phase),
-                    Some(BackupPhase::Succeeded | BackupPhase::Failed)
-                )
-        })
-    }
+    !kept_beside(backup, all).is_empty()
+        && all
+            .iter()
+            .any(|b| b.name_any() != backup.name_any() && b.spec.postgresql == backup.spec.postgresql && being_taken(b))
 }
 
 /// Deletes the base backup of a deleted PostgresBackup. While a new database is being
