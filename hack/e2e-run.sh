@@ -161,8 +161,12 @@ if [[ -n $failed ]]; then
     echo "---- $name ($log) ----"
     cat "$log"
   done <<<"$failed"
+  # Each with what it panicked on: the end of a long output (all CI keeps) says why too.
   echo "e2e-run: $(wc -l <<<"$failed") of $total failed:"
-  cut -f2 <<<"$failed" | sed 's/^/  /'
+  while IFS=$'\t' read -r _ name _ log; do
+    echo "  $name"
+    grep -m1 -A2 'panicked at' "$log" | cut -c1-400 | sed 's/^/      /' || true
+  done <<<"$failed"
   exit 1
 fi
 echo "e2e-run: all $total passed"

@@ -74,11 +74,16 @@ beside() {
   # In a session of its own, so that stopping it stops its tests too.
   NOOPS_E2E_ZONE=zone-2 setsid hack/e2e-run.sh "${faults[@]}" >"$out" 2>&1 &
   faults_pid=$!
-  NOOPS_E2E_ZONE=zone-1 hack/e2e-run.sh "${others[@]}" || others_rc=$?
+  NOOPS_E2E_ZONE=zone-1 hack/e2e-run.sh "${others[@]}" 2>&1 | tee "$state/e2e-others.out" || others_rc=$?
   wait "$faults_pid" || faults_rc=$?
   faults_pid=
   echo "e2e: the node faults, one at a time in zone-2 beside the tests above:"
   cat "$out"
+  # The others' failures again, last: what follows them above is long.
+  if ((others_rc != 0)); then
+    echo "e2e: beside them, in zone-1:"
+    sed -n '/^e2e-run: [0-9]* of [0-9]* failed:/,$p' "$state/e2e-others.out"
+  fi
   ((others_rc == 0 && faults_rc == 0))
 }
 

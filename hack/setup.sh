@@ -38,6 +38,8 @@ if [ "${NODE_KIND:-agent}" = kubelet ]; then
   for package in containerd runc containernetworking-plugins; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'ok installed' || missing+=("$package")
   done
+  # The images' Debian 12 base (hack/images.sh), made once into the cache.
+  command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" = 0 ] || die "missing packages (${missing[*]}) and not root to install them"

@@ -554,3 +554,15 @@ async fn a_cluster_paused_before_it_had_children_makes_none() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_database_to_start_from_a_missing_backup_makes_no_secret_account_or_service() {
+    held_writes_only_its_status(
+        "postgres",
+        "postgresqls",
+        "",
+        "apiVersion: noops.dev/v1alpha1\nkind: PostgreSQL\nmetadata: { name: x }\nspec: { db: app, user: app, passwordSecret: pw, bootstrap: { fromBackup: { name: no-such-backup } } }\n",
+        "BootstrapBackupNotFound",
+    )
+    .await;
+}

@@ -56,9 +56,18 @@ async fn the_original_walkthrough_keeps_every_row_across_a_pod_deletion_and_take
     assert!(listed.contains("READY") && listed.contains("ENDPOINT"), "{listed}");
     // Settled, a pass reads its children from the caches and the user's Secret from memory
     // (unchanged since it was read), and writes nothing: no API request but the lease's.
-    let requests = operator
-        .requests_of_settled_passes(&ns, "postgresql/shop", "postgres")
-        .await;
+    // (Ready is said by the first pass that sees it serve: on a loaded machine the next ones
+    // may still record what came with it. Settled, at the latest on the third try.)
+    let mut requests = Vec::new();
+    for _ in 0..3 {
+        requests = operator
+            .requests_of_settled_passes(&ns, "postgresql/shop", "postgres")
+            .await;
+        if requests.is_empty() {
+            break;
+        }
+        println!("passes not settled yet made API requests: {requests:?}");
+    }
     assert!(
         requests.is_empty(),
         "a settled database's passes made API requests: {requests:?}"

@@ -77,19 +77,23 @@ pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
     let mut pass = Pass::new(&pg, ctx).during(Stage::Validate)?;
     let mut observed = pass.observe().await.during(Stage::Observe)?;
     let checked = pass.validate(&observed);
+    // A database not made yet whose spec is refused (the backup it starts from is not there)
+    // makes nothing: no Secret, account, Service or budget for a StatefulSet held back. Its
+    // status says why; the pass after the fix makes them all.
+    pass.hands_off = pg.spec.paused || (observed.children.statefulset.is_none() && checked.plan.is_err());
     // Who the primary is: with replicas, the lease's holder, handed over first if its time is
     // up. The rest of the pass builds around it.
     // Paused, nothing is handed over, but a switchover begun is finished: its primary has
     // stopped.
     let switching = observed.children.lease.as_deref().is_some_and(switchover::under_way);
-    let mut primacy = if pg.spec.paused && !switching {
+    let mut primacy = if pass.hands_off && !switching {
         Primacy::as_is(&pass, &observed)
     } else {
         pass.keep_primary(&observed).await?
     };
     pass.primary = primacy.primary.clone();
     observed.children = observed.children.with_primary(&ctx.caches, &pass.names, &pass.primary);
-    let applied = if pg.spec.paused {
+    let applied = if pass.hands_off {
         pass.leave_children(&observed)
     } else {
         pass.apply_children(&observed, &checked).await?
@@ -166,6 +170,9 @@ struct Pass<'a> {
     now: jiff::Timestamp,
     /// The primary instance's pod: as the status last said until the lease stage decides.
     primary: String,
+    /// Whether the pass leaves every child as it is (paused, or refused before anything was
+    /// made): set once validated.
+    hands_off: bool,
 }
 
 /// What the pass read: from the caches, and the user's Secret (`core::user_secrets`).
@@ -217,6 +224,7 @@ impl<'a> Pass<'a> {
             ctx,
             now: jiff::Timestamp::now(),
             primary,
+            hands_off: pg.spec.paused,
         })
     }
 
@@ -308,10 +316,15 @@ impl<'a> Pass<'a> {
         })
     }
 
-    /// Paused: the children stay as they are, whatever they are; the pass only reads them.
+    /// Paused (or refused before anything was made): the children stay as they are, whatever
+    /// they are; the pass only reads them.
     fn leave_children(&self, observed: &Observed) -> Applied {
         let children = &observed.children;
-        info!("paused: the instance's objects are left as they are");
+        if self.pg.spec.paused {
+            info!("paused: the instance's objects are left as they are");
+        } else {
+            info!("the spec is refused and nothing was made yet: nothing is made until it is mended");
+        }
         Applied {
             superuser_password: children
                 .superuser_secret
@@ -861,8 +874,9 @@ async fn finish(
     password: &std::result::Result<Password, PasswordProblem>,
 ) -> Result<()> {
     let (pg, names, ctx, owner, now) = (pass.pg, &pass.names, pass.ctx, &pass.owner, pass.now);
-    // (Paused, the database keeps its password: so does the connection Secret.)
-    if let (false, Ok(password)) = (pg.spec.paused, password) {
+    // (Paused, the database keeps its password: so does the connection Secret. Refused before
+    // anything was made, there is no database to connect to.)
+    if let (false, Ok(password)) = (pass.hands_off, password) {
         let mut secret = secrets::connection_secret(names, owner, &pg.spec.db, &pg.spec.user, password);
         stamp(&mut secret);
         if !up_to_date(&secret, children.connection_secret.as_deref()) {

@@ -373,12 +373,15 @@ async fn pod_progress(
     }))
 }
 
-/// Whether `b` is still being taken (neither stored nor failed).
+/// Whether `b` is still being taken (neither stored nor failed) and will be kept. One being
+/// deleted will never be kept (its pod is stopped first), so the WAL it would need does not
+/// matter; counting it made two unfinished backups deleted together wait for each other.
 fn being_taken(b: &PostgresBackup) -> bool {
-    !matches!(
-        b.status.as_ref().and_then(|s| s.progress.phase),
-        Some(BackupPhase::Succeeded | BackupPhase::Failed)
-    )
+    b.metadata.deletion_timestamp.is_none()
+        && !matches!(
+            b.status.as_ref().and_then(|s| s.progress.phase),
+            Some(BackupPhase::Succeeded | BackupPhase::Failed)
+        )
 }
 
 /// The other backups kept in the same WAL archive as `backup` (stored, not being deleted).
@@ -624,5 +627,18 @@ mod tests {
             ),
             "no other backup kept: the WAL stays whatever happens"
         );
+        // Retention deletes a backup not taken yet once newer ones are stored: being
+        // deleted, it is never kept, so neither the WAL nor another deletion waits for it.
+        let mut superseded = backup("superseded", "shop", "Running", "7", 300);
+        superseded.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::now(),
+        ));
+        let mut stopping = all.to_vec();
+        stopping.push(superseded);
+        assert_eq!(
+            keep_wal_from(&deleted, &stopping).as_deref(),
+            Some("000000010000000000000005")
+        );
+        assert!(!waits_for_a_backup_being_taken(&deleted, &stopping));
     }
 }
