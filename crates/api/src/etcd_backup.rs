@@ -26,13 +26,18 @@ use crate::backup::BackupProgress;
     printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".status.size"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
-#[x_kube(validation = Rule::new("self == oldSelf").message("an EtcdBackup cannot be changed: create another"))]
+#[x_kube(validation = Rule::new("self.cluster == oldSelf.cluster").message("an EtcdBackup's cluster cannot be changed: create another"))]
 #[serde(rename_all = "camelCase")]
 pub struct EtcdBackupSpec {
     /// The EtcdCluster (in the same namespace) to back up. Its `spec.backup.destination` says
     /// where the snapshot goes.
     #[schemars(length(min = 1, max = 63))]
     pub cluster: String,
+    /// The operator changes nothing of the backup while true: one not begun is not begun, one
+    /// running is neither recorded nor stopped, a deletion keeps its files (and the object)
+    /// until set back to false; its status says Paused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 /// What happened to a backup.

@@ -27,13 +27,18 @@ use crate::backup::BackupProgress;
     printcolumn = r#"{"name":"End WAL","type":"string","jsonPath":".status.endWal"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
-#[x_kube(validation = Rule::new("self == oldSelf").message("a PostgresBackup cannot be changed: create another"))]
+#[x_kube(validation = Rule::new("self.postgresql == oldSelf.postgresql").message("a PostgresBackup's postgresql cannot be changed: create another"))]
 #[serde(rename_all = "camelCase")]
 pub struct PostgresBackupSpec {
     /// The PostgreSQL (in the same namespace) to back up. Its `spec.backup` says where the
     /// backup goes.
     #[schemars(length(min = 1, max = 63))]
     pub postgresql: String,
+    /// The operator changes nothing of the backup while true: one not begun is not begun, one
+    /// running is neither recorded nor stopped, a deletion keeps its files (and the object)
+    /// until set back to false; its status says Paused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 /// What happened to a backup.
@@ -71,10 +76,10 @@ mod tests {
     use kube::CustomResourceExt;
 
     #[test]
-    fn the_crd_is_immutable_and_has_columns() {
+    fn the_crd_keeps_what_it_backs_up_and_has_columns() {
         let crd = serde_json::to_string(&PostgresBackup::crd()).unwrap();
         for needle in [
-            "a PostgresBackup cannot be changed",
+            "a PostgresBackup's postgresql cannot be changed",
             "\"shortNames\":[\"pgbackup\"]",
             "\"name\":\"End WAL\"",
         ] {

@@ -53,7 +53,10 @@ pub async fn take(
     let backup = backup_name(name, jiff::Timestamp::now());
     match kind {
         Kind::EtcdCluster => {
-            let spec = EtcdBackupSpec { cluster: name.into() };
+            let spec = EtcdBackupSpec {
+                cluster: name.into(),
+                paused: false,
+            };
             let object = EtcdBackup::new(&backup, spec);
             let progress = |b: EtcdBackup| b.status.map(|s| s.progress);
             make_and_wait(Api::namespaced(client.clone(), namespace), object, progress, deadline).await
@@ -61,6 +64,7 @@ pub async fn take(
         Kind::PostgreSQL => {
             let spec = PostgresBackupSpec {
                 postgresql: name.into(),
+                paused: false,
             };
             let object = PostgresBackup::new(&backup, spec);
             let progress = |b: PostgresBackup| b.status.map(|s| s.progress);

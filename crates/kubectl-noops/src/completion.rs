@@ -286,7 +286,6 @@ fn resource(subcommand: &str, typing: &str) -> Want {
         "backup" => vec![Kind::EtcdCluster, Kind::PostgreSQL],
         "promote" | "psql" => vec![Kind::PostgreSQL],
         "etcdctl" => vec![Kind::EtcdCluster],
-        "pause" | "resume" => Kind::ALL.into_iter().filter(|k| k.can_pause()).collect(),
         _ => Kind::ALL.to_vec(),
     };
     if let Some((typed, prefix)) = typing.split_once('/') {

@@ -328,9 +328,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// Sets `spec.paused` of a resource that has it.
 async fn set_paused(client: &Client, namespace: &str, resource: &str, paused: bool) -> anyhow::Result<ExitCode> {
     let (kind, name) = parse_resource(resource)?;
-    if !kind.can_pause() {
-        bail!("a {kind} has no spec.paused: a backup is never changed once made (pause what it backs up)");
-    }
     let patch = kube::api::Patch::Merge(serde_json::json!({ "spec": { "paused": paused } }));
     let resource = kind.resource();
     let patched = Api::<kube::api::DynamicObject>::namespaced_with(client.clone(), namespace, &resource)

@@ -71,11 +71,6 @@ impl Kind {
         }
     }
 
-    /// Whether its spec has `paused` (the operator changes nothing while it is true).
-    pub fn can_pause(self) -> bool {
-        !matches!(self, Kind::EtcdBackup | Kind::PostgresBackup)
-    }
-
     /// The kind named `text` (plural, singular or short name, any case, any group suffix).
     pub fn named(text: &str) -> Option<Kind> {
         let lower = text.to_lowercase();

@@ -398,7 +398,13 @@ fn condition_reasons(ns: &TestNamespace, plural: &str, name: &str) -> Vec<String
 /// does not own): until its status says `reason`, its passes write that status, its finalizer
 /// and Events, and nothing else. Then a controller started anew, whose first pass meets the
 /// object unchanged, writes nothing at all.
-async fn held_writes_only_its_status(controller: &str, plural: &str, before: &str, manifest: &str, reason: &str) {
+async fn held_writes_only_its_status(
+    controller: &str,
+    plural: &str,
+    before: &str,
+    manifest: &str,
+    reason: &str,
+) -> TestNamespace {
     install_crds();
     let ns = TestNamespace::new(&format!("passes-{controller}")).await;
     if !before.is_empty() {
@@ -440,6 +446,7 @@ async fn held_writes_only_its_status(controller: &str, plural: &str, before: &st
         writes.is_empty(),
         "{controller}: a pass over an unchanged object wrote: {writes:?}"
     );
+    ns
 }
 
 #[tokio::test]
@@ -563,6 +570,40 @@ async fn a_database_to_start_from_a_missing_backup_makes_no_secret_account_or_se
         "",
         "apiVersion: noops.dev/v1alpha1\nkind: PostgreSQL\nmetadata: { name: x }\nspec: { db: app, user: app, passwordSecret: pw, bootstrap: { fromBackup: { name: no-such-backup } } }\n",
         "BootstrapBackupNotFound",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_paused_etcd_backup_is_not_begun_until_resumed() {
+    let ns = held_writes_only_its_status(
+        "etcdbackup",
+        "etcdbackups",
+        "",
+        "apiVersion: noops.dev/v1alpha1\nkind: EtcdBackup\nmetadata: { name: x }\nspec: { cluster: nope, paused: true }\n",
+        "Paused",
+    )
+    .await;
+    // Resumed, it is begun: here, to find its cluster is not there.
+    let _operator = InProcess::start(&["etcdbackup"], &ns.name).await;
+    ns.merge_spec("etcdbackup/x", serde_json::json!({ "paused": false }));
+    wait_until("etcdbackups/x begun after its resume", MINUTE, || async {
+        condition_reasons(&ns, "etcdbackups", "x")
+            .iter()
+            .any(|r| r == "ClusterNotFound")
+    })
+    .await;
+    noops_e2e::wait_event(&ns, "EtcdBackup", "x", "Resumed").await;
+}
+
+#[tokio::test]
+async fn a_paused_postgres_backup_is_not_begun() {
+    held_writes_only_its_status(
+        "postgresbackup",
+        "postgresbackups",
+        "",
+        "apiVersion: noops.dev/v1alpha1\nkind: PostgresBackup\nmetadata: { name: x }\nspec: { postgresql: db, paused: true }\n",
+        "Paused",
     )
     .await;
 }

@@ -85,6 +85,7 @@ pub async fn keep(
                 ),
                 spec: EtcdBackupSpec {
                     cluster: names.cluster.clone(),
+                    paused: false,
                 },
                 status: None,
             };
@@ -188,7 +189,13 @@ mod tests {
             }
             b
         };
-        let mut made_for_earlier = EtcdBackup::new("main-3", EtcdBackupSpec { cluster: "main".into() });
+        let mut made_for_earlier = EtcdBackup::new(
+            "main-3",
+            EtcdBackupSpec {
+                cluster: "main".into(),
+                paused: false,
+            },
+        );
         made_for_earlier.metadata.labels = Some([(CLUSTER_UID_LABEL.to_string(), "uid-before".to_string())].into());
         let all = [
             taken_from("main-1", "c0ffee"),
@@ -198,6 +205,7 @@ mod tests {
                 "other-1",
                 EtcdBackupSpec {
                     cluster: "other".into(),
+                    paused: false,
                 },
             ),
         ];
@@ -206,7 +214,13 @@ mod tests {
     }
 
     fn finished(name: &str, phase: &str, completed: i64) -> EtcdBackup {
-        let mut backup = EtcdBackup::new(name, EtcdBackupSpec { cluster: "main".into() });
+        let mut backup = EtcdBackup::new(
+            name,
+            EtcdBackupSpec {
+                cluster: "main".into(),
+                paused: false,
+            },
+        );
         backup.status = Some(
             serde_json::from_value(serde_json::json!({
                 "phase": phase,

@@ -332,7 +332,13 @@ mod tests {
     use noops_api::etcd_backup::{EtcdBackupSpec, EtcdBackupStatus};
 
     fn backup(phase: BackupPhase) -> EtcdBackup {
-        let mut b = EtcdBackup::new("nightly", EtcdBackupSpec { cluster: "old".into() });
+        let mut b = EtcdBackup::new(
+            "nightly",
+            EtcdBackupSpec {
+                cluster: "old".into(),
+                paused: false,
+            },
+        );
         b.status = Some(EtcdBackupStatus {
             progress: noops_api::backup::BackupProgress {
                 phase: Some(phase),

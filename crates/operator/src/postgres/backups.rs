@@ -146,6 +146,7 @@ fn scheduled_backup(pg: &PostgreSQL, names: &Names, at: jiff::Timestamp) -> Post
         ),
         spec: PostgresBackupSpec {
             postgresql: names.name.clone(),
+            paused: false,
         },
         status: None,
     }

@@ -26,6 +26,7 @@ use super::schedule::elapsed;
 use super::task_pod;
 use crate::core::Result;
 use crate::core::apply::delete_if_present;
+use crate::core::conditions::merge;
 use crate::core::controller::Runtime;
 use crate::core::engine::{Engine, Wiring};
 use crate::core::labels;
@@ -66,6 +67,8 @@ pub trait BackupResource:
     const FINALIZER: &'static str;
     /// Its status, if it has one yet.
     fn status(&self) -> Option<&Self::Status>;
+    /// Its `spec.paused`: the operator changes nothing of it.
+    fn paused(&self) -> bool;
     /// The progress part of a status.
     fn progress(status: &Self::Status) -> &BackupProgress;
     fn progress_mut(status: &mut Self::Status) -> &mut BackupProgress;
@@ -81,6 +84,10 @@ macro_rules! backup_resource {
 
             fn status(&self) -> Option<&$status> {
                 self.status.as_ref()
+            }
+
+            fn paused(&self) -> bool {
+                self.spec.paused
             }
 
             fn progress(status: &$status) -> &noops_api::backup::BackupProgress {
@@ -148,6 +155,13 @@ impl<B: BackupEngine> Engine for Backups<B> {
         let api: Api<B::Backup> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
         let result = finalizer(&api, B::Backup::FINALIZER, backup, |event| async {
             match event {
+                Finalizer::Apply(backup) if backup.paused() => hold(&ctx, &*backup).await,
+                Finalizer::Cleanup(backup) if backup.paused() => {
+                    hold(&ctx, &*backup).await?;
+                    Err(crate::core::Error::UnderWay(
+                        "paused: the backup's files are deleted, and it goes, once spec.paused is false".into(),
+                    ))
+                }
                 Finalizer::Apply(backup) => {
                     let pod = |b: &B::Backup| task_pod::name(&b.name_any(), &b.uid().unwrap_or_default(), B::MAKER_JOB);
                     match begin(&ctx, &*backup, pod).await? {
@@ -160,6 +174,36 @@ impl<B: BackupEngine> Engine for Backups<B> {
         })
         .await;
         crate::core::error::from_finalizer(result)
+    }
+}
+
+/// A paused backup: nothing of it is changed (not begun, its task pod neither read nor
+/// stopped, its files kept); its status says Paused.
+async fn hold<K: BackupResource>(ctx: &Context, backup: &K) -> Result<Action> {
+    let previous = backup.status().cloned().unwrap_or_default();
+    let mut status = previous.clone();
+    with_pause_condition(K::progress_mut(&mut status), true);
+    let mut version = backup.resource_version();
+    ctx.report_at(backup, Some(&previous), &mut version, &status, [])
+        .await?;
+    info!("paused: the backup is left as it is until spec.paused is false");
+    Ok(Action::await_change())
+}
+
+/// Sets the `Paused` condition of `progress` (once a backup was paused; one never paused has
+/// none, so no status of a backup changes for it).
+fn with_pause_condition(progress: &mut BackupProgress, paused: bool) {
+    let was_paused = progress
+        .conditions
+        .iter()
+        .any(|c| c.type_ == noops_api::condition::PAUSED);
+    if paused || was_paused {
+        progress.conditions = merge(
+            &progress.conditions,
+            &[crate::core::conditions::paused(paused)],
+            None,
+            jiff::Timestamp::now(),
+        );
     }
 }
 
@@ -266,16 +310,21 @@ pub async fn conclude<K: BackupResource, T>(
         pod,
     } = begun;
     let mut next = status.clone();
+    with_pause_condition(K::progress_mut(&mut next), false);
     let verdict = verdict.map_succeeded(|taken| record(&mut next, taken));
     let settled = progress::settle(K::progress(&next), verdict, started, now, timing);
     let running = settled.look_again.is_some();
     *K::progress_mut(&mut next) = settled.progress;
     // How far it has got, while it runs; nothing once it is done.
     K::progress_mut(&mut next).under_way = under_way.filter(|_| running);
+    // (With the Event it earned, and `Resumed` when it was paused.)
+    if !ctx
+        .report_at(&backup, Some(&status), &mut version, &next, settled.announcement)
+        .await?
+    {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     if next != status {
-        if !write_status(ctx, &backup, &mut version, &next).await? {
-            return Ok(Action::requeue(Duration::from_secs(1)));
-        }
         // A backup done says so in its Event; one still running says why in the log.
         let succeeded = K::progress(&next)
             .conditions
@@ -284,9 +333,6 @@ pub async fn conclude<K: BackupResource, T>(
         if running && let Some(condition) = succeeded {
             info!(reason = %condition.reason, "the backup is not stored yet: {}", condition.message);
         }
-    }
-    if let Some(announcement) = settled.announcement {
-        ctx.core.events.tell(&backup.object_ref(&()), announcement).await;
     }
     match settled.look_again {
         Some(after) => Ok(Action::requeue(after)),
