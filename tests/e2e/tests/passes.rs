@@ -3,7 +3,8 @@
 //! Between the pure unit tests (what a pass decides) and the end-to-end tests (what comes of
 //! it), these check the requests themselves: nothing written before the object is validated,
 //! the status before the Events that tell of it, nothing asked by a pass over a settled
-//! object, and the writes of a first apply and of a switch against golden files
+//! object, and the writes of a first apply and of a switch against golden files, as well as
+//! the states a MachineDeployment's rollout takes its sets through, seen by a watch
 //! (`tests/golden/`; `NOOPS_UPDATE_GOLDEN=1` writes them anew, to be read and committed).
 // A test's own helpers fail it outright.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -584,6 +585,7 @@ async fn a_paused_etcd_backup_is_not_begun_until_resumed() {
         "Paused",
     )
     .await;
+    noops_e2e::wait_event(&ns, "EtcdBackup", "x", "Paused").await;
     // Resumed, it is begun: here, to find its cluster is not there.
     let _operator = InProcess::start(&["etcdbackup"], &ns.name).await;
     ns.merge_spec("etcdbackup/x", serde_json::json!({ "paused": false }));
@@ -606,4 +608,147 @@ async fn a_paused_postgres_backup_is_not_begun() {
         "Paused",
     )
     .await;
+}
+
+/// Every state the MachineSets of the namespace pass through, from a watch: each set's
+/// `spec.replicas`, the sets in the order they were made (a set gone is left out).
+#[derive(Clone, Default)]
+struct SetStates(Arc<Mutex<Vec<Vec<i32>>>>);
+
+impl SetStates {
+    /// Returns once the watch listed the sets (none yet): no change after it is missed.
+    async fn start(ns: &TestNamespace) -> (Self, tokio::task::JoinHandle<()>) {
+        use futures::StreamExt;
+        use kube::runtime::watcher::{self, Event};
+        let states = SetStates::default();
+        let record = states.clone();
+        let (listed_tx, listed) = tokio::sync::oneshot::channel();
+        let sets: Api<noops_api::MachineSet> = ns.api();
+        let task = tokio::spawn(async move {
+            let mut listed_tx = Some(listed_tx);
+            // In the order first seen: the watch starts before any set is made, and creation
+            // times have only seconds.
+            let mut now: Vec<(String, i32)> = Vec::new();
+            let mut events = watcher::watcher(sets, watcher::Config::default()).boxed();
+            while let Some(Ok(event)) = events.next().await {
+                match event {
+                    Event::Apply(set) | Event::InitApply(set) => {
+                        let name = set.metadata.name.clone().unwrap_or_default();
+                        match now.iter_mut().find(|(n, _)| *n == name) {
+                            Some(slot) => slot.1 = set.spec.replicas,
+                            None => now.push((name, set.spec.replicas)),
+                        }
+                    }
+                    Event::Delete(set) => now.retain(|(n, _)| Some(n) != set.metadata.name.as_ref()),
+                    Event::Init => now.clear(),
+                    Event::InitDone => {
+                        if let Some(tx) = listed_tx.take() {
+                            let _ = tx.send(());
+                        }
+                        continue;
+                    }
+                }
+                let state: Vec<i32> = now.iter().map(|(_, r)| *r).collect();
+                let mut seen = record.0.lock().unwrap();
+                if seen.last() != Some(&state) {
+                    seen.push(state);
+                }
+            }
+        });
+        tokio::time::timeout(MINUTE, listed).await.unwrap().unwrap();
+        (states, task)
+    }
+
+    fn since(&self, from: usize) -> Vec<Vec<i32>> {
+        self.0.lock().unwrap()[from..].to_vec()
+    }
+
+    fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+}
+
+/// Plays the machine controller (not run here): every machine is Running with its Node Ready
+/// as soon as it is made, so the deployment's rollout goes at the pace of its own passes.
+async fn machines_ready_when_made(ns: &TestNamespace) -> tokio::task::JoinHandle<()> {
+    let machines: Api<noops_api::Machine> = ns.api();
+    tokio::spawn(async move {
+        loop {
+            for machine in machines
+                .list(&Default::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default()
+            {
+                if machine.metadata.deletion_timestamp.is_some()
+                    || machine.status.as_ref().is_some_and(|s| s.phase.is_some())
+                {
+                    continue;
+                }
+                let name = machine.metadata.name.clone().unwrap_or_default();
+                let status = serde_json::json!({ "status": {
+                    "phase": "Running",
+                    "nodeName": name,
+                    "conditions": [{ "type": "Ready", "status": "True", "reason": "NodeReady", "message": "",
+                        "lastTransitionTime": jiff::Timestamp::now().to_string() }],
+                } });
+                let _ = machines
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                    .await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
+fn machine_deployment(version: &str) -> String {
+    format!(
+        "apiVersion: noops.dev/v1alpha1\nkind: MachineDeployment\nmetadata: {{ name: md }}\nspec:\n  clusterName: c\n  replicas: 3\n  strategy: {{ rollingUpdate: {{ maxSurge: 1, maxUnavailable: 0 }} }}\n  selector: {{ matchLabels: {{ pool: p }} }}\n  template:\n    metadata: {{ labels: {{ pool: p }} }}\n    spec: {{ version: \"{version}\" }}\n"
+    )
+}
+
+#[tokio::test]
+async fn a_machine_deployment_rollout_with_none_unavailable_adds_one_then_removes_one() {
+    install_crds();
+    let ns = TestNamespace::new("passes-md").await;
+    let (states, watch) = SetStates::start(&ns).await;
+    let ready = machines_ready_when_made(&ns).await;
+    let _operator = InProcess::start(&["machinedeployment", "machineset"], &ns.name).await;
+    let deployments: Api<noops_api::MachineDeployment> = ns.api();
+    // Done: every machine of the template available, and the sets that held the old ones gone.
+    let rolled_out = || {
+        let deployments = deployments.clone();
+        let states = states.clone();
+        async move {
+            let md = deployments.get("md").await.ok()?;
+            let status = md.status?;
+            (status.observed_generation == md.metadata.generation
+                && status.updated_replicas == Some(3)
+                && status.available_replicas == Some(3)
+                && status.replicas == Some(3)
+                && states.since(0).last() == Some(&vec![3]))
+            .then_some(())
+        }
+    };
+    ns.apply(&machine_deployment("1.34"));
+    wait_for("3 machines of md available", MINUTE, rolled_out).await;
+    let from = states.len() - 1;
+    // A new template: with maxSurge 1 and maxUnavailable 0, one machine more, then one old
+    // one fewer once it is available, never two at once (the defect: every old one at once).
+    ns.apply(&machine_deployment("1.35"));
+    wait_for("md rolled out to 1.35", 2 * MINUTE, rolled_out).await;
+    let seen = states.since(from);
+    for state in &seen {
+        assert!(
+            state.iter().sum::<i32>() <= 4,
+            "more than replicas + maxSurge: {seen:?}"
+        );
+    }
+    let lines: Vec<String> = seen
+        .iter()
+        .map(|s| s.iter().map(i32::to_string).collect::<Vec<_>>().join(" "))
+        .collect();
+    assert_golden("machinedeployment-rollout.txt", &lines);
+    ready.abort();
+    watch.abort();
 }

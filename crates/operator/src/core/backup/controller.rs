@@ -180,14 +180,26 @@ impl<B: BackupEngine> Engine for Backups<B> {
 /// A paused backup: nothing of it is changed (not begun, its task pod neither read nor
 /// stopped, its files kept); its status says Paused.
 async fn hold<K: BackupResource>(ctx: &Context, backup: &K) -> Result<Action> {
-    let previous = backup.status().cloned().unwrap_or_default();
-    let mut status = previous.clone();
-    with_pause_condition(K::progress_mut(&mut status), true);
-    let mut version = backup.resource_version();
-    ctx.report_at(backup, Some(&previous), &mut version, &status, [])
-        .await?;
+    report_pause(ctx, backup, true).await?;
     info!("paused: the backup is left as it is until spec.paused is false");
     Ok(Action::await_change())
+}
+
+/// Writes the `Paused` condition of `backup` as `paused`, if it changes (with the `Paused` or
+/// `Resumed` Event). A pass that goes on to [`conclude`] needs none: it writes it there.
+async fn report_pause<K: BackupResource>(ctx: &Context, backup: &K, paused: bool) -> Result<()> {
+    let previous = backup.status().cloned().unwrap_or_default();
+    let mut status = previous.clone();
+    with_pause_condition(K::progress_mut(&mut status), paused);
+    // A backup never paused has no Paused condition, so the core sees no news in the first
+    // one: told here.
+    let was = crate::core::conditions::is_true(&K::progress(&previous).conditions, noops_api::condition::PAUSED);
+    let told = (paused && !was)
+        .then(|| crate::core::events::Announcement::normal("Paused", crate::core::conditions::paused(true).message));
+    let mut version = backup.resource_version();
+    ctx.report_at(backup, Some(&previous), &mut version, &status, told)
+        .await?;
+    Ok(())
 }
 
 /// Sets the `Paused` condition of `progress` (once a backup was paused; one never paused has
@@ -235,6 +247,8 @@ async fn begin<K: BackupResource>(
     let status = backup.status().cloned().unwrap_or_default();
     let progress = K::progress(&status);
     if progress.is_done() {
+        // (Resumed after it was done: no pass concludes it again, so it is said here.)
+        report_pause(ctx, &backup, false).await?;
         return Ok(Err(remove_pod(ctx, &backup, &pod(&backup)).await?));
     }
     let now = jiff::Timestamp::now();
