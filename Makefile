@@ -41,7 +41,7 @@ feature-drift: ## Fail when the tests build a dependency again with other featur
 unit: ## Unit tests (no cluster)
 	cargo test --workspace --quiet --lib --bins
 
-e2e: setup ## End-to-end tests (hack/e2e.sh): on node agents (3 nodes) every binary but those real nodes run, 4 at a time (2 with tenant clusters), longest first, then the ignored ones (node faults, a loosened schema) alone; then on real nodes (upstream kubelet, containerd, images built here; 6 nodes in two zones) the etcd, PostgreSQL, MaintPage, plugin and exec/cp/port-forward tests, operators installed by the Helm chart, in one zone beside the node faults of etcd and PostgreSQL in the other, then every node rebooting at once, alone
+e2e: setup ## End-to-end tests (hack/e2e.sh): on node agents (3 nodes) every binary but those real nodes run, 4 at a time (2 with tenant clusters), longest first, then the ignored ones (node faults, a loosened schema) alone; then on real nodes (upstream kubelet, containerd, images built here; 6 nodes in two zones) the etcd, PostgreSQL, MaintPage, plugin and exec/cp/port-forward tests, operators installed by the Helm chart, in one zone beside the node faults of etcd and PostgreSQL in the other, then every node rebooting at once and the repeated primary faults, alone
 	@RUST_BACKTRACE=0 hack/e2e.sh agent real
 
 e2e-real: setup ## Only the real-node part of make e2e (a cluster of the other kind is stopped first)
