@@ -126,6 +126,7 @@ where
 /// client recorded. They stop when this is dropped.
 struct InProcess {
     sent: Recorded,
+    metrics: Arc<noops::core::metrics::Metrics>,
     halt: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -138,10 +139,11 @@ impl InProcess {
             .with_layer(&sent)
             .build();
         let (halt, halted) = watch::channel(false);
+        let metrics = Arc::new(noops::core::metrics::Metrics::new());
         let runtime = Runtime {
             client,
             namespace: Some(namespace.to_string()),
-            metrics: Arc::new(noops::core::metrics::Metrics::new()),
+            metrics: metrics.clone(),
             shutdown: Shutdown::new(halted),
             image: "ghcr.io/noops-dev/noops:test".into(),
             certificate_lifetime: Duration::from_secs(365 * 24 * 3600),
@@ -154,7 +156,23 @@ impl InProcess {
                 tokio::spawn((registration.run)(runtime.clone()))
             })
             .collect();
-        Self { sent, halt, tasks }
+        Self {
+            sent,
+            metrics,
+            halt,
+            tasks,
+        }
+    }
+
+    /// How many passes `controller` has ended (with success or an error), from its metrics.
+    fn passes(&self, controller: &str) -> f64 {
+        let prefix = format!("noops_reconciles_total{{controller=\"{controller}\",");
+        self.metrics
+            .render()
+            .lines()
+            .filter(|line| line.starts_with(&prefix))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 }
 
@@ -433,9 +451,13 @@ async fn held_writes_only_its_status(
     assert!(writes.contains(&status), "{controller}: {writes:?}");
     drop(operator);
 
-    // A controller started anew: its first pass over the unchanged object.
+    // A controller started anew: its first pass over the unchanged object (the only one of
+    // its kind here), ended.
     let operator = InProcess::start(&[controller], &ns.name).await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    wait_until(&format!("{controller}'s first pass"), MINUTE, || async {
+        operator.passes(controller) >= 1.0
+    })
+    .await;
     operator.sent.quiet(Duration::from_secs(3)).await;
     let sent = operator.sent.since(0);
     assert!(
