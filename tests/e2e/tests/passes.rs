@@ -72,6 +72,11 @@ impl Recorded {
         }
     }
 
+    /// The writes sent since `mark`, each as [`Sent::line`].
+    fn writes_since(&self, mark: usize) -> Vec<String> {
+        self.since(mark).iter().filter(|s| s.writes()).map(Sent::line).collect()
+    }
+
     fn since(&self, mark: usize) -> Vec<Sent> {
         self.0.lock().unwrap()[mark..]
             .iter()
@@ -436,13 +441,7 @@ async fn held_writes_only_its_status(
     })
     .await;
     operator.sent.quiet(Duration::from_secs(3)).await;
-    let writes: Vec<String> = operator
-        .sent
-        .since(0)
-        .iter()
-        .filter(|s| s.writes())
-        .map(Sent::line)
-        .collect();
+    let writes = operator.sent.writes_since(0);
     let (status, own) = (format!("patch {plural}/status x"), format!("patch {plural} x"));
     assert!(
         writes.iter().all(|w| *w == status || *w == own || w == "events"),
@@ -773,4 +772,41 @@ async fn a_machine_deployment_rollout_with_none_unavailable_adds_one_then_remove
     assert_golden("machinedeployment-rollout.txt", &lines);
     ready.abort();
     watch.abort();
+}
+
+#[tokio::test]
+async fn a_paused_cluster_without_its_control_plane_pauses_its_pools_and_makes_none() {
+    install_crds();
+    let ns = TestNamespace::new("passes-kc-pools").await;
+    ns.apply("apiVersion: noops.dev/v1alpha1\nkind: KubernetesCluster\nmetadata: { name: x }\nspec: { version: \"1.34\", paused: true, workers: [{ name: p, replicas: 1 }] }\n");
+    let cluster: noops_api::KubernetesCluster = ns.api().get("x").await.unwrap();
+    let uid = cluster.metadata.uid.unwrap();
+    // A pool the cluster made before (its owner reference says so), its control plane gone
+    // since: the pool is told the cluster is paused, and no control plane is made.
+    ns.apply(&format!(
+        "apiVersion: noops.dev/v1alpha1\nkind: MachineDeployment\nmetadata:\n  name: x-p\n  labels: {{ noops.dev/kubernetescluster: x, noops.dev/pool: p }}\n  ownerReferences: [{{ apiVersion: noops.dev/v1alpha1, kind: KubernetesCluster, name: x, uid: {uid}, controller: true }}]\nspec:\n  clusterName: x\n  replicas: 1\n  selector: {{ matchLabels: {{ noops.dev/kubernetescluster: x, noops.dev/pool: p }} }}\n  template: {{ metadata: {{ labels: {{ noops.dev/kubernetescluster: x, noops.dev/pool: p }} }}, spec: {{ version: \"1.34\" }} }}\n"
+    ));
+    let operator = InProcess::start(&["kubernetescluster"], &ns.name).await;
+    let deployments: Api<noops_api::MachineDeployment> = ns.api();
+    wait_until("the pool paused with its cluster", MINUTE, || async {
+        deployments.get("x-p").await.is_ok_and(|d| d.spec.paused)
+    })
+    .await;
+    operator.sent.quiet(Duration::from_secs(3)).await;
+    let control_planes: Api<noops_api::KubernetesControlPlane> = ns.api();
+    assert!(
+        control_planes.get_opt("x").await.unwrap().is_none(),
+        "a paused cluster made a control plane"
+    );
+    let writes = operator.sent.writes_since(0);
+    assert!(
+        writes.iter().all(|w| [
+            "patch machinedeployments x-p",
+            "patch kubernetesclusters/status x",
+            "patch kubernetesclusters x",
+            "events"
+        ]
+        .contains(&w.as_str())),
+        "{writes:?}"
+    );
 }

@@ -84,8 +84,8 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
 
     let mut rejected = Vec::new();
     // Paused, the children it has are told so (`paused` passes down to them); a cluster paused
-    // before it had any makes none.
-    if taken.is_none() && (!kc.spec.paused || ours.is_some()) {
+    // before it had any makes none (nor a control plane it lost: `apply_children`).
+    if taken.is_none() && (!kc.spec.paused || ours.is_some() || !deployments.is_empty()) {
         let children = Children {
             kc: &kc,
             owner: &owner,
@@ -394,7 +394,10 @@ async fn apply_children(
     let control_planes: Api<KubernetesControlPlane> = Api::namespaced(ctx.client.clone(), &namespace);
     let wanted = desired::control_plane(kc, &plan.control_plane_version, owner);
     let child = format!("KubernetesControlPlane {name}");
-    if control_plane.is_none_or(|cp| cp.spec != wanted.spec)
+    // (Paused, one that is not there is not made: only the pools it has are told.)
+    let makes = control_plane.is_some() || !kc.spec.paused;
+    if makes
+        && control_plane.is_none_or(|cp| cp.spec != wanted.spec)
         && accepted(apply(&control_planes, &name, &wanted).await, &child, &mut rejected)?
     {
         match &control_plane {

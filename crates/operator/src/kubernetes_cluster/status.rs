@@ -110,12 +110,12 @@ impl StatusFacts<'_> {
 
 fn control_plane_ready(f: &StatusFacts) -> Decided {
     let Some(cp) = f.control_plane else {
-        return Decided::new(
-            CONTROL_PLANE_READY,
-            false,
-            "ControlPlaneNotMade",
-            "making the control plane",
-        );
+        let message = if f.kc.spec.paused {
+            "no control plane: none is made while the cluster is paused"
+        } else {
+            "making the control plane"
+        };
+        return Decided::new(CONTROL_PLANE_READY, false, "ControlPlaneNotMade", message);
     };
     let name = cp.metadata.name.clone().unwrap_or_default();
     match f.control_plane_condition(READY) {
