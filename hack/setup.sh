@@ -39,7 +39,7 @@ if [ "${NODE_KIND:-agent}" = kubelet ]; then
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'ok installed' || missing+=("$package")
   done
   # The images' Debian 12 base (hack/images.sh), made once into the cache.
-  command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+  dpkg-query -W -f='${Status}' debootstrap 2>/dev/null | grep -q 'ok installed' || missing+=(debootstrap)
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" = 0 ] || die "missing packages (${missing[*]}) and not root to install them"

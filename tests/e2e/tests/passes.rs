@@ -620,14 +620,29 @@ async fn a_paused_etcd_backup_is_not_begun_until_resumed() {
 }
 
 #[tokio::test]
-async fn a_paused_postgres_backup_is_not_begun() {
-    held_writes_only_its_status(
+async fn a_paused_postgres_backup_is_not_begun_nor_deleted_until_resumed() {
+    let ns = held_writes_only_its_status(
         "postgresbackup",
         "postgresbackups",
         "",
         "apiVersion: noops.dev/v1alpha1\nkind: PostgresBackup\nmetadata: { name: x }\nspec: { postgresql: db, paused: true }\n",
         "Paused",
     )
+    .await;
+    // Deleted while paused, it stays (its files would go with it) until resumed.
+    let _operator = InProcess::start(&["postgresbackup"], &ns.name).await;
+    let backups: Api<noops_api::PostgresBackup> = ns.api();
+    backups.delete("x", &DeleteParams::default()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let held = backups.get_opt("x").await.unwrap();
+    assert!(
+        held.is_some_and(|b| b.metadata.deletion_timestamp.is_some()),
+        "a paused backup went before it was resumed"
+    );
+    ns.merge_spec("pgbackup/x", serde_json::json!({ "paused": false }));
+    wait_until("the resumed backup gone", MINUTE, || async {
+        backups.get_opt("x").await.unwrap().is_none()
+    })
     .await;
 }
 
@@ -640,6 +655,7 @@ impl SetStates {
     /// Returns once the watch listed the sets (none yet): no change after it is missed.
     async fn start(ns: &TestNamespace) -> (Self, tokio::task::JoinHandle<()>) {
         use futures::StreamExt;
+        use kube::runtime::WatchStreamExt;
         use kube::runtime::watcher::{self, Event};
         let states = SetStates::default();
         let record = states.clone();
@@ -647,29 +663,43 @@ impl SetStates {
         let sets: Api<noops_api::MachineSet> = ns.api();
         let task = tokio::spawn(async move {
             let mut listed_tx = Some(listed_tx);
-            // In the order first seen: the watch starts before any set is made, and creation
-            // times have only seconds.
-            let mut now: Vec<(String, i32)> = Vec::new();
-            let mut events = watcher::watcher(sets, watcher::Config::default()).boxed();
-            while let Some(Ok(event)) = events.next().await {
+            // Each set's replicas now, reported in the order the sets were first seen: the watch
+            // starts before any set is made, and creation times have only seconds.
+            let mut now: std::collections::BTreeMap<String, i32> = Default::default();
+            let mut order: Vec<String> = Vec::new();
+            let mut events = watcher::watcher(sets, watcher::Config::default())
+                .default_backoff()
+                .boxed();
+            // A (re)list is taken whole at its end, not as the partial states it comes in.
+            let mut listing = false;
+            while let Some(event) = events.next().await {
+                let Ok(event) = event else { continue };
                 match event {
+                    Event::Init => {
+                        now.clear();
+                        listing = true;
+                    }
                     Event::Apply(set) | Event::InitApply(set) => {
                         let name = set.metadata.name.clone().unwrap_or_default();
-                        match now.iter_mut().find(|(n, _)| *n == name) {
-                            Some(slot) => slot.1 = set.spec.replicas,
-                            None => now.push((name, set.spec.replicas)),
+                        if !order.contains(&name) {
+                            order.push(name.clone());
                         }
+                        now.insert(name, set.spec.replicas);
                     }
-                    Event::Delete(set) => now.retain(|(n, _)| Some(n) != set.metadata.name.as_ref()),
-                    Event::Init => now.clear(),
+                    Event::Delete(set) => {
+                        now.remove(set.metadata.name.as_deref().unwrap_or_default());
+                    }
                     Event::InitDone => {
+                        listing = false;
                         if let Some(tx) = listed_tx.take() {
                             let _ = tx.send(());
                         }
-                        continue;
                     }
                 }
-                let state: Vec<i32> = now.iter().map(|(_, r)| *r).collect();
+                if listing {
+                    continue;
+                }
+                let state: Vec<i32> = order.iter().filter_map(|n| now.get(n).copied()).collect();
                 let mut seen = record.0.lock().unwrap();
                 if seen.last() != Some(&state) {
                     seen.push(state);

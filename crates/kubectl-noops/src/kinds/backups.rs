@@ -17,6 +17,7 @@ const IN_PROGRESS: &str = "InProgress";
 pub fn etcd_backup(backup: &EtcdBackup, around: &Around) -> Report {
     let status = backup.status.clone().unwrap_or_default();
     let mut report = started("EtcdBackup", &backup.metadata, &status.progress, around);
+    report.paused = backup.spec.paused;
     report.fact("cluster", format!("EtcdCluster {}", backup.spec.cluster));
     progress(&mut report, &status.progress, around);
     if let Some(revision) = status.revision {
@@ -33,6 +34,7 @@ pub fn etcd_backup(backup: &EtcdBackup, around: &Around) -> Report {
 pub fn postgres_backup(backup: &PostgresBackup, around: &Around) -> Report {
     let status = backup.status.clone().unwrap_or_default();
     let mut report = started("PostgresBackup", &backup.metadata, &status.progress, around);
+    report.paused = backup.spec.paused;
     report.fact("postgresql", format!("PostgreSQL {}", backup.spec.postgresql));
     progress(&mut report, &status.progress, around);
     match (&status.start_wal, &status.end_wal) {
@@ -60,7 +62,8 @@ pub fn postgres_backup(backup: &PostgresBackup, around: &Around) -> Report {
 /// The report every backup starts from: Ready once stored, its phase (Pending before the
 /// operator took it), and its Succeeded condition a problem only when it is not just running.
 fn started(kind: &str, meta: &ObjectMeta, progress: &BackupProgress, around: &Around) -> Report {
-    // A backup's spec never changes: its status is always of its generation.
+    // A backup's status has no observedGeneration: it is taken as of its generation (only
+    // `paused` can change, and a paused backup's status says so).
     let mut report = base(kind, meta, &progress.conditions, meta.generation, around);
     report.ready = progress.succeeded();
     report.phase = Some(progress.phase.map_or("Pending", BackupPhase::as_str).to_string());

@@ -169,7 +169,11 @@ impl<B: BackupEngine> Engine for Backups<B> {
                         Err(action) => Ok(action),
                     }
                 }
-                Finalizer::Cleanup(backup) => B::clean_up(backup, ctx.clone()).await,
+                Finalizer::Cleanup(backup) => {
+                    // (Resumed while being deleted: said first, and its deadline counts from now.)
+                    report_pause(&ctx, &*backup, false).await?;
+                    B::clean_up(backup, ctx.clone()).await
+                }
             }
         })
         .await;
@@ -225,7 +229,8 @@ pub struct Begun<K: BackupResource> {
     /// The version read: every status write of the pass is made over it.
     pub version: Option<String>,
     pub status: K::Status,
-    /// When the backup began (now, for one not begun yet), and the time of this pass.
+    /// When the backup began (now, for one not begun yet; its resume, if it was paused
+    /// since: its deadlines count from here), and the time of this pass.
     pub started: jiff::Timestamp,
     pub now: jiff::Timestamp,
     /// The task pod that makes it: it goes once the backup is done.
@@ -252,7 +257,9 @@ async fn begin<K: BackupResource>(
         return Ok(Err(remove_pod(ctx, &backup, &pod(&backup)).await?));
     }
     let now = jiff::Timestamp::now();
+    // Its deadlines count from its start, or from its resume if it was paused since.
     let started = progress.started_at.as_ref().map_or(now, |t| t.0);
+    let started = resumed_at(progress, now).map_or(started, |resumed| resumed.max(started));
     Ok(Ok(Begun {
         pod: pod(&backup),
         version: backup.resource_version(),
@@ -354,13 +361,29 @@ pub async fn conclude<K: BackupResource, T>(
     }
 }
 
-/// How long `backup` has been being deleted.
-pub fn deleting_for<K: Resource>(backup: &K, now: jiff::Timestamp) -> Duration {
-    backup
-        .meta()
-        .deletion_timestamp
-        .as_ref()
-        .map_or(Duration::ZERO, |t| elapsed(t.0, now))
+/// How long `backup` has been being deleted, not counting a pause: from its resume, if it was
+/// paused meanwhile (a deletion resumed is given its whole deadline).
+pub fn deleting_for<K: BackupResource>(backup: &K, now: jiff::Timestamp) -> Duration {
+    let Some(deleted) = backup.meta().deletion_timestamp.as_ref() else {
+        return Duration::ZERO;
+    };
+    let resumed = backup.status().and_then(|s| resumed_at(K::progress(s), now));
+    elapsed(resumed.map_or(deleted.0, |r| r.max(deleted.0)), now)
+}
+
+/// When the backup of `progress` was last resumed, if it was ever paused: now for the pass
+/// that resumes it (its status still says Paused), else when its `Paused` condition turned
+/// False. The deadlines of its work count from there: time paused is not time spent. Pure.
+pub fn resumed_at(progress: &BackupProgress, now: jiff::Timestamp) -> Option<jiff::Timestamp> {
+    let paused = progress
+        .conditions
+        .iter()
+        .find(|c| c.type_ == noops_api::condition::PAUSED)?;
+    Some(if paused.status == "True" {
+        now
+    } else {
+        paused.last_transition_time.0
+    })
 }
 
 /// What came of deleting a deleted backup's files: what the deletion said, or why they are not
@@ -402,4 +425,38 @@ pub async fn finish_clean_up<K: BackupResource>(
     }
     remove_pod(ctx, backup, pod).await?;
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn at(seconds: i64) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(1_800_000_000 + seconds).unwrap_or_default()
+    }
+
+    fn paused(status: &str, since: i64) -> BackupProgress {
+        let mut conditions = merge(
+            &[],
+            &[crate::core::conditions::paused(status == "True")],
+            None,
+            at(since),
+        );
+        conditions[0].last_transition_time = Time(at(since));
+        BackupProgress {
+            conditions,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn time_paused_is_not_counted_against_a_backups_deadlines() {
+        // Never paused: the clocks run from the start (or the deletion) as they always did.
+        assert_eq!(resumed_at(&BackupProgress::default(), at(100)), None);
+        // Paused now, the pass that resumes it starts the clocks afresh.
+        assert_eq!(resumed_at(&paused("True", 10), at(100)), Some(at(100)));
+        // Resumed at 50: from there.
+        assert_eq!(resumed_at(&paused("False", 50), at(100)), Some(at(50)));
+    }
 }

@@ -111,7 +111,9 @@ pub fn settle(
     timing: Timing,
 ) -> Settled {
     let mut next = progress.clone();
-    next.started_at = Some(Time(started));
+    // (`started` is the deadlines' clock: a resumed backup's, from its resume; the status
+    // keeps when it really began.)
+    next.started_at = next.started_at.clone().or(Some(Time(started)));
     let (stored, reason, message) = match &verdict {
         Verdict::Succeeded(note) => (true, "Stored", note.clone()),
         Verdict::InProgress { message } => (false, "InProgress", message.clone()),

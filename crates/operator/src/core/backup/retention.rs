@@ -110,8 +110,8 @@ fn reason(stored: bool) -> &'static str {
 }
 
 /// The scheduled backups among `backups` that retention deletes so that `max` successful ones
-/// are kept; none that is being deleted already, nor one `in_use` (a new resource is being
-/// restored from it).
+/// are kept; none that is being deleted already, paused, or `in_use` (a new resource is
+/// being restored from it).
 pub fn beyond_max<K: BackupResource>(
     backups: &[&K],
     in_use: impl Fn(&str) -> bool,
@@ -121,7 +121,8 @@ pub fn beyond_max<K: BackupResource>(
     let scheduled: Vec<Kept> = backups
         .iter()
         .filter(|b| b.labels().get(SCHEDULED_LABEL).map(String::as_str) == Some("true"))
-        .filter(|b| b.meta().deletion_timestamp.is_none() && !in_use(&b.name_any()))
+        // A paused backup is left as it is, by retention too.
+        .filter(|b| b.meta().deletion_timestamp.is_none() && !b.paused() && !in_use(&b.name_any()))
         .map(|b| Kept {
             name: b.name_any(),
             created: b.creation_timestamp().map_or(now, |t| t.0),

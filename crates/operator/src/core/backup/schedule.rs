@@ -152,8 +152,9 @@ pub fn failure(
 }
 
 /// The scheduled backups to delete so that `max` successful ones are kept: the oldest
-/// successful ones beyond `max`, and failed ones older than the oldest kept (a failure
-/// stays visible until a newer backup is kept). Backups still running are left alone.
+/// successful ones beyond `max`, and the others (failed, or not stored yet) older than the
+/// oldest kept (a failure stays visible until a newer backup is kept; one not stored yet
+/// that a newer stored one overtook is not worth finishing).
 pub fn to_delete(backups: &[Kept], max: usize) -> Vec<String> {
     let mut succeeded: Vec<&Kept> = backups.iter().filter(|b| b.succeeded).collect();
     succeeded.sort_by_key(|b| std::cmp::Reverse(b.created));
