@@ -384,14 +384,19 @@ fn being_taken(b: &PostgresBackup) -> bool {
         )
 }
 
-/// The other backups kept in the same WAL archive as `backup` (stored, not being deleted).
-fn kept_beside<'a>(backup: &PostgresBackup, all: &'a [PostgresBackup]) -> Vec<&'a PostgresBackup> {
+/// The other backups kept in the same WAL archive as `backup`: stored, and not being deleted
+/// unless a new database still restores from one (`restoring`: its deletion waits for that
+/// restore, which needs the WAL from its start).
+fn kept_beside<'a>(backup: &PostgresBackup, all: &'a [PostgresBackup], restoring: &[&str]) -> Vec<&'a PostgresBackup> {
     let archive = |b: &PostgresBackup| Some(b.status.as_ref()?.destination.as_ref()?.wal.clone());
     let Some(wal) = archive(backup) else {
         return Vec::new();
     };
     all.iter()
-        .filter(|b| b.name_any() != backup.name_any() && b.metadata.deletion_timestamp.is_none())
+        .filter(|b| {
+            b.name_any() != backup.name_any()
+                && (b.metadata.deletion_timestamp.is_none() || restoring.contains(&b.name_any().as_str()))
+        })
         .filter(|b| {
             b.status
                 .as_ref()
@@ -405,14 +410,14 @@ fn kept_beside<'a>(backup: &PostgresBackup, all: &'a [PostgresBackup]) -> Vec<&'
 /// the WAL: where the oldest of them starts. None (no WAL is deleted) if no other backup is
 /// kept there, or one of the same database is still being taken (it needs the WAL from where
 /// it started, which is known only once it ends). Pure.
-pub fn keep_wal_from(backup: &PostgresBackup, all: &[PostgresBackup]) -> Option<String> {
+pub fn keep_wal_from(backup: &PostgresBackup, all: &[PostgresBackup], restoring: &[&str]) -> Option<String> {
     if all
         .iter()
         .any(|b| b.spec.postgresql == backup.spec.postgresql && being_taken(b))
     {
         return None;
     }
-    kept_beside(backup, all)
+    kept_beside(backup, all, restoring)
         .into_iter()
         .filter_map(|b| {
             let status = b.status.as_ref()?;
@@ -424,8 +429,8 @@ pub fn keep_wal_from(backup: &PostgresBackup, all: &[PostgresBackup]) -> Option<
 /// Whether the deletion of `backup` waits for another backup of the same database still being
 /// taken: it would leave all the WAL (see [`keep_wal_from`]) while another kept backup could
 /// let it go once that one ends. Pure.
-pub fn waits_for_a_backup_being_taken(backup: &PostgresBackup, all: &[PostgresBackup]) -> bool {
-    !kept_beside(backup, all).is_empty()
+pub fn waits_for_a_backup_being_taken(backup: &PostgresBackup, all: &[PostgresBackup], restoring: &[&str]) -> bool {
+    !kept_beside(backup, all, restoring).is_empty()
         && all
             .iter()
             .any(|b| b.name_any() != backup.name_any() && b.spec.postgresql == backup.spec.postgresql && being_taken(b))
@@ -472,7 +477,11 @@ pub async fn clean_up(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result<
     let deleted: Deletion = match task_pod::outcome(pod.as_deref(), jiff::Timestamp::now()) {
         Outcome::NotStarted => {
             let database = all_databases.iter().find(|pg| pg.name_any() == backup.spec.postgresql);
-            match start_deletion(backup, &location, database, ctx).await? {
+            let restoring: Vec<&str> = all_databases
+                .iter()
+                .filter_map(crate::postgres::backups::starting_from)
+                .collect();
+            match start_deletion(backup, &location, (database, &restoring), ctx).await? {
                 Some(deleted) => deleted,
                 None if deleting_for < CLEANUP_DEADLINE => return Err(under_way()),
                 None => Err((too_long(), true)),
@@ -499,7 +508,7 @@ pub async fn clean_up(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result<
 async fn start_deletion(
     backup: &PostgresBackup,
     location: &BackupLocation,
-    database: Option<&PostgreSQL>,
+    (database, restoring): (Option<&PostgreSQL>, &[&str]),
     ctx: &Context,
 ) -> Result<Option<Deletion>> {
     let namespace = backup.namespace().unwrap_or_default();
@@ -529,7 +538,9 @@ async fn start_deletion(
     // so that the WAL no kept backup needs goes too (deleting each backup while another runs,
     // as a frequent schedule does, left it forever). Past that, the backup goes and its WAL
     // stays.
-    if deleting_for(backup, jiff::Timestamp::now()) < WAL_WAIT && waits_for_a_backup_being_taken(backup, &all) {
+    if deleting_for(backup, jiff::Timestamp::now()) < WAL_WAIT
+        && waits_for_a_backup_being_taken(backup, &all, restoring)
+    {
         return Err(Error::UnderWay(format!(
             "waiting up to {}s for a backup of {} being taken to end, so that the WAL only backup {} needed goes too",
             WAL_WAIT.as_secs(),
@@ -537,7 +548,7 @@ async fn start_deletion(
             backup.name_any()
         )));
     }
-    let keep_from = keep_wal_from(backup, &all);
+    let keep_from = keep_wal_from(backup, &all, restoring);
     let version = backup
         .status
         .as_ref()
@@ -600,45 +611,61 @@ mod tests {
             backup("failed", "shop", "Failed", "7", 200),
         ];
         assert_eq!(
-            keep_wal_from(&deleted, &all).as_deref(),
+            keep_wal_from(&deleted, &all, &[]).as_deref(),
             Some("000000010000000000000005")
         );
         assert_eq!(
-            keep_wal_from(&deleted, &all[..1]),
+            keep_wal_from(&deleted, &all[..1], &[]),
             None,
             "the last backup: no WAL is deleted"
         );
-        assert!(!waits_for_a_backup_being_taken(&deleted, &all));
+        assert!(!waits_for_a_backup_being_taken(&deleted, &all, &[]));
         let mut busy = all.to_vec();
         busy.push(backup("running", "shop", "Running", "7", 300));
         assert_eq!(
-            keep_wal_from(&deleted, &busy),
+            keep_wal_from(&deleted, &busy, &[]),
             None,
             "one being taken may need any of it"
         );
         assert!(
-            waits_for_a_backup_being_taken(&deleted, &busy),
+            waits_for_a_backup_being_taken(&deleted, &busy, &[]),
             "its end lets the WAL go"
         );
         assert!(
             !waits_for_a_backup_being_taken(
                 &deleted,
-                &[deleted.clone(), backup("running", "shop", "Running", "7", 300)]
+                &[deleted.clone(), backup("running", "shop", "Running", "7", 300)],
+                &[]
             ),
             "no other backup kept: the WAL stays whatever happens"
         );
         // Retention deletes a backup not taken yet once newer ones are stored: being
         // deleted, it is never kept, so neither the WAL nor another deletion waits for it.
-        let mut superseded = backup("superseded", "shop", "Running", "7", 300);
-        superseded.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            jiff::Timestamp::now(),
-        ));
+        let being_deleted = |mut b: PostgresBackup| {
+            b.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                jiff::Timestamp::now(),
+            ));
+            b
+        };
         let mut stopping = all.to_vec();
-        stopping.push(superseded);
+        stopping.push(being_deleted(backup("superseded", "shop", "Running", "7", 300)));
         assert_eq!(
-            keep_wal_from(&deleted, &stopping).as_deref(),
+            keep_wal_from(&deleted, &stopping, &[]).as_deref(),
             Some("000000010000000000000005")
         );
-        assert!(!waits_for_a_backup_being_taken(&deleted, &stopping));
+        assert!(!waits_for_a_backup_being_taken(&deleted, &stopping, &[]));
+        // A backup being deleted that a new database still restores from keeps the WAL from
+        // its start: the restore needs it, and that backup's own deletion waits for it.
+        let mut with_restore = all.to_vec();
+        with_restore.push(being_deleted(at("shop-0", "0/3000028", "7")));
+        assert_eq!(
+            keep_wal_from(&deleted, &with_restore, &[]).as_deref(),
+            Some("000000010000000000000005"),
+            "deleted and restored from by no one: not kept"
+        );
+        assert_eq!(
+            keep_wal_from(&deleted, &with_restore, &["shop-0"]).as_deref(),
+            Some("000000010000000000000003")
+        );
     }
 }
