@@ -358,7 +358,7 @@ impl ControllerCore {
         };
         let result = reconcile(object).instrument(span).await;
         match &result {
-            Ok(_) | Err(Error::UnderWay(_)) => {
+            Ok(_) | Err(Error::UnderWay(_) | Error::Held(_)) => {
                 self.metrics.succeeded(self.name, started.elapsed());
                 self.backoff.succeeded(&key);
             }
@@ -375,6 +375,10 @@ impl ControllerCore {
         K: Resource<DynamicType = ()>,
     {
         let key = key(obj);
+        if let Error::Held(what) = error {
+            debug!(controller = self.name, object = %key, "{what}; waiting for it to change");
+            return Action::await_change();
+        }
         if let Error::UnderWay(what) = error {
             debug!(controller = self.name, object = %key, "{what}; looking again in {}s", UNDER_WAY_CHECK.as_secs());
             return Action::requeue(UNDER_WAY_CHECK);

@@ -69,6 +69,10 @@ pub enum Error {
     /// the only way a finalizer's cleanup can say "not yet". Looked at again soon, quietly.
     #[error("{0}")]
     UnderWay(String),
+    /// A step waits for the object itself to change (a paused object's deletion, which only
+    /// a finalizer's error can hold): not a failure, and not looked at again until it changes.
+    #[error("{0}")]
+    Held(String),
     /// An error in one stage of a reconcile.
     #[error("while {stage}: {source}")]
     During {
@@ -121,6 +125,7 @@ impl Error {
             Error::Etcd(_) => "EtcdError",
             Error::Blocked(_) => "Blocked",
             Error::UnderWay(_) => "UnderWay",
+            Error::Held(_) => "Held",
             Error::During { source, .. } => source.reason(),
         }
     }

@@ -310,7 +310,7 @@ async fn wait_paused(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
         jiff::Timestamp::now(),
     );
     write_status(ctx, &machine, status).await?;
-    Err(Error::UnderWay(
+    Err(Error::Held(
         "paused: the machine is deleted once spec.paused is false".into(),
     ))
 }

@@ -158,7 +158,7 @@ impl<B: BackupEngine> Engine for Backups<B> {
                 Finalizer::Apply(backup) if backup.paused() => hold(&ctx, &*backup).await,
                 Finalizer::Cleanup(backup) if backup.paused() => {
                     hold(&ctx, &*backup).await?;
-                    Err(crate::core::Error::UnderWay(
+                    Err(crate::core::Error::Held(
                         "paused: the backup's files are deleted, and it goes, once spec.paused is false".into(),
                     ))
                 }
