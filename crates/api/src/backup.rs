@@ -168,6 +168,7 @@ pub struct BackupProgress {
     pub phase: Option<BackupPhase>,
     /// `Succeeded`: True once the backup is stored; False with the reason while it is not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "BackupReason::conditions_schema")]
     pub conditions: Vec<Condition>,
     /// Where it is: `s3://<bucket>/<key>` or `pvc://<claim>/<path>`.
     pub location: Option<String>,
@@ -227,4 +228,29 @@ fn default_prefix<E: Engine>() -> String {
 
 fn default_region() -> String {
     "us-east-1".into()
+}
+
+crate::reason::reasons! {
+    /// Why an EtcdBackup's or PostgresBackup's condition is as it is
+    /// (`status.conditions[].reason`; the CRD schema lists them).
+    BackupReason {
+        Stored,
+        InProgress,
+        NoDestination,
+        StoreUnavailable,
+        UploadFailed,
+        NotStored,
+        BackupTooLong,
+        BackupPodStuck,
+        ClaimNotFound,
+        ClusterNotFound,
+        NoHealthyMember,
+        NoClientCertificate,
+        SnapshotFailed,
+        SnapshotStalled,
+        PostgreSQLNotFound,
+        NotServing,
+        InstanceNotReady,
+        BaseBackupFailed,
+    }
 }

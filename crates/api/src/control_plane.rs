@@ -275,6 +275,7 @@ pub struct KubernetesControlPlaneStatus {
     pub observed_generation: Option<i64>,
     /// Ready, Available, Progressing and Degraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "KubernetesControlPlaneReason::conditions_schema")]
     pub conditions: Vec<Condition>,
     /// Where it is, in a word: Creating, Running, Upgrading, Stalled, Degraded, Paused.
     #[serde(default, deserialize_with = "crate::phase::known_or_none")]
@@ -308,4 +309,24 @@ pub struct UpgradeStatus {
     pub step: String,
     /// When it started.
     pub started_at: Time,
+}
+
+crate::reason::reasons! {
+    /// Why a KubernetesControlPlane's condition is as it is (`status.conditions[].reason`; the CRD schema
+    /// lists them).
+    KubernetesControlPlaneReason {
+        Ready,
+        UpgradeStalled,
+        PodsCannotStart,
+        EtcdNotReady,
+        Upgrading,
+        APIServerNotReady,
+        APIServerAvailable,
+        Settled,
+        Creating,
+        EtcdDegraded,
+        AsExpected,
+        RangeTaken,
+        ReplicasShareNode,
+    }
 }

@@ -271,6 +271,7 @@ pub struct EtcdClusterStatus {
     pub observed_generation: Option<i64>,
     /// Ready, Available, Progressing and Degraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "EtcdClusterReason::conditions_schema")]
     pub conditions: Vec<Condition>,
     /// Where it is, in a word: Creating, Running, Scaling, Upgrading, Repairing, Degraded, QuorumLost, Paused.
     #[serde(default, deserialize_with = "crate::phase::known_or_none")]
@@ -407,6 +408,46 @@ fn default_storage_size() -> String {
 
 fn default_true() -> bool {
     true
+}
+
+crate::reason::reasons! {
+    /// Why an EtcdCluster's condition is as it is (`status.conditions[].reason`; the CRD schema
+    /// lists them).
+    EtcdClusterReason {
+        Upgrading,
+        PodsNotReady,
+        MembersHealthy,
+        QuorumLost,
+        Bootstrapping,
+        MembershipChanging,
+        MembersUnhealthy,
+        QuorumHealthy,
+        Stable,
+        AsExpected,
+        BackupFailed,
+        BackupNotFound,
+        BackupNotReady,
+        DowngradeRefused,
+        ForbiddenFlags,
+        ImageRepositoryUnavailable,
+        InvalidSchedule,
+        RestoreFailed,
+        RestorePodStuck,
+        RestoreWouldDowngrade,
+        SkippedMinorVersion,
+        TlsSecretInvalid,
+        TlsSecretMissing,
+        UpgradeNeedsNewerPatch,
+        UpgradeNeedsPersistentStorage,
+        VersionUnavailable,
+        MemberPodStuck,
+        MembersShareNode,
+        RestartingMembers,
+        AddingMember,
+        RemovingMember,
+        UpgradingMember,
+        BackupStored,
+    }
 }
 
 #[cfg(test)]

@@ -229,6 +229,7 @@ pub struct KubernetesClusterStatus {
     pub observed_generation: Option<i64>,
     /// Ready, ControlPlaneReady, WorkersReady, Upgrading, Scaling, Degraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "KubernetesClusterReason::conditions_schema")]
     pub conditions: Vec<Condition>,
     /// Where it is, in a word: Provisioning, Running, Scaling, Upgrading, Degraded, Paused, Deleting.
     #[serde(default, deserialize_with = "crate::phase::known_or_none")]
@@ -287,4 +288,35 @@ pub struct ClusterUpgradeStatus {
     pub finished: Vec<String>,
     pub started_at: Time,
     pub finished_at: Option<Time>,
+}
+
+crate::reason::reasons! {
+    /// Why a KubernetesCluster's condition is as it is (`status.conditions[].reason`; the CRD schema
+    /// lists them).
+    KubernetesClusterReason {
+        ControlPlaneNotMade,
+        ControlPlaneReady,
+        ControlPlaneNotReady,
+        NoWorkers,
+        WorkersReady,
+        WorkersNotReady,
+        UpToDate,
+        ScalingUp,
+        ScalingDown,
+        NoPoolFits,
+        AtMaxReplicas,
+        PoolRemovalWaits,
+        Steady,
+        PoolScaling,
+        NameTaken,
+        ChildRejected,
+        VersionRefused,
+        ControlPlaneDegraded,
+        AsExpected,
+        PoolDegraded,
+        Ready,
+        SetBack,
+        UpgradingControlPlane,
+        UpgradingPool,
+    }
 }

@@ -24,6 +24,7 @@ mod phase;
 pub mod postgres;
 pub mod postgres_backup;
 pub mod quantity;
+pub mod reason;
 pub mod uri;
 pub mod version_rules;
 
@@ -71,6 +72,34 @@ mod tests {
                 "{} is not in category noops",
                 crd.spec.names.kind
             );
+        }
+    }
+
+    /// `kubectl explain <kind>.status.conditions.reason` and `.status.phase` list their values.
+    #[test]
+    fn every_kind_lists_its_condition_reasons_and_phases() {
+        for crd in super::crds() {
+            let kind = crd.spec.names.kind.clone();
+            let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+            let status = &schema["openAPIV3Schema"]["properties"]["status"]["properties"];
+            let reasons = &status["conditions"]["items"]["properties"]["reason"]["enum"];
+            let reasons: Vec<&str> = reasons
+                .as_array()
+                .unwrap_or_else(|| panic!("{kind}: no reasons listed"))
+                .iter()
+                .filter_map(|r| r.as_str())
+                .collect();
+            assert!(
+                reasons.contains(&"Paused") && reasons.contains(&"NotPaused"),
+                "{kind}: {reasons:?}"
+            );
+            assert!(reasons.len() > 4, "{kind}: {reasons:?}");
+            // A MachineSet has no phase (as in Cluster API); a MaintPage says the side it
+            // publishes instead.
+            if !["MachineSet", "MaintPage"].contains(&kind.as_str()) {
+                let phases = status["phase"]["enum"].as_array().map_or(0, Vec::len);
+                assert!(phases > 1, "{kind}: no phases listed");
+            }
         }
     }
 }

@@ -26,7 +26,7 @@ use serde_with::skip_serializing_none;
 /// Degraded's reason for a drain a PodDisruptionBudget has held for minutes (and, higher up,
 /// the reason of a MachineSet's or MachineDeployment's `MachinesDeleting` while one holds a
 /// drain).
-pub const DRAIN_HELD: &str = "DrainHeld";
+pub const DRAIN_HELD: &str = MachineReason::DrainHeld.as_str();
 
 /// The desired state of one worker machine.
 #[skip_serializing_none]
@@ -181,6 +181,7 @@ pub struct MachineStatus {
     /// Ready (its Node is Ready), NodeHealthy, DrainingSucceeded (with the pods that block
     /// a drain), Progressing, Degraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "MachineReason::conditions_schema")]
     pub conditions: Vec<Condition>,
     pub phase: Option<MachinePhase>,
     /// The tenant's Node.
@@ -196,6 +197,36 @@ pub struct MachineStatus {
     pub drain_started_at: Option<Time>,
     /// When its Node first joined.
     pub node_joined_at: Option<Time>,
+}
+
+crate::reason::reasons! {
+    /// Why a Machine's condition is as it is (`status.conditions[].reason`; the CRD schema
+    /// lists them).
+    MachineReason {
+        NodeReady,
+        AsExpected,
+        NodeNotReady,
+        NodeGone,
+        NodeNotJoined,
+        EvictionBlocked,
+        Draining,
+        ClusterUnreachable,
+        DrainedWithoutEviction,
+        Drained,
+        DrainHeld,
+        NodeStarting,
+        Deleting,
+        Provisioning,
+        Provisioned,
+        MachineFailed,
+        Pending,
+        VmCannotStart,
+        ClusterNotFound,
+        InvalidVersion,
+        ControlPlaneNotReady,
+        VersionTooNew,
+        VersionTooOld,
+    }
 }
 
 #[cfg(test)]

@@ -180,6 +180,7 @@ pub struct MachineDeploymentStatus {
     /// Ready, Available, Progressing (False with ProgressDeadlineExceeded when a rollout
     /// stalls), Degraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "MachineDeploymentReason::conditions_schema")]
     pub conditions: Vec<Condition>,
     /// Where it is, in a word: ScalingUp, ScalingDown, Rolling, Running, Stalled, Paused.
     #[serde(default, deserialize_with = "crate::phase::known_or_none")]
@@ -203,4 +204,24 @@ pub struct MachineDeploymentStatus {
     /// When the rollout last made progress (a machine made, ready or removed): the progress
     /// deadline counts from here, across operator restarts.
     pub progress_at: Option<Time>,
+}
+
+crate::reason::reasons! {
+    /// Why a MachineDeployment's condition is as it is (`status.conditions[].reason`; the CRD schema
+    /// lists them).
+    MachineDeploymentReason {
+        NoneDeleting,
+        Deleting,
+        RolledOut,
+        ProgressDeadlineExceeded,
+        NewMachineSetAvailable,
+        MachineSetUpdated,
+        AsExpected,
+        MachinesDegraded,
+        DrainHeld,
+        Rolling,
+        Scaling,
+        MinimumMachinesAvailable,
+        MachinesUnavailable,
+    }
 }

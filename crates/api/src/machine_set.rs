@@ -189,6 +189,7 @@ pub struct MachineSetStatus {
     pub observed_generation: Option<i64>,
     /// Ready, Progressing, Degraded, and Remediating (false with the reason repair is held).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "MachineSetReason::conditions_schema")]
     pub conditions: Vec<Condition>,
     /// Machines that exist (not being deleted).
     pub replicas: Option<i32>,
@@ -203,4 +204,23 @@ pub struct MachineSetStatus {
     /// How many machine names the set has used: new machines are named from here on, so that
     /// a name is not given twice.
     pub next_index: Option<i64>,
+}
+
+crate::reason::reasons! {
+    /// Why a MachineSet's condition is as it is (`status.conditions[].reason`; the CRD schema
+    /// lists them).
+    MachineSetReason {
+        AllMachinesReady,
+        MachinesNotReady,
+        AsExpected,
+        WithinMaxUnhealthy,
+        NoneDeleting,
+        Deleting,
+        TooManyUnhealthy,
+        RepairsUnderWay,
+        MachinesDegraded,
+        Scaling,
+        Steady,
+        DrainHeld,
+    }
 }

@@ -170,6 +170,7 @@ pub struct MaintPageStatus {
     pub observed_generation: Option<i64>,
     /// Ready, Progressing and Degraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "MaintPageReason::conditions_schema")]
     pub conditions: Vec<Condition>,
     /// The side the Service sends traffic to.
     pub published: Option<Side>,
@@ -212,6 +213,39 @@ impl MaintPageSpec {
     /// The name of the maintenance Deployment.
     pub fn maintenance_name(&self) -> String {
         format!("{}-maintenance", self.app.name)
+    }
+}
+
+crate::reason::reasons! {
+    /// Why a MaintPage's condition is as it is (`status.conditions[].reason`; the CRD schema
+    /// lists them).
+    MaintPageReason {
+        Switching,
+        ScaledToZero,
+        RollingOut,
+        Stable,
+        RolloutStalled,
+        AsExpected,
+        AppPublished,
+        MaintenancePublished,
+        AppNotReady,
+        MaintenanceNotReady,
+        SwitchingToApp,
+        SwitchingToMaintenance,
+        NameConflict,
+        InvalidSpec,
+        /// Pods that cannot start, for a reason of their own not listed here (the message
+        /// says it); the listed ones are said as the pods say them.
+        PodsCannotStart,
+        ErrImagePull,
+        ImagePullBackOff,
+        InvalidImageName,
+        ImageNotMapped,
+        CrashLoopBackOff,
+        CreateContainerConfigError,
+        CreateContainerError,
+        RunContainerError,
+        Unschedulable,
     }
 }
 

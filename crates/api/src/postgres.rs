@@ -41,7 +41,7 @@ pub const PROMOTE_ANNOTATION: &str = "noops.dev/promote";
 /// The condition that enough replicas acknowledge commits synchronously, and its reason when
 /// fewer than asked do.
 pub const SYNCHRONOUS_REPLICAS: &str = "SynchronousReplicas";
-pub const TOO_FEW_REPLICAS: &str = "TooFewReplicas";
+pub const TOO_FEW_REPLICAS: &str = PostgreSQLReason::TooFewReplicas.as_str();
 /// The Event of a switchover request refused: the request goes, the primary stays.
 pub const SWITCHOVER_REFUSED: &str = "SwitchoverRefused";
 /// The Event of a switchover begun and given up: the old primary serves again.
@@ -311,6 +311,7 @@ pub struct PostgreSQLStatus {
     pub observed_generation: Option<i64>,
     /// Ready, Progressing and Degraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "PostgreSQLReason::conditions_schema")]
     pub conditions: Vec<Condition>,
     /// Where it is, in a word: Creating, Restoring, Running, Degraded, Failed, Paused.
     #[serde(default, deserialize_with = "crate::phase::known_or_none")]
@@ -482,6 +483,57 @@ fn default_storage_size() -> String {
 
 fn default_archive_timeout_seconds() -> i32 {
     5
+}
+
+crate::reason::reasons! {
+    /// Why a PostgreSQL's condition is as it is (`status.conditions[].reason`; the CRD schema
+    /// lists them).
+    PostgreSQLReason {
+        Asynchronous,
+        Synchronous,
+        AsExpected,
+        PasswordSecretMissing,
+        PasswordKeyMissing,
+        Serving,
+        PrimaryLost,
+        NodeLost,
+        InstancePodStuck,
+        CreatingDatabase,
+        Restoring,
+        Initialising,
+        Starting,
+        Unreachable,
+        NoReplicas,
+        Streaming,
+        ReplicasBehind,
+        ArchiveFailing,
+        RestoreFailed,
+        Restored,
+        NotRestored,
+        NoDestination,
+        WalArchived,
+        NotYetArchived,
+        BackupStored,
+        BackupFailed,
+        BackupClaimNotFound,
+        BackupCredentialsInvalid,
+        BackupCredentialsMissing,
+        BootstrapBackupFailed,
+        BootstrapBackupNotFound,
+        BootstrapBackupNotReady,
+        BootstrapBackupUnusable,
+        InvalidSchedule,
+        InvalidTargetTime,
+        NoNodeFits,
+        PasswordAmbiguous,
+        PasswordInvalid,
+        SpecRejected,
+        TargetBeforeBackup,
+        TooFewReplicas,
+        WaitingForReplicas,
+        BootstrapFailed,
+        InstancesShareNode,
+    }
 }
 
 #[cfg(test)]

@@ -534,6 +534,18 @@ mod tests {
     use super::*;
     use noops_api::etcd::{EtcdClusterStatus, MemberStatus, Operation};
 
+    /// The reasons the report matches on are ones the kinds it reads them from list (the
+    /// CRD schema's enum, which the operator can only say).
+    #[test]
+    fn every_reason_matched_is_one_the_kind_says() {
+        use noops_api::machine_deployment::MachineDeploymentReason;
+        use noops_api::machine_set::MachineSetReason;
+        use noops_api::postgres::PostgreSQLReason;
+        assert!(MachineSetReason::from_name(DRAIN_HELD).is_some());
+        assert!(MachineDeploymentReason::from_name(DRAIN_HELD).is_some());
+        assert!(PostgreSQLReason::from_name(TOO_FEW_REPLICAS).is_some());
+    }
+
     #[test]
     fn work_under_way_says_its_step_bytes_and_replay() {
         let downloading = noops_api::backup::WorkProgress {

@@ -91,7 +91,7 @@ pub fn must_check(kcp: &KubernetesControlPlane, made: bool) -> bool {
 }
 
 /// The reason of the conditions that say a range is taken.
-pub const RANGE_TAKEN: &str = "RangeTaken";
+pub const RANGE_TAKEN: &str = noops_api::control_plane::KubernetesControlPlaneReason::RangeTaken.as_str();
 
 /// The ranges this cluster uses: each node's pod ranges, and its Service ranges (ServiceCIDR
 /// objects; on a cluster without them, the address of its `kubernetes` Service).

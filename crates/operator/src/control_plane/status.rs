@@ -2,6 +2,7 @@
 //! one small function per condition and one for the phase. Pure.
 
 use noops_api::control_plane::KubernetesControlPlanePhase;
+use noops_api::control_plane::KubernetesControlPlaneReason;
 use std::net::IpAddr;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -12,11 +13,7 @@ use super::desired::replicas;
 use super::names::{Component, Names};
 use super::observe::Observation;
 use super::plan::{Plan, Step};
-use super::ranges::RANGE_TAKEN;
 use crate::core::conditions::{Decided, merge, with_paused};
-
-/// The reason of a Degraded condition that says which replicas share a node.
-pub const REPLICAS_SHARE_NODE: &str = "ReplicasShareNode";
 
 /// What the status is built from.
 pub struct StatusFacts<'a> {
@@ -91,98 +88,153 @@ impl StatusFacts<'_> {
     }
 }
 
-fn ready(f: &StatusFacts) -> Decided {
+fn ready(f: &StatusFacts) -> Decided<KubernetesControlPlaneReason> {
     if let Some(why) = f.range_taken {
-        return Decided::new("Ready", false, RANGE_TAKEN, why);
+        return Decided::new("Ready", false, KubernetesControlPlaneReason::RangeTaken, why);
     }
     match (f.plan.step, f.stalled(), f.upgrading_from()) {
         (Step::Done, None, _) if f.observation.facts.etcd_ready => Decided::new(
             "Ready",
             true,
-            "Ready",
+            KubernetesControlPlaneReason::Ready,
             format!(
                 "Kubernetes {} serves at {}",
                 f.plan.target.kubernetes,
                 endpoint(f).unwrap_or_default()
             ),
         ),
-        (_, Some(_), Some(_)) => Decided::new("Ready", false, "UpgradeStalled", stalled_message(f)),
-        (_, Some(_), None) => Decided::new("Ready", false, "PodsCannotStart", stalled_message(f)),
-        (Step::Etcd, _, _) => Decided::new("Ready", false, "EtcdNotReady", etcd_waiting(f)),
-        (_, _, Some(_)) => Decided::new("Ready", false, "Upgrading", waiting(f)),
-        _ => Decided::new("Ready", false, "APIServerNotReady", waiting(f)),
+        (_, Some(_), Some(_)) => Decided::new(
+            "Ready",
+            false,
+            KubernetesControlPlaneReason::UpgradeStalled,
+            stalled_message(f),
+        ),
+        (_, Some(_), None) => Decided::new(
+            "Ready",
+            false,
+            KubernetesControlPlaneReason::PodsCannotStart,
+            stalled_message(f),
+        ),
+        (Step::Etcd, _, _) => Decided::new(
+            "Ready",
+            false,
+            KubernetesControlPlaneReason::EtcdNotReady,
+            etcd_waiting(f),
+        ),
+        (_, _, Some(_)) => Decided::new("Ready", false, KubernetesControlPlaneReason::Upgrading, waiting(f)),
+        _ => Decided::new(
+            "Ready",
+            false,
+            KubernetesControlPlaneReason::APIServerNotReady,
+            waiting(f),
+        ),
     }
 }
 
-fn available(f: &StatusFacts) -> Decided {
+fn available(f: &StatusFacts) -> Decided<KubernetesControlPlaneReason> {
     let ready = f.ready_api_servers();
     if ready > 0 {
         Decided::new(
             "Available",
             true,
-            "APIServerAvailable",
+            KubernetesControlPlaneReason::APIServerAvailable,
             format!("{ready} API server(s) Ready"),
         )
     } else {
-        Decided::new("Available", false, "APIServerNotReady", "no API server is Ready")
+        Decided::new(
+            "Available",
+            false,
+            KubernetesControlPlaneReason::APIServerNotReady,
+            "no API server is Ready",
+        )
     }
 }
 
-fn progressing(f: &StatusFacts) -> Decided {
+fn progressing(f: &StatusFacts) -> Decided<KubernetesControlPlaneReason> {
     if let Some(why) = f.range_taken {
-        return Decided::new("Progressing", false, RANGE_TAKEN, why);
+        return Decided::new("Progressing", false, KubernetesControlPlaneReason::RangeTaken, why);
     }
     match (f.plan.step, f.upgrading_from()) {
-        (Step::Done, _) => Decided::new("Progressing", false, "Settled", "every part runs the version asked for"),
+        (Step::Done, _) => Decided::new(
+            "Progressing",
+            false,
+            KubernetesControlPlaneReason::Settled,
+            "every part runs the version asked for",
+        ),
         (_, Some(from)) => Decided::new(
             "Progressing",
             true,
-            "Upgrading",
+            KubernetesControlPlaneReason::Upgrading,
             format!("{from} → {}: {}", f.plan.target.kubernetes, waiting(f)),
         ),
-        _ => Decided::new("Progressing", true, "Creating", waiting(f)),
+        _ => Decided::new("Progressing", true, KubernetesControlPlaneReason::Creating, waiting(f)),
     }
 }
 
-fn degraded(f: &StatusFacts) -> Decided {
+fn degraded(f: &StatusFacts) -> Decided<KubernetesControlPlaneReason> {
     let asked = replicas(f.kcp, Component::ApiServer);
     if let Some(why) = f.range_taken {
-        return Decided::new("Degraded", true, RANGE_TAKEN, why);
+        return Decided::new("Degraded", true, KubernetesControlPlaneReason::RangeTaken, why);
     }
     if f.stalled().is_some() {
         let reason = if f.upgrading_from().is_some() {
-            "UpgradeStalled"
+            KubernetesControlPlaneReason::UpgradeStalled
         } else {
-            "PodsCannotStart"
+            KubernetesControlPlaneReason::PodsCannotStart
         };
         return Decided::new("Degraded", true, reason, stalled_message(f));
     }
     if let Some((reason, message)) = f.etcd_degraded() {
         let message = format!("EtcdCluster {}: {message} ({reason})", f.names.etcd());
-        return Decided::new("Degraded", true, "EtcdDegraded", message);
+        return Decided::new("Degraded", true, KubernetesControlPlaneReason::EtcdDegraded, message);
     }
     let was_ready = f.kcp.status.as_ref().and_then(|s| s.version.as_ref()).is_some();
     // An etcd moving member by member to the release's version is the upgrade, not a fault.
     let moving_etcd = f.upgrading_from().is_some() && f.plan.step == Step::Etcd;
     if was_ready && !f.observation.facts.etcd_ready && !moving_etcd {
-        return Decided::new("Degraded", true, "EtcdNotReady", "the tenant's etcd is not Ready");
+        return Decided::new(
+            "Degraded",
+            true,
+            KubernetesControlPlaneReason::EtcdNotReady,
+            "the tenant's etcd is not Ready",
+        );
     }
     if was_ready && f.ready_api_servers() < asked {
         let message = format!("{} of {asked} API servers Ready", f.ready_api_servers());
-        return Decided::new("Degraded", true, "APIServerNotReady", message);
+        return Decided::new(
+            "Degraded",
+            true,
+            KubernetesControlPlaneReason::APIServerNotReady,
+            message,
+        );
     }
     // Replicas on one node go down together with it: said while they could be moved apart
     // (and they are, one at a time), and said without alarm when no other node could take one.
     let spread = &f.observation.spread;
     if let Some(shared) = spread.shared() {
         let message = format!("{shared}: one node failure would take them together; moving them apart, one at a time");
-        return Decided::new("Degraded", true, REPLICAS_SHARE_NODE, message);
+        return Decided::new(
+            "Degraded",
+            true,
+            KubernetesControlPlaneReason::ReplicasShareNode,
+            message,
+        );
     }
     if let Some(together) = spread.together() {
         let message = format!("{together}; no other node could take one now");
-        return Decided::new("Degraded", false, REPLICAS_SHARE_NODE, message);
+        return Decided::new(
+            "Degraded",
+            false,
+            KubernetesControlPlaneReason::ReplicasShareNode,
+            message,
+        );
     }
-    Decided::new("Degraded", false, "AsExpected", "every part is Ready")
+    Decided::new(
+        "Degraded",
+        false,
+        KubernetesControlPlaneReason::AsExpected,
+        "every part is Ready",
+    )
 }
 
 fn waiting(f: &StatusFacts) -> String {
@@ -221,7 +273,7 @@ fn endpoint(f: &StatusFacts) -> Option<String> {
     f.service_ip.map(server_url)
 }
 
-fn phase(f: &StatusFacts, conditions: &[Decided]) -> KubernetesControlPlanePhase {
+fn phase(f: &StatusFacts, conditions: &[Decided<KubernetesControlPlaneReason>]) -> KubernetesControlPlanePhase {
     let is = |type_: &str| conditions.iter().any(|c| c.type_ == type_ && c.status);
     if f.kcp.spec.paused {
         KubernetesControlPlanePhase::Paused
@@ -297,6 +349,7 @@ mod tests {
     use crate::control_plane::fixtures::control_plane;
     use crate::control_plane::observe::{Facts, Live};
     use crate::control_plane::plan::plan;
+    use crate::control_plane::ranges::RANGE_TAKEN;
     use crate::control_plane::versions::Release;
     use std::collections::BTreeMap;
 
@@ -390,7 +443,10 @@ mod tests {
             status_observed(&kcp, &obs, 0)
         };
         let movable = status_with(&["n1", "n2"]);
-        assert_eq!(condition(&movable, "Degraded"), ("True", REPLICAS_SHARE_NODE));
+        assert_eq!(
+            condition(&movable, "Degraded"),
+            ("True", KubernetesControlPlaneReason::ReplicasShareNode.as_str())
+        );
         assert_eq!(condition(&movable, "Ready"), ("True", "Ready"));
         let message = &movable
             .conditions
@@ -400,7 +456,10 @@ mod tests {
             .message;
         assert!(message.contains("cm-a and cm-b share node n1"), "{message}");
         let alone = status_with(&["n1"]);
-        assert_eq!(condition(&alone, "Degraded"), ("False", REPLICAS_SHARE_NODE));
+        assert_eq!(
+            condition(&alone, "Degraded"),
+            ("False", KubernetesControlPlaneReason::ReplicasShareNode.as_str())
+        );
     }
 
     #[test]

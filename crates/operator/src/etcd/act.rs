@@ -3,6 +3,7 @@
 //! in the pass's [`Outcome`] (written to the status after it) and says when to come back; an
 //! Event that only holds once the status is written waits in `later`.
 
+use noops_api::etcd::EtcdClusterReason;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, PersistentVolumeClaim, Pod};
@@ -329,7 +330,7 @@ impl Runner<'_> {
     /// Takes [`Step::RestoreBlocked`].
     async fn restore_blocked(
         &self,
-        reason: &'static str,
+        reason: EtcdClusterReason,
         message: String,
         outcome: &mut Outcome,
         later: &mut Vec<Announcement>,
@@ -338,7 +339,7 @@ impl Runner<'_> {
             .cluster
             .status
             .as_ref()
-            .is_some_and(|s| status::has_reason(&s.conditions, reason));
+            .is_some_and(|s| status::has_reason(&s.conditions, reason.as_str()));
         if !before {
             later.push(Announcement::warning(reason, message.clone()));
         }

@@ -4,6 +4,7 @@
 //! The EtcdBackup controller takes the snapshots. The backups are read from a watch cache, so
 //! a settled pass costs the API server nothing.
 
+use noops_api::etcd::EtcdClusterReason;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -16,15 +17,20 @@ use tracing::info;
 use super::names::{CLUSTER_LABEL, Names};
 use crate::core::Result;
 use crate::core::apply::{create_if_missing, delete_if_present};
-use crate::core::backup::retention::{self, BackupsSummary};
+use crate::core::backup::retention::{self, BackupsReason, BackupsSummary};
 use crate::core::backup::schedule;
 
 /// The UID of the EtcdCluster a scheduled backup was made for (a cluster deleted and made
 /// again under the same name is another cluster).
 pub const CLUSTER_UID_LABEL: &str = "noops.dev/etcdcluster-uid";
 
+impl BackupsReason for EtcdClusterReason {
+    const BACKUP_STORED: Self = EtcdClusterReason::BackupStored;
+    const BACKUP_FAILED: Self = EtcdClusterReason::BackupFailed;
+}
+
 /// What the cluster's last status said of its backups.
-pub fn summary(cluster: &EtcdCluster) -> BackupsSummary {
+pub fn summary(cluster: &EtcdCluster) -> BackupsSummary<EtcdClusterReason> {
     let status = cluster.status.clone().unwrap_or_default();
     BackupsSummary::of(&status.conditions, &status.backups)
 }
@@ -61,7 +67,7 @@ pub async fn keep(
     names: &Names,
     client: &Client,
     (backups, being_restored): (&[EtcdBackup], &BTreeSet<String>),
-    summary: &mut BackupsSummary,
+    summary: &mut BackupsSummary<EtcdClusterReason>,
     now: jiff::Timestamp,
 ) -> Result<Option<Duration>> {
     let Some(spec) = cluster.spec.backup.as_ref() else {
@@ -162,7 +168,7 @@ mod tests {
 
     #[test]
     fn the_schedule_says_what_is_due_and_moves_its_bookmark() {
-        let mut summary = BackupsSummary::default();
+        let mut summary = BackupsSummary::<EtcdClusterReason>::default();
         summary.status.last_scheduled_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(3600)));
         let pattern = hourly().spec.backup.unwrap().schedule.unwrap();
         let due = summary.follow_schedule(&pattern, at(3700)).unwrap();
@@ -245,10 +251,13 @@ mod tests {
             finished("new", "Failed", 200),
             finished("running", "Running", 300),
         );
-        let mut summary = BackupsSummary::default();
+        let mut summary = BackupsSummary::<EtcdClusterReason>::default();
         summary.count(&[&old, &failed, &running], stored);
         let condition = summary.condition.clone().unwrap();
-        assert_eq!((condition.status, condition.reason), (false, "BackupFailed"));
+        assert_eq!(
+            (condition.status, condition.reason),
+            (false, EtcdClusterReason::BackupFailed)
+        );
         assert_eq!(condition.message, "EtcdBackup new failed: ClaimNotFound: why");
         assert_eq!(
             summary.status.stored_backups,
@@ -258,7 +267,10 @@ mod tests {
         let newer = finished("newer", "Succeeded", 250);
         summary.count(&[&old, &failed, &newer], stored);
         let condition = summary.condition.unwrap();
-        assert_eq!((condition.status, condition.reason), (true, "BackupStored"));
+        assert_eq!(
+            (condition.status, condition.reason),
+            (true, EtcdClusterReason::BackupStored)
+        );
         assert!(
             condition.message.contains("newer stored revision 42 at pvc://"),
             "{}",

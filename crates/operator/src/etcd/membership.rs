@@ -18,6 +18,7 @@
 //!   lost its quorum is reported (saying whether waiting can bring it back, or only a recovery
 //!   from a backup can), never "repaired" by bootstrapping over live volumes.
 
+use noops_api::etcd::EtcdClusterReason;
 use std::time::Duration;
 
 use noops_api::etcd::{Operation, OperationKind};
@@ -185,7 +186,7 @@ pub enum Step {
     /// Restore the backup into the first member's volume (a restore pod), before it starts.
     RestoreFirstMember { member: String },
     /// The backup to start from cannot be restored as things stand: say why, change nothing.
-    RestoreBlocked { reason: &'static str, message: String },
+    RestoreBlocked { reason: EtcdClusterReason, message: String },
     /// The quorum is lost and a recovery from `backup` was asked for: the members (and their
     /// volumes) go, and the cluster starts again from the backup under a new cluster ID.
     RecoverFromBackup { backup: String },
@@ -675,15 +676,15 @@ fn continue_operation(facts: &ClusterFacts, op: &Operation) -> Step {
                     reason: format!("restoring the backup into {}", op.member),
                 },
                 Some(Restore::Stuck { message }) => Step::RestoreBlocked {
-                    reason: "RestorePodStuck",
+                    reason: EtcdClusterReason::RestorePodStuck,
                     message: message.clone(),
                 },
                 Some(Restore::Blocked { reason, message }) => Step::RestoreBlocked {
-                    reason,
+                    reason: *reason,
                     message: message.clone(),
                 },
                 Some(Restore::Failed { message }) => Step::RestoreBlocked {
-                    reason: "RestoreFailed",
+                    reason: EtcdClusterReason::RestoreFailed,
                     message: format!(
                         "{message}; the cluster is not started (delete it, and create it from a good backup)"
                     ),
@@ -1670,19 +1671,19 @@ mod tests {
         assert!(matches!(
             next_step(&failed),
             Step::RestoreBlocked {
-                reason: "RestoreFailed",
+                reason: EtcdClusterReason::RestoreFailed,
                 ..
             }
         ));
         let mut missing = c;
         missing.restore = Some(Restore::Blocked {
-            reason: "BackupNotFound",
+            reason: EtcdClusterReason::BackupNotFound,
             message: "no such backup".into(),
         });
         assert!(matches!(
             next_step(&missing),
             Step::RestoreBlocked {
-                reason: "BackupNotFound",
+                reason: EtcdClusterReason::BackupNotFound,
                 ..
             }
         ));

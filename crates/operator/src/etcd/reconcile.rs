@@ -203,7 +203,7 @@ impl<'a> Pass<'a> {
         // stale copy writes nothing and tells nothing.
         let mut later = Vec::new();
         if let Some(refusal) = &outcome.problems.invalid
-            && !status::has_reason(&previous.conditions, refusal.reason)
+            && !status::has_reason(&previous.conditions, refusal.reason.as_str())
         {
             later.push(Announcement::warning(refusal.reason, refusal.message.clone()));
         }

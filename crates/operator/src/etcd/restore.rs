@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use noops_api::EtcdCluster;
 use noops_api::backup::BackupPhase;
+use noops_api::etcd::EtcdClusterReason;
 use noops_api::etcd_backup::{EtcdBackup, EtcdBackupStatus};
 
 use super::names::Names;
@@ -42,7 +43,7 @@ const RESTORED: &str = "/restore/data";
 pub enum Restore {
     /// The backup cannot be restored (yet): missing, not finished, or failed. Reason, message.
     Blocked {
-        reason: &'static str,
+        reason: EtcdClusterReason,
         message: String,
     },
     /// No restore pod yet.
@@ -74,7 +75,7 @@ fn minor(version: &str) -> Option<u64> {
 pub fn usable(backup: Option<&EtcdBackup>, name: &str, version: &str) -> Result<(), Restore> {
     let Some(backup) = backup else {
         return Err(Restore::Blocked {
-            reason: "BackupNotFound",
+            reason: EtcdClusterReason::BackupNotFound,
             message: format!("EtcdBackup {name:?} (bootstrap.fromBackup) does not exist in this namespace"),
         });
     };
@@ -83,7 +84,7 @@ pub fn usable(backup: Option<&EtcdBackup>, name: &str, version: &str) -> Result<
         && taken > want
     {
         return Err(Restore::Blocked {
-            reason: "RestoreWouldDowngrade",
+            reason: EtcdClusterReason::RestoreWouldDowngrade,
             message: format!(
                 "EtcdBackup {name:?} was taken from etcd {}; a {version} cluster cannot read it (etcd does not go back a minor version)",
                 status.etcd_version.as_deref().unwrap_or_default()
@@ -99,11 +100,11 @@ pub fn usable(backup: Option<&EtcdBackup>, name: &str, version: &str) -> Result<
             Ok(())
         }
         Some(BackupPhase::Failed) => Err(Restore::Blocked {
-            reason: "BackupFailed",
+            reason: EtcdClusterReason::BackupFailed,
             message: format!("EtcdBackup {name:?} failed: there is nothing to restore"),
         }),
         phase => Err(Restore::Blocked {
-            reason: "BackupNotReady",
+            reason: EtcdClusterReason::BackupNotReady,
             message: format!(
                 "EtcdBackup {name:?} is {}: the cluster starts once it has succeeded",
                 phase.map_or("not started", BackupPhase::as_str)
@@ -369,20 +370,23 @@ mod tests {
             Err(Restore::Blocked { reason, .. }) => reason,
             other => panic!("{other:?}"),
         };
-        assert_eq!(reason(usable(None, "nightly", "3.5.21")), "BackupNotFound");
+        assert_eq!(
+            reason(usable(None, "nightly", "3.5.21")),
+            EtcdClusterReason::BackupNotFound
+        );
         assert_eq!(
             reason(usable(Some(&backup(BackupPhase::Running)), "nightly", "3.5.21")),
-            "BackupNotReady"
+            EtcdClusterReason::BackupNotReady
         );
         assert_eq!(
             reason(usable(Some(&backup(BackupPhase::Failed)), "nightly", "3.5.21")),
-            "BackupFailed"
+            EtcdClusterReason::BackupFailed
         );
         let mut newer = backup(BackupPhase::Succeeded);
         newer.status.as_mut().unwrap().etcd_version = Some("3.6.16".into());
         assert_eq!(
             reason(usable(Some(&newer), "nightly", "3.5.21")),
-            "RestoreWouldDowngrade"
+            EtcdClusterReason::RestoreWouldDowngrade
         );
         assert_eq!(usable(Some(&newer), "nightly", "3.6.0"), Ok(()));
     }

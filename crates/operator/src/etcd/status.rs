@@ -6,6 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use noops_api::EtcdCluster;
 use noops_api::condition::{DEGRADED, PROGRESSING, READY};
 use noops_api::etcd::EtcdClusterPhase;
+use noops_api::etcd::EtcdClusterReason;
 use noops_api::etcd::{EtcdClusterStatus, MemberStatus, Operation, OperationKind};
 
 use super::membership::ClusterFacts;
@@ -24,17 +25,17 @@ pub struct Problems {
     /// The spec asks for something that cannot be done (reason, message).
     pub invalid: Option<super::validate::Refusal>,
     /// The backup a new cluster starts from cannot be restored (reason, message).
-    pub restore_blocked: Option<(&'static str, String)>,
+    pub restore_blocked: Option<(EtcdClusterReason, String)>,
     /// A member's pod cannot start (its image, a crash loop, no node for it), and why.
     pub stuck_pod: Option<crate::core::stuck::Stuck>,
 }
 
 /// The reason of a member pod that cannot start.
-pub const MEMBER_POD_STUCK: &str = "MemberPodStuck";
+pub const MEMBER_POD_STUCK: &str = EtcdClusterReason::MemberPodStuck.as_str();
 /// Degraded's reason while voting members share a node whose loss would lose the quorum.
-pub const MEMBERS_SHARE_NODE: &str = "MembersShareNode";
+pub const MEMBERS_SHARE_NODE: &str = EtcdClusterReason::MembersShareNode.as_str();
 /// The reason while members come back on their own volumes (their pods were gone).
-pub const RESTARTING_MEMBERS: &str = "RestartingMembers";
+pub const RESTARTING_MEMBERS: &str = EtcdClusterReason::RestartingMembers.as_str();
 
 fn version_key(v: &str) -> Vec<u64> {
     v.split('.').map(|p| p.parse().unwrap_or(0)).collect()
@@ -48,7 +49,7 @@ pub struct Outcome {
     pub next_member_index: i64,
     pub cluster_id: Option<String>,
     pub problems: Problems,
-    pub backups: crate::core::backup::retention::BackupsSummary,
+    pub backups: crate::core::backup::retention::BackupsSummary<EtcdClusterReason>,
     /// The backup the cluster was (or is being) started from.
     pub restored_from: Option<String>,
     /// The member defragmented in this pass, if any.
@@ -285,7 +286,7 @@ impl<'a> Standing<'a> {
 }
 
 /// Ready: every member healthy, as asked, and its pod Ready (the client Service sends to it).
-fn ready(standing: &Standing, problems: &Problems, operation: Option<&Operation>) -> Decided {
+fn ready(standing: &Standing, problems: &Problems, operation: Option<&Operation>) -> Decided<EtcdClusterReason> {
     let stops_everything = |r: &&super::validate::Refusal| r.stops_changes && problems.quorum_lost.is_none();
     if let Some(refusal) = problems
         .invalid
@@ -298,7 +299,7 @@ fn ready(standing: &Standing, problems: &Problems, operation: Option<&Operation>
         Decided::new(
             READY,
             false,
-            "Upgrading",
+            EtcdClusterReason::Upgrading,
             format!(
                 "{} still run an older version than {}",
                 standing.outdated.join(", "),
@@ -309,76 +310,96 @@ fn ready(standing: &Standing, problems: &Problems, operation: Option<&Operation>
         Decided::new(
             READY,
             false,
-            "PodsNotReady",
+            EtcdClusterReason::PodsNotReady,
             format!(
                 "healthy in etcd, but the pods of {} are not Ready yet",
                 standing.pods_not_ready.join(", ")
             ),
         )
     } else if standing.settled {
-        Decided::new(READY, true, "MembersHealthy", standing.members_healthy())
+        Decided::new(
+            READY,
+            true,
+            EtcdClusterReason::MembersHealthy,
+            standing.members_healthy(),
+        )
     } else if let Some(why) = &problems.quorum_lost {
-        Decided::new(READY, false, "QuorumLost", why.clone())
+        Decided::new(READY, false, EtcdClusterReason::QuorumLost, why.clone())
     } else if let Some((reason, message)) = &problems.restore_blocked {
-        Decided::new(READY, false, reason, message.clone())
+        Decided::new(READY, false, *reason, message.clone())
     } else if let Some(stuck) = &problems.stuck_pod {
-        Decided::new(READY, false, MEMBER_POD_STUCK, stuck.message.clone())
+        Decided::new(READY, false, EtcdClusterReason::MemberPodStuck, stuck.message.clone())
     } else if !standing.bootstrapped {
         Decided::new(
             READY,
             false,
-            "Bootstrapping",
+            EtcdClusterReason::Bootstrapping,
             "the first member is starting the cluster",
         )
     } else if let Some(op) = operation {
-        Decided::new(READY, false, "MembershipChanging", describe(op))
+        Decided::new(READY, false, EtcdClusterReason::MembershipChanging, describe(op))
     } else if let Some(note) = &standing.coming_back {
-        Decided::new(READY, false, RESTARTING_MEMBERS, note.clone())
+        Decided::new(READY, false, EtcdClusterReason::RestartingMembers, note.clone())
     } else {
-        Decided::new(READY, false, "MembersUnhealthy", standing.members_healthy())
+        Decided::new(
+            READY,
+            false,
+            EtcdClusterReason::MembersUnhealthy,
+            standing.members_healthy(),
+        )
     }
 }
 
 /// Available: a quorum of voting members is healthy, so the cluster serves clients.
-fn availability(standing: &Standing, problems: &Problems) -> Decided {
+fn availability(standing: &Standing, problems: &Problems) -> Decided<EtcdClusterReason> {
     if standing.available {
-        Decided::new(AVAILABLE, true, "QuorumHealthy", standing.quorum_note())
+        Decided::new(
+            AVAILABLE,
+            true,
+            EtcdClusterReason::QuorumHealthy,
+            standing.quorum_note(),
+        )
     } else if !standing.bootstrapped {
-        Decided::new(AVAILABLE, false, "Bootstrapping", "the cluster is not started yet")
+        Decided::new(
+            AVAILABLE,
+            false,
+            EtcdClusterReason::Bootstrapping,
+            "the cluster is not started yet",
+        )
     } else {
         Decided::new(
             AVAILABLE,
             false,
-            "QuorumLost",
+            EtcdClusterReason::QuorumLost,
             problems.quorum_lost.clone().unwrap_or_else(|| standing.quorum_note()),
         )
     }
 }
 
 /// Progressing: a membership operation, or members coming back on their own volumes.
-fn progressing(standing: &Standing, operation: Option<&Operation>) -> Decided {
+fn progressing(standing: &Standing, operation: Option<&Operation>) -> Decided<EtcdClusterReason> {
     match (operation, &standing.coming_back) {
         (Some(op), _) => Decided::new(PROGRESSING, true, kind_reason(op.kind), describe(op)),
-        (None, Some(note)) => Decided::new(PROGRESSING, true, RESTARTING_MEMBERS, note.clone()),
-        (None, None) => Decided::new(PROGRESSING, false, "Stable", "no change in progress"),
+        (None, Some(note)) => Decided::new(PROGRESSING, true, EtcdClusterReason::RestartingMembers, note.clone()),
+        (None, None) => Decided::new(PROGRESSING, false, EtcdClusterReason::Stable, "no change in progress"),
     }
 }
 
 /// Degraded: the gravest of what is wrong.
-fn degraded(standing: &Standing, problems: &Problems) -> Decided {
+fn degraded(standing: &Standing, problems: &Problems) -> Decided<EtcdClusterReason> {
     if let Some(why) = &problems.quorum_lost {
-        Decided::new(DEGRADED, true, "QuorumLost", why.clone())
+        Decided::new(DEGRADED, true, EtcdClusterReason::QuorumLost, why.clone())
     } else if let Some(refusal) = &problems.invalid {
         Decided::new(DEGRADED, true, refusal.reason, refusal.message.clone())
     } else if let Some((reason, message)) = &problems.restore_blocked {
-        Decided::new(DEGRADED, true, reason, message.clone())
+        Decided::new(DEGRADED, true, *reason, message.clone())
     } else if let Some(stuck) = &problems.stuck_pod {
-        Decided::new(DEGRADED, true, MEMBER_POD_STUCK, stuck.message.clone())
+        Decided::new(DEGRADED, true, EtcdClusterReason::MemberPodStuck, stuck.message.clone())
     } else if standing.bootstrapped && !standing.unhealthy.is_empty() {
         Decided::new(
             DEGRADED,
             true,
-            "MembersUnhealthy",
+            EtcdClusterReason::MembersUnhealthy,
             format!("unhealthy: {}", standing.unhealthy.join(", ")),
         )
     } else if let Some((shared, could_spread)) = &standing.crowded {
@@ -394,9 +415,9 @@ fn degraded(standing: &Standing, problems: &Problems) -> Decided {
                 "{shared}: losing that node would lose the quorum, and no other node could hold a member now; they move once one can"
             )
         };
-        Decided::new(DEGRADED, *could_spread, MEMBERS_SHARE_NODE, message)
+        Decided::new(DEGRADED, *could_spread, EtcdClusterReason::MembersShareNode, message)
     } else {
-        Decided::new(DEGRADED, false, "AsExpected", "no problems found")
+        Decided::new(DEGRADED, false, EtcdClusterReason::AsExpected, "no problems found")
     }
 }
 
@@ -431,12 +452,12 @@ fn to_mib_above(bytes: i64) -> i64 {
     (bytes.max(0) + MIB - 1) / MIB * MIB
 }
 
-fn kind_reason(kind: OperationKind) -> &'static str {
+fn kind_reason(kind: OperationKind) -> EtcdClusterReason {
     match kind {
-        OperationKind::Bootstrap => "Bootstrapping",
-        OperationKind::AddMember => "AddingMember",
-        OperationKind::RemoveMember => "RemovingMember",
-        OperationKind::Upgrade => "UpgradingMember",
+        OperationKind::Bootstrap => EtcdClusterReason::Bootstrapping,
+        OperationKind::AddMember => EtcdClusterReason::AddingMember,
+        OperationKind::RemoveMember => EtcdClusterReason::RemovingMember,
+        OperationKind::Upgrade => EtcdClusterReason::UpgradingMember,
     }
 }
 

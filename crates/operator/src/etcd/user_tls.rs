@@ -9,6 +9,7 @@
 //! certificate is caught too.
 //! Pure.
 
+use noops_api::etcd::EtcdClusterReason;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -25,7 +26,7 @@ use super::names::Names;
 /// Why the user's certificates cannot be used: a condition reason and a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unusable {
-    pub reason: &'static str,
+    pub reason: EtcdClusterReason,
     pub message: String,
 }
 
@@ -63,7 +64,7 @@ pub fn check(names: &Names, secrets: &BTreeMap<String, Arc<Secret>>, now: jiff::
         let server = read(secrets, &user.server, "server")?;
         let client = read(secrets, &user.client, "client")?;
         let invalid = |field: &str, name: &str, what: String| Unusable {
-            reason: "TlsSecretInvalid",
+            reason: EtcdClusterReason::TlsSecretInvalid,
             message: format!("the certificate in Secret {name:?} (tls.secrets.{field}) {what}"),
         };
         serves(&peer, &any_member, now).map_err(|e| {
@@ -120,11 +121,11 @@ pub fn check(names: &Names, secrets: &BTreeMap<String, Arc<Secret>>, now: jiff::
 
 fn read(secrets: &BTreeMap<String, Arc<Secret>>, name: &str, field: &str) -> Result<Pem, Unusable> {
     let secret = secrets.get(name).ok_or_else(|| Unusable {
-        reason: "TlsSecretMissing",
+        reason: EtcdClusterReason::TlsSecretMissing,
         message: format!("Secret {name:?} (tls.secrets.{field}) does not exist in this namespace"),
     })?;
     let invalid = |what: String| Unusable {
-        reason: "TlsSecretInvalid",
+        reason: EtcdClusterReason::TlsSecretInvalid,
         message: format!("Secret {name:?} (tls.secrets.{field}) {what}"),
     };
     let get = |key: &str| {
@@ -246,7 +247,7 @@ mod tests {
         let (names, mut secrets) = user_cluster();
         let reason = |secrets: &BTreeMap<String, Arc<Secret>>, at| check(&names, secrets, at).unwrap();
         let expired = reason(&secrets, at(400));
-        assert_eq!(expired.reason, "TlsSecretInvalid");
+        assert_eq!(expired.reason, EtcdClusterReason::TlsSecretInvalid);
         assert!(
             expired.message.contains("my-peer") && expired.message.contains("expired"),
             "{}",
@@ -277,7 +278,7 @@ mod tests {
         assert_eq!(
             (no_key.reason, no_key.message.as_str()),
             (
-                "TlsSecretInvalid",
+                EtcdClusterReason::TlsSecretInvalid,
                 "Secret \"my-server\" (tls.secrets.server) has no tls.key"
             )
         );
@@ -285,7 +286,7 @@ mod tests {
         secrets.remove("my-client");
         secrets.insert("my-server".into(), user_cluster().1["my-server"].clone());
         let missing = reason(&secrets, at(1));
-        assert_eq!(missing.reason, "TlsSecretMissing");
+        assert_eq!(missing.reason, EtcdClusterReason::TlsSecretMissing);
         assert!(missing.message.contains("my-client"), "{}", missing.message);
     }
 

@@ -2,6 +2,7 @@
 //! operator owns, and the version against the one the members actually run. Pure.
 
 use noops_api::EtcdCluster;
+use noops_api::etcd::EtcdClusterReason;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,7 +22,7 @@ fn minor(version: &str) -> Option<u64> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     /// The condition reason.
-    pub reason: &'static str,
+    pub reason: EtcdClusterReason,
     pub message: String,
     /// No member may be started from this spec: membership changes wait until it is fixed
     /// (what runs is left alone). Otherwise the operator carries on with what runs.
@@ -31,7 +32,7 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    fn new(reason: &'static str, message: String, stops_changes: bool) -> Self {
+    fn new(reason: EtcdClusterReason, message: String, stops_changes: bool) -> Self {
         Self {
             reason,
             message,
@@ -41,7 +42,7 @@ impl Refusal {
     }
 
     /// A refusal of something beside the members (a backup schedule): they carry on as asked.
-    fn aside(reason: &'static str, message: String) -> Self {
+    fn aside(reason: EtcdClusterReason, message: String) -> Self {
         Self {
             stops_upgrade: false,
             ..Self::new(reason, message, false)
@@ -66,7 +67,7 @@ pub fn validate(
     let forbidden = forbidden_extra_args(cluster);
     if !forbidden.is_empty() {
         return Some(Refusal::new(
-            "ForbiddenFlags",
+            EtcdClusterReason::ForbiddenFlags,
             format!(
                 "pod.extraArgs set flags the operator sets itself: {}; remove them (membership changes wait until then)",
                 forbidden.join(", ")
@@ -82,7 +83,7 @@ pub fn validate(
 pub fn repository_refusal(names: &Names) -> Option<Refusal> {
     let asked = names.refused_repository.as_ref()?;
     Some(Refusal::aside(
-        "ImageRepositoryUnavailable",
+        EtcdClusterReason::ImageRepositoryUnavailable,
         format!(
             "{asked} had no etcd image for a member when it was moved there; the members run from {}: fix the registry, or ask for another repository",
             names.image_repository
@@ -99,7 +100,7 @@ fn version_refusal(cluster: &EtcdCluster, running: Option<&str>) -> Option<Refus
     let unavailable = cluster.status.as_ref().and_then(|s| s.unavailable_version.as_deref());
     if unavailable == Some(cluster.spec.version.as_str()) {
         return Some(Refusal::new(
-            "VersionUnavailable",
+            EtcdClusterReason::VersionUnavailable,
             format!(
                 "the image of etcd {} could not be pulled when a member was upgraded to it; the members stay on {running}: set a version whose image exists",
                 cluster.spec.version
@@ -109,7 +110,7 @@ fn version_refusal(cluster: &EtcdCluster, running: Option<&str>) -> Option<Refus
     }
     if want < have {
         return Some(Refusal::new(
-            "DowngradeRefused",
+            EtcdClusterReason::DowngradeRefused,
             format!(
                 "version {} is older than the {running} the members run: etcd cannot go back a minor version",
                 cluster.spec.version
@@ -119,7 +120,7 @@ fn version_refusal(cluster: &EtcdCluster, running: Option<&str>) -> Option<Refus
     }
     if want > have + 1 {
         return Some(Refusal::new(
-            "SkippedMinorVersion",
+            EtcdClusterReason::SkippedMinorVersion,
             format!(
                 "version {} skips a minor version from the {running} the members run: upgrade one minor version at a time",
                 cluster.spec.version
@@ -129,7 +130,7 @@ fn version_refusal(cluster: &EtcdCluster, running: Option<&str>) -> Option<Refus
     }
     if cluster.spec.storage.ephemeral && running != cluster.spec.version {
         return Some(Refusal::new(
-            "UpgradeNeedsPersistentStorage",
+            EtcdClusterReason::UpgradeNeedsPersistentStorage,
             format!(
                 "members with ephemeral storage lose their data when restarted on a new version: keep {running}, or create a cluster on {} from a backup",
                 cluster.spec.version
@@ -142,7 +143,7 @@ fn version_refusal(cluster: &EtcdCluster, running: Option<&str>) -> Option<Refus
         && patch(running).is_some_and(|p| p < *least)
     {
         return Some(Refusal::new(
-            "UpgradeNeedsNewerPatch",
+            EtcdClusterReason::UpgradeNeedsNewerPatch,
             format!(
                 "members on {running} cannot safely move to {}: upgrade them to 3.{have}.{least} or later first, as etcd's upgrade guide requires",
                 cluster.spec.version
@@ -163,7 +164,7 @@ fn schedule_refusal(cluster: &EtcdCluster) -> Option<Refusal> {
         .map(crate::core::backup::schedule::parse)
     {
         return Some(Refusal::aside(
-            "InvalidSchedule",
+            EtcdClusterReason::InvalidSchedule,
             format!("{bad}; no scheduled backup is made until it is fixed"),
         ));
     }
@@ -203,13 +204,13 @@ mod tests {
             validate(&flags, None, &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH)
                 .unwrap()
                 .reason,
-            "ForbiddenFlags"
+            EtcdClusterReason::ForbiddenFlags
         );
         assert_eq!(
             validate(&plain, Some("3.6.4"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH)
                 .unwrap()
                 .reason,
-            "DowngradeRefused"
+            EtcdClusterReason::DowngradeRefused
         );
         let mut far = fixtures::cluster().build();
         far.spec.version = "3.7.0".into();
@@ -217,7 +218,7 @@ mod tests {
             validate(&far, Some("3.5.21"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH)
                 .unwrap()
                 .reason,
-            "SkippedMinorVersion"
+            EtcdClusterReason::SkippedMinorVersion
         );
         let mut next = fixtures::cluster().build();
         next.spec.version = "3.6.16".into();
@@ -230,7 +231,7 @@ mod tests {
             validate(&next, Some("3.5.21"), &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH)
                 .unwrap()
                 .reason,
-            "UpgradeNeedsNewerPatch",
+            EtcdClusterReason::UpgradeNeedsNewerPatch,
             "3.5 before 3.5.26 must take the patch first"
         );
         let mut bad_schedule = fixtures::cluster().build();
@@ -250,7 +251,7 @@ mod tests {
             },
         });
         let refused = validate(&bad_schedule, None, &BTreeMap::new(), jiff::Timestamp::UNIX_EPOCH).unwrap();
-        assert_eq!(refused.reason, "InvalidSchedule");
+        assert_eq!(refused.reason, EtcdClusterReason::InvalidSchedule);
         assert!(
             !refused.stops_upgrade && !refused.stops_changes,
             "a bad schedule holds up nothing else"
@@ -266,7 +267,7 @@ mod tests {
             )
             .unwrap()
             .reason,
-            "UpgradeNeedsPersistentStorage"
+            EtcdClusterReason::UpgradeNeedsPersistentStorage
         );
         let mut ephemeral_patch = fixtures::cluster().ephemeral().build();
         ephemeral_patch.spec.version = "3.5.36".into();
@@ -279,7 +280,7 @@ mod tests {
             )
             .unwrap()
             .reason,
-            "UpgradeNeedsPersistentStorage"
+            EtcdClusterReason::UpgradeNeedsPersistentStorage
         );
     }
 }

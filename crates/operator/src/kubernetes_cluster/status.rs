@@ -4,6 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use noops_api::condition::{DEGRADED, READY};
 use noops_api::control_plane::KubernetesControlPlane;
 use noops_api::kubernetes_cluster::KubernetesClusterPhase;
+use noops_api::kubernetes_cluster::KubernetesClusterReason;
 use noops_api::kubernetes_cluster::{ClusterUpgradeStatus, KubernetesCluster, KubernetesClusterStatus, PoolStatus};
 use noops_api::machine_deployment::MachineDeployment;
 use noops_api::machine_deployment::MachineDeploymentPhase;
@@ -17,7 +18,7 @@ use crate::machine_set::status::MACHINES_DELETING;
 
 pub use noops_api::kubernetes_cluster::{CONTROL_PLANE_READY, SCALING, UPGRADING, WORKERS_READY};
 /// The step of an upgrade whose version was set back to the one running before it finished.
-pub const SET_BACK: &str = "SetBack";
+pub const SET_BACK: &str = KubernetesClusterReason::SetBack.as_str();
 
 /// What the status is built from.
 pub struct StatusFacts<'a> {
@@ -108,41 +109,51 @@ impl StatusFacts<'_> {
     }
 }
 
-fn control_plane_ready(f: &StatusFacts) -> Decided {
+fn control_plane_ready(f: &StatusFacts) -> Decided<KubernetesClusterReason> {
     let Some(cp) = f.control_plane else {
         let message = if f.kc.spec.paused {
             "no control plane: none is made while the cluster is paused"
         } else {
             "making the control plane"
         };
-        return Decided::new(CONTROL_PLANE_READY, false, "ControlPlaneNotMade", message);
+        return Decided::new(
+            CONTROL_PLANE_READY,
+            false,
+            KubernetesClusterReason::ControlPlaneNotMade,
+            message,
+        );
     };
     let name = cp.metadata.name.clone().unwrap_or_default();
     match f.control_plane_condition(READY) {
         Some(c) if c.status == "True" => Decided::new(
             CONTROL_PLANE_READY,
             true,
-            "ControlPlaneReady",
+            KubernetesClusterReason::ControlPlaneReady,
             format!("control plane {name} is Ready"),
         ),
         Some(c) => Decided::new(
             CONTROL_PLANE_READY,
             false,
-            "ControlPlaneNotReady",
+            KubernetesClusterReason::ControlPlaneNotReady,
             format!("control plane {name}: {}: {}", c.reason, c.message),
         ),
         None => Decided::new(
             CONTROL_PLANE_READY,
             false,
-            "ControlPlaneNotReady",
+            KubernetesClusterReason::ControlPlaneNotReady,
             format!("control plane {name} has not reported yet"),
         ),
     }
 }
 
-fn workers_ready(f: &StatusFacts, pools: &[PoolStatus]) -> Decided {
+fn workers_ready(f: &StatusFacts, pools: &[PoolStatus]) -> Decided<KubernetesClusterReason> {
     if pools.is_empty() {
-        return Decided::new(WORKERS_READY, true, "NoWorkers", "the cluster has no worker pools");
+        return Decided::new(
+            WORKERS_READY,
+            true,
+            KubernetesClusterReason::NoWorkers,
+            "the cluster has no worker pools",
+        );
     }
     let waiting = &f.plan.waiting_for_control_plane;
     let short: Vec<String> = pools
@@ -154,9 +165,19 @@ fn workers_ready(f: &StatusFacts, pools: &[PoolStatus]) -> Decided {
         })
         .collect();
     if short.is_empty() {
-        Decided::new(WORKERS_READY, true, "WorkersReady", "every pool has its machines ready")
+        Decided::new(
+            WORKERS_READY,
+            true,
+            KubernetesClusterReason::WorkersReady,
+            "every pool has its machines ready",
+        )
     } else {
-        Decided::new(WORKERS_READY, false, "WorkersNotReady", short.join("; "))
+        Decided::new(
+            WORKERS_READY,
+            false,
+            KubernetesClusterReason::WorkersNotReady,
+            short.join("; "),
+        )
     }
 }
 
@@ -176,7 +197,7 @@ fn held_drains(f: &StatusFacts) -> Vec<String> {
         .collect()
 }
 
-fn upgrading(upgrade: Option<&ClusterUpgradeStatus>, held: &[String]) -> Decided {
+fn upgrading(upgrade: Option<&ClusterUpgradeStatus>, held: &[String]) -> Decided<KubernetesClusterReason> {
     // What holds the upgrade, told where a user watching it looks.
     let held = if held.is_empty() {
         String::new()
@@ -187,24 +208,29 @@ fn upgrading(upgrade: Option<&ClusterUpgradeStatus>, held: &[String]) -> Decided
         Some(u) if u.step == SET_BACK => Decided::new(
             UPGRADING,
             false,
-            SET_BACK,
+            KubernetesClusterReason::SetBack,
             format!("the upgrade to {} was set back: everything runs {}", u.to, u.from),
         ),
         Some(u) if u.finished_at.is_none() => Decided::new(
             UPGRADING,
             true,
             if u.step == Step::ControlPlane.name() {
-                "UpgradingControlPlane"
+                KubernetesClusterReason::UpgradingControlPlane
             } else {
-                "UpgradingPool"
+                KubernetesClusterReason::UpgradingPool
             },
             format!("from {} to {}: {}{held}", u.from, u.to, u.step),
         ),
-        _ => Decided::new(UPGRADING, false, "UpToDate", "no upgrade under way"),
+        _ => Decided::new(
+            UPGRADING,
+            false,
+            KubernetesClusterReason::UpToDate,
+            "no upgrade under way",
+        ),
     }
 }
 
-fn scaling(f: &StatusFacts) -> Decided {
+fn scaling(f: &StatusFacts) -> Decided<KubernetesClusterReason> {
     if let Some(d) = f.autoscale {
         let said = |items: &[(String, i32, i32, Vec<String>)]| {
             items
@@ -214,16 +240,16 @@ fn scaling(f: &StatusFacts) -> Decided {
                 .join("; ")
         };
         if !d.grew.is_empty() {
-            return Decided::new(SCALING, true, "ScalingUp", said(&d.grew));
+            return Decided::new(SCALING, true, KubernetesClusterReason::ScalingUp, said(&d.grew));
         }
         if !d.shrank.is_empty() {
-            return Decided::new(SCALING, true, "ScalingDown", said(&d.shrank));
+            return Decided::new(SCALING, true, KubernetesClusterReason::ScalingDown, said(&d.shrank));
         }
         if !d.unfit.is_empty() {
             return Decided::new(
                 SCALING,
                 false,
-                "NoPoolFits",
+                KubernetesClusterReason::NoPoolFits,
                 format!(
                     "no pool's machine can hold pods {}: none is made for them",
                     d.unfit.join(", ")
@@ -234,7 +260,7 @@ fn scaling(f: &StatusFacts) -> Decided {
             return Decided::new(
                 SCALING,
                 false,
-                "AtMaxReplicas",
+                KubernetesClusterReason::AtMaxReplicas,
                 format!("pod {pod} has no room and pool {pool} is at its maxReplicas"),
             );
         }
@@ -244,7 +270,7 @@ fn scaling(f: &StatusFacts) -> Decided {
         return Decided::new(
             SCALING,
             true,
-            "PoolRemovalWaits",
+            KubernetesClusterReason::PoolRemovalWaits,
             format!(
                 "{} no longer in the spec: removed once every pool that stays has its machines ready",
                 f.plan.removal_waits.join(", ")
@@ -265,28 +291,38 @@ fn scaling(f: &StatusFacts) -> Decided {
             })
             .collect();
     if moving.is_empty() {
-        Decided::new(SCALING, false, "Steady", "no pool is changing its number of machines")
+        Decided::new(
+            SCALING,
+            false,
+            KubernetesClusterReason::Steady,
+            "no pool is changing its number of machines",
+        )
     } else {
-        Decided::new(SCALING, true, "PoolScaling", moving.join("; "))
+        Decided::new(SCALING, true, KubernetesClusterReason::PoolScaling, moving.join("; "))
     }
 }
 
-fn degraded(f: &StatusFacts) -> Decided {
+fn degraded(f: &StatusFacts) -> Decided<KubernetesClusterReason> {
     if let Some(taken) = &f.taken {
-        return Decided::new(DEGRADED, true, "NameTaken", taken.clone());
+        return Decided::new(DEGRADED, true, KubernetesClusterReason::NameTaken, taken.clone());
     }
     if !f.rejected.is_empty() {
-        return Decided::new(DEGRADED, true, "ChildRejected", f.rejected.join("; "));
+        return Decided::new(
+            DEGRADED,
+            true,
+            KubernetesClusterReason::ChildRejected,
+            f.rejected.join("; "),
+        );
     }
     if let Some(refused) = &f.plan.refused {
-        return Decided::new(DEGRADED, true, "VersionRefused", refused.clone());
+        return Decided::new(DEGRADED, true, KubernetesClusterReason::VersionRefused, refused.clone());
     }
     if let Some(c) = f.control_plane_condition(DEGRADED).filter(|c| c.status == "True") {
         return Decided::new(
             DEGRADED,
             true,
-            "ControlPlaneDegraded",
-            passed_on("ControlPlaneDegraded", c),
+            KubernetesClusterReason::ControlPlaneDegraded,
+            passed_on(KubernetesClusterReason::ControlPlaneDegraded, c),
         );
     }
     let pools: Vec<String> =
@@ -298,16 +334,25 @@ fn degraded(f: &StatusFacts) -> Decided {
                 let stalled = status.phase == Some(MachineDeploymentPhase::Stalled);
                 let c = condition(&status.conditions, DEGRADED).filter(|c| c.status == "True");
                 match (stalled, c) {
-                    (_, Some(c)) => Some(format!("pool {}: {}", p.name, passed_on("PoolDegraded", c))),
+                    (_, Some(c)) => Some(format!(
+                        "pool {}: {}",
+                        p.name,
+                        passed_on(KubernetesClusterReason::PoolDegraded, c)
+                    )),
                     (true, None) => Some(format!("pool {}: its rollout stalled", p.name)),
                     _ => None,
                 }
             })
             .collect();
     if pools.is_empty() {
-        Decided::new(DEGRADED, false, "AsExpected", "nothing needs attention")
+        Decided::new(
+            DEGRADED,
+            false,
+            KubernetesClusterReason::AsExpected,
+            "nothing needs attention",
+        )
     } else {
-        Decided::new(DEGRADED, true, "PoolDegraded", pools.join("; "))
+        Decided::new(DEGRADED, true, KubernetesClusterReason::PoolDegraded, pools.join("; "))
     }
 }
 
@@ -372,7 +417,7 @@ fn upgrade(f: &StatusFacts, version: Option<&String>, now: jiff::Timestamp) -> O
 
 fn phase(
     f: &StatusFacts,
-    decided: &[Decided],
+    decided: &[Decided<KubernetesClusterReason>],
     version: Option<&String>,
     upgrade: Option<&ClusterUpgradeStatus>,
 ) -> KubernetesClusterPhase {
@@ -406,10 +451,15 @@ pub fn build(f: &StatusFacts, now: jiff::Timestamp) -> KubernetesClusterStatus {
     let workers_ready = workers_ready(f, &pools);
     let degraded = degraded(f);
     let ready = match (&control_plane_ready, &workers_ready, &f.taken) {
-        (_, _, Some(taken)) => Decided::new(READY, false, "NameTaken", taken.clone()),
+        (_, _, Some(taken)) => Decided::new(READY, false, KubernetesClusterReason::NameTaken, taken.clone()),
         (c, _, _) if !c.status => Decided::new(READY, false, c.reason, c.message.clone()),
         (_, w, _) if !w.status => Decided::new(READY, false, w.reason, w.message.clone()),
-        _ => Decided::new(READY, true, "Ready", "the control plane and every pool are ready"),
+        _ => Decided::new(
+            READY,
+            true,
+            KubernetesClusterReason::Ready,
+            "the control plane and every pool are ready",
+        ),
     };
     let decided = [
         ready,

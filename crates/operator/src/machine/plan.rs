@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::core::v1::Node;
 use noops_api::KubernetesControlPlane;
-use noops_api::machine::{Machine, MachinePhase};
+use noops_api::machine::{Machine, MachinePhase, MachineReason};
 
 use super::provider::VmState;
 use crate::control_plane::versions::{Release, minor};
@@ -15,9 +15,9 @@ pub enum Admission {
     /// Yes, at this release.
     Allowed(Release),
     /// Not yet: its control plane has not served (reason, message).
-    Waiting(&'static str, String),
+    Waiting(MachineReason, String),
     /// Not as the spec stands (reason, message): a condition and an Event say why.
-    Refused(&'static str, String),
+    Refused(MachineReason, String),
 }
 
 /// Whether `machine` may join `cluster` (the KubernetesControlPlane it names) now. A kubelet is
@@ -26,13 +26,13 @@ pub fn admit(machine: &Machine, cluster: Option<&KubernetesControlPlane>) -> Adm
     let name = &machine.spec.cluster_name;
     let Some(cluster) = cluster else {
         return Admission::Refused(
-            "ClusterNotFound",
+            MachineReason::ClusterNotFound,
             format!("no KubernetesControlPlane {name:?} in this namespace: create it, or fix clusterName"),
         );
     };
     let Some(release) = Release::of(&machine.spec.template.version) else {
         return Admission::Refused(
-            "InvalidVersion",
+            MachineReason::InvalidVersion,
             format!(
                 "version {:?} is not a Kubernetes version",
                 machine.spec.template.version
@@ -41,7 +41,7 @@ pub fn admit(machine: &Machine, cluster: Option<&KubernetesControlPlane>) -> Adm
     };
     let Some(serving) = cluster.status.as_ref().and_then(|s| s.version.clone()) else {
         return Admission::Waiting(
-            "ControlPlaneNotReady",
+            MachineReason::ControlPlaneNotReady,
             format!("waiting for control plane {name} to serve"),
         );
     };
@@ -52,19 +52,19 @@ pub fn admit(machine: &Machine, cluster: Option<&KubernetesControlPlane>) -> Adm
         .is_none()
     {
         return Admission::Waiting(
-            "ControlPlaneNotReady",
+            MachineReason::ControlPlaneNotReady,
             format!("waiting for control plane {name} to give its admin kubeconfig"),
         );
     }
     let (Some(wanted), Some(running)) = (minor(&release.kubernetes), minor(&serving)) else {
         return Admission::Refused(
-            "InvalidVersion",
+            MachineReason::InvalidVersion,
             format!("cannot compare {} with {serving}", release.kubernetes),
         );
     };
     if wanted > running {
         return Admission::Refused(
-            "VersionTooNew",
+            MachineReason::VersionTooNew,
             format!(
                 "version {} is newer than control plane {name}'s {serving}: a kubelet is never newer than its API server (upgrade the control plane first)",
                 release.kubernetes
@@ -73,7 +73,7 @@ pub fn admit(machine: &Machine, cluster: Option<&KubernetesControlPlane>) -> Adm
     }
     if wanted + 1 < running {
         return Admission::Refused(
-            "VersionTooOld",
+            MachineReason::VersionTooOld,
             format!(
                 "version {} is more than one minor older than control plane {name}'s {serving}",
                 release.kubernetes
@@ -154,28 +154,28 @@ mod tests {
         let Admission::Refused(reason, message) = admit(&machine("m", "team-a", "1.34"), Some(&serving_133)) else {
             panic!("a newer kubelet was allowed");
         };
-        assert_eq!(reason, "VersionTooNew");
+        assert_eq!(reason, MachineReason::VersionTooNew);
         assert!(message.contains("upgrade the control plane first"), "{message}");
         let serving_135 = control_plane("team-a", Some("1.35.0"));
         assert!(matches!(
             admit(&machine("m", "team-a", "1.33"), Some(&serving_135)),
-            Admission::Refused("VersionTooOld", _)
+            Admission::Refused(MachineReason::VersionTooOld, _)
         ));
         assert!(matches!(
             admit(&machine("m", "team-a", "1.34"), None),
-            Admission::Refused("ClusterNotFound", _)
+            Admission::Refused(MachineReason::ClusterNotFound, _)
         ));
         let not_served = control_plane("team-a", None);
         assert!(matches!(
             admit(&machine("m", "team-a", "1.34"), Some(&not_served)),
-            Admission::Waiting("ControlPlaneNotReady", _)
+            Admission::Waiting(MachineReason::ControlPlaneNotReady, _)
         ));
     }
 
     #[test]
     fn the_phase_follows_the_vm_then_the_node() {
         let allowed = Admission::Allowed(Release::of("1.34").unwrap());
-        let refused = Admission::Refused("VersionTooNew", String::new());
+        let refused = Admission::Refused(MachineReason::VersionTooNew, String::new());
         let running = VmState::Running { address: None };
         let node = NodeView::Present(Box::default());
         assert_eq!(

@@ -2,6 +2,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use noops_api::condition::{DEGRADED, PROGRESSING, READY};
+use noops_api::machine::MachineReason;
 use noops_api::machine::{Machine, MachinePhase, MachineStatus};
 
 use super::drain::DrainProgress;
@@ -137,7 +138,12 @@ fn node_starting(facts: &StatusFacts, phase: MachinePhase, node_ready: bool, now
         && !joined_long_ago
 }
 
-fn conditions(facts: &StatusFacts, phase: MachinePhase, joined: bool, now: jiff::Timestamp) -> Vec<Decided> {
+fn conditions(
+    facts: &StatusFacts,
+    phase: MachinePhase,
+    joined: bool,
+    now: jiff::Timestamp,
+) -> Vec<Decided<MachineReason>> {
     let mut decided = Vec::new();
     let node_ready = facts.node.ready();
     let vm_problem = match facts.vm {
@@ -149,15 +155,15 @@ fn conditions(facts: &StatusFacts, phase: MachinePhase, joined: bool, now: jiff:
     let starting = node_starting(facts, phase, node_ready, now);
     let not_ready = if starting {
         Some((
-            "NodeStarting",
+            MachineReason::NodeStarting,
             format!("its Node joined and is getting Ready: {}", node_not_ready(facts.node)),
         ))
     } else {
         why_not_ready(facts, phase, node_ready, vm_problem.clone())
     };
     decided.push(match &not_ready {
-        None => Decided::new(READY, true, "NodeReady", "its Node is Ready"),
-        Some((reason, message)) => Decided::new(READY, false, reason, message.clone()),
+        None => Decided::new(READY, true, MachineReason::NodeReady, "its Node is Ready"),
+        Some((reason, message)) => Decided::new(READY, false, *reason, message.clone()),
     });
     decided.extend(node_health(facts, node_ready, joined));
     let progressing = starting
@@ -169,31 +175,34 @@ fn conditions(facts: &StatusFacts, phase: MachinePhase, joined: bool, now: jiff:
         PROGRESSING,
         progressing,
         match phase {
-            MachinePhase::Deleting => "Deleting",
-            MachinePhase::Provisioning | MachinePhase::Provisioned => "Provisioning",
-            MachinePhase::Running if starting => "NodeStarting",
-            MachinePhase::Running => "Provisioned",
-            MachinePhase::Failed => "MachineFailed",
-            MachinePhase::Pending => "Pending",
+            MachinePhase::Deleting => MachineReason::Deleting,
+            MachinePhase::Provisioning | MachinePhase::Provisioned => MachineReason::Provisioning,
+            MachinePhase::Running if starting => MachineReason::NodeStarting,
+            MachinePhase::Running => MachineReason::Provisioned,
+            MachinePhase::Failed => MachineReason::MachineFailed,
+            MachinePhase::Pending => MachineReason::Pending,
         },
         match phase {
             MachinePhase::Running if !starting => "the machine joined its cluster".to_string(),
             _ => not_ready.as_ref().map(|(_, m)| m.clone()).unwrap_or_default(),
         },
     ));
-    let degraded: Option<(&'static str, String)> = match (phase, facts.admission) {
+    let degraded: Option<(MachineReason, String)> = match (phase, facts.admission) {
         _ if drain_held(facts, now).is_some() => drain_held(facts, now),
-        (MachinePhase::Failed, _) => Some(("MachineFailed", "the machine's VM is gone or stopped".into())),
-        (MachinePhase::Pending, Admission::Refused(reason, message)) => Some((reason, message.clone())),
-        _ if vm_problem.is_some() => Some(("VmCannotStart", vm_problem.clone().unwrap_or_default())),
+        (MachinePhase::Failed, _) => Some((
+            MachineReason::MachineFailed,
+            "the machine's VM is gone or stopped".into(),
+        )),
+        (MachinePhase::Pending, Admission::Refused(reason, message)) => Some((*reason, message.clone())),
+        _ if vm_problem.is_some() => Some((MachineReason::VmCannotStart, vm_problem.clone().unwrap_or_default())),
         (MachinePhase::Running, _) if !starting && !node_ready && matches!(facts.node, NodeView::Present(_)) => {
-            Some(("NodeNotReady", node_not_ready(facts.node)))
+            Some((MachineReason::NodeNotReady, node_not_ready(facts.node)))
         }
         _ => None,
     };
     decided.push(match degraded {
         Some((reason, message)) => Decided::new(DEGRADED, true, reason, message),
-        None => Decided::new(DEGRADED, false, "AsExpected", "nothing is wrong"),
+        None => Decided::new(DEGRADED, false, MachineReason::AsExpected, "nothing is wrong"),
     });
     decided.extend(draining(facts));
     decided
@@ -205,46 +214,57 @@ fn why_not_ready(
     phase: MachinePhase,
     node_ready: bool,
     vm_problem: Option<String>,
-) -> Option<(&'static str, String)> {
+) -> Option<(MachineReason, String)> {
     match (phase, facts.admission) {
-        (MachinePhase::Deleting, _) => Some(("Deleting", "the machine is being drained and removed".into())),
+        (MachinePhase::Deleting, _) => Some((
+            MachineReason::Deleting,
+            "the machine is being drained and removed".into(),
+        )),
         (MachinePhase::Failed, _) => Some((
-            "MachineFailed",
+            MachineReason::MachineFailed,
             "the machine's VM is gone or stopped; its MachineSet replaces it".into(),
         )),
-        (MachinePhase::Pending, Admission::Refused(reason, message)) => Some((reason, message.clone())),
-        (MachinePhase::Pending, Admission::Waiting(reason, message)) => Some((reason, message.clone())),
-        _ if vm_problem.is_some() => Some(("VmCannotStart", vm_problem.unwrap_or_default())),
+        (MachinePhase::Pending, Admission::Refused(reason, message)) => Some((*reason, message.clone())),
+        (MachinePhase::Pending, Admission::Waiting(reason, message)) => Some((*reason, message.clone())),
+        _ if vm_problem.is_some() => Some((MachineReason::VmCannotStart, vm_problem.unwrap_or_default())),
         (MachinePhase::Pending | MachinePhase::Provisioning, _) => {
-            Some(("Provisioning", "its VM is being made".into()))
+            Some((MachineReason::Provisioning, "its VM is being made".into()))
         }
-        (MachinePhase::Provisioned, _) => Some(("NodeNotJoined", "its VM runs; its Node has not joined yet".into())),
+        (MachinePhase::Provisioned, _) => Some((
+            MachineReason::NodeNotJoined,
+            "its VM runs; its Node has not joined yet".into(),
+        )),
         (MachinePhase::Running, _) if node_ready => None,
-        (MachinePhase::Running, _) => Some(("NodeNotReady", node_not_ready(facts.node))),
+        (MachinePhase::Running, _) => Some((MachineReason::NodeNotReady, node_not_ready(facts.node))),
     }
 }
 
 /// Node health, as the MachineSet's health check reads it. A tenant that does not answer says
 /// nothing new: the condition stays as it was.
-fn node_health(facts: &StatusFacts, node_ready: bool, joined: bool) -> Option<Decided> {
+fn node_health(facts: &StatusFacts, node_ready: bool, joined: bool) -> Option<Decided<MachineReason>> {
     match facts.node {
-        NodeView::Present(_) if node_ready => Some(Decided::new(NODE_HEALTHY, true, "NodeReady", "its Node is Ready")),
+        NodeView::Present(_) if node_ready => Some(Decided::new(
+            NODE_HEALTHY,
+            true,
+            MachineReason::NodeReady,
+            "its Node is Ready",
+        )),
         NodeView::Present(_) => Some(Decided::new(
             NODE_HEALTHY,
             false,
-            "NodeNotReady",
+            MachineReason::NodeNotReady,
             node_not_ready(facts.node),
         )),
         NodeView::Missing if joined => Some(Decided::new(
             NODE_HEALTHY,
             false,
-            "NodeGone",
+            MachineReason::NodeGone,
             "its Node was deleted from the cluster",
         )),
         NodeView::Missing => Some(Decided::new(
             NODE_HEALTHY,
             false,
-            "NodeNotJoined",
+            MachineReason::NodeNotJoined,
             "its Node has not joined yet",
         )),
         NodeView::NotAsked | NodeView::Unreachable(_) => None,
@@ -253,7 +273,7 @@ fn node_health(facts: &StatusFacts, node_ready: bool, joined: bool) -> Option<De
 
 /// A drain that PodDisruptionBudgets have held past [`DRAIN_HELD_AFTER`]: (reason, message
 /// naming the pods and their budgets).
-fn drain_held(facts: &StatusFacts, now: jiff::Timestamp) -> Option<(&'static str, String)> {
+fn drain_held(facts: &StatusFacts, now: jiff::Timestamp) -> Option<(MachineReason, String)> {
     let Some(Deletion::Draining(progress)) = facts.deletion else {
         return None;
     };
@@ -266,11 +286,11 @@ fn drain_held(facts: &StatusFacts, now: jiff::Timestamp) -> Option<(&'static str
         .iter()
         .find(|c| c.type_ == DEGRADED && c.status == "True" && c.reason == DRAIN_HELD);
     if progress.blocked.is_empty() {
-        return said.map(|c| (DRAIN_HELD, c.message.clone()));
+        return said.map(|c| (MachineReason::DrainHeld, c.message.clone()));
     }
     (now.duration_since(started) >= DRAIN_HELD_AFTER).then(|| {
         (
-            DRAIN_HELD,
+            MachineReason::DrainHeld,
             format!(
                 "its drain, begun at {}, has waited more than {} min: a PodDisruptionBudget keeps {} on the Node",
                 started.strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -282,38 +302,38 @@ fn drain_held(facts: &StatusFacts, now: jiff::Timestamp) -> Option<(&'static str
 }
 
 /// The drain of a machine being deleted.
-fn draining(facts: &StatusFacts) -> Vec<Decided> {
+fn draining(facts: &StatusFacts) -> Vec<Decided<MachineReason>> {
     let mut decided = Vec::new();
     if let Some(deletion) = facts.deletion {
         decided.push(match deletion {
             Deletion::Draining(p) if !p.blocked.is_empty() => Decided::new(
                 DRAINING_SUCCEEDED,
                 false,
-                "EvictionBlocked",
+                MachineReason::EvictionBlocked,
                 format!("a PodDisruptionBudget keeps {} on the Node for now; asked again until it allows them to go", p.blocked.join(", ")),
             ),
             Deletion::Draining(p) => Decided::new(
                 DRAINING_SUCCEEDED,
                 false,
-                "Draining",
+                MachineReason::Draining,
                 format!("waiting for {} evicted pod(s) to end: {}", p.ending.len(), p.ending.join(", ")),
             ),
             Deletion::TenantUnreachable(why) => Decided::new(
                 DRAINING_SUCCEEDED,
                 false,
-                "ClusterUnreachable",
+                MachineReason::ClusterUnreachable,
                 format!("the cluster does not answer ({why}); the VM is removed after nodeDrainTimeoutSeconds without a drain"),
             ),
             Deletion::DrainedWithoutEviction(pods) => Decided::new(
                 DRAINING_SUCCEEDED,
                 true,
-                "DrainedWithoutEviction",
+                MachineReason::DrainedWithoutEviction,
                 format!(
                     "the Node could not be reached past nodeDrainTimeoutSeconds: {} deleted without eviction",
                     pods.join(", ")
                 ),
             ),
-            Deletion::Removing => Decided::new(DRAINING_SUCCEEDED, true, "Drained", "nothing but DaemonSet pods is left on the Node"),
+            Deletion::Removing => Decided::new(DRAINING_SUCCEEDED, true, MachineReason::Drained, "nothing but DaemonSet pods is left on the Node"),
         });
         // A drain finished by deletion says so until the machine is gone.
         let previous = facts
@@ -477,7 +497,7 @@ mod tests {
     #[test]
     fn a_refused_machine_is_pending_and_degraded_and_a_blocked_drain_names_its_pods() {
         let m = machine("m", "team-a", "1.35");
-        let refused = Admission::Refused("VersionTooNew", "version 1.35.0 is newer".into());
+        let refused = Admission::Refused(MachineReason::VersionTooNew, "version 1.35.0 is newer".into());
         let now = jiff::Timestamp::now();
         let status = build(
             &StatusFacts {

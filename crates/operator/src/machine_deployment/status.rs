@@ -3,6 +3,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use noops_api::condition::{DEGRADED, PROGRESSING, READY};
 use noops_api::machine_deployment::MachineDeploymentPhase;
+use noops_api::machine_deployment::MachineDeploymentReason;
 use noops_api::machine_deployment::{MachineDeployment, MachineDeploymentStatus};
 use noops_api::machine_set::MachineSet;
 
@@ -10,7 +11,7 @@ use super::plan::{DeploymentPlan, TEMPLATE_HASH_LABEL, template_hash};
 use crate::core::conditions::{Decided, merge, passed_on, paused};
 use crate::machine::status::DRAIN_HELD;
 use crate::machine_set::health::scaled;
-use crate::machine_set::status::{MACHINES_DEGRADED, MACHINES_DELETING};
+use crate::machine_set::status::MACHINES_DELETING;
 
 /// True while at least `replicas - maxUnavailable` machines are available.
 pub const AVAILABLE: &str = "Available";
@@ -43,7 +44,8 @@ pub fn build(
         .and_then(degraded_of)
         .or_else(|| sets.iter().filter(|s| !is_current(s)).find_map(degraded_of));
     let deleting_machines = machines_deleting(sets);
-    let held = (deleting_machines.reason == DRAIN_HELD).then_some(deleting_machines.message.as_str());
+    let held =
+        (deleting_machines.reason == MachineDeploymentReason::DrainHeld).then_some(deleting_machines.message.as_str());
     let counts = Counts {
         available: totals.available,
         updated: totals.updated,
@@ -159,11 +161,11 @@ fn degraded_of(set: &MachineSet) -> Option<String> {
         .conditions
         .iter()
         .find(|c| c.type_ == DEGRADED && c.status == "True")
-        .map(|c| passed_on(MACHINES_DEGRADED, c))
+        .map(|c| passed_on(MachineDeploymentReason::MachinesDegraded, c))
 }
 
 /// [`MACHINES_DELETING`] of a deployment: its sets' together.
-fn machines_deleting(sets: &[MachineSet]) -> Decided {
+fn machines_deleting(sets: &[MachineSet]) -> Decided<MachineDeploymentReason> {
     let deleting: Vec<&Condition> = sets
         .iter()
         .filter_map(|s| s.status.as_ref())
@@ -180,9 +182,24 @@ fn machines_deleting(sets: &[MachineSet]) -> Decided {
         .collect();
     let all: Vec<&str> = deleting.iter().map(|c| c.message.as_str()).collect();
     match (all.is_empty(), held.is_empty()) {
-        (true, _) => Decided::new(MACHINES_DELETING, false, "NoneDeleting", "no machine is being deleted"),
-        (false, false) => Decided::new(MACHINES_DELETING, true, DRAIN_HELD, held.join("; ")),
-        (false, true) => Decided::new(MACHINES_DELETING, true, "Deleting", all.join("; ")),
+        (true, _) => Decided::new(
+            MACHINES_DELETING,
+            false,
+            MachineDeploymentReason::NoneDeleting,
+            "no machine is being deleted",
+        ),
+        (false, false) => Decided::new(
+            MACHINES_DELETING,
+            true,
+            MachineDeploymentReason::DrainHeld,
+            held.join("; "),
+        ),
+        (false, true) => Decided::new(
+            MACHINES_DELETING,
+            true,
+            MachineDeploymentReason::Deleting,
+            all.join("; "),
+        ),
     }
 }
 
@@ -211,7 +228,7 @@ fn decide(
     at: Situation,
     current_problem: Option<String>,
     held: Option<&str>,
-) -> Vec<Decided> {
+) -> Vec<Decided<MachineDeploymentReason>> {
     let Counts {
         available,
         updated,
@@ -230,12 +247,16 @@ fn decide(
         counts.push_str(&format!("; held: {held}"));
     }
     let mut decided = vec![if plan_complete {
-        Decided::new(READY, true, "RolledOut", counts.clone())
+        Decided::new(READY, true, MachineDeploymentReason::RolledOut, counts.clone())
     } else {
         Decided::new(
             READY,
             false,
-            if rolling { "Rolling" } else { "Scaling" },
+            if rolling {
+                MachineDeploymentReason::Rolling
+            } else {
+                MachineDeploymentReason::Scaling
+            },
             counts.clone(),
         )
     }];
@@ -249,9 +270,9 @@ fn decide(
         AVAILABLE,
         available >= wanted - unavailable,
         if available >= wanted - unavailable {
-            "MinimumMachinesAvailable"
+            MachineDeploymentReason::MinimumMachinesAvailable
         } else {
-            "MachinesUnavailable"
+            MachineDeploymentReason::MachinesUnavailable
         },
         counts.clone(),
     ));
@@ -269,34 +290,54 @@ fn decide(
         Decided::new(
             PROGRESSING,
             false,
-            "ProgressDeadlineExceeded",
+            MachineDeploymentReason::ProgressDeadlineExceeded,
             format!("no progress for {}s; {why}", md.spec.progress_deadline_seconds),
         )
     } else if plan_complete {
-        Decided::new(PROGRESSING, true, "NewMachineSetAvailable", counts.clone())
+        Decided::new(
+            PROGRESSING,
+            true,
+            MachineDeploymentReason::NewMachineSetAvailable,
+            counts.clone(),
+        )
     } else if md.spec.paused {
         Decided::new(
             PROGRESSING,
             false,
-            "Paused",
+            MachineDeploymentReason::Paused,
             "spec.paused: no MachineSet is made, scaled or removed",
         )
     } else if md.spec.rollout_paused {
-        Decided::new(PROGRESSING, false, "Paused", "the rollout is paused")
+        Decided::new(
+            PROGRESSING,
+            false,
+            MachineDeploymentReason::Paused,
+            "the rollout is paused",
+        )
     } else {
-        Decided::new(PROGRESSING, true, "MachineSetUpdated", counts.clone())
+        Decided::new(
+            PROGRESSING,
+            true,
+            MachineDeploymentReason::MachineSetUpdated,
+            counts.clone(),
+        )
     });
     decided.push(match (stalled, &current_problem) {
         (true, _) => Decided::new(
             DEGRADED,
             true,
-            "ProgressDeadlineExceeded",
+            MachineDeploymentReason::ProgressDeadlineExceeded,
             current_problem
                 .clone()
                 .unwrap_or_else(|| "the rollout makes no progress".into()),
         ),
-        (false, Some(problem)) => Decided::new(DEGRADED, true, MACHINES_DEGRADED, problem.clone()),
-        (false, None) => Decided::new(DEGRADED, false, "AsExpected", "nothing is wrong"),
+        (false, Some(problem)) => Decided::new(
+            DEGRADED,
+            true,
+            MachineDeploymentReason::MachinesDegraded,
+            problem.clone(),
+        ),
+        (false, None) => Decided::new(DEGRADED, false, MachineDeploymentReason::AsExpected, "nothing is wrong"),
     });
     decided
 }

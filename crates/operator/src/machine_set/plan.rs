@@ -3,6 +3,7 @@
 //! read again from the machines as they are on every pass, so a restarted operator carries on.
 
 use noops_api::machine::{Machine, MachinePhase};
+use noops_api::machine_set::MachineSetReason;
 use noops_api::machine_set::{DELETE_MACHINE_ANNOTATION, DeletePolicy, MachineSet};
 use serde_json::json;
 
@@ -30,7 +31,7 @@ pub struct SetPlan {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RepairHeld {
     /// `TooManyUnhealthy` (the cause is probably not the machines) or `RepairsUnderWay`.
-    pub reason: &'static str,
+    pub reason: MachineSetReason,
     pub message: String,
 }
 
@@ -110,7 +111,7 @@ pub fn plan(set: &MachineSet, machines: &[Machine], now: jiff::Timestamp) -> Set
     let unhealthy = out.unhealthy.len() as i32;
     out.repair_held = if unhealthy > allowed {
         Some(RepairHeld {
-            reason: "TooManyUnhealthy",
+            reason: MachineSetReason::TooManyUnhealthy,
             message: format!(
                 "{unhealthy} of {} machines are unhealthy, more than maxUnhealthy allows ({allowed}): the cause is probably not the machines, so none is replaced",
                 active.len()
@@ -118,7 +119,7 @@ pub fn plan(set: &MachineSet, machines: &[Machine], now: jiff::Timestamp) -> Set
         })
     } else if unhealthy > 0 && unhealthy + under_way > allowed {
         Some(RepairHeld {
-            reason: "RepairsUnderWay",
+            reason: MachineSetReason::RepairsUnderWay,
             message: format!(
                 "{unhealthy} unhealthy machines wait: {under_way} being deleted are not gone yet, and maxUnhealthy allows {allowed} out at once"
             ),
@@ -323,7 +324,7 @@ mod tests {
         let p = plan(&s, &all_down, now);
         assert!(p.delete.is_empty() && p.create.is_empty());
         let held = p.repair_held.unwrap();
-        assert_eq!(held.reason, "TooManyUnhealthy");
+        assert_eq!(held.reason, MachineSetReason::TooManyUnhealthy);
         assert!(held.message.contains("3 of 3 machines are unhealthy"), "{held:?}");
     }
 
@@ -345,7 +346,7 @@ mod tests {
         assert!(p.delete.is_empty(), "b waits for a: {p:?}");
         assert!(p.create.is_empty(), "{p:?}");
         let held = p.repair_held.unwrap();
-        assert_eq!(held.reason, "RepairsUnderWay");
+        assert_eq!(held.reason, MachineSetReason::RepairsUnderWay);
         assert!(held.message.contains("1 being deleted"), "{held:?}");
         // Once a is gone, b is repaired.
         let p = plan(&s, &[b, c, d], now);

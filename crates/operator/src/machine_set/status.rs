@@ -2,14 +2,13 @@
 
 use noops_api::condition::{DEGRADED, PROGRESSING, READY};
 use noops_api::machine::{Machine, MachinePhase};
+use noops_api::machine_set::MachineSetReason;
 use noops_api::machine_set::{MachineSet, MachineSetStatus};
 
 use super::plan::{SetPlan, ready};
 use crate::core::conditions::{Decided, merge, with_paused};
 use crate::machine::status::{DRAIN_HELD, DRAINING_SUCCEEDED};
 
-/// Degraded's reason when machines of the set are (its message names them and why).
-pub const MACHINES_DEGRADED: &str = "MachinesDegraded";
 /// True while machines of the set (or of a deployment's sets) are being deleted; reason
 /// [`DRAIN_HELD`] when a PodDisruptionBudget holds one's drain. What holds a scale-down or a
 /// rollout, told where it is watched.
@@ -42,14 +41,14 @@ pub fn build(set: &MachineSet, machines: &[Machine], plan: &SetPlan, now: jiff::
         Decided::new(
             READY,
             true,
-            "AllMachinesReady",
+            MachineSetReason::AllMachinesReady,
             format!("{ready_count}/{wanted} machines ready"),
         )
     } else {
         Decided::new(
             READY,
             false,
-            "MachinesNotReady",
+            MachineSetReason::MachinesNotReady,
             format!("{ready_count}/{wanted} machines ready"),
         )
     }];
@@ -57,7 +56,11 @@ pub fn build(set: &MachineSet, machines: &[Machine], plan: &SetPlan, now: jiff::
     decided.push(Decided::new(
         PROGRESSING,
         scaling,
-        if scaling { "Scaling" } else { "Steady" },
+        if scaling {
+            MachineSetReason::Scaling
+        } else {
+            MachineSetReason::Steady
+        },
         format!("{replicas} machines, {wanted} wanted, {deleting} being deleted"),
     ));
     decided.push(machines_deleting(machines));
@@ -86,15 +89,15 @@ pub fn build(set: &MachineSet, machines: &[Machine], plan: &SetPlan, now: jiff::
         .collect();
     decided.push(match (&plan.repair_held, stuck.is_empty()) {
         (Some(held), _) => Decided::new(DEGRADED, true, held.reason, held.message.clone()),
-        (None, false) => Decided::new(DEGRADED, true, MACHINES_DEGRADED, stuck.join("; ")),
-        (None, true) => Decided::new(DEGRADED, false, "AsExpected", "nothing is wrong"),
+        (None, false) => Decided::new(DEGRADED, true, MachineSetReason::MachinesDegraded, stuck.join("; ")),
+        (None, true) => Decided::new(DEGRADED, false, MachineSetReason::AsExpected, "nothing is wrong"),
     });
     decided.push(match &plan.repair_held {
         Some(held) => Decided::new(REMEDIATION_ALLOWED, false, held.reason, held.message.clone()),
         None => Decided::new(
             REMEDIATION_ALLOWED,
             true,
-            "WithinMaxUnhealthy",
+            MachineSetReason::WithinMaxUnhealthy,
             format!("{} unhealthy", plan.unhealthy.len()),
         ),
     });
@@ -118,7 +121,7 @@ pub fn build(set: &MachineSet, machines: &[Machine], plan: &SetPlan, now: jiff::
 
 /// [`MACHINES_DELETING`] of a set: which of its machines are being deleted, and what a
 /// PodDisruptionBudget holds (from each machine's DrainingSucceeded condition).
-fn machines_deleting(machines: &[Machine]) -> Decided {
+fn machines_deleting(machines: &[Machine]) -> Decided<MachineSetReason> {
     let deleting: Vec<&Machine> = machines
         .iter()
         .filter(|m| m.metadata.deletion_timestamp.is_some())
@@ -137,12 +140,17 @@ fn machines_deleting(machines: &[Machine]) -> Decided {
         })
         .collect();
     match (deleting.is_empty(), held.is_empty()) {
-        (true, _) => Decided::new(MACHINES_DELETING, false, "NoneDeleting", "no machine is being deleted"),
-        (false, false) => Decided::new(MACHINES_DELETING, true, DRAIN_HELD, held.join("; ")),
+        (true, _) => Decided::new(
+            MACHINES_DELETING,
+            false,
+            MachineSetReason::NoneDeleting,
+            "no machine is being deleted",
+        ),
+        (false, false) => Decided::new(MACHINES_DELETING, true, MachineSetReason::DrainHeld, held.join("; ")),
         (false, true) => Decided::new(
             MACHINES_DELETING,
             true,
-            "Deleting",
+            MachineSetReason::Deleting,
             format!(
                 "draining or removing {}",
                 deleting.iter().map(|m| name(m)).collect::<Vec<_>>().join(", ")
@@ -220,7 +228,7 @@ mod tests {
         let long = condition(DEGRADED, true, DRAIN_HELD, "its drain has waited 6 min: ...");
         let status = build(&set(), &[leaving("pool-a", vec![blocked, long])], &plan, now);
         let (s, reason, message) = found(&status, DEGRADED);
-        assert_eq!((s, reason), ("True", MACHINES_DEGRADED));
+        assert_eq!((s, reason), ("True", MachineSetReason::MachinesDegraded.as_str()));
         assert!(message.contains("pool-a (DrainHeld"), "{message}");
 
         // A machine going that nothing holds is said, not as held; none going, nothing said.

@@ -14,6 +14,7 @@ use super::{apply, desired, observe, status, switch, validate};
 use crate::core::apply::controller_reference;
 use crate::core::events::Announcement;
 use crate::core::{DuringStage, Error, Result, Stage};
+use noops_api::maintpage::MaintPageReason;
 
 /// Reconciles one MaintPage (the caller's span names it).
 pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
@@ -25,7 +26,8 @@ pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {
         .during(Stage::Observe)?;
 
     if let Err(error) = validate::validate(&mp, &observation.live) {
-        let blocked = status::blocked(&mp, error.reason(), &error.to_string(), now);
+        let reason = MaintPageReason::from_name(error.reason()).unwrap_or(MaintPageReason::InvalidSpec);
+        let blocked = status::blocked(&mp, reason, &error.to_string(), now);
         // Told once, when the status first says so.
         let told =
             (mp.status.as_ref() != Some(&blocked)).then(|| Announcement::warning(error.reason(), error.to_string()));

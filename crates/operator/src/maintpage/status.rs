@@ -3,6 +3,7 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use noops_api::condition::{DEGRADED, PROGRESSING, READY};
+use noops_api::maintpage::MaintPageReason;
 use noops_api::maintpage::{MaintPage, MaintPageStatus, Side};
 
 use super::switch::Plan;
@@ -86,7 +87,12 @@ impl<'a> Published<'a> {
 
 /// Ready: the side asked for is published (`publish`, switching to `waiting_for`), and its
 /// pods are Ready.
-fn ready_condition(publish: Side, waiting_for: Option<Side>, published: &Published, app_replicas: i32) -> Decided {
+fn ready_condition(
+    publish: Side,
+    waiting_for: Option<Side>,
+    published: &Published,
+    app_replicas: i32,
+) -> Decided<MaintPageReason> {
     let Published { service, counts, .. } = published;
     let sends = || format!("Service {service} sends traffic to {} ({counts})", side_name(publish));
     if publish != published.desired {
@@ -96,31 +102,31 @@ fn ready_condition(publish: Side, waiting_for: Option<Side>, published: &Publish
             side_name(publish),
             side_name(waited)
         );
-        Decided::new(READY, false, "Switching", message)
+        Decided::new(READY, false, MaintPageReason::Switching, message)
     } else if published.ready {
         let reason = match publish {
-            Side::App => "AppPublished",
-            Side::Maintenance => "MaintenancePublished",
+            Side::App => MaintPageReason::AppPublished,
+            Side::Maintenance => MaintPageReason::MaintenancePublished,
         };
         Decided::new(READY, true, reason, sends())
     } else if publish == Side::App && app_replicas == 0 {
         let message = format!("app {service} has 0 replicas: nothing answers");
-        Decided::new(READY, false, "ScaledToZero", message)
+        Decided::new(READY, false, MaintPageReason::ScaledToZero, message)
     } else {
         let reason = match publish {
-            Side::App => "AppNotReady",
-            Side::Maintenance => "MaintenanceNotReady",
+            Side::App => MaintPageReason::AppNotReady,
+            Side::Maintenance => MaintPageReason::MaintenanceNotReady,
         };
         Decided::new(READY, false, reason, sends())
     }
 }
 
 /// Progressing: a switch waits for the other side, or the published side rolls out.
-fn progressing(plan: &Plan, published: &Published) -> Decided {
+fn progressing(plan: &Plan, published: &Published) -> Decided<MaintPageReason> {
     if plan.publish != published.desired {
         let reason = match published.desired {
-            Side::App => "SwitchingToApp",
-            Side::Maintenance => "SwitchingToMaintenance",
+            Side::App => MaintPageReason::SwitchingToApp,
+            Side::Maintenance => MaintPageReason::SwitchingToMaintenance,
         };
         let message = format!(
             "waiting for {} to be Ready before switching",
@@ -129,22 +135,24 @@ fn progressing(plan: &Plan, published: &Published) -> Decided {
         Decided::new(PROGRESSING, true, reason, message)
     } else if !published.ready && published.replicas > 0 {
         let message = format!("{} is rolling out ({})", side_name(plan.publish), published.counts);
-        Decided::new(PROGRESSING, true, "RollingOut", message)
+        Decided::new(PROGRESSING, true, MaintPageReason::RollingOut, message)
     } else {
         let message = format!("{} is published", side_name(plan.publish));
-        Decided::new(PROGRESSING, false, "Stable", message)
+        Decided::new(PROGRESSING, false, MaintPageReason::Stable, message)
     }
 }
 
 /// Degraded: pods that cannot start say so at once; a stalled rollout only after its deadline.
-fn degraded(seen: &StatusFacts) -> Decided {
+fn degraded(seen: &StatusFacts) -> Decided<MaintPageReason> {
     let stuck = seen
         .app_stuck
         .map(|s| ("app", s))
         .or(seen.maintenance_stuck.map(|s| ("maintenance", s)));
     if let Some((which, stuck)) = stuck {
         let message = format!("{which} pods cannot start ({}): {}", stuck.reason, stuck.message);
-        return Decided::new(DEGRADED, true, stuck.reason, message);
+        // The pods' own reason where the kind lists it (the CRD schema lists every reason).
+        let reason = MaintPageReason::from_name(stuck.reason).unwrap_or(MaintPageReason::PodsCannotStart);
+        return Decided::new(DEGRADED, true, reason, message);
     }
     let stalled = stalled(seen.app)
         .map(|m| ("app", m))
@@ -153,10 +161,10 @@ fn degraded(seen: &StatusFacts) -> Decided {
         Some((which, message)) => Decided::new(
             DEGRADED,
             true,
-            "RolloutStalled",
+            MaintPageReason::RolloutStalled,
             format!("{which} Deployment: {message}"),
         ),
-        None => Decided::new(DEGRADED, false, "AsExpected", "no problems found"),
+        None => Decided::new(DEGRADED, false, MaintPageReason::AsExpected, "no problems found"),
     }
 }
 
@@ -171,7 +179,7 @@ pub fn newly_degraded<'a>(previous: Option<&MaintPageStatus>, new: &'a MaintPage
 
 /// The status when the spec cannot be carried out (a name conflict): Degraded with the error's
 /// reason, not Ready, nothing else changed.
-pub fn blocked(mp: &MaintPage, reason: &'static str, message: &str, now: jiff::Timestamp) -> MaintPageStatus {
+pub fn blocked(mp: &MaintPage, reason: MaintPageReason, message: &str, now: jiff::Timestamp) -> MaintPageStatus {
     let previous = mp.status.clone().unwrap_or_default();
     let decided = [
         Decided::new(READY, false, reason, message),
@@ -200,7 +208,7 @@ pub fn paused(mp: &MaintPage, seen: &StatusFacts, now: jiff::Timestamp) -> Maint
         Decided::new(
             PROGRESSING,
             false,
-            "Paused",
+            MaintPageReason::Paused,
             "spec.paused: the operator changes nothing until it is false",
         ),
         degraded(seen),
@@ -219,7 +227,7 @@ pub fn paused(mp: &MaintPage, seen: &StatusFacts, now: jiff::Timestamp) -> Maint
                 "paused: Service {service} stays on {serves} although the spec asks for {}",
                 side_name(desired)
             );
-            Decided::new(READY, false, "Paused", message)
+            Decided::new(READY, false, MaintPageReason::Paused, message)
         }
     });
     MaintPageStatus {
@@ -406,7 +414,7 @@ mod tests {
     fn a_conflict_blocks_with_its_reason() {
         let s = blocked(
             &mp(false),
-            "NameConflict",
+            MaintPageReason::NameConflict,
             "Deployment shop exists",
             jiff::Timestamp::UNIX_EPOCH,
         );

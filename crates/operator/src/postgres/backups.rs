@@ -9,6 +9,7 @@
 //! `maxBackups` newer ones have succeeded.
 
 use noops_api::backup::BackupPhase;
+use noops_api::postgres::PostgreSQLReason;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ use super::names::{Names, POSTGRES_LABEL};
 use super::problem::PlanProblem;
 use super::store::{BaseBackupDestination, Destination};
 use crate::core::apply::{create_if_missing, delete_if_present};
-use crate::core::backup::retention::{self, BackupsSummary};
+use crate::core::backup::retention::{self, BackupsReason, BackupsSummary};
 use crate::core::backup::schedule;
 use crate::core::events::Announcement;
 use crate::core::{Result, crash};
@@ -34,8 +35,13 @@ pub const POSTGRES_UID_LABEL: &str = "noops.dev/postgresql-uid";
 const FIRST_AGAIN_AFTER: Duration = Duration::from_secs(60);
 const FIRST_AGAIN_AT_MOST: Duration = Duration::from_secs(3600);
 
+impl BackupsReason for PostgreSQLReason {
+    const BACKUP_STORED: Self = PostgreSQLReason::BackupStored;
+    const BACKUP_FAILED: Self = PostgreSQLReason::BackupFailed;
+}
+
 /// What the database's last status said of its backups.
-pub fn summary(pg: &PostgreSQL) -> BackupsSummary {
+pub fn summary(pg: &PostgreSQL) -> BackupsSummary<PostgreSQLReason> {
     let status = pg.status.clone().unwrap_or_default();
     BackupsSummary::of(&status.conditions, &status.backups)
 }
@@ -129,7 +135,7 @@ pub fn schedule_problem(pg: &PostgreSQL) -> Option<PlanProblem> {
     let pattern = pg.spec.backup.as_ref()?.plan.schedule.as_deref()?;
     let bad = schedule::parse(pattern).err()?;
     Some(PlanProblem {
-        reason: "InvalidSchedule",
+        reason: PostgreSQLReason::InvalidSchedule,
         message: format!("{bad}; no scheduled backup is made until it is fixed"),
     })
 }
@@ -177,7 +183,7 @@ pub async fn keep(
     client: &Client,
     namespace: &NamespaceView<'_>,
     serving: bool,
-    summary: &mut BackupsSummary,
+    summary: &mut BackupsSummary<PostgreSQLReason>,
     now: jiff::Timestamp,
 ) -> Result<BackupDecisions> {
     let mut pass = BackupDecisions::default();
@@ -415,10 +421,13 @@ mod tests {
             backup("new", "shop", "Failed", "7", 200),
             backup("running", "shop", "Running", "7", 300),
         );
-        let mut summary = BackupsSummary::default();
+        let mut summary = BackupsSummary::<PostgreSQLReason>::default();
         summary.count(&[&old, &failed, &running], stored);
         let condition = summary.condition.clone().unwrap();
-        assert_eq!((condition.status, condition.reason), (false, "BackupFailed"));
+        assert_eq!(
+            (condition.status, condition.reason),
+            (false, PostgreSQLReason::BackupFailed)
+        );
         assert_eq!(
             summary.status.stored_backups,
             Some(1),
@@ -428,7 +437,10 @@ mod tests {
         let newer = backup("newer", "shop", "Succeeded", "7", 250);
         summary.count(&[&old, &failed, &newer], stored);
         let condition = summary.condition.unwrap();
-        assert_eq!((condition.status, condition.reason), (true, "BackupStored"));
+        assert_eq!(
+            (condition.status, condition.reason),
+            (true, PostgreSQLReason::BackupStored)
+        );
         assert!(
             condition
                 .message
@@ -452,7 +464,7 @@ mod tests {
             backup.plan.schedule = Some("99 * * * *".into());
         }
         let problem = schedule_problem(&pg).unwrap();
-        assert_eq!(problem.reason, "InvalidSchedule");
+        assert_eq!(problem.reason, PostgreSQLReason::InvalidSchedule);
         assert!(problem.message.contains("99 * * * *"), "{}", problem.message);
     }
 }

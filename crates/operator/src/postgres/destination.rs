@@ -5,6 +5,7 @@
 //! checked first, and the StatefulSet is left as it is while the check fails. Pure.
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
+use noops_api::postgres::PostgreSQLReason;
 
 use super::problem::PlanProblem;
 use super::store::Destination;
@@ -38,7 +39,7 @@ pub fn problem(
         Needed::Secret(name) => {
             let Some(secret) = secret else {
                 return Some(PlanProblem {
-                    reason: "BackupCredentialsMissing",
+                    reason: PostgreSQLReason::BackupCredentialsMissing,
                     message: format!(
                         "Secret {name} (spec.backup.s3.credentialsSecret) does not exist: create it with the keys {} and {}",
                         CREDENTIAL_KEYS[0], CREDENTIAL_KEYS[1]
@@ -51,7 +52,7 @@ pub fn problem(
                 .filter(|key| data.get(*key).is_none_or(|value| value.0.is_empty()))
                 .collect();
             (!missing.is_empty()).then(|| PlanProblem {
-                reason: "BackupCredentialsInvalid",
+                reason: PostgreSQLReason::BackupCredentialsInvalid,
                 message: format!(
                     "Secret {name} (spec.backup.s3.credentialsSecret) has no {}: the instance could not archive WAL with it",
                     missing.join(" and no ")
@@ -61,11 +62,11 @@ pub fn problem(
         Needed::Claim(name) => match claim {
             Some(claim) if claim.metadata.deletion_timestamp.is_none() => None,
             Some(_) => Some(PlanProblem {
-                reason: "BackupClaimNotFound",
+                reason: PostgreSQLReason::BackupClaimNotFound,
                 message: format!("PersistentVolumeClaim {name} (spec.backup.volume.claimName) is being deleted"),
             }),
             None => Some(PlanProblem {
-                reason: "BackupClaimNotFound",
+                reason: PostgreSQLReason::BackupClaimNotFound,
                 message: format!(
                     "PersistentVolumeClaim {name} (spec.backup.volume.claimName) does not exist in this namespace: create it"
                 ),
@@ -105,10 +106,10 @@ mod tests {
         let whole = secret(&[("AWS_ACCESS_KEY_ID", "id"), ("AWS_SECRET_ACCESS_KEY", "key")]);
         assert_eq!(problem(&destination, Some(&whole), None), None);
         let missing = problem(&destination, None, None).unwrap();
-        assert_eq!(missing.reason, "BackupCredentialsMissing");
+        assert_eq!(missing.reason, PostgreSQLReason::BackupCredentialsMissing);
         assert!(missing.message.contains("Secret keys"), "{}", missing.message);
         let half = problem(&destination, Some(&secret(&[("AWS_ACCESS_KEY_ID", "id")])), None).unwrap();
-        assert_eq!(half.reason, "BackupCredentialsInvalid");
+        assert_eq!(half.reason, PostgreSQLReason::BackupCredentialsInvalid);
         assert!(half.message.contains("no AWS_SECRET_ACCESS_KEY"), "{}", half.message);
         let empty = secret(&[("AWS_ACCESS_KEY_ID", ""), ("AWS_SECRET_ACCESS_KEY", "key")]);
         assert!(
@@ -129,7 +130,10 @@ mod tests {
         assert_eq!(needed(&destination), Needed::Claim("pg-backups"));
         let mut claim = PersistentVolumeClaim::default();
         assert_eq!(problem(&destination, None, Some(&claim)), None);
-        assert_eq!(problem(&destination, None, None).unwrap().reason, "BackupClaimNotFound");
+        assert_eq!(
+            problem(&destination, None, None).unwrap().reason,
+            PostgreSQLReason::BackupClaimNotFound
+        );
         claim.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             jiff::Timestamp::now(),
         ));

@@ -182,9 +182,10 @@ mod tests {
     use super::*;
     use crate::core::conditions::{Decided, merge};
     use crate::postgres::fixtures::postgres;
+    use noops_api::postgres::PostgreSQLReason;
     use noops_api::postgres::RestoreStatus;
 
-    fn with(conditions: &[Decided]) -> PostgreSQLStatus {
+    fn with(conditions: &[Decided<PostgreSQLReason>]) -> PostgreSQLStatus {
         PostgreSQLStatus {
             conditions: merge(&[], conditions, Some(1), jiff::Timestamp::now()),
             ..Default::default()
@@ -194,9 +195,19 @@ mod tests {
     #[test]
     fn a_problem_is_told_when_it_starts_or_changes_not_at_every_pass() {
         let pg = postgres("shop");
-        let fine = with(&[Decided::new("Degraded", false, "AsExpected", "")]);
-        let missing = with(&[Decided::new("Degraded", true, "PasswordSecretMissing", "no Secret")]);
-        let no_key = with(&[Decided::new("Degraded", true, "PasswordKeyMissing", "no key")]);
+        let fine = with(&[Decided::new("Degraded", false, PostgreSQLReason::AsExpected, "")]);
+        let missing = with(&[Decided::new(
+            "Degraded",
+            true,
+            PostgreSQLReason::PasswordSecretMissing,
+            "no Secret",
+        )]);
+        let no_key = with(&[Decided::new(
+            "Degraded",
+            true,
+            PostgreSQLReason::PasswordKeyMissing,
+            "no key",
+        )]);
         let told = |before: &PostgreSQLStatus, after: &PostgreSQLStatus| {
             announcements(&pg, before, after, &InDatabase::default())
                 .into_iter()

@@ -1,6 +1,6 @@
 //! A node that dies with the instance on it. Kubernetes evicts the pod, but the pod object
 //! stays (no kubelet confirms it stopped), and a StatefulSet makes no replacement while it is
-//! there; with the volume on that node's disk, a replacement could not use it anyway. Decided
+//! there; with the volume on that node's disk, a replacement could not use it anyway. Decided<PostgreSQLReason>
 //! here, pure, from the pod, its node and its volume:
 //!
 //! - a pod evicted from a node that is not Ready, `STUCK_AFTER` after it was asked to go, is

@@ -4,6 +4,7 @@
 //! told (`NoNodeFits`) and the StatefulSet is left as it is. Whether a node has the room free
 //! now is the scheduler's question; this only catches what no node could give at all. Pure.
 
+use noops_api::postgres::PostgreSQLReason;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, ResourceRequirements};
@@ -67,7 +68,7 @@ pub fn no_node_fits(resources: Option<&ResourceRequirements>, nodes: &[Node]) ->
         })
         .collect();
     Some(PlanProblem {
-        reason: "NoNodeFits",
+        reason: PostgreSQLReason::NoNodeFits,
         message: format!(
             "the pod would ask for {} and no node has that much ({}): it could never be scheduled, so the StatefulSet is left as it is; lower spec.resources",
             wanted.join(", "),
@@ -142,7 +143,7 @@ mod tests {
     fn what_no_node_has_is_told_with_what_the_nodes_have() {
         let nodes = [node("small", "2", "4Gi"), node("big", "8", "32Gi")];
         let problem = no_node_fits(Some(&asking(&[("cpu", "64")], &[])), &nodes).unwrap();
-        assert_eq!(problem.reason, "NoNodeFits");
+        assert_eq!(problem.reason, PostgreSQLReason::NoNodeFits);
         assert!(
             problem.message.contains("cpu 64") && problem.message.contains("big has cpu 8"),
             "{}",

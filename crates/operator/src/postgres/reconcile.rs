@@ -5,6 +5,7 @@
 //! database; what it says of its WAL archiving and of a restore) → backups (the first, the
 //! scheduled, retention) → the connection Secret → status, and an Event for each decision.
 
+use noops_api::postgres::PostgreSQLReason;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -427,7 +428,7 @@ impl<'a> Pass<'a> {
         }
         if let Some(problem) = &held_back {
             info!(
-                reason = problem.reason,
+                reason = problem.reason.as_str(),
                 "the StatefulSet is left as it is: {}", problem.message
             );
             return Ok((held_back, None));
@@ -557,7 +558,7 @@ impl<'a> Pass<'a> {
         &self,
         observed: &Observed,
         serving: bool,
-    ) -> Result<(BackupsSummary, backups::BackupDecisions)> {
+    ) -> Result<(BackupsSummary<PostgreSQLReason>, backups::BackupDecisions)> {
         let mut summary = backups::summary(self.pg);
         let namespace = backups::NamespaceView {
             backups: &observed.backups,
@@ -604,7 +605,7 @@ fn seen(
     checked: &Checked,
     applied: Applied,
     made: &InDatabase,
-    summary: BackupsSummary,
+    summary: BackupsSummary<PostgreSQLReason>,
 ) -> StatusFacts {
     let pod = observed.children.instance.as_deref();
     StatusFacts {
@@ -659,7 +660,7 @@ fn refusal(kind: &str, error: kube::Error) -> std::result::Result<PlanProblem, k
         kube::Error::Api(response) if response.code == 400 || response.code == 422 => {
             warn!(kind, message = %response.message, "the API server refused the spec's {kind}; it is left as it was");
             Ok(PlanProblem {
-                reason: "SpecRejected",
+                reason: PostgreSQLReason::SpecRejected,
                 message: format!(
                     "the API server refused the {kind} this spec makes, so it is left as it was: {}",
                     response.message

@@ -1,5 +1,5 @@
 //! What an instance that finds its data directory empty does: initialise a new database, or
-//! restore one from a base backup and the WAL archived after it. Decided here, pure, from the
+//! restore one from a base backup and the WAL archived after it. Decided<PostgreSQLReason> here, pure, from the
 //! PostgreSQL and its backups, and written into the ConfigMap `<name>-instance` that the
 //! instance's pod mounts (kept current as backups come and go, without restarting the pod);
 //! the pod's `bootstrap` init container does what it says (`instance/bootstrap.rs`).
@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
 use noops_api::backup::BackupPhase;
+use noops_api::postgres::PostgreSQLReason;
 use noops_api::postgres::{BackupLocation, PostgreSQL};
 use noops_api::postgres_backup::PostgresBackup;
 use serde::{Deserialize, Serialize};
@@ -178,7 +179,7 @@ fn primary_plan(pg: &PostgreSQL, backups: &[PostgresBackup]) -> Result<InstanceP
     let backup = bootstrap_backup(pg, backups)?;
     if let Some(target) = &source.target_time {
         let target: jiff::Timestamp = target.parse().map_err(|e| PlanProblem {
-            reason: "InvalidTargetTime",
+            reason: PostgreSQLReason::InvalidTargetTime,
             message: format!("bootstrap.fromBackup.targetTime {target:?} is not a time: {e}"),
         })?;
         let ended = backup
@@ -188,7 +189,7 @@ fn primary_plan(pg: &PostgreSQL, backups: &[PostgresBackup]) -> Result<InstanceP
             .map(|t| t.0);
         if let Some(ended) = ended.filter(|ended| target < *ended) {
             return Err(PlanProblem {
-                reason: "TargetBeforeBackup",
+                reason: PostgreSQLReason::TargetBeforeBackup,
                 message: format!(
                     "bootstrap.fromBackup.targetTime {target} is before PostgresBackup {} ended ({ended}): a base backup restores to its end or later; choose a later time or an earlier backup",
                     source.name
@@ -197,7 +198,7 @@ fn primary_plan(pg: &PostgreSQL, backups: &[PostgresBackup]) -> Result<InstanceP
         }
     }
     let restore = restore_from(backup, From::Source, source.target_time.clone()).ok_or_else(|| PlanProblem {
-        reason: "BootstrapBackupUnusable",
+        reason: PostgreSQLReason::BootstrapBackupUnusable,
         message: format!("PostgresBackup {} does not say where it is", source.name),
     })?;
     Ok(InstancePlan {
@@ -237,17 +238,17 @@ pub fn bootstrap_backup<'a>(pg: &PostgreSQL, backups: &'a [PostgresBackup]) -> R
         .iter()
         .find(|b| b.name_any() == name)
         .ok_or_else(|| PlanProblem {
-            reason: "BootstrapBackupNotFound",
+            reason: PostgreSQLReason::BootstrapBackupNotFound,
             message: format!("PostgresBackup {name:?} (bootstrap.fromBackup) does not exist in this namespace"),
         })?;
     match backup.status.as_ref().and_then(|s| s.progress.phase) {
         Some(BackupPhase::Succeeded) => Ok(backup),
         Some(BackupPhase::Failed) => Err(PlanProblem {
-            reason: "BootstrapBackupFailed",
+            reason: PostgreSQLReason::BootstrapBackupFailed,
             message: format!("PostgresBackup {name} failed: there is nothing to restore from it"),
         }),
         _ => Err(PlanProblem {
-            reason: "BootstrapBackupNotReady",
+            reason: PostgreSQLReason::BootstrapBackupNotReady,
             message: format!("PostgresBackup {name} has not finished yet"),
         }),
     }
@@ -406,16 +407,16 @@ mod tests {
         assert_eq!((restore.backup.as_str(), restore.from), ("shop-1", From::Source));
         assert_eq!(restore.target_time, Some(at(150)));
         let early = plan(&bootstrapped("shop-1", Some(&at(50))), std::slice::from_ref(&source)).unwrap_err();
-        assert_eq!(early.reason, "TargetBeforeBackup");
+        assert_eq!(early.reason, PostgreSQLReason::TargetBeforeBackup);
         let reason = |backups: &[PostgresBackup]| plan(&bootstrapped("shop-1", None), backups).unwrap_err().reason;
-        assert_eq!(reason(&[]), "BootstrapBackupNotFound");
+        assert_eq!(reason(&[]), PostgreSQLReason::BootstrapBackupNotFound);
         assert_eq!(
             reason(&[backup("shop-1", "shop", "Failed", "111", 100)]),
-            "BootstrapBackupFailed"
+            PostgreSQLReason::BootstrapBackupFailed
         );
         assert_eq!(
             reason(&[backup("shop-1", "shop", "Running", "111", 100)]),
-            "BootstrapBackupNotReady"
+            PostgreSQLReason::BootstrapBackupNotReady
         );
     }
 

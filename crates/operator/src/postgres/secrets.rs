@@ -2,6 +2,7 @@
 //! password as read from the user's Secret, and the connection Secret applications read.
 //! Pure, except for drawing a new password.
 
+use noops_api::postgres::PostgreSQLReason;
 use std::collections::BTreeMap;
 use std::io::Read;
 
@@ -19,12 +20,12 @@ pub const PASSWORD: &str = "password";
 /// Why the user's password cannot be read: a reason for conditions and Events, and what to fix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PasswordProblem {
-    pub reason: &'static str,
+    pub reason: PostgreSQLReason,
     pub message: String,
 }
 
 impl PasswordProblem {
-    pub fn condition(&self, type_: &'static str, status: bool) -> Decided {
+    pub fn condition(&self, type_: &'static str, status: bool) -> Decided<PostgreSQLReason> {
         Decided::new(type_, status, self.reason, self.message.clone())
     }
 }
@@ -49,7 +50,7 @@ impl std::fmt::Debug for Password {
 pub fn password(secret: Option<&Secret>, name: &str) -> Result<Password, PasswordProblem> {
     let Some(secret) = secret else {
         return Err(PasswordProblem {
-            reason: "PasswordSecretMissing",
+            reason: PostgreSQLReason::PasswordSecretMissing,
             message: format!(
                 "Secret {name} (spec.passwordSecret) does not exist: create it with the user's password under the key password (or postgresql_password)"
             ),
@@ -64,7 +65,7 @@ pub fn password(secret: Option<&Secret>, name: &str) -> Result<Password, Passwor
     let (key, value) = match found.as_slice() {
         [] => {
             return Err(PasswordProblem {
-                reason: "PasswordKeyMissing",
+                reason: PostgreSQLReason::PasswordKeyMissing,
                 message: format!(
                     "Secret {name} has neither of the keys password and postgresql_password: put the user's password under one of them"
                 ),
@@ -73,7 +74,7 @@ pub fn password(secret: Option<&Secret>, name: &str) -> Result<Password, Passwor
         [one] => *one,
         _ => {
             return Err(PasswordProblem {
-                reason: "PasswordAmbiguous",
+                reason: PostgreSQLReason::PasswordAmbiguous,
                 message: format!(
                     "Secret {name} has two different passwords, under password and postgresql_password: keep one of the keys"
                 ),
@@ -82,13 +83,13 @@ pub fn password(secret: Option<&Secret>, name: &str) -> Result<Password, Passwor
     };
     let Ok(value) = String::from_utf8(value.0.clone()) else {
         return Err(PasswordProblem {
-            reason: "PasswordInvalid",
+            reason: PostgreSQLReason::PasswordInvalid,
             message: format!("the password in Secret {name} (key {key}) is not UTF-8 text"),
         });
     };
     if value.is_empty() || value.contains('\0') {
         return Err(PasswordProblem {
-            reason: "PasswordInvalid",
+            reason: PostgreSQLReason::PasswordInvalid,
             message: format!("the password in Secret {name} (key {key}) is empty or holds a NUL character"),
         });
     }
@@ -206,16 +207,22 @@ mod tests {
     #[test]
     fn an_unusable_password_secret_says_what_to_fix() {
         let reason = |s: Option<&Secret>| password(s, "shop-db").unwrap_err().reason;
-        assert_eq!(reason(None), "PasswordSecretMissing");
-        assert_eq!(reason(Some(&user_secret(&[("pass", b"x")]))), "PasswordKeyMissing");
+        assert_eq!(reason(None), PostgreSQLReason::PasswordSecretMissing);
+        assert_eq!(
+            reason(Some(&user_secret(&[("pass", b"x")]))),
+            PostgreSQLReason::PasswordKeyMissing
+        );
         assert_eq!(
             reason(Some(&user_secret(&[("password", b"a"), ("postgresql_password", b"b")]))),
-            "PasswordAmbiguous"
+            PostgreSQLReason::PasswordAmbiguous
         );
-        assert_eq!(reason(Some(&user_secret(&[("password", b"")]))), "PasswordInvalid");
+        assert_eq!(
+            reason(Some(&user_secret(&[("password", b"")]))),
+            PostgreSQLReason::PasswordInvalid
+        );
         assert_eq!(
             reason(Some(&user_secret(&[("password", &[0xff, 0xfe])]))),
-            "PasswordInvalid"
+            PostgreSQLReason::PasswordInvalid
         );
         let missing = password(None, "shop-db").unwrap_err();
         assert!(missing.message.contains("Secret shop-db"), "{}", missing.message);

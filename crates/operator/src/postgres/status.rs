@@ -9,6 +9,7 @@
 use noops_api::PostgreSQL;
 use noops_api::condition::{DEGRADED, READY};
 use noops_api::postgres::PostgreSQLPhase;
+use noops_api::postgres::PostgreSQLReason;
 use noops_api::postgres::{BackupLocation, FailoverStatus, MemberStatus, PostgreSQLStatus, RestoreStatus, Role};
 
 use super::names::{Names, PORT};
@@ -79,7 +80,7 @@ pub struct StatusFacts {
     pub restore: Option<RestoreStatus>,
     /// A restore under way, as the pod's bootstrap reports it.
     pub restoring: Option<noops_api::backup::WorkProgress>,
-    pub backups: BackupsSummary,
+    pub backups: BackupsSummary<PostgreSQLReason>,
     pub bootstrap_source: Option<BackupLocation>,
     /// Why the instance waits for its dead node, if it does.
     pub node_lost: Option<String>,
@@ -229,7 +230,7 @@ fn decide(
     previous: &PostgreSQLStatus,
     ready: bool,
     restore: Option<&RestoreStatus>,
-) -> Vec<Decided> {
+) -> Vec<Decided<PostgreSQLReason>> {
     let archiving = archiving(pg, seen, previous);
     let mut decided = vec![
         ready_condition(pg, names, seen, ready),
@@ -288,53 +289,68 @@ fn restore_due(seen: &StatusFacts) -> bool {
 }
 
 /// The reason and message of a failed bootstrap: a failed restore, or a failed initdb.
-fn failed_bootstrap(seen: &StatusFacts, message: &str) -> (&'static str, String) {
+fn failed_bootstrap(seen: &StatusFacts, message: &str) -> (PostgreSQLReason, String) {
     if restore_due(seen) {
-        ("RestoreFailed", message.to_string())
+        (PostgreSQLReason::RestoreFailed, message.to_string())
     } else {
-        ("BootstrapFailed", message.to_string())
+        (PostgreSQLReason::BootstrapFailed, message.to_string())
     }
 }
 
 /// Ready: the instance serves the database, in the Service; otherwise the gravest reason not.
-fn ready_condition(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, ready: bool) -> Decided {
+fn ready_condition(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, ready: bool) -> Decided<PostgreSQLReason> {
     if ready {
         let message = format!("serving database {} at {}:{PORT}", pg.spec.db, names.host());
-        return Decided::new(READY, true, "Serving", message);
+        return Decided::new(READY, true, PostgreSQLReason::Serving, message);
     }
     match (&seen.instance, &seen.password_problem, spec_problem(seen)) {
         _ if seen.primary_lost.is_some() => Decided::new(
             READY,
             false,
-            "PrimaryLost",
+            PostgreSQLReason::PrimaryLost,
             seen.primary_lost.clone().unwrap_or_default(),
         ),
-        _ if seen.node_lost.is_some() => {
-            Decided::new(READY, false, "NodeLost", seen.node_lost.clone().unwrap_or_default())
-        }
+        _ if seen.node_lost.is_some() => Decided::new(
+            READY,
+            false,
+            PostgreSQLReason::NodeLost,
+            seen.node_lost.clone().unwrap_or_default(),
+        ),
         (_, _, Some(problem)) => Decided::new(READY, false, problem.reason, problem.message.clone()),
         (InstanceState::BootstrapFailed(message), _, _) => {
             let (reason, message) = failed_bootstrap(seen, message);
             Decided::new(READY, false, reason, message)
         }
-        (InstanceState::Stuck(stuck), _, _) => Decided::new(READY, false, "InstancePodStuck", stuck.message.clone()),
-        (InstanceState::Serving(_), Some(problem), _) => problem.condition(READY, false),
-        (InstanceState::Serving(_), None, _) => {
-            Decided::new(READY, false, "CreatingDatabase", "making the database and its owner")
+        (InstanceState::Stuck(stuck), _, _) => {
+            Decided::new(READY, false, PostgreSQLReason::InstancePodStuck, stuck.message.clone())
         }
+        (InstanceState::Serving(_), Some(problem), _) => problem.condition(READY, false),
+        (InstanceState::Serving(_), None, _) => Decided::new(
+            READY,
+            false,
+            PostgreSQLReason::CreatingDatabase,
+            "making the database and its owner",
+        ),
         (InstanceState::Bootstrapping, _, _) => match &seen.restores_from {
             Some(backup) => Decided::new(
                 READY,
                 false,
-                "Restoring",
+                PostgreSQLReason::Restoring,
                 format!(
                     "restoring from backup {backup} and the WAL archived after it; the instance is not in the Service until it is done"
                 ),
             ),
-            None => Decided::new(READY, false, "Initialising", "initialising a new database"),
+            None => Decided::new(
+                READY,
+                false,
+                PostgreSQLReason::Initialising,
+                "initialising a new database",
+            ),
         },
-        (InstanceState::Starting(why), _, _) => Decided::new(READY, false, "Starting", why.clone()),
-        (InstanceState::Unreachable(why), _, _) => Decided::new(READY, false, "Unreachable", why.clone()),
+        (InstanceState::Starting(why), _, _) => Decided::new(READY, false, PostgreSQLReason::Starting, why.clone()),
+        (InstanceState::Unreachable(why), _, _) => {
+            Decided::new(READY, false, PostgreSQLReason::Unreachable, why.clone())
+        }
     }
 }
 
@@ -360,13 +376,13 @@ fn last_failover(
 }
 
 /// ReplicasReady: every replica asked for streams within the lag bound, or which do not.
-fn replicas_ready(pg: &PostgreSQL, seen: &StatusFacts) -> Decided {
+fn replicas_ready(pg: &PostgreSQL, seen: &StatusFacts) -> Decided<PostgreSQLReason> {
     let wanted = pg.spec.instances - 1;
     if wanted == 0 {
         return Decided::new(
             REPLICAS_READY,
             true,
-            "NoReplicas",
+            PostgreSQLReason::NoReplicas,
             "one instance: no replica is asked for",
         );
     }
@@ -385,7 +401,7 @@ fn replicas_ready(pg: &PostgreSQL, seen: &StatusFacts) -> Decided {
         Decided::new(
             REPLICAS_READY,
             true,
-            "Streaming",
+            PostgreSQLReason::Streaming,
             format!("{streaming} of {wanted} replicas stream from the primary"),
         )
     } else {
@@ -393,40 +409,55 @@ fn replicas_ready(pg: &PostgreSQL, seen: &StatusFacts) -> Decided {
         if (replicas.len() as i32) < wanted {
             why.push(format!("{} of {wanted} replicas have a pod", replicas.len()));
         }
-        Decided::new(REPLICAS_READY, false, "ReplicasBehind", why.join("; "))
+        Decided::new(REPLICAS_READY, false, PostgreSQLReason::ReplicasBehind, why.join("; "))
     }
 }
 
 /// The reason of a Degraded condition that says which instances share a node another could
 /// take one from.
-pub const INSTANCES_SHARE_NODE: &str = "InstancesShareNode";
+pub const INSTANCES_SHARE_NODE: &str = PostgreSQLReason::InstancesShareNode.as_str();
 
 /// Degraded: the gravest of what needs attention.
-fn degraded(seen: &StatusFacts, archiving: Option<&Decided>) -> Decided {
+fn degraded(seen: &StatusFacts, archiving: Option<&Decided<PostgreSQLReason>>) -> Decided<PostgreSQLReason> {
     match (&seen.instance, &seen.password_problem) {
         _ if seen.primary_lost.is_some() => Decided::new(
             DEGRADED,
             true,
-            "PrimaryLost",
+            PostgreSQLReason::PrimaryLost,
             seen.primary_lost.clone().unwrap_or_default(),
         ),
-        _ if seen.node_lost.is_some() => {
-            Decided::new(DEGRADED, true, "NodeLost", seen.node_lost.clone().unwrap_or_default())
-        }
+        _ if seen.node_lost.is_some() => Decided::new(
+            DEGRADED,
+            true,
+            PostgreSQLReason::NodeLost,
+            seen.node_lost.clone().unwrap_or_default(),
+        ),
         (InstanceState::BootstrapFailed(message), _) => {
             let (reason, message) = failed_bootstrap(seen, message);
             Decided::new(DEGRADED, true, reason, message)
         }
-        (InstanceState::Stuck(stuck), _) => Decided::new(DEGRADED, true, "InstancePodStuck", stuck.message.clone()),
+        (InstanceState::Stuck(stuck), _) => Decided::new(
+            DEGRADED,
+            true,
+            PostgreSQLReason::InstancePodStuck,
+            stuck.message.clone(),
+        ),
         (_, Some(problem)) => problem.condition(DEGRADED, true),
-        (InstanceState::Unreachable(why), _) => Decided::new(DEGRADED, true, "Unreachable", why.clone()),
+        (InstanceState::Unreachable(why), _) => {
+            Decided::new(DEGRADED, true, PostgreSQLReason::Unreachable, why.clone())
+        }
         _ => match spec_problem(seen).or(seen.schedule_problem.as_ref()) {
             Some(problem) => Decided::new(DEGRADED, true, problem.reason, problem.message.clone()),
-            None => match archiving.filter(|a| a.reason == "ArchiveFailing") {
-                Some(failing) => Decided::new(DEGRADED, true, "ArchiveFailing", failing.message.clone()),
+            None => match archiving.filter(|a| a.reason == PostgreSQLReason::ArchiveFailing) {
+                Some(failing) => Decided::new(
+                    DEGRADED,
+                    true,
+                    PostgreSQLReason::ArchiveFailing,
+                    failing.message.clone(),
+                ),
                 None => match &seen.apart {
-                    Some(shared) => Decided::new(DEGRADED, true, INSTANCES_SHARE_NODE, shared.clone()),
-                    None => Decided::new(DEGRADED, false, "AsExpected", "nothing needs attention"),
+                    Some(shared) => Decided::new(DEGRADED, true, PostgreSQLReason::InstancesShareNode, shared.clone()),
+                    None => Decided::new(DEGRADED, false, PostgreSQLReason::AsExpected, "nothing needs attention"),
                 },
             },
         },
@@ -434,16 +465,16 @@ fn degraded(seen: &StatusFacts, archiving: Option<&Decided>) -> Decided {
 }
 
 /// Restored: whether the data directory came from a backup, and what it recovered.
-fn restored(seen: &StatusFacts, restore: Option<&RestoreStatus>) -> Decided {
+fn restored(seen: &StatusFacts, restore: Option<&RestoreStatus>) -> Decided<PostgreSQLReason> {
     match (&seen.instance, restore) {
         (InstanceState::BootstrapFailed(message), _) if restore_due(seen) => {
-            Decided::new(RESTORED, false, "RestoreFailed", message.clone())
+            Decided::new(RESTORED, false, PostgreSQLReason::RestoreFailed, message.clone())
         }
-        (_, Some(record)) => Decided::new(RESTORED, true, "Restored", restored_message(record)),
+        (_, Some(record)) => Decided::new(RESTORED, true, PostgreSQLReason::Restored, restored_message(record)),
         (_, None) => Decided::new(
             RESTORED,
             false,
-            "NotRestored",
+            PostgreSQLReason::NotRestored,
             "the data directory was made new (initdb), not restored from a backup",
         ),
     }
@@ -472,21 +503,25 @@ fn phase(seen: &StatusFacts, previous: &PostgreSQLStatus, ready: bool) -> Postgr
 
 /// `ContinuousArchiving`, from what the archiver says (kept as it was while the server does
 /// not answer).
-fn archiving(pg: &PostgreSQL, seen: &StatusFacts, previous: &PostgreSQLStatus) -> Option<Decided> {
+fn archiving(pg: &PostgreSQL, seen: &StatusFacts, previous: &PostgreSQLStatus) -> Option<Decided<PostgreSQLReason>> {
     if pg.spec.backup.is_none() {
         return Some(Decided::new(
             CONTINUOUS_ARCHIVING,
             false,
-            "NoDestination",
+            PostgreSQLReason::NoDestination,
             "spec.backup is not set: WAL is not archived, and a lost volume loses the database",
         ));
     }
     let Some(archiver) = &seen.archiver else {
         // Not serving: what was said stays.
         let kept = previous.conditions.iter().find(|c| c.type_ == CONTINUOUS_ARCHIVING)?;
-        let reason = ["WalArchived", "ArchiveFailing", "NotYetArchived"]
-            .into_iter()
-            .find(|r| *r == kept.reason)?;
+        let reason = [
+            PostgreSQLReason::WalArchived,
+            PostgreSQLReason::ArchiveFailing,
+            PostgreSQLReason::NotYetArchived,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == kept.reason)?;
         return Some(Decided::new(
             CONTINUOUS_ARCHIVING,
             kept.status == "True",
@@ -503,7 +538,7 @@ fn archiving(pg: &PostgreSQL, seen: &StatusFacts, previous: &PostgreSQLStatus) -
         (Some(since), _) => Decided::new(
             CONTINUOUS_ARCHIVING,
             false,
-            "ArchiveFailing",
+            PostgreSQLReason::ArchiveFailing,
             format!(
                 "archiving WAL segment {} failed at {since} (the instance's log says why): a lost volume would lose every commit since the last archived segment",
                 archiver.last_failed_wal.as_deref().unwrap_or("?")
@@ -512,7 +547,7 @@ fn archiving(pg: &PostgreSQL, seen: &StatusFacts, previous: &PostgreSQLStatus) -
         (None, Some(wal)) => Decided::new(
             CONTINUOUS_ARCHIVING,
             true,
-            "WalArchived",
+            PostgreSQLReason::WalArchived,
             format!(
                 "WAL is archived within {}s of a commit; the last segment, {wal}, at {}",
                 pg.spec.backup.as_ref().map_or(0, |b| b.archive_timeout_seconds),
@@ -522,7 +557,7 @@ fn archiving(pg: &PostgreSQL, seen: &StatusFacts, previous: &PostgreSQLStatus) -
         (None, None) => Decided::new(
             CONTINUOUS_ARCHIVING,
             false,
-            "NotYetArchived",
+            PostgreSQLReason::NotYetArchived,
             "no WAL segment has been archived yet",
         ),
     })
@@ -615,7 +650,7 @@ mod tests {
         no_password.database_ready = false;
         no_password.password_version = None;
         no_password.password_problem = Some(PasswordProblem {
-            reason: "PasswordSecretMissing",
+            reason: PostgreSQLReason::PasswordSecretMissing,
             message: "Secret shop-db does not exist".into(),
         });
         let status = build(&pg, &Names::of(&pg), &no_password, jiff::Timestamp::now());
@@ -630,7 +665,7 @@ mod tests {
         let pg = postgres("shop");
         let mut later = seen(InstanceState::Serving(facts()));
         later.password_problem = Some(PasswordProblem {
-            reason: "PasswordSecretMissing",
+            reason: PostgreSQLReason::PasswordSecretMissing,
             message: "gone".into(),
         });
         let status = build(&pg, &Names::of(&pg), &later, jiff::Timestamp::now());
@@ -745,7 +780,7 @@ mod tests {
     fn a_refused_spec_or_a_bad_schedule_degrades_a_serving_database_and_a_refused_spec_holds_back_a_new_one() {
         let pg = postgres("shop");
         let refused = PlanProblem {
-            reason: "SpecRejected",
+            reason: PostgreSQLReason::SpecRejected,
             message: "the API server refused the StatefulSet this spec makes".into(),
         };
         let mut serving = seen(InstanceState::Serving(facts()));
@@ -777,7 +812,7 @@ mod tests {
 
         let mut bad_schedule = seen(InstanceState::Serving(facts()));
         bad_schedule.schedule_problem = Some(PlanProblem {
-            reason: "InvalidSchedule",
+            reason: PostgreSQLReason::InvalidSchedule,
             message: "backup.schedule \"99 * * * *\" is not a cron expression".into(),
         });
         let status = build(&pg, &Names::of(&pg), &bad_schedule, jiff::Timestamp::now());

@@ -14,6 +14,7 @@
 //! - The chosen replica is given the list before it is handed the lease: it takes its first
 //!   commit as synchronously as the primary it replaces.
 
+use noops_api::postgres::PostgreSQLReason;
 use std::time::Duration;
 
 use noops_api::postgres::{DataDurability, SynchronousSpec};
@@ -122,12 +123,16 @@ pub fn enough_answered(
 /// primary was not seen this pass (what was said stays). Too few is `WaitingForReplicas`
 /// until there have been enough once (a new database's replicas being made are no loss),
 /// `TooFewReplicas` after; `previous`: the reason the condition had.
-pub fn condition(sync: Option<&SynchronousSpec>, seen: Option<&Seen>, previous: Option<&str>) -> Option<Decided> {
+pub fn condition(
+    sync: Option<&SynchronousSpec>,
+    seen: Option<&Seen>,
+    previous: Option<&str>,
+) -> Option<Decided<PostgreSQLReason>> {
     let Some(sync) = sync else {
         return Some(Decided::new(
             SYNCHRONOUS_REPLICAS,
             false,
-            "Asynchronous",
+            PostgreSQLReason::Asynchronous,
             "spec.synchronous is not set: a commit is acknowledged once the primary has it, and a failover may lose the last ones",
         ));
     };
@@ -142,7 +147,7 @@ pub fn condition(sync: Option<&SynchronousSpec>, seen: Option<&Seen>, previous: 
         return Some(Decided::new(
             SYNCHRONOUS_REPLICAS,
             true,
-            "Synchronous",
+            PostgreSQLReason::Synchronous,
             format!(
                 "a commit is acknowledged once {} replicas have it ({}); streaming: {which}",
                 sync.number, seen.setting
@@ -161,8 +166,8 @@ pub fn condition(sync: Option<&SynchronousSpec>, seen: Option<&Seen>, previous: 
         ),
     };
     let reason = match previous {
-        Some("Synchronous" | TOO_FEW_REPLICAS) => TOO_FEW_REPLICAS,
-        _ => "WaitingForReplicas",
+        Some("Synchronous" | TOO_FEW_REPLICAS) => PostgreSQLReason::TooFewReplicas,
+        _ => PostgreSQLReason::WaitingForReplicas,
     };
     Some(Decided::new(
         SYNCHRONOUS_REPLICAS,
@@ -288,18 +293,21 @@ mod tests {
         };
         let required = sync(1, DataDurability::Required);
         let ok = condition(Some(&required), Some(&seen(&["shop-2"])), None).unwrap();
-        assert!(ok.status && ok.reason == "Synchronous", "{ok:?}");
+        assert!(ok.status && ok.reason == PostgreSQLReason::Synchronous, "{ok:?}");
         let short = condition(Some(&required), Some(&seen(&[])), Some("Synchronous")).unwrap();
-        assert!(!short.status && short.reason == "TooFewReplicas");
+        assert!(!short.status && short.reason == PostgreSQLReason::TooFewReplicas);
         assert!(short.message.contains("commits wait"), "{}", short.message);
         let preferred = sync(1, DataDurability::Preferred);
         let short = condition(Some(&preferred), Some(&seen(&[])), Some("TooFewReplicas")).unwrap();
-        assert_eq!(short.reason, "TooFewReplicas");
+        assert_eq!(short.reason, PostgreSQLReason::TooFewReplicas);
         assert!(short.message.contains("asynchronously"), "{}", short.message);
         // Replicas of a new database being made: waited for, not lost.
         let new = condition(Some(&required), Some(&seen(&[])), None).unwrap();
-        assert_eq!(new.reason, "WaitingForReplicas");
+        assert_eq!(new.reason, PostgreSQLReason::WaitingForReplicas);
         assert_eq!(condition(Some(&required), None, None), None, "not seen: kept");
-        assert_eq!(condition(None, None, None).unwrap().reason, "Asynchronous");
+        assert_eq!(
+            condition(None, None, None).unwrap().reason,
+            PostgreSQLReason::Asynchronous
+        );
     }
 }

@@ -3,6 +3,7 @@
 //! writes what a [`Verdict`](super::progress::Verdict) left, sends its Event and removes the
 //! task pod of a backup that is done. An engine writes only how a backup is taken and deleted.
 
+use noops_api::backup::BackupReason;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -198,8 +199,12 @@ async fn report_pause<K: BackupResource>(ctx: &Context, backup: &K, paused: bool
     // A backup never paused has no Paused condition, so the core sees no news in the first
     // one: told here.
     let was = crate::core::conditions::is_true(&K::progress(&previous).conditions, noops_api::condition::PAUSED);
-    let told = (paused && !was)
-        .then(|| crate::core::events::Announcement::normal("Paused", crate::core::conditions::paused(true).message));
+    let told = (paused && !was).then(|| {
+        crate::core::events::Announcement::normal(
+            "Paused",
+            crate::core::conditions::paused::<BackupReason>(true).message,
+        )
+    });
     let mut version = backup.resource_version();
     ctx.report_at(backup, Some(&previous), &mut version, &status, told)
         .await?;
@@ -216,7 +221,7 @@ fn with_pause_condition(progress: &mut BackupProgress, paused: bool) {
     if paused || was_paused {
         progress.conditions = merge(
             &progress.conditions,
-            &[crate::core::conditions::paused(paused)],
+            &[crate::core::conditions::paused::<BackupReason>(paused)],
             None,
             jiff::Timestamp::now(),
         );
@@ -439,7 +444,7 @@ mod tests {
     fn paused(status: &str, since: i64) -> BackupProgress {
         let mut conditions = merge(
             &[],
-            &[crate::core::conditions::paused(status == "True")],
+            &[crate::core::conditions::paused::<BackupReason>(status == "True")],
             None,
             at(since),
         );

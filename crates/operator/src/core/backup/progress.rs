@@ -6,6 +6,7 @@
 //! waits until its deadline, then fails.
 
 use noops_api::backup::BackupPhase;
+use noops_api::backup::BackupReason;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -26,9 +27,9 @@ pub enum Verdict<T> {
     /// A pod is at work on it; `message` says which, for the condition.
     InProgress { message: String },
     /// Not yet: looked at again, up to the deadline.
-    Wait { reason: &'static str, message: String },
+    Wait { reason: BackupReason, message: String },
     /// Cannot be made as things stand.
-    Failed { reason: &'static str, message: String },
+    Failed { reason: BackupReason, message: String },
 }
 
 impl<T> Verdict<T> {
@@ -115,8 +116,8 @@ pub fn settle(
     // keeps when it really began.)
     next.started_at = next.started_at.clone().or(Some(Time(started)));
     let (stored, reason, message) = match &verdict {
-        Verdict::Succeeded(note) => (true, "Stored", note.clone()),
-        Verdict::InProgress { message } => (false, "InProgress", message.clone()),
+        Verdict::Succeeded(note) => (true, BackupReason::Stored, note.clone()),
+        Verdict::InProgress { message } => (false, BackupReason::InProgress, message.clone()),
         Verdict::Wait { reason, message } | Verdict::Failed { reason, message } => (false, *reason, message.clone()),
     };
     next.conditions = merge(
@@ -223,7 +224,7 @@ mod tests {
     #[test]
     fn a_waiting_backup_runs_until_its_deadline_then_fails_with_the_reason_it_waited_for() {
         let waiting = || Verdict::Wait {
-            reason: "ClaimNotFound",
+            reason: BackupReason::ClaimNotFound,
             message: "no claim".into(),
         };
         let settled = settle(&BackupProgress::default(), waiting(), at(0), at(599), TIMING);
@@ -257,7 +258,7 @@ mod tests {
         let settled = settle(
             &BackupProgress::default(),
             Verdict::Failed {
-                reason: "NoDestination",
+                reason: BackupReason::NoDestination,
                 message: "nowhere".into(),
             },
             at(0),
@@ -274,13 +275,13 @@ mod tests {
         let learnt: Verdict<u32> = Verdict::Succeeded(3);
         assert_eq!(learnt.map_succeeded(|n| n * 2), Verdict::Succeeded(6));
         let waiting: Verdict<u32> = Verdict::Wait {
-            reason: "R",
+            reason: BackupReason::NotStored,
             message: "m".into(),
         };
         assert_eq!(
             waiting.map_succeeded(|n| n * 2),
             Verdict::Wait {
-                reason: "R",
+                reason: BackupReason::NotStored,
                 message: "m".into()
             }
         );

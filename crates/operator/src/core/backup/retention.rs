@@ -16,20 +16,38 @@ use noops_api::backup::BackupsStatus;
 use super::controller::BackupResource;
 use super::schedule::{self, BadSchedule, Counted, Kept, SCHEDULED_LABEL};
 use crate::core::conditions::Decided;
+use noops_api::reason::Reason;
 
 /// The resource's condition that says how its newest finished backup went.
 pub const BACKUP_SUCCEEDED: &str = "BackupSucceeded";
 
-/// What a resource's status says of its backups.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct BackupsSummary {
+/// The reasons of [`BACKUP_SUCCEEDED`] in a kind that schedules backups.
+pub trait BackupsReason: Reason {
+    /// The newest finished backup is stored.
+    const BACKUP_STORED: Self;
+    /// The newest finished backup failed.
+    const BACKUP_FAILED: Self;
+}
+
+/// What a resource's status says of its backups (its conditions' reasons are `R`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackupsSummary<R: BackupsReason> {
     /// The fields of the status (the schedule's bookmark, the newest, how many are kept).
     pub status: BackupsStatus,
     /// [`BACKUP_SUCCEEDED`]: the newest finished backup succeeded, or why it failed.
-    pub condition: Option<Decided>,
+    pub condition: Option<Decided<R>>,
 }
 
-impl BackupsSummary {
+impl<R: BackupsReason> Default for BackupsSummary<R> {
+    fn default() -> Self {
+        Self {
+            status: BackupsStatus::default(),
+            condition: None,
+        }
+    }
+}
+
+impl<R: BackupsReason> BackupsSummary<R> {
     /// As the last status left it (`conditions` are the resource's).
     pub fn of(conditions: &[Condition], status: &BackupsStatus) -> Self {
         let condition = conditions.iter().find(|c| c.type_ == BACKUP_SUCCEEDED).map(|c| {
@@ -105,8 +123,8 @@ pub struct Due {
     pub next_in: Duration,
 }
 
-fn reason(stored: bool) -> &'static str {
-    if stored { "BackupStored" } else { "BackupFailed" }
+fn reason<R: BackupsReason>(stored: bool) -> R {
+    if stored { R::BACKUP_STORED } else { R::BACKUP_FAILED }
 }
 
 /// The scheduled backups among `backups` that retention deletes so that `max` successful ones

@@ -6,6 +6,7 @@
 //! finalizer), from the store recorded in its status, so it works once the cluster is gone.
 
 use noops_api::backup::BackupPhase;
+use noops_api::backup::BackupReason;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -102,7 +103,7 @@ async fn take_or_go_on(
     let clusters: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &namespace);
     Ok(Some(match clusters.get_opt(&backup.spec.cluster).await? {
         None => Verdict::Failed {
-            reason: "ClusterNotFound",
+            reason: BackupReason::ClusterNotFound,
             message: format!("EtcdCluster {:?} does not exist in this namespace", backup.spec.cluster),
         },
         Some(cluster) => {
@@ -114,7 +115,7 @@ async fn take_or_go_on(
                     attempt_until_deadline(backup, &cluster, &destination, &key, started, ctx).await?
                 }
                 (None, None) => Verdict::Failed {
-                    reason: "NoDestination",
+                    reason: BackupReason::NoDestination,
                     message: format!(
                         "EtcdCluster {:?} has no spec.backup: it does not say where backups go",
                         backup.spec.cluster
@@ -185,7 +186,7 @@ async fn source(
     });
     let Some(endpoint) = endpoint else {
         return Ok(Err(Verdict::Wait {
-            reason: "NoHealthyMember",
+            reason: BackupReason::NoHealthyMember,
             message: format!("no healthy member of {} to take a snapshot from", names.cluster),
         }));
     };
@@ -195,7 +196,7 @@ async fn source(
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
     let Some(secret) = secrets.get_opt(&names.client_secret()).await? else {
         return Ok(Err(Verdict::Wait {
-            reason: "NoClientCertificate",
+            reason: BackupReason::NoClientCertificate,
             message: format!("Secret {} is not there yet", names.client_secret()),
         }));
     };
@@ -218,7 +219,7 @@ async fn attempt_to_bucket(
         Ok(bucket) => bucket,
         Err(e) => {
             return Ok(Verdict::Wait {
-                reason: "StoreUnavailable",
+                reason: BackupReason::StoreUnavailable,
                 message: e.to_string(),
             });
         }
@@ -227,15 +228,15 @@ async fn attempt_to_bucket(
         match snapshot::take(&EtcdAccess::new(credentials), &endpoint, bucket, key, limit).await {
             Ok(taken) => Verdict::Succeeded(taken),
             Err(e @ TakeError::Stalled(_)) => Verdict::Wait {
-                reason: "SnapshotStalled",
+                reason: BackupReason::SnapshotStalled,
                 message: e.to_string(),
             },
             Err(e @ (TakeError::Etcd(_) | TakeError::Stream(_) | TakeError::Empty)) => Verdict::Wait {
-                reason: "SnapshotFailed",
+                reason: BackupReason::SnapshotFailed,
                 message: e.to_string(),
             },
             Err(e @ TakeError::Store(_)) => Verdict::Wait {
-                reason: "UploadFailed",
+                reason: BackupReason::UploadFailed,
                 message: e.to_string(),
             },
         },
@@ -262,7 +263,7 @@ async fn attempt_to_volume(
             let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
             if claims.get_opt(&destination.claim_name).await?.is_none() {
                 return Ok(Verdict::Wait {
-                    reason: "ClaimNotFound",
+                    reason: BackupReason::ClaimNotFound,
                     message: format!(
                         "PersistentVolumeClaim {:?} (backup.volume.claimName) does not exist in this namespace",
                         destination.claim_name
@@ -275,7 +276,7 @@ async fn attempt_to_volume(
             };
             let Some(owner) = controller_reference(backup) else {
                 return Ok(Verdict::Wait {
-                    reason: "NotStored",
+                    reason: BackupReason::NotStored,
                     message: "the EtcdBackup has no uid yet".into(),
                 });
             };
@@ -301,13 +302,13 @@ async fn attempt_to_volume(
         Outcome::Running if limit.is_zero() => {
             remove_pod(ctx, backup, &pod_name(backup, Job::Save)).await?;
             Ok(Verdict::Wait {
-                reason: "SnapshotStalled",
+                reason: BackupReason::SnapshotStalled,
                 message: format!("pod {name} did not save the snapshot in time"),
             })
         }
         Outcome::Running => Ok(saving(&name)),
         Outcome::Stuck(message) => Ok(Verdict::Wait {
-            reason: "BackupPodStuck",
+            reason: BackupReason::BackupPodStuck,
             message,
         }),
         Outcome::Succeeded(message) => match volume::saved(&message).and_then(|s| s.into_taken()) {
@@ -315,7 +316,7 @@ async fn attempt_to_volume(
             None => {
                 remove_pod(ctx, backup, &pod_name(backup, Job::Save)).await?;
                 Ok(Verdict::Wait {
-                    reason: "SnapshotFailed",
+                    reason: BackupReason::SnapshotFailed,
                     message: format!("pod {name} ended without saying what it saved: {message:?}"),
                 })
             }
@@ -323,7 +324,7 @@ async fn attempt_to_volume(
         Outcome::Failed(message) => {
             remove_pod(ctx, backup, &pod_name(backup, Job::Save)).await?;
             Ok(Verdict::Wait {
-                reason: "SnapshotFailed",
+                reason: BackupReason::SnapshotFailed,
                 message,
             })
         }

@@ -8,6 +8,7 @@
 //! needed (a finalizer), from where its status says, so it works once the PostgreSQL is gone.
 
 use noops_api::backup::BackupPhase;
+use noops_api::backup::BackupReason;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -159,7 +160,7 @@ async fn look(begun: &mut Begun<PostgresBackup>, ctx: &Context) -> Result<Option
                 None => None,
             };
             under_way.unwrap_or_else(|| Verdict::Wait {
-                reason: "PostgreSQLNotFound",
+                reason: BackupReason::PostgreSQLNotFound,
                 message: format!(
                     "PostgreSQL {:?} does not exist in this namespace",
                     backup.spec.postgresql
@@ -226,7 +227,7 @@ fn where_to(pg: &PostgreSQL, backup: &str) -> std::result::Result<(BackupLocatio
     let names = Names::of(pg);
     let Some(destination) = pg.spec.backup.as_ref().and_then(Destination::of_spec) else {
         return Err(Verdict::Failed {
-            reason: "NoDestination",
+            reason: BackupReason::NoDestination,
             message: format!(
                 "PostgreSQL {} has no spec.backup: it does not say where backups go",
                 names.name
@@ -235,7 +236,7 @@ fn where_to(pg: &PostgreSQL, backup: &str) -> std::result::Result<(BackupLocatio
     };
     let Some(system_id) = pg.status.as_ref().and_then(|s| s.system_identifier.clone()) else {
         return Err(Verdict::Wait {
-            reason: "NotServing",
+            reason: BackupReason::NotServing,
             message: format!("PostgreSQL {} has not served yet", names.name),
         });
     };
@@ -269,7 +270,7 @@ async fn attempt(
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
         if claims.get_opt(&claim).await?.is_none() {
             return Ok(Verdict::Wait {
-                reason: "ClaimNotFound",
+                reason: BackupReason::ClaimNotFound,
                 message: format!(
                     "PersistentVolumeClaim {claim:?} (backup.volume.claimName) does not exist in this namespace"
                 ),
@@ -288,13 +289,13 @@ async fn attempt(
     let Some((source, host)) = chosen else {
         let primary = candidates.last().map(|c| c.instance.clone()).unwrap_or_default();
         return Ok(Verdict::Wait {
-            reason: "InstanceNotReady",
+            reason: BackupReason::InstanceNotReady,
             message: format!("the primary {primary} is not serving: a base backup waits for it"),
         });
     };
     let Some(owner) = controller_reference(backup) else {
         return Ok(Verdict::Wait {
-            reason: "NotStored",
+            reason: BackupReason::NotStored,
             message: "the PostgresBackup has no uid yet".into(),
         });
     };
@@ -318,7 +319,7 @@ async fn attempt(
         &owner,
     ) else {
         return Ok(Verdict::Failed {
-            reason: "NoDestination",
+            reason: BackupReason::NoDestination,
             message: "the recorded destination names no store".into(),
         });
     };
@@ -350,24 +351,24 @@ async fn pod_progress(
         Outcome::Running if elapsed(started, now) >= RUN_DEADLINE => {
             remove_pod(ctx, backup, &pod_name(backup, Job::Base)).await?;
             Verdict::Failed {
-                reason: "BackupTooLong",
+                reason: BackupReason::BackupTooLong,
                 message: format!("pod {name} did not finish within {}s", RUN_DEADLINE.as_secs()),
             }
         }
         Outcome::Running => taking(&name),
         Outcome::Stuck(message) => Verdict::Wait {
-            reason: "BackupPodStuck",
+            reason: BackupReason::BackupPodStuck,
             message,
         },
         Outcome::Succeeded(message) => match serde_json::from_str::<Taken>(&message) {
             Ok(taken) => Verdict::Succeeded(Box::new(taken)),
             Err(_) => Verdict::Failed {
-                reason: "BaseBackupFailed",
+                reason: BackupReason::BaseBackupFailed,
                 message: format!("pod {name} ended without saying what it stored: {message:?}"),
             },
         },
         Outcome::Failed(message) => Verdict::Failed {
-            reason: "BaseBackupFailed",
+            reason: BackupReason::BaseBackupFailed,
             message,
         },
     }))
