@@ -3,7 +3,8 @@
 //! Between the pure unit tests (what a pass decides) and the end-to-end tests (what comes of
 //! it), these check the requests themselves: nothing written before the object is validated,
 //! the status before the Events that tell of it, nothing asked by a pass over a settled
-//! object, and the writes of a first apply and of a switch against golden files, as well as
+//! object, nothing read but from the caches or as a declared confirmation (every test, when
+//! its controllers stop), and the writes of a first apply and of a switch against golden files, as well as
 //! the states a MachineDeployment's rollout takes its sets through, seen by a watch
 //! (`tests/golden/`; `NOOPS_UPDATE_GOLDEN=1` writes them anew, to be read and committed).
 // A test's own helpers fail it outright.
@@ -23,17 +24,26 @@ use tokio::sync::watch;
 const MINUTE: Duration = Duration::from_secs(60);
 
 /// One request a controller sent: its verb and resource as Kubernetes' audit log names them,
-/// and the object's name when it names one.
+/// the object's name when it names one, why it confirms (a declared read,
+/// `noops::core::confirm`), and whether it is a watch cache's list.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Sent {
     verb: &'static str,
     resource: String,
     name: Option<String>,
+    confirms: Option<String>,
+    cache_list: bool,
 }
 
 impl Sent {
     fn writes(&self) -> bool {
         ["create", "update", "patch", "delete", "deletecollection"].contains(&self.verb)
+    }
+
+    /// A read a pass made of the API server without declaring it a confirmation: a pass
+    /// reads its caches.
+    fn undeclared_read(&self) -> bool {
+        ["get", "list"].contains(&self.verb) && self.confirms.is_none() && !self.cache_list
     }
 
     /// `verb resource[ name]`; an Event is `events` whatever its verb and name (its name is
@@ -118,10 +128,19 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let uri = request.uri();
         let (verb, resource) = noops::core::api_requests::classify(request.method(), uri.path(), uri.query());
+        let confirms = request
+            .headers()
+            .get(noops::core::confirm::CONFIRMS_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        // A watch cache lists in pages (`limit`); a pass's own list does not.
+        let cache_list = verb == "list" && uri.query().is_some_and(|q| q.contains("limit="));
         self.sent.0.lock().unwrap().push(Sent {
             verb,
             resource,
             name: noops::core::api_requests::object_name(uri.path()),
+            confirms,
+            cache_list,
         });
         self.inner.call(request)
     }
@@ -182,10 +201,20 @@ impl InProcess {
 }
 
 impl Drop for InProcess {
+    /// Stops the controllers; then, unless the test failed already, checks that every read
+    /// their passes made was of a cache or a declared confirmation (every test here, so every
+    /// kind).
     fn drop(&mut self) {
         let _ = self.halt.send(true);
         for task in &self.tasks {
             task.abort();
+        }
+        if !std::thread::panicking() {
+            let undeclared: Vec<Sent> = self.sent.since(0).into_iter().filter(Sent::undeclared_read).collect();
+            assert!(
+                undeclared.is_empty(),
+                "passes read the API server neither from a cache nor as a declared confirmation: {undeclared:?}"
+            );
         }
     }
 }

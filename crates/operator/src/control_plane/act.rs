@@ -104,7 +104,8 @@ pub async fn ensure_authorities(
                     crash::point("control plane: a CA made");
                     made
                 } else {
-                    secrets.get(&name).await?
+                    // Made by another pass meanwhile: its CA is the one.
+                    crate::core::confirm::read(&secrets, &name, "ca-made-meanwhile").await?
                 }
             }
         };

@@ -93,11 +93,16 @@ pub fn must_check(kcp: &KubernetesControlPlane, made: bool) -> bool {
 /// The reason of the conditions that say a range is taken.
 pub const RANGE_TAKEN: &str = noops_api::control_plane::KubernetesControlPlaneReason::RangeTaken.as_str();
 
+/// Why the ranges are read from the API (checked before a control plane is made or changed, and
+/// nothing else of this cluster's nodes and Service ranges is watched).
+const RANGES: &str = "ranges-before-create";
+
 /// The ranges this cluster uses: each node's pod ranges, and its Service ranges (ServiceCIDR
 /// objects; on a cluster without them, the address of its `kubernetes` Service).
 pub async fn read_taken(client: &kube::Client) -> Result<Vec<Taken>, kube::Error> {
     let mut taken = Vec::new();
-    for node in Api::<Node>::all(client.clone()).list(&Default::default()).await? {
+    let nodes = Api::<Node>::all(client.clone());
+    for node in crate::core::confirm::list(&nodes, &Default::default(), RANGES).await? {
         let name = node.metadata.name.unwrap_or_default();
         let spec = node.spec.unwrap_or_default();
         let ranges = spec.pod_cidrs.unwrap_or_default().into_iter().chain(spec.pod_cidr);
@@ -108,7 +113,7 @@ pub async fn read_taken(client: &kube::Client) -> Result<Vec<Taken>, kube::Error
             }
         }
     }
-    match Api::<ServiceCIDR>::all(client.clone()).list(&Default::default()).await {
+    match crate::core::confirm::list(&Api::<ServiceCIDR>::all(client.clone()), &Default::default(), RANGES).await {
         Ok(list) => {
             for cidr in list {
                 let name = cidr.metadata.name.unwrap_or_default();
@@ -120,9 +125,8 @@ pub async fn read_taken(client: &kube::Client) -> Result<Vec<Taken>, kube::Error
             }
         }
         Err(kube::Error::Api(e)) if e.code == 404 => {
-            let kubernetes = Api::<Service>::namespaced(client.clone(), "default")
-                .get_opt("kubernetes")
-                .await?;
+            let services = Api::<Service>::namespaced(client.clone(), "default");
+            let kubernetes = crate::core::confirm::get(&services, "kubernetes", RANGES).await?;
             let address = kubernetes.and_then(|s| s.spec?.cluster_ip);
             if let Some(range) = address.as_deref().and_then(Range::parse) {
                 let by = "the Service range of this cluster (its kubernetes Service)".into();

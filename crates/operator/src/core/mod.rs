@@ -18,6 +18,7 @@ pub mod backoff;
 pub mod backup;
 pub mod cache;
 pub mod conditions;
+pub mod confirm;
 pub mod controller;
 pub mod crash;
 pub mod downward;

@@ -63,7 +63,10 @@ impl UserSecrets {
             return Ok(Some(known));
         }
         let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
-        let fresh = api.get_opt(name).await?.map(Arc::new);
+        // (Its content: only the metadata of users' Secrets is watched.)
+        let fresh = crate::core::confirm::get(&api, name, "secret-content")
+            .await?
+            .map(Arc::new);
         match &fresh {
             Some(secret) => self.remember(key, secret.clone()),
             None => self.forget(&key),

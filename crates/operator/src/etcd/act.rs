@@ -169,11 +169,13 @@ impl Runner<'_> {
     /// as unchanged, and a pod made on a claim being deleted waits for it for ever.
     async fn claim_now(&self, member: &str) -> Result<Claim> {
         let api: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
-        Ok(match api.get_opt(&self.names.volume(member)).await? {
-            None => Claim::Missing,
-            Some(claim) if claim.metadata.deletion_timestamp.is_some() => Claim::Going,
-            Some(_) => Claim::Kept,
-        })
+        Ok(
+            match crate::core::confirm::get(&api, &self.names.volume(member), "claim-before-pod").await? {
+                None => Claim::Missing,
+                Some(claim) if claim.metadata.deletion_timestamp.is_some() => Claim::Going,
+                Some(_) => Claim::Kept,
+            },
+        )
     }
 
     /// Creates the volume (if the cluster keeps data) and the pod of `member`; either may exist.

@@ -276,8 +276,8 @@ pub async fn nodes_down(
                 .get(member)
                 .and_then(|v| v.spec.as_ref()?.volume_name.clone())
             {
-                Some(pv) => volume_api
-                    .get_opt(&pv)
+                // (Volumes are not watched: read only for a member whose pod is gone.)
+                Some(pv) => crate::core::confirm::get(&volume_api, &pv, "volume-node-of-lost-member")
                     .await?
                     .as_ref()
                     .and_then(crate::core::nodes::pinned_node),

@@ -228,8 +228,13 @@ impl<'a> Pass<'a> {
         else {
             return Ok(None);
         };
-        let backups: Api<EtcdBackup> = Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
-        let backup = backups.get_opt(&name).await.during(Stage::Observe)?;
+        // From the cache (a backup's change wakes the clusters that start from it).
+        let backup = self
+            .ctx
+            .caches
+            .backups
+            .get(&kube::runtime::reflector::ObjectRef::new(&name).within(&self.names.namespace))
+            .map(|b| (*b).clone());
         let member = self
             .previous
             .operation
@@ -509,6 +514,9 @@ async fn ensure_fixed_children(
     Ok(())
 }
 
+/// Why the backup a recovery asks for is read from the API.
+const RECOVERY: &str = "backup-before-recovery";
+
 /// The backup a recovery asks for (`latest`: the newest successful backup of this cluster, by
 /// its etcd cluster ID), if it can be restored; otherwise why not.
 async fn recovery_backup(
@@ -517,10 +525,12 @@ async fn recovery_backup(
     asked: &str,
     ctx: &Context,
 ) -> Result<std::result::Result<String, String>> {
+    // Confirmed with the API, not the cache: a recovery replaces the cluster's data, and a
+    // request refused is dropped, so it is judged on the newest word.
     let api: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let backup = if asked == "latest" {
         let cluster_id = cluster.status.as_ref().and_then(|s| s.cluster_id.clone());
-        api.list(&kube::api::ListParams::default())
+        crate::core::confirm::list(&api, &kube::api::ListParams::default(), RECOVERY)
             .await
             .during(Stage::Observe)?
             .items
@@ -539,7 +549,9 @@ async fn recovery_backup(
                     .map(|t| t.0)
             })
     } else {
-        api.get_opt(asked).await.during(Stage::Observe)?
+        crate::core::confirm::get(&api, asked, RECOVERY)
+            .await
+            .during(Stage::Observe)?
     };
     let Some(backup) = backup else {
         return Ok(Err(format!(

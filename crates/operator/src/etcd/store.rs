@@ -96,11 +96,13 @@ async fn resolve(client: &Client, endpoint: &str) -> Result<String, StoreError> 
         return Ok(endpoint.to_string());
     };
     let api: Api<Service> = Api::namespaced(client.clone(), &namespace);
-    let found = api.get(&service).await.map_err(|source| StoreError::Service {
-        service: format!("{namespace}/{service}"),
-        endpoint: endpoint.to_string(),
-        source,
-    })?;
+    let found = crate::core::confirm::read(&api, &service, "store-endpoint")
+        .await
+        .map_err(|source| StoreError::Service {
+            service: format!("{namespace}/{service}"),
+            endpoint: endpoint.to_string(),
+            source,
+        })?;
     let Some(ip) = found.spec.and_then(|s| s.cluster_ip).filter(|ip| ip != "None") else {
         return Ok(endpoint.to_string());
     };
@@ -126,10 +128,13 @@ pub async fn open(
 ) -> Result<Arc<dyn ObjectStore>, StoreError> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let name = &destination.credentials_secret;
-    let secret = secrets.get(name).await.map_err(|source| StoreError::Credentials {
-        secret: name.clone(),
-        source,
-    })?;
+    // (Users' Secrets are not watched: read when a store is opened.)
+    let secret = crate::core::confirm::read(&secrets, name, "secret-content")
+        .await
+        .map_err(|source| StoreError::Credentials {
+            secret: name.clone(),
+            source,
+        })?;
     let data = secret.data.unwrap_or_default();
     let read = |key: &'static str| {
         data.get(key)

@@ -214,13 +214,13 @@ async fn remove_stale_nodes(
         return Ok(());
     }
     let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
-    let listed: std::collections::BTreeSet<String> = machines
-        .list(&Default::default())
-        .await?
-        .items
-        .into_iter()
-        .filter_map(|m| m.metadata.name)
-        .collect();
+    let listed: std::collections::BTreeSet<String> =
+        crate::core::confirm::list(&machines, &Default::default(), "machines-before-node-delete")
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|m| m.metadata.name)
+            .collect();
     let nodes: Api<Node> = Api::all(view.client.clone());
     let pods: Api<Pod> = Api::all(view.client.clone());
     for node in tenant::stale_nodes(&seen.providers, &namespace, &listed) {

@@ -106,7 +106,11 @@ impl Provider for PodProvider {
 
     async fn confirm(&self, names: &Names) -> Result<VmState> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &names.namespace);
-        Ok(vm_state(api.get_opt(&names.vm_pod()).await?.as_ref()))
+        Ok(vm_state(
+            crate::core::confirm::get(&api, &names.vm_pod(), "vm-before-create")
+                .await?
+                .as_ref(),
+        ))
     }
 
     async fn create(&self, spec: &VmSpec) -> Result<()> {

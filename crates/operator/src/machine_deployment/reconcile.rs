@@ -47,8 +47,7 @@ pub async fn reconcile(md: Arc<MachineDeployment>, ctx: &Context) -> Result<Acti
     // an older set shrink further than maxUnavailable allows.
     if changes_anything(&plan, &sets) {
         let selector = format!("{}={}", desired::MACHINE_DEPLOYMENT_LABEL, md.name_any());
-        sets = api
-            .list(&ListParams::default().labels(&selector))
+        sets = crate::core::confirm::list(&api, &ListParams::default().labels(&selector), "sets-before-change")
             .await
             .during(Stage::Observe)?
             .items

@@ -24,6 +24,9 @@ use kube::api::ListParams;
 const WATCHING: Duration = Duration::from_secs(5);
 const STEADY: Duration = Duration::from_secs(60);
 
+/// Why a pass that would make or delete machines reads the set and its machines from the API.
+const MACHINES_BEFORE_CHANGE: &str = "machines-before-change";
+
 /// Reconciles one set (the caller's span names it).
 pub async fn reconcile(mut set: Arc<MachineSet>, ctx: &Context) -> Result<Action> {
     let namespace = set.namespace().unwrap_or_default();
@@ -44,10 +47,10 @@ pub async fn reconcile(mut set: Arc<MachineSet>, ctx: &Context) -> Result<Action
     // own word, so that it never makes or deletes one too many, and never gives again a name
     // the status already counts as used (the set's `nextIndex`).
     if !plan.create.is_empty() || !plan.delete.is_empty() {
-        set = Arc::new(sets.get(&set.name_any()).await.during(Stage::Observe)?);
+        let fresh = crate::core::confirm::read(&sets, &set.name_any(), MACHINES_BEFORE_CHANGE).await;
+        set = Arc::new(fresh.during(Stage::Observe)?);
         let selector = format!("{}={}", desired::MACHINE_SET_LABEL, set.name_any());
-        machines = api
-            .list(&ListParams::default().labels(&selector))
+        machines = crate::core::confirm::list(&api, &ListParams::default().labels(&selector), MACHINES_BEFORE_CHANGE)
             .await
             .during(Stage::Observe)?
             .items

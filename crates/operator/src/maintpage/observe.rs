@@ -36,6 +36,10 @@ pub struct Observation {
     pub recheck_after: Option<std::time::Duration>,
 }
 
+/// Why a child the caches do not hold is read: one of that name that is not ours is found, not
+/// made over.
+const NOT_OURS: &str = "not-ours-before-create";
+
 /// Reads the children from the watch caches and derives the facts. The caches hold only objects
 /// labelled as ours, so a child missing there is looked up directly: an object of that name
 /// that is not ours must be found, not overwritten.
@@ -49,15 +53,15 @@ pub async fn observe(mp: &MaintPage, namespace: &str, ctx: &Context, now: jiff::
     };
     let app = match cached_deployment(&mp.spec.app.name) {
         Some(d) => Some(d),
-        None => deployments.get_opt(&mp.spec.app.name).await?,
+        None => crate::core::confirm::get(&deployments, &mp.spec.app.name, NOT_OURS).await?,
     };
     let maintenance = match cached_deployment(&mp.spec.maintenance_name()) {
         Some(d) => Some(d),
-        None => deployments.get_opt(&mp.spec.maintenance_name()).await?,
+        None => crate::core::confirm::get(&deployments, &mp.spec.maintenance_name(), NOT_OURS).await?,
     };
     let service = match ctx.services.get(&ObjectRef::new(&mp.spec.app.name).within(namespace)) {
         Some(s) => Some((*s).clone()),
-        None => services.get_opt(&mp.spec.app.name).await?,
+        None => crate::core::confirm::get(&services, &mp.spec.app.name, NOT_OURS).await?,
     };
     let live = Live {
         app,

@@ -448,11 +448,14 @@ impl<'a> Pass<'a> {
         let pods = self.api::<Pod>();
         if let Some(pod) = observe::pod_without_its_claim(children) {
             // The caches may have seen a new pod before its new claim: the API server says.
-            let claim = self
-                .api::<PersistentVolumeClaim>()
-                .get_opt(&self.names.data_claim_of(&self.primary))
-                .await
-                .during(Stage::Observe)?;
+            let claim = self.api::<PersistentVolumeClaim>();
+            let claim = crate::core::confirm::get(
+                &claim,
+                &self.names.data_claim_of(&self.primary),
+                "claim-before-pod-delete",
+            )
+            .await
+            .during(Stage::Observe)?;
             if claim.is_none_or(|c| c.metadata.deletion_timestamp.is_some()) {
                 delete_if_present(&pods, &pod, &Default::default())
                     .await
@@ -503,7 +506,10 @@ impl<'a> Pass<'a> {
             // The caches may be a moment behind a pod deleted (or no longer Ready) while the
             // pass talked to it: that one is being replaced, not unreachable, and worth no
             // Warning.
-            let latest = self.api::<Pod>().get_opt(&self.primary).await.during(Stage::Observe)?;
+            let pods = self.api::<Pod>();
+            let latest = crate::core::confirm::get(&pods, &self.primary, "pod-before-warning")
+                .await
+                .during(Stage::Observe)?;
             if latest.as_ref().and_then(observe::ready_address).is_none() {
                 info!(error = %why, "the instance's pod stopped serving while this pass talked to it");
                 instance = InstanceState::Starting(format!("pod {} is stopping or starting", self.primary));
@@ -682,7 +688,10 @@ async fn check_destination(pg: &PostgreSQL, names: &Names, ctx: &Context) -> Res
         destination::Needed::Secret(name) => (ctx.user_secrets.get(&names.namespace, name).await?, None),
         destination::Needed::Claim(name) => {
             let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
-            (None, api.get_opt(name).await?)
+            (
+                None,
+                crate::core::confirm::get(&api, name, "destination-before-change").await?,
+            )
         }
     };
     Ok(destination::problem(&wanted, secret.as_deref(), claim.as_ref()))
@@ -701,6 +710,10 @@ fn check_placement(pg: &PostgreSQL, ctx: &Context) -> Option<PlanProblem> {
     placement::no_node_fits(Some(resources), &nodes)
 }
 
+/// Why the node, claims and volumes of an instance stuck on a lost node are read from the API:
+/// what `node_loss.rs` decides deletes claims.
+const NODE_LOSS: &str = "node-loss-before-delete";
+
 /// Looks at the node of an instance pod stuck in its deletion, and acts as `node_loss.rs`
 /// decides; returns why the instance waits for its node, if it does.
 async fn handle_node_loss(
@@ -712,17 +725,17 @@ async fn handle_node_loss(
     now: jiff::Timestamp,
 ) -> Result<Option<String>> {
     let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
-    let node = Api::<Node>::all(ctx.client.clone()).get_opt(&node_name).await?;
+    let node = crate::core::confirm::get(&Api::<Node>::all(ctx.client.clone()), &node_name, NODE_LOSS).await?;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let volume_of = |claim: Option<PersistentVolumeClaim>| async {
         match claim.and_then(|c| c.spec?.volume_name) {
-            Some(name) => volumes.get_opt(&name).await,
+            Some(name) => crate::core::confirm::get(&volumes, &name, NODE_LOSS).await,
             None => Ok(None),
         }
     };
     let pod_name = pod.metadata.name.clone().unwrap_or_else(|| names.instance());
-    let data_claim = claims.get_opt(&names.data_claim_of(&pod_name)).await?;
+    let data_claim = crate::core::confirm::get(&claims, &names.data_claim_of(&pod_name), NODE_LOSS).await?;
     let data_volume = volume_of(data_claim.clone()).await?;
     let backup_claim = pg
         .spec
@@ -731,7 +744,7 @@ async fn handle_node_loss(
         .and_then(Destination::of_spec)
         .and_then(|d| d.claim().map(str::to_string));
     let backups_pinned = match backup_claim {
-        Some(claim) => volume_of(claims.get_opt(&claim).await?)
+        Some(claim) => volume_of(crate::core::confirm::get(&claims, &claim, NODE_LOSS).await?)
             .await?
             .is_some_and(|pv| node_loss::pinned_to(&pv, &node_name)),
         None => false,
@@ -861,7 +874,7 @@ async fn ensure_superuser_secret(
         return Ok(password);
     }
     // InDatabase by an earlier pass the cache has not seen yet: use the one that is there.
-    let made = api.get(&names.superuser_secret()).await?;
+    let made = crate::core::confirm::read(api, &names.superuser_secret(), "secret-made-meanwhile").await?;
     secrets::superuser_password(&made)
         .ok_or_else(|| Error::Blocked(format!("Secret {} has no password", names.superuser_secret())))
 }

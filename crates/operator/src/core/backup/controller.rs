@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{DeleteParams, Preconditions};
+use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -28,29 +29,63 @@ use super::task_pod;
 use crate::core::Result;
 use crate::core::apply::delete_if_present;
 use crate::core::conditions::merge;
-use crate::core::controller::Runtime;
+use crate::core::controller::{Runtime, Watched};
 use crate::core::engine::{Engine, Wiring};
 use crate::core::labels;
 
-/// What a backup controller keeps beside the core.
-pub struct TaskPods {
+/// What a backup controller keeps beside the core; `S` is the kind it backs up (EtcdCluster,
+/// PostgreSQL). A pass reads from these caches; it reads the API only to confirm
+/// (`crate::core::confirm`) before it makes a pod or deletes files.
+pub struct BackupState<S: Watched> {
     /// The operator's own image, which task pods run (or copy a program from).
     pub image: String,
     /// Where the services' images are pulled from (task pods run the service's programs).
     pub images: crate::core::images::Images,
     /// Its task pods, from the watch that wakes their backups.
     pub pods: Store<Pod>,
+    /// The resources it backs up, from a watch.
+    pub sources: Store<DeserializeGuard<S>>,
+    /// Their pods and Secrets (those with the engine's [`BackupEngine::SOURCE_LABEL`]: the
+    /// members or instances a backup is taken from, and the credentials to reach them).
+    pub source_pods: Store<Pod>,
+    pub source_secrets: Store<Secret>,
 }
 
-impl TaskPods {
+impl<S: Watched> BackupState<S> {
     /// Task pod `name` in `namespace`, as the cache holds it.
     pub fn task_pod(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
         self.pods.get(&ObjectRef::new(name).within(namespace))
     }
+
+    /// The resource `name` in `namespace` that backups are taken of, if the cache holds it
+    /// (and it could be read).
+    pub fn source(&self, namespace: &str, name: &str) -> Option<S> {
+        let guard = self.sources.get(&ObjectRef::new(name).within(namespace))?;
+        guard.0.as_ref().ok().cloned()
+    }
+
+    /// A pod of the resources backed up.
+    pub fn source_pod(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
+        self.source_pods.get(&ObjectRef::new(name).within(namespace))
+    }
 }
 
-/// What every pass of a backup controller shares.
-pub type Context = crate::core::controller::Context<TaskPods>;
+/// What every pass of a backup controller of `S` shares.
+pub type Context<S> = crate::core::controller::Context<BackupState<S>>;
+
+impl<S: Watched> Context<S> {
+    /// Secret `name` in `namespace`: the cache holds those of the resources backed up; a
+    /// user's own (a certificate the spec names) is read.
+    pub async fn secret(&self, namespace: &str, name: &str) -> kube::Result<Option<Arc<Secret>>> {
+        if let Some(secret) = self.source_secrets.get(&ObjectRef::new(name).within(namespace)) {
+            return Ok(Some(secret));
+        }
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        Ok(crate::core::confirm::get(&api, name, "secret-content")
+            .await?
+            .map(Arc::new))
+    }
+}
 
 /// A backup resource, as the kit sees it: an object whose status has a [`BackupProgress`].
 pub trait BackupResource:
@@ -108,21 +143,30 @@ pub(crate) use backup_resource;
 pub trait BackupEngine: Send + Sync + 'static {
     /// The backups it makes.
     type Backup: BackupResource;
+    /// The kind it backs up.
+    type Source: Watched;
     /// Its registration's name, what it manages and its concurrency (see [`Engine`]).
     const NAME: &'static str;
     const ABOUT: &'static str;
     const CONCURRENCY: u16;
     /// The component label of its task pods: a change of one wakes its backup.
     const COMPONENT: &'static str;
+    /// The label (a key) of the children of the kind it backs up: its caches hold their pods
+    /// and Secrets.
+    const SOURCE_LABEL: &'static str;
     /// The job of the task pod that makes a backup (`save`, `base`): it goes once the backup
     /// is done.
     const MAKER_JOB: &'static str;
 
     /// A pass over a backup not done yet ([`begin`] read it).
-    fn make(begun: Begun<Self::Backup>, ctx: Arc<Context>) -> impl Future<Output = Result<Action>> + Send;
+    fn make(begun: Begun<Self::Backup>, ctx: Arc<Context<Self::Source>>)
+    -> impl Future<Output = Result<Action>> + Send;
 
     /// A pass over a backup being deleted: its files go (its finalizer goes when this succeeds).
-    fn clean_up(backup: Arc<Self::Backup>, ctx: Arc<Context>) -> impl Future<Output = Result<Action>> + Send;
+    fn clean_up(
+        backup: Arc<Self::Backup>,
+        ctx: Arc<Context<Self::Source>>,
+    ) -> impl Future<Output = Result<Action>> + Send;
 }
 
 /// The controller of backup engine `B`: each backup, and its task pods waking it when they
@@ -131,7 +175,7 @@ pub struct Backups<B>(PhantomData<B>);
 
 impl<B: BackupEngine> Engine for Backups<B> {
     type Object = B::Backup;
-    type State = TaskPods;
+    type State = BackupState<B::Source>;
     const NAME: &'static str = B::NAME;
     const ABOUT: &'static str = B::ABOUT;
     const CONCURRENCY: u16 = B::CONCURRENCY;
@@ -140,10 +184,19 @@ impl<B: BackupEngine> Engine for Backups<B> {
         let (pods, pod_changes) = runtime
             .cache::<Pod>(watcher::Config::default().labels(&format!("{}={}", labels::COMPONENT, B::COMPONENT)))
             .await;
-        let state = TaskPods {
+        let (sources, _) = runtime
+            .cache::<DeserializeGuard<B::Source>>(watcher::Config::default())
+            .await;
+        let children = watcher::Config::default().labels(B::SOURCE_LABEL);
+        let (source_pods, _) = runtime.cache::<Pod>(children.clone()).await;
+        let (source_secrets, _) = runtime.cache::<Secret>(children).await;
+        let state = BackupState {
             image: runtime.image.clone(),
             images: runtime.images.clone(),
             pods,
+            sources,
+            source_pods,
+            source_secrets,
         };
         // A task pod's change wakes its backup once the cache holds it.
         let controller = runtime
@@ -152,7 +205,7 @@ impl<B: BackupEngine> Engine for Backups<B> {
         Wiring::new(state, controller)
     }
 
-    async fn reconcile(backup: Arc<B::Backup>, ctx: Arc<Context>) -> Result<Action> {
+    async fn reconcile(backup: Arc<B::Backup>, ctx: Arc<Context<B::Source>>) -> Result<Action> {
         let api: Api<B::Backup> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
         let result = finalizer(&api, B::Backup::FINALIZER, backup, |event| async {
             match event {
@@ -184,7 +237,7 @@ impl<B: BackupEngine> Engine for Backups<B> {
 
 /// A paused backup: nothing of it is changed (not begun, its task pod neither read nor
 /// stopped, its files kept); its status says Paused.
-async fn hold<K: BackupResource>(ctx: &Context, backup: &K) -> Result<Action> {
+async fn hold<K: BackupResource, S: Watched>(ctx: &Context<S>, backup: &K) -> Result<Action> {
     report_pause(ctx, backup, true).await?;
     info!("paused: the backup is left as it is until spec.paused is false");
     Ok(Action::await_change())
@@ -192,7 +245,7 @@ async fn hold<K: BackupResource>(ctx: &Context, backup: &K) -> Result<Action> {
 
 /// Writes the `Paused` condition of `backup` as `paused`, if it changes (with the `Paused` or
 /// `Resumed` Event). A pass that goes on to [`conclude`] needs none: it writes it there.
-async fn report_pause<K: BackupResource>(ctx: &Context, backup: &K, paused: bool) -> Result<()> {
+async fn report_pause<K: BackupResource, S: Watched>(ctx: &Context<S>, backup: &K, paused: bool) -> Result<()> {
     let previous = backup.status().cloned().unwrap_or_default();
     let mut status = previous.clone();
     with_pause_condition(K::progress_mut(&mut status), paused);
@@ -248,8 +301,8 @@ pub struct Begun<K: BackupResource> {
 /// to do instead: for a backup done (Succeeded or Failed, never taken again) only its task
 /// pod `pod` removed, left by an operator stopped between the last status write and removing
 /// it.
-async fn begin<K: BackupResource>(
-    ctx: &Context,
+async fn begin<K: BackupResource, S: Watched>(
+    ctx: &Context<S>,
     backup: &K,
     pod: impl Fn(&K) -> String,
 ) -> Result<std::result::Result<Begun<K>, Action>> {
@@ -277,8 +330,8 @@ async fn begin<K: BackupResource>(
 
 /// Writes `status` over `version` of `backup` (see [`apply_status_at`]): false if the backup
 /// changed since.
-pub async fn write_status<K: BackupResource>(
-    ctx: &Context,
+pub async fn write_status<K: BackupResource, S: Watched>(
+    ctx: &Context<S>,
     backup: &K,
     version: &mut Option<String>,
     status: &K::Status,
@@ -289,7 +342,7 @@ pub async fn write_status<K: BackupResource>(
 /// Deletes task pod `name` of `backup`, if the cache holds one (at once if it was deleted
 /// already and its node never confirmed it: a dead node). Returns what to do next: look again
 /// while the pod lingers, to force it out once its grace has passed.
-pub async fn remove_pod<K: BackupResource>(ctx: &Context, backup: &K, name: &str) -> Result<Action> {
+pub async fn remove_pod<K: BackupResource, S: Watched>(ctx: &Context<S>, backup: &K, name: &str) -> Result<Action> {
     let namespace = backup.namespace().unwrap_or_default();
     let Some(pod) = ctx.task_pod(&namespace, name) else {
         return Ok(Action::await_change());
@@ -319,8 +372,8 @@ pub async fn remove_pod<K: BackupResource>(ctx: &Context, backup: &K, name: &str
 /// The end of a pass over `begun`, whose status is as written so far: what `verdict` leaves
 /// (a success recorded in the status by `record`, which says what was stored) is written if
 /// it changed, its Event sent, and the task pod removed once the backup is done.
-pub async fn conclude<K: BackupResource, T>(
-    ctx: &Context,
+pub async fn conclude<K: BackupResource, S: Watched, T>(
+    ctx: &Context<S>,
     begun: Begun<K>,
     verdict: Verdict<T>,
     record: impl FnOnce(&mut K::Status, T) -> String,
@@ -400,8 +453,8 @@ pub type Deletion = std::result::Result<String, (String, bool)>;
 /// given up (a Warning Event `kept_reason`; the backup goes and leaves its files). The task
 /// pod `pod` goes either way.
 #[allow(clippy::too_many_arguments)]
-pub async fn finish_clean_up<K: BackupResource>(
-    ctx: &Context,
+pub async fn finish_clean_up<K: BackupResource, S: Watched>(
+    ctx: &Context<S>,
     backup: &K,
     deleted: Deletion,
     deadline: Duration,

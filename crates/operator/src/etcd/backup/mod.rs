@@ -18,9 +18,10 @@ use kube::runtime::controller::Action;
 use noops_api::EtcdBackup;
 
 use crate::core::Result;
-use crate::core::backup::controller::{BackupEngine, Backups, Begun, Context};
+use crate::core::backup::controller::{BackupEngine, Backups, Begun};
 use crate::core::controller::Registration;
 use crate::core::engine::registration;
+use reconcile::Context;
 
 pub use reconcile::{BACKUP_DEADLINE, FINALIZER};
 
@@ -32,10 +33,12 @@ pub struct EtcdBackups;
 
 impl BackupEngine for EtcdBackups {
     type Backup = EtcdBackup;
+    type Source = noops_api::EtcdCluster;
     const NAME: &'static str = "etcdbackup";
     const ABOUT: &'static str = "EtcdBackup: snapshots of EtcdClusters in an S3-compatible store";
     const CONCURRENCY: u16 = 2;
     const COMPONENT: &'static str = volume::COMPONENT;
+    const SOURCE_LABEL: &'static str = crate::etcd::names::CLUSTER_LABEL;
     const MAKER_JOB: &'static str = "save";
 
     async fn make(begun: Begun<EtcdBackup>, ctx: Arc<Context>) -> Result<Action> {

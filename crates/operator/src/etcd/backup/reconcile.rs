@@ -10,7 +10,7 @@ use noops_api::backup::BackupReason;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::ListParams;
 use kube::runtime::controller::Action;
@@ -23,9 +23,17 @@ use tracing::info;
 use super::volume::{self, Job, Outcome};
 use crate::core::apply::{controller_reference, create_if_missing};
 use crate::core::backup::controller::{
-    Begun, Context, Deletion, backup_resource, conclude, deleting_for, finish_clean_up, remove_pod, write_status,
+    Begun, Deletion, backup_resource, conclude, deleting_for, finish_clean_up, remove_pod, write_status,
 };
 use crate::core::backup::progress::{self, Timing};
+use crate::core::confirm;
+
+/// Why a volume's claim is read before a pod is made on it: a pod made on a claim being
+/// deleted waits for it for ever.
+const VOLUME_BEFORE_POD: &str = "volume-before-pod";
+
+/// What every pass of this controller shares.
+pub type Context = crate::core::backup::controller::Context<noops_api::EtcdCluster>;
 use crate::core::backup::schedule::elapsed;
 use crate::core::{Error, Result, crash};
 use crate::etcd::client::{Credentials, EtcdAccess};
@@ -100,8 +108,16 @@ async fn take_or_go_on(
     ctx: &Context,
 ) -> Result<Option<Verdict>> {
     let namespace = backup.namespace().unwrap_or_default();
-    let clusters: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &namespace);
-    Ok(Some(match clusters.get_opt(&backup.spec.cluster).await? {
+    let cluster = match ctx.source(&namespace, &backup.spec.cluster) {
+        Some(cluster) => Some(cluster),
+        // A backup fails for a cluster missing, so that is confirmed: one applied together
+        // with its backup may not be in the cache yet.
+        None => {
+            let clusters: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &namespace);
+            confirm::get(&clusters, &backup.spec.cluster, "source-before-failing").await?
+        }
+    };
+    Ok(Some(match cluster {
         None => Verdict::Failed {
             reason: BackupReason::ClusterNotFound,
             message: format!("EtcdCluster {:?} does not exist in this namespace", backup.spec.cluster),
@@ -166,10 +182,13 @@ async fn source(
 ) -> Result<std::result::Result<(String, Option<Credentials>), Verdict>> {
     let names = Names::of(cluster);
     let namespace = &names.namespace;
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-    let members = pods
-        .list(&ListParams::default().labels(&format!("{CLUSTER_LABEL}={}", names.cluster)))
-        .await?;
+    let members: Vec<Arc<Pod>> = ctx
+        .source_pods
+        .state()
+        .into_iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(namespace.as_str()))
+        .filter(|p| p.labels().get(CLUSTER_LABEL) == Some(&names.cluster))
+        .collect();
     let status = cluster.status.clone().unwrap_or_default();
     let mut healthy: Vec<_> = status
         .members
@@ -179,7 +198,6 @@ async fn source(
     healthy.sort_by_key(|m| m.leader);
     let endpoint = healthy.iter().find_map(|m| {
         let pod = members
-            .items
             .iter()
             .find(|p| p.metadata.name.as_deref() == Some(m.name.as_str()))?;
         observe::pod_endpoint(pod, &names)
@@ -193,8 +211,7 @@ async fn source(
     if !names.tls {
         return Ok(Ok((endpoint, None)));
     }
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    let Some(secret) = secrets.get_opt(&names.client_secret()).await? else {
+    let Some(secret) = ctx.secret(namespace, &names.client_secret()).await? else {
         return Ok(Err(Verdict::Wait {
             reason: BackupReason::NoClientCertificate,
             message: format!("Secret {} is not there yet", names.client_secret()),
@@ -261,7 +278,10 @@ async fn attempt_to_volume(
     match volume::outcome(pod.as_deref(), jiff::Timestamp::now()) {
         Outcome::NotStarted => {
             let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
-            if claims.get_opt(&destination.claim_name).await?.is_none() {
+            if confirm::get(&claims, &destination.claim_name, VOLUME_BEFORE_POD)
+                .await?
+                .is_none()
+            {
                 return Ok(Verdict::Wait {
                     reason: BackupReason::ClaimNotFound,
                     message: format!(
@@ -354,8 +374,8 @@ pub async fn clean_up(backup: Arc<EtcdBackup>, ctx: Arc<Context>) -> Result<Acti
     let namespace = backup.namespace().unwrap_or_default();
     let name = backup.name_any();
     let clusters: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &namespace);
-    let restoring = clusters
-        .list(&ListParams::default())
+    // Confirmed: the snapshot is deleted on this word.
+    let restoring = confirm::list(&clusters, &ListParams::default(), "restoring-before-delete")
         .await?
         .items
         .into_iter()
@@ -409,7 +429,10 @@ async fn delete_from_volume(
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     // Confirmed with the API, not the cache: a save pod made a moment ago that the cache does
     // not hold yet would write the snapshot back after its deletion.
-    if pods.get_opt(&pod_name(backup, Job::Save)).await?.is_some() {
+    if confirm::get(&pods, &pod_name(backup, Job::Save), "save-pod-before-delete")
+        .await?
+        .is_some()
+    {
         remove_pod(ctx, backup, &pod_name(backup, Job::Save)).await?;
         return Ok(None);
     }
@@ -419,15 +442,14 @@ async fn delete_from_volume(
         Outcome::NotStarted => {
             // A pass on a stale copy, after the finalizer went: no new pod for a backup gone.
             let backups: Api<EtcdBackup> = Api::namespaced(ctx.client.clone(), &namespace);
-            let still_ours = backups
-                .get_opt(&backup.name_any())
+            let still_ours = confirm::get(&backups, &backup.name_any(), "finalizer-before-pod")
                 .await?
                 .is_some_and(|b| b.finalizers().iter().any(|f| f == FINALIZER));
             if !still_ours {
                 return Ok(Some(Ok("its finalizer was gone already".to_string())));
             }
             let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-            let claim = claims.get_opt(&destination.claim_name).await?;
+            let claim = confirm::get(&claims, &destination.claim_name, VOLUME_BEFORE_POD).await?;
             if claim.is_none_or(|c| c.metadata.deletion_timestamp.is_some()) {
                 // The volume went (or is going), and the snapshot with it.
                 return Ok(Some(Ok("the volume is gone".to_string())));

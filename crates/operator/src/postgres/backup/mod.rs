@@ -22,9 +22,10 @@ use kube::runtime::controller::Action;
 use noops_api::PostgresBackup;
 
 use crate::core::Result;
-use crate::core::backup::controller::{BackupEngine, Backups, Begun, Context};
+use crate::core::backup::controller::{BackupEngine, Backups, Begun};
 use crate::core::controller::Registration;
 use crate::core::engine::registration;
+use reconcile::Context;
 
 pub use reconcile::{FINALIZER, keep_wal_from};
 
@@ -36,10 +37,12 @@ pub struct PostgresBackups;
 
 impl BackupEngine for PostgresBackups {
     type Backup = PostgresBackup;
+    type Source = noops_api::PostgreSQL;
     const NAME: &'static str = "postgresbackup";
     const ABOUT: &'static str = "PostgresBackup: base backups of PostgreSQLs in an S3-compatible store or a volume";
     const CONCURRENCY: u16 = 2;
     const COMPONENT: &'static str = pods::COMPONENT;
+    const SOURCE_LABEL: &'static str = crate::postgres::names::POSTGRES_LABEL;
     const MAKER_JOB: &'static str = "base";
 
     async fn make(begun: Begun<PostgresBackup>, ctx: Arc<Context>) -> Result<Action> {

@@ -12,7 +12,7 @@ use noops_api::backup::BackupReason;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::ListParams;
 use kube::runtime::controller::Action;
@@ -27,9 +27,17 @@ use super::pods::{self, BackupOf, Job};
 use super::source;
 use crate::core::apply::{controller_reference, create_if_missing};
 use crate::core::backup::controller::{
-    Begun, Context, Deletion, backup_resource, conclude, deleting_for, finish_clean_up, remove_pod, write_status,
+    Begun, Deletion, backup_resource, conclude, deleting_for, finish_clean_up, remove_pod, write_status,
 };
 use crate::core::backup::progress::{self, Timing};
+use crate::core::confirm;
+
+/// Why a volume's claim is read before a pod is made on it: a pod made on a claim being
+/// deleted waits for it for ever.
+const VOLUME_BEFORE_POD: &str = "volume-before-pod";
+
+/// What every pass of this controller shares.
+pub type Context = crate::core::backup::controller::Context<noops_api::PostgreSQL>;
 use crate::core::backup::schedule::elapsed;
 use crate::core::backup::task_pod::{self, Outcome};
 use crate::core::{Error, Result, crash};
@@ -115,15 +123,9 @@ pub async fn make(mut begun: Begun<PostgresBackup>, ctx: Arc<Context>) -> Result
 async fn streamed(pg: &PostgreSQL, instance: Option<&str>, ctx: &Context) -> Option<WorkProgress> {
     let names = Names::of(pg);
     let namespace = &names.namespace;
-    let pod = Api::<Pod>::namespaced(ctx.client.clone(), namespace)
-        .get_opt(&instance.map_or_else(|| names.instance(), str::to_string))
-        .await
-        .ok()??;
+    let pod = ctx.source_pod(namespace, &instance.map_or_else(|| names.instance(), str::to_string))?;
     let ip = observe::ready_address(&pod)?;
-    let secret = Api::<Secret>::namespaced(ctx.client.clone(), namespace)
-        .get_opt(&names.superuser_secret())
-        .await
-        .ok()??;
+    let secret = ctx.secret(namespace, &names.superuser_secret()).await.ok()??;
     let password = secrets::superuser_password(&secret)?;
     match Instance::connect(&ip, &password).await {
         Ok(instance) => instance.base_backup_progress().await.ok().flatten(),
@@ -148,8 +150,8 @@ async fn look(begun: &mut Begun<PostgresBackup>, ctx: &Context) -> Result<Option
     } = begun;
     let (backup, started, now) = (&*backup, *started, *now);
     let namespace = backup.namespace().unwrap_or_default();
-    let databases: Api<PostgreSQL> = Api::namespaced(ctx.client.clone(), &namespace);
-    let pg = databases.get_opt(&backup.spec.postgresql).await?;
+    // (One not in the cache yet is waited for: the backup does not fail for it.)
+    let pg = ctx.source(&namespace, &backup.spec.postgresql);
     let verdict = match (&pg, status.destination.clone()) {
         // Applied with its database, maybe a moment before it: waits for it a while. Or the
         // database was deleted while its backup was under way: what the pod did still counts
@@ -268,7 +270,7 @@ async fn attempt(
         .and_then(|d| d.claim().map(str::to_string))
     {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        if claims.get_opt(&claim).await?.is_none() {
+        if confirm::get(&claims, &claim, VOLUME_BEFORE_POD).await?.is_none() {
             return Ok(Verdict::Wait {
                 reason: BackupReason::ClaimNotFound,
                 message: format!(
@@ -280,8 +282,8 @@ async fn attempt(
     let candidates = source::candidates(pg, &names);
     let mut chosen = None;
     for candidate in &candidates {
-        let pod = pods.get_opt(&candidate.instance).await?;
-        if let Some(host) = pod.as_ref().and_then(observe::ready_address) {
+        let pod = ctx.source_pod(&names.namespace, &candidate.instance);
+        if let Some(host) = pod.as_deref().and_then(observe::ready_address) {
             chosen = Some((candidate, host));
             break;
         }
@@ -450,7 +452,10 @@ pub async fn clean_up(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result<
     let namespace = backup.namespace().unwrap_or_default();
     let name = backup.name_any();
     let databases: Api<PostgreSQL> = Api::namespaced(ctx.client.clone(), &namespace);
-    let all_databases = databases.list(&ListParams::default()).await?.items;
+    // Confirmed: the backup (and the WAL only it needed) is deleted on this word.
+    let all_databases = confirm::list(&databases, &ListParams::default(), "restoring-before-delete")
+        .await?
+        .items;
     if let Some(pg) = all_databases
         .iter()
         .find(|pg| crate::postgres::backups::restores_from(pg, &name))
@@ -464,7 +469,10 @@ pub async fn clean_up(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result<
     // Confirmed with the API, not the cache: a pod made a moment ago that the cache does not
     // hold yet would put the backup back after its deletion.
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    if pods.get_opt(&pod_name(backup, Job::Base)).await?.is_some() {
+    if confirm::get(&pods, &pod_name(backup, Job::Base), "base-pod-before-delete")
+        .await?
+        .is_some()
+    {
         // A pod still taking it would put it back after: stopped first.
         remove_pod(ctx, backup, &pod_name(backup, Job::Base)).await?;
         return Err(Error::UnderWay(format!("stopping the pod taking backup {name}")));
@@ -518,8 +526,7 @@ async fn start_deletion(
         .and_then(|d| d.claim().map(str::to_string))
     {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-        if claims
-            .get_opt(&claim)
+        if confirm::get(&claims, &claim, VOLUME_BEFORE_POD)
             .await?
             .is_none_or(|c| c.metadata.deletion_timestamp.is_some())
         {
@@ -527,7 +534,10 @@ async fn start_deletion(
         }
     }
     let backups: Api<PostgresBackup> = Api::namespaced(ctx.client.clone(), &namespace);
-    let all = backups.list(&ListParams::default()).await?.items;
+    // Confirmed: which WAL the others still need decides what is deleted.
+    let all = confirm::list(&backups, &ListParams::default(), "backups-before-wal-prune")
+        .await?
+        .items;
     // A pass on a stale copy, after the finalizer went: no new pod for a backup gone.
     if !all
         .iter()
