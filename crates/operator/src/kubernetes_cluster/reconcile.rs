@@ -225,9 +225,8 @@ async fn remove_stale_nodes(
     let pods: Api<Pod> = Api::all(view.client.clone());
     for node in tenant::stale_nodes(&seen.providers, &namespace, &listed) {
         delete_if_present(&nodes, &node, &Default::default()).await?;
-        let bound = pods
-            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-            .await?;
+        let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        let bound = crate::core::confirm::list(&pods, &on_node, "pods-of-a-stale-node").await?;
         let now = DeleteParams {
             grace_period_seconds: Some(0),
             ..Default::default()

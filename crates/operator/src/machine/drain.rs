@@ -105,9 +105,10 @@ fn held_by(pod: &str, refusal: &kube::core::Status) -> String {
 
 /// One pass of the drain of Node `node`: evicts what may go (or, with `force`, deletes it).
 pub async fn drain_pass(client: &Client, node: &str, force: bool) -> Result<DrainProgress> {
-    let pods = Api::<Pod>::all(client.clone())
-        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-        .await?;
+    // The tenant's pods on the node, as its API server has them now: each is evicted on this
+    // word.
+    let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    let pods = crate::core::confirm::list(&Api::<Pod>::all(client.clone()), &on_node, "pods-before-eviction").await?;
     let mut progress = DrainProgress::default();
     for pod in pods.items {
         let (namespace, name) = (

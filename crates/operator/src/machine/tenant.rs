@@ -171,7 +171,9 @@ pub async fn grant_machine_role(client: &Client) -> Result<()> {
 
 /// The tenant's Node `name`, if it has one.
 pub async fn node(client: &Client, name: &str) -> Result<Option<Node>> {
-    Ok(Api::<Node>::all(client.clone()).get_opt(name).await?)
+    // (A tenant's Nodes are not watched: asked when a machine's is looked at.)
+    let nodes = Api::<Node>::all(client.clone());
+    Ok(crate::core::confirm::get(&nodes, name, "tenant-node").await?)
 }
 
 /// The taint that says a Node is about to go (KEP-3836): kube-proxy's `/healthz` answers 503

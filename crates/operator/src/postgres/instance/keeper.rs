@@ -79,7 +79,8 @@ impl Keeper {
         let Some(api) = &self.api else {
             return (Seen::Absent, None);
         };
-        match tokio::time::timeout(REQUEST_TIMEOUT, api.get_opt(&self.name)).await {
+        // (The instance's own agent, no engine: its lease as the API server has it.)
+        match tokio::time::timeout(REQUEST_TIMEOUT, crate::core::confirm::get(api, &self.name, "lease")).await {
             Ok(Ok(Some(lease))) => {
                 let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
                 (Seen::HeldBy(holder.filter(|h| !h.is_empty())), Some(lease))

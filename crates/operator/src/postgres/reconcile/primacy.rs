@@ -446,7 +446,9 @@ impl Pass<'_> {
         let leases = self.api::<Lease>();
         let mut conflicts = 0;
         let released = loop {
-            let lease = leases.get(&self.names.lease()).await.during(Stage::Observe)?;
+            let lease = crate::core::confirm::read(&leases, &self.names.lease(), "lease-before-step-down")
+                .await
+                .during(Stage::Observe)?;
             if account::holder(&lease).as_deref() != Some(from.as_str()) {
                 info!("the primary's lease changed while a switchover was being asked for: looking again");
                 primacy.switching = true;

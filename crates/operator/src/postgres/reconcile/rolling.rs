@@ -124,9 +124,8 @@ impl Pass<'_> {
     /// to make again: confirmed first against the StatefulSet as the API server has it (the
     /// cache may be behind a pod already made on a newer revision). Whether it was deleted.
     async fn restart(&self, pod: &str, uid: &str, revision: &str) -> Result<bool> {
-        let sts = self
-            .api::<StatefulSet>()
-            .get(&self.names.statefulset())
+        let statefulsets = self.api::<StatefulSet>();
+        let sts = crate::core::confirm::read(&statefulsets, &self.names.statefulset(), "revision-before-restart")
             .await
             .during(Stage::Observe)?;
         if statefulset_update_revision(&sts) != Some(revision) {
