@@ -986,8 +986,10 @@ async fn a_lost_primary_is_replaced_by_the_most_advanced_replica_and_comes_back_
     // The primary's pod frozen whole, as a hung node: it renews nothing, its lease runs out,
     // and the replica that received the most WAL is promoted; the Services follow it.
     let lease = noops_e2e::postgres::LeaseWatch::start(&ns, "shop-primary").await;
-    let frozen_at = std::time::Instant::now();
+    // (When the freeze is written, not before: finding the pod's cgroup can take seconds on a
+    // loaded machine, and the primary acknowledges commits until then.)
     let frozen = noops_e2e::postgres::Frozen::pod(&ns, "shop-0");
+    let frozen_at = std::time::Instant::now();
     let first = wait_failed_over(&ns, "shop", "shop-0").await;
     assert!(first.reason.contains("ran out"), "{first:?}");
     eprintln!("frozen primary: {first:?}");

@@ -108,11 +108,15 @@ async fn take_or_go_on(
     ctx: &Context,
 ) -> Result<Option<Verdict>> {
     let namespace = backup.namespace().unwrap_or_default();
+    // A backup fails for a cluster missing, or with no spec.backup while nothing is recorded
+    // yet, so either is confirmed: the cache may be a moment behind a cluster applied (or
+    // given spec.backup) together with its backup. (One that cannot be read is an error.)
+    let nowhere = |c: &EtcdCluster| {
+        Destination::of_status(status).is_none() && c.spec.backup.as_ref().and_then(Destination::of_spec).is_none()
+    };
     let cluster = match ctx.source(&namespace, &backup.spec.cluster) {
-        Some(cluster) => Some(cluster),
-        // A backup fails for a cluster missing, so that is confirmed: one applied together
-        // with its backup may not be in the cache yet.
-        None => {
+        Some(cluster) if !nowhere(&cluster) => Some(cluster),
+        _ => {
             let clusters: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &namespace);
             confirm::get(&clusters, &backup.spec.cluster, "source-before-failing").await?
         }

@@ -150,8 +150,20 @@ async fn look(begun: &mut Begun<PostgresBackup>, ctx: &Context) -> Result<Option
     } = begun;
     let (backup, started, now) = (&*backup, *started, *now);
     let namespace = backup.namespace().unwrap_or_default();
-    // (One not in the cache yet is waited for: the backup does not fail for it.)
-    let pg = ctx.source(&namespace, &backup.spec.postgresql);
+    // A backup waits for a database missing, and fails for one with no spec.backup while
+    // nothing is recorded yet, so either is confirmed: the cache may be a moment behind a
+    // database applied (or given spec.backup) together with its backup. (One that cannot be
+    // read is an error, not missing.)
+    let nowhere = |pg: &PostgreSQL| {
+        status.destination.is_none() && pg.spec.backup.as_ref().and_then(Destination::of_spec).is_none()
+    };
+    let pg = match ctx.source(&namespace, &backup.spec.postgresql) {
+        Some(pg) if !nowhere(&pg) => Some(pg),
+        _ => {
+            let databases: Api<PostgreSQL> = Api::namespaced(ctx.client.clone(), &namespace);
+            confirm::get(&databases, &backup.spec.postgresql, "source-before-failing").await?
+        }
+    };
     let verdict = match (&pg, status.destination.clone()) {
         // Applied with its database, maybe a moment before it: waits for it a while. Or the
         // database was deleted while its backup was under way: what the pod did still counts
