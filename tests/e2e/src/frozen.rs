@@ -34,8 +34,20 @@ impl Frozen {
         Self::file(dir.join("cgroup.freeze"))
     }
 
+    /// Freezes the cgroup of `freeze_file` and returns once it is frozen: a process in the
+    /// middle of a write to disk is frozen only once the write is done, and on a loaded
+    /// machine that can take seconds (a server's backend may acknowledge a commit meanwhile).
     fn file(freeze_file: PathBuf) -> Self {
         std::fs::write(&freeze_file, "1").unwrap_or_else(|e| panic!("{}: {e}", freeze_file.display()));
+        let events = freeze_file.with_file_name("cgroup.events");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            let said = std::fs::read_to_string(&events).unwrap_or_default();
+            if said.lines().any(|l| l.trim() == "frozen 1") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         Self { freeze_file }
     }
 
