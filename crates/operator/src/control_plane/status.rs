@@ -2,10 +2,10 @@
 //! one small function per condition and one for the phase. Pure.
 
 use noops_api::control_plane::KubernetesControlPlanePhase;
-use noops_api::control_plane::KubernetesControlPlaneReason;
 use std::net::IpAddr;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use noops_api::control_plane::KubernetesControlPlaneReason;
 use noops_api::control_plane::{KubernetesControlPlane, KubernetesControlPlaneStatus, UpgradeStatus};
 
 use super::certificates::{Certificate, server_url};

@@ -3,13 +3,13 @@
 //! in the pass's [`Outcome`] (written to the status after it) and says when to come back; an
 //! Event that only holds once the status is written waits in `later`.
 
-use noops_api::etcd::EtcdClusterReason;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, PersistentVolumeClaim, Pod};
 use kube::api::DeleteParams;
 use kube::{Api, Resource, ResourceExt};
 use noops_api::EtcdCluster;
+use noops_api::etcd::EtcdClusterReason;
 use noops_api::etcd::{Operation, OperationKind};
 use noops_api::etcd_backup::EtcdBackup;
 use tracing::{debug, info, warn};

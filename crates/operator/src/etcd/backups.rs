@@ -4,13 +4,13 @@
 //! The EtcdBackup controller takes the snapshots. The backups are read from a watch cache, so
 //! a settled pass costs the API server nothing.
 
-use noops_api::etcd::EtcdClusterReason;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use kube::api::DeleteParams;
 use kube::{Api, Client, ResourceExt};
 use noops_api::EtcdCluster;
+use noops_api::etcd::EtcdClusterReason;
 use noops_api::etcd_backup::{EtcdBackup, EtcdBackupSpec};
 use tracing::info;
 

@@ -18,9 +18,9 @@
 //!   lost its quorum is reported (saying whether waiting can bring it back, or only a recovery
 //!   from a backup can), never "repaired" by bootstrapping over live volumes.
 
-use noops_api::etcd::EtcdClusterReason;
 use std::time::Duration;
 
+use noops_api::etcd::EtcdClusterReason;
 use noops_api::etcd::{Operation, OperationKind};
 
 use super::names::{RECOVER_ANNOTATION, index_order};

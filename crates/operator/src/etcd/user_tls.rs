@@ -9,11 +9,11 @@
 //! certificate is caught too.
 //! Pure.
 
-use noops_api::etcd::EtcdClusterReason;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Secret;
+use noops_api::etcd::EtcdClusterReason;
 use rustls::RootCertStore;
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::ServerCertVerifier;

@@ -2,12 +2,12 @@
 //! operator owns, and the version against the one the members actually run. Pure.
 
 use noops_api::EtcdCluster;
-use noops_api::etcd::EtcdClusterReason;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Secret;
+use noops_api::etcd::EtcdClusterReason;
 
 use super::names::Names;
 use super::pod::forbidden_extra_args;

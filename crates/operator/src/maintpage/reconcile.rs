@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
+use noops_api::maintpage::MaintPageReason;
 use noops_api::maintpage::{MaintPage, Side};
 use tracing::debug;
 
@@ -14,7 +15,6 @@ use super::{apply, desired, observe, status, switch, validate};
 use crate::core::apply::controller_reference;
 use crate::core::events::Announcement;
 use crate::core::{DuringStage, Error, Result, Stage};
-use noops_api::maintpage::MaintPageReason;
 
 /// Reconciles one MaintPage (the caller's span names it).
 pub async fn reconcile(mp: Arc<MaintPage>, ctx: &Context) -> Result<Action> {

@@ -9,13 +9,13 @@
 //! `maxBackups` newer ones have succeeded.
 
 use noops_api::backup::BackupPhase;
-use noops_api::postgres::PostgreSQLReason;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use kube::api::DeleteParams;
 use kube::{Api, Client, ResourceExt};
 use noops_api::PostgreSQL;
+use noops_api::postgres::PostgreSQLReason;
 use noops_api::postgres_backup::{PostgresBackup, PostgresBackupSpec};
 
 use super::names::{Names, POSTGRES_LABEL};

@@ -4,11 +4,11 @@
 //! told (`NoNodeFits`) and the StatefulSet is left as it is. Whether a node has the room free
 //! now is the scheduler's question; this only catches what no node could give at all. Pure.
 
-use noops_api::postgres::PostgreSQLReason;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use noops_api::postgres::PostgreSQLReason;
 use noops_api::quantity;
 
 use super::problem::PlanProblem;

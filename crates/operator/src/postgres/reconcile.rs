@@ -5,7 +5,6 @@
 //! database; what it says of its WAL archiving and of a restore) → backups (the first, the
 //! scheduled, retention) → the connection Secret → status, and an Event for each decision.
 
-use noops_api::postgres::PostgreSQLReason;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +20,7 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource};
 use noops_api::postgres::BackupLocation;
+use noops_api::postgres::PostgreSQLReason;
 use noops_api::{PostgreSQL, PostgresBackup};
 use serde_json::json;
 use tracing::{info, warn};

@@ -2,13 +2,13 @@
 //! password as read from the user's Secret, and the connection Secret applications read.
 //! Pure, except for drawing a new password.
 
-use noops_api::postgres::PostgreSQLReason;
 use std::collections::BTreeMap;
 use std::io::Read;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use noops_api::postgres::PostgreSQLReason;
 use noops_api::postgres::{PASSWORD_KEYS, PostgreSQLStatus};
 
 use super::names::{Names, PORT, SUPERUSER};

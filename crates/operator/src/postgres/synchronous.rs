@@ -14,9 +14,9 @@
 //! - The chosen replica is given the list before it is handed the lease: it takes its first
 //!   commit as synchronously as the primary it replaces.
 
-use noops_api::postgres::PostgreSQLReason;
 use std::time::Duration;
 
+use noops_api::postgres::PostgreSQLReason;
 use noops_api::postgres::{DataDurability, SynchronousSpec};
 
 use super::names::Names;

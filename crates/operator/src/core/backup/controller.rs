@@ -3,7 +3,6 @@
 //! writes what a [`Verdict`](super::progress::Verdict) left, sends its Event and removes the
 //! task pod of a backup that is done. An engine writes only how a backup is taken and deleted.
 
-use noops_api::backup::BackupReason;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -18,6 +17,7 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
+use noops_api::backup::BackupReason;
 use noops_api::backup::{BackupProgress, WorkProgress};
 use serde::Serialize;
 use serde::de::DeserializeOwned;

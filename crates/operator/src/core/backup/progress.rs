@@ -6,10 +6,10 @@
 //! waits until its deadline, then fails.
 
 use noops_api::backup::BackupPhase;
-use noops_api::backup::BackupReason;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use noops_api::backup::BackupReason;
 use noops_api::backup::{BackupProgress, WorkProgress};
 
 use super::schedule::elapsed;

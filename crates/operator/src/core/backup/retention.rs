@@ -12,11 +12,11 @@ use kube::ResourceExt;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::Store;
 use noops_api::backup::BackupsStatus;
+use noops_api::reason::Reason;
 
 use super::controller::BackupResource;
 use super::schedule::{self, BadSchedule, Counted, Kept, SCHEDULED_LABEL};
 use crate::core::conditions::Decided;
-use noops_api::reason::Reason;
 
 /// The resource's condition that says how its newest finished backup went.
 pub const BACKUP_SUCCEEDED: &str = "BackupSucceeded";

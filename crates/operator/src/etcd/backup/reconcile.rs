@@ -6,7 +6,6 @@
 //! finalizer), from the store recorded in its status, so it works once the cluster is gone.
 
 use noops_api::backup::BackupPhase;
-use noops_api::backup::BackupReason;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +15,7 @@ use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use noops_api::EtcdCluster;
+use noops_api::backup::BackupReason;
 use noops_api::etcd::{S3Destination, VolumeDestination};
 use noops_api::etcd_backup::{EtcdBackup, EtcdBackupStatus};
 use tracing::info;

@@ -8,7 +8,6 @@
 //! needed (a finalizer), from where its status says, so it works once the PostgreSQL is gone.
 
 use noops_api::backup::BackupPhase;
-use noops_api::backup::BackupReason;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +17,7 @@ use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use noops_api::PostgreSQL;
+use noops_api::backup::BackupReason;
 use noops_api::backup::WorkProgress;
 use noops_api::postgres::BackupLocation;
 use noops_api::postgres_backup::{PostgresBackup, PostgresBackupStatus};
