@@ -499,6 +499,7 @@ crate::reason::reasons! {
         NodeLost,
         InstancePodStuck,
         CreatingDatabase,
+        ServiceMissing,
         Restoring,
         Initialising,
         Starting,

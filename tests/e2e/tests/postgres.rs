@@ -163,7 +163,12 @@ async fn the_original_walkthrough_keeps_every_row_across_a_pod_deletion_and_take
         !services.contains("service/shop\n"),
         "the Service was made again while paused: {services}"
     );
-    assert_eq!(condition(&api.get("shop").await.unwrap(), "Ready").unwrap().0, "True");
+    // Its deletion wakes the database, whose status says what is missing (and changes nothing).
+    wait_until("Ready False: the Service is missing", MINUTE, || async {
+        condition(&api.get("shop").await.unwrap(), "Ready")
+            .is_some_and(|(status, reason, _)| status == "False" && reason == "ServiceMissing")
+    })
+    .await;
     // The plugin says so, and a script sees it as not Ready (exit code 2).
     let out = noops_e2e::plugin::kubectl_noops(&["status", "pg/shop", "-n", &ns.name]);
     let text = noops_e2e::plugin::stdout(&out);

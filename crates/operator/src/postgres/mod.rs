@@ -80,7 +80,7 @@ use noops_api::{PostgreSQL, PostgresBackup};
 use crate::core::Result;
 use crate::core::cache::{concerned, shared_cache};
 use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Wiring, registration};
+use crate::core::engine::{Engine, Pass, Wiring, registration};
 use crate::core::user_secrets::UserSecrets;
 use context::{Context, State};
 use kube::runtime::controller::Action;
@@ -103,7 +103,7 @@ impl Engine for PostgreSQLs {
         let ours = watcher::Config::default().labels(names::POSTGRES_LABEL);
         let (statefulsets, statefulset_changes) = runtime.cache::<StatefulSet>(ours.clone()).await;
         let (pods, pod_changes) = runtime.cache::<Pod>(ours.clone()).await;
-        let (services, _) = runtime.cache::<Service>(ours.clone()).await;
+        let (services, service_changes) = runtime.cache::<Service>(ours.clone()).await;
         let (secrets, _) = runtime.cache::<Secret>(ours.clone()).await;
         let (config_maps, _) = runtime.cache::<ConfigMap>(ours.clone()).await;
         let (claims, claim_changes) = runtime.cache::<PersistentVolumeClaim>(ours.clone()).await;
@@ -155,6 +155,12 @@ impl Engine for PostgreSQLs {
                 let database = pod.labels().get(names::POSTGRES_LABEL).cloned();
                 database.map(|name| ObjectRef::new(&name).within(&pod.namespace().unwrap_or_default()))
             })
+            // So does a Service of it (one deleted is made again at once, or, paused, said
+            // missing).
+            .watches_shared_stream(service_changes, |service: Arc<Service>| {
+                let database = service.labels().get(names::POSTGRES_LABEL).cloned();
+                database.map(|name| ObjectRef::new(&name).within(&service.namespace().unwrap_or_default()))
+            })
             // So does its volume claim (a claim gone lets a pod that waited for it be replaced).
             .watches_shared_stream(claim_changes, |claim: Arc<PersistentVolumeClaim>| {
                 let database = claim.labels().get(names::POSTGRES_LABEL).cloned();
@@ -190,7 +196,9 @@ impl Engine for PostgreSQLs {
             .reconcile_on(lease_wakes);
         Wiring::new(state, controller)
     }
+}
 
+impl Pass for PostgreSQLs {
     async fn reconcile(pg: Arc<PostgreSQL>, ctx: Arc<Context>) -> Result<Action> {
         reconcile::reconcile(pg, &ctx).await
     }

@@ -325,6 +325,18 @@ fn ready_condition(pg: &PostgreSQL, names: &Names, seen: &StatusFacts, ready: bo
             Decided::new(READY, false, PostgreSQLReason::InstancePodStuck, stuck.message.clone())
         }
         (InstanceState::Serving(_), Some(problem), _) => problem.condition(READY, false),
+        (InstanceState::Serving(_), None, _) if seen.service_missing => {
+            let again = if pg.spec.paused {
+                "it is made again once spec.paused is false"
+            } else {
+                "it is being made again"
+            };
+            let message = format!(
+                "Service {} is missing: nothing reaches the database by name; {again}",
+                names.service()
+            );
+            Decided::new(READY, false, PostgreSQLReason::ServiceMissing, message)
+        }
         (InstanceState::Serving(_), None, _) => Decided::new(
             READY,
             false,
@@ -809,6 +821,15 @@ mod tests {
             "SpecRejected",
             "no Service, not Ready"
         );
+        // Deleted by hand (say while paused): Ready says what is missing, not "creating".
+        no_service.held_back = None;
+        let status = build(&pg, &Names::of(&pg), &no_service, jiff::Timestamp::now());
+        let ready = condition(&status, READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "ServiceMissing")
+        );
+        assert!(ready.message.contains("Service shop is missing"), "{}", ready.message);
 
         let mut bad_schedule = seen(InstanceState::Serving(facts()));
         bad_schedule.schedule_problem = Some(PlanProblem {
