@@ -43,7 +43,7 @@ use noops_api::{EtcdCluster, KubernetesControlPlane};
 use crate::core::Result;
 use crate::core::cache::shared_cache;
 use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Wiring, registration};
+use crate::core::engine::{Engine, Reconcile, Wiring, registration};
 use crate::core::labels;
 use context::{Context, State};
 use kube::runtime::controller::Action;
@@ -118,7 +118,9 @@ impl Engine for KubernetesControlPlanes {
             });
         Wiring::new(state, controller)
     }
+}
 
+impl Reconcile for KubernetesControlPlanes {
     async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: Arc<Context>) -> Result<Action> {
         reconcile::reconcile(kcp, &ctx).await
     }

@@ -1,7 +1,8 @@
-//! The one shape of every controller: an [`Engine`] says what it reconciles, what it watches
-//! and how one pass over an object goes; the core registers it ([`registration`]) and drives
-//! it (its caches and controller from [`Engine::wire`], each pass through the core's wrapper:
-//! span, metrics, back-off, malformed objects, state series).
+//! The one shape of every controller: an [`Engine`] says what it reconciles and what it
+//! watches, and [`Reconcile`] how one pass over an object goes (for an engine with
+//! [`Stages`](super::stages::Stages), the core's own stage by stage); the core registers it
+//! ([`registration`]) and drives it (its caches and controller from [`Engine::wire`], each pass
+//! through the core's wrapper: span, metrics, back-off, malformed objects, state series).
 //!
 //! A controller module is an engine and one line, `pub const CONTROLLER: Registration =
 //! registration::<TheEngine>();`; `lib.rs` lists the modules.
@@ -36,7 +37,12 @@ pub trait Engine: Send + Sync + 'static {
     /// Its watch caches and its controller (from [`Runtime::controller`] with
     /// [`Self::CONCURRENCY`]), wired to the changes that wake an object.
     fn wire(runtime: &Runtime) -> impl Future<Output = Wiring<Self>> + Send;
+}
 
+/// How an engine passes over an object. An engine with [`Stages`](super::stages::Stages) has
+/// its passes driven by the core, stage by stage; one not moved onto them yet writes its pass
+/// whole.
+pub trait Reconcile: Engine {
     /// One pass over `object`.
     fn reconcile(
         object: Arc<Self::Object>,
@@ -64,7 +70,7 @@ impl<E: Engine + ?Sized> Wiring<E> {
 }
 
 /// The registration of engine `E` (`noops run --controllers <E::NAME>`).
-pub const fn registration<E: Engine>() -> Registration {
+pub const fn registration<E: Reconcile>() -> Registration {
     Registration {
         name: E::NAME,
         about: E::ABOUT,
@@ -74,7 +80,7 @@ pub const fn registration<E: Engine>() -> Registration {
 }
 
 /// Runs engine `E` in `runtime.namespace` (all namespaces if `None`) until shutdown.
-fn run<E: Engine>(runtime: Runtime) -> BoxFuture<'static, ()> {
+fn run<E: Reconcile>(runtime: Runtime) -> BoxFuture<'static, ()> {
     Box::pin(async move {
         let Wiring {
             state,

@@ -37,6 +37,7 @@ pub mod prune;
 pub mod report;
 pub mod resource_metrics;
 pub mod rollout;
+pub mod stages;
 pub mod stamp;
 pub mod stuck;
 pub mod tenant;

@@ -60,7 +60,7 @@ use noops_api::{EtcdBackup, EtcdCluster};
 use crate::core::Result;
 use crate::core::cache::{concerned, shared_cache};
 use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Wiring, registration};
+use crate::core::engine::{Engine, Reconcile, Wiring, registration};
 use crate::core::user_secrets::UserSecrets;
 use context::{Context, State};
 use kube::runtime::controller::Action;
@@ -158,7 +158,9 @@ impl Engine for EtcdClusters {
             beside: vec![janitor],
         }
     }
+}
 
+impl Reconcile for EtcdClusters {
     async fn reconcile(cluster: Arc<EtcdCluster>, ctx: Arc<Context>) -> Result<Action> {
         reconcile::reconcile(cluster, &ctx).await
     }

@@ -28,7 +28,7 @@ use noops_api::{KubernetesCluster, KubernetesControlPlane, Machine, MachineDeplo
 
 use crate::core::Result;
 use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Wiring, registration};
+use crate::core::engine::{Engine, Reconcile, Wiring, registration};
 use crate::core::labels;
 use context::{Context, State};
 use desired::CLUSTER_LABEL;
@@ -82,7 +82,9 @@ impl Engine for KubernetesClusters {
             .reconcile_on(tenant_changes);
         Wiring::new(state, controller)
     }
+}
 
+impl Reconcile for KubernetesClusters {
     async fn reconcile(kc: Arc<KubernetesCluster>, ctx: Arc<Context>) -> Result<Action> {
         reconcile::reconcile(kc, &ctx).await
     }

@@ -36,7 +36,7 @@ use noops_api::{KubernetesControlPlane, Machine};
 use crate::core::Result;
 use crate::core::cache::concerned;
 use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Wiring, registration};
+use crate::core::engine::{Engine, Reconcile, Wiring, registration};
 use crate::core::labels;
 use context::{Context, State};
 use kube::runtime::controller::Action;
@@ -94,7 +94,9 @@ impl Engine for Machines {
             });
         Wiring::new(state, controller)
     }
+}
 
+impl Reconcile for Machines {
     async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action> {
         reconcile::reconcile(machine, &ctx).await
     }

@@ -16,17 +16,13 @@ mod plan_interleavings;
 mod reconcile;
 pub(crate) mod status;
 
-use std::sync::Arc;
-
 use kube::runtime::watcher;
 use noops_api::{MachineDeployment, MachineSet};
 
-use crate::core::Result;
 use crate::core::controller::{Registration, Runtime};
 use crate::core::engine::{Engine, Wiring, registration};
-use context::{Context, State};
+use context::State;
 use desired::MACHINE_DEPLOYMENT_LABEL;
-use kube::runtime::controller::Action;
 
 /// The controller's registration (`noops run --controllers machinedeployment`).
 pub const CONTROLLER: Registration = registration::<MachineDeployments>();
@@ -49,9 +45,5 @@ impl Engine for MachineDeployments {
             .controller::<MachineDeployment>(Self::CONCURRENCY)
             .owns_shared_stream(set_changes);
         Wiring::new(State { sets }, controller)
-    }
-
-    async fn reconcile(md: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Action> {
-        reconcile::reconcile(md, &ctx).await
     }
 }

@@ -1,18 +1,19 @@
-//! One MachineDeployment pass: observe (its sets) → plan (`plan.rs`, pure) → build
-//! (`desired.rs`) → apply (make, scale and remove sets) → status (`status.rs`).
+//! A MachineDeployment pass as the core's stages: observe (its sets) → plan (`plan.rs`, pure)
+//! → apply (make, scale and remove sets, built by `desired.rs`) → status (`status.rs`), each
+//! once, in that order (`core::stages` drives them).
 
 use noops_api::machine_deployment::MachineDeploymentPhase;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::Action;
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use noops_api::machine_deployment::{MachineDeployment, MachineDeploymentStatus};
+use noops_api::machine_deployment::{MachineDeployment, MachineDeploymentReason, MachineDeploymentStatus};
 use noops_api::machine_set::MachineSet;
 use serde_json::json;
 use tracing::info;
 
+use super::MachineDeployments;
 use super::context::Context;
 use super::desired;
 use super::plan::{DeploymentPlan, SetView, plan};
@@ -20,52 +21,113 @@ use super::status;
 use crate::core::apply::{apply, controlled_by, controller_reference, create_if_missing, delete_if_present};
 use crate::core::cache::in_namespace;
 use crate::core::events::Announcement;
+use crate::core::stages::{Applied, Observed, Refusal, Report, Stages};
 use crate::core::{DuringStage, Error, Result, Stage, crash};
-use kube::api::ListParams;
 
 /// How soon a deployment is looked at again while it rolls (its progress deadline is a time,
 /// not a change), and when it is steady.
 const ROLLING: Duration = Duration::from_secs(5);
 const STEADY: Duration = Duration::from_secs(120);
 
-/// Reconciles one deployment (the caller's span names it).
-pub async fn reconcile(md: Arc<MachineDeployment>, ctx: &Context) -> Result<Action> {
-    let namespace = md.namespace().unwrap_or_default();
-    let owner = controller_reference(md.as_ref())
-        .ok_or_else(|| Error::Internal("the MachineDeployment has no uid yet".into()))
-        .during(Stage::Validate)?;
-    let mut sets: Vec<MachineSet> = in_namespace(&ctx.sets, &namespace)
-        .into_iter()
-        .filter(|s| controlled_by(&s.metadata, &owner.uid))
-        .collect();
-    let now = jiff::Timestamp::now();
-    let api: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &namespace);
+impl Stages for MachineDeployments {
+    type Status = MachineDeploymentStatus;
+    type Reason = MachineDeploymentReason;
+    /// The deployment's sets.
+    type Observation = Vec<MachineSet>;
+    type Plan = DeploymentPlan;
+    type Applied = ();
 
-    let mut plan = plan(&md, &sets.iter().map(SetView::of).collect::<Vec<_>>());
-    // A pass that would change a set plans again from the API's own list: the cache may not
-    // hold the last pass's changes yet, and a set's status counted from an old view could let
-    // an older set shrink further than maxUnavailable allows.
-    if changes_anything(&plan, &sets) {
+    fn status_of(md: &MachineDeployment) -> Option<&MachineDeploymentStatus> {
+        md.status.as_ref()
+    }
+
+    fn paused(md: &MachineDeployment) -> bool {
+        md.spec.paused
+    }
+
+    /// Its sets from the cache. A pass that would change a set reads them from the API: the
+    /// cache may not hold the last pass's changes yet, and a set's status counted from an old
+    /// view could let an older set shrink further than maxUnavailable allows.
+    async fn observe(
+        md: Arc<MachineDeployment>,
+        ctx: &Context,
+        _: jiff::Timestamp,
+    ) -> Result<Observed<MachineDeployment, Vec<MachineSet>>> {
+        let namespace = md.namespace().unwrap_or_default();
+        let uid = md.uid().unwrap_or_default();
+        let sets: Vec<MachineSet> = in_namespace(&ctx.sets, &namespace)
+            .into_iter()
+            .filter(|s| controlled_by(&s.metadata, &uid))
+            .collect();
+        if md.spec.paused || !changes_anything(&plan_of(&md, &sets), &sets) {
+            return Ok(Observed::new(md, sets));
+        }
+        let api: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &namespace);
         let selector = format!("{}={}", desired::MACHINE_DEPLOYMENT_LABEL, md.name_any());
-        sets = crate::core::confirm::list(&api, &ListParams::default().labels(&selector), "sets-before-change")
-            .await
-            .during(Stage::Observe)?
+        let sets = crate::core::confirm::list(&api, &ListParams::default().labels(&selector), "sets-before-change")
+            .await?
             .items
             .into_iter()
-            .filter(|s| controlled_by(&s.metadata, &owner.uid))
+            .filter(|s| controlled_by(&s.metadata, &uid))
             .collect();
-        plan = super::plan::plan(&md, &sets.iter().map(SetView::of).collect::<Vec<_>>());
+        Ok(Observed::new(md, sets))
     }
 
-    // Paused, nothing is changed: the status still tells how the sets stand.
-    if !md.spec.paused {
-        apply_plan(&md, &plan, &sets, &api, &owner).await?;
+    /// Nothing to refuse: the schema's rules hold every spec a deployment can carry out.
+    fn validate(
+        _: &MachineDeployment,
+        _: &Vec<MachineSet>,
+    ) -> std::result::Result<(), Refusal<MachineDeploymentReason>> {
+        Ok(())
     }
 
-    let status = status::build(&md, &sets, &plan, now);
-    let told = announcements(md.status.as_ref(), &status);
-    ctx.report(md.as_ref(), md.status.as_ref(), &status, told).await?;
-    Ok(Action::requeue(if plan.complete { STEADY } else { ROLLING }))
+    fn refused(
+        md: &MachineDeployment,
+        _: &Vec<MachineSet>,
+        _: &Refusal<MachineDeploymentReason>,
+        _: jiff::Timestamp,
+    ) -> MachineDeploymentStatus {
+        md.status.clone().unwrap_or_default()
+    }
+
+    fn plan(md: &MachineDeployment, sets: &Vec<MachineSet>, _: jiff::Timestamp) -> Result<DeploymentPlan> {
+        Ok(plan_of(md, sets))
+    }
+
+    async fn apply(
+        md: &MachineDeployment,
+        sets: &Vec<MachineSet>,
+        plan: &DeploymentPlan,
+        ctx: &Context,
+    ) -> Result<Applied<()>> {
+        let owner =
+            controller_reference(md).ok_or_else(|| Error::Internal("the MachineDeployment has no uid yet".into()))?;
+        let api: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &md.namespace().unwrap_or_default());
+        apply_plan(md, plan, sets, &api, &owner).await?;
+        Ok(Applied::Done(()))
+    }
+
+    fn status(
+        md: &MachineDeployment,
+        sets: &Vec<MachineSet>,
+        plan: &DeploymentPlan,
+        _: Option<&()>,
+        now: jiff::Timestamp,
+    ) -> Report<MachineDeploymentStatus> {
+        let status = status::build(md, sets, plan, now);
+        let news = announcements(md.status.as_ref(), &status);
+        Report {
+            status,
+            done: Vec::new(),
+            news,
+            next: Some(if plan.complete { STEADY } else { ROLLING }),
+        }
+    }
+}
+
+/// The plan of `md` over `sets` (pure).
+fn plan_of(md: &MachineDeployment, sets: &[MachineSet]) -> DeploymentPlan {
+    plan(md, &sets.iter().map(SetView::of).collect::<Vec<_>>())
 }
 
 /// Makes, scales and removes the sets as `plan` says.

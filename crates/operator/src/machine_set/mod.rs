@@ -14,17 +14,13 @@ pub(crate) mod plan;
 mod reconcile;
 pub(crate) mod status;
 
-use std::sync::Arc;
-
 use kube::runtime::watcher;
 use noops_api::{Machine, MachineSet};
 
-use crate::core::Result;
 use crate::core::controller::{Registration, Runtime};
 use crate::core::engine::{Engine, Wiring, registration};
-use context::{Context, State};
+use context::State;
 use desired::MACHINE_SET_LABEL;
-use kube::runtime::controller::Action;
 
 /// The controller's registration (`noops run --controllers machineset`).
 pub const CONTROLLER: Registration = registration::<MachineSets>();
@@ -47,9 +43,5 @@ impl Engine for MachineSets {
             .controller::<MachineSet>(Self::CONCURRENCY)
             .owns_shared_stream(machine_changes);
         Wiring::new(State { machines }, controller)
-    }
-
-    async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action> {
-        reconcile::reconcile(set, &ctx).await
     }
 }

@@ -27,16 +27,14 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::MaintPage;
 
-use crate::core::Result;
 use crate::core::controller::{Registration, Runtime};
 use crate::core::engine::{Engine, Wiring, registration};
 use crate::core::labels;
-use context::{Context, State};
+use context::State;
 
 /// The controller's registration (`noops run --controllers maintpage`).
 pub const CONTROLLER: Registration = registration::<MaintPages>();
@@ -84,9 +82,5 @@ impl Engine for MaintPages {
                     })
             });
         Wiring::new(state, controller)
-    }
-
-    async fn reconcile(mp: Arc<MaintPage>, ctx: Arc<Context>) -> Result<Action> {
-        reconcile::reconcile(mp, &ctx).await
     }
 }

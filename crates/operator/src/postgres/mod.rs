@@ -80,7 +80,7 @@ use noops_api::{PostgreSQL, PostgresBackup};
 use crate::core::Result;
 use crate::core::cache::{concerned, shared_cache};
 use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Pass, Wiring, registration};
+use crate::core::engine::{Engine, Reconcile, Wiring, registration};
 use crate::core::user_secrets::UserSecrets;
 use context::{Context, State};
 use kube::runtime::controller::Action;
@@ -198,7 +198,7 @@ impl Engine for PostgreSQLs {
     }
 }
 
-impl Pass for PostgreSQLs {
+impl Reconcile for PostgreSQLs {
     async fn reconcile(pg: Arc<PostgreSQL>, ctx: Arc<Context>) -> Result<Action> {
         reconcile::reconcile(pg, &ctx).await
     }

@@ -30,7 +30,7 @@ use crate::core::Result;
 use crate::core::apply::delete_if_present;
 use crate::core::conditions::merge;
 use crate::core::controller::{Runtime, Watched};
-use crate::core::engine::{Engine, Wiring};
+use crate::core::engine::{Engine, Reconcile, Wiring};
 use crate::core::labels;
 
 /// What a backup controller keeps beside the core; `S` is the kind it backs up (EtcdCluster,
@@ -204,7 +204,9 @@ impl<B: BackupEngine> Engine for Backups<B> {
             .owns_shared_stream(pod_changes);
         Wiring::new(state, controller)
     }
+}
 
+impl<B: BackupEngine> Reconcile for Backups<B> {
     async fn reconcile(backup: Arc<B::Backup>, ctx: Arc<Context<B::Source>>) -> Result<Action> {
         let api: Api<B::Backup> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
         let result = finalizer(&api, B::Backup::FINALIZER, backup, |event| async {
