@@ -327,6 +327,7 @@ crate::reason::reasons! {
         EtcdDegraded,
         AsExpected,
         RangeTaken,
+        UnsupportedVersion,
         ReplicasShareNode,
     }
 }

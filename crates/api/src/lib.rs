@@ -15,6 +15,7 @@ pub mod condition;
 pub mod control_plane;
 pub mod etcd;
 pub mod etcd_backup;
+pub mod governed;
 pub mod kubernetes_cluster;
 pub mod machine;
 pub mod machine_deployment;

@@ -3,12 +3,13 @@
 //!
 //! Watches the control planes and what they own (the EtcdCluster, the Service, the Deployments,
 //! the certificate Secrets, the components' pods) and the etcd client certificate the
-//! EtcdCluster makes, and reconciles each control plane in one pass (`reconcile.rs`), a file
-//! per stage:
+//! EtcdCluster makes, and reconciles each control plane in one pass (`reconcile.rs`: the core's
+//! stages), a file per stage:
 //! 1. `observe.rs`: the children from watch caches, the version each part runs;
 //! 2. validate: the version must name a release (`versions.rs`), and until it has served the
-//!    tenant's ranges must not overlap this cluster's (`ranges.rs`, the one read of the API
-//!    here: nodes and ServiceCIDRs are not watched for a check made only at the start);
+//!    tenant's ranges must not overlap this cluster's (`ranges.rs`; observe reads them from the
+//!    API, the one read of the API here: nodes and ServiceCIDRs are not watched for a check
+//!    made only at the start);
 //! 3. `plan.rs`: which part moves to which release, in upgrade order (pure; the progress is
 //!    read back from the children, so a restarted operator carries on);
 //! 4. `desired.rs`, `certificates.rs`: the children and the certificates (pure);
@@ -40,13 +41,11 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::{EtcdCluster, KubernetesControlPlane};
 
-use crate::core::Result;
 use crate::core::cache::shared_cache;
 use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Reconcile, Wiring, registration};
+use crate::core::engine::{Engine, Wiring, registration};
 use crate::core::labels;
-use context::{Context, State};
-use kube::runtime::controller::Action;
+use context::State;
 use names::CONTROL_PLANE_LABEL;
 
 /// The controller's registration (`noops run --controllers kubernetescontrolplane`).
@@ -117,11 +116,5 @@ impl Engine for KubernetesControlPlanes {
                 owner_of(pod.as_ref(), CONTROL_PLANE_LABEL, "")
             });
         Wiring::new(state, controller)
-    }
-}
-
-impl Reconcile for KubernetesControlPlanes {
-    async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: Arc<Context>) -> Result<Action> {
-        reconcile::reconcile(kcp, &ctx).await
     }
 }

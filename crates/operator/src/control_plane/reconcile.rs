@@ -1,13 +1,14 @@
-//! One KubernetesControlPlane pass: observe → validate → plan → build → apply → status, each
-//! stage entered once, in that order.
+//! A KubernetesControlPlane pass as the core's stages: observe → validate → plan → apply
+//! (build and apply the children) → status, each once, in that order (`core::stages` drives
+//! them).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::runtime::controller::Action;
-use noops_api::control_plane::{KubernetesControlPlane, KubernetesControlPlaneStatus};
+use noops_api::control_plane::{KubernetesControlPlane, KubernetesControlPlaneReason, KubernetesControlPlaneStatus};
 use tracing::info;
 
+use super::KubernetesControlPlanes;
 use super::certificates::{Addresses, Certificate, Servers, server_url, tenant_service_ip};
 use super::context::Context;
 use super::endpoint;
@@ -19,88 +20,185 @@ use super::{act, desired, observe, plan, ranges, spread, status};
 use crate::core::apply::controller_reference;
 use crate::core::events::Announcement;
 use crate::core::pki::NOT_AFTER_ANNOTATION;
+use crate::core::stages::{Applied, Observed, Refusal, Report, Stages};
 use crate::core::{DuringStage, Error, Result, Stage};
 
 /// How soon a control plane whose range is taken looks at this cluster's ranges again.
 const RANGES_RECHECK: Duration = Duration::from_secs(60);
 
-/// Reconciles one control plane (the caller's span names it).
-pub async fn reconcile(kcp: Arc<KubernetesControlPlane>, ctx: &Context) -> Result<Action> {
-    let names = Names::of(&kcp);
-    let now = jiff::Timestamp::now();
-    let observation = observe::observe(&kcp, &names, ctx, now);
+/// What a pass sees: its children and their facts, a range of its networking this cluster
+/// uses (checked until it has served), and when its first certificate is due.
+pub struct Seen {
+    observation: observe::Observation,
+    range_taken: Option<String>,
+    renew_in: Option<Duration>,
+}
 
-    let target = Release::of(&kcp.spec.version)
-        .ok_or_else(|| Error::InvalidSpec(format!("version {:?} is not a Kubernetes version", kcp.spec.version)))
-        .during(Stage::Validate)?;
-    let owner = controller_reference(kcp.as_ref())
-        .ok_or_else(|| Error::Internal("the KubernetesControlPlane has no uid yet".into()))
-        .during(Stage::Validate)?;
+impl Stages for KubernetesControlPlanes {
+    type Observation = Seen;
+    type Plan = Plan;
+    type Applied = Done;
 
-    // Until it has served, the tenant's ranges must stay clear of this cluster's (they are
-    // fixed after that): a control plane with a range taken is not made.
-    let range_taken = if ranges::must_check(&kcp, observation.live.etcd.is_some()) {
-        let taken = ranges::read_taken(&ctx.client).await.during(Stage::Validate)?;
-        ranges::overlap(&kcp.spec.networking, &taken)
-    } else {
-        None
-    };
+    /// Its children from the caches. Until it has served, the tenant's ranges must stay clear
+    /// of this cluster's (they are fixed after that): those are read from the API.
+    async fn observe(
+        kcp: Arc<KubernetesControlPlane>,
+        ctx: &Context,
+        now: jiff::Timestamp,
+    ) -> Result<Observed<KubernetesControlPlane, Seen>> {
+        let names = Names::of(&kcp);
+        let observation = observe::observe(&kcp, &names, ctx, now);
+        let range_taken = if ranges::must_check(&kcp, observation.live.etcd.is_some()) {
+            let taken = ranges::read_taken(&ctx.client).await?;
+            ranges::overlap(&kcp.spec.networking, &taken)
+        } else {
+            None
+        };
+        let renew_in = next_renewal(&observation.live.secrets, now, ctx.certificate_lifetime);
+        let seen = Seen {
+            observation,
+            range_taken,
+            renew_in,
+        };
+        Ok(Observed::new(kcp, seen))
+    }
 
-    let plan = plan::plan(target, &observation.facts);
-
-    let applied = if !kcp.spec.paused && range_taken.is_none() {
-        apply(ctx, &kcp, &names, &plan, &observation, &owner, now).await?
-    } else {
-        // Nothing applied: the endpoints as the live Service gives them.
-        Applied {
-            service_ip: observation.live.service.as_ref().and_then(act::cluster_ip),
-            external: endpoint::external(
-                &kcp.spec.service,
-                observation.live.service.as_ref(),
-                kcp.status.as_ref().and_then(|s| s.external_endpoint.as_deref()),
-            )
-            .map(|(_, url)| url),
-            issued: Vec::new(),
-            moved: None,
+    /// A version it cannot run; a range this cluster uses (looked at again now and then: this
+    /// cluster's ranges may change): a control plane with a range taken is not made.
+    fn validate(
+        kcp: &KubernetesControlPlane,
+        seen: &Seen,
+    ) -> std::result::Result<(), Refusal<KubernetesControlPlaneReason>> {
+        if Release::of(&kcp.spec.version).is_none() {
+            let error = Error::InvalidSpec(format!("version {:?} is not a Kubernetes version", kcp.spec.version));
+            return Err(Refusal::new(KubernetesControlPlaneReason::UnsupportedVersion, error));
         }
-    };
-    let Applied {
-        service_ip,
-        external,
-        issued,
-        moved,
-    } = applied;
+        match &seen.range_taken {
+            Some(taken) => Err(Refusal::looked_at_again(
+                KubernetesControlPlaneReason::RangeTaken,
+                Error::InvalidSpec(taken.clone()),
+                RANGES_RECHECK,
+            )),
+            None => Ok(()),
+        }
+    }
 
-    let facts = StatusFacts {
-        kcp: &kcp,
-        names: &names,
-        plan: &plan,
-        observation: &observation,
-        service_ip,
-        external_endpoint: external,
-        range_taken: range_taken.as_deref(),
-    };
-    // What the pass did (certificates issued, a replica moved) is told now, whatever becomes of
-    // the status write: the next pass does neither again and would not tell it.
-    ctx.tell(kcp.as_ref(), issued_news(&issued).into_iter().chain(moved))
-        .await;
-    let status = status::build(&facts, now);
-    let told = announcements(kcp.status.as_ref(), &status, &plan, &[]);
-    ctx.report(kcp.as_ref(), kcp.status.as_ref(), &status, told).await?;
-    let renew = next_renewal(&observation.live.secrets, now, ctx.certificate_lifetime);
-    // A taken range is looked at again now and then: this cluster's ranges may change.
-    let recheck_ranges = range_taken.as_ref().map(|_| RANGES_RECHECK);
-    // Pods that share a node are looked at again: a node that comes back wakes nothing here.
-    let recheck_spread = observation.spread.together().map(|_| spread::RECHECK);
-    let again = [renew, observation.recheck_after, recheck_ranges, recheck_spread]
+    fn refused(
+        kcp: &KubernetesControlPlane,
+        seen: &Seen,
+        refusal: &Refusal<KubernetesControlPlaneReason>,
+        now: jiff::Timestamp,
+    ) -> Report<KubernetesControlPlaneStatus> {
+        let Some(target) = Release::of(&kcp.spec.version) else {
+            return Report::of(status::refused(kcp, refusal.reason, &refusal.error.to_string(), now));
+        };
+        let plan = plan::plan(target, &seen.observation.facts);
+        let status = status_after(kcp, seen, &plan, &not_applied(kcp, seen), now);
+        Report {
+            news: announcements(kcp.status.as_ref(), &status, &plan, &[]),
+            next: next_look(seen),
+            ..Report::of(status)
+        }
+    }
+
+    fn plan(kcp: &KubernetesControlPlane, seen: &Seen, _: jiff::Timestamp) -> Result<Plan> {
+        let target = Release::of(&kcp.spec.version)
+            .ok_or_else(|| Error::InvalidSpec(format!("version {:?} is not a Kubernetes version", kcp.spec.version)))?;
+        Ok(plan::plan(target, &seen.observation.facts))
+    }
+
+    async fn apply(kcp: &KubernetesControlPlane, seen: &Seen, plan: &Plan, ctx: &Context) -> Result<Applied<Done>> {
+        let owner = controller_reference(kcp)
+            .ok_or_else(|| Error::Internal("the KubernetesControlPlane has no uid yet".into()))?;
+        let names = Names::of(kcp);
+        let done = apply(
+            ctx,
+            kcp,
+            &names,
+            plan,
+            &seen.observation,
+            &owner,
+            jiff::Timestamp::now(),
+        )
+        .await?;
+        Ok(Applied::Done(done))
+    }
+
+    fn status(
+        kcp: &KubernetesControlPlane,
+        seen: &Seen,
+        plan: &Plan,
+        applied: Option<&Done>,
+        now: jiff::Timestamp,
+    ) -> Report<KubernetesControlPlaneStatus> {
+        let paused = not_applied(kcp, seen);
+        let applied = applied.unwrap_or(&paused);
+        let status = status_after(kcp, seen, plan, applied, now);
+        // What the pass did (certificates issued, a replica moved) is told whatever becomes of
+        // the status write: the next pass does neither again and would not tell it.
+        let done = issued_news(&applied.issued)
+            .into_iter()
+            .chain(applied.moved.clone())
+            .collect();
+        let news = announcements(kcp.status.as_ref(), &status, plan, &[]);
+        Report {
+            status,
+            done,
+            news,
+            next: next_look(seen),
+        }
+    }
+}
+
+/// When to look again if nothing wakes the control plane: a certificate due, a pod that
+/// waits counting as stuck, pods that share a node (a node that comes back wakes nothing here).
+fn next_look(seen: &Seen) -> Option<Duration> {
+    let recheck_spread = seen.observation.spread.together().map(|_| spread::RECHECK);
+    [seen.renew_in, seen.observation.recheck_after, recheck_spread]
         .into_iter()
         .flatten()
-        .min();
-    Ok(again.map(Action::requeue).unwrap_or_else(Action::await_change))
+        .min()
+}
+
+/// The status of a pass that saw `seen`, planned `plan` and applied `applied`.
+fn status_after(
+    kcp: &KubernetesControlPlane,
+    seen: &Seen,
+    plan: &Plan,
+    applied: &Done,
+    now: jiff::Timestamp,
+) -> KubernetesControlPlaneStatus {
+    let names = Names::of(kcp);
+    let facts = StatusFacts {
+        kcp,
+        names: &names,
+        plan,
+        observation: &seen.observation,
+        service_ip: applied.service_ip,
+        external_endpoint: applied.external.clone(),
+        range_taken: seen.range_taken.as_deref(),
+    };
+    status::build(&facts, now)
+}
+
+/// What a pass that applies nothing leaves: the endpoints as the live Service gives them.
+fn not_applied(kcp: &KubernetesControlPlane, seen: &Seen) -> Done {
+    let service = seen.observation.live.service.as_ref();
+    Done {
+        service_ip: service.and_then(act::cluster_ip),
+        external: endpoint::external(
+            &kcp.spec.service,
+            service,
+            kcp.status.as_ref().and_then(|s| s.external_endpoint.as_deref()),
+        )
+        .map(|(_, url)| url),
+        issued: Vec::new(),
+        moved: None,
+    }
 }
 
 /// What a pass that applies leaves for the status and the Events.
-struct Applied {
+pub struct Done {
     /// The control plane Service's cluster IP, once it has one.
     service_ip: Option<std::net::IpAddr>,
     /// The URL the API servers are reached at from outside, if the Service gives one.
@@ -121,7 +219,7 @@ async fn apply(
     observation: &observe::Observation,
     owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
     now: jiff::Timestamp,
-) -> Result<Applied> {
+) -> Result<Done> {
     let previous_external = kcp.status.as_ref().and_then(|s| s.external_endpoint.clone());
     let etcd = desired::etcd_cluster(kcp, names, &plan.etcd_version, owner);
     let service = desired::service(kcp, names, owner);
@@ -168,7 +266,7 @@ async fn apply(
             moved = move_apart(ctx, kcp, names, plan, &observation.spread).await?;
         }
     }
-    Ok(Applied {
+    Ok(Done {
         service_ip,
         external,
         issued,

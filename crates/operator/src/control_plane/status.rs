@@ -343,6 +343,31 @@ pub fn build(f: &StatusFacts, now: jiff::Timestamp) -> KubernetesControlPlaneSta
     }
 }
 
+/// The status of a control plane whose spec cannot be carried out (a version it cannot run,
+/// past a loosened schema): not Ready, Degraded with the reason, nothing else changed.
+pub fn refused(
+    kcp: &KubernetesControlPlane,
+    reason: KubernetesControlPlaneReason,
+    message: &str,
+    now: jiff::Timestamp,
+) -> KubernetesControlPlaneStatus {
+    let previous = kcp.status.clone().unwrap_or_default();
+    let decided = [
+        Decided::new(noops_api::condition::READY, false, reason, message),
+        Decided::new(noops_api::condition::DEGRADED, true, reason, message),
+    ];
+    KubernetesControlPlaneStatus {
+        observed_generation: kcp.metadata.generation,
+        conditions: merge(
+            &previous.conditions,
+            &with_paused(&decided, kcp.spec.paused),
+            kcp.metadata.generation,
+            now,
+        ),
+        ..previous
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

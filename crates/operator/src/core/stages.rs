@@ -2,8 +2,12 @@
 //! observes, validates, plans, applies and reports; [`drive`] calls each once, in that order,
 //! and owns what is the same for every kind:
 //! - a refused spec: the status the engine builds for it, written, and a Warning Event told
-//!   once (when the status first says so); the pass then waits for a change;
-//! - pause: a paused object is observed, planned and reported, never applied;
+//!   once (when the status first gives the refusal's reason); the pass then fails (tried again
+//!   after a growing back-off), or, for a refusal that may end without the object changing,
+//!   looks again after a while;
+//! - pause: a paused object is observed, planned and reported, never applied (but for a kind
+//!   that passes its pause down to children with a `paused` of their own), and its deletion
+//!   waits (for an engine whose objects carry a finalizer) until it is resumed;
 //! - the status write: only if it changed, over the version read for a kind whose status
 //!   records progress ([`Stages::GUARDED`]), and noted so that no pass runs on the version
 //!   written over until the cache holds the write;
@@ -13,18 +17,23 @@
 //! - when to look again.
 //!
 //! The engine's own methods are pure but for `observe` (caches, and reads it declares through
-//! [`super::confirm`]) and `apply` (its writes).
+//! [`super::confirm`]), `apply` (its writes, and the reads a write must confirm first) and
+//! `clean_up` (a deletion's pass).
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::{Api, ResourceExt};
+use noops_api::governed::Governed;
 use noops_api::reason::Reason;
 use tracing::debug;
 
 use super::controller::Context;
 use super::engine::{Engine, Reconcile};
+use super::error::from_finalizer;
 use super::events::Announcement;
 use super::{DuringStage, Error, Result, Stage};
 
@@ -48,12 +57,35 @@ pub enum Applied<A> {
     Again { after: Duration, why: &'static str },
 }
 
-/// Why a spec cannot be carried out: the reason its status gives, and the error the pass ends
-/// with (its words are the condition's message and the Event's note).
+/// Why a spec cannot be carried out: the reason its status and its Warning give, and the error
+/// whose words are the condition's message and the Event's note. The pass fails with it
+/// (retried after a growing back-off) unless the refusal may end without the object changing
+/// (a name or a range someone else holds, given up): then it looks again after `recheck`.
 #[derive(Debug)]
 pub struct Refusal<R> {
     pub reason: R,
     pub error: Error,
+    pub recheck: Option<Duration>,
+}
+
+impl<R> Refusal<R> {
+    /// A refusal that only a change of the object ends.
+    pub fn new(reason: R, error: Error) -> Self {
+        Self {
+            reason,
+            error,
+            recheck: None,
+        }
+    }
+
+    /// A refusal that may end without the object changing: looked at again after `after`.
+    pub fn looked_at_again(reason: R, error: Error, after: Duration) -> Self {
+        Self {
+            reason,
+            error,
+            recheck: Some(after),
+        }
+    }
 }
 
 /// What a pass reports: its status, what it did (told whatever becomes of the status write),
@@ -78,12 +110,9 @@ impl<S> Report<S> {
     }
 }
 
-/// The stages of one pass of an engine. Every method but `observe` and `apply` is pure.
-pub trait Stages: Engine {
-    /// The status of its kind.
-    type Status: serde::Serialize + PartialEq + Send + Sync;
-    /// The reasons its conditions give.
-    type Reason: Reason + Send;
+/// The stages of one pass of an engine. Every method but `observe`, `apply` and `clean_up` is
+/// pure.
+pub trait Stages: Engine<Object: Governed<Status: Status>> {
     /// What a pass sees of the cluster.
     type Observation: Send + Sync;
     /// What a pass decides to do.
@@ -95,12 +124,6 @@ pub trait Stages: Engine {
     /// back: then it is written only over the version the pass read.
     const GUARDED: bool = false;
 
-    /// The status the object has now.
-    fn status_of(object: &Self::Object) -> Option<&Self::Status>;
-
-    /// Whether `spec.paused` asks the operator to change nothing of it.
-    fn paused(object: &Self::Object) -> bool;
-
     /// Observe: its watch caches, and the reads it declares it must confirm with the API server.
     fn observe(
         object: Arc<Self::Object>,
@@ -108,21 +131,30 @@ pub trait Stages: Engine {
         now: jiff::Timestamp,
     ) -> impl Future<Output = Result<Observed<Self::Object, Self::Observation>>> + Send;
 
-    /// Validate: whether the spec can be carried out against what was seen.
-    fn validate(object: &Self::Object, seen: &Self::Observation) -> std::result::Result<(), Refusal<Self::Reason>>;
+    /// Validate: whether the spec can be carried out against what was seen. Nothing to refuse
+    /// by default (the schema's rules hold every spec the kind can carry out).
+    fn validate(object: &Self::Object, seen: &Self::Observation) -> std::result::Result<(), Refusal<ReasonOf<Self>>> {
+        let _ = (object, seen);
+        Ok(())
+    }
 
-    /// The status that says why the spec is refused (nothing else changed).
+    /// What a refused pass reports: the status that says why the spec is refused (nothing
+    /// else changed), and what else it newly says (the core adds the refusal's Warning). The
+    /// status as it is by default, for a kind that refuses nothing.
     fn refused(
         object: &Self::Object,
         seen: &Self::Observation,
-        refusal: &Refusal<Self::Reason>,
+        refusal: &Refusal<ReasonOf<Self>>,
         now: jiff::Timestamp,
-    ) -> Self::Status;
+    ) -> Report<StatusOf<Self>> {
+        let _ = (seen, refusal, now);
+        Report::of(object.status().cloned().unwrap_or_default())
+    }
 
     /// Plan: what the pass does (a paused object's plan is reported, not applied).
     fn plan(object: &Self::Object, seen: &Self::Observation, now: jiff::Timestamp) -> Result<Self::Plan>;
 
-    /// Apply: carry out `plan` (never called while paused).
+    /// Apply: carry out `plan` (called while paused only to pass the pause down).
     fn apply(
         object: &Self::Object,
         seen: &Self::Observation,
@@ -130,20 +162,69 @@ pub trait Stages: Engine {
         ctx: &Context<Self::State>,
     ) -> impl Future<Output = Result<Applied<Self::Applied>>> + Send;
 
-    /// Status: what the pass reports; `applied` is `None` when paused (nothing was applied).
+    /// Whether `apply` is called while paused, to pass the pause down: a kind whose children
+    /// carry a `spec.paused` of their own tells them (and its apply changes nothing else then).
+    const PAUSE_PASSES_DOWN: bool = false;
+
+    /// The finalizer its objects carry when deleting one is work of its own
+    /// ([`Self::clean_up`]); none by default.
+    const FINALIZER: Option<&'static str> = None;
+
+    /// A deletion's pass (only with a [`Self::FINALIZER`]): `Ok` once all of it is done (the
+    /// finalizer then goes), [`Error::UnderWay`] while it goes on. Never called while paused:
+    /// a paused object's deletion waits, its finalizer kept, its status reported.
+    fn clean_up(object: Arc<Self::Object>, ctx: &Context<Self::State>) -> impl Future<Output = Result<Action>> + Send {
+        let _ = (object, ctx);
+        async { Ok(Action::await_change()) }
+    }
+
+    /// Status: what the pass reports; `applied` is `None` when paused and nothing was applied.
     fn status(
         object: &Self::Object,
         seen: &Self::Observation,
         plan: &Self::Plan,
         applied: Option<&Self::Applied>,
         now: jiff::Timestamp,
-    ) -> Report<Self::Status>;
+    ) -> Report<StatusOf<Self>>;
 }
 
-/// Every engine with stages has its passes driven by [`drive`].
+/// A status the core writes.
+pub trait Status: serde::Serialize + PartialEq + Clone + Default + Send + Sync {}
+
+impl<S: serde::Serialize + PartialEq + Clone + Default + Send + Sync> Status for S {}
+
+/// The status of engine `E`'s kind.
+pub type StatusOf<E> = <<E as Engine>::Object as Governed>::Status;
+
+/// The reasons of engine `E`'s kind.
+pub type ReasonOf<E> = <<E as Engine>::Object as Governed>::Reason;
+
+/// The status `object` has now.
+fn status_of<E: Stages>(object: &E::Object) -> Option<&StatusOf<E>> {
+    object.status()
+}
+
+/// Every engine with stages has its passes driven by [`drive`]; one with a finalizer, through
+/// kube's finalizer helper, its deletions by [`Stages::clean_up`] unless paused.
 impl<E: Stages> Reconcile for E {
     async fn reconcile(object: Arc<E::Object>, ctx: Arc<Context<E::State>>) -> Result<Action> {
-        drive::<E>(object, &ctx).await
+        let Some(name) = E::FINALIZER else {
+            return drive::<E>(object, &ctx).await;
+        };
+        let api: Api<E::Object> = Api::namespaced(ctx.client.clone(), &object.namespace().unwrap_or_default());
+        let result = finalizer(&api, name, object, |event| async {
+            match event {
+                Finalizer::Apply(object) => drive::<E>(object, &ctx).await,
+                Finalizer::Cleanup(object) if object.paused() => {
+                    // Its status still says how it stands (and that it is paused).
+                    drive::<E>(object, &ctx).await?;
+                    Err(Error::Held("paused: it is deleted once spec.paused is false".into()))
+                }
+                Finalizer::Cleanup(object) => E::clean_up(object, &ctx).await,
+            }
+        })
+        .await;
+        from_finalizer(result)
     }
 }
 
@@ -158,17 +239,29 @@ pub async fn drive<E: Stages>(object: Arc<E::Object>, ctx: &Context<E::State>) -
     let Observed { object, seen } = E::observe(object, ctx, now).await.during(Stage::Observe)?;
 
     if let Err(refusal) = E::validate(&object, &seen) {
-        let status = E::refused(&object, &seen, &refusal, now);
-        let previous = E::status_of(&object);
-        // Told once, when the status first says so.
-        let told = (previous != Some(&status))
-            .then(|| Announcement::warning(refusal.error.reason(), refusal.error.to_string()));
-        write::<E>(ctx, &object, status, Vec::new(), told.into_iter().collect()).await?;
-        return Err(refusal.error).during(Stage::Validate);
+        let Report {
+            status,
+            done,
+            mut news,
+            next,
+        } = E::refused(&object, &seen, &refusal, now);
+        // Told once, when the status first gives the refusal's reason.
+        let reason = refusal.reason.as_str();
+        if !gives_reason(status_of::<E>(&object), reason) && gives_reason(Some(&status), reason) {
+            news.push(Announcement::warning(reason, refusal.error.to_string()));
+        }
+        write::<E>(ctx, &object, status, done, news).await?;
+        return match refusal.recheck {
+            Some(after) => {
+                debug!(reason, error = %refusal.error, "refused; looking again later");
+                Ok(Action::requeue(next.map_or(after, |next| next.min(after))))
+            }
+            None => Err(refusal.error).during(Stage::Validate),
+        };
     }
 
     let plan = E::plan(&object, &seen, now).during(Stage::Validate)?;
-    let applied = if E::paused(&object) {
+    let applied = if object.paused() && !E::PAUSE_PASSES_DOWN {
         debug!("paused: nothing is applied");
         None
     } else {
@@ -194,17 +287,32 @@ pub async fn drive<E: Stages>(object: Arc<E::Object>, ctx: &Context<E::State>) -
     Ok(next.map(Action::requeue).unwrap_or_else(Action::await_change))
 }
 
+/// Whether `status` has a condition of reason `reason`.
+fn gives_reason<S: serde::Serialize>(status: Option<&S>, reason: &str) -> bool {
+    let Some(value) = status.and_then(|s| serde_json::to_value(s).ok()) else {
+        return false;
+    };
+    value
+        .get("conditions")
+        .and_then(|c| c.as_array())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.get("reason").and_then(|r| r.as_str()) == Some(reason))
+        })
+}
+
 /// Writes `status` if it changed (over the version read if `E::GUARDED`), then tells `done`
 /// and `news`; false, telling only `done`, if a guarded write found the object changed. A
 /// failed write tells `done` too, then fails.
 async fn write<E: Stages>(
     ctx: &Context<E::State>,
     object: &E::Object,
-    status: E::Status,
+    status: StatusOf<E>,
     done: Vec<Announcement>,
     news: Vec<Announcement>,
 ) -> Result<bool> {
-    let previous = E::status_of(object);
+    let previous = status_of::<E>(object);
     let told = done.iter().cloned().chain(news);
     let written = if E::GUARDED {
         let mut version = kube::Resource::meta(object).resource_version.clone();
@@ -222,5 +330,25 @@ async fn write<E: Stages>(
             ctx.tell(object, done).await;
             Err(error)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_gives_a_reason_only_in_a_condition() {
+        let status = serde_json::json!({
+            "phase": "NameTaken",
+            "conditions": [{ "type": "Ready", "status": "False", "reason": "NameTaken" }],
+        });
+        assert!(gives_reason(Some(&status), "NameTaken"));
+        assert!(!gives_reason(Some(&status), "RangeTaken"));
+        assert!(!gives_reason(
+            Some(&serde_json::json!({ "phase": "RangeTaken" })),
+            "RangeTaken"
+        ));
+        assert!(!gives_reason::<serde_json::Value>(None, "NameTaken"));
     }
 }

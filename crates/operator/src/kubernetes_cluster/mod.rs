@@ -26,13 +26,11 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::{KubernetesCluster, KubernetesControlPlane, Machine, MachineDeployment};
 
-use crate::core::Result;
 use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Reconcile, Wiring, registration};
+use crate::core::engine::{Engine, Wiring, registration};
 use crate::core::labels;
-use context::{Context, State};
+use context::State;
 use desired::CLUSTER_LABEL;
-use kube::runtime::controller::Action;
 
 /// The controller's registration (`noops run --controllers kubernetescluster`).
 pub const CONTROLLER: Registration = registration::<KubernetesClusters>();
@@ -81,11 +79,5 @@ impl Engine for KubernetesClusters {
             })
             .reconcile_on(tenant_changes);
         Wiring::new(state, controller)
-    }
-}
-
-impl Reconcile for KubernetesClusters {
-    async fn reconcile(kc: Arc<KubernetesCluster>, ctx: Arc<Context>) -> Result<Action> {
-        reconcile::reconcile(kc, &ctx).await
     }
 }

@@ -1,6 +1,7 @@
-//! One KubernetesCluster pass: observe (its control plane and pools) → validate (no name taken
-//! by another owner) → plan (`plan.rs`, pure) → build (`desired.rs`) → apply (the control
-//! plane, each pool, pools removed) → status (`status.rs`).
+//! A KubernetesCluster pass as the core's stages: observe (its control plane and pools) →
+//! validate (no name taken by another owner) → plan (`plan.rs`, pure, with the autoscaler's
+//! decision) → apply (the control plane, each pool, pools removed, built by `desired.rs`) →
+//! status (`status.rs`), each once, in that order (`core::stages` drives them).
 
 use noops_api::kubernetes_cluster::KubernetesClusterPhase;
 use noops_api::machine_deployment::MachineDeploymentPhase;
@@ -10,17 +11,17 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
-use noops_api::kubernetes_cluster::{KubernetesCluster, KubernetesClusterStatus};
+use noops_api::kubernetes_cluster::{KubernetesCluster, KubernetesClusterReason, KubernetesClusterStatus};
 use noops_api::machine::MachinePhase;
 use noops_api::machine_set::DELETE_MACHINE_ANNOTATION;
 use noops_api::{KubernetesControlPlane, Machine, MachineDeployment};
 use serde_json::json;
 use tracing::{debug, info};
 
+use super::KubernetesClusters;
 use super::autoscale;
 use super::context::Context;
 use super::desired;
@@ -30,93 +31,230 @@ use super::tenant;
 use crate::core::apply::{apply, controlled_by, controller_reference, delete_if_present};
 use crate::core::cache::in_namespace;
 use crate::core::events::Announcement;
+use crate::core::stages::{Applied, Observed, Refusal, Report, Stages};
 use crate::core::{DuringStage, Error, Result, Stage, crash};
 
-/// Children wake a cluster when they change; this is only a safety net.
+/// Children wake a cluster when they change; this is only a safety net (and how soon a name
+/// someone else holds is looked at again).
 const LOOK_AGAIN: Duration = Duration::from_secs(60);
 
-/// Reconciles one cluster (the caller's span names it).
-pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Action> {
-    let namespace = kc.namespace().unwrap_or_default();
-    let name = kc.name_any();
-    let now = jiff::Timestamp::now();
-    let owner = controller_reference(kc.as_ref())
-        .ok_or_else(|| Error::Internal("the KubernetesCluster has no uid yet".into()))
-        .during(Stage::Validate)?;
+/// What a pass sees: its control plane and pools, a child's name someone else holds, the
+/// machines, and the tenant's pods and Nodes once its control plane serves.
+pub struct Observation {
+    /// The control plane of the cluster's name, if it is this cluster's.
+    control_plane: Option<KubernetesControlPlane>,
+    deployments: Vec<MachineDeployment>,
+    /// A child's name held by an object that is not this cluster's, said as a condition would.
+    taken: Option<String>,
+    /// The machines of its namespace (the cache's).
+    machines: Vec<Machine>,
+    tenant: Option<(Arc<tenant::TenantView>, tenant::Seen)>,
+}
 
-    // Observe: the control plane of the cluster's name and the deployments it owns.
-    let control_plane = ctx
-        .control_planes
-        .get(&ObjectRef::new(&name).within(&namespace))
-        .map(|cp| (*cp).clone());
-    let deployments: Vec<MachineDeployment> = in_namespace(&ctx.deployments, &namespace)
-        .into_iter()
-        .filter(|d| controlled_by(&d.metadata, &owner.uid))
-        .collect();
+/// What a pass decides: the order of the children's versions with the pools that scale
+/// themselves sized, the pools as the plan saw them, and the autoscaler's decision.
+pub struct ClusterPlan {
+    plan: super::plan::Plan,
+    views: Vec<PoolView>,
+    decision: Option<autoscale::Decision>,
+}
 
-    let taken = taken_names(&kc, control_plane.as_ref(), ctx, &namespace, &owner.uid);
-    let ours = control_plane.filter(|cp| controlled_by(&cp.metadata, &owner.uid));
-    // The tenant's Pods and Nodes, once its control plane serves.
-    let tenant = observe_tenant(&kc, ours.as_ref(), ctx, now).await;
+/// What apply did: the children the API server refused, and why; the stale Nodes it removed,
+/// as Events.
+pub struct Done {
+    rejected: Vec<String>,
+    removed: Vec<Announcement>,
+}
 
-    // Validate: a child's name held by something else is never taken over (`taken`, above),
-    // and a paused cluster changes nothing.
-    let acts = taken.is_none() && !kc.spec.paused;
+impl Stages for KubernetesClusters {
+    type Observation = Observation;
+    type Plan = ClusterPlan;
+    type Applied = Done;
+    /// Paused, the children it has are told so (`paused` passes down to them).
+    const PAUSE_PASSES_DOWN: bool = true;
 
-    // Plan: the order of the children's versions, then the pools that scale themselves.
-    let machines = in_namespace(&ctx.machines, &namespace);
-    let views: Vec<PoolView> = deployments
-        .iter()
-        .map(|d| {
-            let pool = label(&d.metadata, desired::POOL_LABEL).unwrap_or_default();
-            PoolView::of(d, machines.iter().filter(|m| of_pool(m, &name, pool)))
-        })
-        .collect();
-    let mut plan = plan(&kc, ours.as_ref().map(ControlPlaneView::of).as_ref(), &views);
-    let scales = kc.spec.workers.iter().any(|p| p.min_replicas.is_some());
-    let decision = tenant
-        .as_ref()
-        .filter(|_| scales && acts)
-        .map(|(_, seen)| autoscale_decision(&kc, &deployments, ctx, seen, now));
-    if let Some(decision) = &decision {
-        plan.scale(&kc, &decision.replicas);
+    async fn observe(
+        kc: Arc<KubernetesCluster>,
+        ctx: &Context,
+        now: jiff::Timestamp,
+    ) -> Result<Observed<KubernetesCluster, Observation>> {
+        let (namespace, name, uid) = (
+            kc.namespace().unwrap_or_default(),
+            kc.name_any(),
+            kc.uid().unwrap_or_default(),
+        );
+        let control_plane = ctx
+            .control_planes
+            .get(&ObjectRef::new(&name).within(&namespace))
+            .map(|cp| (*cp).clone());
+        let deployments: Vec<MachineDeployment> = in_namespace(&ctx.deployments, &namespace)
+            .into_iter()
+            .filter(|d| controlled_by(&d.metadata, &uid))
+            .collect();
+        let taken = taken_names(&kc, control_plane.as_ref(), ctx, &namespace, &uid);
+        let control_plane = control_plane.filter(|cp| controlled_by(&cp.metadata, &uid));
+        let tenant = observe_tenant(&kc, control_plane.as_ref(), ctx, now).await;
+        let seen = Observation {
+            control_plane,
+            deployments,
+            taken,
+            machines: in_namespace(&ctx.machines, &namespace),
+            tenant,
+        };
+        Ok(Observed::new(kc, seen))
     }
 
-    let mut rejected = Vec::new();
-    // Paused, the children it has are told so (`paused` passes down to them); a cluster paused
-    // before it had any makes none (nor a control plane it lost: `apply_children`).
-    if taken.is_none() && (!kc.spec.paused || ours.is_some() || !deployments.is_empty()) {
-        let children = Children {
-            kc: &kc,
-            owner: &owner,
-            control_plane: ours.as_ref(),
-            deployments: &deployments,
-        };
-        rejected = apply_children(&children, &plan, decision.as_ref(), ctx).await?;
-        if let (Some((view, seen)), true) = (&tenant, acts) {
-            remove_stale_nodes(&kc, view, seen, ctx).await.during(Stage::Apply)?;
+    /// A child's name held by something else is never taken over: looked at again now and
+    /// then, since the other object may go.
+    fn validate(
+        _: &KubernetesCluster,
+        seen: &Observation,
+    ) -> std::result::Result<(), Refusal<KubernetesClusterReason>> {
+        match &seen.taken {
+            Some(taken) => Err(Refusal::looked_at_again(
+                KubernetesClusterReason::NameTaken,
+                Error::InvalidSpec(taken.clone()),
+                LOOK_AGAIN,
+            )),
+            None => Ok(()),
         }
     }
 
-    // Status, from the children as this pass left them (the caches catch up on the next).
-    let facts = StatusFacts {
-        kc: &kc,
-        control_plane: ours.as_ref(),
-        deployments: &deployments,
-        views: &views,
-        plan: &plan,
-        taken,
-        autoscale: decision.as_ref(),
-        rejected,
-    };
-    let status = status::build(&facts, now);
-    let (done, told) = news(&kc, &status, &plan, decision.as_ref());
-    ctx.tell(kc.as_ref(), done).await;
-    ctx.report(kc.as_ref(), kc.status.as_ref(), &status, told).await?;
-    let again = decision
-        .and_then(|d| d.look_again)
-        .map_or(LOOK_AGAIN, |d| d.min(LOOK_AGAIN));
-    Ok(Action::requeue(again))
+    fn refused(
+        kc: &KubernetesCluster,
+        seen: &Observation,
+        _: &Refusal<KubernetesClusterReason>,
+        now: jiff::Timestamp,
+    ) -> Report<KubernetesClusterStatus> {
+        let views = pool_views(kc, seen);
+        let plan = plan(
+            kc,
+            seen.control_plane.as_ref().map(ControlPlaneView::of).as_ref(),
+            &views,
+        );
+        let status = status::build(
+            &StatusFacts {
+                kc,
+                control_plane: seen.control_plane.as_ref(),
+                deployments: &seen.deployments,
+                views: &views,
+                plan: &plan,
+                taken: seen.taken.clone(),
+                autoscale: None,
+                rejected: Vec::new(),
+            },
+            now,
+        );
+        // What its children did meanwhile (an upgrade's steps, a new phase) is still told;
+        // nothing was removed.
+        Report {
+            news: announcements(kc.status.as_ref(), &status, &[]),
+            ..Report::of(status)
+        }
+    }
+
+    /// The order of the children's versions, then the pools that scale themselves (not while
+    /// paused).
+    fn plan(kc: &KubernetesCluster, seen: &Observation, now: jiff::Timestamp) -> Result<ClusterPlan> {
+        let views = pool_views(kc, seen);
+        let mut planned = plan(
+            kc,
+            seen.control_plane.as_ref().map(ControlPlaneView::of).as_ref(),
+            &views,
+        );
+        let scales = kc.spec.workers.iter().any(|p| p.min_replicas.is_some());
+        let decision = seen
+            .tenant
+            .as_ref()
+            .filter(|_| scales && !kc.spec.paused)
+            .map(|(_, tenant)| autoscale_decision(kc, &seen.deployments, &seen.machines, tenant, now));
+        if let Some(decision) = &decision {
+            planned.scale(kc, &decision.replicas);
+        }
+        Ok(ClusterPlan {
+            plan: planned,
+            views,
+            decision,
+        })
+    }
+
+    /// The children, and the tenant's Nodes whose machine is gone. Paused, only the children it
+    /// has are told so; a cluster paused before it had any makes none (nor a control plane it
+    /// lost: `apply_children`).
+    async fn apply(
+        kc: &KubernetesCluster,
+        seen: &Observation,
+        plan: &ClusterPlan,
+        ctx: &Context,
+    ) -> Result<Applied<Done>> {
+        let paused = kc.spec.paused;
+        if paused && seen.control_plane.is_none() && seen.deployments.is_empty() {
+            return Ok(Applied::Done(Done {
+                rejected: Vec::new(),
+                removed: Vec::new(),
+            }));
+        }
+        let owner =
+            controller_reference(kc).ok_or_else(|| Error::Internal("the KubernetesCluster has no uid yet".into()))?;
+        let children = Children {
+            kc,
+            owner: &owner,
+            control_plane: seen.control_plane.as_ref(),
+            deployments: &seen.deployments,
+        };
+        let rejected = apply_children(&children, &plan.plan, plan.decision.as_ref(), ctx).await?;
+        let removed = match (&seen.tenant, paused) {
+            (Some((view, tenant)), false) => remove_stale_nodes(kc, view, tenant, ctx).await?,
+            _ => Vec::new(),
+        };
+        Ok(Applied::Done(Done { rejected, removed }))
+    }
+
+    /// From the children as this pass left them (the caches catch up on the next).
+    fn status(
+        kc: &KubernetesCluster,
+        seen: &Observation,
+        plan: &ClusterPlan,
+        applied: Option<&Done>,
+        now: jiff::Timestamp,
+    ) -> Report<KubernetesClusterStatus> {
+        let facts = StatusFacts {
+            kc,
+            control_plane: seen.control_plane.as_ref(),
+            deployments: &seen.deployments,
+            views: &plan.views,
+            plan: &plan.plan,
+            taken: None,
+            autoscale: plan.decision.as_ref(),
+            rejected: applied.map(|a| a.rejected.clone()).unwrap_or_default(),
+        };
+        let status = status::build(&facts, now);
+        let (mut done, news) = news(kc, &status, &plan.plan, plan.decision.as_ref());
+        done.extend(applied.iter().flat_map(|a| a.removed.iter().cloned()));
+        let next = plan
+            .decision
+            .as_ref()
+            .and_then(|d| d.look_again)
+            .map_or(LOOK_AGAIN, |d| d.min(LOOK_AGAIN));
+        Report {
+            status,
+            done,
+            news,
+            next: Some(next),
+        }
+    }
+}
+
+/// The pools' deployments with their machines, as the plan sees them.
+fn pool_views(kc: &KubernetesCluster, seen: &Observation) -> Vec<PoolView> {
+    let name = kc.name_any();
+    seen.deployments
+        .iter()
+        .map(|d| {
+            let pool = label(&d.metadata, desired::POOL_LABEL).unwrap_or_default();
+            PoolView::of(d, seen.machines.iter().filter(|m| of_pool(m, &name, pool)))
+        })
+        .collect()
 }
 
 /// What the autoscaler decides for the pools that scale themselves, from the pods waiting for
@@ -124,11 +262,11 @@ pub async fn reconcile(kc: Arc<KubernetesCluster>, ctx: &Context) -> Result<Acti
 fn autoscale_decision(
     kc: &KubernetesCluster,
     deployments: &[MachineDeployment],
-    ctx: &Context,
+    machines: &[Machine],
     seen: &tenant::Seen,
     now: jiff::Timestamp,
 ) -> autoscale::Decision {
-    let pools = scaling_pools(kc, deployments, ctx, &kc.namespace().unwrap_or_default(), seen);
+    let pools = scaling_pools(kc, deployments, machines, seen);
     let idle_before = kc
         .status
         .iter()
@@ -198,20 +336,21 @@ async fn observe_tenant(
 /// their heartbeats are missed) and their pods (until evicted, then collected), which kept its
 /// apps from the new machines for two minutes. A Node goes only once the Machines are listed
 /// from the API (a Machine the cache has not seen yet keeps its Node); its pods go without a
-/// grace period, since nothing runs them any more.
+/// grace period, since nothing runs them any more. What it did, as Events.
 async fn remove_stale_nodes(
     kc: &KubernetesCluster,
     view: &tenant::TenantView,
     seen: &tenant::Seen,
     ctx: &Context,
-) -> Result<()> {
+) -> Result<Vec<Announcement>> {
     let namespace = kc.namespace().unwrap_or_default();
+    let mut done = Vec::new();
     let known: std::collections::BTreeSet<String> = in_namespace(&ctx.machines, &namespace)
         .into_iter()
         .filter_map(|m| m.metadata.name)
         .collect();
     if tenant::stale_nodes(&seen.providers, &namespace, &known).is_empty() {
-        return Ok(());
+        return Ok(done);
     }
     let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &namespace);
     let listed: std::collections::BTreeSet<String> =
@@ -239,21 +378,15 @@ async fn remove_stale_nodes(
             delete_if_present(&api, pod_name, &now).await?;
         }
         info!(%node, pods = bound.items.len(), "deleted a tenant Node whose machine is gone, and its pods");
-        ctx.core
-            .events
-            .tell(
-                &kc.object_ref(&()),
-                Announcement::normal(
-                    "StaleNodeRemoved",
-                    format!(
-                        "deleted Node {node} and its {} pods: the machine it names no longer exists, so they can run elsewhere",
-                        bound.items.len()
-                    ),
-                ),
-            )
-            .await;
+        done.push(Announcement::normal(
+            "StaleNodeRemoved",
+            format!(
+                "deleted Node {node} and its {} pods: the machine it names no longer exists, so they can run elsewhere",
+                bound.items.len()
+            ),
+        ));
     }
-    Ok(())
+    Ok(done)
 }
 
 /// The pools that scale themselves and have a MachineDeployment, as the autoscaler needs them.
@@ -269,12 +402,10 @@ fn of_pool(m: &Machine, cluster: &str, pool: &str) -> bool {
 fn scaling_pools<'a>(
     kc: &'a KubernetesCluster,
     deployments: &[MachineDeployment],
-    ctx: &Context,
-    namespace: &str,
+    machines: &[Machine],
     seen: &tenant::Seen,
 ) -> Vec<autoscale::ScalingPool<'a>> {
     let cluster = kc.name_any();
-    let machines = in_namespace(&ctx.machines, namespace);
     kc.spec
         .workers
         .iter()

@@ -5,13 +5,14 @@
 //! Watches the Machines, their VM pods, the Secrets noops manages (bootstrap Secrets, the
 //! tenants' CAs and admin kubeconfigs), the KubernetesControlPlanes (a control plane that
 //! starts serving or changes version wakes its machines) and each tenant's Nodes (`tenant.rs`:
-//! a Node that changes wakes its machine). One pass (`reconcile.rs`), a file per stage:
+//! a Node that changes wakes its machine). One pass (`reconcile.rs`: the core's stages):
 //! 1. observe: the control plane, the VM, the bootstrap Secret, the tenant's Node;
-//! 2. validate (`plan.rs`): the control plane exists and serves, the version skew holds;
-//! 3. plan (`plan.rs`): the phase, and whether to make the VM (pure);
-//! 4. build (`bootstrap.rs`, `provider.rs`): the bootstrap Secret and the VM (pure);
-//! 5. apply: make them, set `providerID`; on deletion cordon, drain, delete the Node, the VM;
-//! 6. `status.rs`: the status (pure), written only if it changed, with Events.
+//! 2. plan (`plan.rs`, pure): whether the control plane admits it (it exists and serves, the
+//!    version skew holds; one that does not says so in the status), and whether to make the VM;
+//! 3. build (`bootstrap.rs`, `provider.rs`): the bootstrap Secret and the VM (pure);
+//! 4. apply: make them, set `providerID`; on deletion (`clean_up`) cordon, drain, delete the
+//!    Node, the VM;
+//! 5. `status.rs`: the status (pure), written only if it changed, with Events.
 
 mod bootstrap;
 mod context;
@@ -33,13 +34,11 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::{KubernetesControlPlane, Machine};
 
-use crate::core::Result;
 use crate::core::cache::concerned;
 use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Reconcile, Wiring, registration};
+use crate::core::engine::{Engine, Wiring, registration};
 use crate::core::labels;
-use context::{Context, State};
-use kube::runtime::controller::Action;
+use context::State;
 use names::MACHINE_LABEL;
 
 /// The controller's registration (`noops run --controllers machine`).
@@ -93,11 +92,5 @@ impl Engine for Machines {
                 })
             });
         Wiring::new(state, controller)
-    }
-}
-
-impl Reconcile for Machines {
-    async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action> {
-        reconcile::reconcile(machine, &ctx).await
     }
 }

@@ -1,8 +1,9 @@
-//! One Machine pass: observe → validate → plan → build → apply → status, each stage entered once,
-//! in that order, and one write of the Machine: the pass that records its new VM
-//! (`spec.providerID`) ends there, and the pass that change wakes writes the status. A Machine
-//! carries a finalizer: its deletion is a pass of its own (cordon, drain, delete the Node,
-//! delete the VM), going on from what the status and the tenant say.
+//! A Machine pass as the core's stages: observe → plan (admission, pure) → apply (make the VM,
+//! renew certificates, record the VM) → status, each once, in that order, and one write of the
+//! Machine: the pass that records its new VM (`spec.providerID`) ends there, and the pass that
+//! change wakes writes the status. A Machine carries a finalizer: its deletion is a pass of its
+//! own (`clean_up`: cordon, drain, delete the Node, delete the VM), going on from what the
+//! status and the tenant say.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,13 +11,13 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::ObjectRef;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, Resource};
 use noops_api::machine::{Machine, MachinePhase, MachineStatus};
 use serde_json::json;
 use tracing::info;
 
+use super::Machines;
 use super::bootstrap;
 use super::context::Context;
 use super::drain::drain_pass;
@@ -28,9 +29,9 @@ use super::tenant::{self, Tenant};
 use crate::control_plane::certificates::{Authority, tenant_service_ip};
 use crate::control_plane::names::Names as ControlPlaneNames;
 use crate::core::apply::{apply, controller_reference, create_if_missing};
-use crate::core::error::from_finalizer;
 use crate::core::events::Announcement;
 use crate::core::pki::Ca;
+use crate::core::stages::{Applied, Observed, Report, Stages};
 use crate::core::{DuringStage, Error, Result, Stage, crash};
 
 /// How soon a machine is looked at again when nothing wakes it: its VM pod, its Node (from the
@@ -41,7 +42,7 @@ const RUNNING: Duration = Duration::from_secs(120);
 const WAITING: Duration = Duration::from_secs(60);
 
 /// What one pass sees.
-struct Observation {
+pub struct Observation {
     cluster: Option<noops_api::KubernetesControlPlane>,
     vm: VmState,
     bootstrap: Option<Arc<Secret>>,
@@ -59,22 +60,9 @@ enum NodeFrom {
     Api,
 }
 
-/// Reconciles one machine (the caller's span names it).
-pub async fn reconcile(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
-    let api: Api<Machine> = Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
-    let result = finalizer(&api, FINALIZER, machine, |event| async {
-        match event {
-            Finalizer::Apply(machine) => run(machine, ctx).await,
-            // Paused, even a deletion waits (its finalizer stays): nothing is drained or removed.
-            Finalizer::Cleanup(machine) if machine.spec.paused => wait_paused(machine, ctx).await,
-            Finalizer::Cleanup(machine) => remove(machine, ctx).await,
-        }
-    })
-    .await;
-    from_finalizer(result)
-}
-
-async fn observe(machine: &Machine, names: &Names, ctx: &Context, node_from: NodeFrom) -> Result<Observation> {
+/// What a pass sees of the machine's cluster, VM, bootstrap Secret and Node (read from
+/// `node_from`).
+async fn look(machine: &Machine, names: &Names, ctx: &Context, node_from: NodeFrom) -> Result<Observation> {
     let cluster = ctx
         .control_planes
         .get(&ObjectRef::new(&names.cluster).within(&names.namespace))
@@ -126,72 +114,123 @@ async fn observe(machine: &Machine, names: &Names, ctx: &Context, node_from: Nod
     })
 }
 
-/// A machine that is not being deleted.
-async fn run(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
-    let names = Names::of(&machine);
-    let now = jiff::Timestamp::now();
-    let observation = observe(&machine, &names, ctx, NodeFrom::Cache).await?;
+/// What a pass over a machine not being deleted decides (pure).
+pub struct MachinePlan {
+    admission: Admission,
+    /// Make its VM: admitted, none there, none made before under this machine.
+    make_vm: bool,
+}
 
-    let admission = plan::admit(&machine, observation.cluster.as_ref());
+/// What a pass's apply did, for its status.
+pub struct Done {
+    /// When the certificates are due again, if they are watched.
+    renewal_due: Option<Duration>,
+    done: Vec<Announcement>,
+}
 
-    // Made once, from nothing: a VM gone after it was made is a failed machine. Paused,
-    // nothing is made, renewed or recorded; the status still says how the machine stands.
-    let paused = machine.spec.paused;
-    let make_vm = !paused
-        && matches!(admission, Admission::Allowed(_))
-        && observation.vm == VmState::Missing
-        && machine.spec.provider_id.is_none();
+impl Stages for Machines {
+    type Observation = Observation;
+    type Plan = MachinePlan;
+    type Applied = Done;
+    const FINALIZER: Option<&'static str> = Some(FINALIZER);
 
-    if let (true, Admission::Allowed(release), Some(cluster)) = (make_vm, &admission, &observation.cluster) {
-        make_machine(&machine, ctx, &names, &observation, release, cluster, now).await?;
-    }
-    // A machine's certificates are issued again before they expire, or when its CA changed:
-    // the VM's mounted files follow and its agent and kube-proxy read them again.
-    let renewal = match (&observation.bootstrap, &observation.vm) {
-        _ if paused => None,
-        (_, VmState::Missing) => None,
-        (Some(current), _) if !make_vm => cluster_ca(ctx, &names).map(|ca| (current, ca)),
-        _ => None,
-    };
-    if let Some((current, ca)) = &renewal
-        && bootstrap::needs_renewal(current, &ca.cert, now, ctx.certificate_lifetime)
-    {
-        renew_certificates(&machine, ctx, &names, ca, now).await?;
-    }
-    if !paused && machine.spec.provider_id.is_none() && (make_vm || observation.vm != VmState::Missing) {
-        let api: Api<Machine> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        let body = json!({ "spec": { "providerID": names.provider_id() } });
-        api.patch(&names.machine, &PatchParams::default(), &Patch::Merge(body))
-            .await
-            .during(Stage::Apply)?;
-        // One write of the machine a pass: the pass this change wakes writes the status.
-        info!(provider_id = %names.provider_id(), "recorded the machine's VM; its status follows");
-        return Ok(Action::requeue(MAKING));
+    async fn observe(
+        machine: Arc<Machine>,
+        ctx: &Context,
+        _: jiff::Timestamp,
+    ) -> Result<Observed<Machine, Observation>> {
+        let seen = look(&machine, &Names::of(&machine), ctx, NodeFrom::Cache).await?;
+        Ok(Observed::new(machine, seen))
     }
 
-    let status = status::build(
-        &StatusFacts {
-            machine: &machine,
-            admission: &admission,
-            vm: &observation.vm,
-            node: &observation.node,
-            deletion: None,
-        },
-        now,
-    );
-    write_status(ctx, &machine, status.clone()).await?;
-    let look_again = match status.phase {
-        Some(MachinePhase::Running) if observation.node.ready() => RUNNING,
-        Some(MachinePhase::Running) => NOT_READY,
-        Some(MachinePhase::Provisioning | MachinePhase::Provisioned) => MAKING,
-        Some(MachinePhase::Failed) => WAITING * 4,
-        _ => WAITING,
-    };
-    // Back when the certificates are due (the Secret just renewed wakes the machine itself).
-    let renewal_due = renewal
-        .and_then(|(current, _)| bootstrap::due_in(current, now, ctx.certificate_lifetime))
-        .map(|d| d.max(Duration::from_secs(1)));
-    Ok(Action::requeue(renewal_due.map_or(look_again, |d| d.min(look_again))))
+    /// Whether its cluster admits it (one that cannot says so in its status, and waits for a
+    /// change); made once, from nothing: a VM gone after it was made is a failed machine.
+    fn plan(machine: &Machine, seen: &Observation, _: jiff::Timestamp) -> Result<MachinePlan> {
+        let admission = plan::admit(machine, seen.cluster.as_ref());
+        let make_vm = matches!(admission, Admission::Allowed(_))
+            && seen.vm == VmState::Missing
+            && machine.spec.provider_id.is_none();
+        Ok(MachinePlan { admission, make_vm })
+    }
+
+    async fn apply(machine: &Machine, seen: &Observation, plan: &MachinePlan, ctx: &Context) -> Result<Applied<Done>> {
+        let names = Names::of(machine);
+        let now = jiff::Timestamp::now();
+        if let (true, Admission::Allowed(release), Some(cluster)) = (plan.make_vm, &plan.admission, &seen.cluster) {
+            make_machine(machine, ctx, &names, seen, release, cluster, now).await?;
+        }
+        // A machine's certificates are issued again before they expire, or when its CA changed:
+        // the VM's mounted files follow and its agent and kube-proxy read them again.
+        let renewal = match (&seen.bootstrap, &seen.vm) {
+            (_, VmState::Missing) => None,
+            (Some(current), _) if !plan.make_vm => cluster_ca(ctx, &names).map(|ca| (current, ca)),
+            _ => None,
+        };
+        let mut done = Vec::new();
+        if let Some((current, ca)) = &renewal
+            && bootstrap::needs_renewal(current, &ca.cert, now, ctx.certificate_lifetime)
+        {
+            renew_certificates(machine, ctx, &names, ca, now).await?;
+            let note = "issued the machine's certificates again; its agent and kube-proxy read them from its files";
+            done.push(Announcement::normal("CertificatesRenewed", note));
+        }
+        if machine.spec.provider_id.is_none() && (plan.make_vm || seen.vm != VmState::Missing) {
+            // (No status follows in this pass: what it did is told now.)
+            ctx.tell(machine, done).await;
+            let api: Api<Machine> = Api::namespaced(ctx.client.clone(), &names.namespace);
+            let body = json!({ "spec": { "providerID": names.provider_id() } });
+            api.patch(&names.machine, &PatchParams::default(), &Patch::Merge(body))
+                .await?;
+            // One write of the machine a pass: the pass this change wakes writes the status.
+            info!(provider_id = %names.provider_id(), "recorded the machine's VM; its status follows");
+            return Ok(Applied::Again {
+                after: MAKING,
+                why: "the machine's VM is recorded; the pass it wakes writes the status",
+            });
+        }
+        // Back when the certificates are due (the Secret just renewed wakes the machine itself).
+        let renewal_due = renewal
+            .and_then(|(current, _)| bootstrap::due_in(current, now, ctx.certificate_lifetime))
+            .map(|d| d.max(Duration::from_secs(1)));
+        Ok(Applied::Done(Done { renewal_due, done }))
+    }
+
+    fn status(
+        machine: &Machine,
+        seen: &Observation,
+        plan: &MachinePlan,
+        applied: Option<&Done>,
+        now: jiff::Timestamp,
+    ) -> Report<MachineStatus> {
+        let status = status::build(
+            &StatusFacts {
+                machine,
+                admission: &plan.admission,
+                vm: &seen.vm,
+                node: &seen.node,
+                deletion: None,
+            },
+            now,
+        );
+        let look_again = match status.phase {
+            Some(MachinePhase::Running) if seen.node.ready() => RUNNING,
+            Some(MachinePhase::Running) => NOT_READY,
+            Some(MachinePhase::Provisioning | MachinePhase::Provisioned) => MAKING,
+            Some(MachinePhase::Failed) => WAITING * 4,
+            _ => WAITING,
+        };
+        let due = applied.and_then(|a| a.renewal_due);
+        Report {
+            news: announcements(machine.status.as_ref(), &status),
+            status,
+            done: applied.map(|a| a.done.clone()).unwrap_or_default(),
+            next: Some(due.map_or(look_again, |d| d.min(look_again))),
+        }
+    }
+
+    async fn clean_up(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
+        remove(machine, ctx).await
+    }
 }
 
 /// Makes a machine: the tenant's role for machines, its bootstrap Secret (certificates issued
@@ -239,7 +278,7 @@ async fn make_machine(
     Ok(())
 }
 
-/// Issues the machine's certificates again (its bootstrap Secret, applied), and says so.
+/// Issues the machine's certificates again (its bootstrap Secret, applied).
 async fn renew_certificates(
     machine: &Machine,
     ctx: &Context,
@@ -258,14 +297,6 @@ async fn renew_certificates(
         .await
         .during(Stage::Apply)?;
     info!("issued the machine's certificates again");
-    let note = "issued the machine's certificates again; its agent and kube-proxy read them from its files";
-    ctx.core
-        .events
-        .tell(
-            &machine.object_ref(&()),
-            Announcement::normal("CertificatesRenewed", note),
-        )
-        .await;
     Ok(())
 }
 
@@ -293,34 +324,12 @@ fn bootstrap_secret(
     bootstrap::secret(names, &ca, owner, now, ctx.certificate_lifetime).map_err(|e| Error::Certificate(e.to_string()))
 }
 
-/// A paused machine being deleted: its status says how it stands (and that it is paused), and
-/// the deletion waits, its finalizer kept, until spec.paused is false.
-async fn wait_paused(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
-    let names = Names::of(&machine);
-    let observation = observe(&machine, &names, ctx, NodeFrom::Cache).await?;
-    let admission = plan::admit(&machine, observation.cluster.as_ref());
-    let status = status::build(
-        &StatusFacts {
-            machine: &machine,
-            admission: &admission,
-            vm: &observation.vm,
-            node: &observation.node,
-            deletion: None,
-        },
-        jiff::Timestamp::now(),
-    );
-    write_status(ctx, &machine, status).await?;
-    Err(Error::Held(
-        "paused: the machine is deleted once spec.paused is false".into(),
-    ))
-}
-
 /// A machine being deleted: cordon and drain its Node, delete the Node, then the VM. Says
 /// "not yet" (UnderWay) until all of it is done.
 async fn remove(machine: Arc<Machine>, ctx: &Context) -> Result<Action> {
     let names = Names::of(&machine);
     let now = jiff::Timestamp::now();
-    let observation = observe(&machine, &names, ctx, NodeFrom::Api).await?;
+    let observation = look(&machine, &names, ctx, NodeFrom::Api).await?;
     let mut seen = (*machine).clone();
     let previous = seen.status.clone().unwrap_or_default();
     let drain_started = previous.drain_started_at.as_ref().map(|t| t.0).unwrap_or(now);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use noops_api::machine_deployment::{MachineDeployment, MachineDeploymentReason, MachineDeploymentStatus};
+use noops_api::machine_deployment::{MachineDeployment, MachineDeploymentStatus};
 use noops_api::machine_set::MachineSet;
 use serde_json::json;
 use tracing::info;
@@ -21,7 +21,7 @@ use super::status;
 use crate::core::apply::{apply, controlled_by, controller_reference, create_if_missing, delete_if_present};
 use crate::core::cache::in_namespace;
 use crate::core::events::Announcement;
-use crate::core::stages::{Applied, Observed, Refusal, Report, Stages};
+use crate::core::stages::{Applied, Observed, Report, Stages};
 use crate::core::{DuringStage, Error, Result, Stage, crash};
 
 /// How soon a deployment is looked at again while it rolls (its progress deadline is a time,
@@ -30,20 +30,10 @@ const ROLLING: Duration = Duration::from_secs(5);
 const STEADY: Duration = Duration::from_secs(120);
 
 impl Stages for MachineDeployments {
-    type Status = MachineDeploymentStatus;
-    type Reason = MachineDeploymentReason;
     /// The deployment's sets.
     type Observation = Vec<MachineSet>;
     type Plan = DeploymentPlan;
     type Applied = ();
-
-    fn status_of(md: &MachineDeployment) -> Option<&MachineDeploymentStatus> {
-        md.status.as_ref()
-    }
-
-    fn paused(md: &MachineDeployment) -> bool {
-        md.spec.paused
-    }
 
     /// Its sets from the cache. A pass that would change a set reads them from the API: the
     /// cache may not hold the last pass's changes yet, and a set's status counted from an old
@@ -71,23 +61,6 @@ impl Stages for MachineDeployments {
             .filter(|s| controlled_by(&s.metadata, &uid))
             .collect();
         Ok(Observed::new(md, sets))
-    }
-
-    /// Nothing to refuse: the schema's rules hold every spec a deployment can carry out.
-    fn validate(
-        _: &MachineDeployment,
-        _: &Vec<MachineSet>,
-    ) -> std::result::Result<(), Refusal<MachineDeploymentReason>> {
-        Ok(())
-    }
-
-    fn refused(
-        md: &MachineDeployment,
-        _: &Vec<MachineSet>,
-        _: &Refusal<MachineDeploymentReason>,
-        _: jiff::Timestamp,
-    ) -> MachineDeploymentStatus {
-        md.status.clone().unwrap_or_default()
     }
 
     fn plan(md: &MachineDeployment, sets: &Vec<MachineSet>, _: jiff::Timestamp) -> Result<DeploymentPlan> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use noops_api::machine::Machine;
-use noops_api::machine_set::{MachineSet, MachineSetReason, MachineSetStatus};
+use noops_api::machine_set::{MachineSet, MachineSetStatus};
 use tracing::info;
 
 use super::MachineSets;
@@ -18,7 +18,7 @@ use super::{desired, status};
 use crate::core::apply::{controlled_by, controller_reference, create_if_missing, delete_if_present};
 use crate::core::cache::in_namespace;
 use crate::core::events::Announcement;
-use crate::core::stages::{Applied, Observed, Refusal, Report, Stages};
+use crate::core::stages::{Applied, Observed, Report, Stages};
 use crate::core::{Error, Result, crash};
 
 /// How soon a set is looked at again while a machine of it is not ready (a health timeout may
@@ -30,8 +30,6 @@ const STEADY: Duration = Duration::from_secs(60);
 const MACHINES_BEFORE_CHANGE: &str = "machines-before-change";
 
 impl Stages for MachineSets {
-    type Status = MachineSetStatus;
-    type Reason = MachineSetReason;
     /// The set's machines.
     type Observation = Vec<Machine>;
     type Plan = SetPlan;
@@ -40,14 +38,6 @@ impl Stages for MachineSets {
     /// Written only over the version the pass read: a status built from a set older than the
     /// last write would take `nextIndex` back, and names would be given twice.
     const GUARDED: bool = true;
-
-    fn status_of(set: &MachineSet) -> Option<&MachineSetStatus> {
-        set.status.as_ref()
-    }
-
-    fn paused(set: &MachineSet) -> bool {
-        set.spec.paused
-    }
 
     /// Its machines from the cache. The cache may not hold the machines the last pass made or
     /// deleted yet, nor the last status it wrote: a pass that would make or delete a machine
@@ -80,20 +70,6 @@ impl Stages for MachineSets {
                 .filter(|m| controlled_by(&m.metadata, &uid))
                 .collect();
         Ok(Observed::new(fresh, machines))
-    }
-
-    /// Nothing to refuse: the schema's rules hold every spec a set can carry out.
-    fn validate(_: &MachineSet, _: &Vec<Machine>) -> std::result::Result<(), Refusal<MachineSetReason>> {
-        Ok(())
-    }
-
-    fn refused(
-        set: &MachineSet,
-        _: &Vec<Machine>,
-        _: &Refusal<MachineSetReason>,
-        _: jiff::Timestamp,
-    ) -> MachineSetStatus {
-        set.status.clone().unwrap_or_default()
     }
 
     fn plan(set: &MachineSet, machines: &Vec<Machine>, now: jiff::Timestamp) -> Result<SetPlan> {

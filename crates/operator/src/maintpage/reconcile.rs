@@ -29,19 +29,9 @@ pub struct Done {
 }
 
 impl Stages for MaintPages {
-    type Status = MaintPageStatus;
-    type Reason = MaintPageReason;
     type Observation = Observation;
     type Plan = switch::Plan;
     type Applied = Done;
-
-    fn status_of(mp: &MaintPage) -> Option<&MaintPageStatus> {
-        mp.status.as_ref()
-    }
-
-    fn paused(mp: &MaintPage) -> bool {
-        mp.spec.paused
-    }
 
     async fn observe(
         mp: Arc<MaintPage>,
@@ -54,9 +44,9 @@ impl Stages for MaintPages {
     }
 
     fn validate(mp: &MaintPage, seen: &Observation) -> std::result::Result<(), Refusal<MaintPageReason>> {
-        validate::validate(mp, &seen.live).map_err(|error| Refusal {
-            reason: MaintPageReason::from_name(error.reason()).unwrap_or(MaintPageReason::InvalidSpec),
-            error,
+        validate::validate(mp, &seen.live).map_err(|error| {
+            let reason = MaintPageReason::from_name(error.reason()).unwrap_or(MaintPageReason::InvalidSpec);
+            Refusal::new(reason, error)
         })
     }
 
@@ -65,8 +55,8 @@ impl Stages for MaintPages {
         _: &Observation,
         refusal: &Refusal<MaintPageReason>,
         now: jiff::Timestamp,
-    ) -> MaintPageStatus {
-        status::blocked(mp, refusal.reason, &refusal.error.to_string(), now)
+    ) -> Report<MaintPageStatus> {
+        Report::of(status::blocked(mp, refusal.reason, &refusal.error.to_string(), now))
     }
 
     fn plan(mp: &MaintPage, seen: &Observation, now: jiff::Timestamp) -> Result<switch::Plan> {
