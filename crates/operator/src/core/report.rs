@@ -30,18 +30,28 @@ impl<S> Context<S> {
     {
         let told = with_pause_news(previous, status, told);
         if previous != Some(status) {
-            let body = serde_json::json!({
-                "apiVersion": K::api_version(&()),
-                "kind": K::kind(&()),
-                "status": status,
-            });
-            let written = apply_status(&self.api_of(obj), &obj.name_any(), &body)
-                .await
-                .during(Stage::Status)?;
-            let read = obj.meta().resource_version.clone();
-            self.wrote(obj, read.as_deref(), written.meta().resource_version.as_deref());
+            self.write_status(obj, status).await.during(Stage::Status)?;
         }
         self.tell(obj, told).await;
+        Ok(())
+    }
+
+    /// Writes `status` of `obj` (server-side apply) and notes the write, so that no pass runs
+    /// on the version written over. The one unguarded status write: [`Self::report`]'s and
+    /// the core's stages'.
+    pub async fn write_status<K, T>(&self, obj: &K, status: &T) -> kube::Result<()>
+    where
+        K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + DeserializeOwned + std::fmt::Debug,
+        T: Serialize,
+    {
+        let body = serde_json::json!({
+            "apiVersion": K::api_version(&()),
+            "kind": K::kind(&()),
+            "status": status,
+        });
+        let written = apply_status(&self.api_of(obj), &obj.name_any(), &body).await?;
+        let read = obj.meta().resource_version.clone();
+        self.wrote(obj, read.as_deref(), written.meta().resource_version.as_deref());
         Ok(())
     }
 
@@ -116,7 +126,7 @@ impl<S> Context<S> {
 
 /// `told`, and a `Paused` or `Resumed` Event when the `Paused` condition turns True or False
 /// between `previous` and `status` and `told` does not say so already.
-fn with_pause_news<T: Serialize>(
+pub(super) fn with_pause_news<T: Serialize>(
     previous: Option<&T>,
     status: &T,
     told: impl IntoIterator<Item = Announcement>,

@@ -6,7 +6,7 @@
 //!   after a growing back-off), or, for a refusal that may end without the object changing,
 //!   looks again after a while;
 //! - pause: a paused object is observed, planned and reported, never applied (but for a kind
-//!   that passes its pause down to children with a `paused` of their own), and its deletion
+//!   whose pause lets something beside it go on: its apply does that alone), and its deletion
 //!   waits (for an engine whose objects carry a finalizer) until it is resumed;
 //! - the status write: only if it changed, over the version read for a kind whose status
 //!   records progress ([`Stages::GUARDED`]), and noted so that no pass runs on the version
@@ -35,7 +35,8 @@ use super::controller::Context;
 use super::engine::{Engine, Reconcile};
 use super::error::from_finalizer;
 use super::events::Announcement;
-use super::{DuringStage, Error, Result, Stage};
+use super::report::with_pause_news;
+use super::{DuringStage, Error, Result, Stage, crash};
 
 /// What `observe` found: the object (as the pass goes on with it: a step that confirms it with
 /// the API server passes on the confirmed one) and what it saw of the cluster.
@@ -154,7 +155,7 @@ pub trait Stages: Engine<Object: Governed<Status: Status>> {
     /// Plan: what the pass does (a paused object's plan is reported, not applied).
     fn plan(object: &Self::Object, seen: &Self::Observation, now: jiff::Timestamp) -> Result<Self::Plan>;
 
-    /// Apply: carry out `plan` (called while paused only to pass the pause down).
+    /// Apply: carry out `plan` (called while paused only if [`Self::APPLIES_WHILE_PAUSED`]).
     fn apply(
         object: &Self::Object,
         seen: &Self::Observation,
@@ -162,9 +163,15 @@ pub trait Stages: Engine<Object: Governed<Status: Status>> {
         ctx: &Context<Self::State>,
     ) -> impl Future<Output = Result<Applied<Self::Applied>>> + Send;
 
-    /// Whether `apply` is called while paused, to pass the pause down: a kind whose children
-    /// carry a `spec.paused` of their own tells them (and its apply changes nothing else then).
-    const PAUSE_PASSES_DOWN: bool = false;
+    /// Whether `apply` is called while paused: for a kind whose pause lets something beside
+    /// the object go on, which its apply then does alone: its children that carry a
+    /// `spec.paused` of their own told so (a KubernetesCluster), its backup schedule kept (an
+    /// EtcdCluster).
+    const APPLIES_WHILE_PAUSED: bool = false;
+
+    /// The crash point between a status written and the Events it earned (crash-safety tests
+    /// kill the operator there), for a kind whose tests prove those Events survive it.
+    const CRASH_BEFORE_EVENTS: Option<&'static str> = None;
 
     /// The finalizer its objects carry when deleting one is work of its own
     /// ([`Self::clean_up`]); none by default.
@@ -176,6 +183,20 @@ pub trait Stages: Engine<Object: Governed<Status: Status>> {
     fn clean_up(object: Arc<Self::Object>, ctx: &Context<Self::State>) -> impl Future<Output = Result<Action>> + Send {
         let _ = (object, ctx);
         async { Ok(Action::await_change()) }
+    }
+
+    /// What follows the status once it is written (or found as it was), after its Events: a
+    /// request the pass used, dropped; gauges of what the status says. Nothing by default.
+    fn settled(
+        object: &Self::Object,
+        seen: &Self::Observation,
+        plan: &Self::Plan,
+        applied: Option<&Self::Applied>,
+        status: &StatusOf<Self>,
+        ctx: &Context<Self::State>,
+    ) -> impl Future<Output = ()> + Send {
+        let _ = (object, seen, plan, applied, status, ctx);
+        async {}
     }
 
     /// Status: what the pass reports; `applied` is `None` when paused and nothing was applied.
@@ -250,7 +271,7 @@ pub async fn drive<E: Stages>(object: Arc<E::Object>, ctx: &Context<E::State>) -
         if !gives_reason(status_of::<E>(&object), reason) && gives_reason(Some(&status), reason) {
             news.push(Announcement::warning(reason, refusal.error.to_string()));
         }
-        write::<E>(ctx, &object, status, done, news).await?;
+        write::<E>(ctx, &object, &status, done, news).await?;
         return match refusal.recheck {
             Some(after) => {
                 debug!(reason, error = %refusal.error, "refused; looking again later");
@@ -261,7 +282,7 @@ pub async fn drive<E: Stages>(object: Arc<E::Object>, ctx: &Context<E::State>) -
     }
 
     let plan = E::plan(&object, &seen, now).during(Stage::Validate)?;
-    let applied = if object.paused() && !E::PAUSE_PASSES_DOWN {
+    let applied = if object.paused() && !E::APPLIES_WHILE_PAUSED {
         debug!("paused: nothing is applied");
         None
     } else {
@@ -280,10 +301,11 @@ pub async fn drive<E: Stages>(object: Arc<E::Object>, ctx: &Context<E::State>) -
         news,
         next,
     } = E::status(&object, &seen, &plan, applied.as_ref(), now);
-    if !write::<E>(ctx, &object, status, done, news).await? {
+    if !write::<E>(ctx, &object, &status, done, news).await? {
         debug!("the object changed since this pass read it: the next pass writes its status");
         return Ok(Action::requeue(CHANGED_SINCE_READ));
     }
+    E::settled(&object, &seen, &plan, applied.as_ref(), &status, ctx).await;
     Ok(next.map(Action::requeue).unwrap_or_else(Action::await_change))
 }
 
@@ -303,34 +325,43 @@ fn gives_reason<S: serde::Serialize>(status: Option<&S>, reason: &str) -> bool {
 }
 
 /// Writes `status` if it changed (over the version read if `E::GUARDED`), then tells `done`
-/// and `news`; false, telling only `done`, if a guarded write found the object changed. A
-/// failed write tells `done` too, then fails.
+/// and `news` (and a `Paused` or `Resumed` Event when the `Paused` condition turned); false,
+/// telling only `done`, if a guarded write found the object changed. A failed write tells
+/// `done` too, then fails.
 async fn write<E: Stages>(
     ctx: &Context<E::State>,
     object: &E::Object,
-    status: StatusOf<E>,
+    status: &StatusOf<E>,
     done: Vec<Announcement>,
     news: Vec<Announcement>,
 ) -> Result<bool> {
     let previous = status_of::<E>(object);
-    let told = done.iter().cloned().chain(news);
-    let written = if E::GUARDED {
-        let mut version = kube::Resource::meta(object).resource_version.clone();
-        ctx.report_at(object, previous, &mut version, &status, told).await
-    } else {
-        ctx.report(object, previous, &status, told).await.map(|()| true)
-    };
-    match written {
-        Ok(true) => Ok(true),
-        Ok(false) => {
-            ctx.tell(object, done).await;
-            Ok(false)
-        }
-        Err(error) => {
-            ctx.tell(object, done).await;
-            Err(error)
+    let told = with_pause_news(previous, status, done.iter().cloned().chain(news));
+    if previous != Some(status) {
+        let written = if E::GUARDED {
+            let mut version = kube::Resource::meta(object).resource_version.clone();
+            ctx.write_status_at(object, &mut version, status).await
+        } else {
+            ctx.write_status(object, status).await.map(|()| true)
+        };
+        match written.during(Stage::Status) {
+            Ok(true) => {
+                if let Some(point) = E::CRASH_BEFORE_EVENTS.filter(|_| !told.is_empty()) {
+                    crash::point(point);
+                }
+            }
+            Ok(false) => {
+                ctx.tell(object, done).await;
+                return Ok(false);
+            }
+            Err(error) => {
+                ctx.tell(object, done).await;
+                return Err(error);
+            }
         }
     }
+    ctx.tell(object, told).await;
+    Ok(true)
 }
 
 #[cfg(test)]

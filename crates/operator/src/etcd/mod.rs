@@ -1,7 +1,7 @@
 //! The EtcdCluster controller.
 //!
 //! Watches EtcdClusters and the pods and volumes they own, and reconciles each cluster in one
-//! pass (`reconcile.rs`), a file per question:
+//! pass (`reconcile.rs`: the core's stages), a file per question:
 //! - `observe.rs`: the children (from watch caches), what each member says of itself
 //!   (`client.rs`, the only way the operator talks to etcd), and the facts the planner needs;
 //! - `validate.rs`: what the schema cannot check (owned flags, the version against what runs);
@@ -57,13 +57,11 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::{EtcdBackup, EtcdCluster};
 
-use crate::core::Result;
 use crate::core::cache::{concerned, shared_cache};
 use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Reconcile, Wiring, registration};
+use crate::core::engine::{Engine, Wiring, registration};
 use crate::core::user_secrets::UserSecrets;
-use context::{Context, State};
-use kube::runtime::controller::Action;
+use context::State;
 
 /// The controller's registration (`noops run --controllers etcd`).
 pub const CONTROLLER: Registration = registration::<EtcdClusters>();
@@ -157,11 +155,5 @@ impl Engine for EtcdClusters {
             controller,
             beside: vec![janitor],
         }
-    }
-}
-
-impl Reconcile for EtcdClusters {
-    async fn reconcile(cluster: Arc<EtcdCluster>, ctx: Arc<Context>) -> Result<Action> {
-        reconcile::reconcile(cluster, &ctx).await
     }
 }

@@ -71,7 +71,7 @@ impl Stages for KubernetesClusters {
     type Plan = ClusterPlan;
     type Applied = Done;
     /// Paused, the children it has are told so (`paused` passes down to them).
-    const PAUSE_PASSES_DOWN: bool = true;
+    const APPLIES_WHILE_PAUSED: bool = true;
 
     async fn observe(
         kc: Arc<KubernetesCluster>,
