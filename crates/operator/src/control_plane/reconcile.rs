@@ -69,8 +69,7 @@ impl Stages for KubernetesControlPlanes {
         kcp: &KubernetesControlPlane,
         seen: &Seen,
     ) -> std::result::Result<(), Refusal<KubernetesControlPlaneReason>> {
-        if Release::of(&kcp.spec.version).is_none() {
-            let error = Error::InvalidSpec(format!("version {:?} is not a Kubernetes version", kcp.spec.version));
+        if let Err(error) = target(kcp) {
             return Err(Refusal::new(KubernetesControlPlaneReason::UnsupportedVersion, error));
         }
         match &seen.range_taken {
@@ -89,7 +88,7 @@ impl Stages for KubernetesControlPlanes {
         refusal: &Refusal<KubernetesControlPlaneReason>,
         now: jiff::Timestamp,
     ) -> Report<KubernetesControlPlaneStatus> {
-        let Some(target) = Release::of(&kcp.spec.version) else {
+        let Ok(target) = target(kcp) else {
             return Report::of(status::refused(kcp, refusal.reason, &refusal.error.to_string(), now));
         };
         let plan = plan::plan(target, &seen.observation.facts);
@@ -102,9 +101,7 @@ impl Stages for KubernetesControlPlanes {
     }
 
     fn plan(kcp: &KubernetesControlPlane, seen: &Seen, _: jiff::Timestamp) -> Result<Plan> {
-        let target = Release::of(&kcp.spec.version)
-            .ok_or_else(|| Error::InvalidSpec(format!("version {:?} is not a Kubernetes version", kcp.spec.version)))?;
-        Ok(plan::plan(target, &seen.observation.facts))
+        Ok(plan::plan(target(kcp)?, &seen.observation.facts))
     }
 
     async fn apply(kcp: &KubernetesControlPlane, seen: &Seen, plan: &Plan, ctx: &Context) -> Result<Applied<Done>> {
@@ -158,6 +155,12 @@ fn next_look(seen: &Seen) -> Option<Duration> {
         .into_iter()
         .flatten()
         .min()
+}
+
+/// The release the spec asks for, or why it names none.
+fn target(kcp: &KubernetesControlPlane) -> Result<Release> {
+    Release::of(&kcp.spec.version)
+        .ok_or_else(|| Error::InvalidSpec(format!("version {:?} is not a Kubernetes version", kcp.spec.version)))
 }
 
 /// The status of a pass that saw `seen`, planned `plan` and applied `applied`.

@@ -204,7 +204,7 @@ impl Stages for KubernetesClusters {
         };
         let rejected = apply_children(&children, &plan.plan, plan.decision.as_ref(), ctx).await?;
         let removed = match (&seen.tenant, paused) {
-            (Some((view, tenant)), false) => remove_stale_nodes(kc, view, tenant, ctx).await?,
+            (Some((view, tenant)), false) => remove_stale_nodes(kc, view, tenant, &seen.machines, ctx).await?,
             _ => Vec::new(),
         };
         Ok(Applied::Done(Done { rejected, removed }))
@@ -341,14 +341,12 @@ async fn remove_stale_nodes(
     kc: &KubernetesCluster,
     view: &tenant::TenantView,
     seen: &tenant::Seen,
+    cached: &[Machine],
     ctx: &Context,
 ) -> Result<Vec<Announcement>> {
     let namespace = kc.namespace().unwrap_or_default();
     let mut done = Vec::new();
-    let known: std::collections::BTreeSet<String> = in_namespace(&ctx.machines, &namespace)
-        .into_iter()
-        .filter_map(|m| m.metadata.name)
-        .collect();
+    let known: std::collections::BTreeSet<String> = cached.iter().filter_map(|m| m.metadata.name.clone()).collect();
     if tenant::stale_nodes(&seen.providers, &namespace, &known).is_empty() {
         return Ok(done);
     }
