@@ -199,6 +199,14 @@ pub trait Stages: Engine<Object: Governed<Status: Status>> {
         async {}
     }
 
+    /// The version `apply` left when it wrote the status itself, ahead of the work it records
+    /// (a backup's destination, recorded before anything is stored there): the pass's status
+    /// is then written over that version rather than the one read. None by default.
+    fn written_ahead(applied: &Self::Applied) -> Option<String> {
+        let _ = applied;
+        None
+    }
+
     /// Status: what the pass reports; `applied` is `None` when paused and nothing was applied.
     fn status(
         object: &Self::Object,
@@ -271,7 +279,7 @@ pub async fn drive<E: Stages>(object: Arc<E::Object>, ctx: &Context<E::State>) -
         if !gives_reason(status_of::<E>(&object), reason) && gives_reason(Some(&status), reason) {
             news.push(Announcement::warning(reason, refusal.error.to_string()));
         }
-        write::<E>(ctx, &object, &status, done, news).await?;
+        write::<E>(ctx, &object, None, &status, done, news).await?;
         return match refusal.recheck {
             Some(after) => {
                 debug!(reason, error = %refusal.error, "refused; looking again later");
@@ -301,7 +309,8 @@ pub async fn drive<E: Stages>(object: Arc<E::Object>, ctx: &Context<E::State>) -
         news,
         next,
     } = E::status(&object, &seen, &plan, applied.as_ref(), now);
-    if !write::<E>(ctx, &object, &status, done, news).await? {
+    let ahead = applied.as_ref().and_then(E::written_ahead);
+    if !write::<E>(ctx, &object, ahead, &status, done, news).await? {
         debug!("the object changed since this pass read it: the next pass writes its status");
         return Ok(Action::requeue(CHANGED_SINCE_READ));
     }
@@ -324,22 +333,24 @@ fn gives_reason<S: serde::Serialize>(status: Option<&S>, reason: &str) -> bool {
         })
 }
 
-/// Writes `status` if it changed (over the version read if `E::GUARDED`), then tells `done`
-/// and `news` (and a `Paused` or `Resumed` Event when the `Paused` condition turned); false,
-/// telling only `done`, if a guarded write found the object changed. A failed write tells
-/// `done` too, then fails.
+/// Writes `status` if it changed (over the version read if `E::GUARDED`, or over the version
+/// `ahead` a write of the pass's apply left), then tells `done` and `news` (and a `Paused` or
+/// `Resumed` Event when the `Paused` condition turned); false, telling only `done`, if a
+/// guarded write found the object changed. A failed write tells `done` too, then fails.
 async fn write<E: Stages>(
     ctx: &Context<E::State>,
     object: &E::Object,
+    ahead: Option<String>,
     status: &StatusOf<E>,
     done: Vec<Announcement>,
     news: Vec<Announcement>,
 ) -> Result<bool> {
     let previous = status_of::<E>(object);
     let told = with_pause_news(previous, status, done.iter().cloned().chain(news));
-    if previous != Some(status) {
+    // (A status written ahead is not the one read: compared with that, it may have changed.)
+    if ahead.is_some() || previous != Some(status) {
         let written = if E::GUARDED {
-            let mut version = kube::Resource::meta(object).resource_version.clone();
+            let mut version = ahead.or_else(|| kube::Resource::meta(object).resource_version.clone());
             ctx.write_status_at(object, &mut version, status).await
         } else {
             ctx.write_status(object, status).await.map(|()| true)

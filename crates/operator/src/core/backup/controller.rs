@@ -1,37 +1,44 @@
 //! What every backup controller (EtcdBackup, PostgresBackup) is made of: its context, its
-//! engine (a [`BackupEngine`], run by the core as [`Backups`]), the finalizer that deletes a backup's files with it, and the end of a pass, which
-//! writes what a [`Verdict`](super::progress::Verdict) left, sends its Event and removes the
-//! task pod of a backup that is done. An engine writes only how a backup is taken and deleted.
+//! engine (a [`BackupEngine`], run by the core as [`Backups`] on the core's stages), the
+//! finalizer that deletes a backup's files with it, and the status a pass reports, from what
+//! a [`Verdict`](super::progress::Verdict) left. An engine writes only how it reads what it
+//! backs up, and how a backup is taken and deleted.
+//!
+//! A pass: observe (the resource backed up, from the cache, confirmed before the backup waits
+//! or fails on its absence) → plan (a backup done: its task pod goes; else its work, with its
+//! deadlines' clock) → apply (the engine's look: where it goes recorded ahead of the work, its
+//! task pod made or read) → status (pure: progress settled, its Event once written). A paused
+//! backup is observed and reported, never made, and its deletion waits.
 
 use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{DeleteParams, Preconditions};
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 use noops_api::backup::BackupReason;
 use noops_api::backup::{BackupProgress, WorkProgress};
+use noops_api::governed::Governed;
 use serde::Serialize;
-use serde::de::DeserializeOwned;
-use tracing::info;
+use tracing::{debug, info};
 
 use super::progress::{self, Timing, Verdict};
 use super::schedule::elapsed;
 use super::task_pod;
 use crate::core::Result;
 use crate::core::apply::delete_if_present;
-use crate::core::conditions::merge;
+use crate::core::conditions::{self, merge};
 use crate::core::controller::{Runtime, Watched};
-use crate::core::engine::{Engine, Reconcile, Wiring};
+use crate::core::engine::{Engine, Wiring};
+use crate::core::events::Announcement;
 use crate::core::labels;
+use crate::core::stages::{Applied, Observed, Report, Stages};
 
 /// What a backup controller keeps beside the core; `S` is the kind it backs up (EtcdCluster,
 /// PostgreSQL). A pass reads from these caches; it reads the API only to confirm
@@ -87,24 +94,15 @@ impl<S: Watched> Context<S> {
     }
 }
 
-/// A backup resource, as the kit sees it: an object whose status has a [`BackupProgress`].
+/// A backup resource, as the kit sees it: a kind the core governs whose status has a
+/// [`BackupProgress`].
 pub trait BackupResource:
-    Resource<DynamicType = (), Scope = NamespaceResourceScope>
-    + Clone
-    + std::fmt::Debug
-    + DeserializeOwned
+    Watched
     + Serialize
-    + Send
-    + Sync
-    + 'static
+    + Governed<Status: Clone + Default + PartialEq + Serialize + std::fmt::Debug + Send + Sync, Reason = BackupReason>
 {
-    type Status: Clone + Default + PartialEq + Serialize + std::fmt::Debug + Send + Sync;
     /// The finalizer that deletes a backup's files with it.
     const FINALIZER: &'static str;
-    /// Its status, if it has one yet.
-    fn status(&self) -> Option<&Self::Status>;
-    /// Its `spec.paused`: the operator changes nothing of it.
-    fn paused(&self) -> bool;
     /// The progress part of a status.
     fn progress(status: &Self::Status) -> &BackupProgress;
     fn progress_mut(status: &mut Self::Status) -> &mut BackupProgress;
@@ -115,16 +113,7 @@ pub trait BackupResource:
 macro_rules! backup_resource {
     ($kind:ty, $status:ty, $finalizer:expr) => {
         impl $crate::core::backup::controller::BackupResource for $kind {
-            type Status = $status;
             const FINALIZER: &'static str = $finalizer;
-
-            fn status(&self) -> Option<&$status> {
-                self.status.as_ref()
-            }
-
-            fn paused(&self) -> bool {
-                self.spec.paused
-            }
 
             fn progress(status: &$status) -> &noops_api::backup::BackupProgress {
                 &status.progress
@@ -138,8 +127,12 @@ macro_rules! backup_resource {
 }
 pub(crate) use backup_resource;
 
-/// A backup controller's engine: its name, its task pods, and its two passes. The core runs
-/// it as the [`Engine`] [`Backups<B>`]; its registration is `registration::<Backups<B>>()`.
+/// The status of backup kind `K`.
+pub type StatusOf<K> = <K as Governed>::Status;
+
+/// A backup controller's engine: its name, its task pods, how it reads what it backs up, and
+/// how it makes and deletes a backup. The core runs it as the [`Engine`] [`Backups<B>`],
+/// stage by stage; its registration is `registration::<Backups<B>>()`.
 pub trait BackupEngine: Send + Sync + 'static {
     /// The backups it makes.
     type Backup: BackupResource;
@@ -157,16 +150,46 @@ pub trait BackupEngine: Send + Sync + 'static {
     /// The job of the task pod that makes a backup (`save`, `base`): it goes once the backup
     /// is done.
     const MAKER_JOB: &'static str;
+    /// How long a backup waits, and how soon it is looked at again.
+    const TIMING: Timing;
 
-    /// A pass over a backup not done yet ([`begin`] read it).
-    fn make(begun: Begun<Self::Backup>, ctx: Arc<Context<Self::Source>>)
-    -> impl Future<Output = Result<Action>> + Send;
+    /// What a pass over a backup being made observes: the resource it is taken of (see
+    /// [`source_of`]).
+    fn observe(
+        backup: &Self::Backup,
+        ctx: &Context<Self::Source>,
+    ) -> impl Future<Output = Result<Option<Self::Source>>> + Send;
+
+    /// One look at a backup not done yet: its work begun or followed, and what came of it
+    /// ([`Begun::made`]); `None` if the backup changed since it was read (a record written
+    /// ahead of the work, [`Begun::record_ahead`], found it changed).
+    fn make(
+        backup: &Self::Backup,
+        source: Option<&Self::Source>,
+        begun: Begun<Self::Backup>,
+        ctx: &Context<Self::Source>,
+    ) -> impl Future<Output = Result<Option<Made<Self::Backup>>>> + Send;
 
     /// A pass over a backup being deleted: its files go (its finalizer goes when this succeeds).
-    fn clean_up(
-        backup: Arc<Self::Backup>,
-        ctx: Arc<Context<Self::Source>>,
-    ) -> impl Future<Output = Result<Action>> + Send;
+    fn clean_up(backup: Arc<Self::Backup>, ctx: &Context<Self::Source>) -> impl Future<Output = Result<Action>> + Send;
+}
+
+/// The resource `name` a backup in `namespace` is taken of, from the cache; confirmed with
+/// the API server when the cache holds none, or one that is not `enough` (one that says
+/// nowhere to put the backup): a backup waits or fails on that word, and the cache may be a
+/// moment behind a resource applied (or given a destination) together with its backup. One
+/// that cannot be read is an error, not missing.
+pub async fn source_of<S: Watched>(
+    ctx: &Context<S>,
+    namespace: &str,
+    name: &str,
+    enough: impl Fn(&S) -> bool,
+) -> Result<Option<S>> {
+    if let Some(source) = ctx.source(namespace, name).filter(&enough) {
+        return Ok(Some(source));
+    }
+    let api: Api<S> = Api::namespaced(ctx.client.clone(), namespace);
+    Ok(crate::core::confirm::get(&api, name, "source-before-failing").await?)
 }
 
 /// The controller of backup engine `B`: each backup, and its task pods waking it when they
@@ -206,89 +229,226 @@ impl<B: BackupEngine> Engine for Backups<B> {
     }
 }
 
-impl<B: BackupEngine> Reconcile for Backups<B> {
-    async fn reconcile(backup: Arc<B::Backup>, ctx: Arc<Context<B::Source>>) -> Result<Action> {
-        let api: Api<B::Backup> = Api::namespaced(ctx.client.clone(), &backup.namespace().unwrap_or_default());
-        let result = finalizer(&api, B::Backup::FINALIZER, backup, |event| async {
-            match event {
-                Finalizer::Apply(backup) if backup.paused() => hold(&ctx, &*backup).await,
-                Finalizer::Cleanup(backup) if backup.paused() => {
-                    hold(&ctx, &*backup).await?;
-                    Err(crate::core::Error::Held(
-                        "paused: the backup's files are deleted, and it goes, once spec.paused is false".into(),
-                    ))
-                }
-                Finalizer::Apply(backup) => {
-                    let pod = |b: &B::Backup| task_pod::name(&b.name_any(), &b.uid().unwrap_or_default(), B::MAKER_JOB);
-                    match begin(&ctx, &*backup, pod).await? {
-                        Ok(begun) => B::make(begun, ctx.clone()).await,
-                        Err(action) => Ok(action),
-                    }
-                }
-                Finalizer::Cleanup(backup) => {
-                    // (Resumed while being deleted: said first, and its deadline counts from now.)
-                    report_pause(&ctx, &*backup, false).await?;
-                    B::clean_up(backup, ctx.clone()).await
+/// What a pass over a backup does.
+pub enum BackupPlan {
+    /// A backup done (Succeeded or Failed, never taken again): only its task pod goes, left by
+    /// an operator stopped between the status that said so and removing it (or not removed
+    /// yet: the pass that wrote that status leaves it to the next).
+    RemovePod { pod: String },
+    /// A backup not done: its work begun or followed. Its deadlines count from `started` (its
+    /// start, or its resume if it was paused since); `now` is the pass's time.
+    Make {
+        started: jiff::Timestamp,
+        now: jiff::Timestamp,
+        pod: String,
+    },
+}
+
+/// What applying a [`BackupPlan`] did.
+pub enum BackupApplied<K: BackupResource> {
+    /// The task pod removed; looked at again after a while if it lingers.
+    Removed {
+        look_again: Option<Duration>,
+    },
+    Made(Made<K>),
+}
+
+impl<B: BackupEngine> Stages for Backups<B> {
+    type Observation = Option<B::Source>;
+    type Plan = BackupPlan;
+    type Applied = BackupApplied<B::Backup>;
+
+    // Its status records where its files go and what was stored.
+    const GUARDED: bool = true;
+    const FINALIZER: Option<&'static str> = Some(<B::Backup as BackupResource>::FINALIZER);
+
+    async fn observe(
+        backup: Arc<B::Backup>,
+        ctx: &Context<B::Source>,
+        _now: jiff::Timestamp,
+    ) -> Result<Observed<B::Backup, Option<B::Source>>> {
+        let done = backup.status().is_some_and(|s| B::Backup::progress(s).is_done());
+        // A paused backup is not looked at further; one done needs nothing but its pod gone.
+        let source = if done || backup.paused() {
+            None
+        } else {
+            B::observe(&backup, ctx).await?
+        };
+        Ok(Observed::new(backup, source))
+    }
+
+    fn plan(backup: &B::Backup, _seen: &Option<B::Source>, now: jiff::Timestamp) -> Result<BackupPlan> {
+        let pod = task_pod::name(&backup.name_any(), &backup.uid().unwrap_or_default(), B::MAKER_JOB);
+        let Some(progress) = backup.status().map(B::Backup::progress) else {
+            return Ok(BackupPlan::Make { started: now, now, pod });
+        };
+        if progress.is_done() {
+            return Ok(BackupPlan::RemovePod { pod });
+        }
+        // Its deadlines count from its start, or from its resume if it was paused since.
+        let started = progress.started_at.as_ref().map_or(now, |t| t.0);
+        let started = resumed_at(progress, now).map_or(started, |resumed| resumed.max(started));
+        Ok(BackupPlan::Make { started, now, pod })
+    }
+
+    async fn apply(
+        backup: &B::Backup,
+        source: &Option<B::Source>,
+        plan: &BackupPlan,
+        ctx: &Context<B::Source>,
+    ) -> Result<Applied<BackupApplied<B::Backup>>> {
+        Ok(match plan {
+            BackupPlan::RemovePod { pod } => Applied::Done(BackupApplied::Removed {
+                look_again: remove_pod(ctx, backup, pod).await?,
+            }),
+            BackupPlan::Make { started, now, pod } => {
+                let begun = Begun {
+                    status: backup.status().cloned().unwrap_or_default(),
+                    version: backup.resource_version(),
+                    written_ahead: false,
+                    started: *started,
+                    now: *now,
+                    pod: pod.clone(),
+                };
+                match B::make(backup, source.as_ref(), begun, ctx).await? {
+                    Some(made) => Applied::Done(BackupApplied::Made(made)),
+                    None => Applied::Again {
+                        after: Duration::from_secs(1),
+                        why: "the backup changed since it was read",
+                    },
                 }
             }
         })
-        .await;
-        crate::core::error::from_finalizer(result)
+    }
+
+    fn written_ahead(applied: &BackupApplied<B::Backup>) -> Option<String> {
+        match applied {
+            BackupApplied::Made(made) => made.written_ahead.clone(),
+            BackupApplied::Removed { .. } => None,
+        }
+    }
+
+    fn status(
+        backup: &B::Backup,
+        _seen: &Option<B::Source>,
+        plan: &BackupPlan,
+        applied: Option<&BackupApplied<B::Backup>>,
+        now: jiff::Timestamp,
+    ) -> Report<StatusOf<B::Backup>> {
+        let previous = backup.status().cloned().unwrap_or_default();
+        match (plan, applied) {
+            (BackupPlan::Make { started, .. }, Some(BackupApplied::Made(made))) => {
+                let mut next = made.status.clone();
+                with_pause_condition(B::Backup::progress_mut(&mut next), false, now);
+                let settled = progress::settle(
+                    B::Backup::progress(&next),
+                    made.verdict.clone(),
+                    *started,
+                    now,
+                    B::TIMING,
+                );
+                let running = settled.look_again.is_some();
+                *B::Backup::progress_mut(&mut next) = settled.progress;
+                // How far it has got, while it runs; nothing once it is done.
+                B::Backup::progress_mut(&mut next).under_way = made.under_way.clone().filter(|_| running);
+                // A backup done is looked at again when its status is written: its pod goes then.
+                Report {
+                    status: next,
+                    done: Vec::new(),
+                    news: settled.announcement.into_iter().collect(),
+                    next: settled.look_again,
+                }
+            }
+            (_, Some(BackupApplied::Removed { look_again })) => {
+                let mut next = previous;
+                with_pause_condition(B::Backup::progress_mut(&mut next), false, now);
+                Report {
+                    next: *look_again,
+                    ..Report::of(next)
+                }
+            }
+            // Paused: nothing of it changes but its `Paused` condition.
+            _ => {
+                let mut next = previous;
+                let first = !has_pause_condition(B::Backup::progress(&next));
+                with_pause_condition(B::Backup::progress_mut(&mut next), true, now);
+                let mut report = Report::of(next);
+                // A backup never paused has no `Paused` condition, so the core sees no turn in
+                // its first one: told here.
+                if first {
+                    report.news.push(Announcement::normal(
+                        "Paused",
+                        conditions::paused::<BackupReason>(true).message,
+                    ));
+                }
+                report
+            }
+        }
+    }
+
+    async fn settled(
+        _backup: &B::Backup,
+        _seen: &Option<B::Source>,
+        _plan: &BackupPlan,
+        _applied: Option<&BackupApplied<B::Backup>>,
+        status: &StatusOf<B::Backup>,
+        _ctx: &Context<B::Source>,
+    ) {
+        let progress = B::Backup::progress(status);
+        if !progress.is_done()
+            && let Some(condition) = progress.conditions.iter().find(|c| c.type_ == progress::SUCCEEDED)
+        {
+            debug!(reason = %condition.reason, "the backup is not stored yet: {}", condition.message);
+        }
+    }
+
+    async fn clean_up(backup: Arc<B::Backup>, ctx: &Context<B::Source>) -> Result<Action> {
+        // Resumed while being deleted: said first, and its deadline counts from now.
+        let previous = backup.status().cloned().unwrap_or_default();
+        let mut status = previous.clone();
+        with_pause_condition(B::Backup::progress_mut(&mut status), false, jiff::Timestamp::now());
+        let mut version = backup.resource_version();
+        if !ctx
+            .report_at(&*backup, Some(&previous), &mut version, &status, [])
+            .await?
+        {
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
+        B::clean_up(backup, ctx).await
     }
 }
 
-/// A paused backup: nothing of it is changed (not begun, its task pod neither read nor
-/// stopped, its files kept); its status says Paused.
-async fn hold<K: BackupResource, S: Watched>(ctx: &Context<S>, backup: &K) -> Result<Action> {
-    report_pause(ctx, backup, true).await?;
-    info!("paused: the backup is left as it is until spec.paused is false");
-    Ok(Action::await_change())
-}
-
-/// Writes the `Paused` condition of `backup` as `paused`, if it changes (with the `Paused` or
-/// `Resumed` Event). A pass that goes on to [`conclude`] needs none: it writes it there.
-async fn report_pause<K: BackupResource, S: Watched>(ctx: &Context<S>, backup: &K, paused: bool) -> Result<()> {
-    let previous = backup.status().cloned().unwrap_or_default();
-    let mut status = previous.clone();
-    with_pause_condition(K::progress_mut(&mut status), paused);
-    // A backup never paused has no Paused condition, so the core sees no news in the first
-    // one: told here.
-    let was = crate::core::conditions::is_true(&K::progress(&previous).conditions, noops_api::condition::PAUSED);
-    let told = (paused && !was).then(|| {
-        crate::core::events::Announcement::normal(
-            "Paused",
-            crate::core::conditions::paused::<BackupReason>(true).message,
-        )
-    });
-    let mut version = backup.resource_version();
-    ctx.report_at(backup, Some(&previous), &mut version, &status, told)
-        .await?;
-    Ok(())
+/// Whether `progress` has a `Paused` condition (a backup that was ever paused).
+fn has_pause_condition(progress: &BackupProgress) -> bool {
+    progress
+        .conditions
+        .iter()
+        .any(|c| c.type_ == noops_api::condition::PAUSED)
 }
 
 /// Sets the `Paused` condition of `progress` (once a backup was paused; one never paused has
 /// none, so no status of a backup changes for it).
-fn with_pause_condition(progress: &mut BackupProgress, paused: bool) {
-    let was_paused = progress
-        .conditions
-        .iter()
-        .any(|c| c.type_ == noops_api::condition::PAUSED);
-    if paused || was_paused {
+fn with_pause_condition(progress: &mut BackupProgress, paused: bool, now: jiff::Timestamp) {
+    if paused || has_pause_condition(progress) {
         progress.conditions = merge(
             &progress.conditions,
-            &[crate::core::conditions::paused::<BackupReason>(paused)],
+            &[conditions::paused::<BackupReason>(paused)],
             None,
-            jiff::Timestamp::now(),
+            now,
         );
     }
 }
 
-/// A backup still to be made, as this controller last wrote it.
+/// A backup not done yet, as a pass over it goes: its status as this controller last wrote
+/// it (the core passes over no version a pass has written over, so the work is decided on
+/// this controller's last word), with what the pass records.
 pub struct Begun<K: BackupResource> {
-    pub backup: K,
-    /// The version read: every status write of the pass is made over it.
-    pub version: Option<String>,
+    /// Its status, and what the pass records in it.
     pub status: K::Status,
+    /// The version read, or the one a record written ahead left: every status write of the
+    /// pass is made over it, so nobody else's newer word is written over.
+    version: Option<String>,
+    written_ahead: bool,
     /// When the backup began (now, for one not begun yet; its resume, if it was paused
     /// since: its deadlines count from here), and the time of this pass.
     pub started: jiff::Timestamp,
@@ -297,57 +457,55 @@ pub struct Begun<K: BackupResource> {
     pub pod: String,
 }
 
-/// The start of a pass over `backup` from the cache (the core passes over no version a pass
-/// has written over, so the work is decided on this controller's last word; every status
-/// write is made over the version read, so nobody else's newer word is written over), or what
-/// to do instead: for a backup done (Succeeded or Failed, never taken again) only its task
-/// pod `pod` removed, left by an operator stopped between the last status write and removing
-/// it.
-async fn begin<K: BackupResource, S: Watched>(
-    ctx: &Context<S>,
-    backup: &K,
-    pod: impl Fn(&K) -> String,
-) -> Result<std::result::Result<Begun<K>, Action>> {
-    let backup = backup.clone();
-    let status = backup.status().cloned().unwrap_or_default();
-    let progress = K::progress(&status);
-    if progress.is_done() {
-        // (Resumed after it was done: no pass concludes it again, so it is said here.)
-        report_pause(ctx, &backup, false).await?;
-        return Ok(Err(remove_pod(ctx, &backup, &pod(&backup)).await?));
-    }
-    let now = jiff::Timestamp::now();
-    // Its deadlines count from its start, or from its resume if it was paused since.
-    let started = progress.started_at.as_ref().map_or(now, |t| t.0);
-    let started = resumed_at(progress, now).map_or(started, |resumed| resumed.max(started));
-    Ok(Ok(Begun {
-        pod: pod(&backup),
-        version: backup.resource_version(),
-        backup,
-        status,
-        started,
-        now,
-    }))
+/// What a look at a backup not done yet came to: its status with what the pass recorded
+/// (where it goes, what was stored), where it stands, and how far its work has got.
+pub struct Made<K: BackupResource> {
+    pub status: K::Status,
+    pub verdict: Verdict<String>,
+    pub under_way: Option<WorkProgress>,
+    /// The version a record written ahead left (the pass's status is written over it).
+    pub written_ahead: Option<String>,
 }
 
-/// Writes `status` over `version` of `backup` (see [`apply_status_at`]): false if the backup
-/// changed since.
-pub async fn write_status<K: BackupResource, S: Watched>(
-    ctx: &Context<S>,
-    backup: &K,
-    version: &mut Option<String>,
-    status: &K::Status,
-) -> Result<bool> {
-    Ok(ctx.write_status_at(backup, version, status).await?)
+impl<K: BackupResource> Begun<K> {
+    /// Writes the status as recorded so far, before the work it records (where a backup goes,
+    /// so that a deletion finds it whatever happens next), over the version read: false if
+    /// the backup changed since.
+    pub async fn record_ahead<S: Watched>(&mut self, ctx: &Context<S>, backup: &K) -> Result<bool> {
+        let written = ctx.write_status_at(backup, &mut self.version, &self.status).await?;
+        self.written_ahead |= written;
+        Ok(written)
+    }
+
+    /// What the look came to: `verdict`, a success recorded in the status by `record` (which
+    /// says what was stored), and how far the work has got.
+    pub fn made<T>(
+        mut self,
+        verdict: Verdict<T>,
+        record: impl FnOnce(&mut K::Status, T) -> String,
+        under_way: Option<WorkProgress>,
+    ) -> Made<K> {
+        let verdict = verdict.map_succeeded(|taken| record(&mut self.status, taken));
+        Made {
+            status: self.status,
+            verdict,
+            under_way,
+            written_ahead: self.version.filter(|_| self.written_ahead),
+        }
+    }
 }
 
 /// Deletes task pod `name` of `backup`, if the cache holds one (at once if it was deleted
-/// already and its node never confirmed it: a dead node). Returns what to do next: look again
-/// while the pod lingers, to force it out once its grace has passed.
-pub async fn remove_pod<K: BackupResource, S: Watched>(ctx: &Context<S>, backup: &K, name: &str) -> Result<Action> {
+/// already and its node never confirmed it: a dead node). Returns when to look again: while
+/// the pod lingers, to force it out once its grace has passed.
+pub async fn remove_pod<K: BackupResource, S: Watched>(
+    ctx: &Context<S>,
+    backup: &K,
+    name: &str,
+) -> Result<Option<Duration>> {
     let namespace = backup.namespace().unwrap_or_default();
     let Some(pod) = ctx.task_pod(&namespace, name) else {
-        return Ok(Action::await_change());
+        return Ok(None);
     };
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     // Only the pod the cache holds: a new one of its name is never deleted on a stale word.
@@ -361,64 +519,10 @@ pub async fn remove_pod<K: BackupResource, S: Watched>(ctx: &Context<S>, backup:
     let forced = params.grace_period_seconds == Some(0);
     match delete_if_present(&pods, name, &params).await {
         Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Action::requeue(Duration::from_secs(1))),
+        Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Some(Duration::from_secs(1))),
         Err(e) => return Err(e.into()),
     }
-    Ok(if forced || pod.metadata.deletion_timestamp.is_none() {
-        Action::await_change()
-    } else {
-        Action::requeue(task_pod::ABANDONED_AFTER)
-    })
-}
-
-/// The end of a pass over `begun`, whose status is as written so far: what `verdict` leaves
-/// (a success recorded in the status by `record`, which says what was stored) is written if
-/// it changed, its Event sent, and the task pod removed once the backup is done.
-pub async fn conclude<K: BackupResource, S: Watched, T>(
-    ctx: &Context<S>,
-    begun: Begun<K>,
-    verdict: Verdict<T>,
-    record: impl FnOnce(&mut K::Status, T) -> String,
-    under_way: Option<WorkProgress>,
-    timing: Timing,
-) -> Result<Action> {
-    let Begun {
-        backup,
-        mut version,
-        status,
-        started,
-        now,
-        pod,
-    } = begun;
-    let mut next = status.clone();
-    with_pause_condition(K::progress_mut(&mut next), false);
-    let verdict = verdict.map_succeeded(|taken| record(&mut next, taken));
-    let settled = progress::settle(K::progress(&next), verdict, started, now, timing);
-    let running = settled.look_again.is_some();
-    *K::progress_mut(&mut next) = settled.progress;
-    // How far it has got, while it runs; nothing once it is done.
-    K::progress_mut(&mut next).under_way = under_way.filter(|_| running);
-    // (With the Event it earned, and `Resumed` when it was paused.)
-    if !ctx
-        .report_at(&backup, Some(&status), &mut version, &next, settled.announcement)
-        .await?
-    {
-        return Ok(Action::requeue(Duration::from_secs(1)));
-    }
-    if next != status {
-        // A backup done says so in its Event; one still running says why in the log.
-        let succeeded = K::progress(&next)
-            .conditions
-            .iter()
-            .find(|c| c.type_ == progress::SUCCEEDED);
-        if running && let Some(condition) = succeeded {
-            info!(reason = %condition.reason, "the backup is not stored yet: {}", condition.message);
-        }
-    }
-    match settled.look_again {
-        Some(after) => Ok(Action::requeue(after)),
-        None => remove_pod(ctx, &backup, &pod).await,
-    }
+    Ok((!forced && pod.metadata.deletion_timestamp.is_some()).then_some(task_pod::ABANDONED_AFTER))
 }
 
 /// How long `backup` has been being deleted, not counting a pause: from its resume, if it was

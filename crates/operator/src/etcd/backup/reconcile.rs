@@ -23,7 +23,7 @@ use tracing::info;
 use super::volume::{self, Job, Outcome};
 use crate::core::apply::{controller_reference, create_if_missing};
 use crate::core::backup::controller::{
-    Begun, Deletion, backup_resource, conclude, deleting_for, finish_clean_up, remove_pod, write_status,
+    Begun, Deletion, Made, backup_resource, deleting_for, finish_clean_up, remove_pod, source_of,
 };
 use crate::core::backup::progress::{self, Timing};
 use crate::core::confirm;
@@ -48,7 +48,7 @@ pub const FINALIZER: &str = "noops.dev/etcd-backup-snapshot";
 pub const BACKUP_DEADLINE: Duration = Duration::from_secs(600);
 /// How soon an interrupted backup is tried again, and how often a pod saving one is looked at
 /// besides when it changes.
-const TIMING: Timing = Timing {
+pub const TIMING: Timing = Timing {
     wait_deadline: BACKUP_DEADLINE,
     retry: Duration::from_secs(5),
     in_progress_check: Duration::from_secs(10),
@@ -63,19 +63,32 @@ fn pod_name(backup: &EtcdBackup, job: Job) -> String {
     volume::pod_name(&backup.name_any(), &backup.uid().unwrap_or_default(), job)
 }
 
-pub async fn make(mut begun: Begun<EtcdBackup>, ctx: Arc<Context>) -> Result<Action> {
-    let Begun {
-        backup,
-        version,
-        status,
-        started,
-        ..
-    } = &mut begun;
-    let Some(verdict) = take_or_go_on(backup, status, version, *started, &ctx).await? else {
-        return Ok(Action::requeue(Duration::from_secs(1)));
+/// The cluster a backup is taken of: confirmed with the API server when the cache holds none,
+/// or one with no spec.backup while the backup records nowhere yet (it fails on either word).
+pub async fn observe(backup: &EtcdBackup, ctx: &Context) -> Result<Option<EtcdCluster>> {
+    let recorded = backup.status.as_ref().and_then(Destination::of_status).is_some();
+    let says_where = |c: &EtcdCluster| recorded || c.spec.backup.as_ref().and_then(Destination::of_spec).is_some();
+    source_of(
+        ctx,
+        &backup.namespace().unwrap_or_default(),
+        &backup.spec.cluster,
+        says_where,
+    )
+    .await
+}
+
+/// One look at a backup not done yet (see [`take_or_go_on`]).
+pub async fn make(
+    backup: &EtcdBackup,
+    cluster: Option<&EtcdCluster>,
+    mut begun: Begun<EtcdBackup>,
+    ctx: &Context,
+) -> Result<Option<Made<EtcdBackup>>> {
+    let Some(verdict) = take_or_go_on(backup, cluster, &mut begun, ctx).await? else {
+        return Ok(None);
     };
     // (A snapshot is small and quick: it reports no progress while it runs.)
-    conclude(&ctx, begun, verdict, record_snapshot, None, TIMING).await
+    Ok(Some(begun.made(verdict, record_snapshot, None)))
 }
 
 /// Records what a snapshot stored in `status`, and says it.
@@ -102,25 +115,13 @@ fn record_snapshot(status: &mut EtcdBackupStatus, taken: snapshot::Taken) -> Str
 /// version read).
 async fn take_or_go_on(
     backup: &EtcdBackup,
-    status: &mut EtcdBackupStatus,
-    version: &mut Option<String>,
-    started: jiff::Timestamp,
+    cluster: Option<&EtcdCluster>,
+    begun: &mut Begun<EtcdBackup>,
     ctx: &Context,
 ) -> Result<Option<Verdict>> {
     let namespace = backup.namespace().unwrap_or_default();
-    // A backup fails for a cluster missing, or with no spec.backup while nothing is recorded
-    // yet, so either is confirmed: the cache may be a moment behind a cluster applied (or
-    // given spec.backup) together with its backup. (One that cannot be read is an error.)
-    let nowhere = |c: &EtcdCluster| {
-        Destination::of_status(status).is_none() && c.spec.backup.as_ref().and_then(Destination::of_spec).is_none()
-    };
-    let cluster = match ctx.source(&namespace, &backup.spec.cluster) {
-        Some(cluster) if !nowhere(&cluster) => Some(cluster),
-        _ => {
-            let clusters: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &namespace);
-            confirm::get(&clusters, &backup.spec.cluster, "source-before-failing").await?
-        }
-    };
+    let started = begun.started;
+    let status = &mut begun.status;
     Ok(Some(match cluster {
         None => Verdict::Failed {
             reason: BackupReason::ClusterNotFound,
@@ -132,7 +133,7 @@ async fn take_or_go_on(
                 // Once recorded, where it goes stays: a retry after the cluster's destination
                 // was edited (or removed) still goes where the status says.
                 (Some((destination, key)), _) => {
-                    attempt_until_deadline(backup, &cluster, &destination, &key, started, ctx).await?
+                    attempt_until_deadline(backup, cluster, &destination, &key, started, ctx).await?
                 }
                 (None, None) => Verdict::Failed {
                     reason: BackupReason::NoDestination,
@@ -150,11 +151,11 @@ async fn take_or_go_on(
                     destination.record(status);
                     status.key = Some(key.clone());
                     status.progress.location = Some(destination.url(&key));
-                    if !write_status(ctx, backup, version, status).await? {
+                    if !begun.record_ahead(ctx, backup).await? {
                         return Ok(None);
                     }
                     info!(cluster = %backup.spec.cluster, location = %destination.url(&key), "backing up");
-                    attempt_until_deadline(backup, &cluster, &destination, &key, started, ctx).await?
+                    attempt_until_deadline(backup, cluster, &destination, &key, started, ctx).await?
                 }
             }
         }
@@ -368,8 +369,7 @@ const CLEANUP_DEADLINE: Duration = Duration::from_secs(300);
 /// Deletes the snapshot of a deleted EtcdBackup. While a new cluster is being restored from it,
 /// it waits. One that cannot be deleted (its keys gone, or the store away past the deadline)
 /// is reported and left: the EtcdBackup still goes.
-pub async fn clean_up(backup: Arc<EtcdBackup>, ctx: Arc<Context>) -> Result<Action> {
-    let ctx = &*ctx;
+pub async fn clean_up(backup: Arc<EtcdBackup>, ctx: &Context) -> Result<Action> {
     let backup = &*backup;
     let status = backup.status.clone().unwrap_or_default();
     let (Some(destination), Some(key)) = (Destination::of_status(&status), status.key) else {

@@ -3,11 +3,10 @@
 //! status; with the WAL the database archives continuously, it restores the database to any
 //! moment from its end on.
 //!
-//! Pipeline of one reconcile (`reconcile.rs`): read the backup and its database → record where
+//! One pass, on the backup kit's stages (`reconcile.rs`): observe its database → record where
 //! it goes → have a pod take it from the instance `backup.target` names (`source.rs`;
 //! `pods.rs`; what the pod runs is `crate::postgres::instance::base_backup`) → status and
-//! Event. Deleting a PostgresBackup
-//! deletes its base backup and the WAL only it needed. The PostgreSQL controller makes the
+//! Event. Deleting a PostgresBackup deletes its base backup and the WAL only it needed. The PostgreSQL controller makes the
 //! first and the scheduled PostgresBackups and applies retention (`crate::postgres::backups`).
 //! What every backup controller shares (context, finalizer, the end of a pass) is the backup
 //! kit's (`crate::core::backup`).
@@ -19,10 +18,11 @@ mod source;
 use std::sync::Arc;
 
 use kube::runtime::controller::Action;
-use noops_api::PostgresBackup;
+use noops_api::{PostgreSQL, PostgresBackup};
 
 use crate::core::Result;
-use crate::core::backup::controller::{BackupEngine, Backups, Begun};
+use crate::core::backup::controller::{BackupEngine, Backups, Begun, Made};
+use crate::core::backup::progress::Timing;
 use crate::core::controller::Registration;
 use crate::core::engine::registration;
 use reconcile::Context;
@@ -37,19 +37,29 @@ pub struct PostgresBackups;
 
 impl BackupEngine for PostgresBackups {
     type Backup = PostgresBackup;
-    type Source = noops_api::PostgreSQL;
+    type Source = PostgreSQL;
     const NAME: &'static str = "postgresbackup";
     const ABOUT: &'static str = "PostgresBackup: base backups of PostgreSQLs in an S3-compatible store or a volume";
     const CONCURRENCY: u16 = 2;
     const COMPONENT: &'static str = pods::COMPONENT;
     const SOURCE_LABEL: &'static str = crate::postgres::names::POSTGRES_LABEL;
     const MAKER_JOB: &'static str = "base";
+    const TIMING: Timing = reconcile::TIMING;
 
-    async fn make(begun: Begun<PostgresBackup>, ctx: Arc<Context>) -> Result<Action> {
-        reconcile::make(begun, ctx).await
+    async fn observe(backup: &PostgresBackup, ctx: &Context) -> Result<Option<PostgreSQL>> {
+        reconcile::observe(backup, ctx).await
     }
 
-    async fn clean_up(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result<Action> {
+    async fn make(
+        backup: &PostgresBackup,
+        pg: Option<&PostgreSQL>,
+        begun: Begun<PostgresBackup>,
+        ctx: &Context,
+    ) -> Result<Option<Made<PostgresBackup>>> {
+        reconcile::make(backup, pg, begun, ctx).await
+    }
+
+    async fn clean_up(backup: Arc<PostgresBackup>, ctx: &Context) -> Result<Action> {
         reconcile::clean_up(backup, ctx).await
     }
 }

@@ -27,7 +27,7 @@ use super::pods::{self, BackupOf, Job};
 use super::source;
 use crate::core::apply::{controller_reference, create_if_missing};
 use crate::core::backup::controller::{
-    Begun, Deletion, backup_resource, conclude, deleting_for, finish_clean_up, remove_pod, write_status,
+    Begun, Deletion, Made, backup_resource, deleting_for, finish_clean_up, remove_pod, source_of,
 };
 use crate::core::backup::progress::{self, Timing};
 use crate::core::confirm;
@@ -57,7 +57,7 @@ pub const WAIT_DEADLINE: Duration = Duration::from_secs(600);
 pub const RUN_DEADLINE: Duration = Duration::from_secs(6 * 3600);
 /// How soon a waiting backup is looked at again, and how often a running base backup pod is
 /// looked at besides when it changes.
-const TIMING: Timing = Timing {
+pub const TIMING: Timing = Timing {
     wait_deadline: WAIT_DEADLINE,
     retry: Duration::from_secs(5),
     // As often as its progress in status is written.
@@ -82,19 +82,40 @@ fn pod_name(backup: &PostgresBackup, job: Job) -> String {
     task_pod::name(&backup.name_any(), &backup.uid().unwrap_or_default(), job.verb())
 }
 
-pub async fn make(mut begun: Begun<PostgresBackup>, ctx: Arc<Context>) -> Result<Action> {
-    let Some((verdict, pg)) = look(&mut begun, &ctx).await? else {
-        return Ok(Action::requeue(Duration::from_secs(1)));
+/// The database a backup is taken of: confirmed with the API server when the cache holds
+/// none (the backup waits for it), or one with no spec.backup while the backup records nowhere
+/// yet (it fails on that word).
+pub async fn observe(backup: &PostgresBackup, ctx: &Context) -> Result<Option<PostgreSQL>> {
+    let recorded = backup.status.as_ref().is_some_and(|s| s.destination.is_some());
+    let says_where = |pg: &PostgreSQL| recorded || pg.spec.backup.as_ref().and_then(Destination::of_spec).is_some();
+    source_of(
+        ctx,
+        &backup.namespace().unwrap_or_default(),
+        &backup.spec.postgresql,
+        says_where,
+    )
+    .await
+}
+
+/// One look at a backup not done yet (see [`look`]), and how far its pod has got.
+pub async fn make(
+    backup: &PostgresBackup,
+    pg: Option<&PostgreSQL>,
+    mut begun: Begun<PostgresBackup>,
+    ctx: &Context,
+) -> Result<Option<Made<PostgresBackup>>> {
+    let Some(verdict) = look(backup, pg, &mut begun, ctx).await? else {
+        return Ok(None);
     };
     // Read every so often while it runs (a read opens a connection to the database), and
     // written only then: a status write wakes the next pass.
     let previous = begun.status.progress.under_way.clone();
     let under_way = match &verdict {
         Verdict::InProgress { .. } if progress::progress_due(previous.as_ref(), begun.now) => {
-            let read = match &pg {
+            let read = match pg {
                 Some(pg) => tokio::time::timeout(
                     PROGRESS_READ_TIMEOUT,
-                    streamed(pg, begun.status.instance.as_deref(), &ctx),
+                    streamed(pg, begun.status.instance.as_deref(), ctx),
                 )
                 .await
                 .ok()
@@ -106,15 +127,11 @@ pub async fn make(mut begun: Begun<PostgresBackup>, ctx: Arc<Context>) -> Result
         Verdict::InProgress { .. } => previous,
         _ => None,
     };
-    conclude(
-        &ctx,
-        begun,
+    Ok(Some(begun.made(
         verdict,
         |status, taken| record_taken(status, *taken),
         under_way,
-        TIMING,
-    )
-    .await
+    )))
 }
 
 /// How far the running base backup has got, as `instance`, the server that streams it, says
@@ -136,35 +153,17 @@ async fn streamed(pg: &PostgreSQL, instance: Option<&str>, ctx: &Context) -> Opt
     }
 }
 
-/// One look at the backup: its database, where it goes (recorded first), its pod; `None` if
-/// the backup changed since it was read (its status is written only over the version read).
-/// Also the database as read.
-async fn look(begun: &mut Begun<PostgresBackup>, ctx: &Context) -> Result<Option<(Verdict, Option<PostgreSQL>)>> {
-    let Begun {
-        backup,
-        version,
-        status,
-        started,
-        now,
-        ..
-    } = begun;
-    let (backup, started, now) = (&*backup, *started, *now);
-    let namespace = backup.namespace().unwrap_or_default();
-    // A backup waits for a database missing, and fails for one with no spec.backup while
-    // nothing is recorded yet, so either is confirmed: the cache may be a moment behind a
-    // database applied (or given spec.backup) together with its backup. (One that cannot be
-    // read is an error, not missing.)
-    let nowhere = |pg: &PostgreSQL| {
-        status.destination.is_none() && pg.spec.backup.as_ref().and_then(Destination::of_spec).is_none()
-    };
-    let pg = match ctx.source(&namespace, &backup.spec.postgresql) {
-        Some(pg) if !nowhere(&pg) => Some(pg),
-        _ => {
-            let databases: Api<PostgreSQL> = Api::namespaced(ctx.client.clone(), &namespace);
-            confirm::get(&databases, &backup.spec.postgresql, "source-before-failing").await?
-        }
-    };
-    let verdict = match (&pg, status.destination.clone()) {
+/// One look at the backup of database `pg` (as observed): where it goes (recorded first), its
+/// pod; `None` if the backup changed since it was read (its status is written only over the
+/// version read).
+async fn look(
+    backup: &PostgresBackup,
+    pg: Option<&PostgreSQL>,
+    begun: &mut Begun<PostgresBackup>,
+    ctx: &Context,
+) -> Result<Option<Verdict>> {
+    let (started, now) = (begun.started, begun.now);
+    let verdict = match (pg, begun.status.destination.clone()) {
         // Applied with its database, maybe a moment before it: waits for it a while. Or the
         // database was deleted while its backup was under way: what the pod did still counts
         // (a backup it stored is whole, and is kept as such).
@@ -183,27 +182,28 @@ async fn look(begun: &mut Begun<PostgresBackup>, ctx: &Context) -> Result<Option
         }
         // Once recorded, where it goes stays: a pass after the database's destination was
         // edited (or removed) still goes where the status says.
-        (Some(pg), Some(location)) => attempt(backup, pg, &location, (started, now), status, ctx).await?,
+        (Some(pg), Some(location)) => attempt(backup, pg, &location, (started, now), &mut begun.status, ctx).await?,
         (Some(pg), None) => match where_to(pg, &backup.name_any()) {
             Err(verdict) => verdict,
             Ok((location, url)) => {
                 // Recorded before anything is written, so that a deletion finds it whatever
                 // happens next.
+                let status = &mut begun.status;
                 status.progress.phase = Some(BackupPhase::Running);
                 status.progress.started_at = Some(Time(started));
                 status.destination = Some(location.clone());
                 status.progress.location = Some(url.clone());
                 status.pod = Some(pod_name(backup, Job::Base));
-                if !write_status(ctx, backup, version, status).await? {
+                if !begun.record_ahead(ctx, backup).await? {
                     return Ok(None);
                 }
                 crash::point("postgres backup: destination recorded, no pod made");
                 info!(postgresql = %backup.spec.postgresql, location = %url, "backing up");
-                attempt(backup, pg, &location, (started, now), status, ctx).await?
+                attempt(backup, pg, &location, (started, now), &mut begun.status, ctx).await?
             }
         },
     };
-    Ok(Some((verdict, pg)))
+    Ok(Some(verdict))
 }
 
 /// Records what a base backup pod stored in `status`, and says it.
@@ -454,8 +454,7 @@ pub fn waits_for_a_backup_being_taken(backup: &PostgresBackup, all: &[PostgresBa
 /// Deletes the base backup of a deleted PostgresBackup. While a new database is being
 /// restored from it, it waits. One that cannot be deleted (its keys gone, its pod unable to
 /// start, the store away past the deadline) is reported and left: the PostgresBackup still goes.
-pub async fn clean_up(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result<Action> {
-    let ctx = &*ctx;
+pub async fn clean_up(backup: Arc<PostgresBackup>, ctx: &Context) -> Result<Action> {
     let backup = &*backup;
     let status = backup.status.clone().unwrap_or_default();
     let Some(location) = status.destination.clone() else {
