@@ -43,8 +43,9 @@ use noops_api::{EtcdCluster, KubernetesControlPlane};
 
 use crate::core::cache::shared_cache;
 use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Wiring, registration};
+use crate::core::engine::{Engine, Wiring};
 use crate::core::labels;
+use crate::core::stages::registration;
 use context::State;
 use names::CONTROL_PLANE_LABEL;
 

@@ -2,7 +2,7 @@
 //!
 //! - [`Registration`]: a controller's name, how many passes it runs at once and how to run it.
 //!   Each controller module exports one as `CONTROLLER`, made of its engine by
-//!   [`registration`](super::engine::registration), and `lib.rs` lists the modules once
+//!   [`registration`](super::stages::registration), and `lib.rs` lists the modules once
 //!   (`controllers!`): that list is what `noops run --controllers` accepts and runs.
 //! - [`Runtime`]: what `noops run` gives a controller (client, namespace, metrics, shutdown),
 //!   and what an engine is wired of ([`Engine::wire`](super::engine::Engine::wire)): its

@@ -1,25 +1,23 @@
 //! The one shape of every controller: an [`Engine`] says what it reconciles and what it
-//! watches, and [`Reconcile`] how one pass over an object goes (for an engine with
-//! [`Stages`](super::stages::Stages), the core's own stage by stage); the core registers it
-//! ([`registration`]) and drives it (its caches and controller from [`Engine::wire`], each pass
-//! through the core's wrapper: span, metrics, back-off, malformed objects, state series).
+//! watches, and its [`Stages`](super::stages::Stages) how one pass over an object goes; the
+//! core registers it ([`registration`](super::stages::registration), which takes only an
+//! engine with stages) and drives it (its caches and controller from [`Engine::wire`], each
+//! pass stage by stage through the core's wrapper: span, metrics, back-off, malformed objects,
+//! state series).
 //!
 //! A controller module is an engine and one line, `pub const CONTROLLER: Registration =
 //! registration::<TheEngine>();`; `lib.rs` lists the modules.
 
 use std::future::Future;
-use std::sync::Arc;
 
-use futures::future::BoxFuture;
 use kube::core::DeserializeGuard;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Controller;
 use tokio::task::JoinHandle;
 
-use super::Result;
-use super::controller::{Context, Registration, Runtime, Watched};
+use super::controller::{Runtime, Watched};
 
 /// A controller's engine. Implemented by a unit type per controller; its passes share a
-/// [`Context`] of its [`Engine::State`].
+/// [`Context`](super::controller::Context) of its [`Engine::State`].
 pub trait Engine: Send + Sync + 'static {
     /// The kind it reconciles.
     type Object: Watched + serde::Serialize;
@@ -39,17 +37,6 @@ pub trait Engine: Send + Sync + 'static {
     fn wire(runtime: &Runtime) -> impl Future<Output = Wiring<Self>> + Send;
 }
 
-/// How an engine passes over an object. An engine with [`Stages`](super::stages::Stages) has
-/// its passes driven by the core, stage by stage; one not moved onto them yet writes its pass
-/// whole.
-pub trait Reconcile: Engine {
-    /// One pass over `object`.
-    fn reconcile(
-        object: Arc<Self::Object>,
-        ctx: Arc<Context<Self::State>>,
-    ) -> impl Future<Output = Result<Action>> + Send;
-}
-
 /// What [`Engine::wire`] makes: the state its passes share, its controller, and tasks of its
 /// own that run beside it (stopped with it).
 pub struct Wiring<E: Engine + ?Sized> {
@@ -67,29 +54,4 @@ impl<E: Engine + ?Sized> Wiring<E> {
             beside: Vec::new(),
         }
     }
-}
-
-/// The registration of engine `E` (`noops run --controllers <E::NAME>`).
-pub const fn registration<E: Reconcile>() -> Registration {
-    Registration {
-        name: E::NAME,
-        about: E::ABOUT,
-        concurrency: E::CONCURRENCY,
-        run: run::<E>,
-    }
-}
-
-/// Runs engine `E` in `runtime.namespace` (all namespaces if `None`) until shutdown.
-fn run<E: Reconcile>(runtime: Runtime) -> BoxFuture<'static, ()> {
-    Box::pin(async move {
-        let Wiring {
-            state,
-            controller,
-            beside,
-        } = E::wire(&runtime).await;
-        runtime.serve(E::NAME, controller, state, E::reconcile).await;
-        for task in beside {
-            task.abort();
-        }
-    })
 }

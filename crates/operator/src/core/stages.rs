@@ -31,8 +31,10 @@ use noops_api::governed::Governed;
 use noops_api::reason::Reason;
 use tracing::debug;
 
-use super::controller::Context;
-use super::engine::{Engine, Reconcile};
+use futures::future::BoxFuture;
+
+use super::controller::{Context, Registration, Runtime};
+use super::engine::{Engine, Wiring};
 use super::error::from_finalizer;
 use super::events::Announcement;
 use super::report::with_pause_news;
@@ -233,28 +235,52 @@ fn status_of<E: Stages>(object: &E::Object) -> Option<&StatusOf<E>> {
     object.status()
 }
 
-/// Every engine with stages has its passes driven by [`drive`]; one with a finalizer, through
-/// kube's finalizer helper, its deletions by [`Stages::clean_up`] unless paused.
-impl<E: Stages> Reconcile for E {
-    async fn reconcile(object: Arc<E::Object>, ctx: Arc<Context<E::State>>) -> Result<Action> {
-        let Some(name) = E::FINALIZER else {
-            return drive::<E>(object, &ctx).await;
-        };
-        let api: Api<E::Object> = Api::namespaced(ctx.client.clone(), &object.namespace().unwrap_or_default());
-        let result = finalizer(&api, name, object, |event| async {
-            match event {
-                Finalizer::Apply(object) => drive::<E>(object, &ctx).await,
-                Finalizer::Cleanup(object) if object.paused() => {
-                    // Its status still says how it stands (and that it is paused).
-                    drive::<E>(object, &ctx).await?;
-                    Err(Error::Held("paused: it is deleted once spec.paused is false".into()))
-                }
-                Finalizer::Cleanup(object) => E::clean_up(object, &ctx).await,
-            }
-        })
-        .await;
-        from_finalizer(result)
+/// The registration of engine `E` (`noops run --controllers <E::NAME>`): every controller is
+/// an engine with stages, its passes driven by the core.
+pub const fn registration<E: Stages>() -> Registration {
+    Registration {
+        name: E::NAME,
+        about: E::ABOUT,
+        concurrency: E::CONCURRENCY,
+        run: run::<E>,
     }
+}
+
+/// Runs engine `E` in `runtime.namespace` (all namespaces if `None`) until shutdown.
+fn run<E: Stages>(runtime: Runtime) -> BoxFuture<'static, ()> {
+    Box::pin(async move {
+        let Wiring {
+            state,
+            controller,
+            beside,
+        } = E::wire(&runtime).await;
+        runtime.serve(E::NAME, controller, state, reconcile::<E>).await;
+        for task in beside {
+            task.abort();
+        }
+    })
+}
+
+/// One pass of `E`, driven by [`drive`]; for an engine with a finalizer, through kube's
+/// finalizer helper, its deletions by [`Stages::clean_up`] unless paused.
+async fn reconcile<E: Stages>(object: Arc<E::Object>, ctx: Arc<Context<E::State>>) -> Result<Action> {
+    let Some(name) = E::FINALIZER else {
+        return drive::<E>(object, &ctx).await;
+    };
+    let api: Api<E::Object> = Api::namespaced(ctx.client.clone(), &object.namespace().unwrap_or_default());
+    let result = finalizer(&api, name, object, |event| async {
+        match event {
+            Finalizer::Apply(object) => drive::<E>(object, &ctx).await,
+            Finalizer::Cleanup(object) if object.paused() => {
+                // Its status still says how it stands (and that it is paused).
+                drive::<E>(object, &ctx).await?;
+                Err(Error::Held("paused: it is deleted once spec.paused is false".into()))
+            }
+            Finalizer::Cleanup(object) => E::clean_up(object, &ctx).await,
+        }
+    })
+    .await;
+    from_finalizer(result)
 }
 
 /// How soon a pass whose guarded status write found the object changed looks again (the

@@ -59,7 +59,8 @@ use noops_api::{EtcdBackup, EtcdCluster};
 
 use crate::core::cache::{concerned, shared_cache};
 use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Wiring, registration};
+use crate::core::engine::{Engine, Wiring};
+use crate::core::stages::registration;
 use crate::core::user_secrets::UserSecrets;
 use context::State;
 

@@ -27,8 +27,9 @@ use kube::runtime::watcher;
 use noops_api::{KubernetesCluster, KubernetesControlPlane, Machine, MachineDeployment};
 
 use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Wiring, registration};
+use crate::core::engine::{Engine, Wiring};
 use crate::core::labels;
+use crate::core::stages::registration;
 use context::State;
 use desired::CLUSTER_LABEL;
 

@@ -36,8 +36,9 @@ use noops_api::{KubernetesControlPlane, Machine};
 
 use crate::core::cache::concerned;
 use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Wiring, registration};
+use crate::core::engine::{Engine, Wiring};
 use crate::core::labels;
+use crate::core::stages::registration;
 use context::State;
 use names::MACHINE_LABEL;
 

@@ -18,7 +18,8 @@ use kube::runtime::watcher;
 use noops_api::{Machine, MachineSet};
 
 use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Wiring, registration};
+use crate::core::engine::{Engine, Wiring};
+use crate::core::stages::registration;
 use context::State;
 use desired::MACHINE_SET_LABEL;
 

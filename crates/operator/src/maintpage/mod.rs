@@ -32,8 +32,9 @@ use kube::runtime::watcher;
 use noops_api::MaintPage;
 
 use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Wiring, registration};
+use crate::core::engine::{Engine, Wiring};
 use crate::core::labels;
+use crate::core::stages::registration;
 use context::State;
 
 /// The controller's registration (`noops run --controllers maintpage`).

@@ -2,8 +2,8 @@
 //!
 //! Watches PostgreSQLs, the StatefulSets, pods, Services, Secrets and ConfigMaps they own,
 //! every PostgresBackup, and the metadata of every Secret (so that a changed password or
-//! backup credentials Secret wakes the database that names it), and reconciles each database in one pass
-//! (`reconcile.rs`), a file per question:
+//! backup credentials Secret wakes the database that names it), and reconciles each database in
+//! one pass on the core's stages (`reconcile.rs`), a file per question:
 //! - `observe.rs`: the children and backups, from the watch caches;
 //! - `secrets.rs`: the user's password (and what is wrong with its Secret), the superuser's
 //!   and the connection Secrets;
@@ -77,13 +77,12 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::{PostgreSQL, PostgresBackup};
 
-use crate::core::Result;
 use crate::core::cache::{concerned, shared_cache};
 use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Reconcile, Wiring, registration};
+use crate::core::engine::{Engine, Wiring};
+use crate::core::stages::registration;
 use crate::core::user_secrets::UserSecrets;
-use context::{Context, State};
-use kube::runtime::controller::Action;
+use context::State;
 
 /// The controller's registration (`noops run --controllers postgres`).
 pub const CONTROLLER: Registration = registration::<PostgreSQLs>();
@@ -195,12 +194,6 @@ impl Engine for PostgreSQLs {
             .watches_shared_stream(node_changes, node_wakes(pods_of_nodes))
             .reconcile_on(lease_wakes);
         Wiring::new(state, controller)
-    }
-}
-
-impl Reconcile for PostgreSQLs {
-    async fn reconcile(pg: Arc<PostgreSQL>, ctx: Arc<Context>) -> Result<Action> {
-        reconcile::reconcile(pg, &ctx).await
     }
 }
 

@@ -1,9 +1,11 @@
-//! One PostgreSQL reconcile, one pass: observe (children and backups from the caches, the
-//! user's password Secret) → validate (the password; what an empty data directory would
-//! become, `restore.rs`) → apply the children (superuser Secret once, the plan's ConfigMap,
-//! StatefulSet, Service) → the database (as the superuser: its owner, the password, the
-//! database; what it says of its WAL archiving and of a restore) → backups (the first, the
-//! scheduled, retention) → the connection Secret → status, and an Event for each decision.
+//! One PostgreSQL pass, on the core's stages (`core/stages.rs`): observe (children and backups
+//! from the caches, the user's password Secret) → plan (pure: the password; what an empty data
+//! directory would become, `restore.rs`; whether the children are left as they are) → apply,
+//! each step deciding the next: the primary (`reconcile/primacy.rs`), the children (superuser
+//! Secret once, the plan's ConfigMap, StatefulSet, Service), the database (as the superuser:
+//! its owner, the password, the database; what it says of its WAL archiving and of a
+//! restore), the role labels, the roll and the spread, the connection Secret, the backups (the
+//! first, the scheduled, retention) → status (pure), and an Event for each decision.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -17,14 +19,14 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, Patch, PatchParams};
-use kube::runtime::controller::Action;
 use kube::{Api, Resource};
 use noops_api::postgres::BackupLocation;
-use noops_api::postgres::PostgreSQLReason;
+use noops_api::postgres::{PostgreSQLReason, PostgreSQLStatus};
 use noops_api::{PostgreSQL, PostgresBackup};
 use serde_json::json;
 use tracing::{info, warn};
 
+use super::PostgreSQLs;
 use super::backups;
 use super::context::Context;
 use super::database::{self, InDatabase};
@@ -43,6 +45,7 @@ use crate::core::backup::progress;
 use crate::core::backup::retention::{BackupsSummary, being_restored};
 use crate::core::cache::in_namespace;
 use crate::core::events::Announcement;
+use crate::core::stages::{self, Report, Stages};
 use crate::core::stamp::{stamp, up_to_date};
 use crate::core::{DuringStage, Error, Result, Stage, crash};
 
@@ -73,93 +76,239 @@ const SYNCHRONOUS_PREFERRED: Duration = Duration::from_secs(2);
 /// takes writes is in the status (`lastFailover.promotedAt`), and nothing else wakes the pass.
 const PROMOTING: Duration = Duration::from_millis(500);
 
-/// Reconciles one PostgreSQL (the caller's span names it), stage by stage.
-pub async fn reconcile(pg: Arc<PostgreSQL>, ctx: &Context) -> Result<Action> {
-    let mut pass = Pass::new(&pg, ctx).during(Stage::Validate)?;
-    let mut observed = pass.observe().await.during(Stage::Observe)?;
-    let checked = pass.validate(&observed);
-    // A database not made yet whose spec is refused (the backup it starts from is not there)
-    // makes nothing: no Secret, account, Service or budget for a StatefulSet held back. Its
-    // status says why; the pass after the fix makes them all.
-    pass.hands_off = pg.spec.paused || (observed.children.statefulset.is_none() && checked.plan.is_err());
-    // Who the primary is: with replicas, the lease's holder, handed over first if its time is
-    // up. The rest of the pass builds around it.
-    // Paused, nothing is handed over, but a switchover begun is finished: its primary has
-    // stopped.
-    let switching = observed.children.lease.as_deref().is_some_and(switchover::under_way);
-    let mut primacy = if pass.hands_off && !switching {
-        Primacy::as_is(&pass, &observed)
-    } else {
-        pass.keep_primary(&observed).await?
-    };
-    pass.primary = primacy.primary.clone();
-    observed.children = observed.children.with_primary(&ctx.caches, &pass.names, &pass.primary);
-    let applied = if pass.hands_off {
-        pass.leave_children(&observed)
-    } else {
-        pass.apply_children(&observed, &checked).await?
-    };
-    let (instance, made) = pass
-        .in_database(&observed, &checked, &applied, primacy.silent_for)
-        .await?;
-    let members = pass.label_roles(&observed, &made, primacy.silent_for.is_some()).await?;
-    let rolling = pass.roll(&observed, &members, &mut primacy).await?;
-    let serving = matches!(instance, InstanceState::Serving(_)) && made.database_ready;
-    let spread = pass.spread(&observed, &members);
-    pass.move_apart(&observed, &members, &spread, rolling || !serving, &mut primacy)
-        .await?;
-    let bootstrapping = matches!(instance, InstanceState::Bootstrapping);
-    let (summary, kept) = pass.keep_backups(&observed, serving).await?;
-    let promoting = primacy.failover.is_some()
-        || primacy.switching
-        || pg
-            .status
-            .as_ref()
-            .and_then(|s| s.last_failover.as_ref())
-            .is_some_and(|f| f.promoted_at.is_none());
-    let look_again = if promoting {
-        PROMOTING
-    } else if bootstrapping {
-        BOOTSTRAPPING
-    } else if rolling
-        || members
-            .iter()
-            .any(|m| m.role == noops_api::postgres::Role::Replica && m.streaming != Some(true))
-    {
-        // A replica catching up, being rewound or copied anew changes no object the pass
-        // watches: it is looked at until it streams.
-        NOT_YET
-    } else if let Some(sync) = pg.spec.synchronous.as_ref().filter(|_| serving) {
-        // Nothing the pass watches changes when a replica stops replying: the primary is
-        // asked who streams, and with `Preferred` stops waiting for one that does not.
-        match sync.data_durability {
-            noops_api::postgres::DataDurability::Preferred => SYNCHRONOUS_PREFERRED,
-            noops_api::postgres::DataDurability::Required => NOT_YET,
+/// What a pass decides before it acts: what validation concluded, and whether the pass leaves
+/// the children as they are.
+pub struct Decided {
+    checked: Checked,
+    hands_off: bool,
+    now: jiff::Timestamp,
+}
+
+/// What a pass did, for the status.
+pub struct Finished {
+    names: Names,
+    facts: StatusFacts,
+    made: InDatabase,
+    /// What the lease stage did (a failover, a switchover), told with the status's news.
+    told: Vec<Announcement>,
+    /// What the backup stage did (a backup made, one deleted), told whatever becomes of the
+    /// status write.
+    decisions: Vec<Announcement>,
+    look_again: Duration,
+}
+
+/// A PostgreSQL's pass on the core's stages. Its `apply` acts between its own reads (the lease
+/// and the primary, then the children, then SQL in the instance, the role labels, the roll
+/// and the spread, the backups), each of which decides the next.
+impl Stages for PostgreSQLs {
+    type Observation = Observed;
+    type Plan = Decided;
+    type Applied = Finished;
+
+    /// Paused, a database is still asked how it stands (the status says so), a switchover
+    /// begun is finished (its primary has stopped), and its backups keep their schedule.
+    const APPLIES_WHILE_PAUSED: bool = true;
+
+    async fn observe(
+        pg: Arc<PostgreSQL>,
+        ctx: &Context,
+        now: jiff::Timestamp,
+    ) -> Result<stages::Observed<PostgreSQL, Observed>> {
+        let observed = Pass::new(&pg, ctx, now)?.observe().await?;
+        Ok(stages::Observed::new(pg, observed))
+    }
+
+    fn plan(pg: &PostgreSQL, observed: &Observed, now: jiff::Timestamp) -> Result<Decided> {
+        let checked = validate(pg, observed);
+        // A database not made yet whose spec is refused (the backup it starts from is not
+        // there) makes nothing: no Secret, account, Service or budget for a StatefulSet held
+        // back. Its status says why; the pass after the fix makes them all.
+        let hands_off = pg.spec.paused || (observed.children.statefulset.is_none() && checked.plan.is_err());
+        Ok(Decided {
+            checked,
+            hands_off,
+            now,
+        })
+    }
+
+    async fn apply(
+        pg: &PostgreSQL,
+        observed: &Observed,
+        decided: &Decided,
+        ctx: &Context,
+    ) -> Result<stages::Applied<Finished>> {
+        let mut pass = Pass::new(pg, ctx, decided.now)?;
+        pass.hands_off = decided.hands_off;
+        Ok(stages::Applied::Done(
+            pass.act(observed.clone(), &decided.checked).await?,
+        ))
+    }
+
+    fn status(
+        pg: &PostgreSQL,
+        _observed: &Observed,
+        _decided: &Decided,
+        finished: Option<&Finished>,
+        now: jiff::Timestamp,
+    ) -> Report<PostgreSQLStatus> {
+        let previous = pg.status.clone().unwrap_or_default();
+        // (Its apply runs while paused too.)
+        let Some(finished) = finished else {
+            return Report::of(previous);
+        };
+        // (Written unguarded: a guard on the pass's resourceVersion, tried in 97eda33, lost
+        // news and made switchovers slower under load; a pass that read a stale cache can
+        // still write an older failover record back, which the next pass records again from
+        // the lease.)
+        let status = status::build(pg, &finished.names, &finished.facts, now);
+        let mut news = announcements(pg, &previous, &status, &finished.made);
+        news.extend(finished.told.iter().cloned());
+        Report {
+            status,
+            done: finished.decisions.clone(),
+            news,
+            next: Some(finished.look_again),
         }
-    } else {
-        pass.look_again(serving, &applied, kept.look_again)
-    };
-    // Instances that could be moved apart are looked at again soon: the move waits for them
-    // to settle. (A node that can take pods again wakes the databases whose instances share
-    // a node: `node_wakes`.)
-    let apart = spread.fixable(pass.replicas_spare(&members));
-    let look_again = match apart {
-        Some(_) => look_again.min(SPREAD_RECHECK),
-        None => look_again,
-    };
-    let told = std::mem::take(&mut primacy.told);
-    let mut seen = seen(
-        &pass,
-        (instance, members, primacy),
-        &observed,
-        &checked,
-        applied,
-        &made,
-        summary,
-    );
-    seen.apart = apart;
-    finish(&pass, &observed.children, seen, (&made, told), &checked.password).await?;
-    Ok(Action::requeue(look_again))
+    }
+
+    async fn settled(
+        pg: &PostgreSQL,
+        _observed: &Observed,
+        decided: &Decided,
+        finished: Option<&Finished>,
+        status: &PostgreSQLStatus,
+        ctx: &Context,
+    ) {
+        let Some(names) = finished.map(|f| &f.names) else {
+            return;
+        };
+        let now = decided.now;
+        ctx.core.metrics.set_backups(
+            "PostgreSQL",
+            &names.namespace,
+            &names.name,
+            &status::gauges(pg, status, now),
+        );
+        ctx.core
+            .metrics
+            .set_replication(&names.namespace, &names.name, &status::replication_gauges(pg, status));
+    }
+}
+
+/// Validate (pure): the password's Secret, and what an empty data directory would become.
+fn validate(pg: &PostgreSQL, observed: &Observed) -> Checked {
+    let previous = pg.status.clone().unwrap_or_default();
+    Checked {
+        password: secrets::password(observed.user_secret.as_deref(), &pg.spec.password_secret),
+        plan: restore::plan(pg, &observed.backups),
+        schedule_problem: backups::schedule_problem(pg),
+        bootstrap_source: previous
+            .bootstrap_source
+            .or_else(|| restore::bootstrap_location(pg, &observed.backups)),
+    }
+}
+
+impl Pass<'_> {
+    /// Apply, stage by stage, each deciding the next: who the primary is (with replicas, the
+    /// lease's holder, handed over first if its time is up; the rest builds around it), the
+    /// children, the database, the role labels, the roll, the spread, the backups, the
+    /// connection Secret.
+    async fn act(mut self, mut observed: Observed, checked: &Checked) -> Result<Finished> {
+        let pg = self.pg;
+        // Paused, nothing is handed over, but a switchover begun is finished: its primary has
+        // stopped.
+        let switching = observed.children.lease.as_deref().is_some_and(switchover::under_way);
+        let mut primacy = if self.hands_off && !switching {
+            Primacy::as_is(&self, &observed)
+        } else {
+            self.keep_primary(&observed).await?
+        };
+        self.primary = primacy.primary.clone();
+        observed.children = observed
+            .children
+            .with_primary(&self.ctx.caches, &self.names, &self.primary);
+        let applied = if self.hands_off {
+            self.leave_children(&observed)
+        } else {
+            self.apply_children(&observed, checked).await?
+        };
+        let (instance, made) = self
+            .in_database(&observed, checked, &applied, primacy.silent_for)
+            .await?;
+        let members = self.label_roles(&observed, &made, primacy.silent_for.is_some()).await?;
+        let rolling = self.roll(&observed, &members, &mut primacy).await?;
+        let serving = matches!(instance, InstanceState::Serving(_)) && made.database_ready;
+        let spread = self.spread(&observed, &members);
+        self.move_apart(&observed, &members, &spread, rolling || !serving, &mut primacy)
+            .await?;
+        let bootstrapping = matches!(instance, InstanceState::Bootstrapping);
+        self.write_connection_secret(&observed.children, &checked.password)
+            .await?;
+        // Last of the stages that may fail: what it did is told whatever comes next.
+        let (summary, mut kept) = self.keep_backups(&observed, serving).await?;
+        let promoting = primacy.failover.is_some()
+            || primacy.switching
+            || pg
+                .status
+                .as_ref()
+                .and_then(|s| s.last_failover.as_ref())
+                .is_some_and(|f| f.promoted_at.is_none());
+        let look_again = if promoting {
+            PROMOTING
+        } else if bootstrapping {
+            BOOTSTRAPPING
+        } else if rolling
+            || members
+                .iter()
+                .any(|m| m.role == noops_api::postgres::Role::Replica && m.streaming != Some(true))
+        {
+            // A replica catching up, being rewound or copied anew changes no object the pass
+            // watches: it is looked at until it streams.
+            NOT_YET
+        } else if let Some(sync) = pg.spec.synchronous.as_ref().filter(|_| serving) {
+            // Nothing the pass watches changes when a replica stops replying: the primary is
+            // asked who streams, and with `Preferred` stops waiting for one that does not.
+            match sync.data_durability {
+                noops_api::postgres::DataDurability::Preferred => SYNCHRONOUS_PREFERRED,
+                noops_api::postgres::DataDurability::Required => NOT_YET,
+            }
+        } else {
+            self.look_again(serving, &applied, kept.look_again)
+        };
+        // Instances that could be moved apart are looked at again soon: the move waits for them
+        // to settle. (A node that can take pods again wakes the databases whose instances share
+        // a node: `node_wakes`.)
+        let apart = spread.fixable(self.replicas_spare(&members));
+        let look_again = match apart {
+            Some(_) => look_again.min(SPREAD_RECHECK),
+            None => look_again,
+        };
+        let told = std::mem::take(&mut primacy.told);
+        let mut facts = seen(
+            &self,
+            (instance, members, primacy),
+            &observed,
+            checked,
+            applied,
+            &made,
+            summary,
+        );
+        facts.apart = apart;
+        // (A serving instance's restore record is what the status gives.)
+        let previous_restore = pg.status.as_ref().and_then(|s| s.restore.as_ref());
+        let restore_seen = serving && made.restore.is_some() && made.restore.as_ref() != previous_restore;
+        if made.password_set || restore_seen {
+            crash::point("postgres: restore or password seen, status not written");
+        }
+        Ok(Finished {
+            names: self.names,
+            facts,
+            made,
+            told,
+            decisions: std::mem::take(&mut kept.decisions),
+            look_again,
+        })
+    }
 }
 
 /// What every stage of one pass knows of the database.
@@ -177,7 +326,8 @@ struct Pass<'a> {
 }
 
 /// What the pass read: from the caches, and the user's Secret (`core::user_secrets`).
-struct Observed {
+#[derive(Clone)]
+pub struct Observed {
     children: observe::Children,
     backups: Vec<PostgresBackup>,
     /// The backups a new database of the namespace still starts from.
@@ -187,7 +337,7 @@ struct Observed {
 
 /// What validation concluded: the schema checked the spec; the password's Secret and the
 /// backup a new database starts from are left.
-struct Checked {
+pub struct Checked {
     password: std::result::Result<Password, PasswordProblem>,
     /// What an empty data directory becomes.
     plan: std::result::Result<InstancePlan, PlanProblem>,
@@ -210,7 +360,7 @@ struct Applied {
 }
 
 impl<'a> Pass<'a> {
-    fn new(pg: &'a PostgreSQL, ctx: &'a Context) -> Result<Self> {
+    fn new(pg: &'a PostgreSQL, ctx: &'a Context, now: jiff::Timestamp) -> Result<Self> {
         let owner = controller_reference(pg).ok_or_else(|| Error::Internal("the PostgreSQL has no uid yet".into()))?;
         let names = Names::pulling_from(pg, &ctx.images);
         let primary = pg
@@ -223,7 +373,7 @@ impl<'a> Pass<'a> {
             names,
             owner,
             ctx,
-            now: jiff::Timestamp::now(),
+            now,
             primary,
             hands_off: pg.spec.paused,
         })
@@ -250,19 +400,6 @@ impl<'a> Pass<'a> {
                 .get(&self.names.namespace, &self.pg.spec.password_secret)
                 .await?,
         })
-    }
-
-    /// Validate (pure).
-    fn validate(&self, observed: &Observed) -> Checked {
-        let previous = self.pg.status.clone().unwrap_or_default();
-        Checked {
-            password: secrets::password(observed.user_secret.as_deref(), &self.pg.spec.password_secret),
-            plan: restore::plan(self.pg, &observed.backups),
-            schedule_problem: backups::schedule_problem(self.pg),
-            bootstrap_source: previous
-                .bootstrap_source
-                .or_else(|| restore::bootstrap_location(self.pg, &observed.backups)),
-        }
     }
 
     /// Apply the children: the superuser's Secret once, the plan's ConfigMap, the StatefulSet
@@ -559,7 +696,8 @@ impl<'a> Pass<'a> {
         Ok(members)
     }
 
-    /// Backups: the first, the scheduled, retention; an Event for each decision.
+    /// Backups: the first, the scheduled, retention; an Event for each decision (told by the
+    /// core, after the status).
     async fn keep_backups(
         &self,
         observed: &Observed,
@@ -570,7 +708,7 @@ impl<'a> Pass<'a> {
             backups: &observed.backups,
             being_restored: &observed.backups_being_restored,
         };
-        let mut kept = backups::keep(
+        let kept = backups::keep(
             self.pg,
             &self.names,
             &self.ctx.client,
@@ -581,10 +719,6 @@ impl<'a> Pass<'a> {
         )
         .await
         .during(Stage::Apply)?;
-        let reference = self.pg.object_ref(&());
-        for announcement in std::mem::take(&mut kept.decisions) {
-            self.ctx.core.events.tell(&reference, announcement).await;
-        }
         Ok((summary, kept))
     }
 
@@ -879,46 +1013,26 @@ async fn ensure_superuser_secret(
         .ok_or_else(|| Error::Blocked(format!("Secret {} has no password", names.superuser_secret())))
 }
 
-/// The connection Secret, the status and the Events, once the instance is known.
-async fn finish(
-    pass: &Pass<'_>,
-    children: &observe::Children,
-    seen: StatusFacts,
-    (made, told): (&InDatabase, Vec<Announcement>),
-    password: &std::result::Result<Password, PasswordProblem>,
-) -> Result<()> {
-    let (pg, names, ctx, owner, now) = (pass.pg, &pass.names, pass.ctx, &pass.owner, pass.now);
-    // (Paused, the database keeps its password: so does the connection Secret. Refused before
-    // anything was made, there is no database to connect to.)
-    if let (false, Ok(password)) = (pass.hands_off, password) {
-        let mut secret = secrets::connection_secret(names, owner, &pg.spec.db, &pg.spec.user, password);
+impl Pass<'_> {
+    /// The connection Secret, once the instance is known. (Paused, the database keeps its
+    /// password: so does the connection Secret. Refused before anything was made, there is no
+    /// database to connect to.)
+    async fn write_connection_secret(
+        &self,
+        children: &observe::Children,
+        password: &std::result::Result<Password, PasswordProblem>,
+    ) -> Result<()> {
+        let (false, Ok(password)) = (self.hands_off, password) else {
+            return Ok(());
+        };
+        let pg = self.pg;
+        let mut secret = secrets::connection_secret(&self.names, &self.owner, &pg.spec.db, &pg.spec.user, password);
         stamp(&mut secret);
         if !up_to_date(&secret, children.connection_secret.as_deref()) {
-            let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
-            apply(&api, &names.connection_secret(), &secret)
+            apply(&self.api::<Secret>(), &self.names.connection_secret(), &secret)
                 .await
                 .during(Stage::Apply)?;
         }
+        Ok(())
     }
-    // (Written unguarded: a guard on the pass's resourceVersion, tried in 97eda33, lost news
-    // and made switchovers slower under load; a pass that read a stale cache can still write an
-    // older failover record back, which the next pass records again from the lease.)
-    let previous = pg.status.clone().unwrap_or_default();
-    let status = status::build(pg, names, &seen, now);
-    if pg.status.as_ref() != Some(&status) && (status.restore != previous.restore || made.password_set) {
-        crash::point("postgres: restore or password seen, status not written");
-    }
-    let mut events = announcements(pg, &previous, &status, made);
-    events.extend(told);
-    ctx.report(pg, pg.status.as_ref(), &status, events).await?;
-    ctx.core.metrics.set_backups(
-        "PostgreSQL",
-        &names.namespace,
-        &names.name,
-        &status::gauges(pg, &status, now),
-    );
-    ctx.core
-        .metrics
-        .set_replication(&names.namespace, &names.name, &status::replication_gauges(pg, &status));
-    Ok(())
 }

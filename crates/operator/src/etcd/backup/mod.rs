@@ -21,7 +21,7 @@ use crate::core::Result;
 use crate::core::backup::controller::{BackupEngine, Backups, Begun, Made};
 use crate::core::backup::progress::Timing;
 use crate::core::controller::Registration;
-use crate::core::engine::registration;
+use crate::core::stages::registration;
 use reconcile::Context;
 
 pub use reconcile::{BACKUP_DEADLINE, FINALIZER};
