@@ -576,6 +576,20 @@ async fn a_machine_of_no_cluster_writes_only_its_status() {
 }
 
 #[tokio::test]
+async fn a_paused_maintpage_makes_no_deployment_or_service() {
+    held_writes_only_its_status(
+        "maintpage",
+        "maintpages",
+        "",
+        &maintpage(false)
+            .replace("metadata: { name: shop }", "metadata: { name: x }")
+            .replace("spec:\n", "spec:\n  paused: true\n"),
+        "Paused",
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn a_paused_machine_set_makes_no_machine() {
     held_writes_only_its_status(
         "machineset",

@@ -276,15 +276,26 @@ fn decide(
         },
         counts.clone(),
     ));
-    decided.push(if stalled {
+    decided.push(progressing(md, &counts, at, current_problem.as_deref(), held));
+    decided.push(degraded(stalled, current_problem));
+    decided
+}
+
+/// `Progressing`: a rollout stalled (and what holds it), done, paused, or under way.
+fn progressing(
+    md: &MachineDeployment,
+    counts: &str,
+    at: Situation,
+    current_problem: Option<&str>,
+    held: Option<&str>,
+) -> Decided<MachineDeploymentReason> {
+    if at.stalled {
         let why = match held {
             // An old machine's drain is what waits, not the new machines.
             Some(held) => format!("held: {held}"),
             None => format!(
                 "the old machines are left as they are until the template is fixed: {}",
-                current_problem
-                    .clone()
-                    .unwrap_or_else(|| "the new machines do not become ready".into())
+                current_problem.unwrap_or("the new machines do not become ready")
             ),
         };
         Decided::new(
@@ -293,12 +304,12 @@ fn decide(
             MachineDeploymentReason::ProgressDeadlineExceeded,
             format!("no progress for {}s; {why}", md.spec.progress_deadline_seconds),
         )
-    } else if plan_complete {
+    } else if at.complete {
         Decided::new(
             PROGRESSING,
             true,
             MachineDeploymentReason::NewMachineSetAvailable,
-            counts.clone(),
+            counts,
         )
     } else if md.spec.paused {
         Decided::new(
@@ -315,31 +326,22 @@ fn decide(
             "the rollout is paused",
         )
     } else {
-        Decided::new(
-            PROGRESSING,
-            true,
-            MachineDeploymentReason::MachineSetUpdated,
-            counts.clone(),
-        )
-    });
-    decided.push(match (stalled, &current_problem) {
-        (true, _) => Decided::new(
+        Decided::new(PROGRESSING, true, MachineDeploymentReason::MachineSetUpdated, counts)
+    }
+}
+
+/// `Degraded`: a stalled rollout, or a machine's problem.
+fn degraded(stalled: bool, current_problem: Option<String>) -> Decided<MachineDeploymentReason> {
+    match (stalled, current_problem) {
+        (true, problem) => Decided::new(
             DEGRADED,
             true,
             MachineDeploymentReason::ProgressDeadlineExceeded,
-            current_problem
-                .clone()
-                .unwrap_or_else(|| "the rollout makes no progress".into()),
+            problem.unwrap_or_else(|| "the rollout makes no progress".into()),
         ),
-        (false, Some(problem)) => Decided::new(
-            DEGRADED,
-            true,
-            MachineDeploymentReason::MachinesDegraded,
-            problem.clone(),
-        ),
+        (false, Some(problem)) => Decided::new(DEGRADED, true, MachineDeploymentReason::MachinesDegraded, problem),
         (false, None) => Decided::new(DEGRADED, false, MachineDeploymentReason::AsExpected, "nothing is wrong"),
-    });
-    decided
+    }
 }
 
 #[cfg(test)]

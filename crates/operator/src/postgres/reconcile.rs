@@ -91,9 +91,6 @@ pub struct Finished {
     made: InDatabase,
     /// What the lease stage did (a failover, a switchover), told with the status's news.
     told: Vec<Announcement>,
-    /// What the backup stage did (a backup made, one deleted), told whatever becomes of the
-    /// status write.
-    decisions: Vec<Announcement>,
     look_again: Duration,
 }
 
@@ -165,7 +162,7 @@ impl Stages for PostgreSQLs {
         news.extend(finished.told.iter().cloned());
         Report {
             status,
-            done: finished.decisions.clone(),
+            done: Vec::new(),
             news,
             next: Some(finished.look_again),
         }
@@ -237,15 +234,13 @@ impl Pass<'_> {
             .await?;
         let members = self.label_roles(&observed, &made, primacy.silent_for.is_some()).await?;
         let rolling = self.roll(&observed, &members, &mut primacy).await?;
-        let serving = matches!(instance, InstanceState::Serving(_)) && made.database_ready;
+        let instance_serving = matches!(instance, InstanceState::Serving(_));
+        let serving = instance_serving && made.database_ready;
         let spread = self.spread(&observed, &members);
         self.move_apart(&observed, &members, &spread, rolling || !serving, &mut primacy)
             .await?;
         let bootstrapping = matches!(instance, InstanceState::Bootstrapping);
-        self.write_connection_secret(&observed.children, &checked.password)
-            .await?;
-        // Last of the stages that may fail: what it did is told whatever comes next.
-        let (summary, mut kept) = self.keep_backups(&observed, serving).await?;
+        let (summary, kept) = self.keep_backups(&observed, serving).await?;
         let promoting = primacy.failover.is_some()
             || primacy.switching
             || pg
@@ -284,6 +279,8 @@ impl Pass<'_> {
             None => look_again,
         };
         let told = std::mem::take(&mut primacy.told);
+        self.write_connection_secret(&observed.children, &checked.password)
+            .await?;
         let mut facts = seen(
             &self,
             (instance, members, primacy),
@@ -296,7 +293,7 @@ impl Pass<'_> {
         facts.apart = apart;
         // (A serving instance's restore record is what the status gives.)
         let previous_restore = pg.status.as_ref().and_then(|s| s.restore.as_ref());
-        let restore_seen = serving && made.restore.is_some() && made.restore.as_ref() != previous_restore;
+        let restore_seen = instance_serving && made.restore.as_ref() != previous_restore;
         if made.password_set || restore_seen {
             crash::point("postgres: restore or password seen, status not written");
         }
@@ -305,7 +302,6 @@ impl Pass<'_> {
             facts,
             made,
             told,
-            decisions: std::mem::take(&mut kept.decisions),
             look_again,
         })
     }
@@ -696,8 +692,7 @@ impl<'a> Pass<'a> {
         Ok(members)
     }
 
-    /// Backups: the first, the scheduled, retention; an Event for each decision (told by the
-    /// core, after the status).
+    /// Backups: the first, the scheduled, retention; an Event for each decision.
     async fn keep_backups(
         &self,
         observed: &Observed,
@@ -708,7 +703,7 @@ impl<'a> Pass<'a> {
             backups: &observed.backups,
             being_restored: &observed.backups_being_restored,
         };
-        let kept = backups::keep(
+        let mut kept = backups::keep(
             self.pg,
             &self.names,
             &self.ctx.client,
@@ -719,6 +714,12 @@ impl<'a> Pass<'a> {
         )
         .await
         .during(Stage::Apply)?;
+        // Told at once: a backup made is not made again by the next pass, whatever becomes of
+        // this one.
+        let reference = self.pg.object_ref(&());
+        for announcement in std::mem::take(&mut kept.decisions) {
+            self.ctx.core.events.tell(&reference, announcement).await;
+        }
         Ok((summary, kept))
     }
 

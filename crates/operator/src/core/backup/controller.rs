@@ -26,7 +26,7 @@ use noops_api::backup::BackupReason;
 use noops_api::backup::{BackupProgress, WorkProgress};
 use noops_api::governed::Governed;
 use serde::Serialize;
-use tracing::{debug, info};
+use tracing::info;
 
 use super::progress::{self, Timing, Verdict};
 use super::schedule::elapsed;
@@ -387,18 +387,21 @@ impl<B: BackupEngine> Stages for Backups<B> {
     }
 
     async fn settled(
-        _backup: &B::Backup,
+        backup: &B::Backup,
         _seen: &Option<B::Source>,
         _plan: &BackupPlan,
         _applied: Option<&BackupApplied<B::Backup>>,
         status: &StatusOf<B::Backup>,
         _ctx: &Context<B::Source>,
     ) {
+        // A backup done says so in its Event; one still running says why in the log, when
+        // that changes.
         let progress = B::Backup::progress(status);
-        if !progress.is_done()
+        if backup.status() != Some(status)
+            && !progress.is_done()
             && let Some(condition) = progress.conditions.iter().find(|c| c.type_ == progress::SUCCEEDED)
         {
-            debug!(reason = %condition.reason, "the backup is not stored yet: {}", condition.message);
+            info!(reason = %condition.reason, "the backup is not stored yet: {}", condition.message);
         }
     }
 

@@ -536,6 +536,20 @@ async fn wait_for_an_old_server(pgdata: &Path) {
                 }
                 return;
             }
+            // Left by a server that was killed (its node stopped), and naming a process of
+            // this container that is no server: a thread of the instance manager, whose ids
+            // follow its own in a fresh container as the old server's did. PostgreSQL would
+            // take it for a live server and refuse to start, on every restart, for ever.
+            OldPostmaster::Stale(pid) => {
+                info!(
+                    pid,
+                    "the lock file of a server that was killed names a process that is no server: removing it"
+                );
+                if let Err(e) = std::fs::remove_file(&lock_file) {
+                    warn!(error = %e, "could not remove a stale lock file");
+                }
+                return;
+            }
             OldPostmaster::Running(pid) => {
                 if started.elapsed() > Duration::from_secs(120) {
                     warn!(
@@ -558,12 +572,15 @@ async fn wait_for_an_old_server(pgdata: &Path) {
 }
 
 /// The process a `postmaster.pid` names.
+#[derive(Debug, PartialEq, Eq)]
 enum OldPostmaster {
-    /// No lock file, or it names no process (or one that is not a postgres).
+    /// No lock file, or it names no process (PostgreSQL removes such a lock file itself).
     None,
     /// A process that has exited but not been reaped (a zombie).
     Dead(i32),
     Running(i32),
+    /// A live process (or thread) that is not a postgres.
+    Stale(i32),
 }
 
 fn old_postmaster(lock_file: &Path) -> OldPostmaster {
@@ -576,6 +593,11 @@ fn old_postmaster(lock_file: &Path) -> OldPostmaster {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return OldPostmaster::None;
     };
+    of_stat(pid, &stat)
+}
+
+/// What process `pid`, whose `/proc/<pid>/stat` is `stat`, is to a lock file naming it. Pure.
+fn of_stat(pid: i32, stat: &str) -> OldPostmaster {
     // `pid (comm) state ...`: the state follows the last parenthesis.
     let state = stat
         .rsplit_once(')')
@@ -587,6 +609,7 @@ fn old_postmaster(lock_file: &Path) -> OldPostmaster {
     match (state, comm) {
         (Some('Z' | 'X'), Some(c)) if c.starts_with("postgres") => OldPostmaster::Dead(pid),
         (_, Some(c)) if c.starts_with("postgres") => OldPostmaster::Running(pid),
+        (Some(_), Some(_)) => OldPostmaster::Stale(pid),
         _ => OldPostmaster::None,
     }
 }
@@ -683,5 +706,23 @@ impl StopSignals {
             _ = self.term.recv() => {}
             _ = self.int.recv() => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_file_naming_a_process_that_is_no_server_is_stale() {
+        assert_eq!(of_stat(12, "12 (postgres) S 10 12 12 0"), OldPostmaster::Running(12));
+        assert_eq!(of_stat(12, "12 (postgres) Z 10 12 12 0"), OldPostmaster::Dead(12));
+        // A thread of the instance manager, which took the killed server's id in a fresh
+        // container: PostgreSQL would refuse to start for ever.
+        assert_eq!(
+            of_stat(12, "12 (tokio-runtime-w) S 10 10 10 0"),
+            OldPostmaster::Stale(12)
+        );
+        assert_eq!(of_stat(12, "garbage"), OldPostmaster::None);
     }
 }
