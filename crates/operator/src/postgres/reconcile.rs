@@ -102,6 +102,10 @@ impl Stages for PostgreSQLs {
     type Plan = Decided;
     type Applied = Finished;
 
+    // Not `GUARDED`: a guard on the pass's resourceVersion, tried in 97eda33, lost news and
+    // made switchovers slower under load; a pass that read a stale cache can still write an
+    // older failover record back, which the next pass records again from the lease.
+
     /// Paused, a database is still asked how it stands (the status says so), a switchover
     /// begun is finished (its primary has stopped), and its backups keep their schedule.
     const APPLIES_WHILE_PAUSED: bool = true;
@@ -153,10 +157,6 @@ impl Stages for PostgreSQLs {
         let Some(finished) = finished else {
             return Report::of(previous);
         };
-        // (Written unguarded: a guard on the pass's resourceVersion, tried in 97eda33, lost
-        // news and made switchovers slower under load; a pass that read a stale cache can
-        // still write an older failover record back, which the next pass records again from
-        // the lease.)
         let status = status::build(pg, &finished.names, &finished.facts, now);
         let mut news = announcements(pg, &previous, &status, &finished.made);
         news.extend(finished.told.iter().cloned());
