@@ -5,8 +5,9 @@
 //! the status before the Events that tell of it, nothing asked by a pass over a settled
 //! object, nothing read but from the caches or as a declared confirmation (every test, when
 //! its controllers stop), and the writes of a first apply and of a switch against golden files, as well as
-//! the states a MachineDeployment's rollout takes its sets through, seen by a watch
-//! (`tests/golden/`; `NOOPS_UPDATE_GOLDEN=1` writes them anew, to be read and committed).
+//! the states a MachineDeployment's rollout takes its sets through, seen by a watch, and a
+//! drain's requests pass by pass (`tests/golden/`; `NOOPS_UPDATE_GOLDEN=1` writes them anew,
+//! to be read and committed).
 // A test's own helpers fail it outright.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -882,4 +883,115 @@ async fn a_paused_cluster_without_its_control_plane_pauses_its_pools_and_makes_n
         .contains(&w.as_str())),
         "{writes:?}"
     );
+}
+
+/// A drain's requests, pass by pass, against the API server (the drain a Machine's deletion
+/// runs against its tenant's, with the tenant client's settings: a 429 is an answer, not
+/// retried): the Node's pods listed each pass (a declared confirmation) and evicted through the
+/// Eviction API, so that a budget refuses (429) and is asked again on the next pass; an ended
+/// pod left; a pod evicted and still ending not asked again; and only once the Node cannot be
+/// reached past the drain timeout (`force`), each pod deleted outright. The Node is a name
+/// only: no kubelet ends an evicted pod, so it stays ending.
+#[tokio::test]
+async fn a_drain_evicts_through_budgets_and_deletes_without_eviction_only_when_forced() {
+    let ns = TestNamespace::new("passes-drain").await;
+    let node = format!("gone-{}", ns.name);
+    let pod = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{ name: {name}, labels: {{ app: {name} }} }}\nspec: {{ nodeName: {node}, containers: [{{ name: c, image: registry.invalid/none }}] }}\n"
+        )
+    };
+    for name in ["ended", "free", "kept"] {
+        ns.apply(&pod(name));
+    }
+    ns.apply("apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: { name: kept }\nspec: { minAvailable: 1, selector: { matchLabels: { app: kept } } }\n");
+    // What a kubelet would report: one pod ended, one running and ready (a budget counts
+    // only those: the Eviction API lets a pending pod go whatever its budget says).
+    let set_status = |pod: &str, status: &str| {
+        kubectl_ok(
+            &[
+                "patch",
+                "pod",
+                pod,
+                "-n",
+                &ns.name,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                status,
+            ],
+            None,
+        )
+    };
+    set_status("ended", r#"{"status":{"phase":"Succeeded"}}"#);
+    set_status(
+        "kept",
+        r#"{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}"#,
+    );
+    let budgets = ns.api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>();
+    wait_until("the budget counting its one ready pod", MINUTE, || async {
+        budgets.get("kept").await.is_ok_and(|b| {
+            b.status
+                .is_some_and(|s| s.current_healthy == 1 && s.disruptions_allowed == 0)
+        })
+    })
+    .await;
+
+    let sent = Recorded::default();
+    let mut config = config().await;
+    config.default_retry = false;
+    let client = kube::client::ClientBuilder::try_from(config)
+        .expect("client")
+        .with_layer(&sent)
+        .build();
+    let key = |name: &str| format!("{}/{name}", ns.name);
+    let mut lines = Vec::new();
+    let pass = |label: &str, mark: usize, lines: &mut Vec<String>| {
+        lines.push(format!("# {label}"));
+        lines.extend(sent.since(mark).iter().map(|s| {
+            let confirms = s
+                .confirms
+                .as_deref()
+                .map(|c| format!(" (confirms {c})"))
+                .unwrap_or_default();
+            format!("{}{confirms}", s.line())
+        }));
+    };
+
+    let mark = sent.len();
+    let first = noops::machine::drain::drain_pass(&client, &node, false).await.unwrap();
+    pass("a pass", mark, &mut lines);
+    assert_eq!(first.ending, [key("free")], "{first:?} {lines:?}");
+    assert!(
+        first.blocked.len() == 1 && first.blocked[0].starts_with(&key("kept")),
+        "{first:?} {lines:?}"
+    );
+    assert!(first.forced.is_empty() && !first.done(), "{first:?}");
+
+    let mark = sent.len();
+    let second = noops::machine::drain::drain_pass(&client, &node, false).await.unwrap();
+    pass("the next pass", mark, &mut lines);
+    assert_eq!(
+        (second.ending.clone(), second.blocked.len()),
+        (vec![key("free")], 1),
+        "{second:?}"
+    );
+
+    let mark = sent.len();
+    let forced = noops::machine::drain::drain_pass(&client, &node, true).await.unwrap();
+    pass(
+        "a pass past the drain timeout of a Node that cannot be reached",
+        mark,
+        &mut lines,
+    );
+    assert_eq!(forced.forced, [key("ended"), key("free"), key("kept")], "{forced:?}");
+    assert!(forced.done(), "{forced:?}");
+    wait_until("every pod gone", MINUTE, || async {
+        ns.api::<k8s_openapi::api::core::v1::Pod>()
+            .list(&Default::default())
+            .await
+            .is_ok_and(|pods| pods.items.is_empty())
+    })
+    .await;
+    assert_golden("drain.txt", &lines);
 }

@@ -16,7 +16,7 @@
 
 mod bootstrap;
 mod context;
-pub(crate) mod drain;
+pub mod drain;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub(crate) mod names;
