@@ -96,9 +96,7 @@ pub struct Settled {
     pub progress: BackupProgress,
     /// The Event to send once it is written.
     pub announcement: Option<Announcement>,
-    /// Succeeded or Failed: its pod goes.
-    pub done: bool,
-    /// When to look again if it is not done.
+    /// When to look again; none once it is done (Succeeded or Failed: its pod goes).
     pub look_again: Option<Duration>,
 }
 
@@ -139,15 +137,13 @@ pub fn settle(
             (BackupPhase::Failed, Some(Announcement::warning(reason, message)), None)
         }
     };
-    let done = look_again.is_none();
     next.phase = Some(phase);
-    if done {
+    if look_again.is_none() {
         next.completed_at = Some(Time(now));
     }
     Settled {
         progress: next,
         announcement,
-        done,
         look_again,
     }
 }
@@ -213,7 +209,7 @@ mod tests {
             condition(&settled),
             ("Succeeded".into(), "True".into(), "Stored".into())
         );
-        assert!(settled.done);
+        assert!(settled.look_again.is_none());
         let event = settled.announcement.unwrap();
         assert_eq!(
             (event.reason.as_str(), event.note.as_str()),
@@ -230,13 +226,13 @@ mod tests {
         let settled = settle(&BackupProgress::default(), waiting(), at(0), at(599), TIMING);
         assert_eq!(settled.progress.phase, Some(BackupPhase::Running));
         assert_eq!(settled.look_again, Some(TIMING.retry));
-        assert!(!settled.done && settled.announcement.is_none());
+        assert!(settled.look_again.is_some() && settled.announcement.is_none());
         assert_eq!(settled.progress.completed_at, None);
         assert_eq!(condition(&settled).2, "ClaimNotFound");
 
         let settled = settle(&settled.progress, waiting(), at(0), at(600), TIMING);
         assert_eq!(settled.progress.phase, Some(BackupPhase::Failed));
-        assert!(settled.done);
+        assert!(settled.look_again.is_none());
         assert_eq!(settled.announcement.unwrap().reason, "ClaimNotFound");
     }
 
@@ -266,7 +262,7 @@ mod tests {
             TIMING,
         );
         assert_eq!(settled.progress.phase, Some(BackupPhase::Failed));
-        assert!(settled.done);
+        assert!(settled.look_again.is_none());
         assert!(settled.announcement.unwrap().warning);
     }
 

@@ -523,28 +523,14 @@ async fn wait_for_an_old_server(pgdata: &Path) {
     loop {
         match old_postmaster(&lock_file) {
             OldPostmaster::None => return,
-            // Dead, not yet reaped by whoever inherited it: PostgreSQL would take it for a
-            // live one. Its lock file goes; PostgreSQL's shared memory check still refuses to
-            // start while any process of the old server is attached.
-            OldPostmaster::Dead(pid) => {
-                info!(
-                    pid,
-                    "the server of an earlier pod is dead but not yet reaped: removing its lock file"
-                );
-                if let Err(e) = std::fs::remove_file(&lock_file) {
-                    warn!(error = %e, "could not remove the lock file of a dead server");
-                }
-                return;
-            }
-            // Left by a server that was killed (its node stopped), and naming a process of
-            // this container that is no server: a thread of the instance manager, whose ids
-            // follow its own in a fresh container as the old server's did. PostgreSQL would
-            // take it for a live server and refuse to start, on every restart, for ever.
-            OldPostmaster::Stale(pid) => {
-                info!(
-                    pid,
-                    "the lock file of a server that was killed names a process that is no server: removing it"
-                );
+            // No server holds it, but PostgreSQL would take its PID for a live one: a server
+            // that is dead and not yet reaped by whoever inherited it (PostgreSQL's shared
+            // memory check still refuses to start while any process of it is attached), or,
+            // after a server was killed with its node, another process of this fresh container
+            // (a thread of the instance manager, whose ids follow its own as the old server's
+            // did), which would stop every start for ever. Its lock file goes.
+            OldPostmaster::Dead(pid) | OldPostmaster::Stale(pid) => {
+                info!(pid, "the lock file names no live server: removing it");
                 if let Err(e) = std::fs::remove_file(&lock_file) {
                     warn!(error = %e, "could not remove a stale lock file");
                 }
