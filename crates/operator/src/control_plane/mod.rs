@@ -42,18 +42,17 @@ use kube::runtime::watcher;
 use noops_api::{EtcdCluster, KubernetesControlPlane};
 
 use crate::core::cache::shared_cache;
-use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Wiring};
+use crate::core::controller::Runtime;
+use crate::core::engine::{ControllerOf, Wiring, engine};
 use crate::core::labels;
-use crate::core::stages::registration;
 use context::State;
 use names::CONTROL_PLANE_LABEL;
 
-/// The controller's registration (`noops run --controllers kubernetescontrolplane`).
-pub const CONTROLLER: Registration = registration::<KubernetesControlPlanes>();
-
-/// The KubernetesControlPlane engine.
-pub struct KubernetesControlPlanes;
+engine! {
+    /// The KubernetesControlPlane engine.
+    KubernetesControlPlanes reconciles KubernetesControlPlane with State, named "kubernetescontrolplane", 8 at once:
+    "KubernetesControlPlane: a tenant's Kubernetes control plane on an EtcdCluster"
+}
 
 /// The label the etcd controller puts on what an EtcdCluster owns (its client certificate).
 const ETCD_CLUSTER_LABEL: &str = "noops.dev/etcdcluster";
@@ -70,52 +69,44 @@ fn owner_of(
     Some(ObjectRef::new(name).within(&object.namespace()?))
 }
 
-impl Engine for KubernetesControlPlanes {
-    type Object = KubernetesControlPlane;
-    type State = State;
-    const NAME: &'static str = "kubernetescontrolplane";
-    const ABOUT: &'static str = "KubernetesControlPlane: a tenant's Kubernetes control plane on an EtcdCluster";
-    const CONCURRENCY: u16 = 8;
-
-    async fn wire(runtime: &Runtime) -> Wiring<Self> {
-        let ours = watcher::Config::default().labels(CONTROL_PLANE_LABEL);
-        let (etcd_clusters, etcd_changes) = runtime.cache::<EtcdCluster>(ours.clone()).await;
-        let (deployments, deployment_changes) = runtime.cache::<Deployment>(ours.clone()).await;
-        let (services, service_changes) = runtime.cache::<Service>(ours.clone()).await;
-        let (pods, pod_changes) = runtime.cache::<Pod>(ours).await;
-        // Which nodes could take a component's pod that shares a node with another (spread.rs).
-        let (nodes, _) = shared_cache(
-            kube::Api::<Node>::all(runtime.client.clone()),
-            watcher::Config::default(),
-        )
-        .await;
-        // Its own certificates, and the etcd client certificate its EtcdCluster makes.
-        let noops = watcher::Config::default().labels(&labels::managed_by_noops());
-        let (secrets, secret_changes) = runtime.cache::<Secret>(noops).await;
-        let state = State {
-            etcd_clusters,
-            deployments,
-            services,
-            secrets,
-            pods,
-            nodes,
-            certificate_lifetime: runtime.certificate_lifetime,
-            images: runtime.images.clone(),
-        };
-        let controller = runtime
-            .controller::<KubernetesControlPlane>(Self::CONCURRENCY)
-            // A child change wakes its control plane only after the cache holds it.
-            .owns_shared_stream(etcd_changes)
-            .owns_shared_stream(deployment_changes)
-            .owns_shared_stream(service_changes)
-            .watches_shared_stream(secret_changes, |secret: Arc<Secret>| {
-                owner_of(secret.as_ref(), CONTROL_PLANE_LABEL, "")
-                    .or_else(|| owner_of(secret.as_ref(), ETCD_CLUSTER_LABEL, "-etcd"))
-            })
-            // A component's pod that starts, fails or recovers wakes its control plane.
-            .watches_shared_stream(pod_changes, |pod: Arc<Pod>| {
-                owner_of(pod.as_ref(), CONTROL_PLANE_LABEL, "")
-            });
-        Wiring::new(state, controller)
-    }
+/// Its caches, and its controller woken by what changes them.
+async fn wire(runtime: &Runtime, controller: ControllerOf<KubernetesControlPlane>) -> Wiring<KubernetesControlPlanes> {
+    let ours = watcher::Config::default().labels(CONTROL_PLANE_LABEL);
+    let (etcd_clusters, etcd_changes) = runtime.cache::<EtcdCluster>(ours.clone()).await;
+    let (deployments, deployment_changes) = runtime.cache::<Deployment>(ours.clone()).await;
+    let (services, service_changes) = runtime.cache::<Service>(ours.clone()).await;
+    let (pods, pod_changes) = runtime.cache::<Pod>(ours).await;
+    // Which nodes could take a component's pod that shares a node with another (spread.rs).
+    let (nodes, _) = shared_cache(
+        kube::Api::<Node>::all(runtime.client.clone()),
+        watcher::Config::default(),
+    )
+    .await;
+    // Its own certificates, and the etcd client certificate its EtcdCluster makes.
+    let noops = watcher::Config::default().labels(&labels::managed_by_noops());
+    let (secrets, secret_changes) = runtime.cache::<Secret>(noops).await;
+    let state = State {
+        etcd_clusters,
+        deployments,
+        services,
+        secrets,
+        pods,
+        nodes,
+        certificate_lifetime: runtime.certificate_lifetime,
+        images: runtime.images.clone(),
+    };
+    let controller = controller
+        // A child change wakes its control plane only after the cache holds it.
+        .owns_shared_stream(etcd_changes)
+        .owns_shared_stream(deployment_changes)
+        .owns_shared_stream(service_changes)
+        .watches_shared_stream(secret_changes, |secret: Arc<Secret>| {
+            owner_of(secret.as_ref(), CONTROL_PLANE_LABEL, "")
+                .or_else(|| owner_of(secret.as_ref(), ETCD_CLUSTER_LABEL, "-etcd"))
+        })
+        // A component's pod that starts, fails or recovers wakes its control plane.
+        .watches_shared_stream(pod_changes, |pod: Arc<Pod>| {
+            owner_of(pod.as_ref(), CONTROL_PLANE_LABEL, "")
+        });
+    Wiring::new(state, controller)
 }

@@ -16,7 +16,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 use super::api_requests::{CountRequests, RequestCounts};
 use super::resource_metrics::{ResourceLabels, ResourceState, ResourceStates, Seconds};
@@ -150,6 +150,17 @@ pub struct Metrics {
     states: ResourceStates,
 }
 
+/// `metric`, registered under `name` with `help`.
+fn register<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+/// A new metric of its default value, registered under `name` with `help`.
+fn registered<M: Metric + Clone + Default>(registry: &mut Registry, name: &str, help: &str) -> M {
+    register(registry, name, help, M::default())
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
@@ -159,137 +170,89 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("noops");
-        let reconciles = Family::<ResultLabels, Counter>::default();
-        let errors = Family::<ErrorLabels, Counter>::default();
-        let duration: HistogramFamily =
-            Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 15)));
-        let leader = Gauge::<i64, AtomicI64>::default();
-        registry.register(
-            "reconciles",
-            "Reconciles by controller and result (success, error)",
-            reconciles.clone(),
-        );
-        registry.register(
-            "reconcile_errors",
-            "Failed reconciles by controller and reason",
-            errors.clone(),
-        );
-        registry.register(
-            "reconcile_duration_seconds",
-            "How long reconciles take, by controller",
-            duration.clone(),
-        );
-        registry.register("leader", "1 while this replica holds the leader lease", leader.clone());
-        let api_requests = RequestCounts::default();
-        registry.register(
-            "api_requests",
-            "Requests sent to the API server, by verb and resource",
-            api_requests.clone(),
-        );
-        let etcd_healthy_members = Family::<ClusterLabels, Gauge>::default();
-        let etcd_quorum_lost = Family::<ClusterLabels, Gauge>::default();
-        registry.register(
-            "etcd_healthy_members",
-            "Healthy voting members of an EtcdCluster",
-            etcd_healthy_members.clone(),
-        );
-        registry.register(
-            "etcd_quorum_lost",
-            "1 while an EtcdCluster has lost its quorum (reported after a grace period)",
-            etcd_quorum_lost.clone(),
-        );
-        let etcd_leader = Family::<ClusterLabels, Gauge>::default();
-        registry.register(
-            "etcd_has_leader",
-            "1 while the members of an EtcdCluster that answer name a leader",
-            etcd_leader.clone(),
-        );
-        let backup_last_success = Family::<ResourceLabels, Seconds>::default();
-        registry.register(
-            "backup_last_success_timestamp_seconds",
-            "When the newest successful backup of a resource completed (EtcdCluster, PostgreSQL)",
-            backup_last_success.clone(),
-        );
-        let backup_interval = Family::<ResourceLabels, Seconds>::default();
-        registry.register(
-            "backup_schedule_interval_seconds",
-            "The time between two scheduled backups of a resource",
-            backup_interval.clone(),
-        );
-        let backup_schedule_since = Family::<ResourceLabels, Seconds>::default();
-        registry.register(
-            "backup_schedule_since_timestamp_seconds",
-            "When the backup schedule of a resource was first followed",
-            backup_schedule_since.clone(),
-        );
-        let wal_last_archived = Family::<ResourceLabels, Seconds>::default();
-        registry.register(
-            "postgres_wal_last_archived_timestamp_seconds",
-            "When a PostgreSQL's last WAL segment was archived",
-            wal_last_archived.clone(),
-        );
-        let wal_archiving_failing = Family::<ResourceLabels, Gauge>::default();
-        registry.register(
-            "postgres_wal_archiving_failing",
-            "1 while a PostgreSQL's last attempt to archive a WAL segment failed",
-            wal_archiving_failing.clone(),
-        );
-        let certificate_expiry = Family::<CertificateLabels, Seconds>::default();
-        registry.register(
-            "certificate_expiry_timestamp_seconds",
-            "When a certificate the operator issued expires, by resource and Secret",
-            certificate_expiry.clone(),
-        );
-        let replicas_wanted = Family::<ResourceLabels, Gauge>::default();
-        registry.register(
-            "postgres_replicas_wanted",
-            "The replicas a PostgreSQL's spec asks for (instances less the primary)",
-            replicas_wanted.clone(),
-        );
-        let replicas_streaming = Family::<ResourceLabels, Gauge>::default();
-        registry.register(
-            "postgres_replicas_streaming",
-            "The replicas of a PostgreSQL streaming from its primary now",
-            replicas_streaming.clone(),
-        );
-        let replication_lag_bytes = Family::<InstanceLabels, Gauge>::default();
-        registry.register(
-            "postgres_replication_lag_bytes",
-            "WAL a PostgreSQL's replica has not received yet, in bytes",
-            replication_lag_bytes.clone(),
-        );
-        let replication_lag_seconds = Family::<InstanceLabels, Seconds>::default();
-        registry.register(
-            "postgres_replication_lag_seconds",
-            "How far a PostgreSQL replica's replay trails its primary, as the primary measures it",
-            replication_lag_seconds.clone(),
-        );
-        let states = ResourceStates::register(&mut registry);
+        let r = &mut registry;
         Self {
-            registry,
-            reconciles,
-            errors,
-            duration,
-            leader,
-            api_requests,
-            etcd_healthy_members,
-            etcd_quorum_lost,
-            etcd_leader,
+            reconciles: registered(r, "reconciles", "Reconciles by controller and result (success, error)"),
+            errors: registered(r, "reconcile_errors", "Failed reconciles by controller and reason"),
+            duration: register(
+                r,
+                "reconcile_duration_seconds",
+                "How long reconciles take, by controller",
+                Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 15))),
+            ),
+            leader: registered(r, "leader", "1 while this replica holds the leader lease"),
+            api_requests: registered(
+                r,
+                "api_requests",
+                "Requests sent to the API server, by verb and resource",
+            ),
+            etcd_healthy_members: registered(r, "etcd_healthy_members", "Healthy voting members of an EtcdCluster"),
+            etcd_quorum_lost: registered(
+                r,
+                "etcd_quorum_lost",
+                "1 while an EtcdCluster has lost its quorum (reported after a grace period)",
+            ),
+            etcd_leader: registered(
+                r,
+                "etcd_has_leader",
+                "1 while the members of an EtcdCluster that answer name a leader",
+            ),
             etcd_clusters: Mutex::new(BTreeSet::new()),
-            backup_last_success,
-            backup_interval,
-            backup_schedule_since,
-            wal_last_archived,
-            wal_archiving_failing,
-            certificate_expiry,
+            backup_last_success: registered(
+                r,
+                "backup_last_success_timestamp_seconds",
+                "When the newest successful backup of a resource completed (EtcdCluster, PostgreSQL)",
+            ),
+            backup_interval: registered(
+                r,
+                "backup_schedule_interval_seconds",
+                "The time between two scheduled backups of a resource",
+            ),
+            backup_schedule_since: registered(
+                r,
+                "backup_schedule_since_timestamp_seconds",
+                "When the backup schedule of a resource was first followed",
+            ),
+            wal_last_archived: registered(
+                r,
+                "postgres_wal_last_archived_timestamp_seconds",
+                "When a PostgreSQL's last WAL segment was archived",
+            ),
+            wal_archiving_failing: registered(
+                r,
+                "postgres_wal_archiving_failing",
+                "1 while a PostgreSQL's last attempt to archive a WAL segment failed",
+            ),
+            certificate_expiry: registered(
+                r,
+                "certificate_expiry_timestamp_seconds",
+                "When a certificate the operator issued expires, by resource and Secret",
+            ),
+            replicas_wanted: registered(
+                r,
+                "postgres_replicas_wanted",
+                "The replicas a PostgreSQL's spec asks for (instances less the primary)",
+            ),
+            replicas_streaming: registered(
+                r,
+                "postgres_replicas_streaming",
+                "The replicas of a PostgreSQL streaming from its primary now",
+            ),
+            replication_lag_bytes: registered(
+                r,
+                "postgres_replication_lag_bytes",
+                "WAL a PostgreSQL's replica has not received yet, in bytes",
+            ),
+            replication_lag_seconds: registered(
+                r,
+                "postgres_replication_lag_seconds",
+                "How far a PostgreSQL replica's replay trails its primary, as the primary measures it",
+            ),
             resources: Mutex::new(BTreeSet::new()),
             certificates: Mutex::new(BTreeSet::new()),
-            replicas_wanted,
-            replicas_streaming,
-            replication_lag_bytes,
-            replication_lag_seconds,
             instances: Mutex::new(BTreeSet::new()),
-            states,
+            states: ResourceStates::register(r),
+            registry,
         }
     }
 

@@ -249,11 +249,12 @@ pub const fn registration<E: Stages>() -> Registration {
 /// Runs engine `E` in `runtime.namespace` (all namespaces if `None`) until shutdown.
 fn run<E: Stages>(runtime: Runtime) -> BoxFuture<'static, ()> {
     Box::pin(async move {
+        let controller = runtime.controller::<E::Object>(E::CONCURRENCY);
         let Wiring {
             state,
             controller,
             beside,
-        } = E::wire(&runtime).await;
+        } = E::wire(&runtime, controller).await;
         runtime.serve(E::NAME, controller, state, reconcile::<E>).await;
         for task in beside {
             task.abort();

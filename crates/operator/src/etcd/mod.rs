@@ -58,103 +58,94 @@ use kube::runtime::watcher;
 use noops_api::{EtcdBackup, EtcdCluster};
 
 use crate::core::cache::{concerned, shared_cache};
-use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Wiring};
-use crate::core::stages::registration;
+use crate::core::controller::Runtime;
+use crate::core::engine::{ControllerOf, Wiring, engine};
 use crate::core::user_secrets::UserSecrets;
 use context::State;
 
-/// The controller's registration (`noops run --controllers etcd`).
-pub const CONTROLLER: Registration = registration::<EtcdClusters>();
+engine! {
+    /// The EtcdCluster engine.
+    EtcdClusters reconciles EtcdCluster with State, named "etcd", 8 at once:
+    "EtcdCluster: etcd clusters that keep their quorum and their data"
+}
 
-/// The EtcdCluster engine.
-pub struct EtcdClusters;
-
-impl Engine for EtcdClusters {
-    type Object = EtcdCluster;
-    type State = State;
-    const NAME: &'static str = "etcd";
-    const ABOUT: &'static str = "EtcdCluster: etcd clusters that keep their quorum and their data";
-    const CONCURRENCY: u16 = 8;
-
-    async fn wire(runtime: &Runtime) -> Wiring<Self> {
-        let ours = watcher::Config::default().labels(names::CLUSTER_LABEL);
-        let (pods, pod_changes) = runtime.cache::<Pod>(ours.clone()).await;
-        let (volumes, volume_changes) = runtime.cache::<PersistentVolumeClaim>(ours.clone()).await;
-        let (secrets, _) = runtime.cache::<Secret>(ours.clone()).await;
-        let (services, _) = runtime.cache::<Service>(ours.clone()).await;
-        let (config_maps, _) = runtime.cache::<ConfigMap>(ours.clone()).await;
-        let (budgets, _) = runtime.cache::<PodDisruptionBudget>(ours).await;
-        // Which nodes could hold a member: members that share a node move to one that holds none.
-        let (nodes, _) = shared_cache(
-            kube::Api::<Node>::all(runtime.client.clone()),
-            watcher::Config::default(),
-        )
-        .await;
-        let (backups, backup_changes) = runtime.cache::<EtcdBackup>(watcher::Config::default()).await;
-        let (user_secrets, secret_changes) = UserSecrets::watch(&runtime.client, &runtime.namespace).await;
-        let controller = runtime
-            .controller::<EtcdCluster>(Self::CONCURRENCY)
-            // A member's pod or volume that changes wakes its cluster once the cache holds it.
-            .owns_shared_stream(pod_changes)
-            .owns_shared_stream(volume_changes);
-        let clusters = controller.store();
-        let state = State {
-            caches: observe::Caches {
-                pods,
-                volumes,
-                secrets,
-                services,
-                config_maps,
-                budgets,
-                backups,
-                nodes,
-            },
-            user_secrets,
-            image: runtime.image.clone(),
-            certificate_lifetime: runtime.certificate_lifetime,
-            images: runtime.images.clone(),
-            clusters: clusters.clone(),
-        };
-        let controller = controller
-            // A backup wakes the cluster it is of, and one that starts from it.
-            .watches_shared_stream(backup_changes, {
-                let clusters = clusters.clone();
-                move |backup: Arc<EtcdBackup>| {
-                    let name = backup.name_any();
-                    concerned(&clusters, &backup.namespace().unwrap_or_default(), |cluster| {
-                        cluster.name_any() == backup.spec.cluster || backups::starting_from(cluster) == Some(&name)
-                    })
-                }
-            })
-            // A user's certificate Secret wakes the clusters that name it.
-            .watches_shared_stream(secret_changes, {
-                let clusters = clusters.clone();
-                move |secret: Arc<PartialObjectMeta<Secret>>| {
-                    let name = secret.name_any();
-                    concerned(&clusters, &secret.namespace().unwrap_or_default(), |cluster| {
-                        names::Names::of(cluster).user_secret_names().contains(&name)
-                    })
-                }
-            });
-        // The health series of a deleted cluster go with it (judged only in the namespace this
-        // instance watches).
-        let (scope, metrics) = (runtime.namespace.clone(), runtime.metrics.clone());
-        let janitor = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(30)).await;
-                metrics.retain_etcd_clusters(|ns, name| {
-                    scope.as_deref().is_some_and(|watched| watched != ns)
-                        || clusters
-                            .get(&ObjectRef::<DeserializeGuard<EtcdCluster>>::new(name).within(ns))
-                            .is_some()
-                });
+/// Its caches, and its controller woken by what changes them.
+async fn wire(runtime: &Runtime, controller: ControllerOf<EtcdCluster>) -> Wiring<EtcdClusters> {
+    let ours = watcher::Config::default().labels(names::CLUSTER_LABEL);
+    let (pods, pod_changes) = runtime.cache::<Pod>(ours.clone()).await;
+    let (volumes, volume_changes) = runtime.cache::<PersistentVolumeClaim>(ours.clone()).await;
+    let (secrets, _) = runtime.cache::<Secret>(ours.clone()).await;
+    let (services, _) = runtime.cache::<Service>(ours.clone()).await;
+    let (config_maps, _) = runtime.cache::<ConfigMap>(ours.clone()).await;
+    let (budgets, _) = runtime.cache::<PodDisruptionBudget>(ours).await;
+    // Which nodes could hold a member: members that share a node move to one that holds none.
+    let (nodes, _) = shared_cache(
+        kube::Api::<Node>::all(runtime.client.clone()),
+        watcher::Config::default(),
+    )
+    .await;
+    let (backups, backup_changes) = runtime.cache::<EtcdBackup>(watcher::Config::default()).await;
+    let (user_secrets, secret_changes) = UserSecrets::watch(&runtime.client, &runtime.namespace).await;
+    let controller = controller
+        // A member's pod or volume that changes wakes its cluster once the cache holds it.
+        .owns_shared_stream(pod_changes)
+        .owns_shared_stream(volume_changes);
+    let clusters = controller.store();
+    let state = State {
+        caches: observe::Caches {
+            pods,
+            volumes,
+            secrets,
+            services,
+            config_maps,
+            budgets,
+            backups,
+            nodes,
+        },
+        user_secrets,
+        image: runtime.image.clone(),
+        certificate_lifetime: runtime.certificate_lifetime,
+        images: runtime.images.clone(),
+        clusters: clusters.clone(),
+    };
+    let controller = controller
+        // A backup wakes the cluster it is of, and one that starts from it.
+        .watches_shared_stream(backup_changes, {
+            let clusters = clusters.clone();
+            move |backup: Arc<EtcdBackup>| {
+                let name = backup.name_any();
+                concerned(&clusters, &backup.namespace().unwrap_or_default(), |cluster| {
+                    cluster.name_any() == backup.spec.cluster || backups::starting_from(cluster) == Some(&name)
+                })
+            }
+        })
+        // A user's certificate Secret wakes the clusters that name it.
+        .watches_shared_stream(secret_changes, {
+            let clusters = clusters.clone();
+            move |secret: Arc<PartialObjectMeta<Secret>>| {
+                let name = secret.name_any();
+                concerned(&clusters, &secret.namespace().unwrap_or_default(), |cluster| {
+                    names::Names::of(cluster).user_secret_names().contains(&name)
+                })
             }
         });
-        Wiring {
-            state,
-            controller,
-            beside: vec![janitor],
+    // The health series of a deleted cluster go with it (judged only in the namespace this
+    // instance watches).
+    let (scope, metrics) = (runtime.namespace.clone(), runtime.metrics.clone());
+    let janitor = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            metrics.retain_etcd_clusters(|ns, name| {
+                scope.as_deref().is_some_and(|watched| watched != ns)
+                    || clusters
+                        .get(&ObjectRef::<DeserializeGuard<EtcdCluster>>::new(name).within(ns))
+                        .is_some()
+            });
         }
+    });
+    Wiring {
+        state,
+        controller,
+        beside: vec![janitor],
     }
 }

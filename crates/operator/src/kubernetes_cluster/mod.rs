@@ -26,59 +26,49 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::{KubernetesCluster, KubernetesControlPlane, Machine, MachineDeployment};
 
-use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Wiring};
+use crate::core::controller::Runtime;
+use crate::core::engine::{ControllerOf, Wiring, engine};
 use crate::core::labels;
-use crate::core::stages::registration;
 use context::State;
 use desired::CLUSTER_LABEL;
 
-/// The controller's registration (`noops run --controllers kubernetescluster`).
-pub const CONTROLLER: Registration = registration::<KubernetesClusters>();
+engine! {
+    /// The KubernetesCluster engine.
+    KubernetesClusters reconciles KubernetesCluster with State, named "kubernetescluster", 8 at once:
+    "KubernetesCluster: a tenant cluster from one manifest, its control plane upgraded before its pools"
+}
 
-/// The KubernetesCluster engine.
-pub struct KubernetesClusters;
-
-impl Engine for KubernetesClusters {
-    type Object = KubernetesCluster;
-    type State = State;
-    const NAME: &'static str = "kubernetescluster";
-    const ABOUT: &'static str =
-        "KubernetesCluster: a tenant cluster from one manifest, its control plane upgraded before its pools";
-    const CONCURRENCY: u16 = 8;
-
-    async fn wire(runtime: &Runtime) -> Wiring<Self> {
-        let (control_planes, control_plane_changes) = runtime
-            .cache::<KubernetesControlPlane>(watcher::Config::default())
-            .await;
-        let (deployments, deployment_changes) = runtime.cache::<MachineDeployment>(watcher::Config::default()).await;
-        // The control planes' admin kubeconfigs, for reaching the tenants.
-        let (secrets, _) = runtime
-            .cache::<Secret>(watcher::Config::default().labels(&labels::managed_by_noops()))
-            .await;
-        let (machines, machine_changes) = runtime
-            .cache::<Machine>(watcher::Config::default().labels(CLUSTER_LABEL))
-            .await;
-        // A scaling pool's tenant Pods and Nodes wake its cluster when they change.
-        let (tenants, tenant_changes) = tenant::TenantViews::new();
-        let state = State {
-            control_planes,
-            deployments,
-            machines,
-            secrets,
-            tenants,
-        };
-        let controller = runtime
-            .controller::<KubernetesCluster>(Self::CONCURRENCY)
-            .owns_shared_stream(control_plane_changes)
-            .owns_shared_stream(deployment_changes)
-            // A pool has rolled out only once its last old machine is gone, which its
-            // MachineDeployment's status does not show (it leaves out machines being deleted).
-            .watches_shared_stream(machine_changes, |machine: Arc<Machine>| {
-                let cluster = machine.labels().get(CLUSTER_LABEL).cloned();
-                cluster.map(|name| ObjectRef::new(&name).within(&machine.namespace().unwrap_or_default()))
-            })
-            .reconcile_on(tenant_changes);
-        Wiring::new(state, controller)
-    }
+/// Its caches, and its controller woken by what changes them.
+async fn wire(runtime: &Runtime, controller: ControllerOf<KubernetesCluster>) -> Wiring<KubernetesClusters> {
+    let (control_planes, control_plane_changes) = runtime
+        .cache::<KubernetesControlPlane>(watcher::Config::default())
+        .await;
+    let (deployments, deployment_changes) = runtime.cache::<MachineDeployment>(watcher::Config::default()).await;
+    // The control planes' admin kubeconfigs, for reaching the tenants.
+    let (secrets, _) = runtime
+        .cache::<Secret>(watcher::Config::default().labels(&labels::managed_by_noops()))
+        .await;
+    let (machines, machine_changes) = runtime
+        .cache::<Machine>(watcher::Config::default().labels(CLUSTER_LABEL))
+        .await;
+    // A scaling pool's tenant Pods and Nodes wake its cluster when they change.
+    let (tenants, tenant_changes) = tenant::TenantViews::new();
+    let state = State {
+        control_planes,
+        deployments,
+        machines,
+        secrets,
+        tenants,
+    };
+    let controller = controller
+        .owns_shared_stream(control_plane_changes)
+        .owns_shared_stream(deployment_changes)
+        // A pool has rolled out only once its last old machine is gone, which its
+        // MachineDeployment's status does not show (it leaves out machines being deleted).
+        .watches_shared_stream(machine_changes, |machine: Arc<Machine>| {
+            let cluster = machine.labels().get(CLUSTER_LABEL).cloned();
+            cluster.map(|name| ObjectRef::new(&name).within(&machine.namespace().unwrap_or_default()))
+        })
+        .reconcile_on(tenant_changes);
+    Wiring::new(state, controller)
 }

@@ -35,63 +35,54 @@ use kube::runtime::watcher;
 use noops_api::{KubernetesControlPlane, Machine};
 
 use crate::core::cache::concerned;
-use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Wiring};
+use crate::core::controller::Runtime;
+use crate::core::engine::{ControllerOf, Wiring, engine};
 use crate::core::labels;
-use crate::core::stages::registration;
 use context::State;
 use names::MACHINE_LABEL;
 
-/// The controller's registration (`noops run --controllers machine`).
-pub const CONTROLLER: Registration = registration::<Machines>();
+engine! {
+    /// The Machine engine.
+    Machines reconciles Machine with State, named "machine", 16 at once:
+    "Machine: a tenant's worker node, its VM a pod of this cluster"
+}
 
-/// The Machine engine.
-pub struct Machines;
-
-impl Engine for Machines {
-    type Object = Machine;
-    type State = State;
-    const NAME: &'static str = "machine";
-    const ABOUT: &'static str = "Machine: a tenant's worker node, its VM a pod of this cluster";
-    const CONCURRENCY: u16 = 16;
-
-    async fn wire(runtime: &Runtime) -> Wiring<Self> {
-        let (pods, pod_changes) = runtime
-            .cache::<Pod>(watcher::Config::default().labels(MACHINE_LABEL))
-            .await;
-        let noops = watcher::Config::default().labels(&labels::managed_by_noops());
-        let (secrets, secret_changes) = runtime.cache::<Secret>(noops).await;
-        let (control_planes, control_plane_changes) = runtime
-            .cache::<KubernetesControlPlane>(watcher::Config::default())
-            .await;
-        let controller = runtime.controller::<Machine>(Self::CONCURRENCY);
-        let machines = controller.store();
-        // Each tenant's Node watch wakes the Machine of the Node that changed.
-        let (tenants, node_changes) = tenant::Tenants::new();
-        let state = State {
-            control_planes,
-            secrets,
-            provider: provider::PodProvider {
-                client: runtime.client.clone(),
-                pods,
-                images: runtime.images.clone(),
-            },
-            tenants,
-            certificate_lifetime: runtime.certificate_lifetime,
-        };
-        let controller = controller
-            .owns_shared_stream(pod_changes)
-            .reconcile_on(node_changes)
-            .watches_shared_stream(secret_changes, |secret: Arc<Secret>| {
-                let machine = secret.labels().get(MACHINE_LABEL)?;
-                Some(ObjectRef::new(machine).within(&secret.namespace()?))
+/// Its caches, and its controller woken by what changes them.
+async fn wire(runtime: &Runtime, controller: ControllerOf<Machine>) -> Wiring<Machines> {
+    let (pods, pod_changes) = runtime
+        .cache::<Pod>(watcher::Config::default().labels(MACHINE_LABEL))
+        .await;
+    let noops = watcher::Config::default().labels(&labels::managed_by_noops());
+    let (secrets, secret_changes) = runtime.cache::<Secret>(noops).await;
+    let (control_planes, control_plane_changes) = runtime
+        .cache::<KubernetesControlPlane>(watcher::Config::default())
+        .await;
+    let machines = controller.store();
+    // Each tenant's Node watch wakes the Machine of the Node that changed.
+    let (tenants, node_changes) = tenant::Tenants::new();
+    let state = State {
+        control_planes,
+        secrets,
+        provider: provider::PodProvider {
+            client: runtime.client.clone(),
+            pods,
+            images: runtime.images.clone(),
+        },
+        tenants,
+        certificate_lifetime: runtime.certificate_lifetime,
+    };
+    let controller = controller
+        .owns_shared_stream(pod_changes)
+        .reconcile_on(node_changes)
+        .watches_shared_stream(secret_changes, |secret: Arc<Secret>| {
+            let machine = secret.labels().get(MACHINE_LABEL)?;
+            Some(ObjectRef::new(machine).within(&secret.namespace()?))
+        })
+        .watches_shared_stream(control_plane_changes, move |kcp: Arc<KubernetesControlPlane>| {
+            let name = kcp.name_any();
+            concerned(&machines, &kcp.namespace().unwrap_or_default(), |m: &Machine| {
+                m.spec.cluster_name == name
             })
-            .watches_shared_stream(control_plane_changes, move |kcp: Arc<KubernetesControlPlane>| {
-                let name = kcp.name_any();
-                concerned(&machines, &kcp.namespace().unwrap_or_default(), |m: &Machine| {
-                    m.spec.cluster_name == name
-                })
-            });
-        Wiring::new(state, controller)
-    }
+        });
+    Wiring::new(state, controller)
 }

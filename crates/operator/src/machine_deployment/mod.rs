@@ -19,32 +19,22 @@ pub(crate) mod status;
 use kube::runtime::watcher;
 use noops_api::{MachineDeployment, MachineSet};
 
-use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Wiring};
-use crate::core::stages::registration;
+use crate::core::controller::Runtime;
+use crate::core::engine::{ControllerOf, Wiring, engine};
 use context::State;
 use desired::MACHINE_DEPLOYMENT_LABEL;
 
-/// The controller's registration (`noops run --controllers machinedeployment`).
-pub const CONTROLLER: Registration = registration::<MachineDeployments>();
+engine! {
+    /// The MachineDeployment engine.
+    MachineDeployments reconciles MachineDeployment with State, named "machinedeployment", 8 at once:
+    "MachineDeployment: worker machines rolled out like a Deployment's pods"
+}
 
-/// The MachineDeployment engine.
-pub struct MachineDeployments;
-
-impl Engine for MachineDeployments {
-    type Object = MachineDeployment;
-    type State = State;
-    const NAME: &'static str = "machinedeployment";
-    const ABOUT: &'static str = "MachineDeployment: worker machines rolled out like a Deployment's pods";
-    const CONCURRENCY: u16 = 8;
-
-    async fn wire(runtime: &Runtime) -> Wiring<Self> {
-        let (sets, set_changes) = runtime
-            .cache::<MachineSet>(watcher::Config::default().labels(MACHINE_DEPLOYMENT_LABEL))
-            .await;
-        let controller = runtime
-            .controller::<MachineDeployment>(Self::CONCURRENCY)
-            .owns_shared_stream(set_changes);
-        Wiring::new(State { sets }, controller)
-    }
+/// Its caches, and its controller woken by what changes them.
+async fn wire(runtime: &Runtime, controller: ControllerOf<MachineDeployment>) -> Wiring<MachineDeployments> {
+    let (sets, set_changes) = runtime
+        .cache::<MachineSet>(watcher::Config::default().labels(MACHINE_DEPLOYMENT_LABEL))
+        .await;
+    let controller = controller.owns_shared_stream(set_changes);
+    Wiring::new(State { sets }, controller)
 }

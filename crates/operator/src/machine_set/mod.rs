@@ -17,32 +17,22 @@ pub(crate) mod status;
 use kube::runtime::watcher;
 use noops_api::{Machine, MachineSet};
 
-use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Wiring};
-use crate::core::stages::registration;
+use crate::core::controller::Runtime;
+use crate::core::engine::{ControllerOf, Wiring, engine};
 use context::State;
 use desired::MACHINE_SET_LABEL;
 
-/// The controller's registration (`noops run --controllers machineset`).
-pub const CONTROLLER: Registration = registration::<MachineSets>();
+engine! {
+    /// The MachineSet engine.
+    MachineSets reconciles MachineSet with State, named "machineset", 8 at once:
+    "MachineSet: a number of identical Machines, kept in number and repaired"
+}
 
-/// The MachineSet engine.
-pub struct MachineSets;
-
-impl Engine for MachineSets {
-    type Object = MachineSet;
-    type State = State;
-    const NAME: &'static str = "machineset";
-    const ABOUT: &'static str = "MachineSet: a number of identical Machines, kept in number and repaired";
-    const CONCURRENCY: u16 = 8;
-
-    async fn wire(runtime: &Runtime) -> Wiring<Self> {
-        let (machines, machine_changes) = runtime
-            .cache::<Machine>(watcher::Config::default().labels(MACHINE_SET_LABEL))
-            .await;
-        let controller = runtime
-            .controller::<MachineSet>(Self::CONCURRENCY)
-            .owns_shared_stream(machine_changes);
-        Wiring::new(State { machines }, controller)
-    }
+/// Its caches, and its controller woken by what changes them.
+async fn wire(runtime: &Runtime, controller: ControllerOf<MachineSet>) -> Wiring<MachineSets> {
+    let (machines, machine_changes) = runtime
+        .cache::<Machine>(watcher::Config::default().labels(MACHINE_SET_LABEL))
+        .await;
+    let controller = controller.owns_shared_stream(machine_changes);
+    Wiring::new(State { machines }, controller)
 }

@@ -31,57 +31,48 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use noops_api::MaintPage;
 
-use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Wiring};
+use crate::core::controller::Runtime;
+use crate::core::engine::{ControllerOf, Wiring, engine};
 use crate::core::labels;
-use crate::core::stages::registration;
 use context::State;
 
-/// The controller's registration (`noops run --controllers maintpage`).
-pub const CONTROLLER: Registration = registration::<MaintPages>();
+engine! {
+    /// The MaintPage engine.
+    MaintPages reconciles MaintPage with State, named "maintpage", 16 at once:
+    "MaintPage: an app behind a Service that switches to a maintenance page and back"
+}
 
-/// The MaintPage engine.
-pub struct MaintPages;
-
-impl Engine for MaintPages {
-    type Object = MaintPage;
-    type State = State;
-    const NAME: &'static str = "maintpage";
-    const ABOUT: &'static str = "MaintPage: an app behind a Service that switches to a maintenance page and back";
-    const CONCURRENCY: u16 = 16;
-
-    async fn wire(runtime: &Runtime) -> Wiring<Self> {
-        let ours = watcher::Config::default().labels(&labels::managed_by_noops());
-        let (deployments, deployment_changes) = runtime.cache::<Deployment>(ours.clone()).await;
-        let (services, service_changes) = runtime.cache::<Service>(ours.clone()).await;
-        let (pods, pod_changes) = runtime.cache::<Pod>(ours).await;
-        let state = State {
-            deployments,
-            services,
-            pods,
-            images: runtime.images.clone(),
-        };
-        let controller = runtime
-            .controller::<MaintPage>(Self::CONCURRENCY)
-            // A child change wakes its MaintPage only after the cache holds it.
-            .owns_shared_stream(deployment_changes)
-            .owns_shared_stream(service_changes)
-            // A pod of either side that starts, fails or recovers wakes its MaintPage (pods
-            // belong to ReplicaSets, so the owner label says which MaintPage).
-            .watches_shared_stream(pod_changes, |pod: Arc<Pod>| {
-                let namespace = pod.metadata.namespace.clone();
-                pod.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(desired::OWNER_LABEL))
-                    .map(|name| {
-                        let object = ObjectRef::new(name);
-                        match &namespace {
-                            Some(ns) => object.within(ns),
-                            None => object,
-                        }
-                    })
-            });
-        Wiring::new(state, controller)
-    }
+/// Its caches, and its controller woken by what changes them.
+async fn wire(runtime: &Runtime, controller: ControllerOf<MaintPage>) -> Wiring<MaintPages> {
+    let ours = watcher::Config::default().labels(&labels::managed_by_noops());
+    let (deployments, deployment_changes) = runtime.cache::<Deployment>(ours.clone()).await;
+    let (services, service_changes) = runtime.cache::<Service>(ours.clone()).await;
+    let (pods, pod_changes) = runtime.cache::<Pod>(ours).await;
+    let state = State {
+        deployments,
+        services,
+        pods,
+        images: runtime.images.clone(),
+    };
+    let controller = controller
+        // A child change wakes its MaintPage only after the cache holds it.
+        .owns_shared_stream(deployment_changes)
+        .owns_shared_stream(service_changes)
+        // A pod of either side that starts, fails or recovers wakes its MaintPage (pods
+        // belong to ReplicaSets, so the owner label says which MaintPage).
+        .watches_shared_stream(pod_changes, |pod: Arc<Pod>| {
+            let namespace = pod.metadata.namespace.clone();
+            pod.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(desired::OWNER_LABEL))
+                .map(|name| {
+                    let object = ObjectRef::new(name);
+                    match &namespace {
+                        Some(ns) => object.within(ns),
+                        None => object,
+                    }
+                })
+        });
+    Wiring::new(state, controller)
 }

@@ -78,123 +78,113 @@ use kube::runtime::watcher;
 use noops_api::{PostgreSQL, PostgresBackup};
 
 use crate::core::cache::{concerned, shared_cache};
-use crate::core::controller::{Registration, Runtime};
-use crate::core::engine::{Engine, Wiring};
-use crate::core::stages::registration;
+use crate::core::controller::Runtime;
+use crate::core::engine::{ControllerOf, Wiring, engine};
 use crate::core::user_secrets::UserSecrets;
 use context::State;
 
-/// The controller's registration (`noops run --controllers postgres`).
-pub const CONTROLLER: Registration = registration::<PostgreSQLs>();
+engine! {
+    /// The PostgreSQL engine.
+    PostgreSQLs reconciles PostgreSQL with State, named "postgres", 8 at once:
+    "PostgreSQL: a database, its owner and password, behind a Service; WAL archiving, backups and restores"
+}
 
-/// The PostgreSQL engine.
-pub struct PostgreSQLs;
-
-impl Engine for PostgreSQLs {
-    type Object = PostgreSQL;
-    type State = State;
-    const NAME: &'static str = "postgres";
-    const ABOUT: &'static str =
-        "PostgreSQL: a database, its owner and password, behind a Service; WAL archiving, backups and restores";
-    const CONCURRENCY: u16 = 8;
-
-    async fn wire(runtime: &Runtime) -> Wiring<Self> {
-        let ours = watcher::Config::default().labels(names::POSTGRES_LABEL);
-        let (statefulsets, statefulset_changes) = runtime.cache::<StatefulSet>(ours.clone()).await;
-        let (pods, pod_changes) = runtime.cache::<Pod>(ours.clone()).await;
-        let (services, service_changes) = runtime.cache::<Service>(ours.clone()).await;
-        let (secrets, _) = runtime.cache::<Secret>(ours.clone()).await;
-        let (config_maps, _) = runtime.cache::<ConfigMap>(ours.clone()).await;
-        let (claims, claim_changes) = runtime.cache::<PersistentVolumeClaim>(ours.clone()).await;
-        let (backups, backup_changes) = runtime.cache::<PostgresBackup>(watcher::Config::default()).await;
-        let (service_accounts, _) = runtime.cache::<ServiceAccount>(ours.clone()).await;
-        let (roles, _) = runtime.cache::<Role>(ours.clone()).await;
-        let (role_bindings, _) = runtime.cache::<RoleBinding>(ours.clone()).await;
-        let (leases, lease_changes) = runtime.cache::<Lease>(ours.clone()).await;
-        let (budgets, _) = runtime.cache::<PodDisruptionBudget>(ours).await;
-        let (nodes, node_changes) = shared_cache(
-            kube::Api::<Node>::all(runtime.client.clone()),
-            watcher::Config::default(),
-        )
-        .await;
-        // A renewal every second wakes nobody: the clock wakes a database when its lease runs out
-        // or is given up.
-        let (lease_clock, lease_wakes) = lease_clock::LeaseClock::start(lease_changes);
-        let (user_secrets, secret_changes) = UserSecrets::watch(&runtime.client, &runtime.namespace).await;
-        let pods_of_nodes = pods.clone();
-        let controller = runtime.controller::<PostgreSQL>(Self::CONCURRENCY);
-        let databases = controller.store();
-        let state = State {
-            user_secrets,
-            caches: observe::Caches {
-                statefulsets,
-                pods,
-                services,
-                secrets,
-                config_maps,
-                claims,
-                backups,
-                service_accounts,
-                roles,
-                role_bindings,
-                leases,
-                budgets,
-                nodes,
-            },
-            lease_clock,
-            started: jiff::Timestamp::now(),
-            databases: databases.clone(),
-            image: runtime.image.clone(),
-            images: runtime.images.clone(),
-        };
-        let controller = controller
-            .owns_shared_stream(statefulset_changes)
-            // The instance's pod is the StatefulSet's: its label names the database.
-            .watches_shared_stream(pod_changes, |pod: Arc<Pod>| {
-                let database = pod.labels().get(names::POSTGRES_LABEL).cloned();
-                database.map(|name| ObjectRef::new(&name).within(&pod.namespace().unwrap_or_default()))
-            })
-            // So does a Service of it (one deleted is made again at once, or, paused, said
-            // missing).
-            .watches_shared_stream(service_changes, |service: Arc<Service>| {
-                let database = service.labels().get(names::POSTGRES_LABEL).cloned();
-                database.map(|name| ObjectRef::new(&name).within(&service.namespace().unwrap_or_default()))
-            })
-            // So does its volume claim (a claim gone lets a pod that waited for it be replaced).
-            .watches_shared_stream(claim_changes, |claim: Arc<PersistentVolumeClaim>| {
-                let database = claim.labels().get(names::POSTGRES_LABEL).cloned();
-                database.map(|name| ObjectRef::new(&name).within(&claim.namespace().unwrap_or_default()))
-            })
-            // A backup wakes the database it is of, and one that starts from it.
-            .watches_shared_stream(backup_changes, {
-                let databases = databases.clone();
-                move |backup: Arc<PostgresBackup>| {
-                    let name = backup.name_any();
-                    concerned(&databases, &backup.namespace().unwrap_or_default(), |pg| {
-                        pg.name_any() == backup.spec.postgresql || backups::starting_from(pg) == Some(&name)
-                    })
-                }
-            })
-            // So does a password or bucket-key Secret the databases that name it.
-            .watches_shared_stream(secret_changes, move |secret: Arc<PartialObjectMeta<Secret>>| {
-                let name = secret.name_any();
-                concerned(&databases, &secret.namespace().unwrap_or_default(), |pg| {
-                    let credentials = pg
-                        .spec
-                        .backup
-                        .as_ref()
-                        .and_then(|b| b.plan.destination.s3.as_ref())
-                        .map(|s3| &s3.credentials_secret);
-                    pg.spec.password_secret == name || credentials == Some(&name)
+/// Its caches, and its controller woken by what changes them.
+async fn wire(runtime: &Runtime, controller: ControllerOf<PostgreSQL>) -> Wiring<PostgreSQLs> {
+    let ours = watcher::Config::default().labels(names::POSTGRES_LABEL);
+    let (statefulsets, statefulset_changes) = runtime.cache::<StatefulSet>(ours.clone()).await;
+    let (pods, pod_changes) = runtime.cache::<Pod>(ours.clone()).await;
+    let (services, service_changes) = runtime.cache::<Service>(ours.clone()).await;
+    let (secrets, _) = runtime.cache::<Secret>(ours.clone()).await;
+    let (config_maps, _) = runtime.cache::<ConfigMap>(ours.clone()).await;
+    let (claims, claim_changes) = runtime.cache::<PersistentVolumeClaim>(ours.clone()).await;
+    let (backups, backup_changes) = runtime.cache::<PostgresBackup>(watcher::Config::default()).await;
+    let (service_accounts, _) = runtime.cache::<ServiceAccount>(ours.clone()).await;
+    let (roles, _) = runtime.cache::<Role>(ours.clone()).await;
+    let (role_bindings, _) = runtime.cache::<RoleBinding>(ours.clone()).await;
+    let (leases, lease_changes) = runtime.cache::<Lease>(ours.clone()).await;
+    let (budgets, _) = runtime.cache::<PodDisruptionBudget>(ours).await;
+    let (nodes, node_changes) = shared_cache(
+        kube::Api::<Node>::all(runtime.client.clone()),
+        watcher::Config::default(),
+    )
+    .await;
+    // A renewal every second wakes nobody: the clock wakes a database when its lease runs out
+    // or is given up.
+    let (lease_clock, lease_wakes) = lease_clock::LeaseClock::start(lease_changes);
+    let (user_secrets, secret_changes) = UserSecrets::watch(&runtime.client, &runtime.namespace).await;
+    let pods_of_nodes = pods.clone();
+    let databases = controller.store();
+    let state = State {
+        user_secrets,
+        caches: observe::Caches {
+            statefulsets,
+            pods,
+            services,
+            secrets,
+            config_maps,
+            claims,
+            backups,
+            service_accounts,
+            roles,
+            role_bindings,
+            leases,
+            budgets,
+            nodes,
+        },
+        lease_clock,
+        started: jiff::Timestamp::now(),
+        databases: databases.clone(),
+        image: runtime.image.clone(),
+        images: runtime.images.clone(),
+    };
+    let controller = controller
+        .owns_shared_stream(statefulset_changes)
+        // The instance's pod is the StatefulSet's: its label names the database.
+        .watches_shared_stream(pod_changes, |pod: Arc<Pod>| {
+            let database = pod.labels().get(names::POSTGRES_LABEL).cloned();
+            database.map(|name| ObjectRef::new(&name).within(&pod.namespace().unwrap_or_default()))
+        })
+        // So does a Service of it (one deleted is made again at once, or, paused, said
+        // missing).
+        .watches_shared_stream(service_changes, |service: Arc<Service>| {
+            let database = service.labels().get(names::POSTGRES_LABEL).cloned();
+            database.map(|name| ObjectRef::new(&name).within(&service.namespace().unwrap_or_default()))
+        })
+        // So does its volume claim (a claim gone lets a pod that waited for it be replaced).
+        .watches_shared_stream(claim_changes, |claim: Arc<PersistentVolumeClaim>| {
+            let database = claim.labels().get(names::POSTGRES_LABEL).cloned();
+            database.map(|name| ObjectRef::new(&name).within(&claim.namespace().unwrap_or_default()))
+        })
+        // A backup wakes the database it is of, and one that starts from it.
+        .watches_shared_stream(backup_changes, {
+            let databases = databases.clone();
+            move |backup: Arc<PostgresBackup>| {
+                let name = backup.name_any();
+                concerned(&databases, &backup.namespace().unwrap_or_default(), |pg| {
+                    pg.name_any() == backup.spec.postgresql || backups::starting_from(pg) == Some(&name)
                 })
+            }
+        })
+        // So does a password or bucket-key Secret the databases that name it.
+        .watches_shared_stream(secret_changes, move |secret: Arc<PartialObjectMeta<Secret>>| {
+            let name = secret.name_any();
+            concerned(&databases, &secret.namespace().unwrap_or_default(), |pg| {
+                let credentials = pg
+                    .spec
+                    .backup
+                    .as_ref()
+                    .and_then(|b| b.plan.destination.s3.as_ref())
+                    .map(|s3| &s3.credentials_secret);
+                pg.spec.password_secret == name || credentials == Some(&name)
             })
-            // A node cordoned (a drain begins) wakes the databases with an instance on it: a
-            // primary there switches over before the drain asks again. A node that can take pods
-            // again wakes those whose instances share a node: one may move apart now.
-            .watches_shared_stream(node_changes, node_wakes(pods_of_nodes))
-            .reconcile_on(lease_wakes);
-        Wiring::new(state, controller)
-    }
+        })
+        // A node cordoned (a drain begins) wakes the databases with an instance on it: a
+        // primary there switches over before the drain asks again. A node that can take pods
+        // again wakes those whose instances share a node: one may move apart now.
+        .watches_shared_stream(node_changes, node_wakes(pods_of_nodes))
+        .reconcile_on(lease_wakes);
+    Wiring::new(state, controller)
 }
 
 /// Maps a node's changes to the databases to wake: those with an instance on it, once, when it

@@ -35,7 +35,7 @@ use crate::core::Result;
 use crate::core::apply::delete_if_present;
 use crate::core::conditions::{self, merge};
 use crate::core::controller::{Runtime, Watched};
-use crate::core::engine::{Engine, Wiring};
+use crate::core::engine::{ControllerOf, Engine, Wiring};
 use crate::core::events::Announcement;
 use crate::core::labels;
 use crate::core::stages::{Applied, Observed, Report, Stages};
@@ -203,7 +203,7 @@ impl<B: BackupEngine> Engine for Backups<B> {
     const ABOUT: &'static str = B::ABOUT;
     const CONCURRENCY: u16 = B::CONCURRENCY;
 
-    async fn wire(runtime: &Runtime) -> Wiring<Self> {
+    async fn wire(runtime: &Runtime, controller: ControllerOf<B::Backup>) -> Wiring<Self> {
         let (pods, pod_changes) = runtime
             .cache::<Pod>(watcher::Config::default().labels(&format!("{}={}", labels::COMPONENT, B::COMPONENT)))
             .await;
@@ -222,9 +222,7 @@ impl<B: BackupEngine> Engine for Backups<B> {
             source_secrets,
         };
         // A task pod's change wakes its backup once the cache holds it.
-        let controller = runtime
-            .controller::<B::Backup>(Self::CONCURRENCY)
-            .owns_shared_stream(pod_changes);
+        let controller = controller.owns_shared_stream(pod_changes);
         Wiring::new(state, controller)
     }
 }
