@@ -31,10 +31,20 @@ impl Poller {
                 // A generous limit: on a loaded machine a live pod can take seconds to answer.
                 match http_get_explained(&address, "/", Duration::from_secs(5)).await {
                     Ok(body) if body.contains("hello") => answered += 1,
-                    other => failed.push(format!(
-                        "sent {sent}, failed after {} ms: {other:?}",
-                        started.elapsed().as_millis()
-                    )),
+                    other => {
+                        let failure = format!(
+                            "sent {sent}, failed after {} ms: {other:?}",
+                            started.elapsed().as_millis()
+                        );
+                        // An address no one answers for on the way: which, and where.
+                        let unreachable = other.as_ref().is_err_and(|e| e.contains("No route to host"));
+                        let seen = if unreachable {
+                            unanswered_neighbours().await
+                        } else {
+                            String::new()
+                        };
+                        failed.push(format!("{failure}{seen}"));
+                    }
                 }
                 tokio::time::sleep(Duration::from_millis(100).saturating_sub(started.elapsed())).await;
             }
@@ -74,6 +84,38 @@ impl Poller {
             histories.join("\n")
         );
         assert!(answered > at_least, "only {answered} requests");
+    }
+}
+
+/// The neighbours this machine and every network namespace on it (a machine's VM is one) could
+/// not resolve lately, each namespace with its own addresses, and the connections to a node port
+/// still unanswered: told beside a "no route to host", whose cause is an address that no one
+/// answered for on some hop.
+async fn unanswered_neighbours() -> String {
+    const SCRIPT: &str = r#"
+ip -4 neigh show nud failed nud incomplete | sed 's/^/  this machine: /'
+for ns in $(ip netns list | awk '{print $1}'); do
+  seen=$(ip -n "$ns" -4 neigh show nud failed nud incomplete 2>/dev/null)
+  [ -n "$seen" ] || continue
+  own=$(ip -n "$ns" -4 -o addr show 2>/dev/null | awk '{print $2 "=" $4}' | tr '\n' ' ')
+  echo "$seen" | sed "s|^|  $ns ($own): |"
+done
+for ns in "" $(ip netns list | awk '{print $1}'); do
+  if [ -z "$ns" ]; then at=""; else at="ip netns exec $ns"; fi
+  $at conntrack -L -p tcp --state SYN_SENT 2>/dev/null | grep -E 'dport=(80|30080) ' | sed "s|^|  conntrack ${ns:-this machine}: |"
+done
+"#;
+    let out = tokio::process::Command::new("bash")
+        .args(["-c", SCRIPT])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await;
+    match out {
+        Ok(out) => format!(
+            "\n unresolved neighbours and unanswered connections then:\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        ),
+        Err(e) => format!("\n (neighbours not read: {e})"),
     }
 }
 
