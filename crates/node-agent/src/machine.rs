@@ -58,8 +58,12 @@ pub async fn set_up_network(bridge: &str, gateway: Ipv4Addr, pod_cidr: Ipv4Net) 
     if !std::path::Path::new("/sys/class/net").join(bridge).exists() {
         run_ip(&["link", "add", bridge, "type", "bridge"]).await?;
     }
+    // A bridge without an address of its own takes the lowest one of its ports, and changes it
+    // when that pod goes: the other pods would then send to a gateway address nobody answers
+    // for until their neighbour entry runs out (as on this machine's own bridge, cluster-up.sh).
     let script = format!(
-        "addr replace {gateway}/{prefix} dev {bridge}\nlink set {bridge} up\n",
+        "link set {bridge} address {mac}\naddr replace {gateway}/{prefix} dev {bridge}\nlink set {bridge} up\n",
+        mac = bridge_address(gateway),
         prefix = pod_cidr.prefix
     );
     run_ip_batch(&[], &script).await?;
@@ -69,6 +73,13 @@ pub async fn set_up_network(bridge: &str, gateway: Ipv4Addr, pod_cidr: Ipv4Net) 
         message: e.to_string(),
     })?;
     Ok(())
+}
+
+/// The bridge's own hardware address: locally administered, from its gateway address (unique
+/// on the machine's link, which is the bridge itself). Pure.
+fn bridge_address(gateway: Ipv4Addr) -> String {
+    let [a, b, c, d] = gateway.octets();
+    format!("02:00:{a:02x}:{b:02x}:{c:02x}:{d:02x}")
 }
 
 /// Masquerades what the pods send outside the cluster's pod network.
@@ -278,6 +289,13 @@ mod tests {
             ..Default::default()
         });
         Arc::new(n)
+    }
+
+    #[test]
+    fn the_bridge_keeps_one_local_unicast_address_of_its_own_gateway() {
+        let address = bridge_address(Ipv4Addr::new(10, 200, 3, 1));
+        assert_eq!(address, "02:00:0a:c8:03:01");
+        assert_ne!(address, bridge_address(Ipv4Addr::new(10, 200, 4, 1)));
     }
 
     #[test]
