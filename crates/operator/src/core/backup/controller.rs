@@ -36,7 +36,6 @@ use crate::core::apply::delete_if_present;
 use crate::core::conditions::{self, merge};
 use crate::core::controller::{Runtime, Watched};
 use crate::core::engine::{ControllerOf, Engine, Wiring};
-use crate::core::events::Announcement;
 use crate::core::labels;
 use crate::core::stages::{Applied, Observed, Report, Stages};
 
@@ -337,7 +336,7 @@ impl<B: BackupEngine> Stages for Backups<B> {
         match (plan, applied) {
             (BackupPlan::Make { started, .. }, Some(BackupApplied::Made(made))) => {
                 let mut next = made.status.clone();
-                with_pause_condition(B::Backup::progress_mut(&mut next), false, now);
+                with_pause_condition(backup, B::Backup::progress_mut(&mut next), false, now);
                 let settled = progress::settle(
                     B::Backup::progress(&next),
                     made.verdict.clone(),
@@ -359,27 +358,17 @@ impl<B: BackupEngine> Stages for Backups<B> {
             }
             (_, Some(BackupApplied::Removed { look_again })) => {
                 let mut next = previous;
-                with_pause_condition(B::Backup::progress_mut(&mut next), false, now);
+                with_pause_condition(backup, B::Backup::progress_mut(&mut next), false, now);
                 Report {
                     next: *look_again,
                     ..Report::of(next)
                 }
             }
-            // Paused: nothing of it changes but its `Paused` condition.
+            // Paused: nothing of it changes but its `Paused` condition (the core tells the turn).
             _ => {
                 let mut next = previous;
-                let first = !has_pause_condition(B::Backup::progress(&next));
-                with_pause_condition(B::Backup::progress_mut(&mut next), true, now);
-                let mut report = Report::of(next);
-                // A backup never paused has no `Paused` condition, so the core sees no turn in
-                // its first one: told here.
-                if first {
-                    report.news.push(Announcement::normal(
-                        "Paused",
-                        conditions::paused::<BackupReason>(true).message,
-                    ));
-                }
-                report
+                with_pause_condition(backup, B::Backup::progress_mut(&mut next), true, now);
+                Report::of(next)
             }
         }
     }
@@ -407,7 +396,12 @@ impl<B: BackupEngine> Stages for Backups<B> {
         // Resumed while being deleted: said first, and its deadline counts from now.
         let previous = backup.status().cloned().unwrap_or_default();
         let mut status = previous.clone();
-        with_pause_condition(B::Backup::progress_mut(&mut status), false, jiff::Timestamp::now());
+        with_pause_condition(
+            &*backup,
+            B::Backup::progress_mut(&mut status),
+            false,
+            jiff::Timestamp::now(),
+        );
         let mut version = backup.resource_version();
         if !ctx
             .report_at(&*backup, Some(&previous), &mut version, &status, [])
@@ -419,25 +413,30 @@ impl<B: BackupEngine> Stages for Backups<B> {
     }
 }
 
-/// Whether `progress` has a `Paused` condition (a backup that was ever paused).
-fn has_pause_condition(progress: &BackupProgress) -> bool {
-    progress
+/// Sets the `Paused` condition of `backup`'s `progress` (every backup carries it, as every
+/// kind does). One it did not have yet and that is not paused has not been since `backup` was
+/// made: its deadlines, which count from the last resume, are not restarted by it.
+fn with_pause_condition<K: BackupResource>(
+    backup: &K,
+    progress: &mut BackupProgress,
+    paused: bool,
+    now: jiff::Timestamp,
+) {
+    let new = !progress
         .conditions
         .iter()
-        .any(|c| c.type_ == noops_api::condition::PAUSED)
-}
-
-/// Sets the `Paused` condition of `progress` (once a backup was paused; one never paused has
-/// none, so no status of a backup changes for it).
-fn with_pause_condition(progress: &mut BackupProgress, paused: bool, now: jiff::Timestamp) {
-    if paused || has_pause_condition(progress) {
-        progress.conditions = merge(
-            &progress.conditions,
-            &[conditions::paused::<BackupReason>(paused)],
-            None,
-            now,
-        );
-    }
+        .any(|c| c.type_ == noops_api::condition::PAUSED);
+    let created = backup.meta().creation_timestamp.as_ref().map(|t| t.0);
+    let since = match created {
+        Some(created) if new && !paused => created.min(now),
+        _ => now,
+    };
+    progress.conditions = merge(
+        &progress.conditions,
+        &[conditions::paused::<BackupReason>(paused)],
+        None,
+        since,
+    );
 }
 
 /// A backup not done yet, as a pass over it goes: its status as this controller last wrote
@@ -536,9 +535,11 @@ pub fn deleting_for<K: BackupResource>(backup: &K, now: jiff::Timestamp) -> Dura
     elapsed(resumed.map_or(deleted.0, |r| r.max(deleted.0)), now)
 }
 
-/// When the backup of `progress` was last resumed, if it was ever paused: now for the pass
-/// that resumes it (its status still says Paused), else when its `Paused` condition turned
-/// False. The deadlines of its work count from there: time paused is not time spent. Pure.
+/// When the backup of `progress` was last resumed: now for the pass that resumes it (its status
+/// still says Paused), else when its `Paused` condition turned False (its creation, if it was
+/// never paused); `None` for a status written before backups carried the condition. The
+/// deadlines of its work count from there, or from its start if later: time paused is not
+/// time spent. Pure.
 pub fn resumed_at(progress: &BackupProgress, now: jiff::Timestamp) -> Option<jiff::Timestamp> {
     let paused = progress
         .conditions

@@ -141,20 +141,53 @@ mod tests {
     }
 
     #[test]
-    fn a_backup_paused_says_so_and_its_first_pause_is_told() {
-        let paused = backup(true, Some(EtcdBackupStatus::default()));
-        let plan = Kit::plan(&paused, &None, at(0)).unwrap();
-        let report = Kit::status(&paused, &None, &plan, None, at(0));
-        let condition = report
-            .status
-            .progress
-            .conditions
-            .iter()
-            .find(|c| c.type_ == noops_api::condition::PAUSED);
-        assert_eq!(condition.map(|c| c.status.as_str()), Some("True"));
-        assert_eq!(reasons(&report.news), ["Paused"]);
-        // Paused again: nothing new to tell.
-        let again = backup(true, Some(report.status));
-        assert!(Kit::status(&again, &None, &plan, None, at(1)).news.is_empty());
+    fn a_backup_carries_paused_from_its_first_pass_without_restarting_its_deadlines() {
+        let paused_condition = |status: &EtcdBackupStatus| {
+            status
+                .progress
+                .conditions
+                .iter()
+                .find(|c| c.type_ == noops_api::condition::PAUSED)
+                .map(|c| (c.status.clone(), c.last_transition_time.0))
+        };
+        let mut running = backup(false, None);
+        running.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(-100)));
+        let plan = Kit::plan(&running, &None, at(0)).unwrap();
+        let waiting = BackupApplied::Made(crate::core::backup::controller::Made {
+            status: EtcdBackupStatus::default(),
+            verdict: Verdict::Wait {
+                reason: noops_api::backup::BackupReason::NoHealthyMember,
+                message: "none".into(),
+            },
+            under_way: None,
+            written_ahead: None,
+        });
+        let first = Kit::status(&running, &None, &plan, Some(&waiting), at(0)).status;
+        // Not paused since it was made: its deadlines still count from its start.
+        assert_eq!(paused_condition(&first), Some(("False".into(), at(-100))));
+        let again = backup(false, Some(first.clone()));
+        assert!(matches!(
+            Kit::plan(&again, &None, at(10)).unwrap(),
+            BackupPlan::Make { started, .. } if started == at(0)
+        ));
+
+        // Paused: only its condition turns (the core tells the turn, as for every kind).
+        let paused = backup(true, Some(first));
+        let plan = Kit::plan(&paused, &None, at(20)).unwrap();
+        let report = Kit::status(&paused, &None, &plan, None, at(20));
+        assert_eq!(paused_condition(&report.status), Some(("True".into(), at(20))));
+        assert!(report.news.is_empty());
+        // Resumed: its deadlines count from the resume.
+        let mut resumed = backup(false, Some(report.status));
+        let plan = Kit::plan(&resumed, &None, at(30)).unwrap();
+        assert!(matches!(plan, BackupPlan::Make { started, .. } if started == at(30)));
+        resumed.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(-100)));
+        // Its look begins from its status as written (`Begun`).
+        let BackupApplied::Made(mut made) = waiting else {
+            unreachable!()
+        };
+        made.status = resumed.status.clone().unwrap_or_default();
+        let report = Kit::status(&resumed, &None, &plan, Some(&BackupApplied::Made(made)), at(30));
+        assert_eq!(paused_condition(&report.status), Some(("False".into(), at(30))));
     }
 }
