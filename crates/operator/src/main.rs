@@ -195,10 +195,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .await
         .context("no Kubernetes client configuration (KUBECONFIG or in-cluster)")?;
     // Every request is counted (noops_api_requests_total): a settled cluster should cost none.
-    let client = kube::client::ClientBuilder::try_from(config)
-        .context("cannot make a Kubernetes client")?
-        .with_layer(&metrics.count_requests())
-        .build();
+    let client_of = |config: kube::Config| -> anyhow::Result<kube::Client> {
+        Ok(kube::client::ClientBuilder::try_from(config)
+            .context("cannot make a Kubernetes client")?
+            .with_layer(&metrics.count_requests())
+            .build())
+    };
+    let mut asking_once = config.clone();
+    asking_once.default_retry = false;
+    let client_asking_once = client_of(asking_once)?;
+    let client = client_of(config)?;
     let version = client
         .apiserver_version()
         .await
@@ -244,6 +250,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 for namespace in &namespaces {
                     tasks.spawn((controller.run)(Runtime {
                         client: client.clone(),
+                        client_asking_once: client_asking_once.clone(),
                         namespace: namespace.clone(),
                         metrics: metrics.clone(),
                         shutdown: shutdown.clone(),

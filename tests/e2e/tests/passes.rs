@@ -159,14 +159,22 @@ struct InProcess {
 impl InProcess {
     async fn start(controllers: &[&str], namespace: &str) -> Self {
         let sent = Recorded::default();
-        let client = kube::client::ClientBuilder::try_from(config().await)
-            .expect("client")
-            .with_layer(&sent)
-            .build();
+        let client_of = |config: kube::Config| {
+            kube::client::ClientBuilder::try_from(config)
+                .expect("client")
+                .with_layer(&sent)
+                .build()
+        };
+        let config = config().await;
+        let mut asking_once = config.clone();
+        asking_once.default_retry = false;
+        let client_asking_once = client_of(asking_once);
+        let client = client_of(config);
         let (halt, halted) = watch::channel(false);
         let metrics = Arc::new(noops::core::metrics::Metrics::new());
         let runtime = Runtime {
             client,
+            client_asking_once,
             namespace: Some(namespace.to_string()),
             metrics: metrics.clone(),
             shutdown: Shutdown::new(halted),

@@ -218,7 +218,7 @@ pub async fn apply_deployments(
 /// Deployment makes one that prefers a node without one). Whether it went: a budget that allows
 /// no disruption now (429) or a pod already gone leaves it for a later pass.
 pub async fn evict_to_spread(ctx: &Context, names: &Names, pod: &str) -> Result<bool> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let pods: Api<Pod> = Api::namespaced(ctx.evictions.clone(), &names.namespace);
     match pods.evict(pod, &EvictParams::default()).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(e)) if e.code == 429 || e.code == 404 => Ok(false),

@@ -20,6 +20,8 @@ pub struct State {
     pub pods: Store<Pod>,
     /// The nodes, for which could take a pod of a component that shares one (spread.rs).
     pub nodes: Store<Node>,
+    /// Evicts without retrying: a budget's 429 is "not now" for this pass.
+    pub evictions: kube::Client,
     /// How long a leaf certificate lasts (issued again with a third of it left).
     pub certificate_lifetime: Duration,
     /// The Secrets the components' pods pull their images with (the registry setting is not

@@ -92,6 +92,7 @@ async fn wire(runtime: &Runtime, controller: ControllerOf<KubernetesControlPlane
         secrets,
         pods,
         nodes,
+        evictions: runtime.client_asking_once.clone(),
         certificate_lifetime: runtime.certificate_lifetime,
         images: runtime.images.clone(),
     };

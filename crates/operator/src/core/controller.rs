@@ -64,6 +64,10 @@ pub struct Registration {
 #[derive(Clone)]
 pub struct Runtime {
     pub client: Client,
+    /// The same API server without kube's retries of a 429, 503 or 504: for a request whose
+    /// 429 is an answer (an eviction a budget refuses now), not a server's load, which a retry
+    /// would only hold up for minutes.
+    pub client_asking_once: Client,
     /// The namespace to watch; all namespaces if `None`.
     pub namespace: Option<String>,
     pub metrics: Arc<Metrics>,
