@@ -88,9 +88,9 @@ impl Poller {
 }
 
 /// The neighbours this machine and every network namespace on it (a machine's VM is one) could
-/// not resolve lately, each namespace with its own addresses, and the connections to a node port
-/// still unanswered: told beside a "no route to host", whose cause is an address that no one
-/// answered for on some hop.
+/// not resolve lately, each namespace with its own addresses, the connections to a node port
+/// still unanswered, and where each VM's kube-proxy sends what it forwards: told beside a "no
+/// route to host", whose cause is an address that no one answered for on some hop.
 async fn unanswered_neighbours() -> String {
     const SCRIPT: &str = r#"
 ip -4 neigh show nud failed nud incomplete | sed 's/^/  this machine: /'
@@ -103,6 +103,13 @@ done
 for ns in "" $(ip netns list | awk '{print $1}'); do
   if [ -z "$ns" ]; then at=""; else at="ip netns exec $ns"; fi
   $at conntrack -L -p tcp --state SYN_SENT 2>/dev/null | grep -E 'dport=(80|30080) ' | sed "s|^|  conntrack ${ns:-this machine}: |"
+done
+for ns in $(ip netns list | awk '{print $1}'); do
+  rules=$(ip netns exec "$ns" iptables-save -t nat 2>/dev/null)
+  echo "$rules" | grep -q -- '--dport 30080' || continue
+  to=$(echo "$rules" | grep -o -- '--to-destination [0-9.:]*' | awk '{print $2}' | sort -u | tr '\n' ' ')
+  own=$(ip -n "$ns" -4 -o addr show dev eth0 2>/dev/null | awk '{print $4}')
+  echo "  kube-proxy of $ns ($own) sends to: $to"
 done
 "#;
     let out = tokio::process::Command::new("bash")
