@@ -147,6 +147,16 @@ where
     }
 }
 
+/// A client of `config` whose every request `sent` records; with kube's retries of a 429, 503
+/// or 504 if `retry`.
+fn recorded_client(mut config: kube::Config, retry: bool, sent: &Recorded) -> kube::Client {
+    config.default_retry = retry;
+    kube::client::ClientBuilder::try_from(config)
+        .expect("client")
+        .with_layer(sent)
+        .build()
+}
+
 /// Controllers of the operator running in this process, scoped to one namespace, their
 /// client recorded. They stop when this is dropped.
 struct InProcess {
@@ -159,17 +169,9 @@ struct InProcess {
 impl InProcess {
     async fn start(controllers: &[&str], namespace: &str) -> Self {
         let sent = Recorded::default();
-        let client_of = |config: kube::Config| {
-            kube::client::ClientBuilder::try_from(config)
-                .expect("client")
-                .with_layer(&sent)
-                .build()
-        };
         let config = config().await;
-        let mut asking_once = config.clone();
-        asking_once.default_retry = false;
-        let client_asking_once = client_of(asking_once);
-        let client = client_of(config);
+        let client_asking_once = recorded_client(config.clone(), false, &sent);
+        let client = recorded_client(config, true, &sent);
         let (halt, halted) = watch::channel(false);
         let metrics = Arc::new(noops::core::metrics::Metrics::new());
         let runtime = Runtime {
@@ -946,12 +948,8 @@ async fn a_drain_evicts_through_budgets_and_deletes_without_eviction_only_when_f
     .await;
 
     let sent = Recorded::default();
-    let mut config = config().await;
-    config.default_retry = false;
-    let client = kube::client::ClientBuilder::try_from(config)
-        .expect("client")
-        .with_layer(&sent)
-        .build();
+    // An eviction's 429 is the budget's answer: asked again by the next pass, not retried.
+    let client = recorded_client(config().await, false, &sent);
     let key = |name: &str| format!("{}/{name}", ns.name);
     let mut lines = Vec::new();
     let pass = |label: &str, mark: usize, lines: &mut Vec<String>| {
