@@ -389,29 +389,55 @@ pub async fn http_get_within(addr: &str, path: &str, limit: Duration) -> Option<
 /// [`http_get_within`], saying what went wrong (a refused or timed-out connection, no answer,
 /// another status).
 pub async fn http_get_explained(addr: &str, path: &str, limit: Duration) -> Result<String, String> {
+    http_get_from_port(addr, path, limit).await.1
+}
+
+/// [`http_get_explained`], also telling the local port the request was sent from (when one was
+/// taken): what a failed connection is found by in the kernel's connection tracking.
+pub async fn http_get_from_port(addr: &str, path: &str, limit: Duration) -> (Option<u16>, Result<String, String>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let connect = tokio::net::TcpStream::connect(addr);
-    let mut stream = tokio::time::timeout(limit, connect)
-        .await
-        .map_err(|_| "connect timed out".to_string())?
-        .map_err(|e| format!("connect: {e}"))?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .map_err(|e| format!("send: {e}"))?;
-    let mut response = String::new();
-    tokio::time::timeout(limit, stream.read_to_string(&mut response))
-        .await
-        .map_err(|_| "no answer in time".to_string())?
-        .map_err(|e| format!("read: {e}"))?;
-    if !response.starts_with("HTTP/1.1 200") {
-        return Err(format!("answered {:?}", response.lines().next().unwrap_or_default()));
-    }
-    response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .ok_or_else(|| "no body".to_string())
+    let target = match tokio::net::lookup_host(addr).await.map(|mut a| a.next()) {
+        Ok(Some(target)) => target,
+        other => return (None, Err(format!("cannot resolve {addr}: {other:?}"))),
+    };
+    // Bound before connecting, so that the port is known even when the connection fails.
+    let socket = match target {
+        std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    };
+    let unspecified = match target {
+        std::net::SocketAddr::V4(_) => std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+        std::net::SocketAddr::V6(_) => std::net::SocketAddr::from(([0u16; 8], 0)),
+    };
+    let socket = match socket.and_then(|s| s.bind(unspecified).map(|()| s)) {
+        Ok(socket) => socket,
+        Err(e) => return (None, Err(format!("socket: {e}"))),
+    };
+    let port = socket.local_addr().ok().map(|a| a.port());
+    let exchange = async {
+        let mut stream = tokio::time::timeout(limit, socket.connect(target))
+            .await
+            .map_err(|_| "connect timed out".to_string())?
+            .map_err(|e| format!("connect: {e}"))?;
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .map_err(|e| format!("send: {e}"))?;
+        let mut response = String::new();
+        tokio::time::timeout(limit, stream.read_to_string(&mut response))
+            .await
+            .map_err(|_| "no answer in time".to_string())?
+            .map_err(|e| format!("read: {e}"))?;
+        if !response.starts_with("HTTP/1.1 200") {
+            return Err(format!("answered {:?}", response.lines().next().unwrap_or_default()));
+        }
+        response
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_string())
+            .ok_or_else(|| "no body".to_string())
+    };
+    (port, exchange.await)
 }
 
 /// The Kubernetes version the control plane is built from (`tools/k8s/go.mod`).

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 
-use crate::{http_get_explained, pod_ready};
+use crate::{http_get_from_port, pod_ready};
 
 /// Requests through a load balancer, one every 100 ms, until stopped: how many were answered
 /// and which failed.
@@ -29,17 +29,19 @@ impl Poller {
                 let started = std::time::Instant::now();
                 let sent = jiff::Timestamp::now();
                 // A generous limit: on a loaded machine a live pod can take seconds to answer.
-                match http_get_explained(&address, "/", Duration::from_secs(5)).await {
+                let (port, outcome) = http_get_from_port(&address, "/", Duration::from_secs(5)).await;
+                match outcome {
                     Ok(body) if body.contains("hello") => answered += 1,
                     other => {
                         let failure = format!(
-                            "sent {sent}, failed after {} ms: {other:?}",
+                            "sent {sent} from port {}, failed after {} ms: {other:?}",
+                            port.map_or("?".to_string(), |p| p.to_string()),
                             started.elapsed().as_millis()
                         );
                         // An address no one answers for on the way: which, and where.
                         let unreachable = other.as_ref().is_err_and(|e| e.contains("No route to host"));
                         let seen = if unreachable {
-                            unanswered_neighbours().await
+                            unanswered_neighbours(&address, port).await
                         } else {
                             String::new()
                         };
@@ -87,23 +89,29 @@ impl Poller {
     }
 }
 
-/// The neighbours this machine and every network namespace on it (a machine's VM is one) could
-/// not resolve lately, each namespace with its own addresses, the connections to a node port
-/// still unanswered, and where each VM's kube-proxy sends what it forwards: told beside a "no
-/// route to host", whose cause is an address that no one answered for on some hop.
-async fn unanswered_neighbours() -> String {
+/// What a "no route to host" leaves behind, whose cause is an address no one answered for on
+/// some hop: the neighbours this machine and every network namespace on it (a machine's VM is
+/// one) could not resolve lately, with how many seconds ago each was last used, confirmed and
+/// updated; every tracked connection from the request's port, in any namespace (which hop
+/// took it, translated to what, in which state); the rules this machine's kube-proxy has for
+/// the address then; and where each VM's kube-proxy sends what it forwards.
+async fn unanswered_neighbours(address: &str, port: Option<u16>) -> String {
     const SCRIPT: &str = r#"
-ip -4 neigh show nud failed nud incomplete | sed 's/^/  this machine: /'
+ip=${1%:*}; port=$2
+ip -s -4 neigh show nud failed nud incomplete | sed 's/^/  this machine: /'
 for ns in $(ip netns list | awk '{print $1}'); do
-  seen=$(ip -n "$ns" -4 neigh show nud failed nud incomplete 2>/dev/null)
+  seen=$(ip -n "$ns" -s -4 neigh show nud failed nud incomplete 2>/dev/null)
   [ -n "$seen" ] || continue
   own=$(ip -n "$ns" -4 -o addr show 2>/dev/null | awk '{print $2 "=" $4}' | tr '\n' ' ')
   echo "$seen" | sed "s|^|  $ns ($own): |"
 done
-for ns in "" $(ip netns list | awk '{print $1}'); do
-  if [ -z "$ns" ]; then at=""; else at="ip netns exec $ns"; fi
-  $at conntrack -L -p tcp --state SYN_SENT 2>/dev/null | grep -E 'dport=(80|30080) ' | sed "s|^|  conntrack ${ns:-this machine}: |"
-done
+if [ -n "$port" ]; then
+  for ns in "" $(ip netns list | awk '{print $1}'); do
+    if [ -z "$ns" ]; then at=""; else at="ip netns exec $ns"; fi
+    $at conntrack -L -p tcp --orig-port-src "$port" 2>/dev/null | sed "s|^|  conntrack ${ns:-this machine}: |"
+  done
+fi
+iptables-save -t nat 2>/dev/null | grep -F -- "-d $ip/32" | sed 's/^/  kube-proxy of this machine: /'
 for ns in $(ip netns list | awk '{print $1}'); do
   rules=$(ip netns exec "$ns" iptables-save -t nat 2>/dev/null)
   echo "$rules" | grep -q -- '--dport 30080' || continue
@@ -112,14 +120,15 @@ for ns in $(ip netns list | awk '{print $1}'); do
   echo "  kube-proxy of $ns ($own) sends to: $to"
 done
 "#;
+    let port = port.map(|p| p.to_string()).unwrap_or_default();
     let out = tokio::process::Command::new("bash")
-        .args(["-c", SCRIPT])
+        .args(["-c", SCRIPT, "neighbours", address, &port])
         .stdin(std::process::Stdio::null())
         .output()
         .await;
     match out {
         Ok(out) => format!(
-            "\n unresolved neighbours and unanswered connections then:\n{}",
+            "\n unresolved neighbours and tracked connections then:\n{}",
             String::from_utf8_lossy(&out.stdout)
         ),
         Err(e) => format!("\n (neighbours not read: {e})"),
@@ -361,11 +370,20 @@ pub async fn load_balancer(ns: &crate::TestNamespace, cluster: &str) -> String {
         "apiVersion: v1\nkind: Service\nmetadata: {{ name: lb }}\nspec:\n  selector: {{ noops.dev/cluster: {cluster}, app.kubernetes.io/component: vm }}\n  ports: [{{ port: 80, targetPort: 30080 }}]\n"
     ));
     let lb = ns.api::<k8s_openapi::api::core::v1::Service>().get("lb").await.unwrap();
-    let address = format!("{}:80", lb.spec.unwrap().cluster_ip.unwrap());
+    let cluster_ip = lb.spec.unwrap().cluster_ip.unwrap();
+    let address = format!("{cluster_ip}:80");
+    // Probed only once this machine's kube-proxy sends the address to the endpoints: a probe
+    // sent before goes to the bare address, and the kernel keeps that connection, untranslated,
+    // for two minutes.
+    crate::wait_until(
+        "this machine's kube-proxy to send the load balancer's address to its endpoints",
+        Duration::from_secs(60),
+        || async { kube_proxy_routes(&cluster_ip).await },
+    )
+    .await;
     // Twenty answers in a row, each on a connection of its own: a traffic check starts on a
-    // load balancer that answers steadily, not on its first answer. (Meant against a stale
-    // endpoint after the pool's last scaling; a "no route to host" was seen after it anyway,
-    // cause not known: see docs/local-kubernetes.md.)
+    // load balancer that answers steadily, not on its first answer (a stale endpoint after the
+    // pool's last scaling).
     crate::wait_until(
         "the load balancer to answer 20 times in a row",
         Duration::from_secs(60),
@@ -383,4 +401,19 @@ pub async fn load_balancer(ns: &crate::TestNamespace, cluster: &str) -> String {
     )
     .await;
     address
+}
+
+/// Whether this machine's kube-proxy sends a Service's cluster IP to its endpoints.
+async fn kube_proxy_routes(cluster_ip: &str) -> bool {
+    let Ok(out) = tokio::process::Command::new("iptables-save")
+        .args(["-t", "nat"])
+        .output()
+        .await
+    else {
+        return false;
+    };
+    let destination = format!("-d {cluster_ip}/32 ");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|rule| rule.contains(&destination) && rule.contains("-j KUBE-SVC-"))
 }
