@@ -108,7 +108,12 @@ done
 if [ -n "$port" ]; then
   for ns in "" $(ip netns list | awk '{print $1}'); do
     if [ -z "$ns" ]; then at=""; else at="ip netns exec $ns"; fi
-    $at conntrack -L -p tcp --orig-port-src "$port" 2>/dev/null | sed "s|^|  conntrack ${ns:-this machine}: |"
+    # A dump of a busy table can be cut short ("interrupted system call"): tried again.
+    for try in 1 2 3; do
+      flows=$($at conntrack -L -p tcp --orig-port-src "$port" 2>/dev/null) && break
+      flows="$flows (a dump cut short)"
+    done
+    [ -z "$flows" ] || echo "$flows" | sed "s|^|  conntrack ${ns:-this machine}: |"
   done
 fi
 iptables-save -t nat 2>/dev/null | grep -F -- "-d $ip/32" | sed 's/^/  kube-proxy of this machine: /'
