@@ -401,15 +401,17 @@ pub async fn http_get_from_port(addr: &str, path: &str, limit: Duration) -> (Opt
         other => return (None, Err(format!("cannot resolve {addr}: {other:?}"))),
     };
     // Bound before connecting, so that the port is known even when the connection fails.
-    let socket = match target {
-        std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
-        std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    let (socket, any_port) = match target {
+        std::net::SocketAddr::V4(_) => (
+            tokio::net::TcpSocket::new_v4(),
+            std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+        ),
+        std::net::SocketAddr::V6(_) => (
+            tokio::net::TcpSocket::new_v6(),
+            std::net::SocketAddr::from(([0u16; 8], 0)),
+        ),
     };
-    let unspecified = match target {
-        std::net::SocketAddr::V4(_) => std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
-        std::net::SocketAddr::V6(_) => std::net::SocketAddr::from(([0u16; 8], 0)),
-    };
-    let socket = match socket.and_then(|s| s.bind(unspecified).map(|()| s)) {
+    let socket = match socket.and_then(|s| s.bind(any_port).map(|()| s)) {
         Ok(socket) => socket,
         Err(e) => return (None, Err(format!("socket: {e}"))),
     };

@@ -98,15 +98,16 @@ impl Poller {
 async fn unanswered_neighbours(address: &str, port: Option<u16>) -> String {
     const SCRIPT: &str = r#"
 ip=${1%:*}; port=$2
+namespaces=$(ip netns list | awk '{print $1}')
 ip -s -4 neigh show nud failed nud incomplete | sed 's/^/  this machine: /'
-for ns in $(ip netns list | awk '{print $1}'); do
+for ns in $namespaces; do
   seen=$(ip -n "$ns" -s -4 neigh show nud failed nud incomplete 2>/dev/null)
   [ -n "$seen" ] || continue
   own=$(ip -n "$ns" -4 -o addr show 2>/dev/null | awk '{print $2 "=" $4}' | tr '\n' ' ')
   echo "$seen" | sed "s|^|  $ns ($own): |"
 done
 if [ -n "$port" ]; then
-  for ns in "" $(ip netns list | awk '{print $1}'); do
+  for ns in "" $namespaces; do
     if [ -z "$ns" ]; then at=""; else at="ip netns exec $ns"; fi
     # A dump of a busy table can be cut short ("interrupted system call"): tried again.
     for try in 1 2 3; do
@@ -117,7 +118,7 @@ if [ -n "$port" ]; then
   done
 fi
 iptables-save -t nat 2>/dev/null | grep -F -- "-d $ip/32" | sed 's/^/  kube-proxy of this machine: /'
-for ns in $(ip netns list | awk '{print $1}'); do
+for ns in $namespaces; do
   rules=$(ip netns exec "$ns" iptables-save -t nat 2>/dev/null)
   echo "$rules" | grep -q -- '--dport 30080' || continue
   to=$(echo "$rules" | grep -o -- '--to-destination [0-9.:]*' | awk '{print $2}' | sort -u | tr '\n' ' ')
